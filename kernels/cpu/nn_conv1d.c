@@ -1,0 +1,21 @@
+/* causal depthwise conv1d (short convolution) on the CPU (nn_conv1d_impl.h). */
+#include "kernels/cpu/nn.h"
+#include "kernels/cpu/nn_common.h"
+
+#include <stdlib.h>
+
+#define R float
+#define FN(name) name##_f32
+#define EXP expf
+#include "kernels/cpu/nn_conv1d_impl.h"
+#undef R
+#undef FN
+#undef EXP
+
+#define R double
+#define FN(name) name##_f64
+#define EXP exp
+#include "kernels/cpu/nn_conv1d_impl.h"
+#undef R
+#undef FN
+#undef EXP

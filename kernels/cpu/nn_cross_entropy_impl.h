@@ -1,0 +1,48 @@
+/* Body of the cross-entropy kernels (R, FN, EXP defined by nn_cross_entropy.c).
+ * logits [N,C] row major, targets [N]; a row whose target equals `ignore` is not scored.
+ *   lse_n = m_n + log sum_c exp(logits[n,c] - m_n),  m_n = max_c logits[n,c]  (stable)
+ *   loss  = (1/count) sum_{scored n} (lse_n - logits[n, t_n]),  0 when count = 0 */
+
+void FN(dg_nn_cross_entropy_fwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets,
+                                 int64_t ignore, R *loss, R *lse, int64_t *count) {
+#pragma omp parallel for schedule(static) if (N * C >= DG_NN_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] == ignore) continue;
+        const R *row = logits + n * C;
+        R m = row[0];
+        for (int64_t c = 1; c < C; c++) m = row[c] > m ? row[c] : m;
+        double s = 0;
+        for (int64_t c = 0; c < C; c++) s += (double)EXP(row[c] - m);
+        lse[n] = (R)((double)m + log(s));
+    }
+    /* the mean over scored rows, summed in row order so the value does not depend on threads */
+    double total = 0;
+    int64_t k = 0;
+    for (int64_t n = 0; n < N; n++) {
+        if (targets[n] == ignore) continue;
+        total += (double)lse[n] - (double)logits[n * C + targets[n]];
+        k++;
+    }
+    *count = k;
+    *loss = k ? (R)(total / (double)k) : (R)0;
+}
+
+/* forward: loss = (1/count) sum_n (lse_n - logits[n,t_n]) and d lse_n / d logits[n,c] =
+ * softmax[n,c], so dlogits[n,c] = dloss/count (softmax[n,c] - [c == t_n]); ignored rows get 0. */
+void FN(dg_nn_cross_entropy_bwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets,
+                                 int64_t ignore, const R *lse, double dloss, int64_t count,
+                                 R *dlogits) {
+    R scale = count ? (R)(dloss / (double)count) : (R)0;
+#pragma omp parallel for schedule(static) if (N * C >= DG_NN_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        R *drow = dlogits + n * C;
+        if (targets[n] == ignore || count == 0) {
+            for (int64_t c = 0; c < C; c++) drow[c] = 0;
+            continue;
+        }
+        const R *row = logits + n * C;
+        R l = lse[n];
+        for (int64_t c = 0; c < C; c++) drow[c] = scale * EXP(row[c] - l);
+        drow[targets[n]] -= scale;
+    }
+}
