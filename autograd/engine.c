@@ -1,0 +1,305 @@
+/* The tape: dg_apply records one node per op application; dg_backward walks the recorded nodes in
+ * reverse creation order (a valid reverse topological order, since a node's inputs were all made
+ * before it), handing each node the gradients of its outputs and accumulating the gradients it
+ * returns into the producers of its inputs, or into .grad of leaf tensors.
+ *
+ * Ownership: an output holds its node; a node holds its inputs and detached copies of what it
+ * saved.  Nothing points from a node to its outputs, so there are no cycles and the whole graph
+ * goes when the last output does (normally at dg_scope_end of the training step). */
+#include "autograd/autograd.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic uint64_t next_seq;
+
+static void node_release(dg_node *n) {
+    if (!n || --n->refcount > 0) return;
+    for (int i = 0; i < n->n_in; i++) dg_release(n->in[i]);
+    for (int i = 0; i < n->n_saved; i++) dg_release(n->saved[i]);
+    for (int i = 0; i < n->n_out; i++) dg_release(n->grad_acc[i]);
+    free(n);
+}
+
+void dg_save(dg_node *n, dg_tensor *t) {
+    if (n->n_saved >= DG_MAX_SAVED) {
+        fprintf(stderr, "deltagrad: op %s saves more than %d tensors\n", n->op->name, DG_MAX_SAVED);
+        abort();
+    }
+    n->saved[n->n_saved++] = t ? dg_retain(dg_detach(t)) : NULL;
+}
+
+static void record_output_meta(dg_node *n, int i, const dg_tensor *t) {
+    n->out_ndim[i] = t->ndim;
+    memcpy(n->out_shape[i], t->shape, sizeof n->out_shape[i]);
+    n->out_dtype[i] = t->dtype;
+    n->out_device[i] = t->device;
+}
+
+int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant) {
+    if (def->attrs_size > DG_ATTR_BYTES || def->n_in > DG_MAX_IO || def->n_out > DG_MAX_IO) {
+        fprintf(stderr, "deltagrad: op %s exceeds the node limits\n", def->name);
+        abort();
+    }
+    dg_node *n = calloc(1, sizeof *n);
+    if (!n) {
+        dg_error("%s: out of host memory for the autograd node", def->name);
+        return -1;
+    }
+    if (!dg_node_release_hook) dg_node_release_hook = node_release;
+    n->op = def;
+    if (attrs && def->attrs_size) memcpy(n->attrs, attrs, def->attrs_size);
+    n->n_in = def->n_in;
+    n->n_out = def->n_out;
+    bool record = false;
+    for (int i = 0; i < def->n_in; i++) {
+        n->in[i] = in[i];
+        n->needs_grad[i] = in[i] && in[i]->requires_grad && dg_dtype_is_float(in[i]->dtype);
+        record |= n->needs_grad[i];
+    }
+    record = record && dg_grad_enabled();
+    n->variant = variant >= 0 && variant < dg_op_variant_count(def) ? variant : dg_op_default_variant(def);
+
+    /* forward: grad mode off, temporaries in a scope of their own */
+    dg_no_grad_begin();
+    dg_scope_begin();
+    int rc = def->forward(n);
+    for (int i = 0; i < def->n_out; i++) {
+        if (rc == 0 && !n->out[i]) {
+            dg_error("%s: forward produced no output %d", def->name, i);
+            rc = -1;
+        }
+        if (n->out[i]) dg_retain(n->out[i]);
+    }
+    dg_scope_end();
+    dg_no_grad_end();
+
+    if (rc == 0 && dg_anomaly_mode())
+        for (int i = 0; i < def->n_out && rc == 0; i++) {
+            const char *bad = dg_first_nonfinite(n->out[i]);
+            if (bad) {
+                dg_error("anomaly: op %s produced %s in output %d '%s' %s; inputs: %s", def->name, bad, i,
+                         def->out_names[i] ? def->out_names[i] : "out", dg_shp(n->out[i]),
+                         dg_node_inputs_text(n));
+                rc = -1;
+            }
+        }
+    if (rc != 0) {
+        for (int i = 0; i < def->n_out; i++) dg_release(n->out[i]);
+        for (int i = 0; i < n->n_saved; i++) dg_release(n->saved[i]);
+        free(n);
+        for (int i = 0; i < def->n_out; i++) out[i] = NULL;
+        if (!dg_has_error()) dg_error("%s: forward failed", def->name);
+        return -1;
+    }
+    if (record) {
+        n->seq = atomic_fetch_add(&next_seq, 1);
+        for (int i = 0; i < def->n_in; i++) dg_retain(in[i]);
+        n->refcount = 0;
+        for (int i = 0; i < def->n_out; i++) {
+            dg_tensor *o = n->out[i];
+            record_output_meta(n, i, o);
+            if (!dg_dtype_is_float(o->dtype)) continue;
+            o->node = n;
+            o->out_index = i;
+            o->requires_grad = true;
+            n->refcount++;
+        }
+        if (n->refcount == 0) node_release((n->refcount = 1, n));
+    } else {
+        for (int i = 0; i < n->n_saved; i++) dg_release(n->saved[i]);
+    }
+    for (int i = 0; i < def->n_out; i++) {
+        out[i] = dg_autorelease(n->out[i]);
+        n->out[i] = NULL;
+    }
+    if (!record) free(n);
+    return 0;
+}
+
+dg_tensor *dg_apply1(const dg_op_def *def, const void *attrs, dg_tensor *const *in) {
+    dg_tensor *out[DG_MAX_IO] = {0};
+    return dg_apply(def, attrs, in, out, -1) == 0 ? out[0] : NULL;
+}
+
+void dg_set_requires_grad(dg_tensor *t, bool on) {
+    if (t) t->requires_grad = on;
+}
+
+void dg_zero_grad(dg_tensor *t) {
+    if (t && t->grad) {
+        dg_release(t->grad);
+        t->grad = NULL;
+    }
+}
+
+/* ---- backward ---- */
+
+typedef struct node_list {
+    dg_node **items;
+    size_t n, cap;
+} node_list;
+
+static int push(node_list *l, dg_node *n) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        dg_node **p = realloc(l->items, cap * sizeof *p);
+        if (!p) return -1;
+        l->items = p;
+        l->cap = cap;
+    }
+    l->items[l->n++] = n;
+    return 0;
+}
+
+static int by_seq_desc(const void *a, const void *b) {
+    uint64_t x = (*(dg_node *const *)a)->seq, y = (*(dg_node *const *)b)->seq;
+    return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+/* All nodes reachable from `root`, each once, newest first. */
+static int collect(dg_node *root, node_list *order) {
+    node_list stack = {0};
+    int rc = push(&stack, root);
+    /* visited: a node is marked by storing its pointer in `order`; a simple open-addressing set */
+    size_t cap = 1024, used = 0;
+    dg_node **set = calloc(cap, sizeof *set);
+    if (!set) rc = -1;
+    while (rc == 0 && stack.n) {
+        dg_node *n = stack.items[--stack.n];
+        size_t h = ((uintptr_t)n >> 4) & (cap - 1);
+        while (set[h] && set[h] != n) h = (h + 1) & (cap - 1);
+        if (set[h]) continue;
+        set[h] = n;
+        if (++used * 2 > cap) { /* grow and rehash */
+            size_t ncap = cap * 2;
+            dg_node **ns = calloc(ncap, sizeof *ns);
+            if (!ns) {
+                rc = -1;
+                break;
+            }
+            for (size_t i = 0; i < cap; i++)
+                if (set[i]) {
+                    size_t k = ((uintptr_t)set[i] >> 4) & (ncap - 1);
+                    while (ns[k]) k = (k + 1) & (ncap - 1);
+                    ns[k] = set[i];
+                }
+            free(set);
+            set = ns;
+            cap = ncap;
+        }
+        if (push(order, n) != 0) rc = -1;
+        for (int i = 0; i < n->n_in && rc == 0; i++)
+            if (n->needs_grad[i] && n->in[i]->node) rc = push(&stack, n->in[i]->node);
+    }
+    free(set);
+    free(stack.items);
+    if (rc == 0) qsort(order->items, order->n, sizeof *order->items, by_seq_desc);
+    return rc;
+}
+
+/* Adds g into the gradient slot of tensor t: its producer's grad_acc, or t->grad for a leaf. */
+static int accumulate_into(dg_tensor *t, dg_tensor *g) {
+    dg_tensor **slot = t->node ? &t->node->grad_acc[t->out_index] : &t->grad;
+    if (!*slot) {
+        /* leaves keep a contiguous gradient of their own; inner slots may borrow g */
+        dg_tensor *c = t->node ? g : dg_clone(g);
+        if (!c) return -1;
+        *slot = dg_retain(c);
+        return 0;
+    }
+    /* shared (another slot, a view of the same storage) or strided: copy before adding in place */
+    if ((*slot)->refcount > 1 || (*slot)->storage->refcount > 1 || !dg_is_contiguous(*slot)) {
+        dg_tensor *c = dg_clone(*slot);
+        if (!c) return -1;
+        dg_release(*slot);
+        *slot = dg_retain(c);
+    }
+    return dg_accumulate_(*slot, g);
+}
+
+int dg_backward(dg_tensor *loss, dg_tensor *grad) {
+    if (!loss) {
+        dg_error("backward: loss is NULL");
+        return -1;
+    }
+    if (!loss->requires_grad) {
+        dg_error("backward: loss %s does not require grad (no input of its graph requires grad)", dg_shp(loss));
+        return -1;
+    }
+    if (!grad && dg_numel(loss) != 1) {
+        dg_error("backward: loss has shape %s; give a gradient for a loss of more than one element", dg_shp(loss));
+        return -1;
+    }
+    if (grad && (!dg_same_shape(grad, loss) || grad->dtype != loss->dtype)) {
+        dg_error("backward: grad has shape %s %s but loss has %s %s", dg_shp(grad), dg_dtype_name(grad->dtype),
+                 dg_shp(loss), dg_dtype_name(loss->dtype));
+        return -1;
+    }
+    int rc = 0;
+    dg_no_grad_begin();
+    dg_scope_begin();
+    dg_tensor *seed = grad ? grad : dg_ones(loss->ndim, loss->shape, loss->dtype);
+    if (seed && seed->device != loss->device) seed = dg_to_device(seed, loss->device);
+    if (!seed) rc = -1;
+    if (rc == 0) rc = accumulate_into(loss, seed);
+    node_list order = {0};
+    if (rc == 0 && loss->node && collect(loss->node, &order) != 0) {
+        dg_error("backward: out of memory ordering the graph");
+        rc = -1;
+    }
+    for (size_t k = 0; k < order.n && rc == 0; k++) {
+        dg_node *n = order.items[k];
+        bool any = false;
+        for (int i = 0; i < n->n_out; i++) any |= n->grad_acc[i] != NULL;
+        if (!any) continue;
+        dg_scope_begin();
+        dg_tensor *gout[DG_MAX_IO] = {0}, *gin[DG_MAX_IO] = {0};
+        for (int i = 0; i < n->n_out && rc == 0; i++) {
+            /* backward functions may assume contiguous incoming gradients */
+            gout[i] = n->grad_acc[i] ? dg_contiguous(n->grad_acc[i])
+                                      : dg_zeros_on(n->out_ndim[i], n->out_shape[i], n->out_dtype[i], n->out_device[i]);
+            if (!gout[i]) rc = -1;
+        }
+        const dg_backward_variant *bv = &n->op->bwd[n->variant];
+        if (rc == 0 && bv->fn(n, gout, gin) != 0) {
+            if (!dg_has_error()) dg_error("backward of %s (%s) failed", n->op->name, bv->name);
+            rc = -1;
+        }
+        for (int i = 0; i < n->n_in && rc == 0; i++) {
+            if (!n->needs_grad[i] || !gin[i]) continue;
+            if (!dg_same_shape(gin[i], n->in[i])) {
+                dg_error("backward of %s (%s): gradient of input %d '%s' has shape %s but the input has %s",
+                         n->op->name, bv->name, i, n->op->in_names[i], dg_shp(gin[i]), dg_shp(n->in[i]));
+                rc = -1;
+                break;
+            }
+            if (dg_anomaly_mode()) {
+                const char *bad = dg_first_nonfinite(gin[i]);
+                if (bad) {
+                    dg_error("anomaly: backward of op %s (%s) produced %s in the gradient of input %d '%s'; "
+                             "inputs: %s",
+                             n->op->name, bv->name, bad, i, n->op->in_names[i], dg_node_inputs_text(n));
+                    rc = -1;
+                    break;
+                }
+            }
+            rc = accumulate_into(n->in[i], gin[i]);
+        }
+        for (int i = 0; i < n->n_out; i++) {
+            dg_release(n->grad_acc[i]);
+            n->grad_acc[i] = NULL;
+        }
+        dg_scope_end();
+    }
+    for (size_t k = 0; k < order.n; k++)
+        for (int i = 0; i < order.items[k]->n_out; i++) {
+            dg_release(order.items[k]->grad_acc[i]);
+            order.items[k]->grad_acc[i] = NULL;
+        }
+    free(order.items);
+    dg_scope_end();
+    dg_no_grad_end();
+    return rc;
+}

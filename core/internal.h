@@ -1,0 +1,50 @@
+/* Internal helpers of the runtime shared by core/, autograd/, ops/ and models/ (not for users). */
+#ifndef DG_CORE_INTERNAL_H
+#define DG_CORE_INTERNAL_H
+
+#include "deltagrad.h"
+#include <stdarg.h>
+
+/* ---- errors ---- */
+/* Sets the thread-local message unless one is already set (the first error wins). */
+void dg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Overwrites whatever was set. */
+void dg_error_force(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A shape as text in one of 8 rotating thread-local buffers, so several fit in one message. */
+const char *dg_shp(const dg_tensor *t);
+const char *dg_shape_text(int ndim, const int64_t *shape);
+
+/* ---- tensors ---- */
+dg_tensor *dg_tensor_alloc_header(void);                 /* refcount 1, no storage */
+dg_storage *dg_storage_new(size_t nbytes, dg_device dev); /* refcount 1, zero-filled */
+void dg_storage_release(dg_storage *s);
+void dg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* A view of t's storage with the given geometry; no autograd link; autoreleased. */
+dg_tensor *dg_make_view(dg_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
+                        int64_t offset);
+dg_tensor *dg_autorelease(dg_tensor *t); /* hands the caller's reference to the innermost scope */
+/* Element pointer on the host for index idx. */
+void *dg_elem_ptr(const dg_tensor *t, const int64_t *idx);
+/* Broadcast two shapes (numpy rules); returns 0, or -1 if they do not broadcast. */
+int dg_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int *nout, int64_t *out);
+
+/* ---- memory accounting (storage.c) ---- */
+void dg_mem_account(dg_device d, int64_t delta);
+
+/* ---- CUDA hooks (kernels/cuda, present only when compiled with it) ---- */
+#ifdef DG_HAVE_CUDA
+void *dg_cuda_malloc(size_t n);
+void dg_cuda_free(void *p);
+int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
+int dg_cuda_memset0(void *p, size_t n);
+int dg_cuda_device_count(void);
+#endif
+
+/* ---- element loads and stores of any dtype (tensor.c) ---- */
+double dg_load_as_double(const void *p, dg_dtype dt);
+void dg_store_double(void *p, dg_dtype dt, double v);
+bool dg_next_index(int ndim, const int64_t *shape, int64_t *idx);
+
+extern void (*dg_node_release_hook)(struct dg_node *);
+
+#endif

@@ -1,0 +1,32 @@
+#include "tests/support/test_support.h"
+#include "core/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+double dg_test_max_abs_diff(const dg_tensor *a, const dg_tensor *b) {
+    double m = 0;
+    int64_t idx[DG_MAX_DIMS] = {0};
+    if (dg_numel(a) == 0) return 0;
+    do {
+        double d = fabs(dg_get(a, idx) - dg_get(b, idx));
+        if (d > m || isnan(d)) m = isnan(d) ? INFINITY : d;
+    } while (dg_next_index(a->ndim, a->shape, idx));
+    return m;
+}
+
+double dg_test_rel_err(const dg_tensor *a, const dg_tensor *b) {
+    double num = 0, den = 0;
+    int64_t idx[DG_MAX_DIMS] = {0};
+    if (dg_numel(a) == 0) return 0;
+    do {
+        double x = dg_get(a, idx), y = dg_get(b, idx);
+        num += (x - y) * (x - y);
+        den += y * y;
+    } while (dg_next_index(a->ndim, a->shape, idx));
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void dg_test_require_cuda(void) {
+    if (!dg_cuda_available()) skip();
+}
