@@ -1,0 +1,72 @@
+/* The delta-rule family: DeltaNet (delta_rule), Gated DeltaNet (gated_delta_rule), Kimi Delta
+ * Attention (kda), their gates, and the pieces of the chunked algorithm.  Included by deltagrad.h.
+ *
+ * Shapes follow flash-linear-attention:
+ *   q, k   [B,T,H,K]            v, o    [B,T,HV,V]          beta   [B,T,HV]   (in (0,1), or (0,2))
+ *   g      [B,T,HV]  (GDN, per-token log decay <= 0)  or  [B,T,HV,K]  (KDA, per channel)
+ *   states [N,HV,K,V]  N = B, or the number of sequences with cu_seqlens (then B = 1)
+ * HV is a multiple of H; value head hv reads q/k head hv / (HV/H) (grouped value heads).
+ * Recurrences (per sequence and value head, S [K,V]):
+ *   delta_rule        S_t = (I - b k k^T) S_{t-1} + b k v^T
+ *   gated_delta_rule  S_t = exp(g_t) (I - b k k^T) S_{t-1} + b k v^T
+ *   kda               S_t = (I - b k k^T) Diag(exp(g_t)) S_{t-1} + b k v^T
+ *   o_t = S_t^T (scale q_t)
+ * Every input, the initial state and (with use_gate_in_kernel) A_log and dt_bias take gradients; the
+ * final state is an output that gradients can flow into. */
+#ifndef DELTAGRAD_DELTA_H
+#define DELTAGRAD_DELTA_H
+
+#include "deltagrad.h" /* dg_tensor (a no-op when deltagrad.h includes this file) */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DG_DELTA_CHUNKED = 0,   /* the WY / chunked form (default) */
+    DG_DELTA_RECURRENT = 1, /* token by token */
+} dg_delta_algorithm;
+
+/* Options of delta_rule, gated_delta_rule and kda.  Zero-initialised = the defaults. */
+typedef struct dg_delta_opts {
+    double scale;                /* 0: 1/sqrt(K) */
+    dg_tensor *initial_state;    /* [N,HV,K,V] or NULL (zeros) */
+    bool output_final_state;     /* return the final state through *final_state */
+    int chunk_size;              /* 16, 32 or 64; 0 = 64 */
+    dg_delta_algorithm algorithm;
+    bool use_qk_l2norm_in_kernel;/* q, k <- q/sqrt(|q|^2+1e-6), k likewise, inside the op */
+    /* The gate inside the op (FLA's use_gate_in_kernel): g is then the raw `a` and the decay is
+     * -exp(A_log) * softplus(a + dt_bias); gated_delta_rule and kda only.
+     * A_log [HV]; dt_bias [HV] (GDN) or [HV*K] (KDA), or NULL. */
+    bool use_gate_in_kernel;
+    dg_tensor *A_log, *dt_bias;
+    dg_tensor *cu_seqlens;       /* i64 [N+1]: 0 = c_0 <= c_1 <= ... <= c_N = T, with B = 1 */
+    /* Backward variant by name for this call (NULL: DG_BACKWARD=op:variant, else the algorithm's
+     * default).  delta_rule: "chunk", "subst", "recurrent".  gated_delta_rule: "dg_final" (dg from
+     * the final dq, dk), "dg_partial" (dg accumulated through partial terms), "subst" (dg_final with
+     * forward substitution in the WY inverse), "recurrent".  kda: "fused" (dw never stored),
+     * "unfused", "subst", "recurrent".  With algorithm = RECURRENT the default is "recurrent". */
+    const char *backward;
+} dg_delta_opts;
+
+/* Each returns o [B,T,HV,V] (NULL on error, with dg_last_error() naming op, argument and shapes)
+ * and, when opts->output_final_state and final_state is not NULL, the final state [N,HV,K,V] in
+ * *final_state (same ownership as o: the innermost scope).  opts may be NULL. */
+dg_tensor *dg_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                         const dg_delta_opts *opts, dg_tensor **final_state);
+dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                               dg_tensor *beta, const dg_delta_opts *opts, dg_tensor **final_state);
+dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
+                  const dg_delta_opts *opts, dg_tensor **final_state);
+
+/* Gates: g = -exp(A_log) * softplus(a + dt_bias) (softplus(x) = x above 20).
+ * gdn_gate: a [B,T,HV], A_log [HV], dt_bias [HV] or NULL -> g [B,T,HV].
+ * kda_gate: a [B,T,HV,K], A_log [HV] (broadcast over K), dt_bias [HV*K] or NULL -> [B,T,HV,K]. */
+dg_tensor *dg_gdn_gate(dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias);
+dg_tensor *dg_kda_gate(dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,93 @@
+/* Shared machinery of the delta_rule, gated_delta_rule and kda ops: attributes, input slots,
+ * argument validation, the forward and backward that dispatch to the CPU kernels, the decomposition
+ * into primitive ops and the samplers.  Each op file (delta_rule.c, gated_delta_rule.c, kda.c) holds
+ * only its dg_op_def, its variants and its typed entry point.
+ *
+ * Inputs of every op of the family, in this order (delta_rule has no g, A_log, dt_bias slots):
+ *   q, k, v, [g], beta, initial_state, [A_log, dt_bias], cu_seqlens
+ * Outputs: o [B,T,HV,V], final_state [N,HV,K,V] (always computed; the typed entry point hands it
+ * out only when asked).
+ *
+ * The fused preprocessing, when enabled in the attributes, runs inside forward and backward:
+ *   use_qk_l2norm_in_kernel:  q <- l2norm(q), k <- l2norm(k) (eps 1e-6); backward through it
+ *   use_gate_in_kernel:       g <- -exp(A_log) softplus(g + dt_bias); backward gives dg of the raw
+ *                             a, dA_log, ddt_bias
+ * Neither is saved: backward recomputes both (O(BTHK) work, no memory kept between passes). */
+#ifndef DG_OPS_DELTA_COMMON_H
+#define DG_OPS_DELTA_COMMON_H
+
+#include "deltagrad_delta.h"
+#include "kernels/cpu/delta_rule.h"
+#include "ops/op.h"
+
+/* backward algorithms a variant can pick */
+typedef enum {
+    DG_DBWD_CHUNK = 0,     /* dg_dr_chunk_bwd with the variant flags below */
+    DG_DBWD_RECURRENT = 1, /* dg_dr_recurrent_bwd */
+} dg_delta_bwd_algo;
+
+typedef struct dg_delta_attrs {
+    dg_gate_kind gate; /* fixed by the op */
+    double scale;      /* resolved: never 0 */
+    int chunk;         /* 16, 32, 64 */
+    int algorithm;     /* dg_delta_algorithm of the forward */
+    bool l2norm_qk;
+    bool gate_in_kernel;
+} dg_delta_attrs;
+
+/* where each input lives in node->in (-1: the op has no such input) */
+typedef struct dg_delta_slots {
+    int q, k, v, g, beta, h0, A_log, dt_bias, cu, n_in;
+} dg_delta_slots;
+
+extern const dg_delta_slots dg_delta_slots_plain; /* delta_rule */
+extern const dg_delta_slots dg_delta_slots_gated; /* gated_delta_rule, kda */
+
+/* A backward variant of the family: which algorithm and which flags of the chunked kernel. */
+typedef struct dg_delta_bwd_spec {
+    dg_delta_bwd_algo algo;
+    dg_dr_variant var;
+} dg_delta_bwd_spec;
+
+int dg_delta_forward(dg_node *n, const dg_delta_slots *sl);
+int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_spec *spec,
+                      dg_tensor *const *gout, dg_tensor **gin);
+
+/* The typed entry points' common body: validates, fills the attributes and the input array, picks
+ * the variant and applies the op.  g is NULL for delta_rule. */
+dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate,
+                         dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
+                         const dg_delta_opts *opts, dg_tensor **final_state);
+
+/* Validation alone (used by dg_delta_call; exposed for the tests).  Returns false with the error
+ * set.  On success fills *at, and *N with the number of sequences. */
+bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                       dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at,
+                       int64_t *N);
+
+/* The same function from primitive ops (token by token), for def->decompose. */
+int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in,
+                       dg_tensor **out);
+
+/* Samples for gradcheck and the tests: see delta_sample.c for the list. */
+int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_dtype dt,
+                    uint64_t seed, dg_sample *s);
+
+/* Index of the "recurrent" variant of def (for algorithm = RECURRENT). */
+int dg_delta_recurrent_variant(const dg_op_def *def);
+
+#define DG_DELTA_L2NORM_EPS 1e-6
+
+/* Defines `static int NAME(dg_node *, gout, gin)`: a backward variant of the family with the given
+ * algorithm and chunked-kernel flags, for an op whose inputs sit at SLOTS. */
+#define DG_DELTA_BWD_VARIANT(NAME, SLOTS, ALGO, DG_FINAL, KDA_FUSED, BLOCKED)                          \
+    static int NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                           \
+        static const dg_delta_bwd_spec spec = {                                                       \
+            ALGO, {.gdn_dg_from_final = DG_FINAL, .kda_fused = KDA_FUSED, .solve_tril_blocked = BLOCKED}}; \
+        return dg_delta_backward(n, SLOTS, &spec, gout, gin);                                         \
+    }
+
+/* gradcheck / comparison tolerances of the family (f64: finite differences; f32: against f64) */
+#define DG_DELTA_TOLERANCES .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-3
+
+#endif

@@ -1,0 +1,39 @@
+/* gated_delta_rule (Gated DeltaNet): S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,
+ * o_t = S_t^T (scale q_t); g [B,T,HV] one log decay per token and value head.  The machinery is in
+ * delta_common.c; this file names the op, its backward variants and its typed entry point.
+ *
+ * Backward variants:
+ *   dg_final    chunked; dg from the final dq, dk: dg = rowsum(dq o q) - rowsum(dk o k) + the
+ *               state term (seed 001)
+ *   dg_partial  chunked; dg accumulated through the partial terms of every piece
+ *   subst       dg_final with forward substitution instead of blocked inverses in (I + A)^-1
+ *   recurrent   token by token (the default when the forward ran with algorithm = RECURRENT) */
+#include "ops/delta_common.h"
+
+#define SL (&dg_delta_slots_gated)
+
+static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
+DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, DG_DBWD_CHUNK, 1, 0, 1)
+DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, DG_DBWD_CHUNK, 0, 0, 1)
+DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 0, 0)
+DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 0, 1)
+static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
+    return dg_delta_decompose(SL, attrs, in, out);
+}
+static int sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {
+    return dg_delta_sample(SL, DG_GATE_HEAD, i, dt, seed, s);
+}
+
+const dg_op_def dg_op_gated_delta_rule = {
+    .name = "gated_delta_rule", .n_in = 9, .n_out = 2,
+    .in_names = {"q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens"},
+    .out_names = {"o", "final_state"},
+    .attrs_size = sizeof(dg_delta_attrs), .forward = forward,
+    .bwd = {{"dg_final", bwd_dg_final}, {"dg_partial", bwd_dg_partial}, {"subst", bwd_subst},
+            {"recurrent", bwd_recurrent}},
+    .decompose = decompose, .sample = sample, DG_DELTA_TOLERANCES};
+
+dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                               dg_tensor *beta, const dg_delta_opts *opts, dg_tensor **final_state) {
+    return dg_delta_call(&dg_op_gated_delta_rule, SL, DG_GATE_HEAD, q, k, v, g, beta, opts, final_state);
+}
