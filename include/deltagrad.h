@@ -187,4 +187,7 @@ dg_tensor *dg_cross_entropy(dg_tensor *logits, dg_tensor *targets, int64_t ignor
 #endif
 
 
+/* the delta-rule family: delta_rule, gated_delta_rule, kda, their gates */
+#include "deltagrad_delta.h"
+
 #endif
