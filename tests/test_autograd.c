@@ -1,0 +1,188 @@
+/* autograd: diamonds, reuse, no-grad, several outputs, anomaly mode, gradcheck catching a wrong
+ * backward, flat memory over many iterations. */
+#include "tests/support/test_support.h"
+
+#include "autograd/autograd.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static dg_tensor *param(int64_t n, uint64_t seed) {
+    dg_rng r = dg_rng_new(seed);
+    dg_tensor *p = dg_randn(DG_SHAPE(n), DG_F64, &r);
+    dg_set_requires_grad(p, true);
+    return p;
+}
+
+/* y = sum(exp(x) * sin-free diamond: a = x*2, b = exp(x), y = sum(a*b));  dy/dx = 2 e^x (1 + x) */
+static void test_diamond(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = param(5, 1);
+    dg_tensor *a = dg_mul_scalar(x, 2.0), *b = dg_exp(x);
+    dg_tensor *y = dg_sum_all(dg_mul(a, b));
+    assert_int_equal(dg_backward(y, NULL), 0);
+    for (int64_t i = 0; i < 5; i++) {
+        double xv = dg_get(x, &i);
+        assert_true(fabs(dg_get(x->grad, &i) - 2 * exp(xv) * (1 + xv)) < 1e-12);
+    }
+    dg_scope_end();
+}
+
+/* a tensor used twice by one op and by two ops: y = sum(x*x) + sum(x) -> 2x + 1 */
+static void test_reuse_and_accumulate(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = param(4, 2);
+    dg_tensor *y = dg_add(dg_sum_all(dg_mul(x, x)), dg_sum_all(x));
+    assert_int_equal(dg_backward(y, NULL), 0);
+    for (int64_t i = 0; i < 4; i++) assert_true(fabs(dg_get(x->grad, &i) - (2 * dg_get(x, &i) + 1)) < 1e-12);
+    /* a second backward accumulates into .grad; zero_grad clears it */
+    assert_int_equal(dg_backward(y, NULL), 0);
+    for (int64_t i = 0; i < 4; i++) assert_true(fabs(dg_get(x->grad, &i) - 2 * (2 * dg_get(x, &i) + 1)) < 1e-12);
+    dg_zero_grad(x);
+    assert_null(x->grad);
+    dg_scope_end();
+}
+
+static void test_no_grad(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = param(3, 3);
+    dg_no_grad_begin();
+    dg_tensor *y = dg_sum_all(dg_exp(x));
+    dg_no_grad_end();
+    assert_false(y->requires_grad);
+    assert_null(y->node);
+    assert_int_not_equal(dg_backward(y, NULL), 0);
+    assert_error_contains("does not require grad");
+    /* nothing recorded: the graph of a no-grad expression holds no inputs */
+    dg_tensor *z = dg_sum_all(dg_exp(x));
+    assert_true(z->requires_grad);
+    dg_scope_end();
+}
+
+/* a test-local op with two outputs: out0 = 2x, out1 = x^2 */
+static int two_forward(dg_node *n) {
+    n->out[0] = dg_mul_scalar(n->in[0], 2.0);
+    n->out[1] = dg_mul(n->in[0], n->in[0]);
+    return 0;
+}
+static int two_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
+    gin[0] = dg_add(dg_mul_scalar(gout[0], 2.0), dg_mul(dg_mul_scalar(n->in[0], 2.0), gout[1]));
+    return 0;
+}
+static int two_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
+    if (index > 0) return 0;
+    dg_rng r = dg_rng_new(seed);
+    dg_sample_set(s, 0, dg_randn(DG_SHAPE(3), dt, &r), true);
+    snprintf(s->label, sizeof s->label, "[3]");
+    return 1;
+}
+static const dg_op_def two_outputs = {.name = "two_outputs", .n_in = 1, .n_out = 2, .in_names = {"x"},
+                                      .out_names = {"double", "square"}, .forward = two_forward,
+                                      .bwd = {{"default", two_backward}}, .sample = two_sample,
+                                      .atol_f64 = 1e-7, .rtol_f64 = 1e-6};
+
+static void test_two_outputs_one_used(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = param(3, 4), *out[2];
+    assert_int_equal(dg_apply(&two_outputs, NULL, &x, out, -1), 0);
+    /* only the square is used: dx = 2x (the absent gradient of out0 counts as zero) */
+    assert_int_equal(dg_backward(dg_sum_all(out[1]), NULL), 0);
+    for (int64_t i = 0; i < 3; i++) assert_true(fabs(dg_get(x->grad, &i) - 2 * dg_get(x, &i)) < 1e-12);
+    dg_zero_grad(x);
+    assert_int_equal(dg_backward(dg_sum_all(out[0]), NULL), 0);
+    for (int64_t i = 0; i < 3; i++) assert_true(fabs(dg_get(x->grad, &i) - 2) < 1e-12);
+    dg_scope_end();
+}
+
+/* A backward that forgets the factor 2 of d(x^2)/dx must be reported by gradcheck. */
+static int wrong_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
+    gin[0] = dg_add(dg_mul_scalar(gout[0], 2.0), dg_mul(n->in[0], gout[1]));
+    return 0;
+}
+
+static void test_gradcheck_catches_wrong_backward(void **state) {
+    dg_gradcheck_report good = {0}, bad = {0};
+    assert_int_equal(dg_gradcheck_op(&two_outputs, 1, &good), 0);
+    assert_true(good.n > 0);
+    dg_op_def broken = two_outputs;
+    broken.bwd[0] = (dg_backward_variant){"wrong", wrong_backward};
+    assert_true(dg_gradcheck_op(&broken, 1, &bad) > 0);
+    assert_false(bad.rows[0].ok);
+    assert_true(bad.rows[0].max_abs_err > 1e-3);
+    dg_gradcheck_report_free(&good);
+    dg_gradcheck_report_free(&bad);
+    /* and a registered op given another op's backward (exp with contiguous's dx = g) is caught */
+    dg_op_def exp_wrong = *dg_op_find("exp");
+    exp_wrong.bwd[0] = dg_op_find("contiguous")->bwd[0];
+    dg_gradcheck_report r = {0};
+    assert_true(dg_gradcheck_op(&exp_wrong, 1, &r) > 0);
+    dg_gradcheck_report_free(&r);
+}
+
+static void test_anomaly_mode(void **state) {
+    dg_scope_begin();
+    dg_set_anomaly_mode(true);
+    dg_tensor *x = dg_from_data(DG_SHAPE(3), DG_F64, (double[]){1.0, -1.0, 2.0});
+    dg_set_requires_grad(x, true);
+    assert_null(dg_log(x));
+    assert_error_contains("anomaly: op log produced nan in output 0 'out' [3]; inputs: a [3]");
+    /* backward: sqrt at 0 is finite forward, infinite gradient */
+    dg_tensor *z = dg_from_data(DG_SHAPE(2), DG_F64, (double[]){0.0, 4.0});
+    dg_set_requires_grad(z, true);
+    dg_tensor *y = dg_sum_all(dg_sqrt(z));
+    assert_non_null(y);
+    assert_int_not_equal(dg_backward(y, NULL), 0);
+    assert_error_contains("anomaly: backward of op sqrt (default) produced inf in the gradient of input 0 'a'");
+    dg_set_anomaly_mode(false);
+    assert_non_null(dg_log(x)); /* off again: NaN passes silently, as in PyTorch */
+    dg_scope_end();
+}
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* 10,000 forward+backward iterations of a small graph: live tensors and bytes return to where they
+ * started after each step, and resident memory stays flat. */
+static void test_flat_memory(void **state) {
+    dg_rng r = dg_rng_new(9);
+    dg_tensor *w = dg_keep(dg_randn(DG_SHAPE(16, 16), DG_F32, &r));
+    dg_set_requires_grad(w, true);
+    size_t tensors0 = dg_live_tensors();
+    long rss_early = 0;
+    for (int it = 0; it < 10000; it++) {
+        dg_scope_begin();
+        dg_tensor *x = dg_randn(DG_SHAPE(8, 16), DG_F32, &r);
+        dg_tensor *h = dg_tanh(dg_matmul_t(x, w, false, true));
+        dg_tensor *loss = dg_mean_all(dg_mul(h, h));
+        assert_int_equal(dg_backward(loss, NULL), 0);
+        dg_zero_grad(w);
+        dg_scope_end();
+        assert_int_equal(dg_live_tensors(), tensors0);
+        if (it == 1000) rss_early = rss_kb();
+    }
+    long rss_late = rss_kb();
+    assert_true(rss_late - rss_early < 2048); /* under 2 MiB of growth over 9,000 steps */
+    dg_release(w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_diamond),
+        cmocka_unit_test(test_reuse_and_accumulate),
+        cmocka_unit_test(test_no_grad),
+        cmocka_unit_test(test_two_outputs_one_used),
+        cmocka_unit_test(test_gradcheck_catches_wrong_backward),
+        cmocka_unit_test(test_anomaly_mode),
+        cmocka_unit_test(test_flat_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,151 @@
+/* core: views and strides, broadcasting, dtype conversion, RNG reproducibility, scopes, errors. */
+#include "tests/support/test_support.h"
+
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_views_share_storage(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = dg_arange(0, 24, 1, DG_F32);
+    dg_tensor *r = dg_reshape(x, DG_SHAPE(2, 3, 4));
+    assert_ptr_equal(r->storage, x->storage);
+    dg_tensor *p = dg_permute(r, (int[]){2, 0, 1}); /* [4,2,3] */
+    assert_int_equal(p->shape[0], 4);
+    assert_int_equal(p->stride[0], 1);
+    assert_int_equal(p->stride[1], 12);
+    assert_false(dg_is_contiguous(p));
+    assert_ptr_equal(p->storage, x->storage);
+    /* p[i,j,k] = r[j,k,i] = 12j + 4k + i */
+    assert_true(dg_get(p, (int64_t[]){3, 1, 2}) == 12 + 8 + 3);
+    dg_tensor *s = dg_slice(r, 2, 1, 3); /* [2,3,2] */
+    assert_ptr_equal(s->storage, x->storage);
+    assert_true(dg_get(s, (int64_t[]){1, 2, 0}) == 12 + 8 + 1);
+    dg_tensor *t = dg_transpose(r, 0, 2);
+    assert_true(dg_get(t, (int64_t[]){3, 2, 1}) == 12 + 8 + 3);
+    dg_tensor *c = dg_contiguous(p);
+    assert_true(dg_is_contiguous(c));
+    assert_true(dg_test_max_abs_diff(c, p) == 0);
+    /* reshape of a non-contiguous tensor copies only when it has to */
+    dg_tensor *merged = dg_reshape(dg_slice(r, 0, 0, 1), DG_SHAPE(12));
+    assert_ptr_equal(merged->storage, x->storage);
+    dg_tensor *copied = dg_reshape(p, DG_SHAPE(24));
+    assert_ptr_not_equal(copied->storage, x->storage);
+    assert_true(dg_get(copied, (int64_t[]){1}) == 4);
+    /* writes through a view are visible in the base */
+    dg_set(s, (int64_t[]){0, 0, 0}, -5);
+    assert_true(dg_get(x, (int64_t[]){1}) == -5);
+    dg_scope_end();
+}
+
+static void test_broadcasting(void **state) {
+    dg_scope_begin();
+    dg_tensor *a = dg_arange(0, 6, 1, DG_F64);
+    a = dg_reshape(a, DG_SHAPE(2, 3, 1));
+    dg_tensor *b = dg_arange(0, 4, 1, DG_F64); /* [4] */
+    dg_tensor *c = dg_add(a, b);                /* [2,3,4] */
+    assert_int_equal(c->ndim, 3);
+    assert_int_equal(c->shape[2], 4);
+    assert_true(dg_get(c, (int64_t[]){1, 2, 3}) == 5 + 3);
+    dg_tensor *e = dg_expand(b, DG_SHAPE(3, 4));
+    assert_int_equal(e->stride[0], 0);
+    assert_null(dg_add(dg_zeros(DG_SHAPE(2, 3), DG_F32), dg_zeros(DG_SHAPE(4), DG_F32)));
+    assert_error_contains("add: b has shape [4] which does not broadcast with a [2,3]");
+    dg_scope_end();
+}
+
+static void test_dtype_conversion(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = dg_from_data(DG_SHAPE(4), DG_F64, (double[]){1.5, -2.25, 3.0, 1e-3});
+    dg_tensor *f = dg_to_dtype(x, DG_F32);
+    assert_int_equal(f->dtype, DG_F32);
+    assert_true(fabs(dg_get(f, (int64_t[]){3}) - 1e-3) < 1e-10);
+    dg_tensor *i = dg_to_dtype(x, DG_I64);
+    assert_true(dg_get(i, (int64_t[]){1}) == -2);
+    dg_tensor *h = dg_to_dtype(x, DG_BF16);
+    assert_true(dg_get(h, (int64_t[]){0}) == 1.5); /* exactly representable */
+    assert_true(fabs(dg_get(h, (int64_t[]){3}) - 1e-3) < 1e-5);
+    dg_tensor *back = dg_to_dtype(i, DG_F64);
+    assert_true(dg_get(back, (int64_t[]){2}) == 3.0);
+    dg_scope_end();
+}
+
+static void test_rng_reproducible(void **state) {
+    dg_scope_begin();
+    dg_rng r1 = dg_rng_new(42), r2 = dg_rng_new(42), r3 = dg_rng_new(43);
+    dg_tensor *a = dg_randn(DG_SHAPE(1000), DG_F64, &r1), *b = dg_randn(DG_SHAPE(1000), DG_F64, &r2);
+    dg_tensor *c = dg_randn(DG_SHAPE(1000), DG_F64, &r3);
+    assert_true(dg_test_max_abs_diff(a, b) == 0);
+    assert_true(dg_test_max_abs_diff(a, c) > 0.1);
+    /* moments of N(0,1) and U[0,1) */
+    double m = dg_item(dg_mean_all(a)), v = dg_item(dg_mean_all(dg_mul(a, a)));
+    assert_true(fabs(m) < 0.1 && fabs(v - 1) < 0.15);
+    dg_tensor *u = dg_rand(DG_SHAPE(4000), DG_F32, &r1);
+    assert_true(fabs(dg_item(dg_mean_all(u)) - 0.5) < 0.03);
+    /* a second draw continues the stream: differs from the first */
+    dg_tensor *a2 = dg_randn(DG_SHAPE(1000), DG_F64, &r2);
+    assert_true(dg_test_max_abs_diff(a2, b) > 0.1);
+    /* counter-based: drawing 8 then 8 equals the 16 drawn at once (f32: 4 numbers a block) */
+    dg_rng s1 = dg_rng_new(7), s2 = dg_rng_new(7);
+    dg_tensor *whole = dg_rand(DG_SHAPE(16), DG_F32, &s1);
+    dg_tensor *h1 = dg_rand(DG_SHAPE(8), DG_F32, &s2), *h2 = dg_rand(DG_SHAPE(8), DG_F32, &s2);
+    assert_true(dg_test_max_abs_diff(dg_cat(2, (dg_tensor *[]){h1, h2}, 0), whole) == 0);
+    dg_scope_end();
+}
+
+static void test_scopes_release_everything(void **state) {
+    size_t tensors = dg_live_tensors(), bytes = dg_live_bytes(DG_CPU);
+    dg_scope_begin();
+    dg_tensor *kept = NULL;
+    for (int i = 0; i < 10; i++) {
+        dg_scope_begin();
+        dg_tensor *x = dg_randn(DG_SHAPE(64, 64), DG_F32, NULL);
+        dg_tensor *y = dg_matmul(x, dg_transpose(x, 0, 1));
+        if (i == 5) kept = dg_keep(y);
+        dg_tensor *z = dg_scope_return(dg_sum_all(y));
+        assert_non_null(z);
+    }
+    dg_scope_end();
+    assert_non_null(kept);
+    assert_int_equal(dg_live_tensors(), tensors + 1);
+    dg_release(kept);
+    assert_int_equal(dg_live_tensors(), tensors);
+    assert_int_equal(dg_live_bytes(DG_CPU), bytes);
+}
+
+static void test_errors_first_wins(void **state) {
+    dg_scope_begin();
+    dg_clear_error();
+    dg_tensor *bad = dg_reshape(dg_zeros(DG_SHAPE(2, 3), DG_F32), DG_SHAPE(4, 2));
+    assert_null(bad);
+    /* a chain continues on NULL and keeps the first message */
+    assert_null(dg_exp(dg_add(bad, bad)));
+    assert_error_contains("reshape: a has shape [2,3] (6 elements) which cannot be viewed as [4,2]");
+    assert_null(dg_empty(DG_SHAPE(-1, 2), DG_F32));
+    assert_error_contains("negative size");
+    dg_scope_end();
+}
+
+static void test_print(void **state) {
+    dg_scope_begin();
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    dg_print(dg_reshape(dg_arange(0, 4, 1, DG_F32), DG_SHAPE(2, 2)), f);
+    fclose(f);
+    assert_non_null(strstr(buf, "tensor([2,2], f32, cpu) [[0, 1],\n [2, 3]]"));
+    free(buf);
+    dg_scope_end();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_views_share_storage), cmocka_unit_test(test_broadcasting),
+        cmocka_unit_test(test_dtype_conversion),    cmocka_unit_test(test_rng_reproducible),
+        cmocka_unit_test(test_scopes_release_everything), cmocka_unit_test(test_errors_first_wins),
+        cmocka_unit_test(test_print),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
