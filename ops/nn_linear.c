@@ -1,0 +1,113 @@
+/* linear: y[..., out] = x[..., in] w[out, in]^T + b[out]   (PyTorch's nn.Linear layout)
+ * The leading dims of x are flattened to N rows; the products go to CBLAS.
+ * Backward (kernels/cpu/nn_linear_impl.h):
+ *   dx = dy w   [N,in],   dw = dy^T x   [out,in] (summed over every row),   db = sum_n dy */
+#include "ops/nn_common.h"
+
+#include <limits.h>
+
+enum { LIN_X, LIN_W, LIN_B };
+
+static int linear_forward(dg_node *n) {
+    if (!dg_require_cpu("linear", n->in[LIN_X])) return -1;
+    bool fail = false;
+    dg_tensor *x = dg_nn_contig(n->in[LIN_X], &fail), *w = dg_nn_contig(n->in[LIN_W], &fail);
+    dg_tensor *b = dg_nn_contig(n->in[LIN_B], &fail);
+    if (fail) return -1;
+    int64_t OUT = w->shape[0], IN = w->shape[1], N = dg_nn_rows(x);
+    int64_t shape[DG_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = OUT;
+    dg_tensor *y = dg_empty_on(x->ndim, shape, x->dtype, x->device);
+    if (!y) return -1;
+    if (x->dtype == DG_F32)
+        dg_nn_linear_fwd_f32(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
+                             dg_data_ptr(y));
+    else
+        dg_nn_linear_fwd_f64(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
+                             dg_data_ptr(y));
+    n->out[0] = y;
+    return 0;
+}
+
+static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
+    bool fail = false;
+    dg_tensor *x = dg_nn_contig(n->in[LIN_X], &fail), *w = dg_nn_contig(n->in[LIN_W], &fail);
+    dg_tensor *dy = dg_nn_contig(gout[0], &fail);
+    if (fail) return -1;
+    int64_t OUT = w->shape[0], IN = w->shape[1], N = dg_nn_rows(x);
+    dg_tensor *dx = n->needs_grad[LIN_X] ? dg_empty_like(x) : NULL;
+    dg_tensor *dw = n->needs_grad[LIN_W] ? dg_empty_like(w) : NULL;
+    dg_tensor *db = n->needs_grad[LIN_B] ? dg_empty_like(n->in[LIN_B]) : NULL;
+    if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db))
+        return -1;
+#define P(t) ((t) ? dg_data_ptr(t) : NULL)
+    if (x->dtype == DG_F32)
+        dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+    else
+        dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+#undef P
+    gin[LIN_X] = dx;
+    gin[LIN_W] = dw;
+    gin[LIN_B] = db;
+    return 0;
+}
+
+dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b) {
+    if (!dg_nn_check_x("linear", "x", x) || !dg_check_not_null("linear", "w", w)) return NULL;
+    if (!dg_check_same_dtype("linear", "w", w, "x", x) || !dg_check_same_device("linear", "w", w, "x", x))
+        return NULL;
+    if (w->ndim != 2 || w->shape[1] != dg_nn_last(x)) {
+        dg_error("linear: w has shape %s but must be [out,%lld] for x %s (w is [out,in])", dg_shp(w),
+                 (long long)dg_nn_last(x), dg_shp(x));
+        return NULL;
+    }
+    if (b && !dg_nn_check_vec("linear", "b", b, w->shape[0], "out features", "w", w)) return NULL;
+    if (dg_nn_rows(x) > INT_MAX || w->shape[0] > INT_MAX || w->shape[1] > INT_MAX) {
+        dg_error("linear: x %s and w %s exceed the BLAS size limit (%d rows or features)", dg_shp(x), dg_shp(w),
+                 INT_MAX);
+        return NULL;
+    }
+    dg_tensor *in[3] = {x, w, b};
+    return dg_apply1(&dg_op_linear, NULL, in);
+}
+
+/* Samples: plain 2-D with bias; 3-D x without bias; x stored transposed (non-contiguous) with
+ * bias; one output feature. */
+static int linear_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
+    dg_rng rng = dg_rng_new(seed);
+    dg_tensor *x, *w, *b = NULL;
+    switch (index) {
+    case 0:
+        x = DG_SAMPLE_RANDN(&rng, dt, 3, 5);
+        w = DG_SAMPLE_RANDN(&rng, dt, 4, 5);
+        b = DG_SAMPLE_RANDN(&rng, dt, 4);
+        break;
+    case 1:
+        x = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 6);
+        w = DG_SAMPLE_RANDN(&rng, dt, 7, 6);
+        break;
+    case 2:
+        x = dg_nn_sample_transposed(&rng, dt, DG_SHAPE(2, 4, 3), 1.0);
+        w = dg_nn_sample_transposed(&rng, dt, DG_SHAPE(5, 3), 1.0);
+        b = DG_SAMPLE_RANDN(&rng, dt, 5);
+        break;
+    case 3:
+        x = DG_SAMPLE_RANDN(&rng, dt, 4, 8);
+        w = DG_SAMPLE_RANDN(&rng, dt, 1, 8);
+        b = DG_SAMPLE_RANDN(&rng, dt, 1);
+        break;
+    default: return 0;
+    }
+    snprintf(s->label, sizeof s->label, "x %s%s w %s%s%s", dg_shp(x), dg_is_contiguous(x) ? "" : " (strided)",
+             dg_shp(w), dg_is_contiguous(w) ? "" : " (strided)", b ? " + b" : "");
+    dg_sample_set(s, LIN_X, x, true);
+    dg_sample_set(s, LIN_W, w, true);
+    dg_sample_set(s, LIN_B, b, true);
+    return 1;
+}
+
+const dg_op_def dg_op_linear = {.name = "linear", .n_in = 3, .n_out = 1, .in_names = {"x", "w", "b"},
+                                .out_names = {"y"}, .attrs_size = 0, .forward = linear_forward,
+                                .bwd = {{"default", linear_backward}}, .sample = linear_sample,
+                                .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
