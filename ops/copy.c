@@ -134,7 +134,7 @@ dg_tensor *dg_cat(int n, dg_tensor *const *ts, int dim) {
         if (!head || !rest) return NULL;
         return dg_cat(2, (dg_tensor *[]){head, rest}, dim);
     }
-    char arg[16];
+    char arg[32];
     for (int i = 0; i < n; i++) {
         snprintf(arg, sizeof arg, "tensors[%d]", i);
         if (!dg_check_not_null("cat", arg, ts[i])) return NULL;

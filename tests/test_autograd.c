@@ -170,7 +170,14 @@ static void test_flat_memory(void **state) {
         if (it == 1000) rss_early = rss_kb();
     }
     long rss_late = rss_kb();
+#ifndef DG_SANITIZE
     assert_true(rss_late - rss_early < 2048); /* under 2 MiB of growth over 9,000 steps */
+#else
+    /* ASan keeps freed blocks in a quarantine, so resident memory grows by design; LeakSanitizer
+     * and the live-tensor count above check this build instead. */
+    (void)rss_early;
+    (void)rss_late;
+#endif
     dg_release(w);
 }
 
