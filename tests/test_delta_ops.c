@@ -1,0 +1,477 @@
+/* The delta-rule family through its ops (delta_rule, gated_delta_rule, kda, gdn_gate, kda_gate):
+ *  - on every registered sample, in f64: the recurrent algorithm (forward and backward) against the
+ *    autograd of the decomposition, and every backward variant with the chunked forward against the
+ *    recurrent reference, on o, the final state and every gradient (1e-10 relative);
+ *  - the gate fused into the op (use_gate_in_kernel) against the separate gate op; the L2 norm fused
+ *    into the op against the same norm from primitives;
+ *  - f32 against f64;
+ *  - the choice of backward variant: per call, by DG_BACKWARD, and by the algorithm;
+ *  - bad inputs: each a NULL result and a message naming op, argument and shapes. */
+#include "tests/support/test_support.h"
+
+#include "ops/delta_common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- running an op on a sample and collecting everything -------------------------------------- */
+
+#define MAXT 16 /* outputs (2) + gradients (<= 9) */
+
+typedef struct result {
+    int n;
+    dg_tensor *t[MAXT]; /* kept (released by result_free) */
+    const char *name[MAXT];
+} result;
+
+static void result_free(result *r) {
+    for (int i = 0; i < r->n; i++) dg_release(r->t[i]);
+    r->n = 0;
+}
+
+/* max |a - b| / max |b| (0 when both are all zeros) */
+static double rel_max(const dg_tensor *a, const dg_tensor *b) {
+    double den = 0;
+    int64_t idx[DG_MAX_DIMS] = {0};
+    do {
+        den = fmax(den, fabs(dg_get(b, idx)));
+    } while (dg_next_index(b->ndim, b->shape, idx));
+    double num = dg_test_max_abs_diff(a, b);
+    return den > 0 ? num / den : num;
+}
+
+/* how: -1 = decomposition, else a backward variant index.  attrs may be changed by the caller.
+ * L = sum(o Wo) + sum(hT Wh); r gets o, hT and the gradient of every differentiable input. */
+static int run(const dg_op_def *def, const dg_sample *s, const void *attrs, int how, dg_dtype dt,
+               result *r) {
+    dg_scope_begin();
+    dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
+    for (int k = 0; k < def->n_in; k++) {
+        if (!s->in[k]) continue;
+        in[k] = s->in[k]->dtype == DG_I64 ? s->in[k] : dg_to_dtype(dg_clone(s->in[k]), dt);
+        if (s->differentiable[k]) {
+            in[k] = dg_clone(in[k]);
+            dg_set_requires_grad(in[k], true);
+        }
+    }
+    int rc = how < 0 ? def->decompose(attrs, in, out) : dg_apply(def, attrs, in, out, how);
+    if (rc == 0) {
+        dg_rng rng = dg_rng_new(77);
+        dg_tensor *loss = NULL;
+        for (int i = 0; i < def->n_out; i++) {
+            /* drawn in f64 so that f32 and f64 runs weigh the outputs alike */
+            dg_tensor *w = dg_to_dtype(dg_rand_range(out[i]->ndim, out[i]->shape, DG_F64, -1, 1, &rng), dt);
+            dg_tensor *li = dg_sum_all(dg_mul(out[i], w));
+            loss = loss ? dg_add(loss, li) : li;
+        }
+        rc = dg_backward(loss, NULL);
+    }
+    r->n = 0;
+    if (rc == 0) {
+        for (int i = 0; i < def->n_out; i++) {
+            r->name[r->n] = def->out_names[i];
+            r->t[r->n++] = dg_keep(dg_to_dtype(out[i], DG_F64));
+        }
+        for (int k = 0; k < def->n_in; k++)
+            if (s->differentiable[k] && in[k]) {
+                r->name[r->n] = def->in_names[k];
+                r->t[r->n++] = dg_keep(in[k]->grad ? dg_to_dtype(in[k]->grad, DG_F64) : dg_zeros_like(in[k]));
+            }
+    }
+    dg_scope_end();
+    return rc;
+}
+
+static double compare(const result *a, const result *b, const char *what, double tol) {
+    assert_int_equal(a->n, b->n);
+    double worst = 0;
+    for (int i = 0; i < a->n; i++) {
+        double e = rel_max(a->t[i], b->t[i]);
+        if (e > tol) print_message("    %s: %s differs by %.3e (relative to its max)\n", what, a->name[i], e);
+        worst = fmax(worst, e);
+    }
+    return worst;
+}
+
+#pragma weak dg_dr_chunk_fwd_f32
+#pragma weak dg_dr_chunk_fwd_f64
+#pragma weak dg_dr_chunk_bwd_f32
+#pragma weak dg_dr_chunk_bwd_f64
+static bool chunk_available(void) {
+    return dg_dr_chunk_fwd_f64 && dg_dr_chunk_bwd_f64 && dg_dr_chunk_fwd_f32 && dg_dr_chunk_bwd_f32;
+}
+
+static const char *const family[3] = {"delta_rule", "gated_delta_rule", "kda"};
+
+/* recurrent (forward + backward) against the decomposition's autograd, every sample */
+static void test_recurrent_vs_decomposition(void **st) {
+    (void)st;
+    for (int f = 0; f < 3; f++) {
+        const dg_op_def *def = dg_op_find(family[f]);
+        assert_non_null(def);
+        const int rec = dg_op_variant_find(def, "recurrent");
+        assert_true(rec >= 0);
+        for (int i = 0;; i++) {
+            dg_scope_begin();
+            dg_sample s = {0};
+            int have = def->sample(i, DG_F64, 1234 + i, &s);
+            dg_scope_end();
+            if (!have) break;
+            dg_delta_attrs at;
+            memcpy(&at, s.attrs, sizeof at);
+            at.algorithm = DG_DELTA_RECURRENT;
+            result ref = {0}, dec = {0};
+            assert_int_equal(run(def, &s, &at, rec, DG_F64, &ref), 0);
+            assert_int_equal(run(def, &s, &at, -1, DG_F64, &dec), 0);
+            double e = compare(&dec, &ref, s.label, 1e-12);
+            print_message("  %-16s %-58s decomposition vs recurrent %.1e\n", def->name, s.label, e);
+            assert_true(e < 1e-12);
+            result_free(&ref);
+            result_free(&dec);
+            dg_sample_free(&s);
+        }
+    }
+}
+
+/* every backward variant, with the chunked forward, against the recurrent reference */
+static void test_chunked_variants_vs_recurrent(void **st) {
+    (void)st;
+    if (!chunk_available()) {
+        print_message("  the chunked kernels are not linked into this build: skipped\n");
+        skip();
+    }
+    for (int f = 0; f < 3; f++) {
+        const dg_op_def *def = dg_op_find(family[f]);
+        const int rec = dg_op_variant_find(def, "recurrent");
+        for (int i = 0;; i++) {
+            dg_scope_begin();
+            dg_sample s = {0};
+            int have = def->sample(i, DG_F64, 99 + i, &s);
+            dg_scope_end();
+            if (!have) break;
+            dg_delta_attrs at;
+            memcpy(&at, s.attrs, sizeof at);
+            at.algorithm = DG_DELTA_RECURRENT;
+            result ref = {0};
+            assert_int_equal(run(def, &s, &at, rec, DG_F64, &ref), 0);
+            at.algorithm = DG_DELTA_CHUNKED;
+            for (int c = 16; c <= 64; c *= 2) {
+                at.chunk = c;
+                for (int v = 0; v < dg_op_variant_count(def); v++) {
+                    result got = {0};
+                    int rc = run(def, &s, &at, v, DG_F64, &got);
+                    if (rc != 0) fail_msg("%s %s chunk %d: %s", def->name, def->bwd[v].name, c, dg_last_error());
+                    double e = compare(&got, &ref, def->bwd[v].name, 1e-10);
+                    if (c == 16)
+                        print_message("  %-16s %-10s %-50s vs recurrent %.1e\n", def->name, def->bwd[v].name,
+                                      s.label, e);
+                    assert_true(e < 1e-10);
+                    result_free(&got);
+                }
+            }
+            result_free(&ref);
+            dg_sample_free(&s);
+        }
+    }
+}
+
+/* f32 against f64, recurrent and (when present) chunked */
+static void test_f32_vs_f64(void **st) {
+    (void)st;
+    for (int f = 0; f < 3; f++) {
+        const dg_op_def *def = dg_op_find(family[f]);
+        dg_scope_begin();
+        dg_sample s = {0};
+        assert_true(def->sample(1, DG_F64, 5, &s));
+        dg_scope_end();
+        for (int algo = 0; algo < 2; algo++) {
+            if (algo == DG_DELTA_CHUNKED && !chunk_available()) continue;
+            dg_delta_attrs at;
+            memcpy(&at, s.attrs, sizeof at);
+            at.algorithm = algo;
+            const int v = algo == DG_DELTA_RECURRENT ? dg_op_variant_find(def, "recurrent") : 0;
+            result r64 = {0}, r32 = {0};
+            assert_int_equal(run(def, &s, &at, v, DG_F64, &r64), 0);
+            assert_int_equal(run(def, &s, &at, v, DG_F32, &r32), 0);
+            double e = compare(&r32, &r64, "f32", 1e-5);
+            print_message("  %-16s %-10s f32 vs f64 %.1e\n", def->name, algo ? "recurrent" : "chunked", e);
+            assert_true(e < 1e-5);
+            result_free(&r64);
+            result_free(&r32);
+        }
+        dg_sample_free(&s);
+    }
+}
+
+/* ---- fused preprocessing against the separate path --------------------------------------------- */
+
+typedef struct fused_case {
+    dg_tensor *q, *k, *v, *a, *beta, *h0, *A, *b;
+} fused_case;
+
+static void grads_of(dg_tensor *loss, dg_tensor **xs, int n, dg_tensor **g) {
+    assert_int_equal(dg_backward(loss, NULL), 0);
+    for (int i = 0; i < n; i++) {
+        g[i] = xs[i]->grad ? dg_clone(xs[i]->grad) : NULL;
+        dg_zero_grad(xs[i]);
+    }
+}
+
+static void check_gate_fused(bool kda, dg_delta_algorithm algo) {
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(3);
+    const int64_t B = 1, T = 21, H = 1, HV = 2, K = 4, V = 3;
+    dg_tensor *q = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -1, 1, &rng);
+    dg_tensor *k = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -0.5, 0.5, &rng);
+    dg_tensor *v = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *a = kda ? dg_rand_range(DG_SHAPE(B, T, HV, K), DG_F64, -3, 2, &rng)
+                       : dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, -3, 2, &rng);
+    dg_tensor *beta = dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, 0.1, 0.9, &rng);
+    dg_tensor *A = dg_rand_range(DG_SHAPE(HV), DG_F64, -2, 0, &rng);
+    dg_tensor *b = dg_rand_range(DG_SHAPE(kda ? HV * K : HV), DG_F64, -1, 0.5, &rng);
+    dg_tensor *w = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *xs[4] = {a, A, b, k};
+    for (int i = 0; i < 4; i++) dg_set_requires_grad(xs[i], true);
+    dg_delta_opts o = {.algorithm = algo, .chunk_size = 16};
+    /* separate: g = gate(a, A_log, dt_bias), then the op on g */
+    dg_tensor *g = kda ? dg_kda_gate(a, A, b) : dg_gdn_gate(a, A, b);
+    dg_tensor *o1 = kda ? dg_kda(q, k, v, g, beta, &o, NULL) : dg_gated_delta_rule(q, k, v, g, beta, &o, NULL);
+    assert_non_null(o1);
+    dg_tensor *g1[4], *g2[4];
+    grads_of(dg_sum_all(dg_mul(o1, w)), xs, 4, g1);
+    /* fused */
+    o.use_gate_in_kernel = true;
+    o.A_log = A;
+    o.dt_bias = b;
+    dg_tensor *o2 = kda ? dg_kda(q, k, v, a, beta, &o, NULL) : dg_gated_delta_rule(q, k, v, a, beta, &o, NULL);
+    assert_non_null(o2);
+    grads_of(dg_sum_all(dg_mul(o2, w)), xs, 4, g2);
+    double e = rel_max(o2, o1);
+    const char *names[4] = {"da", "dA_log", "ddt_bias", "dk"};
+    for (int i = 0; i < 4; i++) {
+        assert_non_null(g1[i]);
+        assert_non_null(g2[i]);
+        double ei = rel_max(g2[i], g1[i]);
+        if (ei > 1e-12) print_message("    %s differs by %.2e\n", names[i], ei);
+        e = fmax(e, ei);
+    }
+    print_message("  %s %s: gate fused vs separate op %.1e\n", kda ? "kda" : "gated_delta_rule",
+                  algo ? "recurrent" : "chunked", e);
+    assert_true(e < 1e-12);
+    dg_scope_end();
+}
+
+static void test_gate_fused_vs_separate(void **st) {
+    (void)st;
+    check_gate_fused(false, DG_DELTA_RECURRENT);
+    check_gate_fused(true, DG_DELTA_RECURRENT);
+    if (chunk_available()) {
+        check_gate_fused(false, DG_DELTA_CHUNKED);
+        check_gate_fused(true, DG_DELTA_CHUNKED);
+    }
+}
+
+static dg_tensor *l2n(dg_tensor *x) {
+    const int last = 3;
+    return dg_mul(x, dg_rsqrt(dg_add_scalar(dg_sum(dg_mul(x, x), 1, &last, true), DG_DELTA_L2NORM_EPS)));
+}
+
+static void test_l2norm_fused_vs_separate(void **st) {
+    (void)st;
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(4);
+    const int64_t B = 2, T = 9, H = 2, HV = 4, K = 5, V = 3;
+    dg_tensor *q = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -2, 2, &rng);
+    dg_tensor *k = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -2, 2, &rng);
+    dg_tensor *v = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *beta = dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, 0.1, 0.9, &rng);
+    dg_tensor *w = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *xs[2] = {q, k};
+    dg_set_requires_grad(q, true);
+    dg_set_requires_grad(k, true);
+    dg_delta_opts o = {.algorithm = DG_DELTA_RECURRENT};
+    dg_tensor *o1 = dg_delta_rule(l2n(q), l2n(k), v, beta, &o, NULL), *g1[2], *g2[2];
+    assert_non_null(o1);
+    grads_of(dg_sum_all(dg_mul(o1, w)), xs, 2, g1);
+    o.use_qk_l2norm_in_kernel = true;
+    dg_tensor *o2 = dg_delta_rule(q, k, v, beta, &o, NULL);
+    assert_non_null(o2);
+    grads_of(dg_sum_all(dg_mul(o2, w)), xs, 2, g2);
+    double e = fmax(rel_max(o2, o1), fmax(rel_max(g2[0], g1[0]), rel_max(g2[1], g1[1])));
+    print_message("  delta_rule: l2norm fused vs primitives %.1e\n", e);
+    assert_true(e < 1e-12);
+    dg_scope_end();
+}
+
+/* ---- choosing the backward variant ------------------------------------------------------------- */
+
+static void test_variant_selection(void **st) {
+    (void)st;
+    const dg_op_def *def = dg_op_find("gated_delta_rule");
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(5);
+    dg_tensor *q = dg_rand_range(DG_SHAPE(1, 4, 1, 3), DG_F64, -1, 1, &rng);
+    dg_tensor *v = dg_rand_range(DG_SHAPE(1, 4, 1, 2), DG_F64, -1, 1, &rng);
+    dg_tensor *g = dg_rand_range(DG_SHAPE(1, 4, 1), DG_F64, -1, -0.1, &rng);
+    dg_tensor *beta = dg_rand_range(DG_SHAPE(1, 4, 1), DG_F64, 0.1, 0.9, &rng);
+    dg_set_requires_grad(v, true);
+    dg_delta_opts o = {.algorithm = DG_DELTA_RECURRENT};
+    unsetenv("DG_BACKWARD");
+    /* the recurrent algorithm defaults to the recurrent backward */
+    dg_tensor *out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+    assert_non_null(out);
+    assert_int_equal(out->node->variant, dg_op_variant_find(def, "recurrent"));
+    /* per call */
+    o.backward = "dg_partial";
+    out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+    assert_int_equal(out->node->variant, dg_op_variant_find(def, "dg_partial"));
+    /* by the environment (when the call names none) */
+    o.backward = NULL;
+    setenv("DG_BACKWARD", "kda:unfused,gated_delta_rule:subst", 1);
+    out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+    assert_int_equal(out->node->variant, dg_op_variant_find(def, "subst"));
+    /* the call wins over the environment */
+    o.backward = "recurrent";
+    out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+    assert_int_equal(out->node->variant, dg_op_variant_find(def, "recurrent"));
+    unsetenv("DG_BACKWARD");
+    /* the chunked algorithm defaults to bwd[0] */
+    if (chunk_available()) {
+        o.backward = NULL;
+        o.algorithm = DG_DELTA_CHUNKED;
+        out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+        assert_int_equal(out->node->variant, 0);
+    }
+    /* an unknown name is an error that lists the variants */
+    o.backward = "fast";
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: backward variant 'fast' does not exist (variants: dg_final, dg_partial, subst, recurrent)");
+    /* the final state is handed out only when asked */
+    dg_tensor *hT = q;
+    o.backward = NULL;
+    o.algorithm = DG_DELTA_RECURRENT;
+    assert_non_null(dg_gated_delta_rule(q, q, v, g, beta, &o, &hT));
+    assert_null(hT);
+    o.output_final_state = true;
+    assert_non_null(dg_gated_delta_rule(q, q, v, g, beta, &o, &hT));
+    assert_non_null(hT);
+    assert_int_equal(hT->ndim, 4);
+    assert_int_equal(hT->shape[2], 3);
+    dg_scope_end();
+}
+
+/* ---- bad inputs -------------------------------------------------------------------------------- */
+
+static void test_bad_inputs(void **st) {
+    (void)st;
+    dg_clear_error();
+    dg_scope_begin();
+    const size_t live = dg_live_tensors();
+    dg_tensor *q = dg_zeros(DG_SHAPE(1, 8, 2, 4), DG_F64), *q5 = dg_zeros(DG_SHAPE(1, 8, 2, 5), DG_F64);
+    dg_tensor *v = dg_zeros(DG_SHAPE(1, 8, 4, 3), DG_F64), *v3 = dg_zeros(DG_SHAPE(1, 8, 3, 3), DG_F64);
+    dg_tensor *v32 = dg_zeros(DG_SHAPE(1, 8, 4, 3), DG_F32);
+    dg_tensor *g = dg_zeros(DG_SHAPE(1, 8, 4), DG_F64), *gk = dg_zeros(DG_SHAPE(1, 8, 4, 4), DG_F64);
+    dg_tensor *beta = dg_zeros(DG_SHAPE(1, 8, 4), DG_F64), *beta2 = dg_zeros(DG_SHAPE(1, 7, 4), DG_F64);
+    dg_delta_opts o = {0};
+
+    assert_null(dg_gated_delta_rule(q, q5, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: k has shape [1,8,2,5] but q has [1,8,2,4]");
+    assert_null(dg_gated_delta_rule(q, q, v3, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: v has shape [1,8,3,3] with HV = 3 value heads, which is not a "
+                          "multiple of the H = 2 heads of q [1,8,2,4]");
+    assert_null(dg_delta_rule(q, q, v, beta2, &o, NULL));
+    assert_error_contains("delta_rule: beta has shape [1,7,4] but [B,T,HV] = [1,8,4] is required");
+    assert_null(dg_kda(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("kda: g has shape [1,8,4] but [B,T,HV,K] = [1,8,4,4] is required");
+    assert_null(dg_gated_delta_rule(q, q, v, gk, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: g has shape [1,8,4,4] but [B,T,HV] = [1,8,4] is required");
+    assert_null(dg_gated_delta_rule(q, q, v32, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: v has dtype f32");
+    assert_null(dg_gated_delta_rule(q, q, v, NULL, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: g is NULL");
+
+    o.chunk_size = 48;
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: chunk_size 48 is not supported (16, 32 or 64)");
+    o.chunk_size = 0;
+
+    /* cu_seqlens */
+    int64_t c_start[3] = {1, 4, 8}, c_dec[4] = {0, 5, 3, 8}, c_end[3] = {0, 4, 7};
+    o.cu_seqlens = dg_from_data(DG_SHAPE(3), DG_I64, c_start);
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: cu_seqlens [3] = {1,4,8} must start at 0");
+    o.cu_seqlens = dg_from_data(DG_SHAPE(4), DG_I64, c_dec);
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: cu_seqlens [4] = {0,5,3,8} decreases at index 2 (5 -> 3)");
+    o.cu_seqlens = dg_from_data(DG_SHAPE(3), DG_I64, c_end);
+    assert_null(dg_kda(q, q, v, gk, beta, &o, NULL));
+    assert_error_contains("kda: cu_seqlens [3] = {0,4,7} must end at T = 8, the tokens of q [1,8,2,4]");
+    o.cu_seqlens = dg_zeros(DG_SHAPE(3), DG_F64);
+    assert_null(dg_kda(q, q, v, gk, beta, &o, NULL));
+    assert_error_contains("kda: cu_seqlens has dtype f64 (shape [3]) but i64 is required");
+    dg_tensor *q2 = dg_zeros(DG_SHAPE(2, 4, 2, 4), DG_F64), *v2 = dg_zeros(DG_SHAPE(2, 4, 4, 3), DG_F64);
+    dg_tensor *b2 = dg_zeros(DG_SHAPE(2, 4, 4), DG_F64);
+    int64_t c_ok[3] = {0, 3, 4};
+    o.cu_seqlens = dg_from_data(DG_SHAPE(3), DG_I64, c_ok);
+    assert_null(dg_delta_rule(q2, q2, v2, b2, &o, NULL));
+    assert_error_contains("delta_rule: cu_seqlens [3] is given but q has shape [2,4,2,4] with B = 2");
+
+    /* states: [N,HV,K,V] with N the number of sequences */
+    int64_t c3[4] = {0, 2, 5, 8};
+    o.cu_seqlens = dg_from_data(DG_SHAPE(4), DG_I64, c3);
+    o.initial_state = dg_zeros(DG_SHAPE(1, 4, 4, 3), DG_F64);
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: initial_state has shape [1,4,4,3] but [N,HV,K,V] = [3,4,4,3] is "
+                          "required (N = 3 sequences in cu_seqlens");
+    o.cu_seqlens = NULL;
+    o.initial_state = dg_zeros(DG_SHAPE(1, 4, 3, 4), DG_F64);
+    assert_null(dg_delta_rule(q, q, v, beta, &o, NULL));
+    assert_error_contains("delta_rule: initial_state has shape [1,4,3,4] but [N,HV,K,V] = [1,4,4,3] is required");
+    o.initial_state = NULL;
+
+    /* the gate inside the op */
+    o.use_gate_in_kernel = true;
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: A_log (required by use_gate_in_kernel) is NULL");
+    o.A_log = dg_zeros(DG_SHAPE(2), DG_F64);
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: A_log has shape [2] but [HV] = [4] is required");
+    o.A_log = dg_zeros(DG_SHAPE(4), DG_F64);
+    o.dt_bias = dg_zeros(DG_SHAPE(4), DG_F64);
+    assert_null(dg_kda(q, q, v, gk, beta, &o, NULL));
+    assert_error_contains("kda: dt_bias has shape [4] but [HV*K] = [16] is required");
+    assert_null(dg_delta_rule(q, q, v, beta, &o, NULL));
+    assert_error_contains("delta_rule: use_gate_in_kernel is set but delta_rule has no gate");
+    o.use_gate_in_kernel = false;
+    assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: A_log given (shape [4]) but use_gate_in_kernel is not set");
+    o.A_log = o.dt_bias = NULL;
+
+    /* gate ops */
+    assert_null(dg_gdn_gate(g, dg_zeros(DG_SHAPE(3), DG_F64), NULL));
+    assert_error_contains("gdn_gate: A_log has shape [3] but [HV] = [4] is required (a [1,8,4])");
+    assert_null(dg_kda_gate(gk, dg_zeros(DG_SHAPE(4), DG_F64), dg_zeros(DG_SHAPE(4), DG_F64)));
+    assert_error_contains("kda_gate: dt_bias has shape [4] but [HV*K] = [16] is required (a [1,8,4,4])");
+    assert_null(dg_kda_gate(g, dg_zeros(DG_SHAPE(4), DG_F64), NULL));
+    assert_error_contains("kda_gate: a has shape [1,8,4] but [B,T,HV,K] is required");
+
+    /* a NULL input keeps the first message */
+    assert_null(dg_gated_delta_rule(NULL, q, v, g, beta, &o, NULL));
+    assert_error_contains("gated_delta_rule: q is NULL");
+    dg_scope_end();
+    assert_int_equal(dg_live_tensors(), live);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_variant_selection),
+        cmocka_unit_test(test_recurrent_vs_decomposition),
+        cmocka_unit_test(test_chunked_variants_vs_recurrent),
+        cmocka_unit_test(test_f32_vs_f64),
+        cmocka_unit_test(test_gate_fused_vs_separate),
+        cmocka_unit_test(test_l2norm_fused_vs_separate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
