@@ -1,0 +1,134 @@
+/* CUDA kernels on raw device pointers: no tensors, no tape, no allocation policy (scratch comes
+ * from the stream-ordered pool and goes back to it before the call returns, in stream order).
+ * This header is plain C: ops and tests include it without the CUDA headers.
+ *
+ * Every entry point returns 0, or -1 with dg_error set (the failing CUDA or cuBLAS call named,
+ * with its error string); none aborts.  Work is queued on the library's one stream (runtime.cu)
+ * and runs asynchronously: a kernel's own failure at run time surfaces at the next
+ * synchronising call (dg_cuda_synchronize, a device-to-host copy).  DG_CUDA_SYNC=1 in the
+ * environment synchronises after every launch, so that such a failure names its kernel.
+ *
+ * Strides and shapes count elements.  A stride of 0 broadcasts.  Pointers address element 0 of
+ * the view (the caller adds the tensor's offset). */
+#ifndef DG_KERNELS_CUDA_KERNELS_H
+#define DG_KERNELS_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deltagrad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/cpu/delta_rule.h" /* dg_dr_shape, dg_gate_kind (C declarations) */
+
+/* ---- runtime (runtime.cu); the allocation hooks themselves are declared in core/internal.h ---- */
+int dg_cuda_init(void);        /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
+int dg_cuda_synchronize(void); /* waits for the stream; reports a failure of queued work */
+int dg_cuda_sm_count(void);    /* multiprocessors of the device (0 without one) */
+
+/* ---- elementwise (elementwise.cu); dt is DG_F32 or DG_F64 unless said otherwise ---------------- */
+typedef enum {
+    DG_UN_EXP,        /* y = exp(x) */
+    DG_UN_LOG,        /* y = log(x) */
+    DG_UN_SQRT,       /* y = sqrt(x) */
+    DG_UN_RSQRT,      /* y = 1 / sqrt(x) */
+    DG_UN_SIGMOID,    /* y = 1 / (1 + exp(-x)) */
+    DG_UN_LOGSIGMOID, /* y = log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)) */
+    DG_UN_SILU,       /* y = x sigmoid(x) */
+    DG_UN_SOFTPLUS,   /* y = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)) */
+    DG_UN_TANH,       /* y = tanh(x) */
+    DG_UN_NEG,        /* y = -x */
+    DG_UN_ADD_SCALAR, /* y = x + a */
+    DG_UN_MUL_SCALAR, /* y = a x */
+    DG_UN_POW_SCALAR, /* y = x^a */
+    DG_UN_COUNT
+} dg_unary_op;
+
+/* y[i] = f(x[i]) for n contiguous elements (y may alias x). */
+int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y, double a);
+/* gx[i] = gy[i] f'(x[i]) (gx may alias gy).  x may be NULL where f' is a function of the output
+ * y (exp, sqrt, rsqrt, sigmoid, tanh) and y is given, or where f' is constant (neg, add_scalar,
+ * mul_scalar); y may always be NULL when x is given (then f is recomputed). */
+int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y,
+                      const void *gy, void *gx, double a);
+
+typedef enum { DG_BIN_ADD, DG_BIN_SUB, DG_BIN_MUL, DG_BIN_DIV, DG_BIN_COUNT } dg_binary_op;
+
+/* out[idx] = a[idx . astride] (op) b[idx . bstride] over the ndim-d (0..6) index space `shape`;
+ * out is contiguous of that shape.  Broadcasting is a stride of 0. */
+int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a,
+                   const int64_t *astride, const void *b, const int64_t *bstride, void *out);
+
+/* p[0..n) = value.  dt: f32, f64, bf16, i32, i64. */
+int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value);
+
+/* dst[idx . dst_stride] = src[idx . src_stride] over `shape` (ndim 0..6), elements of elem_size
+ * bytes (1, 2, 4 or 8); dst_stride NULL means contiguous; src_stride NULL means contiguous.
+ * dst must not overlap src. */
+int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst,
+                         const int64_t *dst_stride, const void *src, const int64_t *src_stride);
+
+/* dst[i] = (dst_dt) src[i] for n contiguous elements; f32, f64, bf16, i32, i64 (bf16 rounds to
+ * nearest even; floats to integers truncate toward zero). */
+int dg_cuda_cast(int64_t n, dg_dtype dst_dt, void *dst, dg_dtype src_dt, const void *src);
+
+/* ---- reductions (reduce.cu) ---------------------------------------------------------------- */
+/* out = alpha * sum of x over the dims whose bit is set in reduce_mask (bit d: dim d).  x is the
+ * ndim-d (0..6) view `shape` with strides xstride (NULL: contiguous); out is contiguous over the
+ * kept dims in their order (keepdim is the caller's reshape).  f32 accumulates in f64; the result
+ * does not depend on the launch (no atomics). */
+int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x,
+                const int64_t *xstride, unsigned reduce_mask, double alpha, void *out);
+
+/* ---- matrix products through cuBLAS (blas.cu) ------------------------------------------------- */
+/* Row-major, batched with element strides between batch members (a stride of 0 broadcasts A or
+ * B):   C_b[M,N] = alpha op(A_b) op(B_b) + beta C_b,  b = 0..batch-1,
+ * op(A) = A [M,K] with row stride lda, or with trans_a A stored as [K,M] (row stride lda);
+ * op(B) = B [K,N] with row stride ldb, or with trans_b B stored as [N,K].
+ * Types (ab_dt, c_dt): (f32, f32) strict f32 (no TF32); (f64, f64); (bf16, bf16) and (bf16, f32)
+ * with f32 accumulation.  beta == 0 never reads C. */
+int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                 int64_t K, double alpha, const void *A, int64_t lda, int64_t stride_a,
+                 const void *B, int64_t ldb, int64_t stride_b, double beta, void *C, int64_t ldc,
+                 int64_t stride_c, int64_t batch);
+
+/* ---- the delta-rule family, token-by-token recurrence (dr_recurrent.cu) ---------------------- */
+/* Same semantics and layout as the CPU kernels in kernels/cpu/delta_rule.h (read it first):
+ * q, k [B,T,H,K]; v, o [B,T,HV,V]; beta [B,T,HV]; g NULL | [B,T,HV] | [B,T,HV,K] after s->gate;
+ * h0, hT [N,HV,K,V]; value head hv reads query/key head hv / (HV/H).  Every pointer is a device
+ * pointer except s->cu_seqlens, which is the same host array the CPU kernels take (it is
+ * checked and copied to the device).  h0, hT, and in the backward every gradient pointer, may be
+ * NULL (dg must be NULL when g is); gradients are written, not accumulated.  s->chunk is
+ * ignored.  K <= 512.
+ * The backward recomputes the states: a forward pass keeps one state every C tokens (C about
+ * sqrt(T), 8..64), then each stretch of C tokens is recomputed and walked backwards.  Scratch,
+ * f32: (T/C + N) HV K V for the checkpoints, N HV C K V for the stretch, and (V/BV) times the
+ * size of dq, dk, dg, dbeta for the per-value-tile partial sums (BV = 256 / ceil(K/16) columns,
+ * rounded), summed by a second kernel, so that results do not depend on scheduling. */
+int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k,
+                                 const float *v, const float *g, const float *beta,
+                                 const float *h0, float *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const float *k,
+                                 const float *v, const float *g, const float *beta,
+                                 const float *h0, const float *dout, const float *dhT, float *dq,
+                                 float *dk, float *dv, float *dg, float *dbeta, float *dh0);
+/* bf16 storage (raw bits, uint16_t) for q, k, v, beta, o, dout and dq, dk, dv, dbeta; f32 for
+ * the gates g, dg and the states h0, hT, dhT, dh0; f32 arithmetic throughout. */
+int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                  const uint16_t *v, const float *g, const uint16_t *beta,
+                                  const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                  const uint16_t *v, const float *g, const uint16_t *beta,
+                                  const float *h0, const uint16_t *dout, const float *dhT,
+                                  uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
+                                  uint16_t *dbeta, float *dh0);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,202 @@
+/* The CUDA runtime under the tensors: device 0, one stream, stream-ordered memory from the
+ * device's default pool, and a cuBLAS handle.  Implements the hooks declared at the end of
+ * core/internal.h and the runtime calls of kernels/cuda/cuda_kernels.h.
+ *
+ * Memory: cudaMallocAsync / cudaFreeAsync on the library's stream, from the device's default
+ * memory pool with its release threshold set to the maximum, so freed blocks stay in the pool and
+ * are reused instead of going back to the driver at every synchronisation (the pool is the
+ * cache; there is no home-made one).
+ *
+ * Stream: one created stream with the default (blocking) flags.  All work of the library is
+ * queued on it in order; being blocking, it also orders itself with the legacy default stream,
+ * so a plain cudaMemcpy elsewhere (a test, a tool) sees finished results.  A created stream rather
+ * than the legacy one so that benchmarks can capture it into a CUDA graph.
+ *
+ * Nothing here aborts: without a driver or a GPU, dg_cuda_device_count() is 0 and every other
+ * call fails with a message.  Initialisation happens once; if it failed, its message is reported
+ * again by every later call (dg_error is per thread). */
+#include "kernels/cuda/cuda_util.h"
+
+#include <mutex>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct Runtime {
+    int device_count = 0;
+    int sm_count = 0;
+    int ok = 0;                  /* 1: stream and pool ready */
+    char fail[512] = {0};        /* why initialisation failed */
+    cudaStream_t stream = nullptr;
+    bool sync_each = false;
+    std::once_flag blas_once;
+    cublasHandle_t blas = nullptr;
+    char blas_fail[512] = {0};
+};
+
+Runtime &rt() {
+    static Runtime r;
+    return r;
+}
+
+std::once_flag g_count_once, g_init_once;
+
+void count_devices() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* cudaErrorNoDevice, cudaErrorInsufficientDriver (no driver at all), ...: no GPU here.
+         * Clear the error so that it does not leak into a later cudaGetLastError. */
+        (void)cudaGetLastError();
+        n = 0;
+        snprintf(rt().fail, sizeof rt().fail, "cuda: no usable CUDA device: cudaGetDeviceCount: %s (%s)",
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+    } else if (n == 0) {
+        snprintf(rt().fail, sizeof rt().fail, "cuda: no CUDA device is present");
+    }
+    rt().device_count = n;
+}
+
+/* Fills rt().fail with the failing call; returns -1.  Used only inside init (once). */
+int init_fail(const char *what, cudaError_t e) {
+    snprintf(rt().fail, sizeof rt().fail, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return -1;
+}
+
+int init_once() {
+    std::call_once(g_count_once, count_devices);
+    Runtime &r = rt();
+    if (r.device_count == 0) return -1;
+    const char *env = getenv("DG_CUDA_SYNC");
+    r.sync_each = env && env[0] && strcmp(env, "0") != 0;
+    cudaError_t e;
+    if ((e = cudaSetDevice(0)) != cudaSuccess) return init_fail("cudaSetDevice(0)", e);
+    if ((e = cudaDeviceGetAttribute(&r.sm_count, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess)
+        return init_fail("cudaDeviceGetAttribute(MultiProcessorCount)", e);
+    int pools = 0;
+    if ((e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0)) != cudaSuccess)
+        return init_fail("cudaDeviceGetAttribute(MemoryPoolsSupported)", e);
+    if (!pools) {
+        snprintf(r.fail, sizeof r.fail,
+                 "cuda: device 0 does not support stream-ordered memory pools (cudaMallocAsync)");
+        return -1;
+    }
+    cudaMemPool_t pool;
+    if ((e = cudaDeviceGetDefaultMemPool(&pool, 0)) != cudaSuccess)
+        return init_fail("cudaDeviceGetDefaultMemPool", e);
+    uint64_t threshold = UINT64_MAX;
+    if ((e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold)) != cudaSuccess)
+        return init_fail("cudaMemPoolSetAttribute(ReleaseThreshold)", e);
+    if ((e = cudaStreamCreateWithFlags(&r.stream, cudaStreamDefault)) != cudaSuccess)
+        return init_fail("cudaStreamCreateWithFlags", e);
+    r.ok = 1;
+    return 0;
+}
+
+void init_wrapper() { (void)init_once(); }
+
+void create_blas() {
+    Runtime &r = rt();
+    cublasHandle_t h = nullptr;
+    cublasStatus_t st = cublasCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasCreate failed: %s (%s)",
+                 cublasGetStatusName(st), cublasGetStatusString(st));
+        return;
+    }
+    st = cublasSetStream(h, r.stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasSetStream failed: %s (%s)",
+                 cublasGetStatusName(st), cublasGetStatusString(st));
+        cublasDestroy(h);
+        return;
+    }
+    r.blas = h;
+}
+
+} // namespace
+
+extern "C" {
+
+int dg_cuda_device_count(void) {
+    std::call_once(g_count_once, count_devices);
+    return rt().device_count;
+}
+
+int dg_cuda_init(void) {
+    std::call_once(g_init_once, init_wrapper);
+    if (rt().ok) return 0;
+    dg_error("%s", rt().fail[0] ? rt().fail : "cuda: initialisation failed");
+    return -1;
+}
+
+int dg_cuda_sm_count(void) { return dg_cuda_init() == 0 ? rt().sm_count : 0; }
+
+cudaStream_t dg_cuda_stream(void) { return rt().ok ? rt().stream : nullptr; }
+
+bool dg_cuda_sync_each_launch(void) { return rt().sync_each; }
+
+cublasHandle_t dg_cuda_cublas(void) {
+    if (dg_cuda_init()) return nullptr;
+    std::call_once(rt().blas_once, create_blas);
+    if (!rt().blas) dg_error("%s", rt().blas_fail);
+    return rt().blas;
+}
+
+int dg_cuda_synchronize(void) {
+    if (dg_cuda_init()) return -1;
+    return DG_CU(cudaStreamSynchronize(rt().stream));
+}
+
+void *dg_cuda_malloc(size_t n) {
+    if (dg_cuda_init()) return nullptr;
+    void *p = nullptr;
+    /* a 0-byte request still gets a distinct pointer, so that NULL always means failure */
+    cudaError_t e = cudaMallocAsync(&p, n ? n : 1, rt().stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: the context stays usable */
+        dg_error("cuda: cudaMallocAsync(%zu bytes) failed: %s (%s)", n, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+        return nullptr;
+    }
+    return p;
+}
+
+void dg_cuda_free(void *p) {
+    if (!p || !rt().ok) return;
+    cudaError_t e = cudaFreeAsync(p, rt().stream);
+    /* at process exit the runtime may already be gone; nothing is left to free then */
+    if (e == cudaErrorCudartUnloading) return;
+    dg_cu_report(e, "cudaFreeAsync(p, stream)", __FILE__, __LINE__);
+}
+
+int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
+    if (n == 0) return 0;
+    if (dg_cuda_init()) return -1;
+    cudaMemcpyKind k;
+    switch (kind) {
+    case 0: k = cudaMemcpyHostToDevice; break;
+    case 1: k = cudaMemcpyDeviceToHost; break;
+    case 2: k = cudaMemcpyDeviceToDevice; break;
+    default: dg_error("cuda: dg_cuda_memcpy: kind %d is not 0 (h2d), 1 (d2h) or 2 (d2d)", kind); return -1;
+    }
+    if (!dst || !src) {
+        dg_error("cuda: dg_cuda_memcpy: NULL %s pointer", dst ? "source" : "destination");
+        return -1;
+    }
+    DG_CU_TRY(cudaMemcpyAsync(dst, src, n, k, rt().stream));
+    /* host memory is involved: the caller may read dst or reuse src as soon as we return */
+    if (kind != 2) DG_CU_TRY(cudaStreamSynchronize(rt().stream));
+    return 0;
+}
+
+int dg_cuda_memset0(void *p, size_t n) {
+    if (n == 0) return 0;
+    if (dg_cuda_init()) return -1;
+    return DG_CU(cudaMemsetAsync(p, 0, n, rt().stream));
+}
+
+} // extern "C"
