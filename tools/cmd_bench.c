@@ -181,8 +181,8 @@ int dg_cmd_bench(int argc, char **argv) {
                     else
                         printf("%-17s%s%2lld%s%5lld%s%4lld%s%9.2f%s%11.2f%s%8.1f%s%7.0f%%%s%14.2f%s%7.1fx\n", ops[o], sep,
                                (long long)B, sep, (long long)T, sep, (long long)K, sep, ch.fwd * 1e3, sep, total * 1e3, sep,
-                               gf, sep, 100 * gf / peak, sep, (rc.fwd + rc.fwdbwd) * 1e3, sep,
-                               (rc.fwd + rc.fwdbwd) / total);
+                               gf, sep, 100 * gf / peak, sep, rc.fwdbwd * 1e3, sep,
+                               rc.fwdbwd / total);
                     fflush(stdout);
                 }
     return failures ? 1 : 0;
