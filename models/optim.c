@@ -1,0 +1,331 @@
+/* AdamW, gradient clipping, lr schedule, optimiser state files (the math is in optim.h). */
+#include "models/optim.h"
+
+#include "models/infra_common.h"
+#include "models/safetensors.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ADAMW_FORMAT "deltagrad.adamw.v1"
+
+dg_adamw_config dg_adamw_default_config(void) {
+    return (dg_adamw_config){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
+}
+
+static bool ends_with(const char *s, size_t n, const char *suffix) {
+    size_t k = strlen(suffix);
+    return n >= k && !memcmp(s + n - k, suffix, k);
+}
+
+bool dg_param_decays(const char *name, int ndim) {
+    if (!name) return ndim >= 2;
+    /* walk the dot-separated components */
+    const char *c = name, *last = name;
+    size_t last_len = 0;
+    for (;;) {
+        const char *dot = strchr(c, '.');
+        size_t len = dot ? (size_t)(dot - c) : strlen(c);
+        if (ends_with(c, len, "norm")) return false;
+        last = c;
+        last_len = len;
+        if (!dot) break;
+        c = dot + 1;
+    }
+    if ((last_len == 5 && !memcmp(last, "A_log", 5)) || (last_len == 7 && !memcmp(last, "dt_bias", 7)) ||
+        (last_len == 4 && !memcmp(last, "bias", 4)))
+        return false;
+    return true;
+}
+
+static int check_param(const dg_tensor *p, int i) {
+    if (!p) {
+        dg_error("adamw: parameter %d is NULL", i);
+        return -1;
+    }
+    if (p->dtype != DG_F32 || p->device != DG_CPU || !dg_is_contiguous(p)) {
+        dg_error("adamw: parameter %d (%s) is %s %s on %s%s; f32 contiguous host tensors are supported", i,
+                 p->name ? p->name : "unnamed", dg_dtype_name(p->dtype), dg_shp(p), dg_device_name(p->device),
+                 dg_is_contiguous(p) ? "" : ", not contiguous");
+        return -1;
+    }
+    return 0;
+}
+
+void dg_adamw_free(dg_adamw *opt) {
+    if (!opt) return;
+    for (int i = 0; i < opt->n; i++) {
+        if (opt->params) dg_release(opt->params[i]);
+        if (opt->m) dg_release(opt->m[i]);
+        if (opt->v) dg_release(opt->v[i]);
+    }
+    free(opt->params);
+    free(opt->m);
+    free(opt->v);
+    free(opt->decay);
+    free(opt);
+}
+
+dg_adamw *dg_adamw_new(int n, dg_tensor *const *params, const dg_adamw_config *cfg) {
+    if (n < 0 || (n > 0 && !params)) {
+        dg_error("adamw: bad parameter list (n = %d)", n);
+        return NULL;
+    }
+    dg_adamw_config c = cfg ? *cfg : dg_adamw_default_config();
+    if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1) || !(c.eps > 0) || !(c.weight_decay >= 0)) {
+        dg_error("adamw: need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 (got %g, %g, %g, %g)", c.beta1, c.beta2,
+                 c.eps, c.weight_decay);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (check_param(params[i], i)) return NULL;
+        for (int j = 0; j < i; j++)
+            if (params[j] == params[i] || (params[i]->name && params[j]->name && !strcmp(params[i]->name, params[j]->name))) {
+                dg_error("adamw: parameters %d and %d are the same tensor or share the name \"%s\"", j, i,
+                         params[i]->name ? params[i]->name : "");
+                return NULL;
+            }
+    }
+    dg_adamw *opt = calloc(1, sizeof *opt);
+    if (!opt) goto oom;
+    opt->cfg = c;
+    size_t k = (size_t)(n ? n : 1);
+    opt->params = calloc(k, sizeof *opt->params);
+    opt->m = calloc(k, sizeof *opt->m);
+    opt->v = calloc(k, sizeof *opt->v);
+    opt->decay = calloc(k, sizeof *opt->decay);
+    if (!opt->params || !opt->m || !opt->v || !opt->decay) goto oom;
+    for (int i = 0; i < n; i++) {
+        opt->params[i] = dg_retain(params[i]);
+        opt->n = i + 1;
+        opt->m[i] = dgm_owned_zeros(params[i]->ndim, params[i]->shape, DG_F32);
+        opt->v[i] = dgm_owned_zeros(params[i]->ndim, params[i]->shape, DG_F32);
+        if (!opt->m[i] || !opt->v[i]) goto oom;
+        opt->decay[i] = dg_param_decays(params[i]->name, params[i]->ndim);
+    }
+    return opt;
+oom:
+    dg_adamw_free(opt);
+    dg_error("adamw: out of memory for the optimiser state");
+    return NULL;
+}
+
+static int check_grad(const dg_tensor *p, int i) {
+    const dg_tensor *g = p->grad;
+    if (g->dtype != DG_F32 || g->device != DG_CPU || !dg_is_contiguous(g) || !dg_same_shape(g, p)) {
+        dg_error("adamw: grad of parameter %d (%s) is %s %s on %s but the parameter is f32 %s (contiguous host "
+                 "f32 expected)",
+                 i, p->name ? p->name : "unnamed", dg_dtype_name(g->dtype), dg_shp(g), dg_device_name(g->device),
+                 dg_shp(p));
+        return -1;
+    }
+    return 0;
+}
+
+int dg_adamw_step(dg_adamw *opt, double lr) {
+    if (!opt) {
+        dg_error("adamw: NULL optimiser");
+        return -1;
+    }
+    if (!isfinite(lr) || lr < 0) {
+        dg_error("adamw: learning rate %g is not a finite non-negative number", lr);
+        return -1;
+    }
+    for (int i = 0; i < opt->n; i++)
+        if (opt->params[i]->grad && check_grad(opt->params[i], i)) return -1;
+    opt->step++;
+    const double b1 = opt->cfg.beta1, b2 = opt->cfg.beta2;
+    const double bc1 = 1.0 - pow(b1, (double)opt->step), bc2 = 1.0 - pow(b2, (double)opt->step);
+    /* the scalars are computed once in double and used as f32, as PyTorch does */
+    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), eps = (float)opt->cfg.eps;
+    const float fb1 = (float)b1, fb2 = (float)b2, c1 = (float)(1.0 - b1), c2 = (float)(1.0 - b2);
+    for (int i = 0; i < opt->n; i++) {
+        dg_tensor *pt = opt->params[i];
+        if (!pt->grad) continue;
+        float *p = dgm_data(pt), *m = dgm_data(opt->m[i]), *v = dgm_data(opt->v[i]);
+        const float *g = dgm_data(pt->grad);
+        const float shrink = opt->decay[i] ? (float)(1.0 - lr * opt->cfg.weight_decay) : 1.0f;
+        const int64_t ne = dg_numel(pt);
+#pragma omp parallel for schedule(static) if (ne >= (1 << 16))
+        for (int64_t j = 0; j < ne; j++) {
+            float gj = g[j];
+            float mj = fb1 * m[j] + c1 * gj;
+            float vj = fb2 * v[j] + c2 * gj * gj;
+            m[j] = mj;
+            v[j] = vj;
+            p[j] = p[j] * shrink - step_size * mj / (sqrtf(vj) / bc2_sqrt + eps);
+        }
+    }
+    return 0;
+}
+
+void dg_adamw_zero_grad(dg_adamw *opt) {
+    if (!opt) return;
+    for (int i = 0; i < opt->n; i++) {
+        dg_tensor *g = opt->params[i]->grad;
+        if (g && g->device == DG_CPU && dg_is_contiguous(g))
+            memset(dgm_data(g), 0, (size_t)dg_numel(g) * dg_dtype_size(g->dtype));
+    }
+}
+
+double dg_grad_norm(int n, dg_tensor *const *params) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) {
+        const dg_tensor *g = params[i] ? params[i]->grad : NULL;
+        if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
+        int64_t ne = dg_numel(g);
+        if (g->dtype == DG_F32) {
+            const float *x = dgm_data(g);
+            for (int64_t j = 0; j < ne; j++) ss += (double)x[j] * x[j];
+        } else if (g->dtype == DG_F64) {
+            const double *x = dgm_data(g);
+            for (int64_t j = 0; j < ne; j++) ss += x[j] * x[j];
+        }
+    }
+    return sqrt(ss);
+}
+
+double dg_clip_grad_norm(int n, dg_tensor *const *params, double max_norm) {
+    double norm = dg_grad_norm(n, params);
+    if (!(max_norm > 0) || !isfinite(norm) || norm <= max_norm) return norm;
+    double coef = max_norm / (norm + 1e-6);
+    for (int i = 0; i < n; i++) {
+        dg_tensor *g = params[i] ? params[i]->grad : NULL;
+        if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
+        int64_t ne = dg_numel(g);
+        if (g->dtype == DG_F32) {
+            float *x = dgm_data(g), c = (float)coef;
+            for (int64_t j = 0; j < ne; j++) x[j] *= c;
+        } else if (g->dtype == DG_F64) {
+            double *x = dgm_data(g);
+            for (int64_t j = 0; j < ne; j++) x[j] *= coef;
+        }
+    }
+    return norm;
+}
+
+double dg_lr_at(const dg_lr_schedule *s, int64_t step) {
+    if (step < 0) step = 0;
+    if (step < s->warmup_steps) return s->peak_lr * (double)(step + 1) / (double)s->warmup_steps;
+    int64_t span = s->total_steps - s->warmup_steps;
+    double p = span > 0 ? (double)(step - s->warmup_steps) / (double)span : 1.0;
+    if (p > 1) p = 1;
+    double r = s->min_lr_ratio;
+    return s->peak_lr * (r + (1.0 - r) * 0.5 * (1.0 + cos(M_PI * p)));
+}
+
+/* ---- state files ----------------------------------------------------------------------------- */
+
+static char *moment_name(const char *kind, const char *param) {
+    size_t n = strlen(kind) + strlen(param) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s.%s", kind, param);
+    return s;
+}
+
+int dg_adamw_save(const dg_adamw *opt, const char *path, int n_meta, const char *const *keys,
+                  const char *const *values) {
+    if (!opt || n_meta < 0) {
+        dg_error("adamw: save: bad arguments");
+        return -1;
+    }
+    for (int i = 0; i < opt->n; i++)
+        if (!opt->params[i]->name) {
+            dg_error("adamw: save: parameter %d has no name; optimiser state is stored by name", i);
+            return -1;
+        }
+    int rc = -1, nt = 2 * opt->n, nm = 6 + n_meta;
+    char **names = calloc((size_t)nt + 1, sizeof *names);
+    dg_tensor **ts = calloc((size_t)nt + 1, sizeof *ts);
+    const char **mk = calloc((size_t)nm, sizeof *mk), **mv = calloc((size_t)nm, sizeof *mv);
+    char vals[5][40];
+    if (!names || !ts || !mk || !mv) goto out;
+    for (int i = 0; i < opt->n; i++) {
+        names[2 * i] = moment_name("exp_avg", opt->params[i]->name);
+        names[2 * i + 1] = moment_name("exp_avg_sq", opt->params[i]->name);
+        if (!names[2 * i] || !names[2 * i + 1]) goto out;
+        ts[2 * i] = opt->m[i];
+        ts[2 * i + 1] = opt->v[i];
+    }
+    snprintf(vals[0], sizeof vals[0], "%" PRId64, opt->step);
+    snprintf(vals[1], sizeof vals[1], "%.17g", opt->cfg.beta1);
+    snprintf(vals[2], sizeof vals[2], "%.17g", opt->cfg.beta2);
+    snprintf(vals[3], sizeof vals[3], "%.17g", opt->cfg.eps);
+    snprintf(vals[4], sizeof vals[4], "%.17g", opt->cfg.weight_decay);
+    const char *fixed[6][2] = {{"format", ADAMW_FORMAT}, {"step", vals[0]},         {"beta1", vals[1]},
+                               {"beta2", vals[2]},       {"eps", vals[3]},          {"weight_decay", vals[4]}};
+    for (int i = 0; i < 6; i++) mk[i] = fixed[i][0], mv[i] = fixed[i][1];
+    for (int i = 0; i < n_meta; i++) mk[6 + i] = keys[i], mv[6 + i] = values[i];
+    rc = dg_st_write(path, nt, (const char *const *)names, ts, nm, mk, mv);
+out:
+    if (rc && !dg_has_error()) dg_error("adamw: save: out of memory");
+    for (int i = 0; names && i < nt; i++) free(names[i]);
+    free(names);
+    free(ts);
+    free(mk);
+    free(mv);
+    return rc;
+}
+
+int dg_adamw_load(dg_adamw *opt, const char *path) {
+    if (!opt) {
+        dg_error("adamw: load: NULL optimiser");
+        return -1;
+    }
+    dg_st_file *f = dg_st_read(path);
+    if (!f) return -1;
+    int rc = -1;
+    char *nm = NULL;
+    const char *fmt = dg_st_meta(f, "format"), *step_s = dg_st_meta(f, "step");
+    if (!fmt || strcmp(fmt, ADAMW_FORMAT)) {
+        dg_error("adamw: '%s' is not a deltagrad AdamW state (metadata format is %s%s%s, expected \"%s\")", path,
+                 fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", ADAMW_FORMAT);
+        goto out;
+    }
+    char *end = NULL;
+    long long step = step_s ? strtoll(step_s, &end, 10) : -1;
+    if (!step_s || !*step_s || *end || step < 0) {
+        dg_error("adamw: '%s': metadata step \"%s\" is not a non-negative integer", path, step_s ? step_s : "(missing)");
+        goto out;
+    }
+    if (f->n != 2 * opt->n) {
+        dg_error("adamw: '%s' holds %d moment tensors but the optimiser has %d parameters (%d expected)", path, f->n,
+                 opt->n, 2 * opt->n);
+        goto out;
+    }
+    /* check everything before changing anything */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < opt->n; i++)
+            for (int k = 0; k < 2; k++) {
+                const dg_tensor *p = opt->params[i];
+                if (!p->name) {
+                    dg_error("adamw: load: parameter %d has no name", i);
+                    goto out;
+                }
+                free(nm);
+                nm = moment_name(k ? "exp_avg_sq" : "exp_avg", p->name);
+                if (!nm) {
+                    dg_error("adamw: load: out of memory");
+                    goto out;
+                }
+                const dg_tensor *t = dg_st_get(f, nm);
+                if (!t) {
+                    dg_error("adamw: '%s' has no tensor \"%s\" for parameter \"%s\"", path, nm, p->name);
+                    goto out;
+                }
+                if (t->dtype != DG_F32 || !dg_same_shape(t, p)) {
+                    dg_error("adamw: '%s': \"%s\" is %s %s but parameter \"%s\" is f32 %s", path, nm,
+                             dg_dtype_name(t->dtype), dg_shp(t), p->name, dg_shp(p));
+                    goto out;
+                }
+                if (pass == 1 && dg_st_copy_into(f, nm, k ? opt->v[i] : opt->m[i])) goto out;
+            }
+    opt->step = step;
+    rc = 0;
+out:
+    free(nm);
+    dg_st_free(f);
+    return rc;
+}
