@@ -764,6 +764,9 @@ int main(void) {
         cmocka_unit_test(test_dr_bad_input), cmocka_unit_test(test_dr_recurrent_f32),
         cmocka_unit_test(test_dr_recurrent_bf16),
     };
+    /* DG_TEST_FILTER=test_dr* runs a subset (for compute-sanitizer's slower tools) */
+    const char *filter = getenv("DG_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 
