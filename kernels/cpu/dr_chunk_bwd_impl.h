@@ -1,0 +1,332 @@
+/* Templated body of the chunked backward.  Included after dr_chunk_fwd_impl.h.
+ *
+ * Forward of one chunk (see dr_chunk_fwd_impl.h), S0 the state entering it, S1 the one leaving it:
+ *   (f1) V' = U - W S0                     (f2) O = scale Qg S0 + P V',  Qg = exp(G) o Q
+ *   (f3) S1 = exp(G_last) S0 + Kd^T V',     Kd = exp(G_last - G) o K
+ *   (f4) W = Ai Kbg, U = Ai Vb,  Kbg = diag(beta) exp(G) o K,  Vb = diag(beta) V
+ *   (f5) Ai = (I + A)^-1,  A = diag(beta) Mkk,  Mkk = strictly_lower(K K^T o Gamma)
+ *   (f6) P = scale lower_incl(Q K^T o Gamma)
+ * Phases (FLA's structure):
+ *   A  recompute G, Mkk, Ai, W, U, P                       all chunks x heads in parallel
+ *   B  recompute the chunk states S0 and V' (over U)       sequences x heads, chunks in order
+ *   C  dhu: dV' = P^T dO + Kd dS1                           (f2, f3)
+ *          dS0 = exp(G_last) dS1 + scale Qg^T dO - W^T dV'  (f3, f2, f1)   chunks in reverse
+ *   D1 dqkwg: dQ, dK (from f2, f3, f6), dW = -dV' S0^T (f1), dG of those
+ *   D2 WY backward: dK, dV, dbeta, dG from dW, dU = dV' through f4, f5
+ *      (kda_fused = 1: D1 and D2 in one loop per chunk, dW in a chunk-sized per-thread buffer;
+ *       0: D1 over all chunks writes dW [rows,HV,K], then D2 in a second loop)
+ *   then dG -> dg by a reverse chunk-local cumsum, and the sum over the value heads of a group
+ *   for dq, dk (GVA). */
+
+typedef struct FN(bctx) {
+    FN(ctx) *x;
+    const R *dout, *dhT;
+    R *Sst, *dSst; /* [nchunks, HV, K, V]: state entering / gradient of the state leaving chunk c */
+    R *dVn;        /* [rows, HV, V]: dV' */
+    R *dqv, *dkv;  /* [rows, HV, K]: dq, dk per value head */
+    R *dWb, *dGb;  /* unfused only: [rows, HV, K] and [rows, HV, gs] */
+    R *dv, *dg, *dbeta;
+    int final_dg;
+} FN(bctx);
+
+/* Phase C for sequence n, head hv. */
+static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
+    const FN(ctx) *x = b->x;
+    int K = x->K, V = x->V, C = x->C, HV = x->HV;
+    R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
+    if (b->dhT)
+        memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
+    else
+        memset(dS, 0, sizeof(R) * (size_t)K * V);
+    for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
+        FN(cp) p;
+        FN(cp_init)(x, c, hv, &p);
+        int L = p.L;
+        int64_t off = p.r0 * HV + hv;
+        memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+        const R *dO = b->dout + off * V;
+        R *dVn = b->dVn + off * V;
+        const R *kd = p.k, *qg = p.q;
+        int64_t ldkd = p.ldq, ldqg = p.ldq;
+        if (x->gs) {
+            FN(gate_rows)(&p.gate, 1, 0, 0, L, p.k, p.ldq, Kd, K, e);
+            FN(gate_rows)(&p.gate, 0, 0, 0, L, p.q, p.ldq, Qg, K, e);
+            kd = Kd;
+            qg = Qg;
+            ldkd = ldqg = K;
+        }
+        /* dV' = P^T dO (f2) + Kd dS1 (f3) */
+        FN(gemm)(1, 0, L, V, L, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
+        FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
+        /* dS0 = exp(G_last) dS1 (f3) + scale Qg^T dO (f2) - W^T dV' (f1) */
+        FN(decay_state)(&p.gate, dS, V, e);
+        FN(gemm)(1, 0, K, V, L, x->scale, qg, ldqg, dO, p.ldv, 1, dS, V);
+        FN(gemm)(1, 0, K, V, L, -1, x->W + off * K, (int64_t)HV * K, dVn, p.ldv, 1, dS, V);
+    }
+    if (dh0) memcpy(dh0 + (n * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+}
+
+/* dG (L x gs) += sgn * X o Y (CHANNEL) or rowsum(X o Y) (HEAD). */
+static void FN(dg_add_prod)(const FN(cg) *g, R sgn, const R *X, int64_t ldx, const R *Y, int64_t ldy,
+                            R *dG, int64_t ldG) {
+    int K = g->K;
+    for (int i = 0; i < g->L; i++) {
+        const R *a = X + i * ldx, *y = Y + i * ldy;
+        R *d = dG + i * ldG;
+        if (g->kind == DG_GATE_CHANNEL) {
+            for (int c = 0; c < K; c++) d[c] += sgn * a[c] * y[c];
+        } else {
+            R s = 0;
+            for (int c = 0; c < K; c++) s += a[c] * y[c];
+            d[0] += sgn * s;
+        }
+    }
+}
+
+static void FN(add_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ldy) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) Y[i * ldy + j] += X[i * ldx + j];
+}
+
+/* Phase D1 for chunk c, head hv: writes dq, dk (per value head), dW (ld ldw) and dG (ld ldG, the
+ * gradient of the cumulative gate, last-row terms included). */
+static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t ldw, R *dG,
+                          int64_t ldG, R *ws) {
+    const FN(ctx) *x = b->x;
+    FN(cp) p;
+    FN(cp_init)(x, c, hv, &p);
+    int L = p.L, K = x->K, V = x->V, C = x->C, HV = x->HV, gs = x->gs;
+    int64_t off = p.r0 * HV + hv, ldk = (int64_t)HV * K;
+    const R *S0 = b->Sst + (c * HV + hv) * (int64_t)K * V, *dS1 = b->dSst + (c * HV + hv) * (int64_t)K * V;
+    const R *Vn = x->U + off * V, *dVn = b->dVn + off * V, *dO = b->dout + off * V;
+    R *dq = b->dqv + off * K, *dk = b->dkv + off * K;
+    R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K,
+      *e = dKd + C * K, *dGl = e + C + K + 8, *gw = dGl + K + 8;
+    const FN(cg) *g = &p.gate;
+    int partial = gs && !b->final_dg;
+    if (gs) {
+        FN(zero_rows)(L, gs, dG, ldG);
+        memset(dGl, 0, sizeof(R) * (size_t)gs);
+    }
+    /* (f2) dQg = scale dO S0^T;  dQ = exp(G) o dQg */
+    FN(gemm)(0, 1, L, K, V, x->scale, dO, p.ldv, S0, V, 0, dQg, K);
+    FN(gate_rows)(g, 0, 0, 0, L, dQg, K, dq, ldk, e);
+    if (partial) FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
+    /* (f2, f6) dP = dO V'^T (lower);  dQ += dP Gamma K,  dK = dP^T Gamma Q (scaled) */
+    FN(gemm)(0, 1, L, L, V, 1, dO, p.ldv, Vn, p.ldv, 0, dP, C);
+    FN(mask_lower)(L, dP, C, 0);
+    FN(zero_rows)(L, K, rp, K);
+    FN(zero_rows)(L, K, dKp, K);
+    FN(gated_rowapply)(g, dP, C, p.k, p.ldq, x->scale, rp, K, gw);
+    FN(gated_colapply)(g, dP, C, p.q, p.ldq, x->scale, dKp, K, gw);
+    FN(add_rows)(L, K, rp, K, dq, ldk);
+    if (partial && g->kind == DG_GATE_CHANNEL) {
+        FN(dg_add_prod)(g, 1, p.q, p.ldq, rp, K, dG, ldG);
+        FN(dg_add_prod)(g, -1, p.k, p.ldq, dKp, K, dG, ldG);
+    } else if (partial) {
+        FN(head_rowcol_dg)(L, dP, C, x->P + off * C, p.ldc, dG, ldG);
+    }
+    /* (f3) dKd = V' dS1^T;  dK += exp(G_last - G) o dKd */
+    FN(gemm)(0, 1, L, K, V, 1, Vn, p.ldv, dS1, V, 0, dKd, K);
+    FN(gate_rows)(g, 1, 0, 0, L, dKd, K, rp, K, e);
+    FN(add_rows)(L, K, rp, K, dKp, K);
+    if (gs) {
+        /* dG_last += sum_i K_i o dK_i(f3) + exp(G_last) o rowsum(S0 o dS1);  dG_i -= K_i o dK_i(f3) */
+        R *tmp = dKd; /* reuse: L x gs zeros */
+        FN(zero_rows)(L, gs, tmp, gs);
+        FN(dg_add_prod)(g, 1, p.k, p.ldq, rp, K, tmp, gs);
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j < gs; j++) dGl[j] += tmp[i * gs + j];
+        if (partial)
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j < gs; j++) dG[i * ldG + j] -= tmp[i * gs + j];
+        const R *Gl = g->G + (L - 1) * g->ldg;
+        for (int j = 0; j < gs; j++) e[j] = Gl[j];
+        DR_VEXP(gs, e, e);
+        for (int r = 0; r < K; r++) {
+            R s = 0;
+            for (int j = 0; j < V; j++) s += S0[(int64_t)r * V + j] * dS1[(int64_t)r * V + j];
+            dGl[gs == 1 ? 0 : r] += s * e[gs == 1 ? 0 : r];
+        }
+    }
+    FN(copy_rows)(L, K, dKp, K, dk, ldk);
+    /* seed 001: the gate gradient of f2, f3, f6 from the final dq, dk of this stage */
+    if (gs && b->final_dg) {
+        FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
+        FN(dg_add_prod)(g, -1, p.k, p.ldq, dk, ldk, dG, ldG);
+    }
+    for (int j = 0; j < gs; j++) dG[(L - 1) * ldG + j] += dGl[j];
+    /* (f1) dW = -dV' S0^T */
+    FN(gemm)(0, 1, L, K, V, -1, dVn, p.ldv, S0, V, 0, dW, ldw);
+}
+
+/* Phase D2 for chunk c, head hv: the WY backward from dW (ld ldw) and dU = dV'; adds to dk and dG,
+ * writes dv, dbeta, and dg (reverse cumsum of dG). */
+static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_t ldw, R *dG,
+                       int64_t ldG, R *ws) {
+    const FN(ctx) *x = b->x;
+    FN(cp) p;
+    FN(cp_init)(x, c, hv, &p);
+    int L = p.L, K = x->K, V = x->V, C = x->C, HV = x->HV, gs = x->gs;
+    int64_t off = p.r0 * HV + hv, ldk = (int64_t)HV * K;
+    const R *Ai = x->Ai + off * C, *Mkk = x->Mkk + off * C, *dU = b->dVn + off * V;
+    R *dk = b->dkv + off * K;
+    R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K,
+      *Vb = cp + C * K, *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C,
+      *db = tw + 2 * C * C, *e = db + C + 8, *gw = e + C + K + 8;
+    const FN(cg) *g = &p.gate;
+    /* (f4) Kbg = beta o exp(G) o K, Vb = beta o V */
+    FN(gate_rows)(g, 0, 0, 0, L, p.k, p.ldq, Kg, K, e);
+    for (int i = 0; i < L; i++) {
+        R bi = p.beta[i * p.ldb];
+        for (int j = 0; j < K; j++) Kbg[i * K + j] = bi * Kg[i * K + j];
+        for (int j = 0; j < V; j++) Vb[i * V + j] = bi * p.v[i * p.ldv + j];
+    }
+    /* dAi = dW Kbg^T + dU Vb^T (lower);  dKbg = Ai^T dW;  dVb = Ai^T dU */
+    FN(gemm)(0, 1, L, L, K, 1, dW, ldw, Kbg, K, 0, dAi, C);
+    FN(gemm)(0, 1, L, L, V, 1, dU, p.ldv, Vb, V, 1, dAi, C);
+    FN(mask_lower)(L, dAi, C, 0);
+    FN(gemm)(1, 0, L, K, L, 1, Ai, p.ldc, dW, ldw, 0, dKbg, K);
+    FN(gemm)(1, 0, L, V, L, 1, Ai, p.ldc, dU, p.ldv, 0, dVb, V);
+    /* dv = beta o dVb;  dbeta = rowsum(V o dVb) + rowsum(Kg o dKbg);  dKg = beta o dKbg */
+    for (int i = 0; i < L; i++) {
+        R bi = p.beta[i * p.ldb], s = 0;
+        for (int j = 0; j < V; j++) s += p.v[i * p.ldv + j] * dVb[i * V + j];
+        for (int j = 0; j < K; j++) s += Kg[i * K + j] * dKbg[i * K + j];
+        db[i] = s;
+        if (b->dv)
+            for (int j = 0; j < V; j++) b->dv[(off + (int64_t)i * HV) * V + j] = bi * dVb[i * V + j];
+        for (int j = 0; j < K; j++) dKbg[i * K + j] *= bi;
+    }
+    /* dK += exp(G) o dKg;  dG += Kg o dKg */
+    FN(gate_rows)(g, 0, 0, 0, L, dKbg, K, rp, K, e);
+    FN(add_rows)(L, K, rp, K, dk, ldk);
+    if (gs) FN(dg_add_prod)(g, 1, p.k, p.ldq, rp, K, dG, ldG);
+    /* (f5) dA = strictly_lower(-Ai^T dAi Ai^T);  dbeta += rowsum(dA o Mkk);  dMkk = diag(beta) dA */
+    FN(tril_inv_bwd)(L, Ai, p.ldc, dAi, C, dA, C, tw);
+    for (int i = 0; i < L; i++) {
+        R bi = p.beta[i * p.ldb], s = 0;
+        for (int j = 0; j < i; j++) s += dA[i * C + j] * Mkk[i * p.ldc + j];
+        db[i] += s;
+        for (int j = 0; j < i; j++) dA[i * C + j] *= bi;
+    }
+    /* Mkk = K K^T o Gamma: dK += dMkk Gamma K + dMkk^T Gamma K;  dG from both sides */
+    if (g->kind == DG_GATE_CHANNEL) {
+        FN(zero_rows)(L, K, rp, K);
+        FN(zero_rows)(L, K, cp, K);
+        FN(gated_rowapply)(g, dA, C, p.k, p.ldq, 1, rp, K, gw);
+        FN(gated_colapply)(g, dA, C, p.k, p.ldq, 1, cp, K, gw);
+        FN(add_rows)(L, K, rp, K, dk, ldk);
+        FN(add_rows)(L, K, cp, K, dk, ldk);
+        FN(dg_add_prod)(g, 1, p.k, p.ldq, rp, K, dG, ldG);
+        FN(dg_add_prod)(g, -1, p.k, p.ldq, cp, K, dG, ldG);
+    } else {
+        FN(gated_rowapply)(g, dA, C, p.k, p.ldq, 1, dk, ldk, gw);
+        FN(gated_colapply)(g, dA, C, p.k, p.ldq, 1, dk, ldk, gw);
+        if (gs) FN(head_rowcol_dg)(L, dA, C, Mkk, p.ldc, dG, ldG);
+    }
+    if (b->dbeta)
+        for (int i = 0; i < L; i++) b->dbeta[off + (int64_t)i * HV] = db[i];
+    /* dg = reverse chunk-local cumsum of dG (G_i = g_0 + ... + g_i) */
+    if (gs && b->dg) FN(cumsum_rows)(L, gs, dG, ldG, b->dg + off * gs, (int64_t)HV * gs, 1);
+}
+
+int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k,
+                        const R *v, const R *g, const R *beta, const R *h0, const R *dout,
+                        const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta, R *dh0) {
+    const char *what = "dr_chunk_bwd";
+    dg_drc_plan pl;
+    if (FN(check_ptrs)(what, s, q, k, v, g, beta) || dg_drc_plan_init(&pl, s, what, 3)) return -1;
+    if (!dout || (dg && !g)) {
+        dg_drc_plan_free(&pl);
+        dg_error("%s: %s", what, !dout ? "dout is NULL" : "dg given but g is NULL");
+        return -1;
+    }
+    dg_dr_variant dv0 = {1, 1, 1};
+    if (!var) var = &dv0;
+    FN(ctx) x;
+    FN(ctx_init)(&x, s, &pl, q, k, v, g, beta, h0);
+    x.blocked = var->solve_tril_blocked;
+    FN(bctx) b;
+    memset(&b, 0, sizeof b);
+    b.x = &x;
+    b.dout = dout;
+    b.dhT = dhT;
+    b.dv = dv;
+    b.dg = dg;
+    b.dbeta = dbeta;
+    b.final_dg = var->gdn_dg_from_final;
+    int rc = 0, HV = x.HV, K = x.K, V = x.V, C = x.C, gs = x.gs;
+    int64_t rows = pl.rows, nst = pl.nchunks * HV * (int64_t)K * V;
+    int fused = var->kda_fused;
+    int own_dq = !(dq && HV == x.H), own_dk = !(dk && HV == x.H);
+    void *bufs[13] = {0};
+    int nb = 0;
+#define DR_ALLOC(ptr, n)                                                                           \
+    do {                                                                                           \
+        ptr = malloc(sizeof(R) * (size_t)((n) + 1));                                               \
+        bufs[nb++] = ptr;                                                                          \
+        if (!ptr) rc = -1;                                                                         \
+    } while (0)
+    DR_ALLOC(x.W, rows * HV * K);
+    DR_ALLOC(x.U, rows * HV * V);
+    DR_ALLOC(x.P, rows * HV * C);
+    DR_ALLOC(x.Ai, rows * HV * C);
+    DR_ALLOC(x.Mkk, rows * HV * C);
+    if (gs) DR_ALLOC(x.Gc, rows * HV * gs);
+    DR_ALLOC(b.Sst, nst);
+    DR_ALLOC(b.dSst, nst);
+    DR_ALLOC(b.dVn, rows * HV * V);
+    if (own_dq) DR_ALLOC(b.dqv, rows * HV * K); else b.dqv = dq;
+    if (own_dk) DR_ALLOC(b.dkv, rows * HV * K); else b.dkv = dk;
+    if (!fused) {
+        DR_ALLOC(b.dWb, rows * HV * K);
+        if (gs) DR_ALLOC(b.dGb, rows * HV * gs);
+    }
+#undef DR_ALLOC
+    int64_t wsn = FN(ws_elems)(C, K, V) + 2 * (int64_t)C * K;
+    int64_t nitems = pl.nchunks * HV, nseq = pl.nseq * HV;
+    if (rc == 0) DR_PARALLEL_ITEMS(nitems, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
+    if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), NULL, NULL, b.Sst, ws));
+    if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(bwd_dhu)(&b, it / HV, (int)(it % HV), dh0, ws));
+    if (rc == 0 && fused) {
+        /* one pass per chunk: dW and dG live in the thread's chunk-sized buffer */
+        DR_PARALLEL_ITEMS(nitems, wsn, {
+            R *dWc = ws, *dGc = ws + (int64_t)C * K;
+            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), dWc, K, dGc, gs, ws + 2 * (int64_t)C * K);
+            FN(bwd_wy)(&b, it / HV, (int)(it % HV), dWc, K, dGc, gs, ws + 2 * (int64_t)C * K);
+        });
+    } else if (rc == 0) {
+        DR_PARALLEL_ITEMS(nitems, wsn, {
+            int64_t off = pl.row0[it / HV] * HV + it % HV;
+            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K,
+                          gs ? b.dGb + off * gs : NULL, (int64_t)HV * gs, ws);
+        });
+        DR_PARALLEL_ITEMS(nitems, wsn, {
+            int64_t off = pl.row0[it / HV] * HV + it % HV;
+            FN(bwd_wy)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K,
+                       gs ? b.dGb + off * gs : NULL, (int64_t)HV * gs, ws);
+        });
+    }
+    /* GVA: dq, dk of key head h = sum over its value heads */
+    if (rc == 0 && (own_dq || own_dk)) {
+        int grp = x.grp, H = x.H;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            for (int h = 0; h < H; h++)
+                for (int w = 0; w < 2; w++) {
+                    R *out = w ? dk : dq;
+                    const R *in = w ? b.dkv : b.dqv;
+                    if (!out || !(w ? own_dk : own_dq)) continue;
+                    R *o = out + (r * H + h) * K;
+                    const R *src = in + (r * HV + h * grp) * K;
+                    for (int j = 0; j < K; j++) o[j] = src[j];
+                    for (int m = 1; m < grp; m++)
+                        for (int j = 0; j < K; j++) o[j] += src[(int64_t)m * K + j];
+                }
+    }
+    for (int i = 0; i < nb; i++) free(bufs[i]);
+    dg_drc_plan_free(&pl);
+    if (rc) dg_error("%s: out of memory", what);
+    return rc;
+}

@@ -1,0 +1,255 @@
+/* Templated body of the chunked forward (and the per-chunk preparation the backward shares).
+ * Included after dr_chunk_math.h by dr_chunk_f32.c / dr_chunk_f64.c.
+ *
+ * Per sequence, value head hv (key head h = hv / (HV/H)) and chunk of L rows, with G the
+ * chunk-local cumulative gate and Gamma_ij = exp(G_i - G_j) (per channel for KDA, inside the dot):
+ *   Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk         (chunk_scaled_dot_kkt)
+ *   Ai  = (I + A)^-1                                                 (solve_tril)
+ *   W   = Ai diag(beta) (exp(G) o K),  U = Ai diag(beta) V            (WY representation)
+ *   P   = scale lower_incl(Q K^T o Gamma)                            (intra-chunk attention)
+ * then across the chunks of a sequence, in order, from S = h0 (or 0):
+ *   V' = U - W S;   O = scale (exp(G) o Q) S + P V';   S <- exp(G_last) S + (exp(G_last - G) o K)^T V'.
+ * Phase A (all chunks and heads in parallel) computes G, W, U, P into per-token buffers; phase B
+ * (sequences x heads in parallel, chunks in order) runs the state pass. */
+typedef struct FN(ctx) {
+    const dg_dr_shape *s;
+    const dg_drc_plan *pl;
+    int H, HV, K, V, C, grp, gs; /* grp = HV/H; gs = gate values per token and head (0, 1, K) */
+    R scale;
+    const R *q, *k, *v, *g, *beta, *h0;
+    /* per-token buffers [rows, HV, .] */
+    R *Gc;   /* chunk-local cumulative gate, gs per head */
+    R *W;    /* K per head */
+    R *U;    /* V per head: U, overwritten by V' = U - W S in the backward */
+    R *P;    /* C per head: scale * lower_incl(Q K^T o Gamma) */
+    R *Ai;   /* C per head: (I + A)^-1 (backward only) */
+    R *Mkk;  /* C per head: strictly_lower(K K^T o Gamma) (backward only) */
+    int blocked;
+} FN(ctx);
+
+static void FN(ctx_init)(FN(ctx) *x, const dg_dr_shape *s, const dg_drc_plan *pl, const R *q,
+                         const R *k, const R *v, const R *g, const R *beta, const R *h0) {
+    memset(x, 0, sizeof *x);
+    x->s = s;
+    x->pl = pl;
+    x->H = (int)s->H;
+    x->HV = (int)s->HV;
+    x->K = (int)s->K;
+    x->V = (int)s->V;
+    x->C = s->chunk;
+    x->grp = (int)(s->HV / s->H);
+    x->gs = s->gate == DG_GATE_NONE ? 0 : s->gate == DG_GATE_HEAD ? 1 : (int)s->K;
+    x->scale = (R)s->scale;
+    x->q = q;
+    x->k = k;
+    x->v = v;
+    x->g = g;
+    x->beta = beta;
+    x->h0 = h0;
+}
+
+/* Pointers of chunk c, value head hv. */
+typedef struct FN(cp) {
+    int L, hv, h;
+    int64_t r0;
+    const R *q, *k, *v, *beta; /* ld: H*K, H*K, HV*V, HV */
+    int64_t ldq, ldv, ldb, ldg, ldc;
+    FN(cg) gate;               /* G from ctx->Gc (ld HV*gs) */
+} FN(cp);
+
+static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
+    p->L = x->pl->len[c];
+    p->r0 = x->pl->row0[c];
+    p->hv = hv;
+    p->h = hv / x->grp;
+    p->ldq = (int64_t)x->H * x->K;
+    p->ldv = (int64_t)x->HV * x->V;
+    p->ldb = x->HV;
+    p->ldg = (int64_t)x->HV * x->gs;
+    p->ldc = (int64_t)x->HV * x->C;
+    p->q = x->q + (p->r0 * x->H + p->h) * x->K;
+    p->k = x->k + (p->r0 * x->H + p->h) * x->K;
+    p->v = x->v + (p->r0 * x->HV + hv) * x->V;
+    p->beta = x->beta + p->r0 * x->HV + hv;
+    p->gate.kind = x->s->gate;
+    p->gate.L = p->L;
+    p->gate.K = x->K;
+    p->gate.G = x->gs ? x->Gc + (p->r0 * x->HV + hv) * x->gs : NULL;
+    p->gate.ldg = p->ldg;
+}
+
+/* Per-thread workspace of every phase (elements): generous and simple. */
+static int64_t FN(ws_elems)(int C, int K, int V) {
+    return 10 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
+           FN(gated_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
+}
+
+/* Phase A for chunk c, head hv: G (cumsum of g), then W, U, P into the ctx buffers, and Ai, Mkk
+ * when those buffers exist. */
+static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
+    FN(cp) p;
+    FN(cp_init)(x, c, hv, &p);
+    int L = p.L, K = x->K, V = x->V, C = x->C;
+    if (x->gs)
+        FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
+    R *M = ws, *A = M + C * C, *Ai = A + C * C, *Kb = Ai + C * C, *Vb = Kb + C * K, *e = Vb + C * V;
+    R *gw = e + C + K + 8;
+    int64_t ldm = C, ldai = C;
+    if (x->Mkk) {
+        M = x->Mkk + (p.r0 * x->HV + hv) * C;
+        ldm = p.ldc;
+    }
+    if (x->Ai) {
+        Ai = x->Ai + (p.r0 * x->HV + hv) * C;
+        ldai = p.ldc;
+    }
+    /* Mkk = strictly_lower(K K^T o Gamma);  A = diag(beta) Mkk */
+    FN(gated_gram)(&p.gate, p.k, p.ldq, p.k, p.ldq, 1, 1, M, ldm, gw);
+    for (int i = 0; i < L; i++) {
+        R b = p.beta[i * p.ldb];
+        for (int j = 0; j < L; j++) A[i * C + j] = b * M[i * ldm + j];
+    }
+    /* Ai = (I + A)^-1 */
+    FN(tril_inv)(x->blocked, L, A, C, Ai, ldai, gw);
+    /* W = Ai (beta o exp(G) o K);  U = Ai (beta o V) */
+    FN(gate_rows)(&p.gate, 0, 0, 0, L, p.k, p.ldq, Kb, K, e);
+    for (int i = 0; i < L; i++) {
+        R b = p.beta[i * p.ldb];
+        for (int j = 0; j < K; j++) Kb[i * K + j] *= b;
+        for (int j = 0; j < V; j++) Vb[i * V + j] = b * p.v[i * p.ldv + j];
+    }
+    FN(gemm)(0, 0, L, K, L, 1, Ai, ldai, Kb, K, 0, x->W + (p.r0 * x->HV + hv) * K, (int64_t)x->HV * K);
+    FN(gemm)(0, 0, L, V, L, 1, Ai, ldai, Vb, V, 0, x->U + (p.r0 * x->HV + hv) * V, p.ldv);
+    /* P = scale lower_incl(Q K^T o Gamma) */
+    FN(gated_gram)(&p.gate, p.q, p.ldq, p.k, p.ldq, 0, x->scale, x->P + (p.r0 * x->HV + hv) * C,
+                   p.ldc, gw);
+}
+
+/* S (K x V) <- exp(G_last) S, per row (CHANNEL) or as a whole (HEAD).  e: K scratch. */
+static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
+    if (g->kind == DG_GATE_NONE) return;
+    const R *Gl = g->G + (g->L - 1) * g->ldg;
+    int n = g->kind == DG_GATE_HEAD ? 1 : g->K;
+    for (int c = 0; c < n; c++) e[c] = Gl[c];
+    DR_VEXP(n, e, e);
+    for (int r = 0; r < g->K; r++) {
+        R f = e[g->kind == DG_GATE_HEAD ? 0 : r];
+        for (int j = 0; j < V; j++) S[(int64_t)r * V + j] *= f;
+    }
+}
+
+/* The state pass for sequence n, head hv (phase B).  Forward: o (and hT) written, V' kept in ws.
+ * Backward recompute (Sst != NULL): the state entering each chunk c is stored at
+ * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL. */
+static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
+    int K = x->K, V = x->V, C = x->C, HV = x->HV;
+    R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K,
+      *e = Kd + (int64_t)C * K;
+    if (x->h0)
+        memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
+    else
+        memset(S, 0, sizeof(R) * (size_t)K * V);
+    for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
+        FN(cp) p;
+        FN(cp_init)(x, c, hv, &p);
+        int L = p.L;
+        int64_t off = p.r0 * HV + hv;
+        R *Vn = Vb;
+        int64_t ldvn = V;
+        /* V' = U - W S */
+        if (Sst) {
+            memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+            Vn = x->U + off * V;
+            ldvn = p.ldv;
+        } else {
+            FN(copy_rows)(L, V, x->U + off * V, p.ldv, Vn, V);
+        }
+        FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
+        /* O = scale (exp(G) o Q) S + P V' */
+        if (o) {
+            const R *qg = p.q;
+            int64_t ldqg = p.ldq;
+            if (x->gs) {
+                FN(gate_rows)(&p.gate, 0, 0, 0, L, p.q, p.ldq, Qg, K, e);
+                qg = Qg;
+                ldqg = K;
+            }
+            FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
+            FN(gemm)(0, 0, L, V, L, 1, x->P + off * C, p.ldc, Vn, ldvn, 1, o + off * V, p.ldv);
+        }
+        /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
+        FN(decay_state)(&p.gate, S, V, e);
+        const R *kd = p.k;
+        int64_t ldkd = p.ldq;
+        if (x->gs) {
+            FN(gate_rows)(&p.gate, 1, 0, 0, L, p.k, p.ldq, Kd, K, e);
+            kd = Kd;
+            ldkd = K;
+        }
+        FN(gemm)(1, 0, K, V, L, 1, kd, ldkd, Vn, ldvn, 1, S, V);
+    }
+    if (hT) memcpy(hT + (n * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+}
+
+/* Runs body(item, ws) for item in [0, n) on all threads, each thread with its own workspace of
+ * wsn elements; returns -1 if a workspace could not be allocated. */
+#define DR_PARALLEL_ITEMS(n, wsn, ...)                                                            \
+    do {                                                                                           \
+        int fail_ = 0;                                                                             \
+        int64_t n_ = (n);                                                                          \
+        _Pragma("omp parallel if (n_ > 1)") {                                                      \
+            R *ws = malloc(sizeof(R) * (size_t)(wsn));                                             \
+            if (!ws) {                                                                             \
+                _Pragma("omp atomic write") fail_ = 1;                                             \
+            }                                                                                      \
+            _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < n_; it++) {          \
+                if (ws) { __VA_ARGS__; }                                                                  \
+            }                                                                                      \
+            free(ws);                                                                              \
+        }                                                                                          \
+        if (fail_) rc = -1;                                                                        \
+    } while (0)
+
+static int FN(check_ptrs)(const char *what, const dg_dr_shape *s, const void *q, const void *k,
+                          const void *v, const void *g, const void *beta) {
+    if (!q || !k || !v || !beta) {
+        dg_error("%s: %s is NULL", what, !q ? "q" : !k ? "k" : !v ? "v" : "beta");
+        return -1;
+    }
+    if ((s->gate == DG_GATE_NONE) != (g == NULL)) {
+        dg_error("%s: g is %s but the gate kind is %d", what, g ? "given" : "NULL", (int)s->gate);
+        return -1;
+    }
+    return 0;
+}
+
+int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g,
+                        const R *beta, const R *h0, R *o, R *hT) {
+    const char *what = "dr_chunk_fwd";
+    dg_drc_plan pl;
+    if (FN(check_ptrs)(what, s, q, k, v, g, beta) || dg_drc_plan_init(&pl, s, what, 3)) return -1;
+    if (!o) {
+        dg_drc_plan_free(&pl);
+        dg_error("%s: o is NULL", what);
+        return -1;
+    }
+    FN(ctx) x;
+    FN(ctx_init)(&x, s, &pl, q, k, v, g, beta, h0);
+    int rc = 0, HV = x.HV;
+    int64_t rows = pl.rows;
+    x.W = malloc(sizeof(R) * (size_t)(rows * HV * x.K + 1));
+    x.U = malloc(sizeof(R) * (size_t)(rows * HV * x.V + 1));
+    x.P = malloc(sizeof(R) * (size_t)(rows * HV * x.C + 1));
+    x.Gc = x.gs ? malloc(sizeof(R) * (size_t)(rows * HV * x.gs + 1)) : NULL;
+    if (!x.W || !x.U || !x.P || (x.gs && !x.Gc)) rc = -1;
+    int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
+    if (rc == 0) DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
+    if (rc == 0) DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
+    free(x.W);
+    free(x.U);
+    free(x.P);
+    free(x.Gc);
+    dg_drc_plan_free(&pl);
+    if (rc) dg_error("%s: out of memory", what);
+    return rc;
+}
