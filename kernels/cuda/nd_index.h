@@ -69,7 +69,11 @@ template <typename IT, int NOP>
 __device__ __forceinline__ void dg_nd_offsets(const DgNd<NOP> &nd, IT l, IT off[NOP]) {
 #pragma unroll
     for (int o = 0; o < NOP; o++) off[o] = 0;
-    for (int d = nd.ndim - 1; d >= 0; d--) {
+    /* compile-time dims, so that nd stays in the kernel's parameter space (a run-time index
+     * would copy it to local memory) */
+#pragma unroll
+    for (int d = DG_ND_MAX - 1; d >= 0; d--) {
+        if (d >= nd.ndim) continue;
         IT s = (IT)nd.shape[d];
         IT i = l % s;
         l /= s;

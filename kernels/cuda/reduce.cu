@@ -20,6 +20,29 @@ constexpr int kThreads = 256;
 
 template <typename T> __device__ __forceinline__ T from_acc(double v) { return (T)v; }
 
+/* sum of x[red(r)] for r = r0, r0 + step, ... < r1; four loads in flight per round */
+template <typename TIn, typename IT>
+__device__ __forceinline__ double sum_range(const DgNd<1> &red, const TIn *x, int64_t r0,
+                                            int64_t r1, int step) {
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    int64_t r = r0;
+    for (; r + 3 * (int64_t)step < r1; r += 4 * (int64_t)step) {
+        IT o0[1], o1[1], o2[1], o3[1];
+        dg_nd_offsets<IT, 1>(red, (IT)r, o0);
+        dg_nd_offsets<IT, 1>(red, (IT)(r + step), o1);
+        dg_nd_offsets<IT, 1>(red, (IT)(r + 2 * step), o2);
+        dg_nd_offsets<IT, 1>(red, (IT)(r + 3 * step), o3);
+        TIn v0 = x[o0[0]], v1 = x[o1[0]], v2 = x[o2[0]], v3 = x[o3[0]];
+        a0 += (double)v0, a1 += (double)v1, a2 += (double)v2, a3 += (double)v3;
+    }
+    for (; r < r1; r += step) {
+        IT o[1];
+        dg_nd_offsets<IT, 1>(red, (IT)r, o);
+        a0 += (double)x[o[0]];
+    }
+    return (a0 + a1) + (a2 + a3);
+}
+
 /* One group of G threads per (split p, output o), o fastest. */
 template <typename TIn, typename TOut, typename IT, int G>
 __global__ void __launch_bounds__(kThreads)
@@ -39,11 +62,7 @@ __global__ void __launch_bounds__(kThreads)
             IT ko[1];
             dg_nd_offsets<IT, 1>(kept, (IT)o, ko);
             int64_t r0 = p * rchunk, r1 = r0 + rchunk < R ? r0 + rchunk : R;
-            for (int64_t r = r0 + lane; r < r1; r += G) {
-                IT ro[1];
-                dg_nd_offsets<IT, 1>(red, (IT)r, ro);
-                acc += (double)x[ko[0] + ro[0]];
-            }
+            acc = sum_range<TIn, IT>(red, x + ko[0], r0 + lane, r1, G);
         }
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
         if (G > 32) {
@@ -71,12 +90,7 @@ __global__ void __launch_bounds__(kThreads)
         IT ko[1];
         dg_nd_offsets<IT, 1>(kept, (IT)o, ko);
         int64_t r0 = p * rchunk, r1 = r0 + rchunk < R ? r0 + rchunk : R;
-        double acc = 0;
-        for (int64_t r = r0; r < r1; r++) {
-            IT ro[1];
-            dg_nd_offsets<IT, 1>(red, (IT)r, ro);
-            acc += (double)x[ko[0] + ro[0]];
-        }
+        double acc = sum_range<TIn, IT>(red, x + ko[0], r0, r1, 1);
         out[it] = from_acc<TOut>(alpha * acc);
     }
 }
@@ -156,12 +170,12 @@ int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride,
     int64_t sms = dg_cuda_sm_count();
     int64_t splits = 1;
     if (rows) {
-        /* enough groups for about 2 blocks per multiprocessor, at least 32 terms per thread */
-        int64_t want = cdiv(2 * sms * kThreads, M * G);
+        /* enough groups for about 8 blocks per multiprocessor, at least 32 terms per thread */
+        int64_t want = cdiv(8 * sms * kThreads, M * G);
         int64_t most = R / (G * 32);
         splits = want < most ? want : most;
     } else {
-        int64_t want = cdiv(4 * sms * kThreads, M);
+        int64_t want = cdiv(8 * sms * kThreads, M);
         int64_t most = R / 32;
         splits = want < most ? want : most;
     }
