@@ -4,6 +4,7 @@
 #include "tests/support/test_support.h"
 
 #include "autograd/autograd.h"
+#include "kernels/cpu/nn.h"
 #include "ops/op.h"
 
 #include <math.h>
@@ -363,6 +364,22 @@ static void test_cross_entropy_bad_input(void **state) {
                  "cross_entropy: logits has shape [3,0] but needs at least one class");
 }
 
+/* ---- the f32 kernels' exp (a vectorisable polynomial) ----------------------------------------- */
+
+static void test_fast_expf(void **state) {
+    double worst = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.3f * (float)i / 2000000.0f;
+        double want = exp((double)x), e = fabs((double)dg_nn_expf_check(x) - want) / want;
+        if (e > worst) worst = e;
+    }
+    if (!(worst < 1.2e-7)) fail_msg("fast expf max rel err %.3g", worst);
+    assert_true(dg_nn_expf_check(0.0f) == 1.0f);
+    assert_true(dg_nn_expf_check(-INFINITY) >= 0 && dg_nn_expf_check(-INFINITY) < 1e-37f); /* clamped */
+    assert_true(isfinite(dg_nn_expf_check(INFINITY)) && dg_nn_expf_check(INFINITY) > 1e38f);
+    assert_true(isnan(dg_nn_expf_check(NAN)));
+}
+
 /* ---- every sample: f32 forward and backward agree with f64 ------------------------------------ */
 
 static const char *const nn_ops[] = {"linear", "embedding", "rms_norm", "gated_rms_norm",
@@ -498,6 +515,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cross_entropy_all_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_grad, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fast_expf, setup, teardown),
         cmocka_unit_test_setup_teardown(test_f32_matches_f64, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_sizes, setup, teardown),
     };

@@ -73,6 +73,9 @@
 DG_NN_DECLARE(float, f32)
 DG_NN_DECLARE(double, f64)
 
+/* The exp the f32 kernels use (a vectorisable polynomial; see nn_common.h), for tests. */
+float dg_nn_expf_check(float x);
+
 /* First n with ids[n] outside [0,V) (and != skip, when allow_skip), or -1 if all are valid. */
 int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip,
                              int64_t skip);

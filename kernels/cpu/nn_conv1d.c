@@ -6,7 +6,7 @@
 
 #define R float
 #define FN(name) name##_f32
-#define EXP expf
+#define EXP dg_nn_expf
 #include "kernels/cpu/nn_conv1d_impl.h"
 #undef R
 #undef FN

@@ -10,8 +10,10 @@ void FN(dg_nn_cross_entropy_fwd)(int64_t N, int64_t C, const R *logits, const in
         if (targets[n] == ignore) continue;
         const R *row = logits + n * C;
         R m = row[0];
+#pragma omp simd reduction(max : m)
         for (int64_t c = 1; c < C; c++) m = row[c] > m ? row[c] : m;
         double s = 0;
+#pragma omp simd reduction(+ : s)
         for (int64_t c = 0; c < C; c++) s += (double)EXP(row[c] - m);
         lse[n] = (R)((double)m + log(s));
     }

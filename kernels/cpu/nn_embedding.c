@@ -2,6 +2,8 @@
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/nn_common.h"
 
+float dg_nn_expf_check(float x) { return dg_nn_expf(x); }
+
 int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip,
                              int64_t skip) {
     for (int64_t n = 0; n < N; n++) {

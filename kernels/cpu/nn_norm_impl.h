@@ -1,12 +1,16 @@
 /* Body of the normalisation kernels (R, FN, EXP defined by nn_norm.c).
  * Layout: x, z, y, dy [N,D] (rows are the flattened leading dims), w [D] or NULL (ones),
- * rstd [N].  Row sums accumulate in double. */
+ * rstd [N].  Row sums accumulate in double; `omp simd reduction` lets them vectorise (the order
+ * of the partial sums is fixed, so results are reproducible). */
 
-static inline R FN(silu_of)(R z) { return z / ((R)1 + EXP(-z)); }
-/* d silu(z)/dz = s (1 + z (1 - s)), s = sigmoid(z) */
-static inline R FN(dsilu_of)(R z) {
-    R s = (R)1 / ((R)1 + EXP(-z));
-    return s * ((R)1 + z * ((R)1 - s));
+static inline R FN(sigmoid_of)(R z) { return (R)1 / ((R)1 + EXP(-z)); }
+
+/* sum_d x[d]^2 */
+static inline double FN(sumsq)(int64_t D, const R *x) {
+    double ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t d = 0; d < D; d++) ss += (double)x[d] * x[d];
+    return ss;
 }
 
 /* ---- rms_norm: r = 1/sqrt(mean(x^2) + eps), y = x r w ---------------------------------------- */
@@ -16,9 +20,7 @@ void FN(dg_nn_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *w, double
     for (int64_t n = 0; n < N; n++) {
         const R *xr = x + n * D;
         R *yr = y + n * D;
-        double ss = 0;
-        for (int64_t d = 0; d < D; d++) ss += (double)xr[d] * xr[d];
-        R r = (R)(1.0 / sqrt(ss / (double)D + eps));
+        R r = (R)(1.0 / sqrt(FN(sumsq)(D, xr) / (double)D + eps));
         if (rstd) rstd[n] = r;
         if (w)
             for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * r * w[d];
@@ -27,16 +29,16 @@ void FN(dg_nn_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *w, double
     }
 }
 
-/* dx for y = (x r) * a, given g = dy * a (a = w, or w silu(z)):
- *   xh = x r; d r / d x_j = -r^3 x_j / D, so
- *   dx_j = r (g_j - xh_j * sum_d(g_d xh_d) / D).  g is formed on the fly by G(d). */
-#define DG_NN_RMS_DX(G)                                                                            \
-    do {                                                                                           \
-        double dot = 0;                                                                            \
-        for (int64_t d = 0; d < D; d++) dot += (double)(G) * xr[d];                                \
-        R c = (R)(dot * (double)r * (double)r / (double)D); /* c x_j = xh_j sum(g xh) / D */     \
-        for (int64_t d = 0; d < D; d++) dxr[d] = r * ((G) - xr[d] * c);                            \
-    } while (0)
+/* The gradient of x through xh = x r, r = 1/sqrt(mean(x^2) + eps), given g = dL/dxh in dxr:
+ *   d r / d x_j = -r^3 x_j / D, so dx_j = r (g_j - xh_j sum_d(g_d xh_d) / D) = r (g_j - x_j c)
+ *   with c = r^2 sum_d(g_d x_d) / D.  Overwrites dxr (which holds g) with dx. */
+static inline void FN(rms_dx_from_g)(int64_t D, const R *xr, R r, R *dxr) {
+    double dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; d++) dot += (double)dxr[d] * xr[d];
+    R c = (R)(dot * (double)r * (double)r / (double)D);
+    for (int64_t d = 0; d < D; d++) dxr[d] = r * (dxr[d] - xr[d] * c);
+}
 
 void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const R *rstd,
                             const R *dy, R *dx, R *dw) {
@@ -45,12 +47,12 @@ void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const 
         for (int64_t n = 0; n < N; n++) {
             const R *xr = x + n * D, *dyr = dy + n * D;
             R *dxr = dx + n * D;
-            R r = rstd[n];
             /* forward: y = xh w, so the gradient reaching xh is g = dy w */
             if (w)
-                DG_NN_RMS_DX(dyr[d] * w[d]);
+                for (int64_t d = 0; d < D; d++) dxr[d] = dyr[d] * w[d];
             else
-                DG_NN_RMS_DX(dyr[d]);
+                for (int64_t d = 0; d < D; d++) dxr[d] = dyr[d];
+            FN(rms_dx_from_g)(D, xr, rstd[n], dxr);
         }
     }
     if (dw) { /* forward: y[n,d] = xh[n,d] w[d], so dw[d] = sum_n dy[n,d] x[n,d] r_n */
@@ -69,18 +71,44 @@ void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const 
 }
 
 /* ---- gated rms_norm: y = x r w silu(z) -------------------------------------------------------- */
+/* The row loops take has_w / want_dx / want_dz as constants after inlining, so each call site
+ * gets a branch-free loop that vectorises (a test of w or dz inside the loop would not). */
+static inline __attribute__((always_inline)) void FN(grms_fwd_row)(int64_t D, const R *xr, const R *zr,
+                                                                   const R *w, R r, R *yr,
+                                                                   const int has_w) {
+    for (int64_t d = 0; d < D; d++)
+        yr[d] = xr[d] * r * (has_w ? w[d] : (R)1) * zr[d] * FN(sigmoid_of)(zr[d]);
+}
+
 void FN(dg_nn_gated_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w,
                                   double eps, R *y, R *rstd) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const R *xr = x + n * D, *zr = z + n * D;
-        R *yr = y + n * D;
-        double ss = 0;
-        for (int64_t d = 0; d < D; d++) ss += (double)xr[d] * xr[d];
-        R r = (R)(1.0 / sqrt(ss / (double)D + eps));
+        R r = (R)(1.0 / sqrt(FN(sumsq)(D, xr) / (double)D + eps));
         if (rstd) rstd[n] = r;
-        for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * r * (w ? w[d] : (R)1) * FN(silu_of)(zr[d]);
+        if (w)
+            FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 1);
+        else
+            FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 0);
     }
+}
+
+/* One sigmoid per element serves both gradients:
+ *   forward y = (x r w) silu(z):  dz = dy x r w silu'(z),  silu'(z) = s (1 + z (1 - s))
+ *   forward y = xh (w silu(z)):   g = dy w silu(z) reaches xh; it is held in dx, then turned into
+ *                                 dx by rms_dx_from_g */
+static inline __attribute__((always_inline)) void FN(grms_bwd_row)(int64_t D, const R *xr, const R *zr,
+                                                                   const R *w, const R *dyr, R r,
+                                                                   R *dxr, R *dzr, const int has_w,
+                                                                   const int want_dx,
+                                                                   const int want_dz) {
+    for (int64_t d = 0; d < D; d++) {
+        R s = FN(sigmoid_of)(zr[d]), wd = has_w ? w[d] : (R)1;
+        if (want_dz) dzr[d] = dyr[d] * xr[d] * r * wd * s * ((R)1 + zr[d] * ((R)1 - s));
+        if (want_dx) dxr[d] = dyr[d] * wd * zr[d] * s;
+    }
+    if (want_dx) FN(rms_dx_from_g)(D, xr, r, dxr);
 }
 
 void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w,
@@ -89,19 +117,18 @@ void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, 
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
             const R *xr = x + n * D, *zr = z + n * D, *dyr = dy + n * D;
-            R r = rstd[n];
-            if (dz) { /* forward: y = (x r w) silu(z), so dz = dy x r w silu'(z) */
-                R *dzr = dz + n * D;
-                for (int64_t d = 0; d < D; d++)
-                    dzr[d] = dyr[d] * xr[d] * r * (w ? w[d] : (R)1) * FN(dsilu_of)(zr[d]);
+            R r = rstd[n], *dxr = dx ? dx + n * D : NULL, *dzr = dz ? dz + n * D : NULL;
+#define DG_NN_GRMS_ROW(HW, WX, WZ) FN(grms_bwd_row)(D, xr, zr, w, dyr, r, dxr, dzr, HW, WX, WZ)
+            if (w) {
+                if (dx && dz) DG_NN_GRMS_ROW(1, 1, 1);
+                else if (dx) DG_NN_GRMS_ROW(1, 1, 0);
+                else DG_NN_GRMS_ROW(1, 0, 1);
+            } else {
+                if (dx && dz) DG_NN_GRMS_ROW(0, 1, 1);
+                else if (dx) DG_NN_GRMS_ROW(0, 1, 0);
+                else DG_NN_GRMS_ROW(0, 0, 1);
             }
-            if (dx) { /* forward: y = xh (w silu(z)), so g = dy w silu(z) reaches xh */
-                R *dxr = dx + n * D;
-                if (w)
-                    DG_NN_RMS_DX(dyr[d] * w[d] * FN(silu_of)(zr[d]));
-                else
-                    DG_NN_RMS_DX(dyr[d] * FN(silu_of)(zr[d]));
-            }
+#undef DG_NN_GRMS_ROW
         }
     }
     if (dw) { /* forward: y[n,d] = w[d] (xh silu(z))[n,d], so dw[d] = sum_n dy x r silu(z) */
@@ -113,12 +140,12 @@ void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, 
             for (int64_t n = 0; n < N; n++) {
                 const R *xr = x + n * D, *zr = z + n * D, *dyr = dy + n * D;
                 R r = rstd[n];
-                for (int64_t d = d0; d < d1; d++) dw[d] += dyr[d] * xr[d] * r * FN(silu_of)(zr[d]);
+                for (int64_t d = d0; d < d1; d++)
+                    dw[d] += dyr[d] * xr[d] * r * zr[d] * FN(sigmoid_of)(zr[d]);
             }
         }
     }
 }
-#undef DG_NN_RMS_DX
 
 /* ---- l2norm: r = 1/sqrt(sum(x^2) + eps), y = x r --------------------------------------------- */
 void FN(dg_nn_l2norm_fwd)(int64_t N, int64_t D, const R *x, double eps, R *y, R *rstd) {
@@ -126,9 +153,7 @@ void FN(dg_nn_l2norm_fwd)(int64_t N, int64_t D, const R *x, double eps, R *y, R 
     for (int64_t n = 0; n < N; n++) {
         const R *xr = x + n * D;
         R *yr = y + n * D;
-        double ss = 0;
-        for (int64_t d = 0; d < D; d++) ss += (double)xr[d] * xr[d];
-        R r = (R)(1.0 / sqrt(ss + eps));
+        R r = (R)(1.0 / sqrt(FN(sumsq)(D, xr) + eps));
         if (rstd) rstd[n] = r;
         for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * r;
     }
@@ -143,6 +168,7 @@ void FN(dg_nn_l2norm_bwd)(int64_t N, int64_t D, const R *x, const R *rstd, const
         R *dxr = dx + n * D;
         R r = rstd[n];
         double dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; d++) dot += (double)dyr[d] * xr[d];
         R c = (R)(dot * (double)r * (double)r); /* c x_j = y_j sum(dy y) */
         for (int64_t d = 0; d < D; d++) dxr[d] = r * (dyr[d] - xr[d] * c);
