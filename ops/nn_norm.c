@@ -18,7 +18,7 @@ enum { GRMS_X, GRMS_Z, GRMS_W };
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 
 /* a new [N] tensor for r, and the output like x */
-static int norm_alloc(dg_node *n, dg_tensor *x, dg_tensor **y, dg_tensor **rstd) {
+static int norm_alloc(dg_tensor *x, dg_tensor **y, dg_tensor **rstd) {
     int64_t N = dg_nn_rows(x);
     *y = dg_empty_like(x);
     *rstd = dg_empty_on(1, &N, x->dtype, x->device);
@@ -32,7 +32,7 @@ static int rms_norm_forward(dg_node *n) {
     if (!dg_require_cpu("rms_norm", n->in[RMS_X])) return -1;
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[RMS_X], &fail), *w = dg_nn_contig(n->in[RMS_W], &fail), *y, *rstd;
-    if (fail || norm_alloc(n, x, &y, &rstd)) return -1;
+    if (fail || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
     if (x->dtype == DG_F32) dg_nn_rms_norm_fwd_f32(N, D, P(x), P(w), at->eps, P(y), P(rstd));
     else dg_nn_rms_norm_fwd_f64(N, D, P(x), P(w), at->eps, P(y), P(rstd));
@@ -116,7 +116,7 @@ static int gated_rms_norm_forward(dg_node *n) {
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[GRMS_X], &fail), *z = dg_nn_contig(n->in[GRMS_Z], &fail);
     dg_tensor *w = dg_nn_contig(n->in[GRMS_W], &fail), *y, *rstd;
-    if (fail || norm_alloc(n, x, &y, &rstd)) return -1;
+    if (fail || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
     if (x->dtype == DG_F32) dg_nn_gated_rms_norm_fwd_f32(N, D, P(x), P(z), P(w), at->eps, P(y), P(rstd));
     else dg_nn_gated_rms_norm_fwd_f64(N, D, P(x), P(z), P(w), at->eps, P(y), P(rstd));
@@ -209,7 +209,7 @@ static int l2norm_forward(dg_node *n) {
     const norm_attrs *at = (const norm_attrs *)n->attrs;
     if (!dg_require_cpu("l2norm", n->in[0])) return -1;
     dg_tensor *x = dg_contiguous(n->in[0]), *y, *rstd;
-    if (!x || norm_alloc(n, x, &y, &rstd)) return -1;
+    if (!x || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
     if (x->dtype == DG_F32) dg_nn_l2norm_fwd_f32(N, D, P(x), at->eps, P(y), P(rstd));
     else dg_nn_l2norm_fwd_f64(N, D, P(x), at->eps, P(y), P(rstd));
