@@ -107,8 +107,10 @@ int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int6
  * The backward recomputes the states: a forward pass keeps one state every C tokens (C about
  * sqrt(T), 8..64), then each stretch of C tokens is recomputed and walked backwards.  Scratch,
  * f32: (T/C + N) HV K V for the checkpoints, N HV C K V for the stretch, and (V/BV) times the
- * size of dq, dk, dg, dbeta for the per-value-tile partial sums (BV = 256 / ceil(K/16) columns,
- * rounded), summed by a second kernel, so that results do not depend on scheduling. */
+ * size of dq, dk, dg, dbeta for the per-value-tile partial sums (V tiles of BV = 256 / KS
+ * columns, KS the power of two >= K/16), summed by a second kernel, so that results do not depend
+ * on scheduling.  With cu_seqlens, each call copies the sequence table to the device (one
+ * synchronising host-to-device copy). */
 int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k,
                                  const float *v, const float *g, const float *beta,
                                  const float *h0, float *o, float *hT);

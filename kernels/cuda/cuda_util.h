@@ -1,5 +1,5 @@
-/* Internal to the .cu files of kernels/cuda (C++ only): the CUDA headers, the C declarations of the runtime
- * with C linkage, the library's stream and cuBLAS handle, and the checking macros.
+/* Internal to the .cu files of kernels/cuda (C++ only): the CUDA headers, the C declarations of
+ * the runtime with C linkage, the library's stream and cuBLAS handle, and the checking macros.
  *
  * Checking: DG_CU(call) evaluates a CUDA runtime call; on failure it reports through dg_error
  * "cuda: <call text> failed: <error name> (<error string>) at file:line" and yields -1, else 0.
