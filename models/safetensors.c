@@ -91,7 +91,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 /* Unique, non-empty, valid UTF-8, not "__metadata__"; what = "tensor name" or "metadata key". */
 static int check_names(const char *path, int n, const char **names, const char *what) {
-    if (n == 0) return 0;
+    if (n <= 0) return 0; /* n < 0 is rejected by the caller; the guard lets compilers see size > 0 */
     for (int i = 0; i < n; i++) {
         if (!names[i] || !names[i][0]) {
             dg_error("safetensors: writing '%s': %s %d is empty or NULL", path, what, i);
