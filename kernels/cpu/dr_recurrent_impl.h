@@ -18,6 +18,12 @@
  * is re-run from its checkpoint into a buffer of L states, and walked backwards.  Memory per task:
  * (ceil(T_n/L) + L + 1) K V reals with L ~ sqrt(T_n). */
 
+/* Below this many multiply-adds a call runs on one thread: waking a team costs more than it saves
+ * for the tiny problems of tests and gradchecks, and much more on a loaded machine. */
+#ifndef DR_PAR_MIN_WORK
+#define DR_PAR_MIN_WORK 65536
+#endif
+
 #define DR_CAT2(a, b) a##_##b
 #define DR_CAT(a, b) DR_CAT2(a, b)
 #define DR_FN(name) DR_CAT(name, SFX)
@@ -99,8 +105,9 @@ int DR_FN(dg_dr_recurrent_fwd)(const dg_dr_shape *s, const REAL *q, const REAL *
     if (!s || s->H <= 0 || s->HV % s->H != 0 || (s->gate != DG_GATE_NONE && !g)) return -2;
     const int64_t K = s->K, V = s->V, HV = s->HV, N = s->N;
     const int64_t KV = K * V;
+    const int64_t ntok = s->cu_seqlens ? s->cu_seqlens[N] : s->B * s->T;
     int failed = 0;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (ntok * HV * KV >= DR_PAR_MIN_WORK)
     for (int64_t task = 0; task < N * HV; task++) {
         const int64_t n = task / HV, hv = task % HV;
         int64_t bos, len;
@@ -233,7 +240,7 @@ int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
         sk = sq + ntok * HV * K;
     }
     int failed = 0;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (ntok * HV * KV >= DR_PAR_MIN_WORK)
     for (int64_t task = 0; task < N * HV; task++) {
         const int64_t n = task / HV, hv = task % HV, hk = hv / G;
         int64_t bos, len;
@@ -298,7 +305,7 @@ int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
     }
     /* dq, dk of q/k head hk = sum over its G value heads */
     if (sq) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (ntok * HV * K >= DR_PAR_MIN_WORK)
         for (int64_t r = 0; r < ntok * H; r++) {
             const int64_t tok = r / H, hk = r % H;
             for (int64_t i = 0; i < K; i++) {

@@ -5,7 +5,7 @@
 
 void GT_FN(dg_gate_fwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const REAL *A_log,
                         const REAL *dt_bias, REAL *g) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * HV * C >= 32768)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t h = 0; h < HV; h++) {
             const double negA = -exp((double)A_log[h]);
@@ -25,7 +25,7 @@ int GT_FN(dg_gate_bwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const
                        REAL *ddt_bias) {
     double *accb = calloc((size_t)(HV * C + 1), sizeof(double));
     if (!accb) return -1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * HV * C >= 32768)
     for (int64_t h = 0; h < HV; h++) {
         const double negA = -exp((double)A_log[h]);
         double accA = 0;
