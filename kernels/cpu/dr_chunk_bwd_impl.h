@@ -286,6 +286,7 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
 #undef DR_ALLOC
     int64_t wsn = FN(ws_elems)(C, K, V) + 2 * (int64_t)C * K;
     int64_t nitems = pl.nchunks * HV, nseq = pl.nseq * HV;
+    int dr_par_ = FN(worth_threads)(&x);
     if (rc == 0) DR_PARALLEL_ITEMS(nitems, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
     if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), NULL, NULL, b.Sst, ws));
     if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(bwd_dhu)(&b, it / HV, (int)(it % HV), dh0, ws));
@@ -311,7 +312,7 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     /* GVA: dq, dk of key head h = sum over its value heads */
     if (rc == 0 && (own_dq || own_dk)) {
         int grp = x.grp, H = x.H;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (dr_par_)
         for (int64_t r = 0; r < rows; r++)
             for (int h = 0; h < H; h++)
                 for (int w = 0; w < 2; w++) {

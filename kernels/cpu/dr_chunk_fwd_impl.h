@@ -191,13 +191,14 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
     if (hT) memcpy(hT + (n * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
 }
 
-/* Runs body(item, ws) for item in [0, n) on all threads, each thread with its own workspace of
- * wsn elements; returns -1 if a workspace could not be allocated. */
+/* Runs the body for it in [0, n) on all threads (only when the local int dr_par_ says the call is
+ * big enough to pay for waking them), each thread with its own workspace `ws` of wsn elements;
+ * sets rc = -1 if a workspace could not be allocated. */
 #define DR_PARALLEL_ITEMS(n, wsn, ...)                                                            \
     do {                                                                                           \
         int fail_ = 0;                                                                             \
         int64_t n_ = (n);                                                                          \
-        _Pragma("omp parallel if (n_ > 1)") {                                                      \
+        _Pragma("omp parallel if (n_ > 1 && dr_par_)") {                                          \
             R *ws = malloc(sizeof(R) * (size_t)(wsn));                                             \
             if (!ws) {                                                                             \
                 _Pragma("omp atomic write") fail_ = 1;                                             \
@@ -209,6 +210,12 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         }                                                                                          \
         if (fail_) rc = -1;                                                                        \
     } while (0)
+
+/* Below about 4 MFLOP the forward is done on the calling thread: waking a team costs more. */
+static int FN(worth_threads)(const FN(ctx) *x) {
+    double f = (double)x->pl->rows * x->HV * ((double)x->C * (2 * x->K + x->V) + 3.0 * x->K * x->V) * 2;
+    return f > 4e6;
+}
 
 static int FN(check_ptrs)(const char *what, const dg_dr_shape *s, const void *q, const void *k,
                           const void *v, const void *g, const void *beta) {
@@ -243,6 +250,7 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     x.Gc = x.gs ? malloc(sizeof(R) * (size_t)(rows * HV * x.gs + 1)) : NULL;
     if (!x.W || !x.U || !x.P || (x.gs && !x.Gc)) rc = -1;
     int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
+    int dr_par_ = FN(worth_threads)(&x);
     if (rc == 0) DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
     if (rc == 0) DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
     free(x.W);

@@ -46,7 +46,9 @@ typedef int64_t dg_v4l __attribute__((vector_size(32)));
 typedef float dg_v8f __attribute__((vector_size(32)));
 typedef int32_t dg_v8i __attribute__((vector_size(32)));
 
-static inline dg_v4d dg_vexp4d(dg_v4d x) {
+/* in place (pointers, not vector values: no ABI dependence on -mavx) */
+static inline void dg_vexp4d(dg_v4d *px) {
+    dg_v4d x = *px;
     dg_v4l under = x < -708.0, over = x > 709.0;
     dg_v4d hi = (dg_v4d){0, 0, 0, 0} + 709.0;
     x = (dg_v4d)(((dg_v4l)x & ~(under | over)) | ((dg_v4l)hi & over));
@@ -68,10 +70,11 @@ static inline dg_v4d dg_vexp4d(dg_v4d x) {
     p = p * r + 1.0;
     dg_v4l e = ((dg_v4l)t - (int64_t)0x4338000000000000LL + 1023) << 52;
     dg_v4d res = p * (dg_v4d)e;
-    return (dg_v4d)((dg_v4l)res & ~under);
+    *px = (dg_v4d)((dg_v4l)res & ~under);
 }
 
-static inline dg_v8f dg_vexp8f(dg_v8f x) {
+static inline void dg_vexp8f(dg_v8f *px) {
+    dg_v8f x = *px;
     dg_v8i under = x < -87.3f, over = x > 88.0f;
     dg_v8f hi = (dg_v8f){0, 0, 0, 0, 0, 0, 0, 0} + 88.0f;
     x = (dg_v8f)(((dg_v8i)x & ~(under | over)) | ((dg_v8i)hi & over));
@@ -88,7 +91,7 @@ static inline dg_v8f dg_vexp8f(dg_v8f x) {
     p = p * r + 1.0f;
     dg_v8i e = ((dg_v8i)t - 0x4B400000 + 127) << 23;
     dg_v8f res = p * (dg_v8f)e;
-    return (dg_v8f)((dg_v8i)res & ~under);
+    *px = (dg_v8f)((dg_v8i)res & ~under);
 }
 
 /* y[i] = exp(x[i]), i < n (x and y may alias). */
@@ -97,13 +100,13 @@ static inline void dg_vexp_f64(int64_t n, const double *x, double *y) {
     for (; i + 4 <= n; i += 4) {
         dg_v4d a;
         memcpy(&a, x + i, sizeof a);
-        a = dg_vexp4d(a);
+        dg_vexp4d(&a);
         memcpy(y + i, &a, sizeof a);
     }
     if (i < n) {
         dg_v4d a = {0, 0, 0, 0};
         memcpy(&a, x + i, sizeof(double) * (size_t)(n - i));
-        a = dg_vexp4d(a);
+        dg_vexp4d(&a);
         memcpy(y + i, &a, sizeof(double) * (size_t)(n - i));
     }
 }
@@ -112,13 +115,13 @@ static inline void dg_vexp_f32(int64_t n, const float *x, float *y) {
     for (; i + 8 <= n; i += 8) {
         dg_v8f a;
         memcpy(&a, x + i, sizeof a);
-        a = dg_vexp8f(a);
+        dg_vexp8f(&a);
         memcpy(y + i, &a, sizeof a);
     }
     if (i < n) {
         dg_v8f a = {0, 0, 0, 0, 0, 0, 0, 0};
         memcpy(&a, x + i, sizeof(float) * (size_t)(n - i));
-        a = dg_vexp8f(a);
+        dg_vexp8f(&a);
         memcpy(y + i, &a, sizeof(float) * (size_t)(n - i));
     }
 }
