@@ -65,6 +65,21 @@ dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_ten
 dg_tensor *dg_gdn_gate(dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias);
 dg_tensor *dg_kda_gate(dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias);
 
+/* Pieces of the chunked algorithm, as ops of their own (chunk_size 16, 32 or 64; chunks restart at
+ * every sequence start; cu_seqlens NULL or i64 [N+1] with B = 1).
+ * chunk_local_cumsum: g [B,T,H] or [B,T,H,S] -> the cumulative sum inside each chunk (from the
+ *   chunk start to t; reverse: from t to the chunk end).
+ * chunk_scaled_dot_kkt: k [B,T,H,K], beta [B,T,HV], g_cumsum NULL | [B,T,HV] | [B,T,HV,K] (a
+ *   chunk_local_cumsum of the log decay) -> A [B,T,HV,C] with, for token t at chunk position i and
+ *   j < i, A[t,hv,j] = beta[t,hv] sum_c k[t,c] k[t_j,c] exp(G[t,c] - G[t_j,c]); 0 for j >= i.
+ * solve_tril: A [B,T,HV,C] (only j < i read) -> (I + A)^-1 per chunk, same layout.  blocked: 16x16
+ *   diagonal-block inverses merged to 32/64 (else forward substitution); the backward recomputes the
+ *   inverse the same way (backward variants "blocked", "subst"). */
+dg_tensor *dg_chunk_local_cumsum(dg_tensor *g, int chunk_size, bool reverse, dg_tensor *cu_seqlens);
+dg_tensor *dg_chunk_scaled_dot_kkt(dg_tensor *k, dg_tensor *beta, dg_tensor *g_cumsum, int chunk_size,
+                                   dg_tensor *cu_seqlens);
+dg_tensor *dg_solve_tril(dg_tensor *A, int chunk_size, dg_tensor *cu_seqlens, bool blocked);
+
 #ifdef __cplusplus
 }
 #endif

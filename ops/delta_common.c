@@ -46,8 +46,9 @@ static bool check_other(const char *op, const char *arg, const dg_tensor *t, con
            dg_check_same_device(op, arg, t, "q", q);
 }
 
-/* cu_seqlens: i64 [N+1], B = 1, starts at 0, never decreases, ends at T. */
-static bool check_cu(const char *op, const dg_tensor *cu, const dg_tensor *q, int64_t *N) {
+/* cu_seqlens: i64 [N+1], B = 1, starts at 0, never decreases, ends at T (ref is [B,T,...]). */
+bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *q,
+                       int64_t *N) {
     if (!dg_check_dtype(op, "cu_seqlens", cu, DG_I64) || !dg_check_ndim(op, "cu_seqlens", cu, 1))
         return false;
     const int64_t n = cu->shape[0], B = q->shape[0], T = q->shape[1];
@@ -57,9 +58,9 @@ static bool check_cu(const char *op, const dg_tensor *cu, const dg_tensor *q, in
         return false;
     }
     if (B != 1) {
-        dg_error("%s: cu_seqlens %s is given but q has shape %s with B = %lld; packed sequences "
+        dg_error("%s: cu_seqlens %s is given but %s has shape %s with B = %lld; packed sequences "
                  "need B = 1",
-                 op, dg_shp(cu), dg_shp(q), (long long)B);
+                 op, dg_shp(cu), ref_name, dg_shp(q), (long long)B);
         return false;
     }
     int64_t *c = malloc(sizeof(int64_t) * (size_t)n);
@@ -82,8 +83,8 @@ static bool check_cu(const char *op, const dg_tensor *cu, const dg_tensor *q, in
             ok = false;
         }
     if (ok && c[n - 1] != T) {
-        dg_error("%s: cu_seqlens %s = %s must end at T = %lld, the tokens of q %s", op, dg_shp(cu),
-                 values_text(c, n, buf, sizeof buf), (long long)T, dg_shp(q));
+        dg_error("%s: cu_seqlens %s = %s must end at T = %lld, the tokens of %s %s", op, dg_shp(cu),
+                 values_text(c, n, buf, sizeof buf), (long long)T, ref_name, dg_shp(q));
         ok = false;
     }
     free(c);
@@ -182,7 +183,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
         return false;
     }
     *N = B;
-    if (opts->cu_seqlens && !check_cu(op, opts->cu_seqlens, q, N)) return false;
+    if (opts->cu_seqlens && !dg_delta_check_cu(op, opts->cu_seqlens, "q", q, N)) return false;
     if (opts->initial_state) {
         if (!check_other(op, "initial_state", opts->initial_state, q)) return false;
         const int64_t hshape[4] = {*N, HV, K, V};

@@ -65,6 +65,11 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
                        dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at,
                        int64_t *N);
 
+/* cu_seqlens: i64 [N+1] with B = 1, 0 = c_0 <= ... <= c_N = T, where ref [B,T,...] (named
+ * ref_name in messages) gives B and T.  Sets *N.  Returns false with the error set. */
+bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *ref,
+                       int64_t *N);
+
 /* The same function from primitive ops (token by token), for def->decompose. */
 int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in,
                        dg_tensor **out);

@@ -6,6 +6,8 @@
  *    into the op against the same norm from primitives;
  *  - f32 against f64;
  *  - the choice of backward variant: per call, by DG_BACKWARD, and by the algorithm;
+ *  - the pieces (chunk_local_cumsum, chunk_scaled_dot_kkt, solve_tril) against a decomposition and
+ *    the definition of the inverse;
  *  - bad inputs: each a NULL result and a message naming op, argument and shapes. */
 #include "tests/support/test_support.h"
 
@@ -463,6 +465,77 @@ static void test_bad_inputs(void **st) {
     assert_int_equal(dg_live_tensors(), live);
 }
 
+/* ---- the pieces of the chunked algorithm ------------------------------------------------------- */
+
+/* chunk_local_cumsum against its decomposition; solve_tril blocked vs substitution and
+ * (I + A) Ainv = I on the output of chunk_scaled_dot_kkt */
+static void test_pieces(void **st) {
+    (void)st;
+    const dg_op_def *cs = dg_op_find("chunk_local_cumsum");
+    assert_non_null(cs);
+    for (int i = 0;; i++) {
+        dg_scope_begin();
+        dg_sample s = {0};
+        int have = cs->sample(i, DG_F64, 8 + i, &s);
+        dg_scope_end();
+        if (!have) break;
+        result a = {0}, b = {0};
+        assert_int_equal(run(cs, &s, s.attrs, 0, DG_F64, &a), 0);
+        assert_int_equal(run(cs, &s, s.attrs, -1, DG_F64, &b), 0);
+        double e = compare(&a, &b, s.label, 1e-14);
+        print_message("  chunk_local_cumsum %-40s vs decomposition %.1e\n", s.label, e);
+        assert_true(e < 1e-14);
+        result_free(&a);
+        result_free(&b);
+        dg_sample_free(&s);
+    }
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(6);
+    const int64_t T = 45, C = 32;
+    int64_t c[3] = {0, 13, 45};
+    dg_tensor *cu = dg_from_data(DG_SHAPE(3), DG_I64, c);
+    dg_tensor *k = dg_rand_range(DG_SHAPE(1, T, 1, 8), DG_F64, -0.4, 0.4, &rng);
+    dg_tensor *beta = dg_rand_range(DG_SHAPE(1, T, 2), DG_F64, 0.1, 0.9, &rng);
+    dg_tensor *g = dg_rand_range(DG_SHAPE(1, T, 2, 8), DG_F64, -0.3, 0, &rng);
+    dg_tensor *G = dg_chunk_local_cumsum(g, (int)C, false, cu);
+    dg_tensor *A = dg_chunk_scaled_dot_kkt(k, beta, G, (int)C, cu);
+    dg_tensor *X = dg_solve_tril(A, (int)C, cu, true), *Y = dg_solve_tril(A, (int)C, cu, false);
+    assert_non_null(X);
+    assert_non_null(Y);
+    double e = rel_max(X, Y), worst = 0;
+    print_message("  solve_tril blocked vs substitution %.1e\n", e);
+    assert_true(e < 1e-13);
+    /* per chunk and head: sum_l (I + A)[i,l] Ainv[l,j] = delta_ij, positions relative to chunk starts */
+    for (int seq = 0; seq < 2; seq++)
+        for (int64_t t0 = c[seq]; t0 < c[seq + 1]; t0 += C) {
+            const int64_t L = c[seq + 1] - t0 < C ? c[seq + 1] - t0 : C;
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t j = 0; j < L; j++) {
+                        double acc = 0;
+                        for (int64_t l = 0; l < L; l++) {
+                            double al = l == i ? 1 : (l < i ? dg_get(A, (int64_t[]){0, t0 + i, h, l}) : 0);
+                            acc += al * dg_get(X, (int64_t[]){0, t0 + l, h, j});
+                        }
+                        worst = fmax(worst, fabs(acc - (i == j)));
+                    }
+        }
+    print_message("  (I + A) solve_tril(A) - I: max %.1e\n", worst);
+    assert_true(worst < 1e-13);
+    /* bad inputs of the pieces */
+    assert_null(dg_solve_tril(A, 16, cu, true));
+    assert_error_contains("solve_tril: A has shape [1,45,2,32] but its last dim must be the chunk size 16");
+    assert_null(dg_chunk_local_cumsum(g, 48, false, NULL));
+    assert_error_contains("chunk_local_cumsum: chunk_size 48 is not supported (16, 32 or 64)");
+    assert_null(dg_chunk_scaled_dot_kkt(k, beta, dg_zeros(DG_SHAPE(1, T, 2, 5), DG_F64), 32, NULL));
+    assert_error_contains("chunk_scaled_dot_kkt: g_cumsum has shape [1,45,2,5] but [B,T,HV] = [1,45,2] or "
+                          "[B,T,HV,K] = [1,45,2,8] is required");
+    int64_t bad[3] = {0, 50, 45};
+    assert_null(dg_chunk_scaled_dot_kkt(k, beta, NULL, 32, dg_from_data(DG_SHAPE(3), DG_I64, bad)));
+    assert_error_contains("chunk_scaled_dot_kkt: cu_seqlens [3] = {0,50,45} decreases at index 2 (50 -> 45)");
+    dg_scope_end();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs),
@@ -472,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_f32_vs_f64),
         cmocka_unit_test(test_gate_fused_vs_separate),
         cmocka_unit_test(test_l2norm_fused_vs_separate),
+        cmocka_unit_test(test_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
