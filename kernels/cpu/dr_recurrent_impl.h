@@ -16,7 +16,9 @@
  * Backward runs the tokens in reverse with dS = dL/dS_t (starting from dhT); the states S_{t-1} are
  * recomputed: a first forward sweep stores a checkpoint every L tokens, then each segment of L tokens
  * is re-run from its checkpoint into a buffer of L states, and walked backwards.  Memory per task:
- * (ceil(T_n/L) + L + 1) K V reals with L ~ sqrt(T_n). */
+ * (ceil(T_n/L) + L + 1) K V reals with L ~ sqrt(T_n).
+ * The row reductions of the backward (sum over j of a row of S or dS times a vector) are vectorised
+ * with `omp simd reduction`, so their summation order differs from a plain loop's. */
 
 /* Below this many multiply-adds a call runs on one thread: waking a team costs more than it saves
  * for the tiny problems of tests and gradchecks, and much more on a loaded machine. */
@@ -154,6 +156,7 @@ static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
         const REAL *Si = Sp + i * V;
         const REAL di = d[i], ki = kt[i];
         REAL acc = 0;
+#pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < V; j++) {
             const REAL sd = di * Si[j];
             p[j] += ki * sd;
@@ -178,6 +181,7 @@ static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
         REAL *dSi = dS + i * V;
         const REAL qi = sc * qt[i], ki = kt[i];
         REAL acc = 0;
+#pragma omp simd reduction(+ : acc)
         for (int64_t j = 0; j < V; j++) {
             dSi[j] += qi * dot[j];
             acc += dSi[j] * p[j];
@@ -201,6 +205,7 @@ static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
         const REAL *Si = Sp + i * V;
         const REAL di = d[i], ki = kt[i];
         REAL acck = 0, accg = 0;
+#pragma omp simd reduction(+ : acck, accg)
         for (int64_t j = 0; j < V; j++) {
             const REAL sd = di * Si[j];
             const REAL dsd = dSi[j] + ki * dp[j];
