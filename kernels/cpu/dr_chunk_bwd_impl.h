@@ -101,8 +101,12 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     const R *Vn = x->U + off * V, *dVn = b->dVn + off * V, *dO = b->dout + off * V;
     R *dq = b->dqv + off * K, *dk = b->dkv + off * K;
     R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K,
-      *e = dKd + C * K, *dGl = e + C + K + 8, *gw = dGl + K + 8;
+      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
+    if (gs == 1) {
+        FN(head_emat)(g, Eh);
+        p.gate.E = Eh;
+    }
     int partial = gs && !b->final_dg;
     if (gs) {
         FN(zero_rows)(L, gs, dG, ldG);
@@ -117,8 +121,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     FN(mask_lower)(L, dP, C, 0);
     FN(zero_rows)(L, K, rp, K);
     FN(zero_rows)(L, K, dKp, K);
-    FN(gated_rowapply)(g, dP, C, p.k, p.ldq, x->scale, rp, K, gw);
-    FN(gated_colapply)(g, dP, C, p.q, p.ldq, x->scale, dKp, K, gw);
+    FN(gated_apply2)(g, dP, C, p.k, p.ldq, p.q, p.ldq, x->scale, rp, K, dKp, K, gw);
     FN(add_rows)(L, K, rp, K, dq, ldk);
     if (partial && g->kind == DG_GATE_CHANNEL) {
         FN(dg_add_prod)(g, 1, p.q, p.ldq, rp, K, dG, ldG);
@@ -173,8 +176,12 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     R *dk = b->dkv + off * K;
     R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K,
       *Vb = cp + C * K, *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C,
-      *db = tw + 2 * C * C, *e = db + C + 8, *gw = e + C + K + 8;
+      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
+    if (gs == 1) {
+        FN(head_emat)(g, Eh);
+        p.gate.E = Eh;
+    }
     /* (f4) Kbg = beta o exp(G) o K, Vb = beta o V */
     FN(gate_rows)(g, 0, 0, 0, L, p.k, p.ldq, Kg, K, e);
     for (int i = 0; i < L; i++) {
@@ -214,15 +221,13 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     if (g->kind == DG_GATE_CHANNEL) {
         FN(zero_rows)(L, K, rp, K);
         FN(zero_rows)(L, K, cp, K);
-        FN(gated_rowapply)(g, dA, C, p.k, p.ldq, 1, rp, K, gw);
-        FN(gated_colapply)(g, dA, C, p.k, p.ldq, 1, cp, K, gw);
+        FN(gated_apply2)(g, dA, C, p.k, p.ldq, p.k, p.ldq, 1, rp, K, cp, K, gw);
         FN(add_rows)(L, K, rp, K, dk, ldk);
         FN(add_rows)(L, K, cp, K, dk, ldk);
         FN(dg_add_prod)(g, 1, p.k, p.ldq, rp, K, dG, ldG);
         FN(dg_add_prod)(g, -1, p.k, p.ldq, cp, K, dG, ldG);
     } else {
-        FN(gated_rowapply)(g, dA, C, p.k, p.ldq, 1, dk, ldk, gw);
-        FN(gated_colapply)(g, dA, C, p.k, p.ldq, 1, dk, ldk, gw);
+        FN(gated_apply2)(g, dA, C, p.k, p.ldq, p.k, p.ldq, 1, dk, ldk, dk, ldk, gw);
         if (gs) FN(head_rowcol_dg)(L, dA, C, Mkk, p.ldc, dG, ldG);
     }
     if (b->dbeta)

@@ -76,11 +76,12 @@ static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
     p->gate.K = x->K;
     p->gate.G = x->gs ? x->Gc + (p->r0 * x->HV + hv) * x->gs : NULL;
     p->gate.ldg = p->ldg;
+    p->gate.E = NULL;
 }
 
 /* Per-thread workspace of every phase (elements): generous and simple. */
 static int64_t FN(ws_elems)(int C, int K, int V) {
-    return 10 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
+    return 12 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
            FN(gated_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
 }
 
@@ -93,7 +94,11 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     if (x->gs)
         FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
     R *M = ws, *A = M + C * C, *Ai = A + C * C, *Kb = Ai + C * C, *Vb = Kb + C * K, *e = Vb + C * V;
-    R *gw = e + C + K + 8;
+    R *Eh = e + C + K + 8, *gw = Eh + C * C;
+    if (x->gs == 1) { /* HEAD: the decay matrix once for both Gram products */
+        FN(head_emat)(&p.gate, Eh);
+        p.gate.E = Eh;
+    }
     int64_t ldm = C, ldai = C;
     if (x->Mkk) {
         M = x->Mkk + (p.r0 * x->HV + hv) * C;

@@ -78,6 +78,10 @@ static void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A, i
         }
         return;
     }
+    if (beta == 0) { /* OpenBLAS's beta = 0 kernel is slower than memset + accumulate */
+        for (int i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(R) * (size_t)n);
+        beta = 1;
+    }
     DR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
             alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
@@ -116,7 +120,20 @@ typedef struct FN(cg) {
     int L, K;
     const R *G;  /* chunk-local cumulative gate; row i at G + i*ldg (HEAD: 1 value, CHANNEL: K) */
     int64_t ldg;
+    const R *E;  /* HEAD only, optional: E_ij = exp(G_i - G_j) (j <= i, 0 above), ld L */
 } FN(cg);
+
+/* HEAD: E (L x L, ld L) = exp(G_i - G_j) below and on the diagonal, 0 above; one vectorised exp
+ * over the whole matrix (the exponents are <= 0 for g <= 0; above the diagonal -1000 flushes to 0). */
+static void FN(head_emat)(const FN(cg) *g, R *E) {
+    int L = g->L;
+    for (int i = 0; i < L; i++) {
+        R gi = g->G[i * g->ldg], *e = E + (int64_t)i * L;
+        for (int j = 0; j <= i; j++) e[j] = gi - g->G[j * g->ldg];
+        for (int j = i + 1; j < L; j++) e[j] = -1000;
+    }
+    DR_VEXP((int64_t)L * L, E, E);
+}
 
 /* Workspace (elements) the gated products need, for chunk C and K channels. */
 static int64_t FN(gated_ws)(int C, int K) {
@@ -166,6 +183,14 @@ static void FN(gate_rows)(const FN(cg) *g, int mode, int r, int i0, int i1, cons
 
 /* HEAD gate: E_ij = exp(G_i - G_j) for j <= i, written over the lower part of M as M_ij *= E_ij. */
 static void FN(head_decay_mul)(const FN(cg) *g, R *M, int64_t ldm, R *e) {
+    if (g->E) {
+        for (int i = 0; i < g->L; i++) {
+            R *m = M + i * ldm;
+            const R *ei = g->E + (int64_t)i * g->L;
+            for (int j = 0; j <= i; j++) m[j] *= ei[j];
+        }
+        return;
+    }
     for (int i = 0; i < g->L; i++) {
         R gi = g->G[i * g->ldg];
         for (int j = 0; j <= i; j++) e[j] = gi - g->G[j * g->ldg];
@@ -310,6 +335,24 @@ static void FN(gated_colapply)(const FN(cg) *g, const R *D, int64_t ldd, const R
                 }
         }
     }
+}
+
+/* Both applications of one D: Zr += alpha rowapply(D, Yr), Zc += alpha colapply(D, Xc) (HEAD: the
+ * decayed D o E is formed once). */
+static void FN(gated_apply2)(const FN(cg) *g, const R *D, int64_t ldd, const R *Yr, int64_t ldyr,
+                             const R *Xc, int64_t ldxc, R alpha, R *Zr, int64_t ldzr, R *Zc,
+                             int64_t ldzc, R *ws) {
+    int L = g->L, K = g->K;
+    if (g->kind == DG_GATE_HEAD) {
+        R *DE = ws, *e = ws + (int64_t)L * L;
+        FN(copy_rows)(L, L, D, ldd, DE, L);
+        FN(head_decay_mul)(g, DE, L, e);
+        FN(gemm)(0, 0, L, K, L, alpha, DE, L, Yr, ldyr, 1, Zr, ldzr);
+        FN(gemm)(1, 0, L, K, L, alpha, DE, L, Xc, ldxc, 1, Zc, ldzc);
+        return;
+    }
+    FN(gated_rowapply)(g, D, ldd, Yr, ldyr, alpha, Zr, ldzr, ws);
+    FN(gated_colapply)(g, D, ldd, Xc, ldxc, alpha, Zc, ldzc, ws);
 }
 
 /* For HEAD gates: out_i += sum_j D_ij M_ij (rows) - sum_j D_ji M_ji (columns), the gate gradient of

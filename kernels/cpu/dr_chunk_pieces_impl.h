@@ -78,6 +78,7 @@ static void FN(kkt_gate)(const dg_dr_shape *s, const dg_drc_plan *pl, int64_t c,
     cg->K = (int)s->K;
     cg->G = gs ? g + (pl->row0[c] * s->HV + hv) * gs : NULL;
     cg->ldg = s->HV * gs;
+    cg->E = NULL;
 }
 
 int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g,
@@ -125,7 +126,7 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
     int64_t HV = s->HV, H = s->H, K = s->K, grp = HV / H, rows = pl.rows;
     R *dkv = dk && grp == 1 ? dk : malloc(sizeof(R) * (size_t)(rows * HV * K + 1));
     if (!dkv) rc = -1;
-    int64_t wsn = 2 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K);
+    int64_t wsn = 3 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K);
     if (rc == 0)
         DRP_PARALLEL(pl.nchunks * HV, wsn, {
             int64_t c = it / HV, hv = it % HV, r0 = pl.row0[c], off = r0 * HV + hv;
@@ -133,7 +134,7 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
             FN(kkt_gate)(s, &pl, c, hv, g, &cg);
             int L = cg.L;
             R *M = ws, *dM = M + C * C, *rp = dM + C * C, *cp = rp + C * K, *dGc = cp + C * K,
-              *gw = dGc + C * K + C + K;
+              *Eh = dGc + C * K + C + K, *gw = Eh + C * C;
             const R *kp = k + (r0 * H + hv / grp) * K;
             R *dkp = dkv + off * K;
             /* A = diag(beta) M, M = strictly_lower(K K^T o Gamma) */
@@ -162,8 +163,11 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
                         dGc[i * gs + j] = kk * (rp[i * K + j] - cp[i * K + j]);
                     }
             } else {
-                FN(gated_rowapply)(&cg, dM, C, kp, H * K, 1, dkp, HV * K, gw);
-                FN(gated_colapply)(&cg, dM, C, kp, H * K, 1, dkp, HV * K, gw);
+                if (gs) { /* HEAD: the decay matrix once for both products */
+                    FN(head_emat)(&cg, Eh);
+                    cg.E = Eh;
+                }
+                FN(gated_apply2)(&cg, dM, C, kp, H * K, kp, H * K, 1, dkp, HV * K, dkp, HV * K, gw);
                 if (gs) FN(head_rowcol_dg)(L, dM, C, M, C, dGc, gs);
             }
             if (dg && gs) FN(copy_rows)(L, gs, dGc, gs, dg + off * gs, HV * gs);
