@@ -33,7 +33,9 @@ typedef struct FN(bctx) {
 static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     const FN(ctx) *x = b->x;
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
-    R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
+    R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K,
+      *tb = e + C + K + 8;
+    FN(ctab) tab;
     if (b->dhT)
         memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
     else
@@ -41,6 +43,7 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
+        FN(cg_table)(&p.gate, &tab, tb);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
         memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
@@ -49,8 +52,8 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
         const R *kd = p.k, *qg = p.q;
         int64_t ldkd = p.ldq, ldqg = p.ldq;
         if (x->gs) {
-            FN(gate_rows)(&p.gate, 1, 0, 0, L, p.k, p.ldq, Kd, K, e);
-            FN(gate_rows)(&p.gate, 0, 0, 0, L, p.q, p.ldq, Qg, K, e);
+            FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
+            FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
             kd = Kd;
             qg = Qg;
             ldkd = ldqg = K;
@@ -101,8 +104,11 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     const R *Vn = x->U + off * V, *dVn = b->dVn + off * V, *dO = b->dout + off * V;
     R *dq = b->dqv + off * K, *dk = b->dkv + off * K;
     R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K,
-      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *gw = Eh + C * C;
+      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *tb = Eh + C * C,
+      *gw = tb + FN(ctab_ws)(C, K);
     const FN(cg) *g = &p.gate;
+    FN(ctab) tab;
+    FN(cg_table)(&p.gate, &tab, tb);
     if (gs == 1) {
         FN(head_emat)(g, Eh);
         p.gate.E = Eh;
@@ -114,7 +120,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     }
     /* (f2) dQg = scale dO S0^T;  dQ = exp(G) o dQg */
     FN(gemm)(0, 1, L, K, V, x->scale, dO, p.ldv, S0, V, 0, dQg, K);
-    FN(gate_rows)(g, 0, 0, 0, L, dQg, K, dq, ldk, e);
+    FN(gate_rows)(g, 0, dQg, K, dq, ldk, e);
     if (partial) FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
     /* (f2, f6) dP = dO V'^T (lower);  dQ += dP Gamma K,  dK = dP^T Gamma Q (scaled) */
     FN(gemm)(0, 1, L, L, V, 1, dO, p.ldv, Vn, p.ldv, 0, dP, C);
@@ -131,7 +137,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     }
     /* (f3) dKd = V' dS1^T;  dK += exp(G_last - G) o dKd */
     FN(gemm)(0, 1, L, K, V, 1, Vn, p.ldv, dS1, V, 0, dKd, K);
-    FN(gate_rows)(g, 1, 0, 0, L, dKd, K, rp, K, e);
+    FN(gate_rows)(g, 1, dKd, K, rp, K, e);
     FN(add_rows)(L, K, rp, K, dKp, K);
     if (gs) {
         /* dG_last += sum_i K_i o dK_i(f3) + exp(G_last) o rowsum(S0 o dS1);  dG_i -= K_i o dK_i(f3) */
@@ -176,14 +182,17 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     R *dk = b->dkv + off * K;
     R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K,
       *Vb = cp + C * K, *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C,
-      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *gw = Eh + C * C;
+      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *tb = Eh + C * C,
+      *gw = tb + FN(ctab_ws)(C, K);
     const FN(cg) *g = &p.gate;
+    FN(ctab) tab;
+    FN(cg_table)(&p.gate, &tab, tb);
     if (gs == 1) {
         FN(head_emat)(g, Eh);
         p.gate.E = Eh;
     }
     /* (f4) Kbg = beta o exp(G) o K, Vb = beta o V */
-    FN(gate_rows)(g, 0, 0, 0, L, p.k, p.ldq, Kg, K, e);
+    FN(gate_rows)(g, 0, p.k, p.ldq, Kg, K, e);
     for (int i = 0; i < L; i++) {
         R bi = p.beta[i * p.ldb];
         for (int j = 0; j < K; j++) Kbg[i * K + j] = bi * Kg[i * K + j];
@@ -206,7 +215,7 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
         for (int j = 0; j < K; j++) dKbg[i * K + j] *= bi;
     }
     /* dK += exp(G) o dKg;  dG += Kg o dKg */
-    FN(gate_rows)(g, 0, 0, 0, L, dKbg, K, rp, K, e);
+    FN(gate_rows)(g, 0, dKbg, K, rp, K, e);
     FN(add_rows)(L, K, rp, K, dk, ldk);
     if (gs) FN(dg_add_prod)(g, 1, p.k, p.ldq, rp, K, dG, ldG);
     /* (f5) dA = strictly_lower(-Ai^T dAi Ai^T);  dbeta += rowsum(dA o Mkk);  dMkk = diag(beta) dA */

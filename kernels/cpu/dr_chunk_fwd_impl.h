@@ -77,12 +77,13 @@ static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
     p->gate.G = x->gs ? x->Gc + (p->r0 * x->HV + hv) * x->gs : NULL;
     p->gate.ldg = p->ldg;
     p->gate.E = NULL;
+    p->gate.tab = NULL;
 }
 
 /* Per-thread workspace of every phase (elements): generous and simple. */
 static int64_t FN(ws_elems)(int C, int K, int V) {
     return 12 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
-           FN(gated_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
+           FN(gated_ws)(C, K) + FN(ctab_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
 }
 
 /* Phase A for chunk c, head hv: G (cumsum of g), then W, U, P into the ctx buffers, and Ai, Mkk
@@ -94,7 +95,9 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     if (x->gs)
         FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
     R *M = ws, *A = M + C * C, *Ai = A + C * C, *Kb = Ai + C * C, *Vb = Kb + C * K, *e = Vb + C * V;
-    R *Eh = e + C + K + 8, *gw = Eh + C * C;
+    R *Eh = e + C + K + 8, *tb = Eh + C * C, *gw = tb + FN(ctab_ws)(C, K);
+    FN(ctab) tab;
+    FN(cg_table)(&p.gate, &tab, tb); /* CHANNEL: the factor table once for all products */
     if (x->gs == 1) { /* HEAD: the decay matrix once for both Gram products */
         FN(head_emat)(&p.gate, Eh);
         p.gate.E = Eh;
@@ -117,7 +120,7 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     /* Ai = (I + A)^-1 */
     FN(tril_inv)(x->blocked, L, A, C, Ai, ldai, gw);
     /* W = Ai (beta o exp(G) o K);  U = Ai (beta o V) */
-    FN(gate_rows)(&p.gate, 0, 0, 0, L, p.k, p.ldq, Kb, K, e);
+    FN(gate_rows)(&p.gate, 0, p.k, p.ldq, Kb, K, e);
     for (int i = 0; i < L; i++) {
         R b = p.beta[i * p.ldb];
         for (int j = 0; j < K; j++) Kb[i * K + j] *= b;
@@ -149,7 +152,8 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K,
-      *e = Kd + (int64_t)C * K;
+      *e = Kd + (int64_t)C * K, *tb = e + C + K + 8;
+    FN(ctab) tab;
     if (x->h0)
         memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
     else
@@ -157,6 +161,7 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
     for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
+        FN(cg_table)(&p.gate, &tab, tb);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
         R *Vn = Vb;
@@ -175,7 +180,7 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
             const R *qg = p.q;
             int64_t ldqg = p.ldq;
             if (x->gs) {
-                FN(gate_rows)(&p.gate, 0, 0, 0, L, p.q, p.ldq, Qg, K, e);
+                FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
                 qg = Qg;
                 ldqg = K;
             }
@@ -187,7 +192,7 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         const R *kd = p.k;
         int64_t ldkd = p.ldq;
         if (x->gs) {
-            FN(gate_rows)(&p.gate, 1, 0, 0, L, p.k, p.ldq, Kd, K, e);
+            FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
             kd = Kd;
             ldkd = K;
         }

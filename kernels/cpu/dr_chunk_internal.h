@@ -126,4 +126,32 @@ static inline void dg_vexp_f32(int64_t n, const float *x, float *y) {
     }
 }
 
+/* y[i] = exp(a[i] - b[i]) (fused: one pass), and y[i] = exp(a[i] - b0) with a scalar b0. */
+static inline void dg_vexpdiff_f64(int64_t n, const double *a, const double *b, double *y) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        dg_v4d x, z;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&z, b + i, sizeof z);
+        x -= z;
+        dg_vexp4d(&x);
+        memcpy(y + i, &x, sizeof x);
+    }
+    for (; i < n; i++) y[i] = a[i] - b[i];
+    if (n % 4) dg_vexp_f64(n % 4, y + (n - n % 4), y + (n - n % 4));
+}
+static inline void dg_vexpdiff_f32(int64_t n, const float *a, const float *b, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        dg_v8f x, z;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&z, b + i, sizeof z);
+        x -= z;
+        dg_vexp8f(&x);
+        memcpy(y + i, &x, sizeof x);
+    }
+    for (; i < n; i++) y[i] = a[i] - b[i];
+    if (n % 8) dg_vexp_f32(n % 8, y + (n - n % 8), y + (n - n % 8));
+}
+
 #endif

@@ -79,6 +79,7 @@ static void FN(kkt_gate)(const dg_dr_shape *s, const dg_drc_plan *pl, int64_t c,
     cg->G = gs ? g + (pl->row0[c] * s->HV + hv) * gs : NULL;
     cg->ldg = s->HV * gs;
     cg->E = NULL;
+    cg->tab = NULL;
 }
 
 int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g,
@@ -93,10 +94,12 @@ int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *b
     }
     int rc = 0, C = s->chunk;
     int64_t HV = s->HV, H = s->H, K = s->K, grp = HV / H;
-    DRP_PARALLEL(pl.nchunks * HV, FN(gated_ws)(C, (int)K), {
+    DRP_PARALLEL(pl.nchunks * HV, FN(gated_ws)(C, (int)K) + FN(ctab_ws)(C, (int)K), {
         int64_t c = it / HV, hv = it % HV, r0 = pl.row0[c];
         FN(cg) cg;
+        FN(ctab) tab;
         FN(kkt_gate)(s, &pl, c, hv, g, &cg);
+        FN(cg_table)(&cg, &tab, ws + FN(gated_ws)(C, (int)K));
         int L = cg.L;
         R *a = A + (r0 * HV + hv) * C;
         const R *kp = k + (r0 * H + hv / grp) * K;
@@ -126,12 +129,15 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
     int64_t HV = s->HV, H = s->H, K = s->K, grp = HV / H, rows = pl.rows;
     R *dkv = dk && grp == 1 ? dk : malloc(sizeof(R) * (size_t)(rows * HV * K + 1));
     if (!dkv) rc = -1;
-    int64_t wsn = 3 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K);
+    int64_t wsn = 3 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K) +
+                  FN(ctab_ws)(C, (int)K);
     if (rc == 0)
         DRP_PARALLEL(pl.nchunks * HV, wsn, {
             int64_t c = it / HV, hv = it % HV, r0 = pl.row0[c], off = r0 * HV + hv;
             FN(cg) cg;
+            FN(ctab) tab;
             FN(kkt_gate)(s, &pl, c, hv, g, &cg);
+            FN(cg_table)(&cg, &tab, ws + wsn - FN(ctab_ws)(C, (int)K));
             int L = cg.L;
             R *M = ws, *dM = M + C * C, *rp = dM + C * C, *cp = rp + C * K, *dGc = cp + C * K,
               *Eh = dGc + C * K + C + K, *gw = Eh + C * C;
