@@ -33,8 +33,7 @@ typedef struct FN(bctx) {
 static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     const FN(ctx) *x = b->x;
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
-    R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K,
-      *tb = e + C + K + 8;
+    R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
     if (b->dhT)
         memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
@@ -43,7 +42,7 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
-        FN(cg_table)(&p.gate, &tab, tb);
+        FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
         memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
@@ -104,11 +103,10 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     const R *Vn = x->U + off * V, *dVn = b->dVn + off * V, *dO = b->dout + off * V;
     R *dq = b->dqv + off * K, *dk = b->dkv + off * K;
     R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K,
-      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *tb = Eh + C * C,
-      *gw = tb + FN(ctab_ws)(C, K);
+      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
     FN(ctab) tab;
-    FN(cg_table)(&p.gate, &tab, tb);
+    FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
     if (gs == 1) {
         FN(head_emat)(g, Eh);
         p.gate.E = Eh;
@@ -182,11 +180,10 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     R *dk = b->dkv + off * K;
     R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K,
       *Vb = cp + C * K, *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C,
-      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *tb = Eh + C * C,
-      *gw = tb + FN(ctab_ws)(C, K);
+      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
     FN(ctab) tab;
-    FN(cg_table)(&p.gate, &tab, tb);
+    FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
     if (gs == 1) {
         FN(head_emat)(g, Eh);
         p.gate.E = Eh;
@@ -274,7 +271,7 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     int64_t rows = pl.rows, nst = pl.nchunks * HV * (int64_t)K * V;
     int fused = var->kda_fused;
     int own_dq = !(dq && HV == x.H), own_dk = !(dk && HV == x.H);
-    void *bufs[13] = {0};
+    void *bufs[14] = {0};
     int nb = 0;
 #define DR_ALLOC(ptr, n)                                                                           \
     do {                                                                                           \
@@ -288,6 +285,7 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     DR_ALLOC(x.Ai, rows * HV * C);
     DR_ALLOC(x.Mkk, rows * HV * C);
     if (gs) DR_ALLOC(x.Gc, rows * HV * gs);
+    if (s->gate == DG_GATE_CHANNEL) DR_ALLOC(x.tabs, pl.nchunks * HV * x.tws);
     DR_ALLOC(b.Sst, nst);
     DR_ALLOC(b.dSst, nst);
     DR_ALLOC(b.dVn, rows * HV * V);

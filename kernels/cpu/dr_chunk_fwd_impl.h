@@ -24,6 +24,8 @@ typedef struct FN(ctx) {
     R *P;    /* C per head: scale * lower_incl(Q K^T o Gamma) */
     R *Ai;   /* C per head: (I + A)^-1 (backward only) */
     R *Mkk;  /* C per head: strictly_lower(K K^T o Gamma) (backward only) */
+    R *tabs; /* CHANNEL: the factor table of every chunk and head, ctab_ws elements each */
+    int64_t tws;
     int blocked;
 } FN(ctx);
 
@@ -46,6 +48,17 @@ static void FN(ctx_init)(FN(ctx) *x, const dg_dr_shape *s, const dg_drc_plan *pl
     x->g = g;
     x->beta = beta;
     x->h0 = h0;
+    x->tws = FN(ctab_ws)(x->C, x->K);
+}
+
+/* CHANNEL: the factor table of chunk c, head hv: built by chunk_prep, attached by later phases. */
+static void FN(cp_table)(const FN(ctx) *x, int64_t c, int hv, FN(cg) *g, FN(ctab) *t, int build) {
+    if (g->kind != DG_GATE_CHANNEL) return;
+    R *mem = x->tabs + (c * x->HV + hv) * x->tws;
+    if (build)
+        FN(cg_table)(g, t, mem);
+    else
+        FN(cg_table_attach)(g, t, mem);
 }
 
 /* Pointers of chunk c, value head hv. */
@@ -83,7 +96,7 @@ static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
 /* Per-thread workspace of every phase (elements): generous and simple. */
 static int64_t FN(ws_elems)(int C, int K, int V) {
     return 12 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
-           FN(gated_ws)(C, K) + FN(ctab_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
+           FN(gated_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
 }
 
 /* Phase A for chunk c, head hv: G (cumsum of g), then W, U, P into the ctx buffers, and Ai, Mkk
@@ -95,9 +108,9 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     if (x->gs)
         FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
     R *M = ws, *A = M + C * C, *Ai = A + C * C, *Kb = Ai + C * C, *Vb = Kb + C * K, *e = Vb + C * V;
-    R *Eh = e + C + K + 8, *tb = Eh + C * C, *gw = tb + FN(ctab_ws)(C, K);
+    R *Eh = e + C + K + 8, *gw = Eh + C * C;
     FN(ctab) tab;
-    FN(cg_table)(&p.gate, &tab, tb); /* CHANNEL: the factor table once for all products */
+    FN(cp_table)(x, c, hv, &p.gate, &tab, 1); /* CHANNEL: the factor table, kept for later phases */
     if (x->gs == 1) { /* HEAD: the decay matrix once for both Gram products */
         FN(head_emat)(&p.gate, Eh);
         p.gate.E = Eh;
@@ -152,7 +165,7 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K,
-      *e = Kd + (int64_t)C * K, *tb = e + C + K + 8;
+      *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
     if (x->h0)
         memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
@@ -161,7 +174,7 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
     for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
-        FN(cg_table)(&p.gate, &tab, tb);
+        FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
         R *Vn = Vb;
@@ -258,7 +271,9 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     x.U = malloc(sizeof(R) * (size_t)(rows * HV * x.V + 1));
     x.P = malloc(sizeof(R) * (size_t)(rows * HV * x.C + 1));
     x.Gc = x.gs ? malloc(sizeof(R) * (size_t)(rows * HV * x.gs + 1)) : NULL;
-    if (!x.W || !x.U || !x.P || (x.gs && !x.Gc)) rc = -1;
+    int chan = s->gate == DG_GATE_CHANNEL;
+    x.tabs = chan ? malloc(sizeof(R) * (size_t)(pl.nchunks * HV * x.tws + 1)) : NULL;
+    if (!x.W || !x.U || !x.P || (x.gs && !x.Gc) || (chan && !x.tabs)) rc = -1;
     int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
     int dr_par_ = FN(worth_threads)(&x);
     if (rc == 0) DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
@@ -267,6 +282,7 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     free(x.U);
     free(x.P);
     free(x.Gc);
+    free(x.tabs);
     dg_drc_plan_free(&pl);
     if (rc) dg_error("%s: out of memory", what);
     return rc;

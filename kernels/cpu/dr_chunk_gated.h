@@ -39,19 +39,42 @@ typedef struct FN(cg) {
 } FN(cg);
 
 /* Elements of scratch the table of a chunk needs. */
-DR_STATIC int64_t FN(ctab_ws)(int C, int K) { return 2 * (int64_t)C * K + (DR_MAXB * DR_MAXB + 2 * DR_MAXB) * (int64_t)K; }
+DR_STATIC int64_t FN(ctab_ws)(int C, int K) {
+    return 2 * (int64_t)C * K + (DR_MAXB * DR_MAXB + 2 * DR_MAXB + 2) * (int64_t)K + DR_MAXB;
+}
 
-/* Whether rows [a0, a1) stay within DR_SAFE_EXP of row r in every channel. */
-DR_STATIC int FN(blk_safe)(const FN(cg) *g, int a0, int a1, int r) {
-    const R *Gr = g->G + r * g->ldg;
-    for (int i = a0; i < a1; i++) {
+/* Points t at a table already built in mem (by FN(cg_table) for the same chunk) and attaches it. */
+DR_STATIC void FN(cg_table_attach)(FN(cg) *g, FN(ctab) *t, R *mem) {
+    if (g->kind != DG_GATE_CHANNEL) return;
+    int L = g->L, K = g->K;
+    t->nb = (L + DR_BS - 1) / DR_BS;
+    t->Ar = mem;
+    t->Bc = mem + (int64_t)L * K;
+    t->P = t->Bc + (int64_t)L * K;
+    t->F = t->P + DR_MAXB * DR_MAXB * (int64_t)K;
+    t->Lg = t->F + DR_MAXB * (int64_t)K;
+    const R *sf = t->Lg + (DR_MAXB + 2) * (int64_t)K; /* the safe flags, stored as 0 / 1 */
+    for (int b = 0; b < DR_MAXB; b++) t->safe[b] = b < t->nb && sf[b] != 0;
+    g->tab = t;
+}
+
+/* Whether G varies by at most DR_SAFE_EXP over rows [a0, a1) in every channel (then every factor
+ * of a diagonal block lies in [exp(-DR_SAFE_EXP), exp(DR_SAFE_EXP)]).  mn: K scratch. */
+DR_STATIC int FN(blk_range_ok)(const FN(cg) *g, int a0, int a1, R *mn) {
+    int K = g->K;
+    R *mx = mn + K; /* mn: 2K scratch */
+    const R *G0 = g->G + a0 * g->ldg;
+    for (int c = 0; c < K; c++) mn[c] = mx[c] = G0[c];
+    for (int i = a0 + 1; i < a1; i++) {
         const R *Gi = g->G + i * g->ldg;
-        for (int c = 0; c < g->K; c++) {
-            R d = Gi[c] - Gr[c];
-            if (!(d <= DR_SAFE_EXP && d >= -DR_SAFE_EXP)) return 0;
+        for (int c = 0; c < K; c++) {
+            mn[c] = Gi[c] < mn[c] ? Gi[c] : mn[c];
+            mx[c] = Gi[c] > mx[c] ? Gi[c] : mx[c];
         }
     }
-    return 1;
+    R worst = 0;
+    for (int c = 0; c < K; c++) worst = mx[c] - mn[c] > worst ? mx[c] - mn[c] : worst;
+    return worst <= DR_SAFE_EXP; /* NaN: not ok */
 }
 
 /* Builds the CHANNEL factor table of g in mem (FN(ctab_ws) elements) and attaches it; a no-op for
@@ -59,29 +82,26 @@ DR_STATIC int FN(blk_safe)(const FN(cg) *g, int a0, int a1, int r) {
 DR_STATIC void FN(cg_table)(FN(cg) *g, FN(ctab) *t, R *mem) {
     if (g->kind != DG_GATE_CHANNEL) return;
     int L = g->L, K = g->K, nb = (L + DR_BS - 1) / DR_BS;
-    t->nb = nb;
-    t->Ar = mem;
-    t->Bc = mem + (int64_t)L * K;
-    t->P = t->Bc + (int64_t)L * K;
-    t->F = t->P + DR_MAXB * DR_MAXB * (int64_t)K;
-    t->Lg = t->F + DR_MAXB * (int64_t)K;
+    R *sf = mem + 2 * (int64_t)L * K + (DR_MAXB * DR_MAXB + 2 * DR_MAXB + 2) * (int64_t)K;
+    for (int b = 0; b < DR_MAXB; b++) sf[b] = 0;
+    FN(cg_table_attach)(g, t, mem);
     const R *Glast = g->G + (L - 1) * g->ldg;
     for (int bI = 0; bI < nb; bI++) {
         int f = bI * DR_BS, l = (f + DR_BS < L ? f + DR_BS : L) - 1;
         const R *Gf = g->G + f * g->ldg, *Gl = g->G + l * g->ldg;
+        t->safe[bI] = FN(blk_range_ok)(g, f, l + 1, t->Lg + DR_MAXB * (int64_t)K);
+        sf[bI] = (R)t->safe[bI];
         for (int i = f; i <= l; i++) {
             DR_VEXPDIFF(K, g->G + i * g->ldg, Gf, t->Ar + (int64_t)i * K);
             DR_VEXPDIFF(K, Gl, g->G + i * g->ldg, t->Bc + (int64_t)i * K);
         }
         DR_VEXP(K, Gf, t->F + (int64_t)bI * K);
         DR_VEXPDIFF(K, Glast, Gl, t->Lg + (int64_t)bI * K);
-        t->safe[bI] = FN(blk_safe)(g, f, l + 1, f) && FN(blk_safe)(g, f, l + 1, l);
         for (int bJ = 0; bJ <= bI; bJ++) {
             int lj = (bJ * DR_BS + DR_BS < L ? bJ * DR_BS + DR_BS : L) - 1;
             DR_VEXPDIFF(K, Gf, g->G + lj * g->ldg, t->P + ((int64_t)bI * DR_MAXB + bJ) * K);
         }
     }
-    g->tab = t;
 }
 
 /* Workspace (elements) the gated products need, for chunk C and K channels. */

@@ -11,6 +11,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/delta_rule.h"
 
@@ -41,7 +44,17 @@ int64_t dg_drc_chunk_seq(const dg_drc_plan *p, int64_t c);
  * scale by 2^n built in the exponent bits.  Max relative error 3.2e-16 (f64), 1.1e-7 (f32) over the
  * normal range.  Results below the smallest normal (x < -708 resp. -87.3) flush to 0; x above 709
  * resp. 88 is clamped there.  NaN propagates. */
+/* a*b + c, fused where the target has FMA (-std=c11 turns off GCC's automatic contraction) */
+#ifdef __FMA__
+#define DG_FMA4D(a, b, c) ((dg_v4d)_mm256_fmadd_pd((__m256d)(a), (__m256d)(b), (__m256d)(c)))
+#define DG_FMA8F(a, b, c) ((dg_v8f)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#else
+#define DG_FMA4D(a, b, c) ((a) * (b) + (c))
+#define DG_FMA8F(a, b, c) ((a) * (b) + (c))
+#endif
 typedef double dg_v4d __attribute__((vector_size(32)));
+#define DG_SPLAT4D(x) ((dg_v4d){0, 0, 0, 0} + (x))
+#define DG_SPLAT8F(x) ((dg_v8f){0, 0, 0, 0, 0, 0, 0, 0} + (x))
 typedef int64_t dg_v4l __attribute__((vector_size(32)));
 typedef float dg_v8f __attribute__((vector_size(32)));
 typedef int32_t dg_v8i __attribute__((vector_size(32)));
@@ -57,17 +70,17 @@ static inline void dg_vexp4d(dg_v4d *px) {
     dg_v4d n = t - shift;
     dg_v4d r = x - n * 0x1.62e42fefa3800p-1 - n * 0x1.ef35793c7673p-45;
     dg_v4d p = r * (1.0 / 479001600.0) + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 3628800.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 362880.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 40320.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 5040.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 720.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 120.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 24.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0 / 6.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(0.5));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0));
+    p = DG_FMA4D(p, r, DG_SPLAT4D(1.0));
     dg_v4l e = ((dg_v4l)t - (int64_t)0x4338000000000000LL + 1023) << 52;
     dg_v4d res = p * (dg_v4d)e;
     *px = (dg_v4d)((dg_v4l)res & ~under);
@@ -83,12 +96,12 @@ static inline void dg_vexp8f(dg_v8f *px) {
     dg_v8f n = t - shift;
     dg_v8f r = x - n * 0x1.62e4p-1f - n * 0x1.7f7d1cp-20f;
     dg_v8f p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    p = DG_FMA8F(p, r, DG_SPLAT8F(1.0f / 120.0f));
+    p = DG_FMA8F(p, r, DG_SPLAT8F(1.0f / 24.0f));
+    p = DG_FMA8F(p, r, DG_SPLAT8F(1.0f / 6.0f));
+    p = DG_FMA8F(p, r, DG_SPLAT8F(0.5f));
+    p = DG_FMA8F(p, r, DG_SPLAT8F(1.0f));
+    p = DG_FMA8F(p, r, DG_SPLAT8F(1.0f));
     dg_v8i e = ((dg_v8i)t - 0x4B400000 + 127) << 23;
     dg_v8f res = p * (dg_v8f)e;
     *px = (dg_v8f)((dg_v8i)res & ~under);
