@@ -67,4 +67,7 @@ dg_tensor *dg_scope_return(dg_tensor *t) {
     return dg_autorelease(t);
 }
 
-dg_tensor *dg_keep(dg_tensor *t) { return t ? dg_retain(t) : NULL; }
+/* Inside a scope the scope keeps its reference and the caller gets one more; with no scope open
+ * the caller already holds the only reference, so there is nothing to add.  Either way the caller
+ * ends up owning exactly one reference, to dg_release. */
+dg_tensor *dg_keep(dg_tensor *t) { return t && depth > 0 ? dg_retain(t) : t; }

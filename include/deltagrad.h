@@ -70,7 +70,8 @@ void dg_release(dg_tensor *t);
 void dg_scope_begin(void);
 void dg_scope_end(void);
 dg_tensor *dg_scope_return(dg_tensor *t); /* ends the scope, t survives into the enclosing one */
-dg_tensor *dg_keep(dg_tensor *t);          /* t survives its scope; release it yourself */
+dg_tensor *dg_keep(dg_tensor *t); /* t survives its scope; you own one reference to dg_release
+                                   * (with no scope open you own it already: a no-op) */
 int dg_scope_depth(void);
 size_t dg_live_tensors(void);             /* tensor headers alive (for leak tests) */
 size_t dg_live_bytes(dg_device d);        /* storage bytes alive on a device */
