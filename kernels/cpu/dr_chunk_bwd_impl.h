@@ -58,7 +58,7 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
             ldkd = ldqg = K;
         }
         /* dV' = P^T dO (f2) + Kd dS1 (f3) */
-        FN(gemm)(1, 0, L, V, L, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
+        FN(gemm_tri)(1, L, V, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
         FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
         /* dS0 = exp(G_last) dS1 (f3) + scale Qg^T dO (f2) - W^T dV' (f1) */
         FN(decay_state)(&p.gate, dS, V, e);
@@ -121,7 +121,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     FN(gate_rows)(g, 0, dQg, K, dq, ldk, e);
     if (partial) FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
     /* (f2, f6) dP = dO V'^T (lower);  dQ += dP Gamma K,  dK = dP^T Gamma Q (scaled) */
-    FN(gemm)(0, 1, L, L, V, 1, dO, p.ldv, Vn, p.ldv, 0, dP, C);
+    FN(gemm_lowc)(L, V, 1, dO, p.ldv, Vn, p.ldv, 0, dP, C);
     FN(mask_lower)(L, dP, C, 0);
     FN(zero_rows)(L, K, rp, K);
     FN(zero_rows)(L, K, dKp, K);
@@ -196,11 +196,11 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
         for (int j = 0; j < V; j++) Vb[i * V + j] = bi * p.v[i * p.ldv + j];
     }
     /* dAi = dW Kbg^T + dU Vb^T (lower);  dKbg = Ai^T dW;  dVb = Ai^T dU */
-    FN(gemm)(0, 1, L, L, K, 1, dW, ldw, Kbg, K, 0, dAi, C);
-    FN(gemm)(0, 1, L, L, V, 1, dU, p.ldv, Vb, V, 1, dAi, C);
+    FN(gemm_lowc)(L, K, 1, dW, ldw, Kbg, K, 0, dAi, C);
+    FN(gemm_lowc)(L, V, 1, dU, p.ldv, Vb, V, 1, dAi, C);
     FN(mask_lower)(L, dAi, C, 0);
-    FN(gemm)(1, 0, L, K, L, 1, Ai, p.ldc, dW, ldw, 0, dKbg, K);
-    FN(gemm)(1, 0, L, V, L, 1, Ai, p.ldc, dU, p.ldv, 0, dVb, V);
+    FN(gemm_tri)(1, L, K, 1, Ai, p.ldc, dW, ldw, 0, dKbg, K);
+    FN(gemm_tri)(1, L, V, 1, Ai, p.ldc, dU, p.ldv, 0, dVb, V);
     /* dv = beta o dVb;  dbeta = rowsum(V o dVb) + rowsum(Kg o dKbg);  dKg = beta o dKbg */
     for (int i = 0; i < L; i++) {
         R bi = p.beta[i * p.ldb], s = 0;

@@ -139,8 +139,8 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
         for (int j = 0; j < K; j++) Kb[i * K + j] *= b;
         for (int j = 0; j < V; j++) Vb[i * V + j] = b * p.v[i * p.ldv + j];
     }
-    FN(gemm)(0, 0, L, K, L, 1, Ai, ldai, Kb, K, 0, x->W + (p.r0 * x->HV + hv) * K, (int64_t)x->HV * K);
-    FN(gemm)(0, 0, L, V, L, 1, Ai, ldai, Vb, V, 0, x->U + (p.r0 * x->HV + hv) * V, p.ldv);
+    FN(gemm_tri)(0, L, K, 1, Ai, ldai, Kb, K, 0, x->W + (p.r0 * x->HV + hv) * K, (int64_t)x->HV * K);
+    FN(gemm_tri)(0, L, V, 1, Ai, ldai, Vb, V, 0, x->U + (p.r0 * x->HV + hv) * V, p.ldv);
     /* P = scale lower_incl(Q K^T o Gamma) */
     FN(gated_gram)(&p.gate, p.q, p.ldq, p.k, p.ldq, 0, x->scale, x->P + (p.r0 * x->HV + hv) * C,
                    p.ldc, gw);
@@ -198,7 +198,7 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
                 ldqg = K;
             }
             FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
-            FN(gemm)(0, 0, L, V, L, 1, x->P + off * C, p.ldc, Vn, ldvn, 1, o + off * V, p.ldv);
+            FN(gemm_tri)(0, L, V, 1, x->P + off * C, p.ldc, Vn, ldvn, 1, o + off * V, p.ldv);
         }
         /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
         FN(decay_state)(&p.gate, S, V, e);

@@ -194,7 +194,7 @@ DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R 
         if (X == Y && ldx == ldy)
             DR_SYRK(CblasRowMajor, CblasLower, CblasNoTrans, L, K, alpha, X, (int)ldx, 0, M, (int)ldm);
         else
-            FN(gemm)(0, 1, L, L, K, alpha, X, ldx, Y, ldy, 0, M, ldm);
+            FN(gemm_lowc)(L, K, alpha, X, ldx, Y, ldy, 0, M, ldm);
         if (g->kind == DG_GATE_HEAD) FN(head_decay_mul)(g, M, ldm, ws);
         FN(mask_lower)(L, M, ldm, strict);
         return;
@@ -228,14 +228,14 @@ DR_STATIC void FN(gated_rowapply)(const FN(cg) *g, const R *D, int64_t ldd, cons
                                R alpha, R *Z, int64_t ldz, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind == DG_GATE_NONE) {
-        FN(gemm)(0, 0, L, K, L, alpha, D, ldd, Y, ldy, 1, Z, ldz);
+        FN(gemm_tri)(0, L, K, alpha, D, ldd, Y, ldy, 1, Z, ldz);
         return;
     }
     if (g->kind == DG_GATE_HEAD) {
         R *DE = ws, *e = ws + (int64_t)L * L;
         FN(copy_rows)(L, L, D, ldd, DE, L);
         FN(head_decay_mul)(g, DE, L, e);
-        FN(gemm)(0, 0, L, K, L, alpha, DE, L, Y, ldy, 1, Z, ldz);
+        FN(gemm_tri)(0, L, K, alpha, DE, L, Y, ldy, 1, Z, ldz);
         return;
     }
     const FN(ctab) *t = g->tab;
@@ -266,14 +266,14 @@ DR_STATIC void FN(gated_colapply)(const FN(cg) *g, const R *D, int64_t ldd, cons
                                R alpha, R *Z, int64_t ldz, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind == DG_GATE_NONE) {
-        FN(gemm)(1, 0, L, K, L, alpha, D, ldd, X, ldx, 1, Z, ldz);
+        FN(gemm_tri)(1, L, K, alpha, D, ldd, X, ldx, 1, Z, ldz);
         return;
     }
     if (g->kind == DG_GATE_HEAD) {
         R *DE = ws, *e = ws + (int64_t)L * L;
         FN(copy_rows)(L, L, D, ldd, DE, L);
         FN(head_decay_mul)(g, DE, L, e);
-        FN(gemm)(1, 0, L, K, L, alpha, DE, L, X, ldx, 1, Z, ldz);
+        FN(gemm_tri)(1, L, K, alpha, DE, L, X, ldx, 1, Z, ldz);
         return;
     }
     const FN(ctab) *t = g->tab;
@@ -315,8 +315,8 @@ DR_STATIC void FN(gated_apply2)(const FN(cg) *g, const R *D, int64_t ldd, const 
         R *DE = ws, *e = ws + (int64_t)L * L;
         FN(copy_rows)(L, L, D, ldd, DE, L);
         FN(head_decay_mul)(g, DE, L, e);
-        FN(gemm)(0, 0, L, K, L, alpha, DE, L, Yr, ldyr, 1, Zr, ldzr);
-        FN(gemm)(1, 0, L, K, L, alpha, DE, L, Xc, ldxc, 1, Zc, ldzc);
+        FN(gemm_tri)(0, L, K, alpha, DE, L, Yr, ldyr, 1, Zr, ldzr);
+        FN(gemm_tri)(1, L, K, alpha, DE, L, Xc, ldxc, 1, Zc, ldzc);
         return;
     }
     FN(gated_rowapply)(g, D, ldd, Yr, ldyr, alpha, Zr, ldzr, ws);

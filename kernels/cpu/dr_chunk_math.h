@@ -82,6 +82,41 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
             alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
+/* Products with an L x L lower-triangular operand skip its zero upper-right block: for L > 32 the
+ * rows are cut at h = 32 (3/4 of the full product's work, one more call). */
+#define DR_TRI_SPLIT 32
+
+/* C (L x n) = alpha op(T) B + beta C, T lower triangular (ta = 0: T, ta = 1: T^T), B L x n. */
+DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t ldt, const R *B,
+                            int64_t ldb, R beta, R *C, int64_t ldc) {
+    if (L <= DR_TRI_SPLIT) {
+        FN(gemm)(ta, 0, L, n, L, alpha, T, ldt, B, ldb, beta, C, ldc);
+        return;
+    }
+    int h = DR_TRI_SPLIT;
+    if (!ta) { /* rows < h only see columns < h */
+        FN(gemm)(0, 0, h, n, h, alpha, T, ldt, B, ldb, beta, C, ldc);
+        FN(gemm)(0, 0, L - h, n, L, alpha, T + h * ldt, ldt, B, ldb, beta, C + h * ldc, ldc);
+    } else { /* (T^T)_ij = T_ji is zero for j < i: rows >= h only see rows >= h of B */
+        FN(gemm)(1, 0, h, n, L, alpha, T, ldt, B, ldb, beta, C, ldc);
+        FN(gemm)(1, 0, L - h, n, L - h, alpha, T + h * ldt + h, ldt, B + h * ldb, ldb, beta,
+                 C + h * ldc, ldc);
+    }
+}
+
+/* The lower part (incl. diagonal) of C (L x L) = alpha A B^T + beta C, A and B L x k; the block
+ * above the diagonal past column h is left as it was (callers mask it). */
+DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb,
+                             R beta, R *C, int64_t ldc) {
+    if (L <= DR_TRI_SPLIT) {
+        FN(gemm)(0, 1, L, L, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int h = DR_TRI_SPLIT;
+    FN(gemm)(0, 1, h, h, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    FN(gemm)(0, 1, L - h, L, k, alpha, A + h * lda, lda, B, ldb, beta, C + h * ldc, ldc);
+}
+
 /* ---- small row helpers ---- */
 DR_STATIC void FN(copy_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ldy) {
     for (int i = 0; i < m; i++) memcpy(Y + i * ldy, X + i * ldx, sizeof(R) * (size_t)n);
@@ -158,8 +193,8 @@ DR_STATIC void FN(tril_inv_bwd)(int L, const R *Y, int64_t ldy, const R *dY, int
     R *dm = ws, *t = ws + (int64_t)L * L;
     FN(copy_rows)(L, L, dY, lddy, dm, L);
     FN(mask_lower)(L, dm, L, 0);
-    FN(gemm)(1, 0, L, L, L, 1, Y, ldy, dm, L, 0, t, L);      /* t = Y^T dY */
-    FN(gemm)(0, 1, L, L, L, -1, t, L, Y, ldy, 0, dA, ldda);  /* dA = -t Y^T */
+    FN(gemm_tri)(1, L, L, 1, Y, ldy, dm, L, 0, t, L);       /* t = Y^T dY */
+    FN(gemm_lowc)(L, L, -1, t, L, Y, ldy, 0, dA, ldda);        /* dA = -t Y^T (lower part) */
     FN(mask_lower)(L, dA, ldda, 1);
 }
 
