@@ -1,5 +1,36 @@
 #include "autograd/autograd.h"
 #include "kernels/cpu/elementwise.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+#ifdef DG_HAVE_CUDA
+/* dst += src on the device.  f32/f64 with dst contiguous: one broadcasting add kernel writing its
+ * output over dst (each element reads dst[i] and writes dst[i] in the same thread, so in place is
+ * safe; src may be strided or broadcast).  Otherwise (a strided dst, bf16): through an f32/f64
+ * contiguous temporary. */
+static int accumulate_device(dg_tensor *dst, const dg_tensor *src) {
+    bool fl = dst->dtype == DG_F32 || dst->dtype == DG_F64;
+    if (fl && dg_is_contiguous(dst))
+        return dg_cuda_binary(dst->dtype, DG_CUDA_BIN_ADD, dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
+                              dg_data_ptr(src), src->stride, dg_data_ptr(dst));
+    if (!fl && dst->dtype != DG_BF16) {
+        dg_error("accumulate: gradients of dtype %s are not supported", dg_dtype_name(dst->dtype));
+        return -1;
+    }
+    dg_dtype wide = fl ? dst->dtype : DG_F32; /* bf16 adds in f32, rounded once */
+    int rc = -1;
+    dg_scope_begin();
+    dg_tensor *acc = dg_empty_on(dst->ndim, dst->shape, wide, DG_CUDA);
+    dg_tensor *s = dg_empty_on(src->ndim, src->shape, wide, DG_CUDA);
+    if (acc && s && dg_copy_(acc, dst) == 0 && dg_copy_(s, src) == 0 &&
+        dg_cuda_binary(wide, DG_CUDA_BIN_ADD, acc->ndim, acc->shape, dg_data_ptr(acc), acc->stride, dg_data_ptr(s),
+                       s->stride, dg_data_ptr(acc)) == 0)
+        rc = dg_copy_(dst, acc);
+    dg_scope_end();
+    return rc;
+}
+#endif
 
 /* dst += src, same shape and dtype; src may be strided or broadcast.  Used for gradient sums. */
 int dg_accumulate_(dg_tensor *dst, const dg_tensor *src) {
@@ -9,11 +40,12 @@ int dg_accumulate_(dg_tensor *dst, const dg_tensor *src) {
         return -1;
     }
     if (dst->device != DG_CPU) {
-        dg_scope_begin();
-        dg_tensor *sum = dg_add(dst, (dg_tensor *)src);
-        int rc = sum ? dg_copy_(dst, sum) : -1;
-        dg_scope_end();
-        return rc;
+#ifdef DG_HAVE_CUDA
+        return accumulate_device(dst, src);
+#else
+        dg_error("accumulate: this build has no CUDA backend");
+        return -1;
+#endif
     }
     dg_strided s = {dg_data_ptr(src), {0}};
     for (int d = 0; d < src->ndim; d++) s.stride[d] = src->stride[d];

@@ -4,6 +4,60 @@
 
 #include <string.h>
 
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+
+/* ---- copies that touch the device ----
+ * device -> device, one dtype: one strided copy kernel (any strides on both sides, 0 included);
+ * device -> device, two dtypes: the cast kernel needs contiguous arrays, so a strided side goes
+ *   through a contiguous device temporary;
+ * host <-> device: one cudaMemcpy of a contiguous array of the destination's dtype; dtype changes
+ *   and strides are handled on the host side (by the host copy below) and on the device side (by
+ *   the strided copy kernel) with contiguous temporaries where needed. */
+
+static int strided_d2d(dg_tensor *dst, const dg_tensor *src) {
+    return dg_cuda_copy_strided(dg_dtype_size(dst->dtype), dst->ndim, dst->shape, dg_data_ptr(dst),
+                                dst->stride, dg_data_ptr(src), src->stride);
+}
+
+/* a contiguous device tensor of src's values and dtype (src itself, or a copy in the scope) */
+static const dg_tensor *device_contiguous(const dg_tensor *src) {
+    if (dg_is_contiguous(src)) return src;
+    dg_tensor *c = dg_empty_on(src->ndim, src->shape, src->dtype, DG_CUDA);
+    return c && strided_d2d(c, src) == 0 ? c : NULL;
+}
+
+static int copy_involving_device(dg_tensor *dst, const dg_tensor *src) {
+    size_t bytes = (size_t)dg_numel(dst) * dg_dtype_size(dst->dtype);
+    bool contiguous = dg_is_contiguous(dst) && dg_is_contiguous(src);
+    if (src->device == DG_CUDA && dst->device == DG_CUDA && src->dtype == dst->dtype)
+        return strided_d2d(dst, src);
+    if (src->dtype == dst->dtype && contiguous)
+        return dg_cuda_memcpy(dg_data_ptr(dst), dg_data_ptr(src), bytes, src->device == DG_CPU ? 0 : 1);
+    int rc = -1;
+    dg_scope_begin();
+    if (src->device == DG_CUDA && dst->device == DG_CUDA) { /* dtype conversion on the device */
+        const dg_tensor *s = device_contiguous(src);
+        dg_tensor *d = dg_is_contiguous(dst) ? dst : dg_empty_on(dst->ndim, dst->shape, dst->dtype, DG_CUDA);
+        if (s && d) rc = dg_cuda_cast(dg_numel(dst), dst->dtype, dg_data_ptr(d), src->dtype, dg_data_ptr(s));
+        if (rc == 0 && d != dst) rc = strided_d2d(dst, d);
+    } else if (src->device == DG_CPU) { /* host -> device: convert and pack on the host */
+        dg_tensor *h = dg_empty(src->ndim, src->shape, dst->dtype);
+        dg_tensor *d = dg_is_contiguous(dst) ? dst : dg_empty_on(dst->ndim, dst->shape, dst->dtype, DG_CUDA);
+        if (h && d && dg_copy_(h, src) == 0) rc = dg_cuda_memcpy(dg_data_ptr(d), dg_data_ptr(h), bytes, 0);
+        if (rc == 0 && d != dst) rc = strided_d2d(dst, d);
+    } else { /* device -> host: pack on the device, convert and scatter on the host */
+        const dg_tensor *s = device_contiguous(src);
+        dg_tensor *h = dg_empty(src->ndim, src->shape, src->dtype);
+        if (s && h)
+            rc = dg_cuda_memcpy(dg_data_ptr(h), dg_data_ptr(s), (size_t)dg_numel(src) * dg_dtype_size(src->dtype), 1);
+        if (rc == 0) rc = dg_copy_(dst, h);
+    }
+    dg_scope_end();
+    return rc;
+}
+#endif
+
 /* Same-dtype strided copy: the innermost dim runs as a typed loop, outer dims by multi-index. */
 #define STRIDED_COPY(T)                                                                            \
     static void copy_##T(const dg_tensor *dst, const dg_tensor *src) {                             \
@@ -52,14 +106,7 @@ int dg_copy_(dg_tensor *dst, const dg_tensor *src) {
     if (dg_numel(dst) == 0) return 0;
     if (dst->device != DG_CPU || src->device != DG_CPU) {
 #ifdef DG_HAVE_CUDA
-        if (dst->dtype == src->dtype && dg_is_contiguous(dst) && dg_is_contiguous(src)) {
-            int kind = src->device == DG_CPU ? 0 : (dst->device == DG_CPU ? 1 : 2);
-            return dg_cuda_memcpy(dg_data_ptr(dst), dg_data_ptr(src),
-                                  (size_t)dg_numel(dst) * dg_dtype_size(dst->dtype), kind);
-        }
-        dg_error("copy_: between devices only contiguous tensors of one dtype (src %s %s %s, dst %s %s %s)",
-                 dg_shp(src), dg_dtype_name(src->dtype), dg_device_name(src->device), dg_shp(dst),
-                 dg_dtype_name(dst->dtype), dg_device_name(dst->device));
+        return copy_involving_device(dst, src);
 #else
         dg_error("copy_: this build has no CUDA backend");
 #endif
@@ -81,12 +128,19 @@ int dg_fill_(dg_tensor *t, double value) {
     }
     if (dg_numel(t) == 0) return 0;
     if (t->device != DG_CPU) {
+#ifdef DG_HAVE_CUDA
+        if (dg_is_contiguous(t)) return dg_cuda_fill(t->dtype, dg_numel(t), dg_data_ptr(t), value);
+        /* a strided view: fill a contiguous temporary, scatter it */
         dg_scope_begin();
-        dg_tensor *h = dg_empty(t->ndim, t->shape, t->dtype);
-        int rc = h ? dg_fill_(h, value) : -1;
-        if (rc == 0) rc = dg_copy_(t, h);
+        dg_tensor *c = dg_empty_on(t->ndim, t->shape, t->dtype, t->device);
+        int rc = c ? dg_cuda_fill(t->dtype, dg_numel(t), dg_data_ptr(c), value) : -1;
+        if (rc == 0) rc = strided_d2d(t, c);
         dg_scope_end();
         return rc;
+#else
+        dg_error("fill_: this build has no CUDA backend");
+        return -1;
+#endif
     }
     if (t->dtype == DG_F32 && dg_is_contiguous(t)) {
         float *p = dg_data_ptr(t), v = (float)value;
@@ -126,12 +180,8 @@ int dg_copy_to_host(const dg_tensor *t, void *dst) {
 dg_tensor *dg_to_device(dg_tensor *t, dg_device dev) {
     if (!t) return NULL;
     if (t->device == dev) return dg_autorelease(dg_retain(t));
-    dg_tensor *src = t;
-    if (!dg_is_contiguous(t)) {
-        src = dg_clone(t);
-        if (!src) return NULL;
-    }
+    /* dg_copy_ packs a strided source on its own side of the transfer */
     dg_tensor *out = dg_empty_on(t->ndim, t->shape, t->dtype, dev);
-    if (!out || dg_copy_(out, src) != 0) return NULL;
+    if (!out || dg_copy_(out, t) != 0) return NULL;
     return out;
 }

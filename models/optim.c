@@ -9,6 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/nn_cuda.h"
+#endif
+
+/* Parameters on the device (f32, contiguous) keep their moments on the device; the update runs in
+ * kernels/cuda/nn_optim.cu with the same arithmetic as the loop below (bit-identical results), the
+ * gradient norm sums each device gradient there (in double, a fixed order per tensor) and adds the
+ * per-tensor sums in parameter order.  Host parameters take exactly the CPU code they always did. */
+
 #define ADAMW_FORMAT "deltagrad.adamw.v1"
 
 dg_adamw_config dg_adamw_default_config(void) {
@@ -45,13 +55,26 @@ static int check_param(const dg_tensor *p, int i) {
         dg_error("adamw: parameter %d is NULL", i);
         return -1;
     }
-    if (p->dtype != DG_F32 || p->device != DG_CPU || !dg_is_contiguous(p)) {
-        dg_error("adamw: parameter %d (%s) is %s %s on %s%s; f32 contiguous host tensors are supported", i,
+#ifdef DG_HAVE_CUDA
+    bool device_ok = p->device == DG_CPU || p->device == DG_CUDA;
+#else
+    bool device_ok = p->device == DG_CPU;
+#endif
+    if (p->dtype != DG_F32 || !device_ok || !dg_is_contiguous(p)) {
+        dg_error("adamw: parameter %d (%s) is %s %s on %s%s; f32 contiguous tensors are supported", i,
                  p->name ? p->name : "unnamed", dg_dtype_name(p->dtype), dg_shp(p), dg_device_name(p->device),
                  dg_is_contiguous(p) ? "" : ", not contiguous");
         return -1;
     }
     return 0;
+}
+
+/* f32 zeros of p's shape on p's device, owned by the caller (outside every scope) */
+static dg_tensor *owned_zeros_on(const dg_tensor *p) {
+    if (p->device == DG_CPU) return dgm_owned_zeros(p->ndim, p->shape, DG_F32);
+    dg_tensor *t = dg_zeros_on(p->ndim, p->shape, DG_F32, p->device);
+    if (t && dg_scope_depth() > 0) dg_keep(t);
+    return t;
 }
 
 void dg_adamw_free(dg_adamw *opt) {
@@ -100,8 +123,8 @@ dg_adamw *dg_adamw_new(int n, dg_tensor *const *params, const dg_adamw_config *c
     for (int i = 0; i < n; i++) {
         opt->params[i] = dg_retain(params[i]);
         opt->n = i + 1;
-        opt->m[i] = dgm_owned_zeros(params[i]->ndim, params[i]->shape, DG_F32);
-        opt->v[i] = dgm_owned_zeros(params[i]->ndim, params[i]->shape, DG_F32);
+        opt->m[i] = owned_zeros_on(params[i]);
+        opt->v[i] = owned_zeros_on(params[i]);
         if (!opt->m[i] || !opt->v[i]) goto oom;
         opt->decay[i] = dg_param_decays(params[i]->name, params[i]->ndim);
     }
@@ -114,11 +137,11 @@ oom:
 
 static int check_grad(const dg_tensor *p, int i) {
     const dg_tensor *g = p->grad;
-    if (g->dtype != DG_F32 || g->device != DG_CPU || !dg_is_contiguous(g) || !dg_same_shape(g, p)) {
-        dg_error("adamw: grad of parameter %d (%s) is %s %s on %s but the parameter is f32 %s (contiguous host "
-                 "f32 expected)",
+    if (g->dtype != DG_F32 || g->device != p->device || !dg_is_contiguous(g) || !dg_same_shape(g, p)) {
+        dg_error("adamw: grad of parameter %d (%s) is %s %s on %s but the parameter is f32 %s on %s (contiguous "
+                 "f32 on the parameter's device expected)",
                  i, p->name ? p->name : "unnamed", dg_dtype_name(g->dtype), dg_shp(g), dg_device_name(g->device),
-                 dg_shp(p));
+                 dg_shp(p), dg_device_name(p->device));
         return -1;
     }
     return 0;
@@ -148,6 +171,13 @@ int dg_adamw_step(dg_adamw *opt, double lr) {
         const float *g = dgm_data(pt->grad);
         const float shrink = opt->decay[i] ? (float)(1.0 - lr * opt->cfg.weight_decay) : 1.0f;
         const int64_t ne = dg_numel(pt);
+        if (pt->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+            /* a failure here is a device fault (the arguments were checked above) */
+            if (dg_cuda_adamw_f32(ne, p, g, m, v, shrink, step_size, bc2_sqrt, eps, fb1, fb2, c1, c2)) return -1;
+#endif
+            continue;
+        }
 #pragma omp parallel for schedule(static) if (ne >= (1 << 16))
         for (int64_t j = 0; j < ne; j++) {
             float gj = g[j];
@@ -167,6 +197,8 @@ void dg_adamw_zero_grad(dg_adamw *opt) {
         dg_tensor *g = opt->params[i]->grad;
         if (g && g->device == DG_CPU && dg_is_contiguous(g))
             memset(dgm_data(g), 0, (size_t)dg_numel(g) * dg_dtype_size(g->dtype));
+        else if (g && g->device == DG_CUDA)
+            dg_fill_(g, 0.0);
     }
 }
 
@@ -174,6 +206,14 @@ double dg_grad_norm(int n, dg_tensor *const *params) {
     double ss = 0;
     for (int i = 0; i < n; i++) {
         const dg_tensor *g = params[i] ? params[i]->grad : NULL;
+#ifdef DG_HAVE_CUDA
+        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) {
+            double part = 0;
+            if (dg_cuda_sumsq(g->dtype, dg_numel(g), dg_data_ptr(g), &part)) return NAN; /* error set */
+            ss += part;
+            continue;
+        }
+#endif
         if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
         int64_t ne = dg_numel(g);
         if (g->dtype == DG_F32) {
@@ -193,6 +233,14 @@ double dg_clip_grad_norm(int n, dg_tensor *const *params, double max_norm) {
     double coef = max_norm / (norm + 1e-6);
     for (int i = 0; i < n; i++) {
         dg_tensor *g = params[i] ? params[i]->grad : NULL;
+#ifdef DG_HAVE_CUDA
+        /* the same product as below: (float)coef times x, rounded once */
+        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) {
+            double c = g->dtype == DG_F32 ? (double)(float)coef : coef;
+            dg_cuda_unary(g->dtype, DG_UN_MUL_SCALAR, dg_numel(g), dg_data_ptr(g), dg_data_ptr(g), c);
+            continue;
+        }
+#endif
         if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
         int64_t ne = dg_numel(g);
         if (g->dtype == DG_F32) {
@@ -242,12 +290,14 @@ int dg_adamw_save(const dg_adamw *opt, const char *path, int n_meta, const char 
     const char **mk = calloc((size_t)nm, sizeof *mk), **mv = calloc((size_t)nm, sizeof *mv);
     char vals[5][40];
     if (!names || !ts || !mk || !mv) goto out;
+    dg_scope_begin(); /* host copies of device moments */
     for (int i = 0; i < opt->n; i++) {
         names[2 * i] = moment_name("exp_avg", opt->params[i]->name);
         names[2 * i + 1] = moment_name("exp_avg_sq", opt->params[i]->name);
-        if (!names[2 * i] || !names[2 * i + 1]) goto out;
-        ts[2 * i] = opt->m[i];
-        ts[2 * i + 1] = opt->v[i];
+        if (!names[2 * i] || !names[2 * i + 1]) goto out_scope;
+        ts[2 * i] = opt->m[i]->device == DG_CPU ? opt->m[i] : dg_to_device(opt->m[i], DG_CPU);
+        ts[2 * i + 1] = opt->v[i]->device == DG_CPU ? opt->v[i] : dg_to_device(opt->v[i], DG_CPU);
+        if (!ts[2 * i] || !ts[2 * i + 1]) goto out_scope;
     }
     snprintf(vals[0], sizeof vals[0], "%" PRId64, opt->step);
     snprintf(vals[1], sizeof vals[1], "%.17g", opt->cfg.beta1);
@@ -259,6 +309,8 @@ int dg_adamw_save(const dg_adamw *opt, const char *path, int n_meta, const char 
     for (int i = 0; i < 6; i++) mk[i] = fixed[i][0], mv[i] = fixed[i][1];
     for (int i = 0; i < n_meta; i++) mk[6 + i] = keys[i], mv[6 + i] = values[i];
     rc = dg_st_write(path, nt, (const char *const *)names, ts, nm, mk, mv);
+out_scope:
+    dg_scope_end();
 out:
     if (rc && !dg_has_error()) dg_error("adamw: save: out of memory");
     for (int i = 0; names && i < nt; i++) free(names[i]);
@@ -320,7 +372,8 @@ int dg_adamw_load(dg_adamw *opt, const char *path) {
                              dg_dtype_name(t->dtype), dg_shp(t), p->name, dg_shp(p));
                     goto out;
                 }
-                if (pass == 1 && dg_st_copy_into(f, nm, k ? opt->v[i] : opt->m[i])) goto out;
+                dg_tensor *dst = k ? opt->v[i] : opt->m[i];
+                if (pass == 1 && (dst->device == DG_CPU ? dg_st_copy_into(f, nm, dst) : dg_copy_(dst, t))) goto out;
             }
     opt->step = step;
     rc = 0;

@@ -5,9 +5,14 @@
  *   mul  y = a * b      da = sum_to(g * b, a),   db = sum_to(g * a, b)
  *   div  y = a / b      da = sum_to(g / b, a),   db = -sum_to(g * y / b, b)
  *   unary y = f(x)      dx = g * f'(x)           (kernels/cpu/elementwise_impl.h lists f')
- * sum_to reduces a broadcast gradient back to the input's shape. */
+ * sum_to reduces a broadcast gradient back to the input's shape.
+ * Device tensors run the same math through kernels/cuda/elementwise.cu (dg_cuda_binary over the
+ * broadcast strides, dg_cuda_unary / dg_cuda_unary_bwd on contiguous arrays). */
 #include "kernels/cpu/elementwise.h"
 #include "ops/op.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h" /* the CUDA kernels, f32/f64 on the device */
+#endif
 
 #include <string.h>
 
@@ -27,6 +32,16 @@ static int binary_forward(dg_node *n) {
     dg_tensor *xe = dg_expand(x, nd, shape), *ye = dg_expand(y, nd, shape);
     dg_tensor *out = dg_empty_on(nd, shape, x->dtype, x->device);
     if (!xe || !ye || !out) return -1;
+    if (x->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_binary(x->dtype, dg_cuda_binary_of((dg_binary_op)a->op), nd, shape, dg_data_ptr(xe), xe->stride,
+                           dg_data_ptr(ye), ye->stride, dg_data_ptr(out)))
+            return -1;
+        if (a->op == DG_BIN_DIV) dg_save(n, out);
+        n->out[0] = out;
+        return 0;
+#endif
+    }
     if (!dg_require_cpu(n->op->name, x)) return -1;
     dg_strided sa = {dg_data_ptr(xe), {0}}, sb = {dg_data_ptr(ye), {0}};
     memcpy(sa.stride, xe->stride, sizeof sa.stride);
@@ -112,11 +127,19 @@ BINARY_OP(div, DG_BIN_DIV)
 
 static int unary_forward(dg_node *n) {
     const ew_attrs *a = (const ew_attrs *)n->attrs;
-    if (!dg_require_cpu(n->op->name, n->in[0])) return -1;
     dg_tensor *x = dg_contiguous(n->in[0]);
     dg_tensor *y = x ? dg_empty_like(x) : NULL;
     if (!y) return -1;
-    if (x->dtype == DG_F32) dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
+    if (x->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_unary(x->dtype, dg_cuda_unary_of((dg_unary_op)a->op), dg_numel(x), dg_data_ptr(x), dg_data_ptr(y),
+                          a->s))
+            return -1;
+#else
+        (void)dg_require_cpu(n->op->name, x);
+        return -1;
+#endif
+    } else if (x->dtype == DG_F32) dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     else dg_cpu_unary_f64((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     dg_save(n, x);
     dg_save(n, y);
@@ -129,7 +152,13 @@ static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     dg_tensor *x = n->saved[0], *y = n->saved[1], *g = dg_contiguous(gout[0]);
     dg_tensor *dx = g ? dg_empty_like(x) : NULL;
     if (!dx) return -1;
-    if (x->dtype == DG_F32)
+    if (x->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_unary_bwd(x->dtype, dg_cuda_unary_of((dg_unary_op)a->op), dg_numel(x), dg_data_ptr(x),
+                              dg_data_ptr(y), dg_data_ptr(g), dg_data_ptr(dx), a->s))
+            return -1;
+#endif
+    } else if (x->dtype == DG_F32)
         dg_cpu_unary_bwd_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), dg_data_ptr(g),
                              dg_data_ptr(dx));
     else

@@ -5,12 +5,23 @@
  *   dB = op(A)^T dC            (B^T stored: dB = dC^T op(A))
  * then summed over broadcast batch dims.  Any operand whose matrix is neither row- nor column-
  * major (unit stride in one of its last two dims) is copied; batch dims may have any stride,
- * including 0 (a broadcast weight is never copied per batch). */
+ * including 0 (a broadcast weight is never copied per batch).
+ *
+ * On the device: cuBLAS through dg_cuda_gemm (kernels/cuda/blas.cu), strided batched.  The batch
+ * dims are merged where every operand's strides allow (C is contiguous), the innermost merged run
+ * becomes one strided batched call (a broadcast operand has batch stride 0) and any outer runs
+ * loop on the host: one call in the usual cases ([B,M,K] x [K,N], equal batches).  f32 (strict,
+ * no TF32) and f64; bf16 storage with f32 accumulation, on the device only: the product is
+ * rounded once to bf16, and the gradients are computed in f32 (products and broadcast sums) and
+ * rounded once to bf16. */
 #include <cblas.h>
 
 #include "ops/op.h"
 
 #include <string.h>
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 typedef struct {
     bool ta, tb;
@@ -23,10 +34,93 @@ static bool blas_ready(const dg_tensor *x) {
            (x->stride[d - 2] == 1 && x->stride[d - 1] >= (x->shape[d - 2] > 1 ? x->shape[d - 2] : 1));
 }
 
+#ifdef DG_HAVE_CUDA
+/* The batched product on the device into c (contiguous [batch..., M, N], dtype c_dt: a's dtype, or
+ * f32 for bf16 operands); a and b are blas_ready. */
+static int matmul_cuda(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb, dg_tensor *c) {
+    int da = a->ndim, db = b->ndim, nb = c->ndim - 2;
+    int64_t M = c->shape[nb], N = c->shape[nb + 1], K = ta ? a->shape[da - 2] : a->shape[da - 1];
+    bool arow = a->stride[da - 1] == 1, brow = b->stride[db - 1] == 1;
+    int64_t lda = arow ? a->stride[da - 2] : a->stride[da - 1], ldb = brow ? b->stride[db - 2] : b->stride[db - 1];
+    if (lda < 1) lda = 1;
+    if (ldb < 1) ldb = 1;
+    /* the stored matrix is op's transpose when (row-major) == (transposed), as in the CPU path */
+    bool tra = arow == ta, trb = brow == tb;
+    /* batch dims: strides of each operand (0 where broadcast), merged from the inside out */
+    int m = 0;
+    int64_t size[DG_MAX_DIMS], sa[DG_MAX_DIMS], sb[DG_MAX_DIMS], sc[DG_MAX_DIMS];
+    for (int d = 0; d < nb; d++) {
+        int64_t len = c->shape[d];
+        if (len == 1) continue;
+        int aj = d - (nb - (da - 2)), bj = d - (nb - (db - 2));
+        int64_t xa = aj >= 0 && a->shape[aj] != 1 ? a->stride[aj] : 0;
+        int64_t xb = bj >= 0 && b->shape[bj] != 1 ? b->stride[bj] : 0;
+        int64_t xc = c->stride[d];
+        if (m > 0 && sa[m - 1] == xa * len && sb[m - 1] == xb * len && sc[m - 1] == xc * len) {
+            size[m - 1] *= len;
+            sa[m - 1] = xa, sb[m - 1] = xb, sc[m - 1] = xc;
+        } else {
+            size[m] = len, sa[m] = xa, sb[m] = xb, sc[m] = xc;
+            m++;
+        }
+    }
+    int64_t inner = m ? size[m - 1] : 1, outer = 1;
+    for (int d = 0; d + 1 < m; d++) outer *= size[d];
+    size_t ea = dg_dtype_size(a->dtype), ec = dg_dtype_size(c->dtype);
+    const char *ap = dg_data_ptr(a), *bp = dg_data_ptr(b);
+    char *cp = dg_data_ptr(c);
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t rem = o, ao = 0, bo = 0, co = 0;
+        for (int d = m - 2; d >= 0; d--) {
+            int64_t i = rem % size[d];
+            rem /= size[d];
+            ao += i * sa[d], bo += i * sb[d], co += i * sc[d];
+        }
+        if (dg_cuda_gemm(a->dtype, c->dtype, tra, trb, M, N, K, 1.0, ap + ao * (int64_t)ea, lda,
+                         m ? sa[m - 1] : 0, bp + bo * (int64_t)ea, ldb, m ? sb[m - 1] : 0, 0.0,
+                         cp + co * (int64_t)ec, N, m ? sc[m - 1] : M * N, inner))
+            return -1;
+    }
+    return 0;
+}
+#endif
+
+#ifdef DG_HAVE_CUDA
+/* Output shape [batch..., M, N] of op(a) op(b). */
+static int out_shape(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb, int64_t *shape) {
+    int da = a->ndim, db = b->ndim, nb;
+    dg_broadcast_shapes(da - 2, a->shape, db - 2, b->shape, &nb, shape);
+    shape[nb] = ta ? a->shape[da - 1] : a->shape[da - 2];
+    shape[nb + 1] = tb ? b->shape[db - 2] : b->shape[db - 1];
+    return nb + 2;
+}
+#endif
+
+/* The product without autograd, of dtype out_dt: the device path of forward and of the bf16
+ * backward (f32 results of bf16 operands). */
+static dg_tensor *matmul_device(dg_tensor *a, dg_tensor *b, bool ta, bool tb, dg_dtype out_dt) {
+#ifdef DG_HAVE_CUDA
+    if (!blas_ready(a)) a = dg_clone(a);
+    if (!blas_ready(b)) b = dg_clone(b);
+    if (!a || !b) return NULL;
+    int64_t shape[DG_MAX_DIMS];
+    int nd = out_shape(a, b, ta, tb, shape);
+    dg_tensor *c = dg_empty_on(nd, shape, out_dt, a->device);
+    return c && matmul_cuda(a, b, ta, tb, c) == 0 ? c : NULL;
+#else
+    (void)b, (void)ta, (void)tb, (void)out_dt;
+    dg_require_cpu("matmul", a);
+    return NULL;
+#endif
+}
+
 static int matmul_forward(dg_node *n) {
     const matmul_attrs *at = (const matmul_attrs *)n->attrs;
     dg_tensor *a = n->in[0], *b = n->in[1];
-    if (!dg_require_cpu("matmul", a)) return -1;
+    if (a->device != DG_CPU) {
+        n->out[0] = matmul_device(a, b, at->ta, at->tb, a->dtype);
+        return n->out[0] ? 0 : -1;
+    }
     if (!blas_ready(a)) a = dg_clone(a);
     if (!blas_ready(b)) b = dg_clone(b);
     if (!a || !b) return -1;
@@ -78,9 +172,25 @@ static int matmul_forward(dg_node *n) {
     return 0;
 }
 
+/* bf16: products into f32, broadcast sums in f32, one rounding to bf16 at the end */
+static int matmul_backward_bf16(dg_node *n, dg_tensor *g, dg_tensor **gin) {
+    const matmul_attrs *at = (const matmul_attrs *)n->attrs;
+    dg_tensor *a = n->in[0], *b = n->in[1];
+    if (n->needs_grad[0]) {
+        dg_tensor *ga = at->ta ? matmul_device(b, g, at->tb, true, DG_F32) : matmul_device(g, b, false, !at->tb, DG_F32);
+        if (!(gin[0] = dg_to_dtype(dg_sum_to_shape(ga, a->ndim, a->shape), DG_BF16))) return -1;
+    }
+    if (n->needs_grad[1]) {
+        dg_tensor *gb = at->tb ? matmul_device(g, a, true, at->ta, DG_F32) : matmul_device(a, g, !at->ta, false, DG_F32);
+        if (!(gin[1] = dg_to_dtype(dg_sum_to_shape(gb, b->ndim, b->shape), DG_BF16))) return -1;
+    }
+    return 0;
+}
+
 static int matmul_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     const matmul_attrs *at = (const matmul_attrs *)n->attrs;
     dg_tensor *a = n->in[0], *b = n->in[1], *g = gout[0];
+    if (a->dtype == DG_BF16) return matmul_backward_bf16(n, g, gin);
     if (n->needs_grad[0]) {
         dg_tensor *ga = at->ta ? dg_matmul_t(b, g, at->tb, true) : dg_matmul_t(g, b, false, !at->tb);
         if (!(gin[0] = dg_sum_to_shape(ga, a->ndim, a->shape))) return -1;
@@ -92,8 +202,20 @@ static int matmul_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     return 0;
 }
 
+/* f32 or f64 anywhere; bf16 on the device */
+static bool matmul_dtype_ok(const char *arg, const dg_tensor *t) {
+    if (!dg_check_not_null("matmul", arg, t)) return false;
+    if (t->dtype == DG_BF16 && t->device == DG_CUDA) return true;
+    if (t->dtype == DG_BF16) {
+        dg_error("matmul: %s has dtype bf16 (shape %s) on %s; bf16 products run on cuda only", arg, dg_shp(t),
+                 dg_device_name(t->device));
+        return false;
+    }
+    return dg_check_float("matmul", arg, t);
+}
+
 dg_tensor *dg_matmul_t(dg_tensor *a, dg_tensor *b, bool ta, bool tb) {
-    if (!dg_check_float("matmul", "a", a) || !dg_check_float("matmul", "b", b)) return NULL;
+    if (!matmul_dtype_ok("a", a) || !matmul_dtype_ok("b", b)) return NULL;
     if (!dg_check_same_dtype("matmul", "b", b, "a", a) || !dg_check_same_device("matmul", "b", b, "a", a))
         return NULL;
     if (a->ndim < 2 || b->ndim < 2) {

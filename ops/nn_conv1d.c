@@ -4,8 +4,10 @@
  *   y = silu(p) when silu, else p
  * Backward (kernels/cpu/nn_conv1d_impl.h), with dp = dy silu'(p) (p recomputed, nothing saved):
  *   dx[b,s,d] = sum_j w[d,j] dp[b, s+W-1-j, d]  (terms with s+W-1-j < T)
- *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],   dbias[d] = sum_{b,t} dp[b,t,d] */
+ *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],   dbias[d] = sum_{b,t} dp[b,t,d]
+ * Device tensors: kernels/cuda/nn_conv1d.cu (the same math). */
 #include "ops/nn_common.h"
+#include "kernels/cuda/nn_dispatch.h"
 
 #define CONV_MAX_W 8
 
@@ -19,15 +21,22 @@ enum { CONV_X, CONV_W, CONV_B };
 
 static int conv1d_forward(dg_node *n) {
     const conv_attrs *at = (const conv_attrs *)n->attrs;
-    if (!dg_require_cpu("conv1d", n->in[CONV_X])) return -1;
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[CONV_X], &fail), *w = dg_nn_contig(n->in[CONV_W], &fail);
     dg_tensor *b = dg_nn_contig(n->in[CONV_B], &fail);
     dg_tensor *y = fail ? NULL : dg_empty_like(x);
     if (!y) return -1;
     int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2], W = w->shape[1];
-    int rc = x->dtype == DG_F32 ? dg_nn_conv1d_fwd_f32(B, T, D, W, P(x), P(w), P(b), at->silu, P(y))
-                                : dg_nn_conv1d_fwd_f64(B, T, D, W, P(x), P(w), P(b), at->silu, P(y));
+    int rc;
+#ifdef DG_HAVE_CUDA
+    if (x->device == DG_CUDA) {
+        if (dg_cuda_conv1d_fwd(x->dtype, B, T, D, W, P(x), P(w), P(b), at->silu, P(y))) return -1;
+        n->out[0] = y;
+        return 0;
+    }
+#endif
+    rc = x->dtype == DG_F32 ? dg_nn_conv1d_fwd_f32(B, T, D, W, P(x), P(w), P(b), at->silu, P(y))
+                            : dg_nn_conv1d_fwd_f64(B, T, D, W, P(x), P(w), P(b), at->silu, P(y));
     if (rc) {
         dg_error("conv1d: out of host memory for scratch (x %s, w %s)", dg_shp(x), dg_shp(w));
         return -1;
@@ -48,6 +57,16 @@ static int conv1d_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     if ((n->needs_grad[CONV_X] && !dx) || (n->needs_grad[CONV_W] && !dw) || (n->needs_grad[CONV_B] && !db))
         return -1;
     int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2], W = w->shape[1];
+#ifdef DG_HAVE_CUDA
+    if (x->device == DG_CUDA) {
+        if (dg_cuda_conv1d_bwd(x->dtype, B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db)))
+            return -1;
+        gin[CONV_X] = dx;
+        gin[CONV_W] = dw;
+        gin[CONV_B] = db;
+        return 0;
+    }
+#endif
     int rc = x->dtype == DG_F32
                  ? dg_nn_conv1d_bwd_f32(B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db))
                  : dg_nn_conv1d_bwd_f64(B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db));

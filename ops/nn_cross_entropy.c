@@ -3,8 +3,12 @@
  *   loss = (1/count) sum_{scored n} (lse_n - logits[n, t_n]),   lse_n = log sum_c exp(logits[n,c])
  * computed stably (max subtracted).  count = 0 gives loss 0 and a zero gradient.
  * The output is a 0-dim tensor.  Forward saves lse [N]; backward:
- *   dlogits[n,c] = dloss / count (softmax[n,c] - [c == t_n]),  0 on ignored rows. */
+ *   dlogits[n,c] = dloss / count (softmax[n,c] - [c == t_n]),  0 on ignored rows.
+ * Device tensors (logits and targets on the device): kernels/cuda/nn_cross_entropy.cu.  The
+ * forward checks the targets there (one synchronisation) and also saves the count as a device
+ * i64 scalar, so that the backward reads count and dloss on the device without synchronising. */
 #include "ops/nn_common.h"
+#include "kernels/cuda/nn_dispatch.h"
 
 typedef struct {
     int64_t ignore_index;
@@ -16,19 +20,26 @@ enum { CE_LOGITS, CE_TARGETS };
 
 /* targets (contiguous, host) are ignore_index or in [0,C); else the error names the first bad one */
 static bool targets_valid(const dg_tensor *t, const dg_tensor *logits, int64_t ignore) {
-    int64_t C = dg_nn_last(logits);
-    int64_t bad = dg_nn_find_bad_index(dg_numel(t), dg_data_ptr(t), C, 1, ignore);
+    int64_t C = dg_nn_last(logits), bad, val = 0;
+    if (t->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_find_bad_index(dg_numel(t), dg_data_ptr(t), C, true, ignore, &bad, &val)) return false;
+#else
+        return dg_require_cpu("cross_entropy", t);
+#endif
+    } else {
+        bad = dg_nn_find_bad_index(dg_numel(t), dg_data_ptr(t), C, 1, ignore);
+        if (bad >= 0) val = ((const int64_t *)dg_data_ptr(t))[bad];
+    }
     if (bad < 0) return true;
     dg_error("cross_entropy: target %lld (targets %s, flat position %lld) is out of range for C = %lld classes "
              "(logits %s, ignore_index %lld)",
-             (long long)((const int64_t *)dg_data_ptr(t))[bad], dg_shp(t), (long long)bad, (long long)C,
-             dg_shp(logits), (long long)ignore);
+             (long long)val, dg_shp(t), (long long)bad, (long long)C, dg_shp(logits), (long long)ignore);
     return false;
 }
 
 static int cross_entropy_forward(dg_node *n) {
     const ce_attrs *at = (const ce_attrs *)n->attrs;
-    if (!dg_require_cpu("cross_entropy", n->in[CE_LOGITS])) return -1;
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[CE_LOGITS], &fail), *t = dg_nn_contig(n->in[CE_TARGETS], &fail);
     if (fail || !targets_valid(t, x, at->ignore_index)) return -1;
@@ -36,6 +47,20 @@ static int cross_entropy_forward(dg_node *n) {
     dg_tensor *loss = dg_empty_on(0, NULL, x->dtype, x->device);
     dg_tensor *lse = dg_empty_on(1, &N, x->dtype, x->device);
     if (!loss || !lse) return -1;
+    if (x->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        dg_tensor *cnt = dg_empty_on(0, NULL, DG_I64, x->device);
+        if (!cnt || dg_cuda_cross_entropy_fwd(x->dtype, N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), P(cnt)))
+            return -1;
+        dg_save(n, lse);
+        dg_save(n, cnt);
+        n->out[0] = loss;
+        return 0;
+#else
+        (void)dg_require_cpu("cross_entropy", x);
+        return -1;
+#endif
+    }
     if (x->dtype == DG_F32)
         dg_nn_cross_entropy_fwd_f32(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
     else
@@ -53,6 +78,16 @@ static int cross_entropy_backward(dg_node *n, dg_tensor *const *gout, dg_tensor 
     dg_tensor *dx = fail ? NULL : dg_empty_like(x);
     if (!dx) return -1;
     int64_t N = dg_nn_rows(x), C = dg_nn_last(x), count = 0;
+#ifdef DG_HAVE_CUDA
+    if (x->device == DG_CUDA) {
+        /* dloss and the saved count stay on the device */
+        if (dg_cuda_cross_entropy_bwd(x->dtype, N, C, P(x), P(t), at->ignore_index, P(n->saved[0]), P(gout[0]),
+                                      P(n->saved[1]), P(dx)))
+            return -1;
+        gin[CE_LOGITS] = dx;
+        return 0;
+    }
+#endif
     const int64_t *tp = dg_data_ptr(t);
     for (int64_t i = 0; i < N; i++) count += tp[i] != at->ignore_index;
     double dloss = dg_item(gout[0]);

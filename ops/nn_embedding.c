@@ -1,23 +1,33 @@
 /* embedding: y[..., :] = weight[ids[...], :],  weight [V,D] float, ids i64 of any shape (up to 5
  * dims), y [..., D].  Backward scatter-adds: dweight[v,:] = sum over positions with id v of dy.
- * ids are not differentiable.  An id outside [0,V) is an error naming the id, its position and V. */
+ * ids are not differentiable.  An id outside [0,V) is an error naming the id, its position and V.
+ * Device tensors: kernels/cuda/nn_embedding.cu (ids on the device too; they are checked there, one
+ * synchronisation per forward; the backward's scatter-add is deterministic, by sorting). */
 #include "ops/nn_common.h"
+#include "kernels/cuda/nn_dispatch.h"
 
 enum { EMB_W, EMB_IDS };
 
 /* ids (contiguous, on the host) all lie in [0,V); else the error names the first bad one */
 static bool ids_in_range(const dg_tensor *ids, const dg_tensor *w) {
-    int64_t V = w->shape[0];
-    int64_t bad = dg_nn_find_bad_index(dg_numel(ids), dg_data_ptr(ids), V, 0, 0);
+    int64_t V = w->shape[0], bad, val = 0;
+    if (ids->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_find_bad_index(dg_numel(ids), dg_data_ptr(ids), V, false, 0, &bad, &val)) return false;
+#else
+        return dg_require_cpu("embedding", ids);
+#endif
+    } else {
+        bad = dg_nn_find_bad_index(dg_numel(ids), dg_data_ptr(ids), V, 0, 0);
+        if (bad >= 0) val = ((const int64_t *)dg_data_ptr(ids))[bad];
+    }
     if (bad < 0) return true;
     dg_error("embedding: id %lld (ids %s, flat position %lld) is out of range for V = %lld (weight %s)",
-             (long long)((const int64_t *)dg_data_ptr(ids))[bad], dg_shp(ids), (long long)bad, (long long)V,
-             dg_shp(w));
+             (long long)val, dg_shp(ids), (long long)bad, (long long)V, dg_shp(w));
     return false;
 }
 
 static int embedding_forward(dg_node *n) {
-    if (!dg_require_cpu("embedding", n->in[EMB_W])) return -1;
     bool fail = false;
     dg_tensor *w = dg_nn_contig(n->in[EMB_W], &fail), *ids = dg_nn_contig(n->in[EMB_IDS], &fail);
     if (fail) return -1;
@@ -29,8 +39,9 @@ static int embedding_forward(dg_node *n) {
     shape[ids->ndim] = D;
     dg_tensor *y = dg_empty_on(ids->ndim + 1, shape, w->dtype, w->device);
     if (!y) return -1;
-    if (w->dtype == DG_F32) dg_nn_embedding_fwd_f32(N, V, D, dg_data_ptr(w), dg_data_ptr(ids), dg_data_ptr(y));
-    else dg_nn_embedding_fwd_f64(N, V, D, dg_data_ptr(w), dg_data_ptr(ids), dg_data_ptr(y));
+    int rc = 0;
+    NN_CALL(rc, w, embedding_fwd, N, V, D, dg_data_ptr(w), dg_data_ptr(ids), dg_data_ptr(y));
+    if (rc) return -1;
     n->out[0] = y;
     return 0;
 }
@@ -42,8 +53,9 @@ static int embedding_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gi
     dg_tensor *dw = fail ? NULL : dg_empty_like(n->in[EMB_W]);
     if (!dw) return -1;
     int64_t V = dw->shape[0], D = dw->shape[1], N = dg_numel(ids);
-    if (dw->dtype == DG_F32) dg_nn_embedding_bwd_f32(N, V, D, dg_data_ptr(ids), dg_data_ptr(dy), dg_data_ptr(dw));
-    else dg_nn_embedding_bwd_f64(N, V, D, dg_data_ptr(ids), dg_data_ptr(dy), dg_data_ptr(dw));
+    int rc = 0;
+    NN_CALL(rc, dw, embedding_bwd, N, V, D, dg_data_ptr(ids), dg_data_ptr(dy), dg_data_ptr(dw));
+    if (rc) return -1;
     gin[EMB_W] = dw;
     return 0;
 }

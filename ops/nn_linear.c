@@ -1,15 +1,41 @@
 /* linear: y[..., out] = x[..., in] w[out, in]^T + b[out]   (PyTorch's nn.Linear layout)
  * The leading dims of x are flattened to N rows; the products go to CBLAS.
  * Backward (kernels/cpu/nn_linear_impl.h):
- *   dx = dy w   [N,in],   dw = dy^T x   [out,in] (summed over every row),   db = sum_n dy */
+ *   dx = dy w   [N,in],   dw = dy^T x   [out,in] (summed over every row),   db = sum_n dy
+ * On the device: cuBLAS (dg_cuda_gemm; strict f32, no TF32); the bias is broadcast into y first
+ * and the product added with beta = 1; db is a column sum (dg_cuda_sum, f64 accumulation). */
 #include "ops/nn_common.h"
 
 #include <limits.h>
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+
+/* y[N,OUT] = x[N,IN] w[OUT,IN]^T (+ b) */
+static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w,
+                           const void *b, void *y) {
+    if (b && dg_cuda_copy_strided(dg_dtype_size(dt), 2, (int64_t[]){N, OUT}, y, NULL, b, (int64_t[]){0, 1}))
+        return -1;
+    return dg_cuda_gemm(dt, dt, false, true, N, OUT, IN, 1.0, x, IN, 0, w, IN, 0, b ? 1.0 : 0.0, y, OUT, 0, 1);
+}
+
+static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w,
+                           const void *dy, void *dx, void *dw, void *db) {
+    /* dx[N,IN] = dy[N,OUT] w[OUT,IN] */
+    if (dx && dg_cuda_gemm(dt, dt, false, false, N, IN, OUT, 1.0, dy, OUT, 0, w, IN, 0, 0.0, dx, IN, 0, 1)) return -1;
+    /* dw[OUT,IN] = dy^T x: dy stored [N,OUT] is op(A)^T */
+    if (dw && dg_cuda_gemm(dt, dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, 0.0, dw, IN, 0, 1)) return -1;
+    /* db[OUT] = sum over rows of dy */
+    if (db && dg_cuda_sum(dt, 2, (int64_t[]){N, OUT}, dy, NULL, 1u, 1.0, db)) return -1;
+    return 0;
+}
+#endif
 
 enum { LIN_X, LIN_W, LIN_B };
 
 static int linear_forward(dg_node *n) {
+#ifndef DG_HAVE_CUDA
     if (!dg_require_cpu("linear", n->in[LIN_X])) return -1;
+#endif
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[LIN_X], &fail), *w = dg_nn_contig(n->in[LIN_W], &fail);
     dg_tensor *b = dg_nn_contig(n->in[LIN_B], &fail);
@@ -20,6 +46,15 @@ static int linear_forward(dg_node *n) {
     shape[x->ndim - 1] = OUT;
     dg_tensor *y = dg_empty_on(x->ndim, shape, x->dtype, x->device);
     if (!y) return -1;
+#ifdef DG_HAVE_CUDA
+    if (x->device == DG_CUDA) {
+        if (linear_fwd_cuda(N, IN, OUT, x->dtype, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
+                            dg_data_ptr(y)))
+            return -1;
+        n->out[0] = y;
+        return 0;
+    }
+#endif
     if (x->dtype == DG_F32)
         dg_nn_linear_fwd_f32(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
                              dg_data_ptr(y));
@@ -42,6 +77,11 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db))
         return -1;
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
+#ifdef DG_HAVE_CUDA
+    if (x->device == DG_CUDA) {
+        if (linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
+    } else
+#endif
     if (x->dtype == DG_F32)
         dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
     else

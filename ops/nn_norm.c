@@ -5,8 +5,11 @@
  * Forward saves r [N]; backward recomputes the rest from x (and z).
  *   rms:   g = dy w (gated: dy w silu(z)),  dx = r (g - x r^2 mean(g x)),
  *          dw = sum_n dy x r (gated: dy x r silu(z)),  dz = dy x r w silu'(z)
- *   l2:    dx = r (dy - y sum(dy y)) */
+ *   l2:    dx = r (dy - y sum(dy y))
+ * Device tensors run the same math in kernels/cuda/nn_norm.cu (NN_CALL picks the kernel, see
+ * kernels/cuda/nn_dispatch.h). */
 #include "ops/nn_common.h"
+#include "kernels/cuda/nn_dispatch.h"
 
 typedef struct {
     double eps;
@@ -29,13 +32,13 @@ static int norm_alloc(dg_tensor *x, dg_tensor **y, dg_tensor **rstd) {
 
 static int rms_norm_forward(dg_node *n) {
     const norm_attrs *at = (const norm_attrs *)n->attrs;
-    if (!dg_require_cpu("rms_norm", n->in[RMS_X])) return -1;
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[RMS_X], &fail), *w = dg_nn_contig(n->in[RMS_W], &fail), *y, *rstd;
     if (fail || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32) dg_nn_rms_norm_fwd_f32(N, D, P(x), P(w), at->eps, P(y), P(rstd));
-    else dg_nn_rms_norm_fwd_f64(N, D, P(x), P(w), at->eps, P(y), P(rstd));
+    int rc = 0;
+    NN_CALL(rc, x, rms_norm_fwd, N, D, P(x), P(w), at->eps, P(y), P(rstd));
+    if (rc) return -1;
     dg_save(n, rstd);
     n->out[0] = y;
     return 0;
@@ -50,8 +53,9 @@ static int rms_norm_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin
     dg_tensor *dw = n->needs_grad[RMS_W] ? dg_empty_like(w) : NULL;
     if ((n->needs_grad[RMS_X] && !dx) || (n->needs_grad[RMS_W] && !dw)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32) dg_nn_rms_norm_bwd_f32(N, D, P(x), P(w), P(rstd), P(dy), P(dx), P(dw));
-    else dg_nn_rms_norm_bwd_f64(N, D, P(x), P(w), P(rstd), P(dy), P(dx), P(dw));
+    int rc = 0;
+    NN_CALL(rc, x, rms_norm_bwd, N, D, P(x), P(w), P(rstd), P(dy), P(dx), P(dw));
+    if (rc) return -1;
     gin[RMS_X] = dx;
     gin[RMS_W] = dw;
     return 0;
@@ -112,14 +116,14 @@ const dg_op_def dg_op_rms_norm = {.name = "rms_norm", .n_in = 2, .n_out = 1, .in
 
 static int gated_rms_norm_forward(dg_node *n) {
     const norm_attrs *at = (const norm_attrs *)n->attrs;
-    if (!dg_require_cpu("gated_rms_norm", n->in[GRMS_X])) return -1;
     bool fail = false;
     dg_tensor *x = dg_nn_contig(n->in[GRMS_X], &fail), *z = dg_nn_contig(n->in[GRMS_Z], &fail);
     dg_tensor *w = dg_nn_contig(n->in[GRMS_W], &fail), *y, *rstd;
     if (fail || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32) dg_nn_gated_rms_norm_fwd_f32(N, D, P(x), P(z), P(w), at->eps, P(y), P(rstd));
-    else dg_nn_gated_rms_norm_fwd_f64(N, D, P(x), P(z), P(w), at->eps, P(y), P(rstd));
+    int rc = 0;
+    NN_CALL(rc, x, gated_rms_norm_fwd, N, D, P(x), P(z), P(w), at->eps, P(y), P(rstd));
+    if (rc) return -1;
     dg_save(n, rstd);
     n->out[0] = y;
     return 0;
@@ -137,10 +141,9 @@ static int gated_rms_norm_backward(dg_node *n, dg_tensor *const *gout, dg_tensor
     if ((n->needs_grad[GRMS_X] && !dx) || (n->needs_grad[GRMS_Z] && !dz) || (n->needs_grad[GRMS_W] && !dw))
         return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32)
-        dg_nn_gated_rms_norm_bwd_f32(N, D, P(x), P(z), P(w), P(rstd), P(dy), P(dx), P(dz), P(dw));
-    else
-        dg_nn_gated_rms_norm_bwd_f64(N, D, P(x), P(z), P(w), P(rstd), P(dy), P(dx), P(dz), P(dw));
+    int rc = 0;
+    NN_CALL(rc, x, gated_rms_norm_bwd, N, D, P(x), P(z), P(w), P(rstd), P(dy), P(dx), P(dz), P(dw));
+    if (rc) return -1;
     gin[GRMS_X] = dx;
     gin[GRMS_Z] = dz;
     gin[GRMS_W] = dw;
@@ -207,12 +210,12 @@ const dg_op_def dg_op_gated_rms_norm = {.name = "gated_rms_norm", .n_in = 3, .n_
 
 static int l2norm_forward(dg_node *n) {
     const norm_attrs *at = (const norm_attrs *)n->attrs;
-    if (!dg_require_cpu("l2norm", n->in[0])) return -1;
     dg_tensor *x = dg_contiguous(n->in[0]), *y, *rstd;
     if (!x || norm_alloc(x, &y, &rstd)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32) dg_nn_l2norm_fwd_f32(N, D, P(x), at->eps, P(y), P(rstd));
-    else dg_nn_l2norm_fwd_f64(N, D, P(x), at->eps, P(y), P(rstd));
+    int rc = 0;
+    NN_CALL(rc, x, l2norm_fwd, N, D, P(x), at->eps, P(y), P(rstd));
+    if (rc) return -1;
     dg_save(n, rstd);
     n->out[0] = y;
     return 0;
@@ -225,8 +228,9 @@ static int l2norm_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *dx = fail ? NULL : dg_empty_like(x);
     if (!dx) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
-    if (x->dtype == DG_F32) dg_nn_l2norm_bwd_f32(N, D, P(x), P(rstd), P(dy), P(dx));
-    else dg_nn_l2norm_bwd_f64(N, D, P(x), P(rstd), P(dy), P(dx));
+    int rc = 0;
+    NN_CALL(rc, x, l2norm_bwd, N, D, P(x), P(rstd), P(dy), P(dx));
+    if (rc) return -1;
     gin[0] = dx;
     return 0;
 }

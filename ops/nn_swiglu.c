@@ -1,19 +1,21 @@
 /* swiglu: y = silu(gate) up, gate and up of one shape (the MLP of GatedDeltaNet's blocks).
- *   dgate = dy up silu'(gate),  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g);   dup = dy silu(gate) */
+ *   dgate = dy up silu'(gate),  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g);   dup = dy silu(gate)
+ * Device tensors: kernels/cuda/nn_swiglu.cu (the same math). */
 #include "ops/nn_common.h"
+#include "kernels/cuda/nn_dispatch.h"
 
 enum { SW_GATE, SW_UP };
 
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 
 static int swiglu_forward(dg_node *n) {
-    if (!dg_require_cpu("swiglu", n->in[SW_GATE])) return -1;
     bool fail = false;
     dg_tensor *g = dg_nn_contig(n->in[SW_GATE], &fail), *u = dg_nn_contig(n->in[SW_UP], &fail);
     dg_tensor *y = fail ? NULL : dg_empty_like(g);
     if (!y) return -1;
-    if (g->dtype == DG_F32) dg_nn_swiglu_fwd_f32(dg_numel(g), P(g), P(u), P(y));
-    else dg_nn_swiglu_fwd_f64(dg_numel(g), P(g), P(u), P(y));
+    int rc = 0;
+    NN_CALL(rc, g, swiglu_fwd, dg_numel(g), P(g), P(u), P(y));
+    if (rc) return -1;
     n->out[0] = y;
     return 0;
 }
@@ -26,8 +28,9 @@ static int swiglu_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *dg = n->needs_grad[SW_GATE] ? dg_empty_like(g) : NULL;
     dg_tensor *du = n->needs_grad[SW_UP] ? dg_empty_like(u) : NULL;
     if ((n->needs_grad[SW_GATE] && !dg) || (n->needs_grad[SW_UP] && !du)) return -1;
-    if (g->dtype == DG_F32) dg_nn_swiglu_bwd_f32(dg_numel(g), P(g), P(u), P(dy), P(dg), P(du));
-    else dg_nn_swiglu_bwd_f64(dg_numel(g), P(g), P(u), P(dy), P(dg), P(du));
+    int rc = 0;
+    NN_CALL(rc, g, swiglu_bwd, dg_numel(g), P(g), P(u), P(dy), P(dg), P(du));
+    if (rc) return -1;
     gin[SW_GATE] = dg;
     gin[SW_UP] = du;
     return 0;

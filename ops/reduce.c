@@ -2,8 +2,12 @@
  *   y = sum_{reduced dims} x        dx = expand(reshape(g, keepdim shape), x.shape)
  *   mean: the same scaled by 1 / (number of reduced elements).
  * Layout: the reduced dims are permuted last and made contiguous, so each output element is the
- * sum of one contiguous row (accumulated in double). */
+ * sum of one contiguous row (accumulated in double).  On the device, one dg_cuda_sum over the
+ * strided input (kernels/cuda/reduce.cu; f64 accumulation, no permuted copy). */
 #include "ops/op.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 #include <string.h>
 
@@ -36,6 +40,25 @@ ROW_SUMS(double)
 static int reduce_forward(dg_node *n) {
     const reduce_attrs *a = (const reduce_attrs *)n->attrs;
     dg_tensor *x = n->in[0];
+    if (x->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        int nd;
+        int64_t shape[DG_MAX_DIMS] = {0}, len = 1;
+        unsigned mask = 0;
+        out_shape(x, a, a->keepdim, &nd, shape);
+        for (int d = 0; d < x->ndim; d++)
+            if (a->reduce[d]) {
+                mask |= 1u << d;
+                len *= x->shape[d];
+            }
+        dg_tensor *y = dg_empty_on(nd, shape, x->dtype, x->device);
+        double scale = a->mean ? (len ? 1.0 / (double)len : 0.0) : 1.0;
+        if (!y || dg_cuda_sum(x->dtype, x->ndim, x->shape, dg_data_ptr(x), x->stride, mask, scale, dg_data_ptr(y)))
+            return -1;
+        n->out[0] = y;
+        return 0;
+#endif
+    }
     if (!dg_require_cpu(n->op->name, x)) return -1;
     int perm[DG_MAX_DIMS], k = 0;
     int64_t rows = 1, len = 1;

@@ -1,0 +1,63 @@
+/* Shared pieces of the network-piece kernels: the second pass of the column sums (nn_util.h) and
+ * the index check of embedding ids and cross-entropy targets. */
+#include "kernels/cuda/nn_util.h"
+
+namespace {
+
+/* out[m] = sum_p part[p, m], p increasing; one thread per column, neighbours read neighbours */
+template <typename T>
+__global__ void colsum_kernel(int64_t P, int64_t M, const double *part, T *out) {
+    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M;
+         m += (int64_t)gridDim.x * blockDim.x) {
+        double acc = 0;
+        for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
+        out[m] = (T)acc;
+    }
+}
+
+/* *first = the smallest n with a bad id (unsigned compare: untouched stays at ULLONG_MAX) */
+__global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool allow_skip,
+                                 int64_t skip, unsigned long long *first) {
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N;
+         n += (int64_t)gridDim.x * blockDim.x) {
+        int64_t id = ids[n];
+        bool ok = (id >= 0 && id < V) || (allow_skip && id == skip);
+        if (!ok) atomicMin(first, (unsigned long long)n);
+    }
+}
+
+} // namespace
+
+int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out) {
+    if (M <= 0) return 0;
+    unsigned grid = dg_grid_for(M, kNnThreads);
+    if (dt == DG_F32)
+        colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
+    else
+        colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
+    return DG_LAUNCHED("nn colsum");
+}
+
+extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip,
+                                      int64_t skip, int64_t *bad_pos, int64_t *bad_val) {
+    *bad_pos = -1;
+    *bad_val = 0;
+    if (N <= 0) return 0;
+    if (dg_cuda_init()) return -1;
+    unsigned long long *first = dg_cuda_scratch<unsigned long long>(1);
+    if (!first) return -1;
+    int rc = DG_CU(cudaMemsetAsync(first, 0xff, sizeof *first, dg_cuda_stream()));
+    if (rc == 0) {
+        bad_index_kernel<<<dg_grid_for(N, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+            N, ids, V, allow_skip, skip, first);
+        rc = DG_LAUNCHED("index check");
+    }
+    unsigned long long pos = ~0ull;
+    if (rc == 0) rc = dg_cuda_memcpy(&pos, first, sizeof pos, 1);
+    dg_cuda_free(first);
+    if (rc == 0 && pos != ~0ull) {
+        *bad_pos = (int64_t)pos;
+        rc = dg_cuda_memcpy(bad_val, ids + pos, sizeof *bad_val, 1);
+    }
+    return rc;
+}

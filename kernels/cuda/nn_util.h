@@ -1,0 +1,126 @@
+/* Internal to the nn_*.cu files (C++): the row-group reductions and the column sums that the
+ * network-piece kernels share.
+ *
+ * Rows: a row of D elements is handled by a group of G threads (G = 32, a warp, for D <= 1024;
+ * G = 256, a whole block, above), lane l reading elements l, l + G, ... so loads are coalesced.
+ * Group sums are in double, lanes summed by a fixed butterfly (and, for G = 256, the 8 warp sums
+ * in index order), so a row's result depends only on D and G, never on the launch.
+ *
+ * Columns: a sum over the N rows of a per-(row, column) term (dw = sum_n dy x r, dbias, ...) runs
+ * in two passes.  The rows are cut into P chunks of at least 16 rows (P chosen from the shape
+ * alone); pass one writes double partial sums part[p, m] (one thread per (p, m), m fastest, so
+ * neighbouring threads read neighbouring columns), pass two adds them up in order of p. */
+#ifndef DG_KERNELS_CUDA_NN_UTIL_H
+#define DG_KERNELS_CUDA_NN_UTIL_H
+
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/nn_cuda.h"
+
+#include <math.h>
+
+constexpr int kNnThreads = 256;
+
+/* ---- math overloads so one template body serves f32 and f64 ---- */
+__device__ __forceinline__ float nn_exp(float x) { return expf(x); }
+__device__ __forceinline__ double nn_exp(double x) { return exp(x); }
+__device__ __forceinline__ float nn_log(float x) { return logf(x); }
+__device__ __forceinline__ double nn_log(double x) { return log(x); }
+/* the CPU kernels' form: 1 / (1 + exp(-z)) */
+template <typename T> __device__ __forceinline__ T nn_sigmoid(T z) { return T(1) / (T(1) + nn_exp(-z)); }
+
+/* Sum of v over the G lanes of a group, returned to every lane.  smem: kNnThreads / 32 doubles
+ * (used when G = 256).  Every thread of the block must call it (it holds barriers for G = 256). */
+template <int G> __device__ __forceinline__ double nn_group_sum(double v, double *smem) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (G == 32) return v;
+    if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
+    __syncthreads();
+    double t = 0;
+#pragma unroll
+    for (int w = 0; w < kNnThreads / 32; w++) t += smem[w];
+    __syncthreads(); /* smem is rewritten by the next call */
+    return t;
+}
+
+/* Maximum of v over the G lanes of a group, returned to every lane (same rules as nn_group_sum). */
+template <int G> __device__ __forceinline__ double nn_group_max(double v, double *smem) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if (G == 32) return v;
+    if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
+    __syncthreads();
+    double t = smem[0];
+#pragma unroll
+    for (int w = 1; w < kNnThreads / 32; w++) t = fmax(t, smem[w]);
+    __syncthreads();
+    return t;
+}
+
+/* Group size for rows of D elements. */
+static inline int nn_group_for(int64_t D) { return D > 1024 ? 256 : 32; }
+
+/* Grid for N rows handled by groups of G threads (the kernels loop over rows). */
+static inline unsigned nn_row_grid(int64_t N, int G) {
+    return dg_grid_for(N * (int64_t)G, kNnThreads);
+}
+
+/* A group-per-row kernel loops
+ *     for (int64_t base = blockIdx.x * RPB; base < N; base += gridDim.x * RPB) {
+ *         int64_t row = base + threadIdx.x / G;  bool active = row < N;  ... }
+ * with RPB = kNnThreads / G rows a block, so that every thread of a block runs the same number of
+ * rounds (idle rows still reach the barriers of nn_group_sum; a warp is never split between
+ * rows, so the shuffles always see all 32 lanes). */
+
+/* Number of row chunks for a sum over N rows of M columns: about 64k threads in pass one, at
+ * least 16 rows a chunk. */
+static inline int64_t nn_col_chunks(int64_t N, int64_t M) {
+    int64_t want = (65536 + M - 1) / (M > 0 ? M : 1);
+    int64_t most = (N + 15) / 16;
+    if (want > most) want = most;
+    return want < 1 ? 1 : want;
+}
+
+/* Pass one: part[p, m] = sum_{n in chunk p} term(n, m), in increasing n.  TERM is a functor with
+ * __device__ double operator()(int64_t n, int64_t m) const. */
+template <typename TERM>
+__global__ void __launch_bounds__(kNnThreads)
+    nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t P, int64_t chunk, double *part) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P * M;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t m = i % M, p = i / M;
+        int64_t n0 = p * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        double acc = 0;
+        for (int64_t n = n0; n < n1; n++) acc += term(n, m);
+        part[i] = acc;
+    }
+}
+
+/* out[m] (T) = sum_p part[p, m] in increasing p (nn_util.cu). */
+int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out);
+
+/* Both passes: out[m] = sum_n term(n, m), out of dtype dt ([M], contiguous). */
+template <typename TERM>
+static int nn_column_sums(dg_dtype dt, const TERM &term, int64_t N, int64_t M, void *out,
+                          const char *name) {
+    if (M <= 0) return 0;
+    int64_t P = nn_col_chunks(N, M), chunk = (N + P - 1) / P;
+    if (N == 0) return dg_cuda_fill(dt, M, out, 0.0);
+    double *part = dg_cuda_scratch<double>((size_t)(P * M));
+    if (!part) return -1;
+    nn_col_partial_kernel<TERM><<<dg_grid_for(P * M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+        term, N, M, P, chunk, part);
+    int rc = DG_LAUNCHED(name);
+    if (rc == 0) rc = dg_cuda_nn_colsum(dt, P, M, part, out);
+    dg_cuda_free(part);
+    return rc;
+}
+
+/* dtype checks shared by the entry points */
+static inline bool nn_float_dt(const char *who, dg_dtype dt) {
+    if (dt == DG_F32 || dt == DG_F64) return true;
+    dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
+    return false;
+}
+
+#endif
