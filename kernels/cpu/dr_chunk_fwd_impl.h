@@ -265,6 +265,7 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     }
     FN(ctx) x;
     FN(ctx_init)(&x, s, &pl, q, k, v, g, beta, h0);
+    x.blocked = 1; /* the blocked solve_tril: GEMM-based, faster here than forward substitution */
     int rc = 0, HV = x.HV;
     int64_t rows = pl.rows;
     x.W = malloc(sizeof(R) * (size_t)(rows * HV * x.K + 1));
