@@ -1,0 +1,224 @@
+/* Entry points of the chunked delta-rule CUDA kernels (dr_chunk_cuda.h): argument checks, the
+ * chunk plan, and the choice between the generic kernels (dr_chunk_generic.cu) and the tensor-core
+ * kernels (dr_chunk_mma.cu). */
+#include "kernels/cuda/dr_chunk_internal.cuh"
+
+namespace drc {
+
+static int g_force_generic = 0;
+
+int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
+              const void *g, const void *beta, Plan *p) {
+    memset(p, 0, sizeof *p);
+    if (!s) {
+        dg_error("%s: shape is NULL", who);
+        return -1;
+    }
+    if (s->B < 1 || s->T < 0 || s->H < 1 || s->HV < 1 || s->K < 1 || s->V < 1) {
+        dg_error("%s: B = %lld, T = %lld, H = %lld, HV = %lld, K = %lld, V = %lld (need T >= 0, "
+                 "the others >= 1)", who, (long long)s->B, (long long)s->T, (long long)s->H,
+                 (long long)s->HV, (long long)s->K, (long long)s->V);
+        return -1;
+    }
+    if (s->HV % s->H) {
+        dg_error("%s: HV = %lld value heads is not a multiple of H = %lld", who, (long long)s->HV,
+                 (long long)s->H);
+        return -1;
+    }
+    if (s->K > 256 || s->V > (1 << 20) || s->HV > (1 << 20)) {
+        dg_error("%s: K = %lld (this kernel supports K <= 256; V, HV <= 2^20)", who,
+                 (long long)s->K);
+        return -1;
+    }
+    if (s->chunk != 16 && s->chunk != 32 && s->chunk != 64) {
+        dg_error("%s: chunk is %d but must be 16, 32 or 64", who, s->chunk);
+        return -1;
+    }
+    if (s->gate != DG_GATE_NONE && s->gate != DG_GATE_HEAD && s->gate != DG_GATE_CHANNEL) {
+        dg_error("%s: unknown gate kind %d", who, (int)s->gate);
+        return -1;
+    }
+    if (!q || !k || !v || !beta) {
+        dg_error("%s: %s is NULL", who, !q ? "q" : !k ? "k" : !v ? "v" : "beta");
+        return -1;
+    }
+    if ((s->gate == DG_GATE_NONE) != (g == nullptr)) {
+        dg_error("%s: g is %s but the gate kind is %d", who, g ? "given" : "NULL", (int)s->gate);
+        return -1;
+    }
+    const int64_t C = s->chunk;
+    int64_t N = s->B;
+    if (s->cu_seqlens) {
+        N = s->N;
+        const int64_t *cu = s->cu_seqlens;
+        if (s->B != 1) {
+            dg_error("%s: cu_seqlens given with B = %lld (must be 1)", who, (long long)s->B);
+            return -1;
+        }
+        if (N < 1) {
+            dg_error("%s: cu_seqlens given with N = %lld sequences (need >= 1)", who, (long long)N);
+            return -1;
+        }
+        if (cu[0] != 0 || cu[N] != s->T) {
+            dg_error("%s: cu_seqlens runs from %lld to %lld but must run from 0 to T = %lld", who,
+                     (long long)cu[0], (long long)cu[N], (long long)s->T);
+            return -1;
+        }
+        for (int64_t n = 0; n < N; n++)
+            if (cu[n + 1] < cu[n]) {
+                dg_error("%s: cu_seqlens decreases at %lld (%lld > %lld)", who, (long long)n,
+                         (long long)cu[n], (long long)cu[n + 1]);
+                return -1;
+            }
+    } else if (s->N != s->B && s->N != 0) {
+        dg_error("%s: N = %lld but B = %lld without cu_seqlens (N must equal B)", who,
+                 (long long)s->N, (long long)s->B);
+        return -1;
+    }
+#ifndef DRC_EMU
+    if (dg_cuda_init()) return -1; /* after the argument checks: those work without a GPU */
+#endif
+    Geom &G = p->G;
+    G.T = s->T;
+    G.N = N;
+    G.rows = s->B * s->T;
+    G.H = (int)s->H, G.HV = (int)s->HV, G.grp = (int)(s->HV / s->H);
+    G.K = (int)s->K, G.V = (int)s->V, G.C = (int)C;
+    G.gate = (int)s->gate;
+    G.gs = s->gate == DG_GATE_NONE ? 0 : s->gate == DG_GATE_HEAD ? 1 : G.K;
+    G.scale = (float)s->scale;
+    G.cps = (int)((s->T + C - 1) / C);
+    G.tab = nullptr;
+    if (!s->cu_seqlens) {
+        G.nchunks = N * G.cps;
+        return 0;
+    }
+    const int64_t *cu = s->cu_seqlens;
+    int64_t nch = 0;
+    for (int64_t n = 0; n < N; n++) nch += (cu[n + 1] - cu[n] + C - 1) / C;
+    G.nchunks = nch;
+    int64_t ntab = 2 * nch + N + 1;
+    int64_t *tab = (int64_t *)malloc(sizeof(int64_t) * (size_t)ntab);
+    if (!tab) {
+        dg_error("%s: out of host memory for the chunk table", who);
+        return -1;
+    }
+    int64_t c = 0;
+    for (int64_t n = 0; n < N; n++) {
+        tab[2 * nch + n] = c;
+        for (int64_t r0 = cu[n]; r0 < cu[n + 1]; r0 += C, c++) {
+            tab[c] = r0;
+            tab[nch + c] = cu[n + 1] - r0 < C ? cu[n + 1] - r0 : C;
+        }
+    }
+    tab[2 * nch + N] = c;
+    p->tab_dev = scratch<int64_t>((size_t)ntab);
+    int rc = p->tab_dev ? upload(p->tab_dev, tab, sizeof(int64_t) * (size_t)ntab) : -1;
+    free(tab);
+    if (rc) {
+        release(p->tab_dev);
+        p->tab_dev = nullptr;
+        return -1;
+    }
+    G.tab = p->tab_dev;
+    return 0;
+}
+
+void plan_free(Plan *p) {
+    release(p->tab_dev);
+    p->tab_dev = nullptr;
+}
+
+template <typename T>
+static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
+               const float *g, const T *beta, const float *h0, T *o, float *hT) {
+    Plan p;
+    if (s && q && k && v && beta && !o) { /* (plan_init names the other NULL pointers first) */
+        dg_error("%s: o is NULL", who);
+        return -1;
+    }
+    if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
+    Io<T> io;
+    memset(&io, 0, sizeof io);
+    io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
+    int rc;
+    if constexpr (sizeof(T) == 2) {
+        rc = !g_force_generic && fast_ok(p.G) ? fast_fwd(p, io) : generic_fwd<T>(p, io);
+    } else {
+        rc = generic_fwd<T>(p, io);
+    }
+    plan_free(&p);
+    return rc;
+}
+
+template <typename T>
+static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
+               const T *k, const T *v, const float *g, const T *beta, const float *h0,
+               const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
+               float *dh0) {
+    Plan p;
+    if (dg && !g) {
+        dg_error("%s: dg given but g is NULL", who);
+        return -1;
+    }
+    if (s && q && k && v && beta && !dout) {
+        dg_error("%s: dout is NULL", who);
+        return -1;
+    }
+    if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
+    dg_dr_variant dv0 = {1, 1, 1};
+    if (!var) var = &dv0;
+    Io<T> io;
+    memset(&io, 0, sizeof io);
+    io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
+    io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
+    int rc;
+    if constexpr (sizeof(T) == 2) {
+        rc = !g_force_generic && fast_ok(p.G) ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
+    } else {
+        rc = generic_bwd<T>(p, *var, io);
+    }
+    plan_free(&p);
+    return rc;
+}
+
+} // namespace drc
+
+extern "C" {
+
+int dg_cuda_dr_chunk_fwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, const float *h0, float *o,
+                             float *hT) {
+    return drc::fwd<float>("cuda dr_chunk_fwd_f32", s, q, k, v, g, beta, h0, o, hT);
+}
+
+int dg_cuda_dr_chunk_bwd_f32(const dg_dr_shape *s, const dg_dr_variant *var, const float *q,
+                             const float *k, const float *v, const float *g, const float *beta,
+                             const float *h0, const float *dout, const float *dhT, float *dq,
+                             float *dk, float *dv, float *dg, float *dbeta, float *dh0) {
+    return drc::bwd<float>("cuda dr_chunk_bwd_f32", s, var, q, k, v, g, beta, h0, dout, dhT, dq,
+                           dk, dv, dg, dbeta, dh0);
+}
+
+int dg_cuda_dr_chunk_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, const float *g, const uint16_t *beta,
+                              const float *h0, uint16_t *o, float *hT) {
+    return drc::fwd<uint16_t>("cuda dr_chunk_fwd_bf16", s, q, k, v, g, beta, h0, o, hT);
+}
+
+int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                              const uint16_t *k, const uint16_t *v, const float *g,
+                              const uint16_t *beta, const float *h0, const uint16_t *dout,
+                              const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                              float *dg, uint16_t *dbeta, float *dh0) {
+    return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16", s, var, q, k, v, g, beta, h0, dout, dhT,
+                              dq, dk, dv, dg, dbeta, dh0);
+}
+
+int dg_cuda_dr_chunk_force_generic(int on) {
+    int old = drc::g_force_generic;
+    drc::g_force_generic = on ? 1 : 0;
+    return old;
+}
+
+} // extern "C"

@@ -1,0 +1,62 @@
+/* Chunked (WY-form) delta-rule kernels on the GPU: forward and backward on raw device pointers.
+ * Plain C header (the ops and tests include it without the CUDA headers).
+ *
+ * Semantics, layouts and arguments are those of dg_dr_chunk_fwd_f32 / dg_dr_chunk_bwd_f32
+ * (kernels/cpu/delta_rule.h, kernels/cpu/chunk_pieces.h):
+ *   q, k [B,T,H,K]; v, o [B,T,HV,V]; beta [B,T,HV]; g NULL | [B,T,HV] | [B,T,HV,K] after s->gate
+ *   (the per-token log decay); h0, hT [N,HV,K,V]; value head hv reads query/key head hv/(HV/H);
+ *   cu_seqlens (B = 1) is the same host array the CPU kernels take (checked, and copied to the
+ *   device once per call: one synchronising copy); s->chunk is 16, 32 or 64.
+ * Every pointer is a device pointer; h0, hT and every gradient may be NULL (dg must be NULL
+ * when g is); gradients are written, not accumulated.  var NULL means {1, 1, 1}; every flag is
+ * honoured (GDN dg from the final dq, dk or from partial terms; KDA backward with dW kept in
+ * shared memory or stored to global memory between two kernels; blocked or forward-substitution
+ * triangular inverse).  K <= 256; V any.
+ * Return 0, or -1 with dg_error set (bad shape or pointer, CUDA failure).  Work is queued on the
+ * library's stream (kernels/cuda/cuda_kernels.h).
+ *
+ * Two implementations behind the same entry points:
+ *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and bf16 calls that
+ *    the fast path does not take);
+ *  - tensor cores (bf16 calls with gate NONE or HEAD, chunk 64, K and V in {64, 128}): the
+ *    in-chunk products on mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not
+ *    bf16 inputs (W, U, states, the triangular inverse) are split into two bf16 terms (hi + lo)
+ *    so that the products keep about 16 bits.
+ * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
+ * dhT, dh0 f32; f32 accumulation and f32 intermediates. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
+#define DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/cpu/delta_rule.h"
+
+int dg_cuda_dr_chunk_fwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, const float *h0, float *o,
+                             float *hT);
+int dg_cuda_dr_chunk_bwd_f32(const dg_dr_shape *s, const dg_dr_variant *var, const float *q,
+                             const float *k, const float *v, const float *g, const float *beta,
+                             const float *h0, const float *dout, const float *dhT, float *dq,
+                             float *dk, float *dv, float *dg, float *dbeta, float *dh0);
+int dg_cuda_dr_chunk_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, const float *g, const uint16_t *beta,
+                              const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                              const uint16_t *k, const uint16_t *v, const float *g,
+                              const uint16_t *beta, const float *h0, const uint16_t *dout,
+                              const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                              float *dg, uint16_t *dbeta, float *dh0);
+
+/* Path selection for bf16 calls (tests and benchmarks): 0 = automatic (default), 1 = always the
+ * generic kernels.  Returns the previous setting.  Not thread-safe; set it between calls. */
+int dg_cuda_dr_chunk_force_generic(int on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

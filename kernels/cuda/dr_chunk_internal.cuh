@@ -1,0 +1,226 @@
+/* Internal to the chunked delta-rule CUDA kernels (dr_chunk*.cu): the chunk geometry, scalar and
+ * warp-level helpers (bf16 conversions, ldmatrix, mma.sync), scratch and launch helpers.  C++.
+ *
+ * Built two ways: for the GPU by nvcc (the library), or, with DRC_EMU defined, as plain C++ for the
+ * host emulation in dr_chunk_emu.h (kernels run as host threads; see there), which lets the
+ * kernels be tested on a machine without a GPU.
+ *
+ * Chunks (as in kernels/cpu/chunk_pieces.h): each sequence is cut into chunks of C rows (16, 32,
+ * 64) from its start; the last may be partial (L < C rows).  Without cu_seqlens sequence n is batch
+ * row n and has cps = ceil(T / C) chunks; with cu_seqlens a table (row0, len per chunk; first chunk
+ * per sequence) is built on the host and copied to the device once per call.  A "row" is the
+ * flattened token index b*T + t of the [B,T,...] arrays. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DRC_EMU
+#include "kernels/cuda/dr_chunk_emu.h"
+extern "C" {
+#include "core/internal.h"
+#include "kernels/cpu/delta_rule.h"
+}
+#else
+#include "kernels/cuda/cuda_util.h"
+#endif
+#include "kernels/cuda/dr_chunk_cuda.h"
+
+namespace drc {
+
+/* ---- geometry ---- */
+struct Geom {
+    int64_t T;        /* tokens per batch row (the total when cu_seqlens) */
+    int64_t N;        /* sequences */
+    int64_t nchunks;  /* chunks over all sequences */
+    int64_t rows;     /* B*T */
+    int H, HV, grp, K, V, C, gs; /* grp = HV/H; gs = gate values per token and head: 0, 1, K */
+    int gate;         /* dg_gate_kind */
+    int cps;          /* chunks per sequence (batched) */
+    float scale;
+    const int64_t *tab; /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk */
+};
+
+struct Chunk {
+    int64_t r0;
+    int L;
+};
+
+__host__ __device__ __forceinline__ Chunk chunk_at(const Geom &G, int64_t c) {
+    Chunk ch;
+    if (G.tab) {
+        ch.r0 = G.tab[c];
+        ch.L = (int)G.tab[G.nchunks + c];
+    } else {
+        int64_t n = c / G.cps, j = c % G.cps;
+        ch.r0 = n * G.T + j * G.C;
+        int64_t rem = G.T - j * G.C;
+        ch.L = rem < G.C ? (int)rem : G.C;
+    }
+    return ch;
+}
+
+/* chunks [c0, c1) of sequence n */
+__host__ __device__ __forceinline__ void seq_chunks(const Geom &G, int64_t n, int64_t &c0, int64_t &c1) {
+    if (G.tab) {
+        c0 = G.tab[2 * G.nchunks + n];
+        c1 = G.tab[2 * G.nchunks + n + 1];
+    } else {
+        c0 = n * G.cps;
+        c1 = c0 + G.cps;
+    }
+}
+
+/* ---- scalars ---- */
+__host__ __device__ __forceinline__ float bf2f(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float((uint32_t)h << 16);
+#else
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+/* round to nearest even (NaN stays NaN) */
+__host__ __device__ __forceinline__ uint16_t f2bf(float f) {
+#if defined(__CUDA_ARCH__)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+/* storage types: float, or uint16_t holding bf16 bits */
+__host__ __device__ __forceinline__ float ldx(const float *p) { return *p; }
+__host__ __device__ __forceinline__ float ldx(const uint16_t *p) { return bf2f(*p); }
+__host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
+__host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
+
+/* ---- block and warp primitives ---- */
+#ifdef DRC_EMU
+#define DRC_SMEM(type, name) type *name = reinterpret_cast<type *>(drc_emu::g_launch->smem.data())
+__forceinline__ void bsync() { drc_emu::syncthreads(); }
+__forceinline__ void wsync() { drc_emu::syncwarp(); }
+__forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_emu::lane() ^ off); }
+__forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, false); }
+__forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, true); }
+__forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    drc_emu::mma16816(c, a, b);
+}
+#else
+#define DRC_SMEM(type, name)                                                                       \
+    extern __shared__ float4 drc_smem_[];                                                          \
+    type *name = reinterpret_cast<type *>(drc_smem_)
+__device__ __forceinline__ void bsync() { __syncthreads(); }
+__device__ __forceinline__ void wsync() { __syncwarp(); }
+__device__ __forceinline__ float shfl_xor(float v, int off) {
+    return __shfl_xor_sync(0xffffffffu, v, off);
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int off = 16; off > 0; off >>= 1) x += shfl_xor(x, off);
+    return x;
+}
+
+/* ---- host side: scratch, copies, launches ---- */
+#ifdef DRC_EMU
+template <typename T> T *scratch(size_t n) {
+    size_t bytes = (n ? n : 1) * sizeof(T);
+    void *p = malloc(bytes);
+    if (p) memset(p, 0xff, bytes); /* NaN: reads of unwritten scratch show */
+    else dg_error("emu: out of memory");
+    return (T *)p;
+}
+inline void release(void *p) { free(p); }
+inline int upload(void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+    return 0;
+}
+inline int zero(void *p, size_t n) {
+    memset(p, 0, n);
+    return 0;
+}
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...)                                                \
+    (drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), 0)
+#else
+template <typename T> T *scratch(size_t n) { return dg_cuda_scratch<T>(n ? n : 1); }
+inline void release(void *p) { dg_cuda_free(p); }
+inline int upload(void *dst, const void *src, size_t n) { return dg_cuda_memcpy(dst, src, n, 0); }
+inline int zero(void *p, size_t n) { return dg_cuda_memset0(p, n); }
+
+template <typename... P, typename... A>
+int launch(const char *name, void (*kern)(P...), int64_t grid, int nt, size_t smem, A... args) {
+    if (grid <= 0) return 0;
+    if (grid > 0x7fffffff) {
+        dg_error("%s: grid of %lld blocks is too large", name, (long long)grid);
+        return -1;
+    }
+    if (smem > 48 * 1024)
+        DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
+    return DG_LAUNCHED(name);
+}
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...) drc::launch(name, kern, grid, nt, smem, __VA_ARGS__)
+#endif
+
+/* Validated shapes and the chunk table (host side of a call). */
+struct Plan {
+    Geom G;
+    int64_t *tab_dev; /* owned scratch or NULL */
+};
+/* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1. */
+int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
+              const void *g, const void *beta, Plan *p);
+void plan_free(Plan *p);
+
+/* Pointers of one call; T = float or uint16_t (bf16 bits) for q, k, v, beta, o and their
+ * gradients; gates and states are float. */
+template <typename T> struct Io {
+    const T *q, *k, *v, *beta, *dout;
+    const float *g, *h0, *dhT;
+    T *o, *dq, *dk, *dv, *dbeta;
+    float *hT, *dg, *dh0;
+};
+
+/* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
+template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
+template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
+/* the tensor-core path (dr_chunk_mma.cu): bf16, gate NONE or HEAD, C = 64, K and V in
+ * {64, 128}; fast_ok says whether a shape qualifies */
+bool fast_ok(const Geom &G);
+int fast_fwd(const Plan &p, const Io<uint16_t> &io);
+int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io);
+
+} // namespace drc
+
+#endif

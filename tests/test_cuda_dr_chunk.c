@@ -1,0 +1,442 @@
+/* The chunked delta-rule CUDA kernels (kernels/cuda/dr_chunk_cuda.h) against the CPU kernels on
+ * the same random inputs (kernels/cpu/delta_rule.h):
+ *  - f32: forward (o, hT) and every gradient against the f64 recurrence, relative error norm
+ *    ||x - ref|| / ||ref|| <= 1e-5; the CPU f32 chunked kernel's own error is printed beside it;
+ *  - bf16 storage (q, k, v, beta, o, dout and their gradients; f32 gates and states): against the
+ *    f64 recurrence on the same rounded inputs, <= 5e-3; both the tensor-core path (gate NONE or
+ *    HEAD, chunk 64, K, V in {64, 128}) and the generic kernels, and the two against each other;
+ *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
+ *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
+ *    gradient pointers;
+ *  - every backward variant (GDN dg from final dq/dk or partial terms; KDA fused or unfused;
+ *    blocked or forward-substitution inverse): each against the reference and all against each
+ *    other; the backward run twice gives identical bits;
+ *  - bad arguments are rejected with a message naming them (these run without a GPU too).
+ * Outputs are poisoned with NaN before each run, so an element left unwritten fails.  The GPU
+ * tests skip where dg_cuda_device_count() is 0.  DG_TEST_FILTER selects tests by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deltagrad.h"
+
+#ifdef DG_HAVE_CUDA
+#include "core/internal.h"
+#include "kernels/cpu/delta_rule.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dr_chunk_cuda.h"
+
+/* ---- host helpers ---- */
+static uint64_t rs = 0x2545F4914F6CDD1Dull;
+static double urand(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (double)(rs >> 11) / 9007199254740992.0;
+}
+static double *rnd(int64_t n, double lo, double hi) {
+    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
+    return x;
+}
+static uint16_t f2bf(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static int gpu(void) { return dg_cuda_device_count() > 0; }
+#define REQUIRE_GPU()                                                                              \
+    do {                                                                                           \
+        if (!gpu()) skip();                                                                        \
+    } while (0)
+
+/* device buffer of n elements of esz bytes, from host, or poisoned with 0xff (NaN) */
+static void *dput(const void *host, int64_t n, size_t esz) {
+    void *d = dg_cuda_malloc((size_t)(n ? n : 1) * esz);
+    assert_non_null(d);
+    void *p = (void *)host;
+    if (!host) {
+        p = malloc((size_t)(n ? n : 1) * esz);
+        memset(p, 0xff, (size_t)(n ? n : 1) * esz);
+    }
+    if (n) assert_int_equal(dg_cuda_memcpy(d, p, (size_t)n * esz, 0), 0);
+    if (!host) free(p);
+    return d;
+}
+/* device copy of a double array as f32 (bf16 = 0) or bf16 bits (bf16 = 1) */
+static void *dput_as(const double *x, int64_t n, int bf16) {
+    if (!x) return NULL;
+    void *h = malloc((size_t)(n ? n : 1) * 4);
+    for (int64_t i = 0; i < n; i++) {
+        if (bf16) ((uint16_t *)h)[i] = f2bf((float)x[i]);
+        else ((float *)h)[i] = (float)x[i];
+    }
+    void *d = dput(h, n, bf16 ? 2 : 4);
+    free(h);
+    return d;
+}
+static double rel_err(const double *a, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- cases ---- */
+typedef struct cfg {
+    const char *name;
+    int64_t B, T, H, HV, K, V;
+    dg_gate_kind gate;
+    int chunk;
+    int ncu; /* 0, or the N+1 entries of cu */
+    int64_t cu[8];
+    int h0, dhT, some_grads; /* some_grads: only dk, dbeta, dh0 (and dg) are asked for */
+} cfg;
+
+typedef struct data { /* host inputs, already rounded to what the device holds */
+    dg_dr_shape s;
+    int64_t nq, nv, nb, ng, nh;
+    double *q, *k, *v, *g, *beta, *h0, *dout, *dhT;
+} data;
+
+static void make(const cfg *c, int bf16, data *d) {
+    memset(d, 0, sizeof *d);
+    d->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = c->gate, .scale = 1.0 / sqrt((double)c->K), .chunk = c->chunk};
+    const int64_t BT = c->B * c->T;
+    d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
+    d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;
+    d->nh = d->s.N * c->HV * c->K * c->V;
+    d->q = rnd(d->nq, -1, 1), d->k = rnd(d->nq, -1, 1), d->v = rnd(d->nv, -1, 1);
+    d->beta = rnd(d->nb, 0.1, 0.9), d->dout = rnd(d->nv, -1, 1);
+    /* per-channel decays vary more than per-head ones */
+    d->g = d->ng ? rnd(d->ng, c->gate == DG_GATE_CHANNEL ? -1.5 : -0.8, -0.02) : NULL;
+    d->h0 = c->h0 ? rnd(d->nh, -1, 1) : NULL;
+    d->dhT = c->dhT ? rnd(d->nh, -1, 1) : NULL;
+    for (int64_t r = 0; r < BT * c->H; r++) { /* unit keys, as the layers feed them */
+        double n2 = 0;
+        for (int64_t i = 0; i < c->K; i++) n2 += d->k[r * c->K + i] * d->k[r * c->K + i];
+        for (int64_t i = 0; i < c->K; i++) d->k[r * c->K + i] /= sqrt(n2);
+    }
+    double *lo[5] = {d->q, d->k, d->v, d->beta, d->dout};
+    int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
+    for (int a = 0; a < 5; a++)
+        for (int64_t i = 0; i < nlo[a]; i++)
+            lo[a][i] = bf16 ? bf2f(f2bf((float)lo[a][i])) : (float)lo[a][i];
+    double *hi[3] = {d->g, d->h0, d->dhT};
+    int64_t nhi[3] = {d->ng, d->nh, d->nh};
+    for (int a = 0; a < 3; a++)
+        for (int64_t i = 0; hi[a] && i < nhi[a]; i++) hi[a][i] = (float)hi[a][i];
+}
+
+static void data_free(data *d) {
+    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout),
+        free(d->dhT);
+}
+
+enum { R_O, R_HT, R_DQ, R_DK, R_DV, R_DG, R_DB, R_DH0, R_N };
+static const char *const r_names[R_N] = {"o", "hT", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+typedef struct res {
+    double *x[R_N];
+    int64_t n[R_N];
+} res;
+
+static void res_alloc(const cfg *c, const data *d, res *r) {
+    int64_t n[R_N] = {d->nv, d->nh, d->nq, d->nq, d->nv, d->ng, d->nb, d->nh};
+    int want[R_N] = {1, 1, !c->some_grads, 1, !c->some_grads, d->ng > 0, 1, d->h0 != NULL};
+    for (int i = 0; i < R_N; i++) {
+        r->n[i] = want[i] ? n[i] : 0;
+        r->x[i] = want[i] ? calloc((size_t)(n[i] ? n[i] : 1), sizeof(double)) : NULL;
+    }
+}
+static void res_free(res *r) {
+    for (int i = 0; i < R_N; i++) free(r->x[i]);
+}
+
+/* the f64 recurrence: the reference */
+static void ref_f64(const data *d, res *r) {
+    assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0,
+                                             r->x[R_O], r->x[R_HT]), 0);
+    assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout,
+                                             d->dhT, r->x[R_DQ], r->x[R_DK], r->x[R_DV], r->x[R_DG],
+                                             r->x[R_DB], r->x[R_DH0]), 0);
+}
+
+/* the CPU f32 chunked kernel (for comparison of its error with ours) */
+static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
+    const double *in[8] = {d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout, d->dhT};
+    int64_t nin[8] = {d->nq, d->nq, d->nv, d->ng, d->nb, d->nh, d->nv, d->nh};
+    float *fi[8], *fo[R_N];
+    for (int a = 0; a < 8; a++) {
+        fi[a] = in[a] ? malloc(sizeof(float) * (size_t)(nin[a] ? nin[a] : 1)) : NULL;
+        for (int64_t i = 0; fi[a] && i < nin[a]; i++) fi[a][i] = (float)in[a][i];
+    }
+    for (int a = 0; a < R_N; a++)
+        fo[a] = r->x[a] ? malloc(sizeof(float) * (size_t)(r->n[a] ? r->n[a] : 1)) : NULL;
+    assert_int_equal(dg_dr_chunk_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fo[R_O],
+                                         fo[R_HT]), 0);
+    assert_int_equal(dg_dr_chunk_bwd_f32(&d->s, var, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6],
+                                         fi[7], fo[R_DQ], fo[R_DK], fo[R_DV], fo[R_DG], fo[R_DB],
+                                         fo[R_DH0]), 0);
+    for (int a = 0; a < R_N; a++) {
+        for (int64_t i = 0; fo[a] && i < r->n[a]; i++) r->x[a][i] = fo[a][i];
+        free(fo[a]);
+    }
+    for (int a = 0; a < 8; a++) free(fi[a]);
+}
+
+/* the CUDA kernels; bf16 = 1: bf16 storage for q k v beta o dout and their gradients.  The
+ * backward runs twice and must give the same bits. */
+static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
+    const size_t lo = bf16 ? 2 : 4;
+    const size_t esz[R_N] = {lo, 4, lo, lo, lo, 4, lo, 4};
+    void *q = dput_as(d->q, d->nq, bf16), *k = dput_as(d->k, d->nq, bf16),
+         *v = dput_as(d->v, d->nv, bf16), *beta = dput_as(d->beta, d->nb, bf16),
+         *dout = dput_as(d->dout, d->nv, bf16);
+    float *g = dput_as(d->g, d->ng, 0), *h0 = dput_as(d->h0, d->nh, 0), *dhT = dput_as(d->dhT, d->nh, 0);
+    void *o[R_N], *o2[R_N];
+    for (int a = 0; a < R_N; a++) {
+        o[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
+        o2[a] = r->x[a] && a >= R_DQ ? dput(NULL, r->n[a], esz[a]) : NULL;
+    }
+    if (bf16)
+        assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
+    else
+        assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
+    for (int rep = 0; rep < 2; rep++) {
+        void **w = rep ? o2 : o;
+        int rc = bf16 ? dg_cuda_dr_chunk_bwd_bf16(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
+                                                  w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0])
+                      : dg_cuda_dr_chunk_bwd_f32(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
+                                                 w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0]);
+        if (rc) fail_msg("backward failed: %s", dg_last_error());
+    }
+    assert_int_equal(dg_cuda_synchronize(), 0);
+    for (int a = 0; a < R_N; a++) {
+        if (!o[a]) continue;
+        size_t bytes = (size_t)r->n[a] * esz[a];
+        void *h1 = malloc(bytes ? bytes : 1), *h2 = malloc(bytes ? bytes : 1);
+        assert_int_equal(dg_cuda_memcpy(h1, o[a], bytes, 1), 0);
+        for (int64_t i = 0; i < r->n[a]; i++)
+            r->x[a][i] = esz[a] == 2 ? bf2f(((uint16_t *)h1)[i]) : ((float *)h1)[i];
+        if (o2[a]) {
+            assert_int_equal(dg_cuda_memcpy(h2, o2[a], bytes, 1), 0);
+            if (memcmp(h1, h2, bytes)) fail_msg("%s differs between two identical backward runs", r_names[a]);
+        }
+        free(h1), free(h2);
+        dg_cuda_free(o[a]), dg_cuda_free(o2[a]);
+    }
+    dg_cuda_free(q), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta), dg_cuda_free(dout);
+    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(dhT);
+}
+
+/* every result within tol of the reference; prints the errors */
+static void check(const char *what, const res *got, const res *ref, double tol) {
+    char msg[512];
+    int off = snprintf(msg, sizeof msg, "  %-44s", what);
+    int bad = -1;
+    double worst = 0;
+    for (int a = 0; a < R_N; a++) {
+        if (!ref->x[a]) continue;
+        double e = rel_err(got->x[a], ref->x[a], ref->n[a]);
+        off += snprintf(msg + off, sizeof msg - (size_t)off, " %s %.1e", r_names[a], e);
+        if (!(e <= tol) && bad < 0) bad = a, worst = e;
+    }
+    printf("%s\n", msg);
+    if (bad >= 0) fail_msg("%s: %s relative error %.3e > %.0e", what, r_names[bad], worst, tol);
+}
+
+static const dg_dr_variant var_default = {1, 1, 1};
+static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
+                                         {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
+
+/* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
+ * all_variants: every variant against the reference and against {1,1,1}. */
+static void run_case(const cfg *c, int bf16, int all_variants) {
+    data d;
+    make(c, bf16, &d);
+    res ref, got, base;
+    res_alloc(c, &d, &ref), res_alloc(c, &d, &base);
+    ref_f64(&d, &ref);
+    const double tol = bf16 ? 5e-3 : 1e-5;
+    char what[160];
+    if (!bf16) {
+        res cpu;
+        res_alloc(c, &d, &cpu);
+        cpu_chunk_f32(&d, &var_default, &cpu);
+        snprintf(what, sizeof what, "%s: CPU f32 chunked", c->name);
+        printf("  %-44s", what);
+        for (int a = 0; a < R_N; a++)
+            if (ref.x[a]) printf(" %s %.1e", r_names[a], rel_err(cpu.x[a], ref.x[a], ref.n[a]));
+        printf("\n");
+        res_free(&cpu);
+    }
+    run_gpu(&d, bf16, &var_default, &base);
+    snprintf(what, sizeof what, "%s: %s", c->name, bf16 ? "bf16" : "f32");
+    check(what, &base, &ref, tol);
+    for (int vi = 0; all_variants && vi < 7; vi++) {
+        const dg_dr_variant *v = &var_all[vi];
+        res_alloc(c, &d, &got);
+        run_gpu(&d, bf16, v, &got);
+        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, bf16 ? "bf16" : "f32",
+                 v->gdn_dg_from_final, v->kda_fused, v->solve_tril_blocked);
+        check(what, &got, &ref, tol);
+        snprintf(what, sizeof what, "  ... against var 111");
+        check(what, &got, &base, bf16 ? 2e-3 : 1e-5);
+        res_free(&got);
+    }
+    res_free(&ref), res_free(&base), data_free(&d);
+}
+
+static const cfg f32_cases[] = {
+    {"none, GVA, C16", 2, 37, 2, 4, 32, 24, DG_GATE_NONE, 16, 0, {0}, 1, 1, 0},
+    {"head, C32", 2, 37, 1, 2, 64, 64, DG_GATE_HEAD, 32, 0, {0}, 1, 0, 0},
+    {"channel, GVA, C64", 2, 70, 2, 4, 32, 40, DG_GATE_CHANNEL, 64, 0, {0}, 0, 1, 0},
+    {"channel, varlen, C16", 1, 77, 1, 2, 48, 40, DG_GATE_CHANNEL, 16, 5, {0, 5, 5, 50, 77}, 1, 1, 0},
+    {"head, K=V=128, T=300, C64", 1, 300, 1, 2, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"none, K=200, some grads, C32", 1, 40, 1, 1, 200, 33, DG_GATE_NONE, 32, 0, {0}, 1, 1, 1},
+    {"channel, T=1, C16", 3, 1, 1, 1, 16, 8, DG_GATE_CHANNEL, 16, 0, {0}, 1, 1, 0},
+    {"head, K=8, V=300, GVA, C64", 1, 70, 1, 3, 8, 300, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+};
+
+static const cfg variant_cases[] = {
+    {"head, varlen, C32 (variants)", 1, 90, 1, 2, 32, 48, DG_GATE_HEAD, 32, 4, {0, 33, 40, 90}, 1, 1, 0},
+    {"channel, GVA, C64 (variants)", 1, 100, 1, 2, 32, 32, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+    {"none, C16 (variants)", 2, 40, 1, 1, 24, 16, DG_GATE_NONE, 16, 0, {0}, 0, 1, 0},
+};
+
+/* bf16: the first four take the tensor-core path, the rest the generic kernels */
+static const cfg bf16_cases[] = {
+    {"head, GVA, K=V=128 (mma)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"none, varlen, K=V=64 (mma)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 5, {0, 64, 64, 130, 200}, 1, 1, 0},
+    {"head, K=64, V=128, T=1 (mma)", 3, 1, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"head, K=128 V=64, some grads (mma)", 1, 129, 1, 1, 128, 64, DG_GATE_HEAD, 64, 0, {0}, 0, 0, 1},
+    {"channel, GVA, C32", 2, 50, 1, 2, 64, 32, DG_GATE_CHANNEL, 32, 0, {0}, 1, 1, 0},
+    {"head, C16", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 16, 0, {0}, 1, 1, 0},
+};
+
+static void test_dr_chunk_f32(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof f32_cases / sizeof f32_cases[0]; i++) run_case(&f32_cases[i], 0, 0);
+}
+
+static void test_dr_chunk_f32_variants(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof variant_cases / sizeof variant_cases[0]; i++)
+        run_case(&variant_cases[i], 0, 1);
+}
+
+static void test_dr_chunk_bf16(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        run_case(&bf16_cases[i], 1, i == 0 || i == 4);
+}
+
+/* the tensor-core path and the generic kernels on the same bf16 inputs */
+static void test_dr_chunk_bf16_paths_agree(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    for (size_t i = 0; i < 2; i++) {
+        const cfg *c = &bf16_cases[i];
+        data d;
+        make(c, 1, &d);
+        res fast, gen;
+        res_alloc(c, &d, &fast), res_alloc(c, &d, &gen);
+        run_gpu(&d, 1, &var_default, &fast);
+        int old = dg_cuda_dr_chunk_force_generic(1);
+        run_gpu(&d, 1, &var_default, &gen);
+        dg_cuda_dr_chunk_force_generic(old);
+        char what[160];
+        snprintf(what, sizeof what, "%s: mma vs generic", c->name);
+        check(what, &fast, &gen, 5e-3);
+        res_free(&fast), res_free(&gen), data_free(&d);
+    }
+}
+
+/* argument checks come before any device work: these run without a GPU too */
+static void test_dr_chunk_bad_input(void **state) {
+    (void)state;
+    float *p = (float *)(uintptr_t)64; /* never dereferenced */
+    int64_t cu[3] = {0, 5, 9};
+    dg_dr_shape ok = {.B = 1, .T = 10, .H = 2, .HV = 4, .K = 16, .V = 16, .N = 1,
+                      .gate = DG_GATE_NONE, .scale = 0.25, .chunk = 16};
+    struct { dg_dr_shape s; const char *msg; } bad[7];
+    for (int i = 0; i < 7; i++) bad[i].s = ok;
+    bad[0].s.HV = 3, bad[0].msg = "multiple";
+    bad[1].s.K = 300, bad[1].msg = "K = 300";
+    bad[2].s.gate = DG_GATE_HEAD, bad[2].msg = "gate";
+    bad[3].s.cu_seqlens = cu, bad[3].s.N = 2, bad[3].msg = "cu_seqlens"; /* ends at 9, not 10 */
+    bad[4].s.cu_seqlens = cu, bad[4].s.N = 2, bad[4].s.B = 2, bad[4].s.T = 9, bad[4].msg = "B = 2";
+    bad[5].s.chunk = 48, bad[5].msg = "chunk";
+    bad[6].s.T = -1, bad[6].msg = "T = -1";
+    for (int i = 0; i < 7; i++) {
+        dg_clear_error();
+        assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&bad[i].s, p, p, p, NULL, p, NULL, p, NULL), -1);
+        if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        dg_clear_error();
+        assert_int_equal(dg_cuda_dr_chunk_bwd_bf16(&bad[i].s, NULL, (uint16_t *)p, (uint16_t *)p,
+                                                   (uint16_t *)p, NULL, (uint16_t *)p, NULL,
+                                                   (uint16_t *)p, NULL, NULL, NULL, NULL, NULL,
+                                                   NULL, NULL), -1);
+        if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+    }
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_bwd_f32(&ok, NULL, p, p, p, NULL, p, NULL, p, NULL, p, p, p, p, p, NULL), -1);
+    assert_true(strstr(dg_last_error(), "dg") != NULL);
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&ok, NULL, p, p, NULL, p, NULL, p, NULL), -1);
+    assert_true(strstr(dg_last_error(), "q is NULL") != NULL);
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&ok, p, p, p, NULL, p, NULL, NULL, NULL), -1);
+    assert_true(strstr(dg_last_error(), "o is NULL") != NULL);
+    dg_clear_error();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dr_chunk_bad_input),
+        cmocka_unit_test(test_dr_chunk_f32),
+        cmocka_unit_test(test_dr_chunk_f32_variants),
+        cmocka_unit_test(test_dr_chunk_bf16),
+        cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
+    };
+    const char *filter = getenv("DG_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* no CUDA backend in this build */
+
+static void test_no_cuda(void **state) {
+    (void)state;
+    skip();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
