@@ -5,7 +5,8 @@
  *       build/release/libdeltagrad.a $(pkg-config --libs openblas jemalloc) \
  *       -L/usr/local/cuda/lib64 -lcublas -lcudart -lstdc++ -lm -o /tmp/dr_chunk_bench
  *   (the cuda libraries only when the library was built with CUDA)
- * Usage: /tmp/dr_chunk_bench [reps]
+ * Usage: [DR_CHUNK=32] /tmp/dr_chunk_bench [reps [threads]]
+ *   threads: OpenMP and OpenBLAS threads (default all); DR_CHUNK: chunk size (default 64)
  *
  * FLOP conventions, per chunk of C rows and value head:
  *   dense:  every product of the algorithm as a dense GEMM (triangular operands in full, the K K^T
@@ -81,6 +82,7 @@ typedef struct run {
 
 static void run_make(run *r, int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, dg_gate_kind gate) {
     dg_dr_shape s = {B, T, H, H, K, V, NULL, B, gate, 1.0 / sqrt((double)K), 64};
+    if (getenv("DR_CHUNK")) s.chunk = atoi(getenv("DR_CHUNK"));
     r->s = s;
     int64_t nq = B * T * H * K, nv = B * T * H * V, nb = B * T * H, nh = B * H * K * V;
     int64_t ng = gate == DG_GATE_NONE ? 0 : gate == DG_GATE_HEAD ? nb : nq;
@@ -144,6 +146,10 @@ static double flops(const dg_dr_shape *s, int useful) {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
+    if (argc > 2) { /* the benchmark's own setting, for per-core numbers */
+        omp_set_num_threads(atoi(argv[2]));
+        openblas_set_num_threads(atoi(argv[2]));
+    }
     double big, small;
     sgemm_rates(&big, &small);
     printf("threads %d; SGEMM 2048^3: %.1f GFLOP/s; 64x64x64 SGEMMs on all threads: %.1f GFLOP/s\n",

@@ -9,8 +9,10 @@
  *   P   = scale lower_incl(Q K^T o Gamma)                            (intra-chunk attention)
  * then across the chunks of a sequence, in order, from S = h0 (or 0):
  *   V' = U - W S;   O = scale (exp(G) o Q) S + P V';   S <- exp(G_last) S + (exp(G_last - G) o K)^T V'.
- * Phase A (all chunks and heads in parallel) computes G, W, U, P into per-token buffers; phase B
- * (sequences x heads in parallel, chunks in order) runs the state pass. */
+ * Phase A (all chunks and heads in parallel) computes G, W, U, P (and for KDA the chunk's gate
+ * factor table, dr_chunk_gated.h) into per-call buffers; phase B (sequences x heads in parallel,
+ * chunks in order) runs the state pass.  Scratch: malloc'd per call (the buffers) and per thread
+ * (a chunk-sized workspace); nothing global.  Threads only when the call is worth waking them. */
 typedef struct FN(ctx) {
     const dg_dr_shape *s;
     const dg_drc_plan *pl;
