@@ -41,9 +41,10 @@ static bool is_pending(const char *name) {
 
 /* ---- layouts ---- */
 
-/* t's values on dev with t's shape, strides and offset (the whole storage travels). */
+/* A copy of t's values on dev with t's shape, strides and offset (the whole storage travels).
+ * Always a fresh leaf, also on t's own device: gradients must not pile up in a sample's tensor. */
 static dg_tensor *same_layout_on(dg_tensor *t, dg_device dev) {
-    if (!t || t->device == dev) return t;
+    if (!t) return NULL;
     int64_t n = (int64_t)(t->storage->nbytes / dg_dtype_size(t->dtype));
     int64_t one = 1;
     dg_tensor *flat = dg_make_view(t, 1, &n, &one, 0);
@@ -355,6 +356,97 @@ static void test_device_bad_ids(void **state) {
     dg_scope_end();
 }
 
+/* ---- larger shapes ----
+ * The samplers' shapes are tiny (rows of at most 16), so the launch shapes that only larger inputs
+ * reach get their own cases: rows over 1024 elements (a whole block per row), sums over rows cut
+ * into several chunks (dw, dbias, db), many repeated embedding ids, batched products whose batch
+ * dims do not merge into one cuBLAS call.  Same comparison, f32, <= 1e-5. */
+
+typedef dg_tensor *(*big_fn)(dg_tensor *const *in);
+static dg_tensor *f_rms(dg_tensor *const *in) { return dg_rms_norm(in[0], in[1], 1e-5); }
+static dg_tensor *f_grms(dg_tensor *const *in) { return dg_gated_rms_norm(in[0], in[1], in[2], 1e-5); }
+static dg_tensor *f_l2(dg_tensor *const *in) { return dg_l2norm(in[0], 1e-6); }
+static dg_tensor *f_ce(dg_tensor *const *in) { return dg_cross_entropy(in[0], in[1], -100); }
+static dg_tensor *f_conv(dg_tensor *const *in) { return dg_conv1d(in[0], in[1], in[2], true); }
+static dg_tensor *f_emb(dg_tensor *const *in) { return dg_embedding(in[0], in[1]); }
+static dg_tensor *f_lin(dg_tensor *const *in) { return dg_linear(in[0], in[1], in[2]); }
+static dg_tensor *f_swiglu(dg_tensor *const *in) { return dg_swiglu(in[0], in[1]); }
+static dg_tensor *f_sum1(dg_tensor *const *in) { return dg_sum(in[0], 1, (int[]){1}, false); }
+static dg_tensor *f_mm(dg_tensor *const *in) { return dg_matmul(in[0], in[1]); }
+
+/* y = f(in) and the gradients of <y, W> on dev, as host tensors kept */
+static void run_fn(big_fn f, int n, dg_tensor *const *host, dg_tensor *w, dg_device dev, dg_tensor **y_out,
+                   dg_tensor **grads) {
+    dg_scope_begin();
+    dg_tensor *in[8] = {0};
+    for (int k = 0; k < n; k++) {
+        in[k] = same_layout_on(host[k], dev);
+        if (in[k] && dg_dtype_is_float(in[k]->dtype)) dg_set_requires_grad(in[k], true);
+    }
+    dg_tensor *y = f(in);
+    if (!y) fail_msg("forward on %s failed: %s", dg_device_name(dev), dg_last_error());
+    if (w && dg_backward(y, dg_to_device(w, dev)) != 0)
+        fail_msg("backward on %s failed: %s", dg_device_name(dev), dg_last_error());
+    *y_out = host_kept(y);
+    for (int k = 0; k < n; k++) grads[k] = in[k] && in[k]->grad ? host_kept(in[k]->grad) : NULL;
+    dg_scope_end();
+}
+
+static void big_case(const char *name, big_fn f, int n, dg_tensor *const *host) {
+    dg_tensor *yc, *yg, *gc[8] = {0}, *gg[8] = {0};
+    run_fn(f, n, host, NULL, DG_CPU, &yc, gc);
+    dg_rng rng = dg_rng_new(4242);
+    dg_tensor *w = dg_randn(yc->ndim, yc->shape, DG_F32, &rng);
+    dg_release(yc);
+    run_fn(f, n, host, w, DG_CPU, &yc, gc);
+    run_fn(f, n, host, w, DG_CUDA, &yg, gg);
+    double e = dg_test_rel_err(yg, yc), eg = 0;
+    if (!(e <= 1e-5)) fail_msg("%s: output differs: relative error norm %.3e", name, e);
+    for (int k = 0; k < n; k++) {
+        if (!gc[k] && !gg[k]) continue;
+        if (!gc[k] || !gg[k]) fail_msg("%s: gradient %d present on one device only", name, k);
+        double ek = dg_test_rel_err(gg[k], gc[k]);
+        if (!(ek <= 1e-5)) fail_msg("%s: gradient %d differs: relative error norm %.3e", name, k, ek);
+        if (ek > eg) eg = ek;
+        dg_release(gc[k]);
+        dg_release(gg[k]);
+    }
+    print_message("%-40s out %.3e  grads %.3e\n", name, e, eg);
+    dg_release(yc);
+    dg_release(yg);
+}
+
+static dg_tensor *ids_below(dg_rng *rng, int ndim, const int64_t *shape, int64_t hi, int64_t every_ignored) {
+    dg_tensor *t = dg_empty(ndim, shape, DG_I64);
+    int64_t *p = dg_data_ptr(t);
+    for (int64_t i = 0; i < dg_numel(t); i++)
+        p[i] = every_ignored && i % every_ignored == 0 ? -100 : (int64_t)(dg_rng_u32(rng) % (uint32_t)hi);
+    return t;
+}
+
+static void test_larger_shapes(void **state) {
+    dg_test_require_cuda();
+    dg_scope_begin();
+    dg_rng r = dg_rng_new(31);
+#define RN(...) dg_randn(DG_SHAPE(__VA_ARGS__), DG_F32, &r)
+    big_case("rms_norm [40,2048] (block per row)", f_rms, 2, (dg_tensor *[]){RN(40, 2048), RN(2048)});
+    big_case("rms_norm [5000,24] (dw in 313 chunks)", f_rms, 2, (dg_tensor *[]){RN(5000, 24), RN(24)});
+    big_case("gated_rms_norm [40,1500]", f_grms, 3, (dg_tensor *[]){RN(40, 1500), RN(40, 1500), RN(1500)});
+    big_case("l2norm [33,1100]", f_l2, 1, (dg_tensor *[]){RN(33, 1100)});
+    big_case("cross_entropy [64,3000]", f_ce, 2,
+             (dg_tensor *[]){dg_mul_scalar(RN(64, 3000), 3.0), ids_below(&r, DG_SHAPE(64), 3000, 7)});
+    big_case("cross_entropy [2000,10]", f_ce, 2, (dg_tensor *[]){RN(2000, 10), ids_below(&r, DG_SHAPE(2000), 10, 5)});
+    big_case("conv1d [3,400,48] W 4 (dw in chunks)", f_conv, 3, (dg_tensor *[]){RN(3, 400, 48), RN(48, 4), RN(48)});
+    big_case("embedding [50,64] x 4000 ids", f_emb, 2, (dg_tensor *[]){RN(50, 64), ids_below(&r, DG_SHAPE(40, 100), 50, 0)});
+    big_case("linear [300,70] x [90,70]", f_lin, 3, (dg_tensor *[]){RN(300, 70), RN(90, 70), RN(90)});
+    big_case("swiglu [300,700]", f_swiglu, 2, (dg_tensor *[]){RN(300, 700), RN(300, 700)});
+    big_case("sum over dim 1 of [64,5000]", f_sum1, 1, (dg_tensor *[]){RN(64, 5000)});
+    big_case("matmul [4,3,64,32] x [3,32,48] (4 calls)", f_mm, 2, (dg_tensor *[]){RN(4, 3, 64, 32), RN(3, 32, 48)});
+    big_case("matmul [2,5,64,32] x [32,16] (1 call)", f_mm, 2, (dg_tensor *[]){RN(2, 5, 64, 32), RN(32, 16)});
+#undef RN
+    dg_scope_end();
+}
+
 /* ---- optimiser ---- */
 
 static dg_tensor *param(const char *name, dg_tensor *host, dg_device dev) {
@@ -420,6 +512,7 @@ int main(void) {
         cmocka_unit_test(test_registry_parity_f32),
         cmocka_unit_test(test_registry_parity_f64),
         cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_larger_shapes),
         cmocka_unit_test(test_matmul_bf16_cpu_refused),
         cmocka_unit_test(test_device_bad_ids),
         cmocka_unit_test(test_adamw_matches_cpu_bitwise),

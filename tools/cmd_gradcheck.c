@@ -6,8 +6,8 @@
  * strides) and backward variant, the inputs go to the device with their layout, the op runs
  * forward and backward there with random output weights W, and the gradients of
  * L = sum_j <out_j, W_j> are compared with central differences of L evaluated by device forwards
- * (eps 1e-6; element by element up to 256 elements, else 6 random directions; the op's f64
- * tolerances), exactly the scheme of autograd/gradcheck.c.
+ * (eps 1e-6, or 1e-3 for an f32 input such as to_dtype's; element by element up to 256 elements,
+ * else 6 random directions; the op's f64 tolerances), exactly the scheme of autograd/gradcheck.c.
  * Where the op has no f64 kernel on the device (its f64 forward fails there), it runs in f32 on
  * the device and its output and gradients are compared with the CPU f64 run on the same inputs
  * (the op's f32 tolerances, element by element: |gpu - cpu| <= atol + rtol |cpu|); those rows say
@@ -54,11 +54,14 @@ static void fail_row(dg_gradcheck_report *rep, const dg_op_def *def, const char 
     add_row(rep, &row);
 }
 
-/* t's values on dev with t's shape, strides and offset (the whole storage travels), of dtype dt */
+#define KEEP_DTYPE DG_NUM_DTYPES
+
+/* A copy of t's values on dev with t's shape, strides and offset (the whole storage travels); float
+ * inputs in dtype dt (KEEP_DTYPE: t's own).  Always a fresh leaf, so gradients never pile up in
+ * the case's tensors. */
 static dg_tensor *same_layout_on(dg_tensor *t, dg_device dev, dg_dtype dt) {
     if (!t) return NULL;
-    if (!dg_dtype_is_float(t->dtype)) dt = t->dtype;
-    if (t->device == dev && t->dtype == dt) return t;
+    if (!dg_dtype_is_float(t->dtype) || dt == KEEP_DTYPE) dt = t->dtype;
     int64_t n = (int64_t)(t->storage->nbytes / dg_dtype_size(t->dtype)), one = 1;
     dg_tensor *flat = dg_make_view(t, 1, &n, &one, 0);
     dg_tensor *base = flat ? dg_empty_on(1, &n, dt, dev) : NULL;
@@ -133,7 +136,7 @@ static double loss_on_device(const gc_case *c, int *err) {
     double L = 0;
     dg_tensor *out[DG_MAX_IO] = {0}, *none[DG_MAX_IO] = {0};
     dg_scope_begin();
-    if (run_on(c, DG_CUDA, DG_F64, false, out, none) != 0) *err = 1;
+    if (run_on(c, DG_CUDA, KEEP_DTYPE, false, out, none) != 0) *err = 1;
     else
         for (int j = 0; j < c->def->n_out; j++)
             if (out[j] && c->w[j]) L += dot_host(out[j], c->w[j]);
@@ -161,14 +164,17 @@ static void set_label(dg_gradcheck_row *row, const gc_case *c, bool strided, con
              c->def->in_names[k] ? c->def->in_names[k] : "?", dg_shp(c->in[k]));
 }
 
-/* f64 on the device: analytic gradients against central differences of device forwards */
+/* f64 on the device: analytic gradients against central differences of device forwards.  Inputs
+ * keep the sample's dtype: f64, except where a sampler says otherwise (to_dtype's f32 input, then
+ * perturbed by an f32-sized step, as autograd/gradcheck.c does). */
 static int check_f64_on_device(gc_case *c, bool strided, uint64_t seed, dg_gradcheck_report *rep) {
     dg_tensor *out[DG_MAX_IO] = {0}, *grad[DG_MAX_IO] = {0};
-    if (run_on(c, DG_CUDA, DG_F64, true, out, grad) != 0) return -1;
+    if (run_on(c, DG_CUDA, KEEP_DTYPE, true, out, grad) != 0) return -1;
     dg_rng rng = dg_rng_new(seed ^ 0xD1FFull);
     for (int k = 0; k < c->n_in; k++) {
         if (!c->diff[k] || !c->in[k]) continue;
         dg_tensor *x = c->in[k];
+        double eps = x->dtype == DG_F64 ? FD_EPS : 1e-3;
         int64_t numel = dg_numel(x);
         bool elementwise = numel <= ELEMENTWISE_LIMIT;
         int64_t count = elementwise ? numel : N_DIRECTIONS;
@@ -178,12 +184,12 @@ static int check_f64_on_device(gc_case *c, bool strided, uint64_t seed, dg_gradc
             dg_scope_begin();
             dg_tensor *u = elementwise ? NULL : dg_randn(x->ndim, x->shape, DG_F64, &rng);
             int err = 0;
-            perturb(x, u, j, FD_EPS);
+            perturb(x, u, j, eps);
             double fp = loss_on_device(c, &err);
-            perturb(x, u, j, -2 * FD_EPS);
+            perturb(x, u, j, -2 * eps);
             double fm = loss_on_device(c, &err);
-            perturb(x, u, j, FD_EPS);
-            double fd = (fp - fm) / (2 * FD_EPS), an = 0;
+            perturb(x, u, j, eps);
+            double fd = (fp - fm) / (2 * eps), an = 0;
             if (grad[k]) {
                 if (u) an = dot_host(grad[k], u);
                 else {
@@ -275,7 +281,7 @@ static int gradcheck_op_cuda(const dg_op_def *def, uint64_t seed, dg_gradcheck_r
                 }
                 /* output shapes from a CPU forward, then the weights */
                 dg_tensor *out_c[DG_MAX_IO] = {0}, *none[DG_MAX_IO] = {0};
-                if (run_on(&c, DG_CPU, DG_F64, false, out_c, none) != 0) {
+                if (run_on(&c, DG_CPU, KEEP_DTYPE, false, out_c, none) != 0) {
                     fail_row(rep, def, def->bwd[v].name, s.label, "cpu forward failed");
                     dg_scope_end();
                     continue;
