@@ -375,6 +375,41 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
     }
 }
 
+/* small shapes through every kernel (generic and tensor-core, fused and unfused, both inverses,
+ * both dg variants): the test to run under compute-sanitizer */
+static void test_dr_chunk_sanitize(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    static const cfg cases[] = {
+        {"sanitize: channel, varlen, GVA, C16", 1, 40, 1, 2, 24, 40, DG_GATE_CHANNEL, 16, 4, {0, 7, 7, 40}, 1, 1, 0},
+        {"sanitize: head, C32", 1, 40, 1, 1, 16, 72, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},
+    };
+    static const cfg fast[] = {
+        {"sanitize: head, varlen, K=V=64 (mma)", 1, 100, 1, 2, 64, 64, DG_GATE_HEAD, 64, 3, {0, 70, 100}, 1, 1, 0},
+        {"sanitize: none, K=128, V=64 (mma)", 1, 70, 1, 1, 128, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
+    };
+    static const dg_dr_variant v000 = {0, 0, 0};
+    for (int i = 0; i < 2; i++) {
+        for (int bf = 0; bf < 2; bf++) {
+            const cfg *c = bf ? &fast[i] : &cases[i];
+            data d;
+            make(c, bf, &d);
+            res ref, got;
+            res_alloc(c, &d, &ref);
+            ref_f64(&d, &ref);
+            for (int vi = 0; vi < 2; vi++) {
+                res_alloc(c, &d, &got);
+                run_gpu(&d, bf, vi ? &v000 : &var_default, &got);
+                char what[160];
+                snprintf(what, sizeof what, "%s var %s", c->name, vi ? "000" : "111");
+                check(what, &got, &ref, bf ? 5e-3 : 1e-5);
+                res_free(&got);
+            }
+            res_free(&ref), data_free(&d);
+        }
+    }
+}
+
 /* argument checks come before any device work: these run without a GPU too */
 static void test_dr_chunk_bad_input(void **state) {
     (void)state;
@@ -421,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_f32_variants),
         cmocka_unit_test(test_dr_chunk_bf16),
         cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
+        cmocka_unit_test(test_dr_chunk_sanitize),
     };
     const char *filter = getenv("DG_TEST_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);

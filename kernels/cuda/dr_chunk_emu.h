@@ -37,6 +37,15 @@ struct dim3 {
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
 extern "C" void drc_emu_switch(void **save_sp, void *load_sp);
 #ifndef DRC_EMU_SWITCH_DEFINED
 #define DRC_EMU_SWITCH_DEFINED

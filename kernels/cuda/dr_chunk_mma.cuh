@@ -1,0 +1,254 @@
+/* Tensor-core building blocks of the fast chunked delta-rule kernels (dr_chunk_mma_*.cu): shared
+ * memory tiles of bf16, warp-level tile products on mma.sync m16n8k16 (bf16 operands, f32
+ * accumulation), the fragment layout of the accumulators, row and column reductions, and the
+ * buffers that pass between the kernels.
+ *
+ * Precision.  bf16 inputs (q, k, v, dO) enter the products as they are (exact).  A computed f32
+ * operand X (W, U, states, the inverse, V', gated products) is split into two bf16 tiles,
+ * X = hi + lo with hi = bf16(X), lo = bf16(X - hi) (about 16 significant bits together); a product
+ * of two split operands takes three mma passes (hi hi + lo hi + hi lo), of a split and a plain one
+ * two.  So the chunked algebra keeps close to f32 accuracy while running on bf16 tensor cores.
+ *
+ * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
+ * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads); an
+ * M x N product (M in {64, 128}) is split by warps: M = 128: warp w takes rows 16w..16w+15, all N
+ * columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
+
+#include "kernels/cuda/dr_chunk_internal.cuh"
+
+namespace drc {
+namespace fast {
+
+constexpr int FNT = 256; /* threads per block */
+constexpr int FC = 64;   /* chunk */
+constexpr int PAD = 8;
+
+/* bytes of a tile of R rows and Cc columns (bf16) */
+__host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }
+
+/* ---- warp tile products ----
+ * acc[MT][NT] += A (16 MT x kdim) * B (kdim x 8 NT) for this warp's tile at (m0, n0).
+ * A(m, k) = A[m*lda + k] (A_KM false) or A[k*lda + m] (A_KM true: A stored transposed);
+ * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true). */
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
+                                        const uint16_t *B, int ldb, int n0, int kdim) {
+    static_assert(NT % 2 == 0, "n tiles in pairs");
+    const int lane = threadIdx.x & 31;
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (!A_KM)
+                ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+            else
+                ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 +
+                                     ((lane >> 3) & 1) * 8);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t r[4];
+            if (!B_KN)
+                ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 +
+                               ((lane >> 3) & 1) * 8);
+            else
+                ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 +
+                                 (lane >> 4) * 8);
+            b[nt][0] = r[0], b[nt][1] = r[1], b[nt + 1][0] = r[2], b[nt + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], a[mt], b[nt]);
+    }
+}
+
+/* a split tile: hi and lo parts, lo at a fixed element offset from hi */
+struct Sp {
+    uint16_t *hi;
+    int lo_off; /* elements */
+    __device__ __forceinline__ uint16_t *lo() const { return hi + lo_off; }
+};
+
+/* split x split: three passes; split x raw, raw x split: two */
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
+                                       int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+}
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0,
+                                       const uint16_t *B, int ldb, int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B, ldb, n0, kdim);
+}
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
+                                       Sp B, int ldb, int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.lo(), ldb, n0, kdim);
+}
+
+/* warp tiling of an M x N output (M in {64, 128}) over the 8 warps */
+template <int M, int N> struct WT {
+    static constexpr int NT = M == 128 ? N / 8 : N / 16;
+    __device__ __forceinline__ static int m0(int w) { return M == 128 ? 16 * w : 16 * (w & 3); }
+    __device__ __forceinline__ static int n0(int w) { return M == 128 ? 0 : (w >> 2) * (N / 2); }
+};
+
+template <int NT> __device__ __forceinline__ void acc_zero(float (&acc)[1][NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[0][nt][q] = 0.0f;
+}
+
+/* f(row, col, value&) over this thread's accumulator elements (one m tile) */
+template <int NT, class F>
+__device__ __forceinline__ void frag_each(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), acc[0][nt][q]);
+}
+
+/* ---- splitting, stores ---- */
+__device__ __forceinline__ void split2(float x, uint16_t &h, uint16_t &l) {
+    h = f2bf(x);
+    l = f2bf(x - bf2f(h));
+}
+/* the pair (row, col), (row, col+1) of an accumulator into a split tile */
+__device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float x0, float x1) {
+    uint16_t h0, l0, h1, l1;
+    split2(x0, h0, l0);
+    split2(x1, h1, l1);
+    *(uint32_t *)(t.hi + row * ld + col) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(t.lo() + row * ld + col) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+/* split x into the accumulator-shaped tile: f(row, col) gives the value */
+template <int NT, class F>
+__device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = m0 + g + 8 * h, col = n0 + nt * 8 + 2 * tq;
+            put_split2(t, ld, row, col, f(row, col, nt, 2 * h), f(row, col + 1, nt, 2 * h + 1));
+        }
+}
+
+/* ---- loads into shared memory (16-byte vectors; rows >= nrow are zero) ----
+ * raw tile [R][Cc] from global rows with stride ldg (elements) */
+template <int R, int Cc>
+__device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+    constexpr int V8 = Cc / 8;
+    for (int e = threadIdx.x; e < R * V8; e += FNT) {
+        int r = e / V8, c = (e % V8) * 8;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (r < nrow) x = *(const uint4 *)(g + r * ldg + c);
+        *(uint4 *)(s + r * (Cc + PAD) + c) = x;
+    }
+}
+/* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */
+template <int R, int Cc>
+__device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg,
+                                           int nrow) {
+    load_raw<R, Cc>(s.hi, gh, ldg, nrow);
+    load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
+}
+
+/* ---- reductions over the accumulator tile (deterministic: fixed order) ----
+ * red is [8 warps][64] floats in shared memory, zero on entry to each round. */
+/* rows: rs[h] is this thread's sum for row m0 + g + 8h; adds across the quad and writes the
+ * warp's slot */
+__device__ __forceinline__ void red_rows_put(float *red, int m0, float (&rs)[2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float x = rs[h];
+        x += shfl_xor(x, 1);
+        x += shfl_xor(x, 2);
+        if (t == 0) red[warp * 64 + m0 + g + 8 * h] += x;
+    }
+}
+/* columns: cs[nt][j] is this thread's sum for column n0 + 8nt + 2t + j (over its rows) */
+template <int NT>
+__device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT][2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float x = cs[nt][j];
+            x += shfl_xor(x, 4);
+            x += shfl_xor(x, 8);
+            x += shfl_xor(x, 16);
+            if (g == 0) red[warp * 64 + n0 + nt * 8 + 2 * t + j] += x;
+        }
+}
+/* after a barrier: dst[i] (+)= sum over warps of red[w][i], i < 64; red zeroed again.  The caller
+ * puts a barrier after it before red or dst are used again. */
+__device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
+    const int i = threadIdx.x;
+    if (i < 64) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < FNT / 32; w++) {
+            s += red[w * 64 + i];
+            red[w * 64 + i] = 0.0f;
+        }
+        dst[i] = add ? dst[i] + s : s;
+    }
+}
+
+/* sum over the block of one value per thread (after which every thread has it); scratch: 8 floats */
+__device__ __forceinline__ float block_sum(float x, float *scr) {
+    x = warp_sum(x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scr[warp] = x;
+    bsync();
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < FNT / 32; w++) s += scr[w];
+    bsync();
+    return s;
+}
+
+/* the chunk's gate G (cumulative, rows >= L hold G_{L-1} so that G_i - G_j <= 0 for j <= i)
+ * and beta (0 past L) into shared memory; GATE NONE: G = 0 */
+template <int GATE>
+__device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L, int hv,
+                                               const float *Gc, const uint16_t *beta, float *sG,
+                                               float *sb) {
+    const int i = threadIdx.x;
+    if (i < FC) {
+        int ii = i < L ? i : L - 1;
+        sG[i] = GATE == DG_GATE_HEAD ? Gc[(r0 + ii) * G.HV + hv] : 0.0f;
+        if (sb) sb[i] = i < L ? bf2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
+    }
+}
+
+/* Buffers of the fast path, per call.  Layouts: [rows, HV, .] per token and value head; states
+ * [nchunks, HV, K, V]; hi/lo pairs of bf16 for the split operands. */
+struct FastBufs {
+    float *Gc;              /* [rows, HV] cumulative gate (HEAD only) */
+    uint16_t *Wh, *Wl;      /* [rows, HV, K] */
+    float *U;               /* [rows, HV, V] */
+    uint16_t *Vnh, *Vnl;    /* [rows, HV, V]  V' */
+    uint16_t *Sh, *Sl;      /* [nchunks, HV, K, V]  state entering each chunk */
+    float *Ai;              /* [rows, HV, 64] (I + A)^-1, backward only */
+};
+
+/* launches prep and the state pass (fwd: hT; bwd: Ai) into b (allocated by the caller) */
+int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd);
+
+} // namespace fast
+} // namespace drc
+
+#endif

@@ -1,0 +1,521 @@
+/* The tensor-core chunked delta-rule backward (bf16 storage, gate NONE or HEAD, chunk 64, K and
+ * V in {64, 128}); building blocks in dr_chunk_mma.cuh, the recompute of W, U, the states and V'
+ * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
+ * (dr_chunk_generic.cu, after kernels/cpu/dr_chunk_bwd_impl.h):
+ *   dhu    (block per sequence, head; all V; chunks in reverse; dS in registers):
+ *          dV' = P^T dO + e^{G_last - G} o (K dS)                 P = scale lower(Q K^T o Gamma)
+ *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'
+ *          stores dS (leaving each chunk) and dV', split
+ *   dqkwg  (block per chunk, head):  dq = scale e^G o (dO S0^T) + (scale dP o Gamma) K,
+ *          dP = lower(dO V'^T);  dk = (scale dP o Gamma)^T Q + e^{G_last - G} o (V' dS1^T);
+ *          dW = -dV' S0^T; the gate gradient of these (partial terms, or from the final dq, dk)
+ *   wy     dAi = lower(dW Kbg^T + dU Vb^T); dKbg = Ai^T dW, dVb = Ai^T dU -> dv, dbeta, dk, dG;
+ *          dA = strictly_lower(-Ai^T dAi Ai^T) -> dbeta, dMkk = diag(beta) dA;
+ *          dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dg = reverse cumsum of dG
+ *   kda_fused = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
+ *   the partial dk and dG through global memory. */
+#include "kernels/cuda/dr_chunk_mma.cuh"
+
+namespace drc {
+namespace fast {
+namespace {
+
+template <int K, int V> struct DhuSmem {
+    static constexpr int R1 = 2 * tile_bytes(64, K); /* q, k; later W split */
+    static constexpr int R2 = tile_bytes(64, V);     /* dO */
+    static constexpr int R3 = 2 * (tile_bytes(64, V) > tile_bytes(64, 64) ? tile_bytes(64, V) : tile_bytes(64, 64));
+    static constexpr int R4 = 2 * tile_bytes(K, V); /* dS split */
+    static constexpr int R5 = 2 * tile_bytes(64, V); /* -dV' split */
+    static constexpr int bytes = 64 * 4 + R1 + R2 + R3 + R4 + R5;
+};
+
+template <int NT, class F>
+__device__ __forceinline__ void pairs_of(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+
+__device__ __forceinline__ void put_pair_g(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
+    uint16_t h0, l0, h1, l1;
+    split2(x0, h0, l0);
+    split2(x1, h1, l1);
+    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+
+/* block per (sequence, value head) */
+template <int K, int V, int GATE>
+__global__ void __launch_bounds__(FNT)
+    b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
+          float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
+    using L_ = DhuSmem<K, V>;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int64_t n = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    float *sG = sm;
+    unsigned char *base = (unsigned char *)(sG + 64);
+    uint16_t *sQ = (uint16_t *)base, *sK = sQ + 64 * (K + PAD);
+    const Sp sW{sQ, 64 * (K + PAD)};
+    uint16_t *sO = (uint16_t *)(base + L_::R1);
+    const Sp sP{(uint16_t *)(base + L_::R1 + L_::R2), 64 * 72};
+    const Sp sX{(uint16_t *)(base + L_::R1 + L_::R2), 64 * (V + PAD)};
+    const Sp sdS{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3), K * (V + PAD)};
+    const Sp sN{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3 + L_::R4), 64 * (V + PAD)};
+    using TS = WT<K, V>;
+    using TV = WT<64, V>;
+    using TP = WT<64, 64>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
+    const float scale = G.scale;
+    float dS[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    for (int64_t c = c1 - 1; c >= c0; c--) {
+        const Chunk ch = chunk_at(G, c);
+        const int L = ch.L;
+        const int64_t r0 = ch.r0;
+        load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw<64, V>(sO, dout + (r0 * HV + hv) * V, (int64_t)HV * V, L);
+        load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+        pairs_of(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            put_split2(sdS, V + PAD, r, j, x0, x1);
+            put_pair_g(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
+        });
+        bsync();
+        { /* P (stored [m][i]) */
+            float acc[1][TP::NT][4];
+            acc_zero(acc);
+            mma_run<1, TP::NT, false, false>(acc, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
+            store_split<TP::NT>(sP, 72, pm0, pn0, [&](int m, int i, int nt, int qq) {
+                if (i > m) return 0.0f;
+                float x = scale * acc[0][nt][qq];
+                if (GATE == DG_GATE_HEAD) x *= expf(sG[m] - sG[i]);
+                return x;
+            });
+        }
+        bsync();
+        { /* dV' = P^T dO + e^{G_last - G} o (K dS) */
+            float a1[1][TV::NT][4], a2[1][TV::NT][4];
+            acc_zero(a1), acc_zero(a2);
+            mma_sr<1, TV::NT, true, true>(a1, sP, 72, vm0, sO, V + PAD, vn0, 64);
+            mma_rs<1, TV::NT, false, true>(a2, sK, K + PAD, vm0, sdS, V + PAD, vn0, K);
+            const float gl = sG[63];
+            const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + g + 8 * hh, j = vn0 + nt * 8 + 2 * t;
+                    const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
+                    const float x0 = a1[0][nt][2 * hh] + e * a2[0][nt][2 * hh];
+                    const float x1 = a1[0][nt][2 * hh + 1] + e * a2[0][nt][2 * hh + 1];
+                    if (i < L) put_pair_g(dVh, dVl, ((r0 + i) * HV + hv) * V + j, x0, x1);
+                    put_split2(sN, V + PAD, i, j, -x0, -x1);
+                }
+        }
+        bsync();
+        /* X = scale e^G o dO (over P);  dS <- e^{G_last} dS */
+        for (int e = tid; e < 64 * V; e += FNT) {
+            const int i = e / V, j = e % V;
+            float x = scale * bf2f(sO[i * (V + PAD) + j]);
+            if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
+            split2(x, sX.hi[i * (V + PAD) + j], sX.lo()[i * (V + PAD) + j]);
+        }
+        if (GATE == DG_GATE_HEAD) {
+            const float d = expf(sG[63]);
+            frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= d; });
+        }
+        bsync();
+        mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, V + PAD, sn0, 64);
+        bsync();
+        load_split<64, K>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        bsync();
+        mma_ss<1, TS::NT, true, true>(dS, sW, K + PAD, sm0, sN, V + PAD, sn0, 64);
+        bsync();
+    }
+    if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
+}
+
+/* ---- dqkwg + WY ---- */
+template <int K, int V> struct QkSmem {
+    static constexpr int T64 = 2 * tile_bytes(64, 64);
+    static constexpr int F32 = (4 * 64 + 2 * 8 * 64 + 16) * 4;
+    static constexpr int X1 = 2 * tile_bytes(K, V) > 3 * T64 ? 2 * tile_bytes(K, V) : 3 * T64;
+    static constexpr int X2 = 2 * (tile_bytes(64, V) > tile_bytes(64, K) ? tile_bytes(64, V) : tile_bytes(64, K));
+    static constexpr int X3 = 2 * tile_bytes(64, V);
+    static constexpr int X4 = tile_bytes(64, V);
+    static constexpr int X5 = tile_bytes(64, K);
+    static constexpr int o1 = F32, o2 = o1 + X1, o3 = o2 + X2, o4 = o3 + X3, o5 = o4 + X4,
+                         o6 = o5 + X5, o7 = o6 + X5;
+    static constexpr int bytes = o7 + T64;
+};
+
+struct QkArgs {
+    const uint16_t *q, *k, *v, *beta, *dout;
+    FastBufs b;
+    const uint16_t *dSh, *dSl, *dVh, *dVl;
+    float *dqv, *dkv;         /* [rows, HV, K] per value head */
+    uint16_t *dWh, *dWl;      /* unfused: [rows, HV, K] */
+    float *dGg;               /* unfused: [rows, HV] */
+    uint16_t *dv, *dbeta;
+    float *dg;
+    int final_dg;
+};
+
+/* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
+template <int K, int V, int GATE, int MODE>
+__global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
+    using S_ = QkSmem<K, V>;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2,
+              tq = lane & 3;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0;
+    const float scale = G.scale;
+    float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64,
+          *redb = redg + 8 * 64, *scr = redb + 8 * 64;
+    unsigned char *B8 = (unsigned char *)sm;
+    const Sp sS{(uint16_t *)(B8 + S_::o1), K * (V + PAD)};
+    const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
+    const Sp sdAi{(uint16_t *)(B8 + S_::o1 + S_::T64), 64 * 72};
+    const Sp sT{(uint16_t *)(B8 + S_::o1 + 2 * S_::T64), 64 * 72};
+    const Sp sVn{(uint16_t *)(B8 + S_::o2), 64 * (V + PAD)};
+    const Sp sdW{(uint16_t *)(B8 + S_::o2), 64 * (K + PAD)};
+    const Sp sdV{(uint16_t *)(B8 + S_::o3), 64 * (V + PAD)};
+    uint16_t *sO = (uint16_t *)(B8 + S_::o4), *sV = sO; /* dO, later v */
+    uint16_t *sQ = (uint16_t *)(B8 + S_::o5), *sK = (uint16_t *)(B8 + S_::o6);
+    const Sp sDP{(uint16_t *)(B8 + S_::o7), 64 * 72};
+    using TK = WT<64, K>;
+    using TV = WT<64, V>;
+    using TP = WT<64, 64>;
+    const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
+    const int64_t ot = r0 * HV + hv; /* row r0 of [rows, HV, .] */
+    const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
+    constexpr bool HEAD = GATE == DG_GATE_HEAD;
+    const int partial = HEAD && !a.final_dg;
+
+    for (int e = tid; e < 2 * 8 * 64; e += FNT) redg[e] = 0.0f;
+    load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+    load_gate_beta<GATE>(G, r0, L, hv, a.b.Gc, a.beta, sG, sb);
+    if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
+    float dk[1][TK::NT][4];
+    acc_zero(dk);
+
+    if (MODE != 2) {
+        load_raw<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        load_split<64, V>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+        load_split<K, V>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        bsync();
+        /* A: dQg = dO S0^T;  dW' = dV' S0^T  (dW = -dW') */
+        float dq[1][TK::NT][4], dw[1][TK::NT][4];
+        acc_zero(dq), acc_zero(dw);
+        mma_rs<1, TK::NT, false, false>(dq, sO, V + PAD, km0, sS, V + PAD, kn0, V);
+        mma_ss<1, TK::NT, false, false>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
+        bsync();
+        /* S0 -> dS1 in place, with trace(S0^T dS1) */
+        float tr = 0.0f;
+        {
+            constexpr int V8 = V / 8;
+            for (int e = tid; e < K * V8; e += FNT) {
+                const int r = e / V8, c8 = (e % V8) * 8;
+                uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
+                const uint4 dh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
+                const uint4 dl = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
+                const uint16_t *xh = (const uint16_t *)&dh, *xl = (const uint16_t *)&dl;
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    tr += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(xh[u]) + bf2f(xl[u]));
+                *(uint4 *)ph = dh;
+                *(uint4 *)pl = dl;
+            }
+        }
+        tr = block_sum(tr, scr);
+        /* B: dKd = V' dS1^T */
+        mma_ss<1, TK::NT, false, false>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
+        /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
+        {
+            float dp[1][TP::NT][4], pp[1][TP::NT][4];
+            acc_zero(dp), acc_zero(pp);
+            mma_rs<1, TP::NT, false, false>(dp, sO, V + PAD, pm0, sVn, V + PAD, pn0, V);
+            if (partial) mma_run<1, TP::NT, false, false>(pp, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
+            float rs[2] = {0.0f, 0.0f}, cs[TP::NT][2];
+#pragma unroll
+            for (int nt = 0; nt < TP::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
+            store_split<TP::NT>(sDP, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
+                if (l > i) return 0.0f;
+                const float gam = HEAD ? expf(sG[i] - sG[l]) : 1.0f;
+                if (partial) { /* rowcol(dP, P): +dP_il P_il to row i, - to column l */
+                    const float tt = dp[0][nt][qq] * scale * gam * pp[0][nt][qq];
+                    rs[qq >> 1] += tt;
+                    cs[nt][qq & 1] -= tt;
+                }
+                return scale * gam * dp[0][nt][qq];
+            });
+            if (partial) {
+                red_rows_put(redg, pm0, rs);
+                red_cols_put<TP::NT>(redg, pn0, cs);
+            }
+        }
+        /* dq = scale e^G o dQg (+ partial dG term);  dk = e^{G_last - G} o dKd (f3) */
+        float skf3 = 0.0f;
+        {
+            float rs[2] = {0.0f, 0.0f};
+            const float gl = sG[63];
+            frag_each(dq, km0, kn0, [&](int i, int cc, float &x) {
+                x *= HEAD ? scale * expf(sG[i]) : scale;
+                if (partial) rs[(i - km0) >> 3] += bf2f(sQ[i * (K + PAD) + cc]) * x;
+            });
+            frag_each(dk, km0, kn0, [&](int i, int cc, float &x) {
+                if (HEAD) x *= expf(gl - sG[i]);
+                const float t = bf2f(sK[i * (K + PAD) + cc]) * x;
+                skf3 += t;
+                if (partial) rs[(i - km0) >> 3] -= t;
+            });
+            if (partial) red_rows_put(redg, km0, rs);
+        }
+        bsync();
+        mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
+        mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sQ, K + PAD, kn0, 64);
+        if (HEAD && !partial) { /* seed 001: dG = rowsum(q o dq) - rowsum(k o dk) */
+            float rs[2] = {0.0f, 0.0f};
+            frag_each(dq, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += bf2f(sQ[i * (K + PAD) + cc]) * x; });
+            frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= bf2f(sK[i * (K + PAD) + cc]) * x; });
+            red_rows_put(redg, km0, rs);
+        }
+        if (HEAD) skf3 = block_sum(skf3, scr); /* (barriers) */
+        else bsync();
+        if (HEAD) {
+            red_collect(redg, sdG, true);
+            bsync();
+            if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
+        }
+        /* dq is final */
+        pairs_of(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+            if (i < L) *(float2 *)(a.dqv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+        });
+        /* dW = -dW' */
+        if (MODE == 0) {
+            pairs_of(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
+        } else {
+            pairs_of(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) put_pair_g(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+            });
+            pairs_of(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) *(float2 *)(a.dkv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+            });
+            bsync();
+            if (HEAD && tid < L) a.dGg[ot + (int64_t)tid * HV] = sdG[tid];
+            return;
+        }
+    } else {
+        load_split<64, K>(sdW, a.dWh + ot * K, a.dWl + ot * K, (int64_t)HV * K, L);
+        frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot + (int64_t)i * HV) * K + cc] : 0.0f; });
+        if (HEAD && tid < L) sdG[tid] = a.dGg[ot + (int64_t)tid * HV];
+    }
+
+    /* ---- WY backward ---- */
+    load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    for (int e = tid; e < 64 * 64; e += FNT) {
+        const int i = e / 64, j = e % 64;
+        const float x = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
+        split2(x, sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    }
+    bsync();
+    { /* dAi = lower((dW K^T) diag(e^G) + dU V^T) diag(beta) */
+        float acc[1][TP::NT][4];
+        acc_zero(acc);
+        mma_sr<1, TP::NT, false, false>(acc, sdW, K + PAD, pm0, sK, K + PAD, pn0, K);
+        if (HEAD) frag_each(acc, pm0, pn0, [&](int, int j, float &x) { x *= expf(sG[j]); });
+        mma_sr<1, TP::NT, false, false>(acc, sdV, V + PAD, pm0, sV, V + PAD, pn0, V);
+        store_split<TP::NT>(sdAi, 72, pm0, pn0, [&](int i, int j, int nt, int qq) {
+            return j <= i ? acc[0][nt][qq] * sb[j] : 0.0f;
+        });
+    }
+    { /* dKbg = Ai^T dW: dk += e^G beta o dKbg; dbeta += rowsum(e^G k o dKbg); dG += rowsum(k o rp) */
+        float acc[1][TK::NT][4];
+        acc_zero(acc);
+        mma_ss<1, TK::NT, true, true>(acc, sAi, 72, km0, sdW, K + PAD, kn0, 64);
+        float rb[2] = {0.0f, 0.0f}, rg[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < TK::NT; nt++)
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
+                const float e = HEAD ? expf(sG[j]) : 1.0f, kv = bf2f(sK[j * (K + PAD) + cc]);
+                const float x = acc[0][nt][qq], rp = e * sb[j] * x;
+                rb[qq >> 1] += e * kv * x;
+                rg[qq >> 1] += kv * rp;
+                dk[0][nt][qq] += rp;
+            }
+        red_rows_put(redb, km0, rb);
+        if (HEAD) red_rows_put(redg, km0, rg);
+    }
+    { /* dVb = Ai^T dU: dv = beta o dVb; dbeta += rowsum(v o dVb) */
+        float acc[1][TV::NT][4];
+        acc_zero(acc);
+        mma_ss<1, TV::NT, true, true>(acc, sAi, 72, vm0, sdV, V + PAD, vn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        pairs_of(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+            rb[(j - vm0) >> 3] += bf2f(sV[j * (V + PAD) + vv]) * x0 + bf2f(sV[j * (V + PAD) + vv + 1]) * x1;
+            if (j < L && a.dv)
+                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
+        });
+        red_rows_put(redb, vm0, rb);
+    }
+    bsync();
+    { /* T = Ai^T dAi */
+        float acc[1][TP::NT][4];
+        acc_zero(acc);
+        mma_ss<1, TP::NT, true, true>(acc, sAi, 72, pm0, sdAi, 72, pn0, 64);
+        store_split<TP::NT>(sT, 72, pm0, pn0, [&](int, int, int nt, int qq) { return acc[0][nt][qq]; });
+    }
+    bsync();
+    { /* dA = -T Ai^T (strictly lower); Mkk = K K^T o Gamma; dbeta, dMkk, dG (rowcol) */
+        float acc[1][TP::NT][4], mk[1][TP::NT][4];
+        acc_zero(acc), acc_zero(mk);
+        mma_ss<1, TP::NT, false, false>(acc, sT, 72, pm0, sAi, 72, pn0, 64);
+        mma_run<1, TP::NT, false, false>(mk, sK, K + PAD, pm0, sK, K + PAD, pn0, K);
+        float rb[2] = {0.0f, 0.0f}, rg[2] = {0.0f, 0.0f}, cg[TP::NT][2];
+#pragma unroll
+        for (int nt = 0; nt < TP::NT; nt++) cg[nt][0] = cg[nt][1] = 0.0f;
+        store_split<TP::NT>(sDP, 72, pm0, pn0, [&](int i, int j, int nt, int qq) {
+            if (j >= i) return 0.0f;
+            const float gam = HEAD ? expf(sG[i] - sG[j]) : 1.0f;
+            const float dA = -acc[0][nt][qq], M = mk[0][nt][qq] * gam;
+            rb[qq >> 1] += dA * M;
+            const float dM = sb[i] * dA;
+            if (HEAD) {
+                rg[qq >> 1] += dM * M;
+                cg[nt][qq & 1] -= dM * M;
+            }
+            return dM * gam;
+        });
+        red_rows_put(redb, pm0, rb);
+        if (HEAD) {
+            red_rows_put(redg, pm0, rg);
+            red_cols_put<TP::NT>(redg, pn0, cg);
+        }
+    }
+    bsync();
+    /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K */
+    mma_sr<1, TK::NT, false, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
+    mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
+    pairs_of(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+        if (i < L) *(float2 *)(a.dkv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+    });
+    red_collect(redb, sdB, true);
+    if (HEAD) red_collect(redg, sdG, true);
+    bsync();
+    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
+    if (HEAD && tid == 0 && a.dg) {
+        float acc = 0.0f;
+        for (int i = L - 1; i >= 0; i--) {
+            acc += sdG[i];
+            a.dg[ot + (int64_t)i * HV] = acc;
+        }
+    }
+}
+
+/* out[r, h, c] = sum over the value heads of key head h of in[r, hv, c] (bf16) */
+__global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K, const float *in, uint16_t *out) {
+    const int64_t n = rows * H * K;
+    for (int64_t e = blockIdx.x * (int64_t)FNT + threadIdx.x; e < n; e += (int64_t)gridDim.x * FNT) {
+        const int64_t cc = e % K, rh = e / K;
+        const float *s = in + rh * grp * K + cc;
+        float acc = 0.0f;
+        for (int m = 0; m < grp; m++) acc += s[(int64_t)m * K];
+        out[e] = f2bf(acc);
+    }
+}
+
+template <int K, int V, int GATE>
+int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
+          QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
+    const Geom &G = p.G;
+    int rc = DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE>), G.N * G.HV, FNT,
+                        (size_t)(DhuSmem<K, V>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b,
+                        dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    const size_t sq = (size_t)(QkSmem<K, V>::bytes);
+    if (!rc && var.kda_fused)
+        rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0>), G.nchunks * G.HV, FNT, sq, G, a);
+    if (!rc && !var.kda_fused) {
+        rc = DRC_LAUNCH("dr_chunk mma dqkwg", (b_qkwy<K, V, GATE, 1>), G.nchunks * G.HV, FNT, sq, G, a);
+        if (!rc) rc = DRC_LAUNCH("dr_chunk mma wy", (b_qkwy<K, V, GATE, 2>), G.nchunks * G.HV, FNT, sq, G, a);
+    }
+    return rc;
+}
+
+} // namespace
+
+#define DRC_FAST_DISPATCH_B(fn, ...)                                                               \
+    (G.K == 64 ? (G.V == 64 ? (G.gate ? fn<64, 64, 1>(__VA_ARGS__) : fn<64, 64, 0>(__VA_ARGS__))       \
+                            : (G.gate ? fn<64, 128, 1>(__VA_ARGS__) : fn<64, 128, 0>(__VA_ARGS__)))    \
+               : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))     \
+                            : (G.gate ? fn<128, 128, 1>(__VA_ARGS__) : fn<128, 128, 0>(__VA_ARGS__))))
+
+} // namespace fast
+
+int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
+    using namespace fast;
+    const Geom &G = p.G;
+    const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
+    const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
+    FastBufs b;
+    memset(&b, 0, sizeof b);
+    QkArgs a;
+    memset(&a, 0, sizeof a);
+    uint16_t *dS = nullptr, *dV = nullptr, *dW = nullptr;
+    float *dqv = nullptr, *dkv = nullptr, *dGg = nullptr;
+    b.Gc = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
+    b.Wh = scratch<uint16_t>((size_t)(2 * nk));
+    b.U = scratch<float>((size_t)nv);
+    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
+    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
+    b.Ai = scratch<float>((size_t)(rows * HV * 64));
+    dS = scratch<uint16_t>((size_t)(2 * nst));
+    dV = scratch<uint16_t>((size_t)(2 * nv));
+    dqv = scratch<float>((size_t)nk);
+    dkv = scratch<float>((size_t)nk);
+    if (!var.kda_fused) {
+        dW = scratch<uint16_t>((size_t)(2 * nk));
+        dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
+    }
+    int rc = -1;
+    if ((!G.gate || b.Gc) && b.Wh && b.U && b.Vnh && b.Sh && b.Ai && dS && dV && dqv && dkv &&
+        (var.kda_fused || (dW && (!G.gate || dGg)))) {
+        b.Wl = b.Wh + nk;
+        b.Vnl = b.Vnh + nv;
+        b.Sl = b.Sh + nst;
+        a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;
+        a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
+        a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
+        a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
+        rc = fast_prep_state(p, io, b, var.solve_tril_blocked, true);
+        if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
+        const int64_t ng = rows * G.H * G.K, nb = ng / FNT + 1 < 4096 ? ng / FNT + 1 : 4096;
+        if (!rc && io.dq)
+            rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dqv, io.dq);
+        if (!rc && io.dk)
+            rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
+    }
+    release(b.Gc), release(b.Wh), release(b.U), release(b.Vnh), release(b.Sh), release(b.Ai);
+    release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGg);
+    return rc;
+}
+
+} // namespace drc
