@@ -35,6 +35,21 @@ typedef dg_tensor *(*dg_scalar_fn)(dg_tensor *const *in, void *ctx);
 int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, double atol, double rtol,
                     double *max_abs, double *max_rel, char *worst, size_t worst_len);
 void dg_gradcheck_report_free(dg_gradcheck_report *rep);
+
+/* The pieces gradcheck is made of, for checks that run elsewhere (gradcheck --device cuda). */
+/* A scalar of inputs that live on the host (perturbed in place between calls). */
+typedef double (*dg_fd_value_fn)(dg_tensor *const *in, void *ctx, int *err);
+/* Central differences of f against analytic grads[k] (host, NULL = zero) for each input with
+ * diff[k]: element by element up to 256 elements, else 6 random directions; eps 1e-6 (f64 inputs)
+ * or 1e-3; per input the worst abs and rel error and whether |fd - an| <= atol + rtol |fd|.
+ * Returns 0, or -1 when f failed. */
+int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff,
+                  dg_tensor *const *grads, double atol, double rtol, uint64_t seed, double *abs_err,
+                  double *rel_err, bool *ok);
+/* The same values in a storage twice as long with doubled strides (host tensors). */
+dg_tensor *dg_gradcheck_strided_copy(dg_tensor *t);
+void dg_gradcheck_add_row(dg_gradcheck_report *rep, const dg_gradcheck_row *row);
+double dg_dot_all(const dg_tensor *a, const dg_tensor *b); /* host tensors, any float dtypes */
 void dg_gradcheck_print(const dg_gradcheck_report *rep, FILE *f);
 
 #endif

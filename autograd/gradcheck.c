@@ -18,7 +18,7 @@
 
 static double eps_for(dg_dtype dt) { return dt == DG_F64 ? 1e-6 : 1e-3; }
 
-static double dot_all(const dg_tensor *a, const dg_tensor *b) {
+double dg_dot_all(const dg_tensor *a, const dg_tensor *b) {
     double s = 0;
     int64_t idx[DG_MAX_DIMS] = {0};
     if (dg_numel(a) == 0) return 0;
@@ -43,11 +43,9 @@ static void perturb(dg_tensor *x, const dg_tensor *u, int64_t flat, double alpha
 
 /* ---- the generic engine: a scalar function of inputs ---- */
 
-typedef double (*value_fn)(dg_tensor *const *in, void *ctx, int *err);
-
 /* Compares analytic gradients grads[k] (NULL = zero) with central differences of f for each
  * differentiable input; writes per-input max errors.  Returns 0, or -1 if f failed. */
-static int compare_fd(value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff,
+int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff,
                       dg_tensor *const *grads, double atol, double rtol, uint64_t seed, double *abs_err,
                       double *rel_err, bool *ok) {
     dg_rng rng = dg_rng_new(seed ^ 0xD1FFull);
@@ -71,7 +69,7 @@ static int compare_fd(value_fn f, void *ctx, int n, dg_tensor *const *in, const 
             perturb(x, u, j, e);
             double fd = (fp - fm) / (2 * e), an = 0;
             if (grads[k]) {
-                if (u) an = dot_all(grads[k], u);
+                if (u) an = dg_dot_all(grads[k], u);
                 else {
                     int64_t idx[DG_MAX_DIMS] = {0}, r = j;
                     for (int d = x->ndim - 1; d >= 0; d--) {
@@ -109,14 +107,14 @@ static double op_value(dg_tensor *const *in, void *vctx, int *err) {
     if (dg_apply(c->def, c->attrs, in, out, -1) != 0) *err = 1;
     else
         for (int j = 0; j < c->def->n_out; j++)
-            if (c->weights[j]) L += dot_all(out[j], c->weights[j]);
+            if (c->weights[j]) L += dg_dot_all(out[j], c->weights[j]);
     dg_scope_end();
     dg_no_grad_end();
     return L;
 }
 
 /* Same values, strides twice the contiguous ones: every input arrives non-contiguous. */
-static dg_tensor *noncontiguous_copy(dg_tensor *t) {
+dg_tensor *dg_gradcheck_strided_copy(dg_tensor *t) {
     if (!t || dg_numel(t) <= 1) return t;
     int64_t n = dg_numel(t);
     dg_tensor *big = dg_empty_on(DG_SHAPE(2 * n), t->dtype, t->device);
@@ -128,7 +126,7 @@ static dg_tensor *noncontiguous_copy(dg_tensor *t) {
     return v;
 }
 
-static void add_row(dg_gradcheck_report *rep, const dg_gradcheck_row *row) {
+void dg_gradcheck_add_row(dg_gradcheck_report *rep, const dg_gradcheck_row *row) {
     if (rep->n == rep->cap) {
         int cap = rep->cap ? rep->cap * 2 : 64;
         dg_gradcheck_row *r = realloc(rep->rows, (size_t)cap * sizeof *r);
@@ -146,7 +144,7 @@ static void fail_row(dg_gradcheck_report *rep, const dg_op_def *def, const char 
     snprintf(row.variant, sizeof row.variant, "%s", variant);
     snprintf(row.input, sizeof row.input, "%s: %s", what, dg_last_error());
     dg_clear_error();
-    add_row(rep, &row);
+    dg_gradcheck_add_row(rep, &row);
 }
 
 /* One (sample, layout, variant): backward once, then differences per input. */
@@ -159,7 +157,7 @@ static void check_case(const dg_op_def *def, dg_sample *s, bool noncontig, int v
     for (int k = 0; k < def->n_in; k++) {
         /* a fresh copy per case: .grad starts empty, and perturbing it leaves the sample intact */
         bool is_float = s->in[k] && dg_dtype_is_float(s->in[k]->dtype);
-        in[k] = !is_float ? s->in[k] : (noncontig ? noncontiguous_copy(s->in[k]) : dg_clone(s->in[k]));
+        in[k] = !is_float ? s->in[k] : (noncontig ? dg_gradcheck_strided_copy(s->in[k]) : dg_clone(s->in[k]));
         if (in[k] && s->differentiable[k]) {
             dg_set_requires_grad(in[k], true);
             diff[k] = true;
@@ -191,7 +189,7 @@ static void check_case(const dg_op_def *def, dg_sample *s, bool noncontig, int v
     double ae[DG_MAX_IO], re[DG_MAX_IO];
     bool ok[DG_MAX_IO];
     double atol = def->atol_f64, rtol = def->rtol_f64;
-    if (compare_fd(op_value, &ctx, def->n_in, in, diff, grads, atol, rtol, seed, ae, re, ok) != 0) {
+    if (dg_fd_compare(op_value, &ctx, def->n_in, in, diff, grads, atol, rtol, seed, ae, re, ok) != 0) {
         fail_row(rep, def, vname, "forward failed under perturbation");
         dg_scope_end();
         return;
@@ -203,7 +201,7 @@ static void check_case(const dg_op_def *def, dg_sample *s, bool noncontig, int v
         snprintf(row.variant, sizeof row.variant, "%s", vname);
         snprintf(row.input, sizeof row.input, "%s%s: d%s %s", s->label, noncontig ? " (strided)" : "",
                  def->in_names[k] ? def->in_names[k] : "?", dg_shp(in[k]));
-        add_row(rep, &row);
+        dg_gradcheck_add_row(rep, &row);
     }
     dg_scope_end();
 }
@@ -272,7 +270,7 @@ int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, doub
     if (rc != 0) return -1;
     for (int k = 0; k < n; k++) grads[k] = diff[k] ? in[k]->grad : NULL;
     fn_ctx c = {f, ctx};
-    if (compare_fd(fn_value, &c, n, in, diff, grads, atol, rtol, 1234, ae, re, ok) != 0) return -1;
+    if (dg_fd_compare(fn_value, &c, n, in, diff, grads, atol, rtol, 1234, ae, re, ok) != 0) return -1;
     int failed = 0;
     *max_abs = *max_rel = 0;
     if (worst && worst_len) worst[0] = 0;

@@ -20,28 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ELEMENTWISE_LIMIT 256
-#define N_DIRECTIONS 6
-#define FD_EPS 1e-6
-
 /* a row's text, cut to the field's size (long error messages are cut, on purpose) */
 static void put_text(char *dst, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(dst, n, fmt, ap);
     va_end(ap);
-}
-
-static void add_row(dg_gradcheck_report *rep, const dg_gradcheck_row *row) {
-    if (rep->n == rep->cap) {
-        int cap = rep->cap ? rep->cap * 2 : 64;
-        dg_gradcheck_row *r = realloc(rep->rows, (size_t)cap * sizeof *r);
-        if (!r) return;
-        rep->rows = r;
-        rep->cap = cap;
-    }
-    rep->rows[rep->n++] = *row;
-    if (!row->ok) rep->n_failed++;
 }
 
 static void fail_row(dg_gradcheck_report *rep, const dg_op_def *def, const char *variant, const char *label,
@@ -51,7 +35,7 @@ static void fail_row(dg_gradcheck_report *rep, const dg_op_def *def, const char 
     snprintf(row.variant, sizeof row.variant, "%s", variant);
     put_text(row.input, sizeof row.input, "%s: %s: %s", label, what, dg_last_error());
     dg_clear_error();
-    add_row(rep, &row);
+    dg_gradcheck_add_row(rep, &row);
 }
 
 #define KEEP_DTYPE DG_NUM_DTYPES
@@ -67,28 +51,6 @@ static dg_tensor *same_layout_on(dg_tensor *t, dg_device dev, dg_dtype dt) {
     dg_tensor *base = flat ? dg_empty_on(1, &n, dt, dev) : NULL;
     if (!base || dg_copy_(base, flat) != 0) return NULL;
     return dg_make_view(base, t->ndim, t->shape, t->stride, t->offset);
-}
-
-/* the same values (host) in a storage twice as long with doubled strides */
-static dg_tensor *doubled_strides(dg_tensor *t) {
-    if (!t || dg_numel(t) <= 1) return t;
-    int64_t n = 2 * dg_numel(t), st[DG_MAX_DIMS];
-    dg_tensor *big = dg_empty(1, &n, t->dtype);
-    if (!big) return NULL;
-    dg_contiguous_strides(t->ndim, t->shape, st);
-    for (int d = 0; d < t->ndim; d++) st[d] *= 2;
-    dg_tensor *v = dg_make_view(big, t->ndim, t->shape, st, 0);
-    return v && dg_copy_(v, t) == 0 ? v : NULL;
-}
-
-static double dot_host(const dg_tensor *a, const dg_tensor *b) {
-    double s = 0;
-    int64_t idx[DG_MAX_DIMS] = {0};
-    if (dg_numel(a) == 0) return 0;
-    do {
-        s += dg_get(a, idx) * dg_get(b, idx);
-    } while (dg_next_index(a->ndim, a->shape, idx));
-    return s;
 }
 
 typedef struct {
@@ -139,22 +101,9 @@ static double loss_on_device(const gc_case *c, int *err) {
     if (run_on(c, DG_CUDA, KEEP_DTYPE, false, out, none) != 0) *err = 1;
     else
         for (int j = 0; j < c->def->n_out; j++)
-            if (out[j] && c->w[j]) L += dot_host(out[j], c->w[j]);
+            if (out[j] && c->w[j]) L += dg_dot_all(out[j], c->w[j]);
     dg_scope_end();
     return L;
-}
-
-/* x += alpha u (u NULL: only element `flat`, row-major over x's shape) */
-static void perturb(dg_tensor *x, const dg_tensor *u, int64_t flat, double alpha) {
-    int64_t idx[DG_MAX_DIMS] = {0}, k = 0;
-    do {
-        if (u) dg_set(x, idx, dg_get(x, idx) + alpha * dg_get(u, idx));
-        else if (k == flat) {
-            dg_set(x, idx, dg_get(x, idx) + alpha);
-            return;
-        }
-        k++;
-    } while (dg_next_index(x->ndim, x->shape, idx));
 }
 
 static void set_label(dg_gradcheck_row *row, const gc_case *c, bool strided, const char *how, int k) {
@@ -167,48 +116,24 @@ static void set_label(dg_gradcheck_row *row, const gc_case *c, bool strided, con
 /* f64 on the device: analytic gradients against central differences of device forwards.  Inputs
  * keep the sample's dtype: f64, except where a sampler says otherwise (to_dtype's f32 input, then
  * perturbed by an f32-sized step, as autograd/gradcheck.c does). */
+static double device_value(dg_tensor *const *in, void *ctx, int *err) {
+    (void)in; /* the case's host inputs, perturbed in place by dg_fd_compare */
+    return loss_on_device(ctx, err);
+}
+
 static int check_f64_on_device(gc_case *c, bool strided, uint64_t seed, dg_gradcheck_report *rep) {
     dg_tensor *out[DG_MAX_IO] = {0}, *grad[DG_MAX_IO] = {0};
     if (run_on(c, DG_CUDA, KEEP_DTYPE, true, out, grad) != 0) return -1;
-    dg_rng rng = dg_rng_new(seed ^ 0xD1FFull);
+    double ae[DG_MAX_IO], re[DG_MAX_IO];
+    bool ok[DG_MAX_IO];
+    if (dg_fd_compare(device_value, c, c->n_in, c->in, c->diff, grad, c->def->atol_f64, c->def->rtol_f64, seed, ae,
+                      re, ok) != 0)
+        return -1;
     for (int k = 0; k < c->n_in; k++) {
         if (!c->diff[k] || !c->in[k]) continue;
-        dg_tensor *x = c->in[k];
-        double eps = x->dtype == DG_F64 ? FD_EPS : 1e-3;
-        int64_t numel = dg_numel(x);
-        bool elementwise = numel <= ELEMENTWISE_LIMIT;
-        int64_t count = elementwise ? numel : N_DIRECTIONS;
-        dg_gradcheck_row row = {.ok = true};
+        dg_gradcheck_row row = {.ok = ok[k], .max_abs_err = ae[k], .max_rel_err = re[k]};
         set_label(&row, c, strided, "", k);
-        for (int64_t j = 0; j < count; j++) {
-            dg_scope_begin();
-            dg_tensor *u = elementwise ? NULL : dg_randn(x->ndim, x->shape, DG_F64, &rng);
-            int err = 0;
-            perturb(x, u, j, eps);
-            double fp = loss_on_device(c, &err);
-            perturb(x, u, j, -2 * eps);
-            double fm = loss_on_device(c, &err);
-            perturb(x, u, j, eps);
-            double fd = (fp - fm) / (2 * eps), an = 0;
-            if (grad[k]) {
-                if (u) an = dot_host(grad[k], u);
-                else {
-                    int64_t idx[DG_MAX_DIMS] = {0}, r = j;
-                    for (int d = x->ndim - 1; d >= 0; d--) {
-                        idx[d] = r % x->shape[d];
-                        r /= x->shape[d];
-                    }
-                    an = dg_get(grad[k], idx);
-                }
-            }
-            dg_scope_end();
-            if (err) return -1;
-            double ae = fabs(fd - an), re = ae / fmax(fabs(fd), 1e-8);
-            if (!(ae <= c->def->atol_f64 + c->def->rtol_f64 * fabs(fd))) row.ok = false;
-            if (ae > row.max_abs_err || isnan(ae)) row.max_abs_err = isnan(ae) ? INFINITY : ae;
-            if (re > row.max_rel_err || isnan(re)) row.max_rel_err = isnan(re) ? INFINITY : re;
-        }
-        add_row(rep, &row);
+        dg_gradcheck_add_row(rep, &row);
     }
     return 0;
 }
@@ -242,7 +167,7 @@ static int check_f32_against_cpu(gc_case *c, bool strided, dg_gradcheck_report *
         put_text(row.input, sizeof row.input, "%s%s f32 vs cpu f64: %s", c->s->label, strided ? " (strided)" : "",
                  c->def->out_names[j] ? c->def->out_names[j] : "?");
         row.ok = out_g[j] && compare_to(out_g[j], out_c[j], atol, rtol, &row.max_abs_err, &row.max_rel_err);
-        add_row(rep, &row);
+        dg_gradcheck_add_row(rep, &row);
     }
     for (int k = 0; k < c->n_in; k++) {
         if (!c->diff[k] || !c->in[k]) continue;
@@ -251,7 +176,7 @@ static int check_f32_against_cpu(gc_case *c, bool strided, dg_gradcheck_report *
         if (grad_c[k] || grad_g[k])
             row.ok = grad_c[k] && grad_g[k] &&
                      compare_to(grad_g[k], grad_c[k], atol, rtol, &row.max_abs_err, &row.max_rel_err);
-        add_row(rep, &row);
+        dg_gradcheck_add_row(rep, &row);
     }
     return 0;
 }
@@ -276,7 +201,7 @@ static int gradcheck_op_cuda(const dg_op_def *def, uint64_t seed, dg_gradcheck_r
                 for (int k = 0; k < def->n_in; k++) {
                     /* a fresh copy per case: perturbing it leaves the sample intact */
                     bool fl = s.in[k] && dg_dtype_is_float(s.in[k]->dtype);
-                    c.in[k] = !fl ? s.in[k] : layout ? doubled_strides(s.in[k]) : dg_clone(s.in[k]);
+                    c.in[k] = !fl ? s.in[k] : layout ? dg_gradcheck_strided_copy(s.in[k]) : dg_clone(s.in[k]);
                     c.diff[k] = s.differentiable[k] && c.in[k];
                 }
                 /* output shapes from a CPU forward, then the weights */
