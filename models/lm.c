@@ -1,0 +1,180 @@
+/* The causal LM: embedding, blocks of [RMSNorm, mixer, residual, RMSNorm, SwiGLU MLP, residual],
+ * final RMSNorm, LM head (models/lm.h). */
+#include "models/lm.h"
+
+#include "core/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int block_init(dg_lm *lm, int L, dg_rng *rng) {
+    const dg_model_config *c = &lm->cfg;
+    dg_param_list *pl = &lm->params;
+    dg_lm_block *b = &lm->blocks[L];
+    int64_t D = c->hidden_size, I = dg_model_intermediate_size(c);
+    char pre[64];
+    snprintf(pre, sizeof pre, "model.layers.%d.attn.", L);
+    /* FLA's block creates attn_norm, attn, mlp_norm, mlp in this order */
+    if (!(b->attn_norm = dg_param_addf(pl, DG_SHAPE(D), "model.layers.%d.attn_norm.weight", L))) return -1;
+    int rc = c->mixer == DG_MIXER_GDN ? dg_gdn_layer_init(&b->attn.gdn, c, pre, pl, rng)
+             : c->mixer == DG_MIXER_KDA ? dg_kda_layer_init(&b->attn.kda, c, pre, pl, rng)
+                                        : dg_deltanet_layer_init(&b->attn.deltanet, c, pre, pl, rng);
+    if (rc) return -1;
+    b->mlp_norm = dg_param_addf(pl, DG_SHAPE(D), "model.layers.%d.mlp_norm.weight", L);
+    b->gate_proj = dg_param_addf(pl, DG_SHAPE(I, D), "model.layers.%d.mlp.gate_proj.weight", L);
+    b->up_proj = dg_param_addf(pl, DG_SHAPE(I, D), "model.layers.%d.mlp.up_proj.weight", L);
+    b->down_proj = dg_param_addf(pl, DG_SHAPE(D, I), "model.layers.%d.mlp.down_proj.weight", L);
+    if (!b->mlp_norm || !b->gate_proj || !b->up_proj || !b->down_proj) return -1;
+    if (dg_init_ones(b->attn_norm) || dg_init_ones(b->mlp_norm) ||
+        dg_init_normal(b->gate_proj, c->initializer_range, rng) ||
+        dg_init_normal(b->up_proj, c->initializer_range, rng) ||
+        dg_init_normal(b->down_proj, c->initializer_range, rng))
+        return -1;
+    return 0;
+}
+
+dg_lm *dg_lm_new(const dg_model_config *cfg, uint64_t seed, dg_dtype dtype) {
+    if (dg_model_config_validate(cfg)) return NULL;
+    if (dtype != DG_F32 && dtype != DG_F64) {
+        dg_error("lm: dtype %s is not f32 or f64", dg_dtype_name(dtype));
+        return NULL;
+    }
+    dg_lm *lm = calloc(1, sizeof *lm);
+    if (!lm || !(lm->blocks = calloc((size_t)cfg->num_hidden_layers, sizeof *lm->blocks))) {
+        free(lm);
+        dg_error("lm: out of memory");
+        return NULL;
+    }
+    lm->cfg = *cfg;
+    lm->params.dtype = dtype;
+    dg_rng rng = dg_rng_new(seed);
+    int64_t D = cfg->hidden_size, Vocab = cfg->vocab_size;
+    dg_param_list *pl = &lm->params;
+    if (!(lm->embeddings = dg_param_add(pl, "model.embeddings.weight", DG_SHAPE(Vocab, D)))) goto fail;
+    if (dg_init_normal(lm->embeddings, cfg->initializer_range, &rng)) goto fail;
+    for (int L = 0; L < cfg->num_hidden_layers; L++)
+        if (block_init(lm, L, &rng)) goto fail;
+    if (!(lm->norm = dg_param_add(pl, "model.norm.weight", DG_SHAPE(D))) || dg_init_ones(lm->norm)) goto fail;
+    if (cfg->tie_word_embeddings) {
+        lm->lm_head = lm->embeddings;
+    } else {
+        if (!(lm->lm_head = dg_param_add(pl, "lm_head.weight", DG_SHAPE(Vocab, D)))) goto fail;
+        if (dg_init_normal(lm->lm_head, cfg->initializer_range, &rng)) goto fail;
+    }
+    return lm;
+fail:
+    dg_lm_free(lm);
+    return NULL;
+}
+
+void dg_lm_free(dg_lm *lm) {
+    if (!lm) return;
+    dg_param_list_free(&lm->params);
+    free(lm->blocks);
+    free(lm);
+}
+
+dg_lm_cache *dg_lm_cache_new(const dg_lm *lm) {
+    dg_lm_cache *c = calloc(1, sizeof *c);
+    if (c) c->layers = calloc((size_t)lm->cfg.num_hidden_layers, sizeof *c->layers);
+    if (!c || !c->layers) {
+        free(c);
+        dg_error("lm: out of memory for the decoding cache");
+        return NULL;
+    }
+    c->n_layers = (int)lm->cfg.num_hidden_layers;
+    return c;
+}
+
+void dg_lm_cache_free(dg_lm_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_layers; i++) dg_mixer_cache_clear(&c->layers[i]);
+    free(c->layers);
+    free(c);
+}
+
+static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_cache *mc) {
+    const dg_lm_block *b = &lm->blocks[L];
+    switch (lm->cfg.mixer) {
+    case DG_MIXER_GDN: return dg_gdn_layer_forward(&b->attn.gdn, x, &lm->mixer_opts, mc);
+    case DG_MIXER_KDA: return dg_kda_layer_forward(&b->attn.kda, x, &lm->mixer_opts, mc);
+    default: return dg_deltanet_layer_forward(&b->attn.deltanet, x, &lm->mixer_opts, mc);
+    }
+}
+
+dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
+    if (!ids) return NULL;
+    if (ids->ndim != 2 || ids->dtype != DG_I64) {
+        dg_error("lm: ids has shape %s and dtype %s but i64 [B,T] is required", dg_shp(ids),
+                 dg_dtype_name(ids->dtype));
+        return NULL;
+    }
+    if (cache && cache->n_layers != lm->cfg.num_hidden_layers) {
+        dg_error("lm: the cache has %d layers but the model %lld", cache->n_layers,
+                 (long long)lm->cfg.num_hidden_layers);
+        return NULL;
+    }
+    const dg_model_config *c = &lm->cfg;
+    dg_tensor *h = dg_embedding(lm->embeddings, ids);
+    for (int L = 0; L < c->num_hidden_layers && h; L++) {
+        const dg_lm_block *b = &lm->blocks[L];
+        dg_tensor *m = mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL);
+        h = dg_add(h, m);
+        dg_tensor *x = dg_rms_norm(h, b->mlp_norm, c->norm_eps);
+        dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, b->gate_proj, NULL), dg_linear(x, b->up_proj, NULL)),
+                                 b->down_proj, NULL);
+        h = dg_add(h, y);
+    }
+    h = dg_rms_norm(h, lm->norm, c->norm_eps);
+    if (h && cache) cache->pos += ids->shape[1];
+    return h;
+}
+
+dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
+    return dg_linear(dg_lm_hidden(lm, ids, cache), lm->lm_head, NULL);
+}
+
+dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore,
+                               dg_tensor **targets_out) {
+    if (!ids || !targets) return NULL;
+    if (targets->dtype != DG_I64 || !dg_same_shape(ids, targets)) {
+        dg_error("lm: targets has shape %s (%s) but i64 like ids %s is required", dg_shp(targets),
+                 dg_dtype_name(targets->dtype), dg_shp(ids));
+        return NULL;
+    }
+    dg_tensor *h = dg_lm_hidden(lm, ids, NULL);
+    if (!h) return NULL;
+    int64_t B = ids->shape[0], T = ids->shape[1], N = B * T, D = lm->cfg.hidden_size;
+    dg_tensor *tc = dg_contiguous(targets);
+    if (!tc) return NULL;
+    const int64_t *tg = dg_data_ptr(tc);
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++) n += tg[i] != ignore;
+    dg_tensor *flat = dg_reshape(h, DG_SHAPE(N, D));
+    if (n == N) { /* every position scored (language modelling): no gather */
+        *targets_out = dg_reshape(tc, DG_SHAPE(N));
+        return dg_linear(flat, lm->lm_head, NULL);
+    }
+    dg_tensor *pos = dg_empty(DG_SHAPE(n), DG_I64), *tsel = dg_empty(DG_SHAPE(n), DG_I64);
+    if (!pos || !tsel) return NULL;
+    int64_t *pp = dg_data_ptr(pos), *tp = dg_data_ptr(tsel);
+    for (int64_t i = 0, j = 0; i < N; i++)
+        if (tg[i] != ignore) {
+            pp[j] = i;
+            tp[j++] = tg[i];
+        }
+    *targets_out = tsel;
+    /* the rows of the scored positions: an embedding lookup into the hidden states (its backward
+     * scatters the gradient back to those rows) */
+    return dg_linear(dg_embedding(flat, pos), lm->lm_head, NULL);
+}
+
+dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore, dg_tensor **logits_out,
+                      dg_tensor **targets_out) {
+    dg_tensor *t = NULL;
+    dg_tensor *logits = dg_lm_scored_logits(lm, ids, targets, ignore, &t);
+    if (!logits) return NULL;
+    if (logits_out) *logits_out = logits;
+    if (targets_out) *targets_out = t;
+    return dg_cross_entropy(logits, t, ignore);
+}

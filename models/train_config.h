@@ -1,0 +1,43 @@
+/* The settings of a training run (everything `deltagrad train` takes besides the model config), with
+ * defaults and a JSON form stored in checkpoints so that `--resume` and `deltagrad eval` know the
+ * task, the data and the schedule of the run. */
+#ifndef DG_MODELS_TRAIN_CONFIG_H
+#define DG_MODELS_TRAIN_CONFIG_H
+
+#include "deltagrad.h"
+#include "models/mqar.h"
+
+typedef enum { DG_TASK_MQAR = 0, DG_TASK_TEXT = 1 } dg_task_kind;
+
+typedef struct dg_train_config {
+    dg_task_kind task;
+    dg_mqar_config mqar;     /* task mqar: its sizes (seq_len is mqar.seq_len) */
+    int64_t eval_examples;   /* mqar: size of the fixed held-out set */
+    char data[1024];         /* task text: the file */
+    double val_fraction;     /* text: the last fraction of the file validates */
+    int64_t seq_len;         /* text: tokens per training window */
+    int64_t eval_batches;    /* text: at most this many batches of validation windows per eval */
+    int64_t steps, batch;
+    double lr, min_lr_ratio;
+    int64_t warmup;
+    double weight_decay, beta1, beta2, adam_eps, clip;
+    uint64_t seed;           /* model initialisation and training data */
+    dg_device device;
+    int64_t eval_every, save_every, log_every;
+    double target_acc;       /* stop once the held-out accuracy reaches it (0: never) */
+    char out_dir[1024];
+    dg_delta_algorithm algorithm;
+    char backward[32];       /* delta-rule backward variant ("" = the op's default) */
+    int threads;             /* 0: all cores */
+} dg_train_config;
+
+dg_train_config dg_train_default_config(void);
+const char *dg_task_name(dg_task_kind k); /* "mqar", "text" */
+/* 0, or -1 with dg_error naming the setting. */
+int dg_train_config_validate(const dg_train_config *tc);
+/* One line of JSON (malloc'ed), or NULL with dg_error. */
+char *dg_train_config_to_json(const dg_train_config *tc);
+/* Fields present in the JSON replace those of *tc (start from the defaults).  0, or -1. */
+int dg_train_config_from_json(const char *json, dg_train_config *tc);
+
+#endif

@@ -1,0 +1,515 @@
+/* Training runs: state, step, evaluation, checkpoints, the loop (models/trainer.h). */
+#include "models/trainer.h"
+
+#include "core/internal.h"
+#include "models/chart.h"
+#include "models/checkpoint.h"
+#include "models/infra_common.h"
+#include "models/metrics.h"
+#include "models/safetensors.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define DATA_SEED_SALT 0x7472616964617461ull /* "traidata": the data stream's seed differs from init's */
+
+static uint64_t data_seed(uint64_t seed) { return dgm_mix64(seed ^ DATA_SEED_SALT); }
+
+/* ---- opening ----------------------------------------------------------------------------------- */
+
+static int parse_u64(const dg_st_file *f, const char *key, uint64_t *out, const char *path) {
+    const char *s = dg_st_meta(f, key);
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || s[0] == '-') {
+        dg_error("checkpoint: '%s': metadata %s is %s%s%s, not an unsigned integer", path, key, s ? "\"" : "",
+                 s ? s : "missing", s ? "\"" : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_f64(const dg_st_file *f, const char *key, double *out, const char *path) {
+    const char *s = dg_st_meta(f, key);
+    char *end = NULL;
+    double v = s ? strtod(s, &end) : NAN;
+    if (!s || !*s || *end) {
+        dg_error("checkpoint: '%s': metadata %s is %s, not a number", path, key, s ? s : "missing");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Optimiser state, step, data stream and timers of a checkpoint into t (whose model is loaded). */
+static int load_run_state(dg_trainer *t, const char *dir, int64_t step) {
+    char path[4096];
+    dg_ckpt_optimizer_path(dir, step, path, sizeof path);
+    dg_st_file *f = dg_st_read(path);
+    if (!f) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", dg_last_error());
+        dg_error_force("checkpoint: cannot resume from '%s' at step %lld: %s", dir, (long long)step, msg);
+        return -1;
+    }
+    uint64_t fstep, seed, counter, skipped;
+    double elapsed, best;
+    int rc = -1;
+    if (parse_u64(f, "deltagrad.train_step", &fstep, path) || parse_u64(f, "deltagrad.rng_seed", &seed, path) ||
+        parse_u64(f, "deltagrad.rng_counter", &counter, path) || parse_u64(f, "deltagrad.skipped", &skipped, path) ||
+        parse_f64(f, "deltagrad.elapsed_s", &elapsed, path) || parse_f64(f, "deltagrad.best_acc", &best, path))
+        goto out;
+    if ((int64_t)fstep != step) {
+        dg_error("checkpoint: '%s' is the optimiser state of step %llu but the model is at step %lld", path,
+                 (unsigned long long)fstep, (long long)step);
+        goto out;
+    }
+    if (dg_adamw_load(t->opt, path)) goto out;
+    t->step = step;
+    t->skipped = (int64_t)skipped;
+    t->data_rng.seed = seed;
+    t->data_rng.counter = counter;
+    t->elapsed_before = elapsed;
+    t->best_acc = best;
+    rc = 0;
+out:
+    dg_st_free(f);
+    return rc;
+}
+
+/* The held-out MQAR set or the text file of t->tc. */
+static int load_task_data(dg_trainer *t) {
+    const dg_train_config *tc = &t->tc;
+    if (tc->task == DG_TASK_MQAR)
+        return (t->heldout = dg_mqar_set_new(&tc->mqar, DG_MQAR_HELDOUT_SEED, tc->eval_examples)) ? 0 : -1;
+    if (!(t->text = dg_text_load(tc->data, tc->val_fraction))) return -1;
+    int64_t ntr, nva;
+    dg_text_split_bytes(t->text, DG_SPLIT_TRAIN, &ntr);
+    dg_text_split_bytes(t->text, DG_SPLIT_VAL, &nva);
+    if (ntr < tc->seq_len + 1 || nva < tc->seq_len + 1) {
+        dg_error("train: '%s' is too small for seq_len %lld: %lld training and %lld validation bytes (each needs at "
+                 "least %lld)", tc->data, (long long)tc->seq_len, (long long)ntr, (long long)nva,
+                 (long long)tc->seq_len + 1);
+        return -1;
+    }
+    return 0;
+}
+
+dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
+    if (dg_train_config_validate(tc)) return NULL;
+    dg_trainer *t = calloc(1, sizeof *t);
+    if (!t) {
+        dg_error("eval: out of memory");
+        return NULL;
+    }
+    t->tc = *tc;
+    t->best_acc = NAN;
+    if (tc->threads > 0) {
+        omp_set_num_threads(tc->threads);
+        openblas_set_num_threads(tc->threads);
+    }
+    dg_ckpt_model m;
+    if (dg_ckpt_load_model(src, &m)) goto fail;
+    t->lm = m.lm;
+    t->step = m.step;
+    m.lm = NULL;
+    dg_ckpt_model_free(&m);
+    t->lm->mixer_opts.algorithm = tc->algorithm;
+    if (tc->task == DG_TASK_MQAR && t->lm->cfg.vocab_size < tc->mqar.vocab_size) {
+        dg_error("eval: the model's vocab_size %lld is smaller than the MQAR vocabulary %lld",
+                 (long long)t->lm->cfg.vocab_size, (long long)tc->mqar.vocab_size);
+        goto fail;
+    }
+    if (tc->task == DG_TASK_TEXT && t->lm->cfg.vocab_size < 256) {
+        dg_error("eval: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)t->lm->cfg.vocab_size);
+        goto fail;
+    }
+    if (load_task_data(t)) goto fail;
+    return t;
+fail:
+    dg_trainer_free(t);
+    return NULL;
+}
+
+dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc_in, const char *resume_dir) {
+    if (dg_train_config_validate(tc)) return NULL;
+    if (tc->device == DG_CUDA) {
+        if (!dg_cuda_available())
+            dg_error("train: --device cuda: no CUDA device is available (this build %s CUDA, and no GPU was found)",
+#ifdef DG_HAVE_CUDA
+                     "has"
+#else
+                     "lacks"
+#endif
+            );
+        else
+            dg_error("train: --device cuda: training on the GPU is not supported yet (the nn ops and AdamW run on "
+                     "the CPU); use --device cpu");
+        return NULL;
+    }
+    dg_model_config mc;
+    int64_t ck_step = -1;
+    if (resume_dir) {
+        if (dg_ckpt_read_meta(resume_dir, &mc, NULL, &ck_step, NULL)) return NULL;
+        char why[160];
+        if (mc_in && !dg_model_config_equal(mc_in, &mc, why, sizeof why)) {
+            dg_error("train: cannot resume from '%s': its model differs from the one asked for (%s, checkpoint "
+                     "second)", resume_dir, why);
+            return NULL;
+        }
+        if (ck_step < 0) {
+            dg_error("train: cannot resume from '%s': the model file has no step (not written by a training run)",
+                     resume_dir);
+            return NULL;
+        }
+    } else {
+        if (!mc_in) {
+            dg_error("train: no model config");
+            return NULL;
+        }
+        mc = *mc_in;
+    }
+    if (dg_model_config_validate(&mc)) return NULL;
+    if (tc->task == DG_TASK_MQAR && mc.vocab_size < tc->mqar.vocab_size) {
+        dg_error("train: the model's vocab_size %lld is smaller than the MQAR vocabulary %lld",
+                 (long long)mc.vocab_size, (long long)tc->mqar.vocab_size);
+        return NULL;
+    }
+    if (tc->task == DG_TASK_TEXT && mc.vocab_size < 256) {
+        dg_error("train: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)mc.vocab_size);
+        return NULL;
+    }
+    if (tc->threads > 0) {
+        omp_set_num_threads(tc->threads);
+        openblas_set_num_threads(tc->threads);
+    }
+    dg_trainer *t = calloc(1, sizeof *t);
+    if (!t) {
+        dg_error("train: out of memory");
+        return NULL;
+    }
+    t->tc = *tc;
+    t->best_acc = NAN;
+    if (!(t->train_json = dg_train_config_to_json(tc))) goto fail;
+    t->lm = dg_lm_new(&mc, tc->seed, DG_F32);
+    if (!t->lm) goto fail;
+    t->lm->mixer_opts.algorithm = tc->algorithm;
+    t->lm->mixer_opts.backward = tc->backward[0] ? t->tc.backward : NULL;
+    dg_adamw_config ac = {.beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
+    if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
+    t->data_rng = dg_rng_new(data_seed(tc->seed));
+    t->sched = (dg_lr_schedule){.peak_lr = tc->lr, .warmup_steps = tc->warmup, .total_steps = tc->steps,
+                                .min_lr_ratio = tc->min_lr_ratio};
+    if (load_task_data(t)) goto fail;
+    if (resume_dir) {
+        char *mpath = NULL;
+        dg_model_config again;
+        if (dg_ckpt_read_meta(resume_dir, &again, NULL, NULL, &mpath)) goto fail;
+        int r = dg_ckpt_load_params(mpath, t->lm);
+        free(mpath);
+        if (r || load_run_state(t, resume_dir, ck_step)) goto fail;
+        t->resumed = true;
+    }
+    const char *prof = getenv("DG_PROFILE");
+    t->profile = prof && prof[0] && strcmp(prof, "0") != 0;
+    return t;
+fail:
+    dg_trainer_free(t);
+    return NULL;
+}
+
+void dg_trainer_free(dg_trainer *t) {
+    if (!t) return;
+    dg_adamw_free(t->opt);
+    dg_lm_free(t->lm);
+    dg_mqar_set_free(t->heldout);
+    dg_text_free(t->text);
+    free(t->train_json);
+    free(t);
+}
+
+/* ---- one step ---------------------------------------------------------------------------------- */
+
+/* A training batch: inputs and targets i64 [B,T]. */
+static int next_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
+    const dg_train_config *tc = &t->tc;
+    if (tc->task == DG_TASK_MQAR) return dg_mqar_batch(&tc->mqar, &t->data_rng, tc->batch, in, tg);
+    dg_tensor *w = dg_text_batch(t->text, DG_SPLIT_TRAIN, &t->data_rng, tc->batch, tc->seq_len); /* [B,T+1] */
+    *in = dg_slice(w, 1, 0, tc->seq_len);
+    *tg = dg_slice(w, 1, 1, tc->seq_len + 1);
+    return *in && *tg ? 0 : -1;
+}
+
+int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
+    dg_lm *lm = t->lm;
+    int rc = -1;
+    double t0 = t->profile ? dg_progress_now() : 0, t1 = 0, t2 = 0, t3 = 0;
+    dg_scope_begin();
+    dg_tensor *in, *tg;
+    if (next_batch(t, &in, &tg)) goto out;
+    if (t->profile) t1 = dg_progress_now();
+    dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
+    if (!loss) goto out;
+    double lv = dg_item(loss);
+    if (t->profile) t2 = dg_progress_now();
+    if (dg_backward(loss, NULL)) goto out;
+    if (t->profile) t3 = dg_progress_now();
+    double gn = dg_clip_grad_norm(lm->params.n, lm->params.t, t->tc.clip);
+    if (isfinite(gn) && isfinite(lv)) {
+        if (dg_adamw_step(t->opt, dg_lr_at(&t->sched, t->step))) goto out;
+    } else {
+        t->skipped++; /* a non-finite gradient: no update this step (the step still counts) */
+    }
+    dg_adamw_zero_grad(t->opt);
+    t->step++;
+    if (loss_out) *loss_out = lv;
+    if (gnorm_out) *gnorm_out = gn;
+    rc = 0;
+out:
+    dg_scope_end();
+    if (t->profile && rc == 0) {
+        double t4 = dg_progress_now();
+        t->t_data += t1 - t0;
+        t->t_fwd += t2 - t1;
+        t->t_bwd += t3 - t2;
+        t->t_opt += t4 - t3;
+        t->profiled_steps++;
+    }
+    return rc;
+}
+
+/* ---- evaluation -------------------------------------------------------------------------------- */
+
+/* Sums of loss (times scored count) and correct argmax predictions of one batch. */
+static int score_batch(const dg_lm *lm, dg_tensor *in, dg_tensor *tg, double *loss_sum, int64_t *correct,
+                       int64_t *scored) {
+    dg_tensor *logits = NULL, *t = NULL;
+    dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, &logits, &t);
+    if (!loss) return -1;
+    dg_tensor *lc = dg_contiguous(logits);
+    if (!lc) return -1;
+    int64_t n = lc->shape[0], V = lc->shape[1];
+    const float *p = dg_data_ptr(lc);
+    const int64_t *tt = dg_data_ptr(t);
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = p + i * V;
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (r[v] > r[best]) best = v;
+        *correct += best == tt[i];
+    }
+    *scored += n;
+    *loss_sum += dg_item(loss) * (double)n;
+    return 0;
+}
+
+int dg_trainer_eval(dg_trainer *t, int64_t max_examples, double *loss, double *acc) {
+    const dg_train_config *tc = &t->tc;
+    int64_t B = tc->batch, correct = 0, scored = 0;
+    double loss_sum = 0;
+    int rc = 0;
+    dg_no_grad_begin();
+    if (tc->task == DG_TASK_MQAR) {
+        int64_t n = t->heldout->n;
+        if (max_examples > 0 && max_examples < n) n = max_examples;
+        for (int64_t s = 0; s < n && rc == 0; s += B) {
+            dg_scope_begin();
+            dg_tensor *in, *tg;
+            int64_t cnt = B < n - s ? B : n - s;
+            rc = dg_mqar_set_batch(t->heldout, s, cnt, &in, &tg) < 0 ||
+                 score_batch(t->lm, in, tg, &loss_sum, &correct, &scored) ? -1 : 0;
+            dg_scope_end();
+        }
+    } else {
+        int64_t T = tc->seq_len, nw = dg_text_num_windows(t->text, DG_SPLIT_VAL, T);
+        int64_t n = nw < tc->eval_batches * B ? nw : tc->eval_batches * B;
+        if (max_examples > 0 && max_examples < n) n = max_examples;
+        int64_t *buf = malloc((size_t)(B * (T + 1)) * sizeof *buf);
+        if (!buf) {
+            dg_error("eval: out of memory");
+            rc = -1;
+        }
+        for (int64_t s = 0; s < n && rc == 0; s += B) {
+            dg_scope_begin();
+            int64_t cnt = B < n - s ? B : n - s;
+            int64_t got = dg_text_windows(t->text, DG_SPLIT_VAL, s, cnt, T, buf);
+            dg_tensor *w = got > 0 ? dg_from_data(DG_SHAPE(got, T + 1), DG_I64, buf) : NULL;
+            rc = w ? score_batch(t->lm, dg_slice(w, 1, 0, T), dg_slice(w, 1, 1, T + 1), &loss_sum, &correct, &scored)
+                   : -1;
+            dg_scope_end();
+        }
+        free(buf);
+    }
+    dg_no_grad_end();
+    if (rc) return -1;
+    if (scored == 0) {
+        dg_error("eval: nothing to score");
+        return -1;
+    }
+    *loss = loss_sum / (double)scored;
+    *acc = (double)correct / (double)scored;
+    return 0;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------- */
+
+int dg_trainer_save(dg_trainer *t) {
+    char step_s[32], seed_s[32], ctr_s[32], skip_s[32], el_s[40], best_s[40];
+    snprintf(step_s, sizeof step_s, "%lld", (long long)t->step);
+    snprintf(seed_s, sizeof seed_s, "%llu", (unsigned long long)t->data_rng.seed);
+    snprintf(ctr_s, sizeof ctr_s, "%llu", (unsigned long long)t->data_rng.counter);
+    snprintf(skip_s, sizeof skip_s, "%lld", (long long)t->skipped);
+    snprintf(el_s, sizeof el_s, "%.17g", t->elapsed_before);
+    snprintf(best_s, sizeof best_s, "%.17g", isnan(t->best_acc) ? -1.0 : t->best_acc);
+    const char *keys[] = {"deltagrad.train_step", "deltagrad.rng_seed", "deltagrad.rng_counter",
+                          "deltagrad.skipped", "deltagrad.elapsed_s", "deltagrad.best_acc",
+                          "deltagrad.train_config"};
+    const char *vals[] = {step_s, seed_s, ctr_s, skip_s, el_s, best_s, t->train_json};
+    return dg_ckpt_save(t->tc.out_dir, t->lm, t->opt, t->step, t->train_json, 7, keys, vals);
+}
+
+/* ---- the loop ---------------------------------------------------------------------------------- */
+
+static int mkdir_p(const char *path) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) break;
+            *p = '/';
+        }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+        dg_error("train: cannot create the output directory '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_EVAL_LOSS, C_EVAL_ACC, C_EVAL_N, NCOLS };
+static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "tokens_per_s", "elapsed_s",
+                                            "live_mb", "eval_loss", "eval_acc", "eval_examples"};
+#define QUICK_EVAL 250
+
+int dg_trainer_run(dg_trainer *t) {
+    const dg_train_config *tc = &t->tc;
+    if (mkdir_p(tc->out_dir)) return -1;
+    char csv_path[1100], svg_path[1100];
+    snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", tc->out_dir);
+    snprintf(svg_path, sizeof svg_path, "%s/metrics.svg", tc->out_dir);
+    dg_csv *csv = dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1);
+    if (!csv) return -1;
+    char title[256];
+    snprintf(title, sizeof title, "%s on %s (%lld layers, d=%lld)", dg_mixer_name(t->lm->cfg.mixer),
+             dg_task_name(tc->task), (long long)t->lm->cfg.num_hidden_layers, (long long)t->lm->cfg.hidden_size);
+    dg_progress pr;
+    dg_progress_init(&pr, stderr, t->quiet ? DG_PROGRESS_PLAIN : DG_PROGRESS_AUTO, t->step, tc->steps,
+                     tc->log_every);
+    int64_t tokens_per_step = tc->batch * (tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
+    double t_start = dg_progress_now(), last_acc = NAN, rate = NAN, t_prev = t_start;
+    int rc = 0;
+    bool reached = false, stop = false;
+#define SAY(...)                                                                                   \
+    do {                                                                                           \
+        if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__);                                      \
+    } while (0)
+    while (t->step < tc->steps && !stop) {
+        double loss, gn;
+        if (dg_trainer_step(t, &loss, &gn)) {
+            rc = -1;
+            break;
+        }
+        double now = dg_progress_now(), dt = now - t_prev;
+        t_prev = now;
+        /* tokens/s smoothed over the last steps (an exponential average of step times) */
+        rate = isnan(rate) ? tokens_per_step / dt : 0.9 * rate + 0.1 * (tokens_per_step / dt);
+        double row[NCOLS];
+        for (int i = 0; i < NCOLS; i++) row[i] = NAN;
+        row[C_STEP] = (double)t->step;
+        row[C_LR] = dg_lr_at(&t->sched, t->step - 1);
+        row[C_LOSS] = loss;
+        row[C_GNORM] = gn;
+        row[C_TOKS] = rate;
+        row[C_ELAPSED] = t->elapsed_before + (now - t_start);
+        row[C_LIVE] = (double)dg_live_bytes(DG_CPU) / 1e6;
+        bool last = t->step == tc->steps;
+        if ((tc->eval_every > 0 && t->step % tc->eval_every == 0) || last) {
+            /* mqar: a quick look at the first QUICK_EVAL held-out examples; the whole set when that
+             * is near the target (it decides the early stop) and at the end */
+            double el, ea;
+            int64_t n_eval = tc->task == DG_TASK_MQAR && !last && QUICK_EVAL < t->heldout->n ? QUICK_EVAL : 0;
+            if (dg_trainer_eval(t, n_eval, &el, &ea)) {
+                rc = -1;
+                break;
+            }
+            bool near = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && ea >= tc->target_acc - 0.01;
+            if (n_eval > 0 && near) {
+                n_eval = 0;
+                if (dg_trainer_eval(t, 0, &el, &ea)) {
+                    rc = -1;
+                    break;
+                }
+            }
+            int64_t n_done = n_eval > 0 ? n_eval : tc->task == DG_TASK_MQAR ? t->heldout->n : -1;
+            row[C_EVAL_LOSS] = el;
+            row[C_EVAL_ACC] = last_acc = ea;
+            row[C_EVAL_N] = (double)n_done;
+            if (n_eval == 0 && (isnan(t->best_acc) || ea > t->best_acc)) t->best_acc = ea;
+            if (tc->task == DG_TASK_MQAR)
+                SAY("step %lld  eval loss %.4f  held-out query accuracy %.2f%% (%lld examples)  (%.0fs)",
+                    (long long)t->step, el, 100 * ea, (long long)n_done, row[C_ELAPSED]);
+            else
+                SAY("step %lld  validation loss %.4f (%.3f bits/byte)  next-byte accuracy %.2f%%  (%.0fs)",
+                    (long long)t->step, el, el / log(2.0), 100 * ea, row[C_ELAPSED]);
+            if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && n_eval == 0 && ea >= tc->target_acc) reached = true;
+        }
+        if (!t->quiet) dg_progress_update(&pr, t->step, loss, last_acc, rate);
+        if (dg_csv_row(csv, row)) {
+            rc = -1;
+            break;
+        }
+        if (!isnan(row[C_EVAL_ACC]) && dg_chart_from_csv(csv_path, svg_path, title)) {
+            rc = -1;
+            break;
+        }
+        stop = reached || (t->stop_at > 0 && t->step >= t->stop_at) || (t->interrupt && *t->interrupt);
+        if ((tc->save_every > 0 && t->step % tc->save_every == 0) || stop || last) {
+            t->elapsed_before += now - t_start;
+            t_start = now;
+            if (dg_trainer_save(t)) {
+                rc = -1;
+                break;
+            }
+        }
+    }
+    if (!t->quiet) dg_progress_finish(&pr);
+    dg_csv_close(csv);
+    if (rc == 0 && dg_chart_from_csv(csv_path, svg_path, title)) rc = -1;
+    if (rc == 0 && !t->quiet) {
+        double total = t->elapsed_before;
+        if (reached)
+            fprintf(stderr, "reached %.2f%% held-out query accuracy (target %.0f%%) at step %lld after %.1f s of "
+                            "training; checkpoint in %s\n",
+                    100 * last_acc, 100 * tc->target_acc, (long long)t->step, total, tc->out_dir);
+        else if (t->step < tc->steps)
+            fprintf(stderr, "stopped at step %lld of %lld (%.1f s); resume with --resume %s\n", (long long)t->step,
+                    (long long)tc->steps, total, tc->out_dir);
+        else
+            fprintf(stderr, "finished %lld steps in %.1f s: %s %.2f%%%s; checkpoint in %s\n", (long long)t->step,
+                    total, tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy",
+                    100 * last_acc,
+                    tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !(last_acc >= tc->target_acc)
+                        ? " (target not reached)"
+                        : "",
+                    tc->out_dir);
+    }
+#undef SAY
+    return rc;
+}

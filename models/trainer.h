@@ -1,0 +1,64 @@
+/* A training run: the model, AdamW, the data stream, the schedule, evaluation, checkpoints and the
+ * loop that ties them together (metrics CSV, SVG chart, progress display, early stop).
+ *
+ * One training step is one dg_scope: every tensor it makes is released at its end, so memory stays
+ * flat over the run (the CSV's live_mb column shows it).
+ *
+ * Exact resumption: the state of a run is the parameters, AdamW's moments and step, the step count,
+ * and the data generator's Philox state (seed, counter); the schedule is a function of the step, the
+ * held-out set is fixed.  A checkpoint stores all of it (models/checkpoint.h), so N steps, a kill,
+ * and a resume for N more give the parameters of 2N uninterrupted steps bit for bit (same thread
+ * count, same build). */
+#ifndef DG_MODELS_TRAINER_H
+#define DG_MODELS_TRAINER_H
+
+#include "models/lm.h"
+#include "models/mqar.h"
+#include "models/optim.h"
+#include "models/text_data.h"
+#include "models/train_config.h"
+
+typedef struct dg_trainer {
+    dg_train_config tc;
+    char *train_json;       /* tc as JSON (stored in checkpoints) */
+    dg_lm *lm;
+    dg_adamw *opt;
+    dg_rng data_rng;        /* training batches */
+    int64_t step;           /* updates made */
+    int64_t skipped;        /* steps whose gradient was not finite (no update) */
+    dg_mqar_set *heldout;   /* task mqar */
+    dg_text_data *text;     /* task text */
+    dg_lr_schedule sched;
+    double elapsed_before;  /* training seconds of the run before this process (resumed runs) */
+    double best_acc;
+    bool resumed;
+    /* run-time controls, not part of the run's identity */
+    int64_t stop_at;        /* > 0: save and return after this step (as if killed right after a save) */
+    volatile int *interrupt;/* set (e.g. by SIGINT): save and return after the current step */
+    bool quiet;             /* no progress display (tests) */
+    bool profile;           /* time the phases of each step (DG_PROFILE=1) */
+    double t_data, t_fwd, t_bwd, t_opt; /* seconds per phase when profiling */
+    int64_t profiled_steps;
+} dg_trainer;
+
+/* A new run (resume_dir NULL), or one continued from the checkpoint in resume_dir, whose model
+ * config must equal mc.  NULL with dg_error. */
+dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc, const char *resume_dir);
+/* For evaluation only: the model of the checkpoint in dir_or_file (no optimiser state needed) and the
+ * task data of tc.  NULL with dg_error. */
+dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *dir_or_file);
+void dg_trainer_free(dg_trainer *t);
+
+/* One update.  loss (mean over scored positions) and the gradient norm before clipping. 0 or -1. */
+int dg_trainer_step(dg_trainer *t, double *loss, double *grad_norm);
+/* Held-out loss and accuracy (mqar: the fixed set, queries only; text: up to eval_batches batches of
+ * validation windows, next-byte accuracy).  max_examples > 0 caps the examples/windows.  0 or -1. */
+int dg_trainer_eval(dg_trainer *t, int64_t max_examples, double *loss, double *acc);
+/* Checkpoint into tc.out_dir at the current step.  0 or -1. */
+int dg_trainer_save(dg_trainer *t);
+/* The loop up to tc.steps (or the target accuracy, stop_at, an interrupt).  Writes
+ * OUT/metrics.csv and OUT/metrics.svg, checkpoints every save_every steps and at the end.
+ * 0 (finished, target reached or stopped on request), or -1 with dg_error. */
+int dg_trainer_run(dg_trainer *t);
+
+#endif

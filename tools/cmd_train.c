@@ -1,0 +1,129 @@
+/* deltagrad train [OPTIONS]: train a model (no options: the default Gated DeltaNet on MQAR).
+ * Options: tools/train_flags.c.  With --resume DIR the run's settings come from the checkpoint and
+ * options given on the command line override them (model options must match the checkpoint). */
+#include "models/checkpoint.h"
+#include "models/trainer.h"
+#include "tools/commands.h"
+#include "tools/train_flags.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile int interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL); /* a second Ctrl-C kills at once */
+}
+
+/* Process settings that training needs and that only take effect when the process starts (libgomp
+ * and jemalloc read them from the environment at load time): if they are unset, set them and
+ * re-execute this program once.  Measured on the 2-core machine (docs/TRAINING.md): OpenMP's default
+ * active waiting spins on the cores OpenBLAS's threads need (steps 2-3x slower when anything else
+ * runs), and jemalloc's default decay returns the freed activations to the kernel after each step
+ * and page-faults them back in the next one (~25% of a step).  DG_NO_REEXEC=1 turns this off. */
+static void tune_process(int argc, char **argv) {
+    if (getenv("DG_NO_REEXEC") || getenv("DG_TRAIN_REEXECED")) return;
+    bool need = false;
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        need = true;
+    }
+#ifdef DG_JEMALLOC
+    if (!getenv("MALLOC_CONF")) {
+        setenv("MALLOC_CONF", "dirty_decay_ms:-1,muzzy_decay_ms:-1", 1);
+        need = true;
+    }
+#endif
+    if (!need) return;
+    setenv("DG_TRAIN_REEXECED", "1", 1);
+    char **args = calloc((size_t)argc + 2, sizeof *args);
+    if (!args) return;
+    args[0] = "deltagrad"; /* main() passes argv + 1: argv[0] is "train" */
+    for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
+    fflush(NULL);
+    execv("/proc/self/exe", args); /* returns only on failure: then go on as we are */
+    free(args);
+}
+
+int dg_cmd_train(int argc, char **argv) {
+    tune_process(argc, argv);
+    bool help;
+    const char *resume = dg_train_flags_find_resume(argc, argv, &help);
+    if (help) {
+        dg_train_flags_help(stdout);
+        return 0;
+    }
+    dg_train_opts o = {.mc = dg_model_default_config(), .tc = dg_train_default_config()};
+    if (resume) { /* the checkpoint's settings first, then the command line's */
+        char *tj = NULL;
+        if (dg_ckpt_read_meta(resume, &o.mc, &tj, NULL, NULL)) {
+            fprintf(stderr, "train: %s\n", dg_last_error());
+            return 1;
+        }
+        int r = tj ? dg_train_config_from_json(tj, &o.tc) : 0;
+        free(tj);
+        if (r) {
+            fprintf(stderr, "train: cannot resume from '%s': %s\n", resume, dg_last_error());
+            return 1;
+        }
+        snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "%s", resume);
+    }
+    if (dg_train_flags_parse(argc, argv, &o)) return 2;
+    if (!resume && !o.out_given)
+        snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "runs/%s-%s", dg_task_name(o.tc.task), dg_mixer_name(o.mc.mixer));
+    if (o.tc.task == DG_TASK_TEXT && !o.model_given) o.mc.vocab_size = 256;
+    if (o.tc.task == DG_TASK_TEXT && o.tc.data[0]) { /* stored absolute: eval and resume work from anywhere */
+        char *abs = realpath(o.tc.data, NULL);
+        if (abs && strlen(abs) < sizeof o.tc.data) snprintf(o.tc.data, sizeof o.tc.data, "%s", abs);
+        free(abs);
+    }
+    dg_trainer *t = dg_trainer_open(&o.tc, &o.mc, resume);
+    if (!t) {
+        fprintf(stderr, "train: %s\n", dg_last_error());
+        return 1;
+    }
+    t->stop_at = o.stop_at;
+    t->quiet = o.quiet;
+    t->interrupt = &interrupted;
+    const dg_model_config *mc = &t->lm->cfg;
+    const dg_train_config *tc = &t->tc;
+    if (!o.quiet) {
+        fprintf(stderr, "deltagrad train: %s, %lld layers, d_model %lld, %lld heads x %lld (v %lld x %lld), mlp %lld, "
+                        "vocab %lld: %.3g M parameters\n",
+                dg_mixer_name(mc->mixer), (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
+                (long long)mc->num_heads, (long long)mc->head_dim, (long long)dg_model_num_v_heads(mc),
+                (long long)dg_model_head_v_dim(mc), (long long)dg_model_intermediate_size(mc),
+                (long long)mc->vocab_size, dg_param_count(&t->lm->params) / 1e6);
+        if (tc->task == DG_TASK_MQAR)
+            fprintf(stderr, "task mqar: seq_len %lld, %lld kv pairs, %lld queries, vocab %lld; held-out %lld examples\n",
+                    (long long)tc->mqar.seq_len, (long long)tc->mqar.num_kv_pairs,
+                    (long long)dg_mqar_num_queries(&tc->mqar), (long long)tc->mqar.vocab_size,
+                    (long long)tc->eval_examples);
+        else
+            fprintf(stderr, "task text: '%s', seq_len %lld, validation fraction %g\n", tc->data,
+                    (long long)tc->seq_len, tc->val_fraction);
+        fprintf(stderr, "steps %lld, batch %lld, lr %g (warmup %lld, cosine to %g), weight decay %g, clip %g, seed "
+                        "%llu, %s algorithm; output %s%s\n",
+                (long long)tc->steps, (long long)tc->batch, tc->lr, (long long)tc->warmup, tc->lr * tc->min_lr_ratio,
+                tc->weight_decay, tc->clip, (unsigned long long)tc->seed,
+                tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunked", tc->out_dir,
+                t->resumed ? " (resumed)" : "");
+        if (t->resumed) fprintf(stderr, "resuming at step %lld\n", (long long)t->step);
+    }
+    signal(SIGINT, on_sigint);
+    int rc = dg_trainer_run(t);
+    signal(SIGINT, SIG_DFL);
+    if (rc) fprintf(stderr, "train: %s\n", dg_last_error());
+    if (t->profile && t->profiled_steps > 0 && !o.quiet) {
+        double n = (double)t->profiled_steps;
+        double tot = t->t_data + t->t_fwd + t->t_bwd + t->t_opt;
+        fprintf(stderr, "profile (s per step): data %.4f  forward %.4f  backward %.4f  clip+adamw %.4f  total %.4f\n",
+                t->t_data / n, t->t_fwd / n, t->t_bwd / n, t->t_opt / n, tot / n);
+    }
+    dg_trainer_free(t);
+    return rc ? 1 : 0;
+}

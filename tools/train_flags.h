@@ -1,0 +1,27 @@
+/* The options of `deltagrad train` (and the model / task options that eval and generate share):
+ * one table of flags over the model config, the training config and the run-time controls, with
+ * --help generated from it (defaults shown). */
+#ifndef DG_TOOLS_TRAIN_FLAGS_H
+#define DG_TOOLS_TRAIN_FLAGS_H
+
+#include "models/model_config.h"
+#include "models/train_config.h"
+
+typedef struct dg_train_opts {
+    dg_model_config mc;
+    dg_train_config tc;
+    char resume[1024];
+    int64_t stop_at;
+    bool quiet;
+    bool out_given;  /* --out was on the command line */
+    bool model_given;/* some model option was on the command line */
+} dg_train_opts;
+
+/* Finds "--resume DIR" / "--resume=DIR" in argv (NULL if absent) and whether --help is there. */
+const char *dg_train_flags_find_resume(int argc, char **argv, bool *help);
+/* Applies every option of argv[1..] to o.  0, or -1 with a message on stderr. */
+int dg_train_flags_parse(int argc, char **argv, dg_train_opts *o);
+/* The usage text with defaults. */
+void dg_train_flags_help(FILE *f);
+
+#endif
