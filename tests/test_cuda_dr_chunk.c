@@ -375,6 +375,37 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
     }
 }
 
+/* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
+ * instead of the vectorised ones, with the same results */
+static void test_dr_chunk_bf16_unaligned(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
+    data d;
+    make(&c, 1, &d);
+    res ref, got;
+    res_alloc(&c, &d, &ref), res_alloc(&c, &d, &got);
+    ref_f64(&d, &ref);
+    uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + 1)), *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + 1));
+    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = f2bf((float)d.q[i]);
+    uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
+    void *k = dput_as(d.k, d.nq, 1), *v = dput_as(d.v, d.nv, 1), *beta = dput_as(d.beta, d.nb, 1);
+    float *g = dput_as(d.g, d.ng, 0), *h0 = dput_as(d.h0, d.nh, 0), *hT = dput(NULL, d.nh, 4);
+    assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d.s, q1 + 1, k, v, g, beta, h0, o1 + 1, hT), 0);
+    assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
+    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = bf2f(ho[i + 1]);
+    float *hh = malloc(sizeof(float) * (size_t)d.nh);
+    assert_int_equal(dg_cuda_memcpy(hh, hT, sizeof(float) * (size_t)d.nh, 1), 0);
+    for (int64_t i = 0; i < d.nh; i++) got.x[R_HT][i] = hh[i];
+    double eo = rel_err(got.x[R_O], ref.x[R_O], d.nv), eh = rel_err(got.x[R_HT], ref.x[R_HT], d.nh);
+    printf("  %-44s o %.1e hT %.1e\n", c.name, eo, eh);
+    if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("unaligned views: o %.3e, hT %.3e", eo, eh);
+    free(hq), free(ho), free(hh);
+    dg_cuda_free(q1), dg_cuda_free(o1), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta);
+    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(hT);
+    res_free(&ref), res_free(&got), data_free(&d);
+}
+
 /* small shapes through every kernel (generic and tensor-core, fused and unfused, both inverses,
  * both dg variants): the test to run under compute-sanitizer */
 static void test_dr_chunk_sanitize(void **state) {
@@ -456,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_f32_variants),
         cmocka_unit_test(test_dr_chunk_bf16),
         cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
+        cmocka_unit_test(test_dr_chunk_bf16_unaligned),
         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     const char *filter = getenv("DG_TEST_FILTER");

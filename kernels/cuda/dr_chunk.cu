@@ -7,6 +7,9 @@ namespace drc {
 
 static int g_force_generic = 0;
 
+/* the tensor-core kernels load q, k, v, dout as 16-byte vectors and store o, dv in pairs */
+static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
 int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
               const void *g, const void *beta, Plan *p) {
     memset(p, 0, sizeof *p);
@@ -143,7 +146,9 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
     int rc;
     if constexpr (sizeof(T) == 2) {
-        rc = !g_force_generic && fast_ok(p.G) ? fast_fwd(p, io) : generic_fwd<T>(p, io);
+        const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
+                          aligned(v, 16) && aligned(o, 4);
+        rc = fast ? fast_fwd(p, io) : generic_fwd<T>(p, io);
     } else {
         rc = generic_fwd<T>(p, io);
     }
@@ -174,7 +179,9 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
     int rc;
     if constexpr (sizeof(T) == 2) {
-        rc = !g_force_generic && fast_ok(p.G) ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
+        const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
+                          aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
+        rc = fast ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }

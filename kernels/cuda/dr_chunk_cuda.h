@@ -18,7 +18,8 @@
  * Two implementations behind the same entry points:
  *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and bf16 calls that
  *    the fast path does not take);
- *  - tensor cores (bf16 calls with gate NONE or HEAD, chunk 64, K and V in {64, 128}): the
+ *  - tensor cores (bf16 calls with gate NONE or HEAD, chunk 64, K and V in {64, 128}, q, k, v,
+ *    dout 16-byte aligned and o, dv 4-byte aligned; otherwise the generic kernels): the
  *    in-chunk products on mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not
  *    bf16 inputs (W, U, states, the triangular inverse) are split into two bf16 terms (hi + lo)
  *    so that the products keep about 16 bits.

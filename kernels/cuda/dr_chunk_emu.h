@@ -128,6 +128,30 @@ inline void fiber_entry() {
     abort(); /* never resumed */
 }
 
+/* The order in which runnable threads are resumed: DRC_EMU_ORDER = fwd (default), rev, or rand
+ * (a new permutation every pass).  A missing barrier shows as results that depend on it. */
+inline int order(int u, int nt) {
+    static int mode = -1;
+    static uint64_t seed = 88172645463325252ull;
+    static int perm[1024], left = 0;
+    if (mode < 0) {
+        const char *e = getenv("DRC_EMU_ORDER");
+        mode = !e || !strcmp(e, "fwd") ? 0 : !strcmp(e, "rev") ? 1 : 2;
+    }
+    if (mode == 0) return u;
+    if (mode == 1) return nt - 1 - u;
+    if (u == 0 || left != nt) { /* new random permutation at the start of each pass */
+        for (int i = 0; i < nt; i++) perm[i] = i;
+        for (int i = nt - 1; i > 0; i--) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            int j = (int)(seed % (uint64_t)(i + 1)), x = perm[i];
+            perm[i] = perm[j], perm[j] = x;
+        }
+        left = nt;
+    }
+    return perm[u];
+}
+
 inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> &body) {
     static Launch L; /* one launch at a time */
     const size_t stack_bytes = 256 * 1024;
@@ -139,7 +163,7 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
     L.f.resize((size_t)L.nt);
     for (auto &x : L.f)
         if (x.stack.size() != stack_bytes) x.stack.assign(stack_bytes, 0);
-    L.smem.assign(smem_bytes + 16, 0xff);
+    L.smem.assign(smem_bytes ? smem_bytes : 1, 0xff);
     L.body = &body;
     g_launch = &L;
     gridDim = grid;
@@ -163,7 +187,8 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
                 }
                 for (;;) {
                     bool any = false, live = false;
-                    for (int t = 0; t < L.nt; t++) {
+                    for (int u = 0; u < L.nt; u++) {
+                        const int t = order(u, L.nt);
                         if (L.f[(size_t)t].state != DONE) live = true;
                         if (L.f[(size_t)t].state != RUN) continue;
                         any = true;

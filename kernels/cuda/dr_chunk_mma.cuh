@@ -24,6 +24,7 @@ namespace fast {
 constexpr int FNT = 256; /* threads per block */
 constexpr int FC = 64;   /* chunk */
 constexpr int PAD = 8;
+constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
 
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }

@@ -164,6 +164,7 @@ struct QkArgs {
     FastBufs b;
     const uint16_t *dSh, *dSl, *dVh, *dVl;
     float *dqv, *dkv;         /* [rows, HV, K] per value head */
+    uint16_t *dq, *dk;        /* HV == H: the outputs, written directly (else NULL) */
     uint16_t *dWh, *dWl;      /* unfused: [rows, HV, K] */
     float *dGg;               /* unfused: [rows, HV] */
     uint16_t *dv, *dbeta;
@@ -306,7 +307,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         }
         /* dq is final */
         pairs_of(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
-            if (i < L) *(float2 *)(a.dqv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+            if (i >= L) return;
+            const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+            if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
+            else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
         });
         /* dW = -dW' */
         if (MODE == 0) {
@@ -416,7 +420,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     mma_sr<1, TK::NT, false, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
     mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
     pairs_of(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
-        if (i < L) *(float2 *)(a.dkv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+        if (i >= L) return;
+        const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+        if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);
+        else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
     red_collect(redb, sdB, true);
     if (HEAD) red_collect(redg, sdG, true);
@@ -446,6 +453,7 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
+    static_assert(DhuSmem<K, V>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE>), G.N * G.HV, FNT,
                         (size_t)(DhuSmem<K, V>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b,
@@ -489,14 +497,17 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
     b.Ai = scratch<float>((size_t)(rows * HV * 64));
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
-    dqv = scratch<float>((size_t)nk);
-    dkv = scratch<float>((size_t)nk);
+    const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
+    const bool want_dq = io.dq && !direct, want_dkv = !direct || !var.kda_fused;
+    if (want_dq) dqv = scratch<float>((size_t)nk);
+    if (want_dkv) dkv = scratch<float>((size_t)nk);
     if (!var.kda_fused) {
         dW = scratch<uint16_t>((size_t)(2 * nk));
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
     }
     int rc = -1;
-    if ((!G.gate || b.Gc) && b.Wh && b.U && b.Vnh && b.Sh && b.Ai && dS && dV && dqv && dkv &&
+    if ((!G.gate || b.Gc) && b.Wh && b.U && b.Vnh && b.Sh && b.Ai && dS && dV && (!want_dq || dqv) &&
+        (!want_dkv || dkv) &&
         (var.kda_fused || (dW && (!G.gate || dGg)))) {
         b.Wl = b.Wh + nk;
         b.Vnl = b.Vnh + nv;
@@ -504,13 +515,14 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
+        a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
         rc = fast_prep_state(p, io, b, var.solve_tril_blocked, true);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
         const int64_t ng = rows * G.H * G.K, nb = ng / FNT + 1 < 4096 ? ng / FNT + 1 : 4096;
-        if (!rc && io.dq)
+        if (!rc && io.dq && !direct)
             rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dqv, io.dq);
-        if (!rc && io.dk)
+        if (!rc && io.dk && !direct)
             rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
     }
     release(b.Gc), release(b.Wh), release(b.U), release(b.Vnh), release(b.Sh), release(b.Ai);

@@ -296,6 +296,8 @@ __global__ void __launch_bounds__(FNT)
 
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd) {
+    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K, V>::bytes <= SMEM_MAX &&
+                      OutSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
