@@ -39,7 +39,7 @@ int dg_deltanet_layer_init(dg_deltanet_layer *l, const dg_model_config *c, const
 }
 
 dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, const dg_mixer_opts *mo,
-                                     dg_mixer_cache *cache) {
+                                     dg_mixer_cache *cache, dg_tensor *rows) {
     const dg_model_config *c = &l->cfg;
     if (!x) return NULL;
     int64_t B = x->shape[0], T = x->shape[1], H = c->num_heads, K = c->head_dim, V = dg_model_head_v_dim(c);
@@ -51,6 +51,7 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
         .backward = mo ? mo->backward : NULL,
+        .chunk_size = mo ? mo->chunk_size : 0,
         .use_qk_l2norm_in_kernel = true,
         .initial_state = cache ? cache->state : NULL,
         .output_final_state = cache != NULL,
@@ -59,11 +60,14 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     dg_tensor *out = dg_delta_rule(q, k, v, beta, &o, cache ? &fs : NULL);
     if (!out) return NULL;
     if (cache && dg_mixer_cache_put(&cache->state, fs)) return NULL;
+    int64_t n = rows ? rows->shape[0] : B * T; /* per position from here: only the rows asked for */
+    out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, H, V));
     if (c->use_gate) {
-        dg_tensor *g = dg_reshape(dg_linear(x, l->g_proj, NULL), DG_SHAPE(B, T, H, V));
+        dg_tensor *g = dg_reshape(dg_linear(dg_mixer_rows(x, rows), l->g_proj, NULL), DG_SHAPE(n, H, V));
         out = dg_gated_rms_norm(out, g, l->o_norm, c->norm_eps);
     } else {
         out = dg_rms_norm(out, l->o_norm, c->norm_eps);
     }
-    return dg_linear(dg_reshape(out, DG_SHAPE(B, T, H * V)), l->o_proj, NULL);
+    out = dg_linear(dg_reshape(out, DG_SHAPE(n, H * V)), l->o_proj, NULL);
+    return rows ? out : dg_reshape(out, DG_SHAPE(B, T, c->hidden_size));
 }

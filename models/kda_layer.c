@@ -50,7 +50,7 @@ int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *c, const char *pre
 }
 
 dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mixer_opts *mo,
-                                dg_mixer_cache *cache) {
+                                dg_mixer_cache *cache, dg_tensor *rows) {
     const dg_model_config *c = &l->cfg;
     if (!x) return NULL;
     int64_t B = x->shape[0], T = x->shape[1], H = c->num_heads, K = c->head_dim;
@@ -65,6 +65,7 @@ dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mi
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
         .backward = mo ? mo->backward : NULL,
+        .chunk_size = mo ? mo->chunk_size : 0,
         .use_qk_l2norm_in_kernel = true,
         .use_gate_in_kernel = true,
         .A_log = l->A_log,
@@ -76,8 +77,11 @@ dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mi
     dg_tensor *out = dg_kda(q, k, v, a, beta, &o, cache ? &fs : NULL);
     if (!out) return NULL;
     if (cache && dg_mixer_cache_put(&cache->state, fs)) return NULL;
-    dg_tensor *g = dg_linear(dg_linear(x, l->g_proj0, NULL), l->g_proj1, l->g_bias);
-    g = dg_sigmoid(dg_reshape(g, DG_SHAPE(B, T, HV, V)));
+    int64_t n = rows ? rows->shape[0] : B * T; /* per position from here: only the rows asked for */
+    out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, HV, V));
+    dg_tensor *g = dg_linear(dg_linear(dg_mixer_rows(x, rows), l->g_proj0, NULL), l->g_proj1, l->g_bias);
+    g = dg_sigmoid(dg_reshape(g, DG_SHAPE(n, HV, V)));
     out = dg_mul(dg_rms_norm(out, l->o_norm, c->norm_eps), g);
-    return dg_linear(dg_reshape(out, DG_SHAPE(B, T, HV * V)), l->o_proj, NULL);
+    out = dg_linear(dg_reshape(out, DG_SHAPE(n, HV * V)), l->o_proj, NULL);
+    return rows ? out : dg_reshape(out, DG_SHAPE(B, T, c->hidden_size));
 }

@@ -93,16 +93,19 @@ void dg_lm_cache_free(dg_lm_cache *c) {
     free(c);
 }
 
-static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_cache *mc) {
+static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_cache *mc, dg_tensor *rows) {
     const dg_lm_block *b = &lm->blocks[L];
     switch (lm->cfg.mixer) {
-    case DG_MIXER_GDN: return dg_gdn_layer_forward(&b->attn.gdn, x, &lm->mixer_opts, mc);
-    case DG_MIXER_KDA: return dg_kda_layer_forward(&b->attn.kda, x, &lm->mixer_opts, mc);
-    default: return dg_deltanet_layer_forward(&b->attn.deltanet, x, &lm->mixer_opts, mc);
+    case DG_MIXER_GDN: return dg_gdn_layer_forward(&b->attn.gdn, x, &lm->mixer_opts, mc, rows);
+    case DG_MIXER_KDA: return dg_kda_layer_forward(&b->attn.kda, x, &lm->mixer_opts, mc, rows);
+    default: return dg_deltanet_layer_forward(&b->attn.deltanet, x, &lm->mixer_opts, mc, rows);
     }
 }
 
-dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
+/* The final hidden states; with rows (flat positions), only at those: the last block's mixer runs
+ * its recurrence over every position but its output gate and projection, the residual, the MLP and
+ * the final norm only at the rows ([n,D]). */
+static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg_tensor *rows) {
     if (!ids) return NULL;
     if (ids->ndim != 2 || ids->dtype != DG_I64) {
         dg_error("lm: ids has shape %s and dtype %s but i64 [B,T] is required", dg_shp(ids),
@@ -118,8 +121,9 @@ dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
     dg_tensor *h = dg_embedding(lm->embeddings, ids);
     for (int L = 0; L < c->num_hidden_layers && h; L++) {
         const dg_lm_block *b = &lm->blocks[L];
-        dg_tensor *m = mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL);
-        h = dg_add(h, m);
+        dg_tensor *r = L == c->num_hidden_layers - 1 ? rows : NULL;
+        dg_tensor *m = mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL, r);
+        h = dg_add(dg_mixer_rows(h, r), m);
         dg_tensor *x = dg_rms_norm(h, b->mlp_norm, c->norm_eps);
         dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, b->gate_proj, NULL), dg_linear(x, b->up_proj, NULL)),
                                  b->down_proj, NULL);
@@ -129,6 +133,8 @@ dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
     if (h && cache) cache->pos += ids->shape[1];
     return h;
 }
+
+dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) { return hidden(lm, ids, cache, NULL); }
 
 dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
     return dg_linear(dg_lm_hidden(lm, ids, cache), lm->lm_head, NULL);
@@ -142,18 +148,20 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
                  dg_dtype_name(targets->dtype), dg_shp(ids));
         return NULL;
     }
-    dg_tensor *h = dg_lm_hidden(lm, ids, NULL);
-    if (!h) return NULL;
-    int64_t B = ids->shape[0], T = ids->shape[1], N = B * T, D = lm->cfg.hidden_size;
+    if (ids->ndim != 2) return dg_lm_hidden(lm, ids, NULL); /* reports the shape error */
+    int64_t B = ids->shape[0], T = ids->shape[1], N = B * T;
     dg_tensor *tc = dg_contiguous(targets);
     if (!tc) return NULL;
     const int64_t *tg = dg_data_ptr(tc);
     int64_t n = 0;
     for (int64_t i = 0; i < N; i++) n += tg[i] != ignore;
-    dg_tensor *flat = dg_reshape(h, DG_SHAPE(N, D));
-    if (n == N) { /* every position scored (language modelling): no gather */
+    if (n == 0) {
+        dg_error("lm: every target of %s is ignore_index %lld: nothing to score", dg_shp(targets), (long long)ignore);
+        return NULL;
+    }
+    if (n == N) { /* every position scored (language modelling) */
         *targets_out = dg_reshape(tc, DG_SHAPE(N));
-        return dg_linear(flat, lm->lm_head, NULL);
+        return dg_linear(dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)), lm->lm_head, NULL);
     }
     dg_tensor *pos = dg_empty(DG_SHAPE(n), DG_I64), *tsel = dg_empty(DG_SHAPE(n), DG_I64);
     if (!pos || !tsel) return NULL;
@@ -164,9 +172,8 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
             tp[j++] = tg[i];
         }
     *targets_out = tsel;
-    /* the rows of the scored positions: an embedding lookup into the hidden states (its backward
-     * scatters the gradient back to those rows) */
-    return dg_linear(dg_embedding(flat, pos), lm->lm_head, NULL);
+    /* the last block's output, the final norm and the head only at the scored positions */
+    return dg_linear(hidden(lm, ids, NULL, pos), lm->lm_head, NULL);
 }
 
 dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore, dg_tensor **logits_out,

@@ -32,8 +32,24 @@ static inline int dg_mixer_cache_put(dg_tensor **slot, dg_tensor *t) {
     return 0;
 }
 
+/* The rows of t [B,T,...] at the flat positions rows (i64 [n], b*T + t), as [n,...]; t itself when
+ * rows is NULL.  A gather (an embedding lookup into t) whose backward scatters into t's gradient:
+ * the layers use it to compute their output only where the model's output is read (the last
+ * block of an MQAR model: the 16 query positions of 128). */
+static inline dg_tensor *dg_mixer_rows(dg_tensor *t, dg_tensor *rows) {
+    if (!rows || !t) return t;
+    int64_t N = t->shape[0] * t->shape[1], C = dg_numel(t) / (N ? N : 1);
+    dg_tensor *g = dg_embedding(dg_reshape(t, 2, (int64_t[]){N, C}), rows);
+    if (!g || t->ndim == 2) return g;
+    int64_t shape[DG_MAX_DIMS];
+    shape[0] = rows->shape[0];
+    for (int d = 2; d < t->ndim; d++) shape[d - 1] = t->shape[d];
+    return dg_reshape(g, t->ndim - 1, shape);
+}
+
 typedef struct dg_mixer_opts {
     dg_delta_algorithm algorithm; /* chunked (default) or token by token */
+    int chunk_size;               /* chunked: 16, 32 or 64 (0: the op's default, 64) */
     const char *backward;         /* backward variant by name, NULL: the op's default */
 } dg_mixer_opts;
 

@@ -33,6 +33,7 @@ dg_train_config dg_train_default_config(void) {
         .log_every = 50,
         .target_acc = 0.99,
         .algorithm = DG_DELTA_CHUNKED,
+        .chunk_size = 64,
         .threads = 0,
     };
     snprintf(tc.out_dir, sizeof tc.out_dir, "runs/mqar-gdn");
@@ -76,6 +77,8 @@ int dg_train_config_validate(const dg_train_config *tc) {
     NEED(tc->out_dir[0], "the output directory is empty");
     NEED(tc->algorithm == DG_DELTA_CHUNKED || tc->algorithm == DG_DELTA_RECURRENT, "algorithm %d unknown",
          (int)tc->algorithm);
+    NEED(tc->chunk_size == 16 || tc->chunk_size == 32 || tc->chunk_size == 64, "chunk_size %d is not 16, 32 or 64",
+         tc->chunk_size);
     NEED(tc->threads >= 0 && tc->threads <= 1024, "threads %d is not in [0, 1024]", tc->threads);
 #undef NEED
     return 0;
@@ -112,7 +115,7 @@ char *dg_train_config_to_json(const dg_train_config *tc) {
     if (dg_json_write_string(f, tc->out_dir)) fprintf(f, "\"\"");
     fprintf(f, ", \"algorithm\": \"%s\", \"backward\": ", tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunk");
     if (dg_json_write_string(f, tc->backward)) fprintf(f, "\"\"");
-    fprintf(f, ", \"threads\": %d}", tc->threads);
+    fprintf(f, ", \"chunk_size\": %d, \"threads\": %d}", tc->chunk_size, tc->threads);
     if (fclose(f) != 0) {
         free(buf);
         dg_error("train config: out of memory");
@@ -163,7 +166,7 @@ int dg_train_config_from_json(const char *json, dg_train_config *tc) {
     dg_train_config c = *tc;
     int rc = -1;
     char s[64] = "";
-    int64_t seed = (int64_t)c.seed, threads = c.threads;
+    int64_t seed = (int64_t)c.seed, threads = c.threads, chunk = c.chunk_size;
     const dg_json *rf = dg_json_get(r, "mqar_random_filler");
     if (r->type != DG_JSON_OBJECT) {
         dg_error("train config: not a JSON object");
@@ -192,7 +195,8 @@ int dg_train_config_from_json(const char *json, dg_train_config *tc) {
         rd_int(r, "eval_every", &c.eval_every) < 0 || rd_int(r, "save_every", &c.save_every) < 0 ||
         rd_int(r, "log_every", &c.log_every) < 0 || rd_num(r, "target_acc", &c.target_acc) < 0 ||
         rd_str(r, "out_dir", c.out_dir, sizeof c.out_dir) < 0 ||
-        rd_str(r, "backward", c.backward, sizeof c.backward) < 0 || rd_int(r, "threads", &threads) < 0)
+        rd_str(r, "backward", c.backward, sizeof c.backward) < 0 || rd_int(r, "threads", &threads) < 0 ||
+        rd_int(r, "chunk_size", &chunk) < 0)
         goto out;
     if (rf) {
         if (rf->type != DG_JSON_BOOL) {
@@ -209,6 +213,7 @@ int dg_train_config_from_json(const char *json, dg_train_config *tc) {
     if (s[0]) c.algorithm = strcmp(s, "recurrent") == 0 ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED;
     c.seed = (uint64_t)seed;
     c.threads = (int)threads;
+    c.chunk_size = (int)chunk;
     *tc = c;
     rc = 0;
 out:

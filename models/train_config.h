@@ -27,6 +27,7 @@ typedef struct dg_train_config {
     double target_acc;       /* stop once the held-out accuracy reaches it (0: never) */
     char out_dir[1024];
     dg_delta_algorithm algorithm;
+    int chunk_size;          /* chunked algorithm: 16, 32 or 64 */
     char backward[32];       /* delta-rule backward variant ("" = the op's default) */
     int threads;             /* 0: all cores */
 } dg_train_config;

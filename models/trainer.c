@@ -122,6 +122,7 @@ dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     m.lm = NULL;
     dg_ckpt_model_free(&m);
     t->lm->mixer_opts.algorithm = tc->algorithm;
+    t->lm->mixer_opts.chunk_size = tc->chunk_size;
     if (tc->task == DG_TASK_MQAR && t->lm->cfg.vocab_size < tc->mqar.vocab_size) {
         dg_error("eval: the model's vocab_size %lld is smaller than the MQAR vocabulary %lld",
                  (long long)t->lm->cfg.vocab_size, (long long)tc->mqar.vocab_size);
@@ -201,6 +202,7 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     t->lm = dg_lm_new(&mc, tc->seed, DG_F32);
     if (!t->lm) goto fail;
     t->lm->mixer_opts.algorithm = tc->algorithm;
+    t->lm->mixer_opts.chunk_size = tc->chunk_size;
     t->lm->mixer_opts.backward = tc->backward[0] ? t->tc.backward : NULL;
     dg_adamw_config ac = {.beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
     if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
@@ -401,6 +403,16 @@ static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
     if (mkdir_p(tc->out_dir)) return -1;
+    if (t->step >= tc->steps) { /* a finished run resumed: nothing to train, say where it stands */
+        double el, ea;
+        if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
+        if (!t->quiet)
+            fprintf(stderr, "the run in %s is complete (step %lld of %lld; raise --steps to train further): eval loss "
+                            "%.4f, %s %.2f%%\n",
+                    tc->out_dir, (long long)t->step, (long long)tc->steps, el,
+                    tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
+        return 0;
+    }
     char csv_path[1100], svg_path[1100];
     snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", tc->out_dir);
     snprintf(svg_path, sizeof svg_path, "%s/metrics.svg", tc->out_dir);

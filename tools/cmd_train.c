@@ -23,13 +23,19 @@ static void on_sigint(int sig) {
  * and jemalloc read them from the environment at load time): if they are unset, set them and
  * re-execute this program once.  Measured on the 2-core machine (docs/TRAINING.md): OpenMP's default
  * active waiting spins on the cores OpenBLAS's threads need (steps 2-3x slower when anything else
- * runs), and jemalloc's default decay returns the freed activations to the kernel after each step
- * and page-faults them back in the next one (~25% of a step).  DG_NO_REEXEC=1 turns this off. */
+ * runs); OpenBLAS's idle threads spin for 2^28 cycles after each GEMM, against the OpenMP threads
+ * of the next op (a timeout of 2^4: 0.33 -> 0.28 s a step); jemalloc's default decay returns the
+ * freed activations to the kernel after each step and page-faults them back in the next one (~25%
+ * of a step).  DG_NO_REEXEC=1 turns this off. */
 static void tune_process(int argc, char **argv) {
     if (getenv("DG_NO_REEXEC") || getenv("DG_TRAIN_REEXECED")) return;
     bool need = false;
     if (!getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "passive", 1);
+        need = true;
+    }
+    if (!getenv("OPENBLAS_THREAD_TIMEOUT")) { /* OpenBLAS's idle threads spin 2^28 cycles; 2^4 here */
+        setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
         need = true;
     }
 #ifdef DG_JEMALLOC

@@ -70,6 +70,7 @@ static const flag flags[] = {
     {"target-acc", T_F64, TC(target_acc), 0, "training", "mqar: stop once the held-out accuracy reaches it (0: never)",
      false},
     {"algorithm", T_SPECIAL, 0, 0, "training", "delta-rule algorithm: chunk or recurrent", false},
+    {"chunk-size", T_INT, TC(chunk_size), 0, "training", "chunk length of the chunked algorithm: 16, 32 or 64", false},
     {"backward", T_STR, TC(backward), sizeof(((dg_train_config *)0)->backward), "training",
      "delta-rule backward variant (deltagrad ops lists them; empty: default)", false},
 
