@@ -166,10 +166,15 @@ __device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint1
 
 /* ---- reductions over the accumulator tile (deterministic: fixed order) ----
  * red is [8 warps][64] floats in shared memory, zero on entry to each round. */
+/* The warp's slot is read-modified-written by different lanes in the two functions below (rows:
+ * lanes with t = 0; columns: lanes with g = 0), so a put starts with __syncwarp(): a shuffle
+ * converges the lanes but does not order their shared-memory accesses (racecheck found the hazard
+ * between a row put and a column put of one warp, b_qkwy with the head gate). */
 /* rows: rs[h] is this thread's sum for row m0 + g + 8h; adds across the quad and writes the
  * warp's slot */
 __device__ __forceinline__ void red_rows_put(float *red, int m0, float (&rs)[2]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    wsync();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float x = rs[h];
@@ -182,6 +187,7 @@ __device__ __forceinline__ void red_rows_put(float *red, int m0, float (&rs)[2])
 template <int NT>
 __device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT][2]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    wsync();
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
