@@ -11,9 +11,26 @@
  *   solve_tril           A [B,T,HV,C] (strictly lower per chunk) -> (I + A)^-1, same layout.
  *                        Forward by blocked inverses (seed 004) or forward substitution (attrs);
  *                        backward dA = strictly_lower(-Ainv^T dAinv Ainv^T), with Ainv recomputed
- *                        by the variant's method ("blocked" or "subst"), not saved. */
+ *                        by the variant's method ("blocked" or "subst"), not saved.
+ * Device: CPU f32 / f64 (kernels/cpu/chunk_pieces.h) or CUDA f32 / f64 (kernels/cuda/dr_pieces_cuda.h,
+ * the same math; cu_seqlens may live on either device, the kernels take a host copy). */
 #include "kernels/cpu/chunk_pieces.h"
 #include "ops/delta_common.h"
+
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/dr_pieces_cuda.h"
+#else
+#define dg_cuda_chunk_local_cumsum(dt, ...) no_cuda(dt)
+#define dg_cuda_chunk_scaled_dot_kkt_fwd(dt, ...) no_cuda(dt)
+#define dg_cuda_chunk_scaled_dot_kkt_bwd(dt, ...) no_cuda(dt)
+#define dg_cuda_solve_tril_fwd(dt, ...) no_cuda(dt)
+#define dg_cuda_solve_tril_bwd(dt, ...) no_cuda(dt)
+static int no_cuda(dg_dtype dt) {
+    (void)dt;
+    dg_error("chunk pieces: this build has no CUDA backend");
+    return -1;
+}
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,10 +47,14 @@ typedef struct piece_attrs {
 
 static dg_tensor *contig(dg_tensor *t) { return t ? dg_contiguous(t) : NULL; }
 
+/* cu_seqlens as a host array (copied from the device when it lives there) */
 static const int64_t *cu_ptr(dg_tensor *cu, int64_t *N, int64_t B) {
     *N = cu ? cu->shape[0] - 1 : B;
+    if (cu && cu->device != DG_CPU) cu = dg_contiguous(dg_to_device(cu, DG_CPU));
     return cu ? DPTR(cu) : NULL;
 }
+
+#define ON_CUDA(t) ((t)->device == DG_CUDA)
 
 static bool check_chunk(const char *op, int chunk) {
     if (chunk == 16 || chunk == 32 || chunk == 64) return true;
@@ -50,14 +71,15 @@ static void cumsum_dims(const dg_tensor *g, int64_t *H, int64_t *S) {
 
 static int cumsum_forward(dg_node *n) {
     const piece_attrs *at = (const piece_attrs *)n->attrs;
-    if (!dg_require_cpu(n->op->name, n->in[0])) return -1;
     dg_tensor *g = dg_contiguous(n->in[0]), *cu = contig(n->in[1]);
     dg_tensor *out = g ? dg_empty_like(g) : NULL;
     if (!out || (n->in[1] && !cu)) return -1;
     int64_t H, S, N;
     cumsum_dims(g, &H, &S);
     const int64_t *c = cu_ptr(cu, &N, g->shape[0]);
-    int rc = g->dtype == DG_F32 ? dg_chunk_local_cumsum_fwd_f32(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
+    int rc = ON_CUDA(g) ? dg_cuda_chunk_local_cumsum(g->dtype, g->shape[0], g->shape[1], H, S, c, N, at->chunk,
+                                                     at->reverse, DPTR(g), DPTR(out))
+             : g->dtype == DG_F32 ? dg_chunk_local_cumsum_fwd_f32(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
                                                                 at->reverse, DPTR(g), DPTR(out))
                                 : dg_chunk_local_cumsum_fwd_f64(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
                                                                 at->reverse, DPTR(g), DPTR(out));
@@ -74,7 +96,9 @@ static int cumsum_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     int64_t H, S, N;
     cumsum_dims(dy, &H, &S);
     const int64_t *c = cu_ptr(cu, &N, dy->shape[0]);
-    int rc = dy->dtype == DG_F32 ? dg_chunk_local_cumsum_bwd_f32(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
+    int rc = ON_CUDA(dy) ? dg_cuda_chunk_local_cumsum(dy->dtype, dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
+                                                      !at->reverse, DPTR(dy), DPTR(dx))
+             : dy->dtype == DG_F32 ? dg_chunk_local_cumsum_bwd_f32(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
                                                                  at->reverse, DPTR(dy), DPTR(dx))
                                  : dg_chunk_local_cumsum_bwd_f64(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
                                                                  at->reverse, DPTR(dy), DPTR(dx));
@@ -179,15 +203,14 @@ static dg_dr_shape kkt_shape(const piece_attrs *at, dg_tensor *k, dg_tensor *bet
 
 static int kkt_forward(dg_node *n) {
     const piece_attrs *at = (const piece_attrs *)n->attrs;
-    for (int i = 0; i < 4; i++)
-        if (!dg_require_cpu(n->op->name, n->in[i])) return -1;
     dg_tensor *k = dg_contiguous(n->in[0]), *beta = dg_contiguous(n->in[1]);
     dg_tensor *g = contig(n->in[2]), *cu = contig(n->in[3]);
     if (!k || !beta || (n->in[2] && !g) || (n->in[3] && !cu)) return -1;
     dg_dr_shape s = kkt_shape(at, k, beta, cu);
-    dg_tensor *A = dg_empty(DG_SHAPE(s.B, s.T, s.HV, at->chunk), k->dtype);
+    dg_tensor *A = dg_empty_on(DG_SHAPE(s.B, s.T, s.HV, at->chunk), k->dtype, k->device);
     if (!A) return -1;
-    int rc = k->dtype == DG_F32 ? dg_chunk_scaled_dot_kkt_fwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A))
+    int rc = ON_CUDA(k) ? dg_cuda_chunk_scaled_dot_kkt_fwd(k->dtype, &s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A))
+             : k->dtype == DG_F32 ? dg_chunk_scaled_dot_kkt_fwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A))
                                 : dg_chunk_scaled_dot_kkt_fwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A));
     n->out[0] = A;
     return rc;
@@ -202,7 +225,9 @@ static int kkt_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     dg_tensor *dk = n->needs_grad[0] ? dg_empty_like(k) : NULL;
     dg_tensor *db = n->needs_grad[1] ? dg_empty_like(beta) : NULL;
     dg_tensor *dg = g && n->needs_grad[2] ? dg_empty_like(g) : NULL;
-    int rc = k->dtype == DG_F32
+    int rc = ON_CUDA(k) ? dg_cuda_chunk_scaled_dot_kkt_bwd(k->dtype, &s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA),
+                                                           DPTR(dk), DPTR(db), DPTR(dg))
+             : k->dtype == DG_F32
                  ? dg_chunk_scaled_dot_kkt_bwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg))
                  : dg_chunk_scaled_dot_kkt_bwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg));
     gin[0] = dk;
@@ -301,12 +326,12 @@ static dg_dr_shape tril_shape(const piece_attrs *at, dg_tensor *A, dg_tensor *cu
 
 static int tril_forward(dg_node *n) {
     const piece_attrs *at = (const piece_attrs *)n->attrs;
-    if (!dg_require_cpu(n->op->name, n->in[0])) return -1;
     dg_tensor *A = dg_contiguous(n->in[0]), *cu = contig(n->in[1]);
     dg_tensor *Ai = A ? dg_empty_like(A) : NULL;
     if (!Ai || (n->in[1] && !cu)) return -1;
     dg_dr_shape s = tril_shape(at, A, cu);
-    int rc = A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, at->blocked, DPTR(A), DPTR(Ai))
+    int rc = ON_CUDA(A) ? dg_cuda_solve_tril_fwd(A->dtype, &s, at->blocked, DPTR(A), DPTR(Ai))
+             : A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, at->blocked, DPTR(A), DPTR(Ai))
                                 : dg_solve_tril_fwd_f64(&s, at->blocked, DPTR(A), DPTR(Ai));
     n->out[0] = Ai;
     return rc;
@@ -320,10 +345,12 @@ static int tril_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin, in
     dg_tensor *Ai = A ? dg_empty_like(A) : NULL, *dA = A ? dg_empty_like(A) : NULL;
     if (!Ai || !dA || !dY) return -1;
     dg_dr_shape s = tril_shape(at, A, cu);
-    int rc = A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, blocked, DPTR(A), DPTR(Ai))
-                                : dg_solve_tril_fwd_f64(&s, blocked, DPTR(A), DPTR(Ai));
+    int rc = ON_CUDA(A) ? dg_cuda_solve_tril_fwd(A->dtype, &s, blocked, DPTR(A), DPTR(Ai))
+             : A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, blocked, DPTR(A), DPTR(Ai))
+                                  : dg_solve_tril_fwd_f64(&s, blocked, DPTR(A), DPTR(Ai));
     if (rc == 0)
-        rc = A->dtype == DG_F32 ? dg_solve_tril_bwd_f32(&s, DPTR(Ai), DPTR(dY), DPTR(dA))
+        rc = ON_CUDA(A) ? dg_cuda_solve_tril_bwd(A->dtype, &s, DPTR(Ai), DPTR(dY), DPTR(dA))
+             : A->dtype == DG_F32 ? dg_solve_tril_bwd_f32(&s, DPTR(Ai), DPTR(dY), DPTR(dA))
                                 : dg_solve_tril_bwd_f64(&s, DPTR(Ai), DPTR(dY), DPTR(dA));
     gin[0] = dA;
     return rc;

@@ -1,21 +1,11 @@
 /* The delta-rule family's shared op machinery (see delta_common.h): validation of the typed entry
  * points, and the forward and backward that prepare contiguous inputs, apply the fused L2 norm and
- * gate, and call the recurrent or chunked CPU kernels. */
+ * gate, and call the recurrent or chunked kernels on the inputs' device (delta_kernels.c). */
 #include "ops/delta_common.h"
-
-#include "kernels/cpu/gate.h"
-#include "kernels/cpu/nn.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The chunked kernels are written in parallel with this file; until they are linked in, the
- * chunked algorithm reports that it is missing instead of failing the link. */
-#pragma weak dg_dr_chunk_fwd_f32
-#pragma weak dg_dr_chunk_fwd_f64
-#pragma weak dg_dr_chunk_bwd_f32
-#pragma weak dg_dr_chunk_bwd_f64
 
 const dg_delta_slots dg_delta_slots_plain = {.q = 0, .k = 1, .v = 2, .g = -1, .beta = 3, .h0 = 4,
                                              .A_log = -1, .dt_bias = -1, .cu = 5, .n_in = 6};
@@ -41,9 +31,35 @@ static const char *values_text(const int64_t *c, int64_t n, char *buf, size_t le
     return buf;
 }
 
+/* q: f32 or f64, or bf16 on cuda (f64 on cuda is refused: no device kernel) */
+static bool check_q(const char *op, const dg_tensor *q) {
+    if (!dg_check_not_null(op, "q", q)) return false;
+    if (q->dtype != DG_BF16 && !dg_check_float(op, "q", q)) return false;
+    if (dg_delta_dtype_ok(op, q->device, q->dtype)) return true;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dg_last_error());
+    dg_error("%s (q is %s %s on %s)", msg, dg_shp(q), dg_dtype_name(q->dtype), dg_device_name(q->device));
+    return false;
+}
+
+/* k, v, beta: q's dtype and device */
 static bool check_other(const char *op, const char *arg, const dg_tensor *t, const dg_tensor *q) {
-    return dg_check_float(op, arg, t) && dg_check_same_dtype(op, arg, t, "q", q) &&
-           dg_check_same_device(op, arg, t, "q", q);
+    if (!dg_check_not_null(op, arg, t)) return false;
+    return dg_check_same_dtype(op, arg, t, "q", q) && dg_check_same_device(op, arg, t, "q", q);
+}
+
+/* g, initial_state, A_log, dt_bias: q's dtype, or f32 when q is bf16 (gates and states stay f32) */
+static bool check_state(const char *op, const char *arg, const dg_tensor *t, const dg_tensor *q) {
+    if (!dg_check_not_null(op, arg, t)) return false;
+    if (q->dtype == DG_BF16) {
+        if (t->dtype != DG_F32) {
+            dg_error("%s: %s has dtype %s (shape %s) but q is bf16: gates and states must be f32", op, arg,
+                     dg_dtype_name(t->dtype), dg_shp(t));
+            return false;
+        }
+        return dg_check_same_device(op, arg, t, "q", q);
+    }
+    return check_other(op, arg, t, q);
 }
 
 /* cu_seqlens: i64 [N+1], B = 1, starts at 0, never decreases, ends at T (ref is [B,T,...]). */
@@ -97,10 +113,10 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
                        int64_t *N) {
     static const dg_delta_opts defaults = {0};
     if (!opts) opts = &defaults;
-    if (!dg_check_float(op, "q", q)) return false;
+    if (!check_q(op, q)) return false;
     if (!check_other(op, "k", k, q) || !check_other(op, "v", v, q) || !check_other(op, "beta", beta, q))
         return false;
-    if (gate != DG_GATE_NONE && !check_other(op, "g", g, q)) return false;
+    if (gate != DG_GATE_NONE && !check_state(op, "g", g, q)) return false;
     if (!dg_check_ndim(op, "q", q, 4) || !dg_check_ndim(op, "v", v, 4)) return false;
     if (!dg_same_shape(k, q)) {
         dg_error("%s: k has shape %s but q has %s", op, dg_shp(k), dg_shp(q));
@@ -159,7 +175,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
             return false;
         }
         if (!dg_check_not_null(op, "A_log (required by use_gate_in_kernel)", opts->A_log) ||
-            !check_other(op, "A_log", opts->A_log, q))
+            !check_state(op, "A_log", opts->A_log, q))
             return false;
         const int64_t ashape[1] = {HV};
         if (!same_shape4(opts->A_log, 1, ashape)) {
@@ -168,7 +184,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
             return false;
         }
         if (opts->dt_bias) {
-            if (!check_other(op, "dt_bias", opts->dt_bias, q)) return false;
+            if (!check_state(op, "dt_bias", opts->dt_bias, q)) return false;
             const int64_t dshape[1] = {gate == DG_GATE_HEAD ? HV : HV * K};
             if (!same_shape4(opts->dt_bias, 1, dshape)) {
                 dg_error("%s: dt_bias has shape %s but %s = %s is required (q %s, v %s)", op,
@@ -185,7 +201,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
     *N = B;
     if (opts->cu_seqlens && !dg_delta_check_cu(op, opts->cu_seqlens, "q", q, N)) return false;
     if (opts->initial_state) {
-        if (!check_other(op, "initial_state", opts->initial_state, q)) return false;
+        if (!check_state(op, "initial_state", opts->initial_state, q)) return false;
         const int64_t hshape[4] = {*N, HV, K, V};
         if (!same_shape4(opts->initial_state, 4, hshape)) {
             dg_error("%s: initial_state has shape %s but [N,HV,K,V] = %s is required (N = %lld %s; q %s, v %s)",
@@ -208,10 +224,12 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
 
 typedef struct prep {
     dg_dr_shape s;
-    dg_dtype dt;
+    dg_device dev;
+    dg_dtype dt;            /* storage dtype of q, k, v, beta, o: f32 / f64, or bf16 on cuda */
+    dg_dtype st;            /* dtype of the gates and states: dt, or f32 with bf16 storage */
     dg_tensor *q, *k;       /* what the kernel reads (normalised when l2norm_qk) */
     dg_tensor *qraw, *kraw; /* contiguous inputs */
-    dg_tensor *rq, *rk;     /* 1/|q|, 1/|k| per row (l2norm_qk) */
+    dg_tensor *rq, *rk;     /* 1/|q|, 1/|k| per row (l2norm_qk), dtype st */
     dg_tensor *v, *beta, *h0;
     dg_tensor *g;           /* the log decay the kernel reads */
     dg_tensor *a, *A_log, *dt_bias; /* gate_in_kernel: raw a (the g input) and the parameters */
@@ -224,41 +242,59 @@ static dg_tensor *in_at(dg_node *n, int slot) { return slot >= 0 ? n->in[slot] :
 
 static dg_tensor *contig(dg_tensor *t) { return t ? dg_contiguous(t) : NULL; }
 
+/* every input on q's device, in the dtypes the kernels take (the typed entry point checked this;
+ * ops applied from the registry come here unchecked) */
+static bool prep_check(dg_node *n, const dg_delta_slots *sl, dg_device dev, dg_dtype dt, dg_dtype st) {
+    const char *op = n->op->name;
+    if (!dg_delta_dtype_ok(op, dev, dt)) return false;
+    for (int i = 0; i < sl->n_in; i++) {
+        const dg_tensor *t = n->in[i];
+        if (!t || i == sl->cu) continue;
+        const bool storage = i == sl->q || i == sl->k || i == sl->v || i == sl->beta;
+        const dg_dtype want = storage ? dt : st;
+        if (t->device != dev || t->dtype != want) {
+            dg_error("%s: input '%s' %s is %s on %s but %s on %s is required (q is %s on %s)", op,
+                     n->op->in_names[i], dg_shp(t), dg_dtype_name(t->dtype), dg_device_name(t->device),
+                     dg_dtype_name(want), dg_device_name(dev), dg_dtype_name(dt), dg_device_name(dev));
+            return false;
+        }
+    }
+    return true;
+}
+
 static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     const char *op = n->op->name;
     memset(p, 0, sizeof *p);
-    for (int i = 0; i < sl->n_in; i++)
-        if (!dg_require_cpu(op, n->in[i])) return -1;
+    p->dev = n->in[sl->q]->device;
+    p->dt = n->in[sl->q]->dtype;
+    p->st = p->dt == DG_BF16 ? DG_F32 : p->dt;
+    if (!prep_check(n, sl, p->dev, p->dt, p->st)) return -1;
     p->qraw = contig(n->in[sl->q]);
     p->kraw = contig(n->in[sl->k]);
     p->v = contig(n->in[sl->v]);
     p->beta = contig(n->in[sl->beta]);
     p->h0 = contig(n->in[sl->h0]);
     dg_tensor *gin = contig(in_at(n, sl->g));
-    dg_tensor *cu = contig(in_at(n, sl->cu));
-    if (!p->qraw || !p->kraw || !p->v || !p->beta) return -1;
-    p->dt = p->qraw->dtype;
+    /* the kernels take cu_seqlens as a host array */
+    dg_tensor *cu = in_at(n, sl->cu);
+    if (cu) cu = contig(cu->device == DG_CPU ? cu : dg_to_device(cu, DG_CPU));
+    if (!p->qraw || !p->kraw || !p->v || !p->beta || (in_at(n, sl->cu) && !cu)) return -1;
     const int64_t B = p->qraw->shape[0], T = p->qraw->shape[1], H = p->qraw->shape[2];
     const int64_t K = p->qraw->shape[3], HV = p->v->shape[2], V = p->v->shape[3];
     p->s = (dg_dr_shape){.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
                          .cu_seqlens = cu ? dg_data_ptr(cu) : NULL, .N = cu ? cu->shape[0] - 1 : B,
                          .gate = at->gate, .scale = at->scale, .chunk = at->chunk};
-    const bool f32 = p->dt == DG_F32;
     if (at->l2norm_qk) {
         const int64_t rows = B * T * H;
         p->q = dg_empty_like(p->qraw);
         p->k = dg_empty_like(p->kraw);
-        p->rq = dg_empty(DG_SHAPE(rows), p->dt);
-        p->rk = dg_empty(DG_SHAPE(rows), p->dt);
+        p->rq = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
+        p->rk = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
         if (!p->q || !p->k || !p->rq || !p->rk) return -1;
-        if (f32) {
-            dg_nn_l2norm_fwd_f32(rows, K, DPTR(p->qraw), DG_DELTA_L2NORM_EPS, DPTR(p->q), DPTR(p->rq));
-            dg_nn_l2norm_fwd_f32(rows, K, DPTR(p->kraw), DG_DELTA_L2NORM_EPS, DPTR(p->k), DPTR(p->rk));
-        } else {
-            dg_nn_l2norm_fwd_f64(rows, K, DPTR(p->qraw), DG_DELTA_L2NORM_EPS, DPTR(p->q), DPTR(p->rq));
-            dg_nn_l2norm_fwd_f64(rows, K, DPTR(p->kraw), DG_DELTA_L2NORM_EPS, DPTR(p->k), DPTR(p->rk));
-        }
+        if (dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->qraw), DPTR(p->q), DPTR(p->rq)) ||
+            dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->kraw), DPTR(p->k), DPTR(p->rk)))
+            return -1;
     } else {
         p->q = p->qraw;
         p->k = p->kraw;
@@ -270,31 +306,13 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
         p->dt_bias = contig(n->in[sl->dt_bias]);
         p->g = p->a && p->A_log ? dg_empty_like(p->a) : NULL;
         if (!p->g) return -1;
-        if (f32)
-            dg_gate_fwd_f32(B * T, HV, p->gate_c, DPTR(p->a), DPTR(p->A_log), DPTR(p->dt_bias), DPTR(p->g));
-        else
-            dg_gate_fwd_f64(B * T, HV, p->gate_c, DPTR(p->a), DPTR(p->A_log), DPTR(p->dt_bias), DPTR(p->g));
+        if (dg_delta_k_gate_fwd(op, p->dev, p->st, B * T, HV, p->gate_c, DPTR(p->a), DPTR(p->A_log),
+                                DPTR(p->dt_bias), DPTR(p->g)))
+            return -1;
     } else {
         p->g = gin;
     }
     return 0;
-}
-
-static int kernel_status(const char *op, const char *what, int rc) {
-    if (rc == 0) return 0;
-    if (rc == -1)
-        dg_error("%s: out of host memory in the %s kernel", op, what);
-    else
-        dg_error("%s: the %s kernel rejected its arguments (code %d)", op, what, rc);
-    return -1;
-}
-
-static bool chunk_kernels_present(const char *op) {
-    if (dg_dr_chunk_fwd_f32 && dg_dr_chunk_fwd_f64 && dg_dr_chunk_bwd_f32 && dg_dr_chunk_bwd_f64) return true;
-    dg_error("%s: the chunked algorithm is not built into this library (kernels/cpu/dr_chunk*.c); use "
-             "algorithm = DG_DELTA_RECURRENT",
-             op);
-    return false;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------- */
@@ -304,24 +322,12 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     prep p;
     if (prep_inputs(n, sl, &p) != 0) return -1;
     const dg_dr_shape *s = &p.s;
-    dg_tensor *o = dg_empty(DG_SHAPE(s->B, s->T, s->HV, s->V), p.dt);
-    dg_tensor *hT = dg_empty(DG_SHAPE(s->N, s->HV, s->K, s->V), p.dt);
+    dg_tensor *o = dg_empty_on(DG_SHAPE(s->B, s->T, s->HV, s->V), p.dt, p.dev);
+    dg_tensor *hT = dg_empty_on(DG_SHAPE(s->N, s->HV, s->K, s->V), p.st, p.dev);
     if (!o || !hT) return -1;
-    int rc;
-    if (at->algorithm == DG_DELTA_RECURRENT) {
-        rc = p.dt == DG_F32 ? dg_dr_recurrent_fwd_f32(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                                      DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT))
-                            : dg_dr_recurrent_fwd_f64(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                                      DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT));
-        if (kernel_status(n->op->name, "recurrent forward", rc)) return -1;
-    } else {
-        if (!chunk_kernels_present(n->op->name)) return -1;
-        rc = p.dt == DG_F32 ? dg_dr_chunk_fwd_f32(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                                  DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT))
-                            : dg_dr_chunk_fwd_f64(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                                  DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT));
-        if (kernel_status(n->op->name, "chunked forward", rc)) return -1;
-    }
+    if (dg_delta_k_fwd(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
+                       DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT)))
+        return -1;
     n->out[0] = o;
     n->out[1] = hT;
     return 0;
@@ -338,7 +344,6 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     prep p;
     if (prep_inputs(n, sl, &p) != 0) return -1;
     const dg_dr_shape *s = &p.s;
-    const bool f32 = p.dt == DG_F32;
     bool *ng = n->needs_grad;
     const bool want_g = sl->g >= 0 && ng[sl->g];
     const bool want_A = at->gate_in_kernel && ng[sl->A_log];
@@ -348,40 +353,29 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     const bool kern_dg = at->gate != DG_GATE_NONE && (want_g || want_A || want_dt);
     dg_tensor *dout = contig(gout[0]), *dhT = contig(gout[1]);
     if (!dout || !dhT) return -1;
+    if (dout->dtype != p.dt || dhT->dtype != p.st || dout->device != p.dev || dhT->device != p.dev) {
+        dg_error("%s: output gradients %s %s on %s, %s %s on %s do not match the outputs (%s, %s on %s)", op,
+                 dg_shp(dout), dg_dtype_name(dout->dtype), dg_device_name(dout->device), dg_shp(dhT),
+                 dg_dtype_name(dhT->dtype), dg_device_name(dhT->device), dg_dtype_name(p.dt), dg_dtype_name(p.st),
+                 dg_device_name(p.dev));
+        return -1;
+    }
     dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
-    int rc;
-    if (spec->algo == DG_DBWD_RECURRENT) {
-        rc = f32 ? dg_dr_recurrent_bwd_f32(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g), DPTR(p.beta),
-                                           DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
-                                           DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0))
-                 : dg_dr_recurrent_bwd_f64(s, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g), DPTR(p.beta),
-                                           DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
-                                           DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0));
-        if (kernel_status(op, "recurrent backward", rc)) return -1;
-    } else {
-        if (!chunk_kernels_present(op)) return -1;
-        rc = f32 ? dg_dr_chunk_bwd_f32(s, &spec->var, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                       DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq),
-                                       DPTR(dk), DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0))
-                 : dg_dr_chunk_bwd_f64(s, &spec->var, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                                       DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq),
-                                       DPTR(dk), DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0));
-        if (kernel_status(op, "chunked backward", rc)) return -1;
-    }
+    if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k),
+                       DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
+                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0)))
+        return -1;
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
     if (at->l2norm_qk) {
         const int64_t rows = s->B * s->T * s->H;
         dg_tensor *dqr = maybe_empty(dq != NULL, p.qraw), *dkr = maybe_empty(dk != NULL, p.kraw);
         if ((dq && !dqr) || (dk && !dkr)) return -1;
-        if (f32) {
-            if (dq) dg_nn_l2norm_bwd_f32(rows, s->K, DPTR(p.qraw), DPTR(p.rq), DPTR(dq), DPTR(dqr));
-            if (dk) dg_nn_l2norm_bwd_f32(rows, s->K, DPTR(p.kraw), DPTR(p.rk), DPTR(dk), DPTR(dkr));
-        } else {
-            if (dq) dg_nn_l2norm_bwd_f64(rows, s->K, DPTR(p.qraw), DPTR(p.rq), DPTR(dq), DPTR(dqr));
-            if (dk) dg_nn_l2norm_bwd_f64(rows, s->K, DPTR(p.kraw), DPTR(p.rk), DPTR(dk), DPTR(dkr));
-        }
+        if (dq && dg_delta_k_l2norm_bwd(op, p.dev, p.dt, rows, s->K, DPTR(p.qraw), DPTR(p.rq), DPTR(dq), DPTR(dqr)))
+            return -1;
+        if (dk && dg_delta_k_l2norm_bwd(op, p.dev, p.dt, rows, s->K, DPTR(p.kraw), DPTR(p.rk), DPTR(dk), DPTR(dkr)))
+            return -1;
         dq = dqr;
         dk = dkr;
     }
@@ -389,11 +383,9 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     if (at->gate_in_kernel && dg) {
         dg_tensor *da = maybe_empty(want_g, p.a);
         dg_tensor *dA = maybe_empty(want_A, p.A_log), *ddt = maybe_empty(want_dt, p.dt_bias);
-        rc = f32 ? dg_gate_bwd_f32(s->B * s->T, s->HV, p.gate_c, DPTR(p.a), DPTR(p.A_log), DPTR(p.dt_bias),
-                                   DPTR(dg), DPTR(da), DPTR(dA), DPTR(ddt))
-                 : dg_gate_bwd_f64(s->B * s->T, s->HV, p.gate_c, DPTR(p.a), DPTR(p.A_log), DPTR(p.dt_bias),
-                                   DPTR(dg), DPTR(da), DPTR(dA), DPTR(ddt));
-        if (kernel_status(op, "gate backward", rc)) return -1;
+        if (dg_delta_k_gate_bwd(op, p.dev, p.st, s->B * s->T, s->HV, p.gate_c, DPTR(p.a), DPTR(p.A_log),
+                                DPTR(p.dt_bias), DPTR(dg), DPTR(da), DPTR(dA), DPTR(ddt)))
+            return -1;
         if (want_A) gin[sl->A_log] = dA;
         if (want_dt) gin[sl->dt_bias] = ddt;
         dg = da;

@@ -83,6 +83,29 @@ int dg_delta_recurrent_variant(const dg_op_def *def);
 
 #define DG_DELTA_L2NORM_EPS 1e-6
 
+/* ---- kernel calls by device and dtype (delta_kernels.c) ----
+ * dtypes: CPU f32 / f64; CUDA f32, or bf16 storage (q, k, v, beta, o and their gradients bf16;
+ * g, h0, hT, A_log, dt_bias and their gradients f32; the L2 norm's r f32).  Pointers are of the
+ * device given (cu_seqlens in s is always a host array).  Each returns 0, or -1 with dg_error set. */
+bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt); /* false + message when refused */
+int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
+                   const void *q, const void *k, const void *v, const void *g, const void *beta,
+                   const void *h0, void *o, void *hT);
+int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
+                   dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
+                   const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
+                   void *dbeta, void *dh0);
+int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
+                          void *y, void *r);
+int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
+                          const void *r, const void *dy, void *dx);
+/* the gate: dt is the gate's dtype (f32 or f64; f32 with bf16 storage) */
+int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
+                        const void *a, const void *A_log, const void *dt_bias, void *g);
+int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
+                        const void *a, const void *A_log, const void *dt_bias, const void *dg, void *da,
+                        void *dA_log, void *ddt_bias);
+
 /* Defines `static int NAME(dg_node *, gout, gin)`: a backward variant of the family with the given
  * algorithm and chunked-kernel flags, for an op whose inputs sit at SLOTS. */
 #define DG_DELTA_BWD_VARIANT(NAME, SLOTS, ALGO, DG_FINAL, KDA_FUSED, BLOCKED)                          \

@@ -3,9 +3,9 @@
  * gdn_gate: a [B,T,HV], A_log [HV], dt_bias [HV] or NULL                -> g [B,T,HV]
  * kda_gate: a [B,T,HV,K], A_log [HV] (broadcast over K), dt_bias [HV*K] -> g [B,T,HV,K]
  * Backward (kernels/cpu/gate.c): da = dg (-exp(A_log)) softplus'(x), dA_log = sum dg g,
- * ddt_bias = sum over tokens of da.  The same kernels run inside gated_delta_rule / kda when
+ * ddt_bias = sum over tokens of da.  CPU (kernels/cpu/gate.c) or CUDA (kernels/cuda/dr_pieces.cu),
+ * f32 and f64, through delta_kernels.c.  The same kernels run inside gated_delta_rule / kda when
  * use_gate_in_kernel is set; these ops are the separate path the model can take instead. */
-#include "kernels/cpu/gate.h"
 #include "ops/delta_common.h"
 
 #include <string.h>
@@ -24,18 +24,14 @@ static void gate_dims(const dg_tensor *a, int channel, int64_t *rows, int64_t *H
 
 static int gate_forward(dg_node *n) {
     const gate_attrs *at = (const gate_attrs *)n->attrs;
-    for (int i = 0; i < 3; i++)
-        if (!dg_require_cpu(n->op->name, n->in[i])) return -1;
     dg_tensor *a = dg_contiguous(n->in[0]), *A = dg_contiguous(n->in[1]);
     dg_tensor *b = n->in[2] ? dg_contiguous(n->in[2]) : NULL;
     dg_tensor *g = a ? dg_empty_like(a) : NULL;
     if (!a || !A || (n->in[2] && !b) || !g) return -1;
     int64_t rows, HV, C;
     gate_dims(a, at->channel, &rows, &HV, &C);
-    if (a->dtype == DG_F32)
-        dg_gate_fwd_f32(rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(g));
-    else
-        dg_gate_fwd_f64(rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(g));
+    if (dg_delta_k_gate_fwd(n->op->name, a->device, a->dtype, rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(g)))
+        return -1;
     n->out[0] = g;
     return 0;
 }
@@ -52,13 +48,9 @@ static int gate_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     if ((n->needs_grad[0] && !da) || (n->needs_grad[1] && !dA) || (b && n->needs_grad[2] && !db)) return -1;
     int64_t rows, HV, C;
     gate_dims(a, at->channel, &rows, &HV, &C);
-    int rc = a->dtype == DG_F32
-                 ? dg_gate_bwd_f32(rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(dy), DPTR(da), DPTR(dA), DPTR(db))
-                 : dg_gate_bwd_f64(rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(dy), DPTR(da), DPTR(dA), DPTR(db));
-    if (rc != 0) {
-        dg_error("%s: out of host memory in the gate backward", n->op->name);
+    if (dg_delta_k_gate_bwd(n->op->name, a->device, a->dtype, rows, HV, C, DPTR(a), DPTR(A), DPTR(b), DPTR(dy),
+                            DPTR(da), DPTR(dA), DPTR(db)))
         return -1;
-    }
     gin[0] = da;
     gin[1] = dA;
     gin[2] = db;

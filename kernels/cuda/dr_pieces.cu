@@ -1,0 +1,252 @@
+/* The in-op gate, the bf16 L2 norm and chunk_local_cumsum on the device (dr_pieces_cuda.h).
+ *
+ * gate:    g[r,h,c] = -exp(A_log[h]) softplus(x),  x = a[r,h,c] + dt_bias[h*C+c]
+ *          softplus(x) = x above 20 (FLA's threshold), else max(x,0) + log1p(exp(-|x|));
+ *          computed in double for both f32 and f64 (as the CPU kernel), rounded once.
+ *          backward: da = dg (-exp(A_log)) softplus'(x) (sigmoid, 1 above 20);
+ *          dA_log[h] = sum_{r,c} dg g;  ddt_bias[h*C+c] = sum_r da  (fixed-order column sums).
+ * l2norm:  a warp per row; r = 1/sqrt(sum x^2 + eps), y = x r, rounded to bf16;
+ *          dx = r (dy - x r^2 sum(dy x)).
+ * cumsum:  one thread per (chunk, head, channel), walking the chunk's rows in order. */
+#include "kernels/cuda/dr_pieces_chunks.cuh"
+#include "kernels/cuda/nn_util.h"
+
+namespace {
+
+__device__ __forceinline__ double drp_softplus(double x) {
+    return x > 20.0 ? x : fmax(x, 0.0) + log1p(exp(-fabs(x)));
+}
+__device__ __forceinline__ double drp_softplus_grad(double x) {
+    if (x > 20.0) return 1.0;
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+template <typename T>
+__global__ void gate_fwd_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log,
+                                const T *dt_bias, T *g) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t m = i % (HV * C), h = m / C;
+        double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
+        g[i] = (T)(-exp((double)A_log[h]) * drp_softplus(x));
+    }
+}
+
+template <typename T>
+__global__ void gate_da_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log,
+                               const T *dt_bias, const T *dg, T *da) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t m = i % (HV * C), h = m / C;
+        double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
+        da[i] = (T)((double)dg[i] * -exp((double)A_log[h]) * drp_softplus_grad(x));
+    }
+}
+
+/* term(r, m) of ddt_bias: da at row r, column m = h*C + c */
+template <typename T> struct GateDdtTerm {
+    int64_t HV, C;
+    const T *a, *A_log, *dt_bias, *dg;
+    __device__ double operator()(int64_t r, int64_t m) const {
+        int64_t i = r * HV * C + m;
+        double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
+        return (double)dg[i] * -exp((double)A_log[m / C]) * drp_softplus_grad(x);
+    }
+};
+
+/* term(r, h) of dA_log: sum_c dg g at row r, head h */
+template <typename T> struct GateDATerm {
+    int64_t HV, C;
+    const T *a, *A_log, *dt_bias, *dg;
+    __device__ double operator()(int64_t r, int64_t h) const {
+        double negA = -exp((double)A_log[h]), acc = 0;
+        for (int64_t c = 0; c < C; c++) {
+            int64_t m = h * C + c, i = r * HV * C + m;
+            double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
+            acc += (double)dg[i] * negA * drp_softplus(x);
+        }
+        return acc;
+    }
+};
+
+template <typename T>
+int gate_bwd(int64_t rows, int64_t HV, int64_t C, const T *a, const T *A_log, const T *dt_bias,
+             const T *dg, T *da, T *dA_log, T *ddt_bias, dg_dtype dt) {
+    int64_t n = rows * HV * C;
+    if (da && n > 0) {
+        gate_da_kernel<T><<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+            n, HV, C, a, A_log, dt_bias, dg, da);
+        if (DG_LAUNCHED("dr gate bwd (da)")) return -1;
+    }
+    if (ddt_bias) {
+        GateDdtTerm<T> term{HV, C, a, A_log, dt_bias, dg};
+        if (nn_column_sums(dt, term, rows, HV * C, ddt_bias, "dr gate bwd (ddt_bias)")) return -1;
+    }
+    if (dA_log) {
+        GateDATerm<T> term{HV, C, a, A_log, dt_bias, dg};
+        if (nn_column_sums(dt, term, rows, HV, dA_log, "dr gate bwd (dA_log)")) return -1;
+    }
+    return 0;
+}
+
+/* ---- bf16 L2 norm: a warp per row ---- */
+__device__ __forceinline__ float bf2f(uint16_t b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+__device__ __forceinline__ uint16_t f2bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__global__ void l2norm_bf16_fwd_kernel(int64_t N, int64_t D, const uint16_t *x, float eps, uint16_t *y,
+                                       float *rstd) {
+    const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+    for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
+        const uint16_t *xr = x + row * D;
+        float ss = 0;
+        for (int64_t d = lane; d < D; d += 32) {
+            float v = bf2f(xr[d]);
+            ss += v * v;
+        }
+        float r = rsqrtf(warp_sum(ss) + eps);
+        if (rstd && lane == 0) rstd[row] = r;
+        for (int64_t d = lane; d < D; d += 32) y[row * D + d] = f2bf(bf2f(xr[d]) * r);
+    }
+}
+
+__global__ void l2norm_bf16_bwd_kernel(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
+                                       const uint16_t *dy, uint16_t *dx) {
+    const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+    for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
+        const uint16_t *xr = x + row * D, *dyr = dy + row * D;
+        float dot = 0;
+        for (int64_t d = lane; d < D; d += 32) dot += bf2f(dyr[d]) * bf2f(xr[d]);
+        float r = rstd[row], c = warp_sum(dot) * r * r;
+        for (int64_t d = lane; d < D; d += 32) dx[row * D + d] = f2bf(r * (bf2f(dyr[d]) - bf2f(xr[d]) * c));
+    }
+}
+
+/* ---- chunk_local_cumsum ---- */
+template <typename T>
+__global__ void cumsum_kernel(int64_t nchunks, int64_t HS, const int64_t *row0, const int *len, int reverse,
+                              const T *x, T *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nchunks * HS;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t c = i / HS, m = i % HS, base = row0[c] * HS + m;
+        int L = len[c];
+        T acc = 0;
+        for (int j = 0; j < L; j++) {
+            int64_t at = base + (int64_t)(reverse ? L - 1 - j : j) * HS;
+            acc += x[at];
+            out[at] = acc;
+        }
+    }
+}
+
+bool float_dt(const char *who, dg_dtype dt) {
+    if (dt == DG_F32 || dt == DG_F64) return true;
+    dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
+    return false;
+}
+
+} // namespace
+
+extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                                   const void *A_log, const void *dt_bias, void *g) {
+    if (!float_dt("cuda dr gate", dt)) return -1;
+    if (!a || !A_log || !g) {
+        dg_error("cuda dr gate: %s is NULL", !a ? "a" : !A_log ? "A_log" : "g");
+        return -1;
+    }
+    int64_t n = rows * HV * C;
+    if (n <= 0) return 0;
+    if (dg_cuda_init()) return -1;
+    unsigned grid = dg_grid_for(n, kNnThreads);
+    if (dt == DG_F32)
+        gate_fwd_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(
+            n, HV, C, (const float *)a, (const float *)A_log, (const float *)dt_bias, (float *)g);
+    else
+        gate_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(
+            n, HV, C, (const double *)a, (const double *)A_log, (const double *)dt_bias, (double *)g);
+    return DG_LAUNCHED("dr gate fwd");
+}
+
+extern "C" int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                                   const void *A_log, const void *dt_bias, const void *dg, void *da,
+                                   void *dA_log, void *ddt_bias) {
+    if (!float_dt("cuda dr gate bwd", dt)) return -1;
+    if (!a || !A_log || !dg || (ddt_bias && !dt_bias)) {
+        dg_error("cuda dr gate bwd: %s", !a ? "a is NULL" : !A_log ? "A_log is NULL" : !dg ? "dg is NULL"
+                                                                                             : "ddt_bias without dt_bias");
+        return -1;
+    }
+    if (rows < 0 || HV < 1 || C < 1) {
+        dg_error("cuda dr gate bwd: rows %lld, HV %lld, C %lld", (long long)rows, (long long)HV, (long long)C);
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    if (dt == DG_F32)
+        return gate_bwd<float>(rows, HV, C, (const float *)a, (const float *)A_log, (const float *)dt_bias,
+                               (const float *)dg, (float *)da, (float *)dA_log, (float *)ddt_bias, dt);
+    return gate_bwd<double>(rows, HV, C, (const double *)a, (const double *)A_log, (const double *)dt_bias,
+                            (const double *)dg, (double *)da, (double *)dA_log, (double *)ddt_bias, dt);
+}
+
+extern "C" int dg_cuda_dr_l2norm_bf16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y,
+                                          float *rstd) {
+    if (N <= 0 || D <= 0) return 0;
+    if (!x || !y) {
+        dg_error("cuda dr l2norm bf16: %s is NULL", !x ? "x" : "y");
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    l2norm_bf16_fwd_kernel<<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+        N, D, x, (float)eps, y, rstd);
+    return DG_LAUNCHED("dr l2norm bf16 fwd");
+}
+
+extern "C" int dg_cuda_dr_l2norm_bf16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
+                                          const uint16_t *dy, uint16_t *dx) {
+    if (N <= 0 || D <= 0) return 0;
+    if (!x || !rstd || !dy || !dx) {
+        dg_error("cuda dr l2norm bf16 bwd: a pointer is NULL");
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    l2norm_bf16_bwd_kernel<<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+        N, D, x, rstd, dy, dx);
+    return DG_LAUNCHED("dr l2norm bf16 bwd");
+}
+
+extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int64_t H, int64_t S,
+                                          const int64_t *cu_seqlens, int64_t N, int chunk, int reverse,
+                                          const void *x, void *out) {
+    const char *what = "cuda chunk_local_cumsum";
+    if (!float_dt(what, dt)) return -1;
+    if (!x || !out) {
+        dg_error("%s: %s is NULL", what, !x ? "x" : "out");
+        return -1;
+    }
+    if (H < 1 || S < 1) {
+        dg_error("%s: H = %lld, S = %lld (need >= 1)", what, (long long)H, (long long)S);
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    DrpChunks ch;
+    if (drp_chunks_init(&ch, what, B, T, cu_seqlens, N, chunk)) return -1;
+    if (ch.n == 0) return 0;
+    int64_t HS = H * S, n = ch.n * HS;
+    unsigned grid = dg_grid_for(n, kNnThreads);
+    if (dt == DG_F32)
+        cumsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(ch.n, HS, ch.row0, ch.len, reverse,
+                                                                         (const float *)x, (float *)out);
+    else
+        cumsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(ch.n, HS, ch.row0, ch.len, reverse,
+                                                                          (const double *)x, (double *)out);
+    int rc = DG_LAUNCHED("chunk_local_cumsum");
+    drp_chunks_free(&ch);
+    return rc;
+}
