@@ -1,5 +1,10 @@
 /* deltagrad compare OP: every backward path of a delta-rule op against the f64 recurrent reference.
  *
+ * --device cuda: every path runs on the GPU (inputs copied there; --dtype f32, or bf16 storage for
+ * q, k, v, beta with f32 gates and states), the reference stays the CPU f64 recurrent run on the
+ * same values.  Times then include a synchronisation at the end of each pass; peak memory is the
+ * device's.
+ *
  * Paths: each registered backward variant of OP (the chunked ones run after a chunked forward, the
  * "recurrent" one after a recurrent forward), the autograd graph of OP's decomposition into
  * primitive ops, and with --gate-in-kernel the gate as a separate op (gdn_gate / kda_gate) in
@@ -10,6 +15,10 @@
 #include "ops/delta_common.h"
 #include "tools/commands.h"
 
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +28,7 @@ typedef struct cfg {
     const char *op;
     int64_t B, T, H, HV, K, V;
     dg_dtype dtype;
+    dg_device dev;
     uint64_t seed;
     int chunk, reps;
     bool gate_in_kernel, varlen, json;
@@ -83,18 +93,37 @@ static void make_inputs(const cfg *c, inputs *in) {
 
 static dg_tensor *as(dg_tensor *t, dg_dtype dt) { return t ? dg_to_dtype(t, dt) : NULL; }
 
+/* waits for the device's queued work (no-op on the CPU), so that times cover the work */
+static void sync_dev(dg_device dev) {
+#ifdef DG_HAVE_CUDA
+    if (dev == DG_CUDA) dg_cuda_synchronize();
+#else
+    (void)dev;
+#endif
+}
+
+/* input i of a path at dtype dt on dev: with bf16 storage only q, k, v, beta are bf16 */
+static dg_tensor *path_input(dg_tensor *t, int i, dg_dtype dt, dg_device dev) {
+    if (!t) return NULL;
+    bool storage = i == G_Q || i == G_K || i == G_V || i == G_BETA;
+    dg_dtype want = dt == DG_BF16 && !storage ? DG_F32 : dt;
+    return dg_clone(dg_to_device(as(t, want), dev));
+}
+
 /* path kinds */
 enum { P_VARIANT, P_DECOMPOSE, P_GATE_SEPARATE };
 
 /* Runs one path; grads[i] (f64) receives each gradient.  Returns 0 or -1. */
 static int run_path(const cfg *c, const dg_op_def *def, const inputs *in, int kind, const char *variant,
-                    dg_dtype dt, result *res, dg_tensor **o_out, dg_tensor **grads) {
+                    dg_dtype dt, dg_device dev, result *res, dg_tensor **o_out, dg_tensor **grads) {
     dg_gate_kind gate = gate_of(c->op);
     dg_tensor *x[N_GRADS] = {0};
     for (int i = 0; i < N_GRADS; i++) {
-        x[i] = in->t[i] ? dg_clone(as(in->t[i], dt)) : NULL;
+        x[i] = path_input(in->t[i], i, dt, dev);
+        if (in->t[i] && !x[i]) return -1;
         if (x[i]) dg_set_requires_grad(x[i], true);
     }
+    const dg_dtype st = dt == DG_BF16 ? DG_F32 : dt; /* gates and states */
     dg_delta_opts o = {.initial_state = x[G_H0], .output_final_state = true, .chunk_size = c->chunk,
                        .use_qk_l2norm_in_kernel = true, .cu_seqlens = in->cu};
     bool recurrent = variant && strcmp(variant, "recurrent") == 0;
@@ -111,8 +140,9 @@ static int run_path(const cfg *c, const dg_op_def *def, const inputs *in, int ki
             o.dt_bias = x[G_DTB];
         }
     }
-    dg_reset_peak_bytes(DG_CPU);
-    size_t base = dg_live_bytes(DG_CPU);
+    sync_dev(dev);
+    dg_reset_peak_bytes(dev);
+    size_t base = dg_live_bytes(dev);
     double t0 = now_ms();
     dg_tensor *out = NULL, *hT = NULL;
     if (kind == P_DECOMPOSE) {
@@ -139,18 +169,23 @@ static int run_path(const cfg *c, const dg_op_def *def, const inputs *in, int ki
         out = dg_gated_delta_rule(x[G_Q], x[G_K], x[G_V], g, x[G_BETA], &o, &hT);
     else
         out = dg_kda(x[G_Q], x[G_K], x[G_V], g, x[G_BETA], &o, &hT);
+    sync_dev(dev);
     double t1 = now_ms();
     if (!out || !hT) return -1;
-    dg_tensor *loss = dg_add(dg_sum_all(dg_mul(out, as(in->dO, dt))), dg_sum_all(dg_mul(hT, as(in->dhT, dt))));
+    dg_tensor *dO = dg_to_device(as(in->dO, st), dev), *dhT = dg_to_device(as(in->dhT, st), dev);
+    dg_tensor *loss = dg_add(dg_sum_all(dg_mul(as(out, st), dO)), dg_sum_all(dg_mul(hT, dhT)));
+    sync_dev(dev);
     double t2 = now_ms();
     if (!loss || dg_backward(loss, NULL) != 0) return -1;
+    sync_dev(dev);
     double t3 = now_ms();
     res->fwd_ms = t1 - t0;
     res->bwd_ms = t3 - t2;
-    res->peak = dg_peak_bytes(DG_CPU) - base;
-    *o_out = dg_to_dtype(out, DG_F64);
-    for (int i = 0; i < N_GRADS; i++) grads[i] = x[i] && x[i]->grad ? dg_to_dtype(x[i]->grad, DG_F64) : NULL;
-    return 0;
+    res->peak = dg_peak_bytes(dev) - base;
+    *o_out = dg_to_dtype(dg_to_device(out, DG_CPU), DG_F64);
+    for (int i = 0; i < N_GRADS; i++)
+        grads[i] = x[i] && x[i]->grad ? dg_to_dtype(dg_to_device(x[i]->grad, DG_CPU), DG_F64) : NULL;
+    return *o_out ? 0 : -1;
 }
 
 static void errors(const dg_tensor *x, const dg_tensor *ref, double *abs_err, double *rel_err) {
@@ -167,7 +202,8 @@ static void errors(const dg_tensor *x, const dg_tensor *ref, double *abs_err, do
 }
 
 static int parse(int argc, char **argv, cfg *c) {
-    *c = (cfg){.B = 2, .T = 128, .H = 2, .HV = 4, .K = 32, .V = 32, .dtype = DG_F32, .seed = 0, .chunk = 64, .reps = 1};
+    *c = (cfg){.B = 2, .T = 128, .H = 2, .HV = 4, .K = 32, .V = 32, .dtype = DG_F32, .dev = DG_CPU, .seed = 0,
+               .chunk = 64, .reps = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define INT_FLAG(flag, field)                                                                        \
@@ -180,11 +216,18 @@ static int parse(int argc, char **argv, cfg *c) {
         INT_FLAG("--V", V) INT_FLAG("--seed", seed) INT_FLAG("--chunk", chunk) INT_FLAG("--reps", reps)
 #undef INT_FLAG
         if (strcmp(a, "--dtype") == 0 && v) {
-            if (strcmp(v, "f32") && strcmp(v, "f64")) {
-                fprintf(stderr, "compare: --dtype must be f32 or f64 (got %s)\n", v);
+            if (strcmp(v, "f32") && strcmp(v, "f64") && strcmp(v, "bf16")) {
+                fprintf(stderr, "compare: --dtype must be f32, f64 or bf16 (got %s)\n", v);
                 return -1;
             }
-            c->dtype = strcmp(v, "f64") == 0 ? DG_F64 : DG_F32;
+            c->dtype = strcmp(v, "f64") == 0 ? DG_F64 : strcmp(v, "bf16") == 0 ? DG_BF16 : DG_F32;
+            i++;
+        } else if (strcmp(a, "--device") == 0 && v) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "compare: --device must be cpu or cuda (got %s)\n", v);
+                return -1;
+            }
+            c->dev = strcmp(v, "cuda") == 0 ? DG_CUDA : DG_CPU;
             i++;
         } else if (strcmp(a, "--gate-in-kernel") == 0) c->gate_in_kernel = true;
         else if (strcmp(a, "--varlen") == 0) c->varlen = true;
@@ -199,12 +242,12 @@ static int parse(int argc, char **argv, cfg *c) {
 }
 
 static void print_table(const cfg *c, const result *r, int n) {
-    printf("compare %s  B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld chunk=%d dtype=%s seed=%llu%s%s\n", c->op,
+    printf("compare %s  B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld chunk=%d dtype=%s device=%s seed=%llu%s%s\n", c->op,
            (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->HV, (long long)c->K, (long long)c->V,
-           c->chunk, dg_dtype_name(c->dtype), (unsigned long long)c->seed, c->varlen ? " varlen" : "",
-           c->gate_in_kernel ? " gate-in-kernel" : "");
-    printf("reference: f64, recurrent forward and backward; errors: max abs | ||x-ref||/||ref||\n\n");
-    printf("%-22s %9s %9s %10s %11s", "path", "fwd ms", "bwd ms", "peak MiB", "o rel");
+           c->chunk, dg_dtype_name(c->dtype), dg_device_name(c->dev), (unsigned long long)c->seed,
+           c->varlen ? " varlen" : "", c->gate_in_kernel ? " gate-in-kernel" : "");
+    printf("reference: f64 on the cpu, recurrent forward and backward; errors: max abs | ||x-ref||/||ref||\n\n");
+    printf("%-22s %9s %9s %10s %11s", "path", "fwd ms", "bwd ms", c->dev == DG_CUDA ? "dev MiB" : "peak MiB", "o rel");
     for (int g = 0; g < N_GRADS; g++)
         if (r[0].has[g]) printf(" %19s", grad_names[g]);
     printf("\n");
@@ -223,9 +266,10 @@ static void print_table(const cfg *c, const result *r, int n) {
 
 static void print_json(const cfg *c, const result *r, int n) {
     printf("{\"op\":\"%s\",\"B\":%lld,\"T\":%lld,\"H\":%lld,\"HV\":%lld,\"K\":%lld,\"V\":%lld,\"chunk\":%d,"
-           "\"dtype\":\"%s\",\"seed\":%llu,\"varlen\":%s,\"gate_in_kernel\":%s,\"paths\":[",
+           "\"dtype\":\"%s\",\"device\":\"%s\",\"seed\":%llu,\"varlen\":%s,\"gate_in_kernel\":%s,\"paths\":[",
            c->op, (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->HV, (long long)c->K,
-           (long long)c->V, c->chunk, dg_dtype_name(c->dtype), (unsigned long long)c->seed, c->varlen ? "true" : "false",
+           (long long)c->V, c->chunk, dg_dtype_name(c->dtype), dg_device_name(c->dev), (unsigned long long)c->seed,
+           c->varlen ? "true" : "false",
            c->gate_in_kernel ? "true" : "false");
     for (int i = 0; i < n; i++) {
         printf("%s{\"path\":\"%s\"", i ? "," : "", r[i].name);
@@ -253,12 +297,15 @@ int dg_cmd_compare(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: deltagrad compare OP [--B 2] [--T 128] [--H 2] [--HV 4] [--K 32] [--V 32]\n"
-                   "                        [--dtype f32|f64] [--seed 0] [--chunk 64] [--reps 1]\n"
+                   "                        [--dtype f32|f64|bf16] [--device cpu|cuda] [--seed 0] [--chunk 64]\n"
+                   "                        [--reps 1]\n"
                    "                        [--gate-in-kernel] [--varlen] [--json]\n"
                    "OP: delta_rule | gated_delta_rule | kda.  Runs every backward path of OP (each registered\n"
                    "variant, the decomposition's autograd graph, and with --gate-in-kernel the gate as a separate\n"
                    "op) and reports, per gradient, the error against the f64 recurrent reference, with forward and\n"
-                   "backward ms (best of --reps) and peak host memory.  --varlen packs 3 sequences (B = 1).\n");
+                   "backward ms (best of --reps) and peak memory.  --varlen packs 3 sequences (B = 1).\n"
+                   "--device cuda runs every path on the GPU (f32, or --dtype bf16: bf16 q, k, v, beta with f32\n"
+                   "gates and states) against the same CPU f64 reference.\n");
             return 0;
         }
     cfg c;
@@ -273,6 +320,19 @@ int dg_cmd_compare(int argc, char **argv) {
         return 2;
     }
     if (c.reps < 1) c.reps = 1;
+    if (c.dev == DG_CUDA && c.dtype == DG_F64) {
+        fprintf(stderr, "compare: --device cuda runs f32 or bf16 (the device kernels have no f64)\n");
+        return 2;
+    }
+    if (c.dev == DG_CPU && c.dtype == DG_BF16) {
+        fprintf(stderr, "compare: --dtype bf16 runs on --device cuda only\n");
+        return 2;
+    }
+    if (c.dev == DG_CUDA && !dg_cuda_available()) {
+        fprintf(stderr, "compare: --device cuda: no usable CUDA device (%s)\n",
+                dg_last_error()[0] ? dg_last_error() : "this build has no CUDA backend, or no GPU is present");
+        return 2;
+    }
     result res[16];
     int n = 0, rc = 0;
     dg_scope_begin();
@@ -281,7 +341,7 @@ int dg_cmd_compare(int argc, char **argv) {
     /* reference */
     dg_tensor *ref_o = NULL, *ref_g[N_GRADS] = {0};
     result ref = {0};
-    if (run_path(&c, def, &in, P_VARIANT, "recurrent", DG_F64, &ref, &ref_o, ref_g) != 0) {
+    if (run_path(&c, def, &in, P_VARIANT, "recurrent", DG_F64, DG_CPU, &ref, &ref_o, ref_g) != 0) {
         fprintf(stderr, "compare: the f64 reference failed: %s\n", dg_last_error());
         dg_scope_end();
         return 1;
@@ -290,6 +350,7 @@ int dg_cmd_compare(int argc, char **argv) {
     int n_paths = nv + 1 + (c.gate_in_kernel ? 1 : 0);
     for (int p = 0; p < n_paths && n < 16; p++) {
         int kind = p < nv ? P_VARIANT : (p == nv ? P_DECOMPOSE : P_GATE_SEPARATE);
+        if (kind == P_DECOMPOSE && c.dtype == DG_BF16) continue; /* the primitive ops have no bf16 */
         const char *vname = kind == P_VARIANT ? def->bwd[p].name : NULL;
         result *r = &res[n++];
         memset(r, 0, sizeof *r);
@@ -299,7 +360,7 @@ int dg_cmd_compare(int argc, char **argv) {
             dg_scope_begin();
             dg_tensor *o = NULL, *g[N_GRADS] = {0};
             dg_clear_error();
-            if (run_path(&c, def, &in, kind, vname, c.dtype, r, &o, g) != 0) {
+            if (run_path(&c, def, &in, kind, vname, c.dtype, c.dev, r, &o, g) != 0) {
                 snprintf(r->error, sizeof r->error, "%s", dg_last_error());
                 dg_clear_error();
                 rc = 1;
