@@ -37,8 +37,24 @@ int dg_ckpt_save_model(const char *dir, const dg_lm *lm, int64_t step, const cha
     snprintf(step_s, sizeof step_s, "%lld", (long long)step);
     const char *keys[4] = {"format", "config", "deltagrad.step", "deltagrad.train_config"};
     const char *vals[4] = {"pt", cfg, step_s, train_json};
-    /* tied weights: Hugging Face saves the embedding only (lm_head.weight is not a separate tensor) */
-    if (dg_st_write(mpath, lm->params.n, NULL, lm->params.t, train_json ? 4 : 3, keys, vals)) goto out;
+    /* tied weights: Hugging Face saves the embedding only (lm_head.weight is not a separate tensor).
+     * A model on the device is written from host copies (the same file as from the host). */
+    bool on_host = dg_lm_device(lm) == DG_CPU;
+    dg_tensor **ts = on_host ? lm->params.t : calloc((size_t)lm->params.n + 1, sizeof *ts);
+    if (!ts) {
+        dg_error("checkpoint: out of memory");
+        goto out;
+    }
+    dg_scope_begin();
+    int w = 0;
+    for (int i = 0; i < lm->params.n && !on_host && w == 0; i++) {
+        if (!(ts[i] = dg_to_device(lm->params.t[i], DG_CPU))) w = -1;
+        else dg_set_name(ts[i], lm->params.t[i]->name);
+    }
+    if (w == 0) w = dg_st_write(mpath, lm->params.n, NULL, ts, train_json ? 4 : 3, keys, vals);
+    dg_scope_end();
+    if (!on_host) free(ts);
+    if (w) goto out;
     dg_atomic_file af;
     if (dg_atomic_open(&af, cpath, "checkpoint")) goto out;
     fprintf(af.f, "%s\n", cfg);

@@ -44,11 +44,16 @@ int64_t dg_sample_token(const double *lg, int64_t V, const dg_sample_opts *o, dg
     return last;
 }
 
-/* The last row of logits [1,T,V] as doubles into row[V]. */
+/* The last row of logits [1,T,V] as doubles into row[V] (a device model's row is copied back). */
 static int last_row(dg_tensor *logits, double *row) {
+    if (!logits) return -1;
+    int64_t T = logits->shape[1], V = logits->shape[2];
+    if (logits->device != DG_CPU) {
+        logits = dg_to_device(dg_slice(logits, 1, T - 1, T), DG_CPU);
+        T = 1;
+    }
     dg_tensor *c = dg_contiguous(logits);
     if (!c) return -1;
-    int64_t T = c->shape[1], V = c->shape[2];
     for (int64_t v = 0; v < V; v++) {
         int64_t idx[3] = {0, T - 1, v};
         row[v] = dg_get(c, idx);

@@ -74,6 +74,15 @@ void dg_lm_free(dg_lm *lm) {
     free(lm);
 }
 
+dg_device dg_lm_device(const dg_lm *lm) { return lm->embeddings->device; }
+
+int dg_lm_to_device(dg_lm *lm, dg_device dev) { return dg_param_list_to_device(&lm->params, dev); }
+
+/* t on the model's device (t itself when it is there already) */
+static dg_tensor *on_model_device(const dg_lm *lm, dg_tensor *t) {
+    return t && t->device != dg_lm_device(lm) ? dg_to_device(t, dg_lm_device(lm)) : t;
+}
+
 dg_lm_cache *dg_lm_cache_new(const dg_lm *lm) {
     dg_lm_cache *c = calloc(1, sizeof *c);
     if (c) c->layers = calloc((size_t)lm->cfg.num_hidden_layers, sizeof *c->layers);
@@ -118,6 +127,8 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
         return NULL;
     }
     const dg_model_config *c = &lm->cfg;
+    ids = on_model_device(lm, ids); /* a host batch is copied to the device here */
+    rows = on_model_device(lm, rows);
     dg_tensor *h = dg_embedding(lm->embeddings, ids);
     for (int L = 0; L < c->num_hidden_layers && h; L++) {
         const dg_lm_block *b = &lm->blocks[L];
@@ -150,7 +161,9 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
     }
     if (ids->ndim != 2) return dg_lm_hidden(lm, ids, NULL); /* reports the shape error */
     int64_t B = ids->shape[0], T = ids->shape[1], N = B * T;
-    dg_tensor *tc = dg_contiguous(targets);
+    /* the scored positions are found on the host (a model on the device gets a host batch from
+     * the trainer: nothing to copy back) */
+    dg_tensor *tc = dg_contiguous(targets->device == DG_CPU ? targets : dg_to_device(targets, DG_CPU));
     if (!tc) return NULL;
     const int64_t *tg = dg_data_ptr(tc);
     int64_t n = 0;
@@ -160,7 +173,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
         return NULL;
     }
     if (n == N) { /* every position scored (language modelling) */
-        *targets_out = dg_reshape(tc, DG_SHAPE(N));
+        *targets_out = on_model_device(lm, dg_reshape(tc, DG_SHAPE(N)));
         return dg_linear(dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)), lm->lm_head, NULL);
     }
     dg_tensor *pos = dg_empty(DG_SHAPE(n), DG_I64), *tsel = dg_empty(DG_SHAPE(n), DG_I64);
@@ -171,7 +184,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
             pp[j] = i;
             tp[j++] = tg[i];
         }
-    *targets_out = tsel;
+    *targets_out = on_model_device(lm, tsel);
     /* the last block's output, the final norm and the head only at the scored positions */
     return dg_linear(hidden(lm, ids, NULL, pos), lm->lm_head, NULL);
 }

@@ -42,6 +42,13 @@ typedef struct dg_lm {
  * checks).  NULL with dg_error on a bad config. */
 dg_lm *dg_lm_new(const dg_model_config *cfg, uint64_t seed, dg_dtype dtype);
 void dg_lm_free(dg_lm *lm);
+/* The device of the model's parameters, and moving them all there (dg_param_list_to_device: the
+ * layers keep their pointers).  A model is created on the host (the initialisers draw there, so a
+ * seed gives the same parameters on every device) and then moved.  The forward functions below
+ * take ids and targets on any device: what the model needs is copied to its device (the ids each
+ * call; scored positions are found on the host). */
+dg_device dg_lm_device(const dg_lm *lm);
+int dg_lm_to_device(dg_lm *lm, dg_device dev);
 
 /* Per-layer decoding state (models/mixer.h) and the number of tokens consumed. */
 typedef struct dg_lm_cache {

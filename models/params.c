@@ -63,6 +63,48 @@ int64_t dg_param_count(const dg_param_list *pl) {
     return n;
 }
 
+int dg_param_list_to_device(dg_param_list *pl, dg_device dev) {
+    for (int i = 0; i < pl->n; i++) {
+        const dg_tensor *p = pl->t[i];
+        if (!dg_is_contiguous(p) || p->offset != 0 || p->storage->refcount != 1) {
+            dg_error("params: cannot move '%s' %s to %s: it is not a contiguous tensor owning its storage",
+                     p->name ? p->name : "?", dg_shp(p), dg_device_name(dev));
+            return -1;
+        }
+    }
+    dg_tensor **moved = calloc((size_t)(pl->n ? pl->n : 1), sizeof *moved);
+    if (!moved) {
+        dg_error("params: out of memory");
+        return -1;
+    }
+    int rc = 0;
+    /* first every copy (owned, outside any scope), then the swaps: all or nothing */
+    for (int i = 0; i < pl->n && rc == 0; i++) {
+        dg_tensor *p = pl->t[i];
+        if (p->device == dev) continue;
+        dg_tensor *c = dg_empty_on(p->ndim, p->shape, p->dtype, dev);
+        if (c && dg_scope_depth() > 0) dg_keep(c);
+        if (!c || dg_copy_(c, p)) rc = -1;
+        moved[i] = c;
+    }
+    for (int i = 0; i < pl->n; i++) {
+        dg_tensor *p = pl->t[i], *c = moved[i];
+        if (!c) continue;
+        if (rc == 0) { /* p takes c's storage; c (released below) takes p's old one with it */
+            dg_storage *s = p->storage;
+            p->storage = c->storage;
+            c->storage = s;
+            c->device = p->device;
+            p->device = dev;
+            dg_release(p->grad);
+            p->grad = NULL;
+        }
+        dg_release(c);
+    }
+    free(moved);
+    return rc;
+}
+
 /* ---- initialisers ---------------------------------------------------------------------------- */
 
 /* element i of a contiguous f32 or f64 parameter */

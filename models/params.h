@@ -21,6 +21,12 @@ dg_tensor *dg_param_addf(dg_param_list *pl, int ndim, const int64_t *shape, cons
 dg_tensor *dg_param_find(const dg_param_list *pl, const char *name);
 void dg_param_list_free(dg_param_list *pl);
 int64_t dg_param_count(const dg_param_list *pl); /* elements in all parameters */
+/* Moves every parameter to dev in place, as PyTorch's module.to(device) swaps param.data: each
+ * tensor keeps its header (so the layers' pointers to it stay valid), its name and requires_grad,
+ * and gets a copy of its values in a storage on dev (the old storage is freed); a gradient is
+ * dropped (the next backward makes one on dev).  Parameters must be contiguous at offset 0 (as
+ * dg_param_add makes them).  Nothing moves unless every copy succeeds.  0, or -1 with dg_error. */
+int dg_param_list_to_device(dg_param_list *pl, dg_device dev);
 
 /* Initialisers (in place, no autograd).  normal: N(0, std^2) (nn.init.normal_ as FLA's
  * _init_weights for Linear, Conv1d and Embedding); ones (RMSNorm weights); zeros (biases);

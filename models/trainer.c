@@ -102,8 +102,22 @@ static int load_task_data(dg_trainer *t) {
     return 0;
 }
 
+/* The run's device is usable (the GPU: a CUDA build and a device present). */
+static int check_device(dg_device dev, const char *who) {
+    if (dev != DG_CUDA || dg_cuda_available()) return 0;
+#ifdef DG_HAVE_CUDA
+    dg_error("%s: --device cuda: no CUDA device was found (this build has the CUDA backend); --device cpu runs "
+             "on the host", who);
+#else
+    dg_error("%s: --device cuda: this build has no CUDA backend (built without nvcc, or with cuda=0); --device "
+             "cpu runs on the host", who);
+#endif
+    return -1;
+}
+
 dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     if (dg_train_config_validate(tc)) return NULL;
+    if (check_device(tc->device, "eval")) return NULL;
     dg_trainer *t = calloc(1, sizeof *t);
     if (!t) {
         dg_error("eval: out of memory");
@@ -121,6 +135,7 @@ dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     t->step = m.step;
     m.lm = NULL;
     dg_ckpt_model_free(&m);
+    if (tc->device != DG_CPU && dg_lm_to_device(t->lm, tc->device)) goto fail;
     t->lm->mixer_opts.algorithm = tc->algorithm;
     t->lm->mixer_opts.chunk_size = tc->chunk_size;
     if (tc->task == DG_TASK_MQAR && t->lm->cfg.vocab_size < tc->mqar.vocab_size) {
@@ -141,20 +156,7 @@ fail:
 
 dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc_in, const char *resume_dir) {
     if (dg_train_config_validate(tc)) return NULL;
-    if (tc->device == DG_CUDA) {
-        if (!dg_cuda_available())
-            dg_error("train: --device cuda: no CUDA device is available (this build %s CUDA, and no GPU was found)",
-#ifdef DG_HAVE_CUDA
-                     "has"
-#else
-                     "lacks"
-#endif
-            );
-        else
-            dg_error("train: --device cuda: training on the GPU is not supported yet (the nn ops and AdamW run on "
-                     "the CPU); use --device cpu");
-        return NULL;
-    }
+    if (check_device(tc->device, "train")) return NULL;
     dg_model_config mc;
     int64_t ck_step = -1;
     if (resume_dir) {
@@ -204,6 +206,9 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     t->lm->mixer_opts.algorithm = tc->algorithm;
     t->lm->mixer_opts.chunk_size = tc->chunk_size;
     t->lm->mixer_opts.backward = tc->backward[0] ? t->tc.backward : NULL;
+    /* initialised on the host (the same parameters for a seed on every device), then moved; the
+     * optimiser's moments are made on the parameters' device */
+    if (tc->device != DG_CPU && dg_lm_to_device(t->lm, tc->device)) goto fail;
     dg_adamw_config ac = {.beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
     if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
     t->data_rng = dg_rng_new(data_seed(tc->seed));
@@ -295,8 +300,10 @@ static int score_batch(const dg_lm *lm, dg_tensor *in, dg_tensor *tg, double *lo
     dg_tensor *logits = NULL, *t = NULL;
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, &logits, &t);
     if (!loss) return -1;
-    dg_tensor *lc = dg_contiguous(logits);
-    if (!lc) return -1;
+    /* the argmax on the host (a device model's scored logits, [n,V], are copied back) */
+    dg_tensor *lc = dg_contiguous(logits->device == DG_CPU ? logits : dg_to_device(logits, DG_CPU));
+    if (t && t->device != DG_CPU) t = dg_to_device(t, DG_CPU);
+    if (!lc || !t) return -1;
     int64_t n = lc->shape[0], V = lc->shape[1];
     const float *p = dg_data_ptr(lc);
     const int64_t *tt = dg_data_ptr(t);
@@ -450,7 +457,7 @@ int dg_trainer_run(dg_trainer *t) {
         row[C_GNORM] = gn;
         row[C_TOKS] = rate;
         row[C_ELAPSED] = t->elapsed_before + (now - t_start);
-        row[C_LIVE] = (double)dg_live_bytes(DG_CPU) / 1e6;
+        row[C_LIVE] = (double)dg_live_bytes(tc->device) / 1e6; /* tensor bytes on the run's device */
         bool last = t->step == tc->steps;
         if ((tc->eval_every > 0 && t->step % tc->eval_every == 0) || last) {
             /* mqar: a quick look at the first QUICK_EVAL held-out examples; the whole set when that

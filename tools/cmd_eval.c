@@ -1,4 +1,4 @@
-/* deltagrad eval --ckpt DIR [--data FILE] [--examples N] [--batch B] [--threads N]: evaluate a
+/* deltagrad eval --ckpt DIR [--data FILE] [--examples N] [--batch B] [--threads N] [--device D]: evaluate a
  * checkpoint on the task it was trained on (from its metadata): MQAR held-out loss and query
  * accuracy, or byte-level validation loss, bits per byte and next-byte accuracy. */
 #include "models/checkpoint.h"
@@ -18,11 +18,12 @@ static void usage(FILE *f) {
                "  --examples N      MQAR held-out examples / text windows; 0 = the run's   [0]\n"
                "  --batch B         sequences per forward pass; 0 = the run's              [0]\n"
                "  --threads N       CPU threads; 0 = all cores                             [0]\n"
+               "  --device D        cpu or cuda                                            [cpu]\n"
                "  --recurrent       token-by-token delta-rule algorithm\n");
 }
 
 int dg_cmd_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL;
+    const char *ckpt = NULL, *data = NULL, *device = "cpu";
     long long examples = 0, batch = 0, threads = 0;
     bool recurrent = false;
     for (int i = 1; i < argc; i++) {
@@ -45,6 +46,7 @@ int dg_cmd_eval(int argc, char **argv) {
         bool is_num = *v && !*end && n >= 0;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda"))) device = v;
         else if (!strcmp(a, "--examples") && is_num) examples = n;
         else if (!strcmp(a, "--batch") && is_num && n <= 1 << 20) batch = n;
         else if (!strcmp(a, "--threads") && is_num && n <= 1024) threads = n;
@@ -80,6 +82,7 @@ int dg_cmd_eval(int argc, char **argv) {
     if (threads > 0) tc.threads = (int)threads;
     if (tc.task == DG_TASK_MQAR && examples > 0) tc.eval_examples = examples;
     tc.algorithm = recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED;
+    tc.device = strcmp(device, "cuda") ? DG_CPU : DG_CUDA; /* not the run's: where to evaluate now */
     dg_trainer *t = dg_trainer_open_eval(&tc, ckpt);
     if (!t) {
         fprintf(stderr, "eval: %s\n", dg_last_error());

@@ -24,6 +24,7 @@ static void usage(FILE *f) {
                "  --top-k K           sample among the K most likely bytes; 0 = all         [0]\n"
                "  --seed S            sampling seed                                         [0]\n"
                "  --threads N         CPU threads; 0 = all cores                            [0]\n"
+               "  --device D          cpu or cuda                                           [cpu]\n"
                "  --recurrent         token-by-token delta-rule algorithm for the prompt too\n");
 }
 
@@ -46,7 +47,7 @@ static int num(const char *flag, const char *s, double lo, double hi, double *ou
 }
 
 int dg_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL;
+    const char *ckpt = NULL, *prompt = NULL, *device = "cpu";
     double max_new = 200, temp = 0.8, top_k = 0, seed = 0, threads = 0;
     bool recurrent = false;
     for (int i = 1; i < argc; i++) {
@@ -68,6 +69,13 @@ int dg_cmd_generate(int argc, char **argv) {
         int rc = 0;
         if (!strcmp(a, "--ckpt")) ckpt = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--device")) {
+            device = v;
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "generate: --device %s: expected cpu or cuda\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--max-new")) rc = num(a, v, 0, 1e7, &max_new);
         else if (!strcmp(a, "--temperature")) rc = num(a, v, 0, 100, &temp);
         else if (!strcmp(a, "--top-k")) rc = num(a, v, 0, 1e7, &top_k);
@@ -90,6 +98,12 @@ int dg_cmd_generate(int argc, char **argv) {
     dg_ckpt_model m;
     if (dg_ckpt_load_model(ckpt, &m)) {
         fprintf(stderr, "generate: %s\n", dg_last_error());
+        return 1;
+    }
+    if (!strcmp(device, "cuda") && (!dg_cuda_available() || dg_lm_to_device(m.lm, DG_CUDA))) {
+        fprintf(stderr, "generate: --device cuda: %s\n",
+                dg_has_error() ? dg_last_error() : "no CUDA device (or a build without the CUDA backend)");
+        dg_ckpt_model_free(&m);
         return 1;
     }
     if (m.lm->cfg.vocab_size != 256) {

@@ -113,10 +113,10 @@ int dg_cmd_train(int argc, char **argv) {
             fprintf(stderr, "task text: '%s', seq_len %lld, validation fraction %g\n", tc->data,
                     (long long)tc->seq_len, tc->val_fraction);
         fprintf(stderr, "steps %lld, batch %lld, lr %g (warmup %lld, cosine to %g), weight decay %g, clip %g, seed "
-                        "%llu, %s algorithm; output %s%s\n",
+                        "%llu, %s algorithm on %s; output %s%s\n",
                 (long long)tc->steps, (long long)tc->batch, tc->lr, (long long)tc->warmup, tc->lr * tc->min_lr_ratio,
                 tc->weight_decay, tc->clip, (unsigned long long)tc->seed,
-                tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunked", tc->out_dir,
+                tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunked", dg_device_name(tc->device), tc->out_dir,
                 t->resumed ? " (resumed)" : "");
         if (t->resumed) fprintf(stderr, "resuming at step %lld\n", (long long)t->step);
     }
