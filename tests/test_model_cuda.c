@@ -5,20 +5,13 @@
  * cudaMallocAsync pool's used and reserved bytes) is flat over steps; greedy decoding on the GPU
  * matches the CPU.  Every test but the first skips where no GPU is present; the first runs only
  * there (it checks the refusal). */
-#include "tests/support/test_support.h"
+#include "tests/model_infra_common.h" /* temporary directory, leak check around each test */
 
-#include "core/internal.h"
 #include "models/checkpoint.h"
 #include "models/generate.h"
 #include "models/trainer.h"
 
-#define _XOPEN_SOURCE_EXTENDED 1
-#include <ftw.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -31,34 +24,6 @@ extern int cudaMemPoolGetAttribute(cudaMemPool_t pool, int attr, void *value);
 #define POOL_RESERVED_MEM_CURRENT 5 /* cudaMemPoolAttrReservedMemCurrent (driver_types.h) */
 #define POOL_USED_MEM_CURRENT 7     /* cudaMemPoolAttrUsedMemCurrent */
 #endif
-
-static char tmpdir[64];
-
-static const char *tmp_path(const char *name) {
-    static char bufs[8][256];
-    static int k;
-    char *b = bufs[k++ & 7];
-    snprintf(b, 256, "%s/%s", tmpdir, name);
-    return b;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
-static int setup(void **state) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/dg_model_cuda_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-static int teardown(void **state) { return nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static size_t live_at_start;
-static int test_setup(void **state) {
-    dg_clear_error();
-    live_at_start = dg_live_tensors();
-    return 0;
-}
-static int test_teardown(void **state) {
-    if (dg_live_tensors() != live_at_start) fail_msg("leaked %zu tensors", dg_live_tensors() - live_at_start);
-    return 0;
-}
 
 /* A tiny MQAR run: 40 tokens with chunks of 16 (two full chunks and a partial one, so chunk
  * boundaries are crossed), 2 layers of one head of 32. */
