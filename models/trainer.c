@@ -8,6 +8,10 @@
 #include "models/metrics.h"
 #include "models/safetensors.h"
 
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
@@ -267,6 +271,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     double lv = dg_item(loss);
     if (t->profile) t2 = dg_progress_now();
     if (dg_backward(loss, NULL)) goto out;
+#ifdef DG_HAVE_CUDA
+    /* profiling a device run: wait for the queued backward so that its time is its own */
+    if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
+#endif
     if (t->profile) t3 = dg_progress_now();
     double gn = dg_clip_grad_norm(lm->params.n, lm->params.t, t->tc.clip);
     if (isfinite(gn) && isfinite(lv)) {
