@@ -2,6 +2,7 @@
  * chunk plan, and the choice between the generic kernels (dr_chunk_generic.cu) and the tensor-core
  * kernels (dr_chunk_mma.cu). */
 #include "kernels/cuda/dr_chunk_internal.cuh"
+#include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {
 
@@ -148,7 +149,9 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     if constexpr (sizeof(T) == 2) {
         const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                           aligned(v, 16) && aligned(o, 4);
-        rc = fast ? fast_fwd(p, io) : generic_fwd<T>(p, io);
+        const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
+                         aligned(v, 16) && aligned(o, 4); /* per-channel gate: dr_chunk_kda*.cu */
+        rc = kda ? kda_fwd(p, io) : fast ? fast_fwd(p, io) : generic_fwd<T>(p, io);
     } else {
         rc = generic_fwd<T>(p, io);
     }

@@ -1,0 +1,117 @@
+/* The tensor-core kda path (per-channel gate, DG_GATE_CHANNEL) of the chunked delta-rule kernels:
+ * entry points used by the dispatch in dr_chunk.cu, and the device helper shared by the kda
+ * kernels (dr_chunk_kda_mma*.cu).  Built on the tiles and warp products of dr_chunk_mma.cuh.
+ *
+ * Shapes taken: bf16 storage, gate CHANNEL, chunk 64, K and V in {64, 128}; q, k, v (and dout)
+ * 16-byte aligned, o 4-byte aligned (checked by the caller); everything else goes to the generic
+ * kernels (dr_chunk_generic.cu).
+ *
+ * The gate.  g [rows, HV, K] is the per-token, per-channel log decay; G is its cumulative sum
+ * inside the chunk (G_i = g_0 + ... + g_i, rows past the chunk's length L hold G_{L-1}).  The
+ * in-chunk products carry Gamma_ijc = exp(G_ic - G_jc) (j <= i) inside the sum over channels c:
+ *   M_ij = sum_c x_ic k_jc exp(G_ic - G_jc).
+ * This is no plain matrix product.  Folding the gate into the operands as x e^{G} and k e^{-G}
+ * would overflow (e^{-G} grows along the chunk), so the chunk is cut into four sub-chunks of 16
+ * rows and each block of rows I (i in [16I, 16I+16)) takes its own reference row r = 16I:
+ *   for j < 16I:  M_ij = sum_c (x_ic e^{G_ic - G_rc}) (k_jc e^{G_rc - G_jc}),
+ * where both exponents are <= 0 for decays (g <= 0), so neither factor overflows: the blocks
+ * below the diagonal are tensor-core products of two gated operands (split bf16, three passes).
+ * The 16 x 16 blocks on the diagonal are summed element by element in f32 with the exact
+ * exp(G_ic - G_jc) (a warp per (i, j), lanes over the channels). */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
+
+#include "kernels/cuda/dr_chunk_mma.cuh"
+
+namespace drc {
+
+/* whether the kda tensor-core path takes this shape (bf16 calls; pointer alignment aside) */
+bool kda_ok(const Geom &G);
+int kda_fwd(const Plan &p, const Io<uint16_t> &io);
+
+namespace kda {
+
+using fast::FNT;
+using fast::PAD;
+using fast::Sp;
+
+constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
+
+/* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
+template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
+    return 2 * fast::tile_bytes(64, K) + 2 * fast::tile_bytes(96, K);
+}
+
+/* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
+ * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; sG f32 [64][K]; scr: scratch of
+ * tri_scratch_bytes<K>() bytes.  Starts and ends with a barrier-free state: the caller puts a
+ * barrier before (inputs written) and after (out read).
+ * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
+ * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
+template <int K, bool STRICT>
+__device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const float *sG,
+                                          float *out, unsigned char *scr) {
+    constexpr int LD = K + PAD;
+    const Sp Xa{(uint16_t *)scr, 64 * LD};
+    const Sp Kb{(uint16_t *)(scr + 2 * fast::tile_bytes(64, K)), 96 * LD};
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int e = tid; e < 48 * K; e += FNT) {
+        const int i = 16 + e / K, c = e % K, r = i & ~15;
+        fast::split2(bf2f(X[i * LD + c]) * expf(sG[i * K + c] - sG[r * K + c]), Xa.hi[i * LD + c],
+                     Xa.lo()[i * LD + c]);
+    }
+    for (int e = tid; e < 96 * K; e += FNT) {
+        const int R = e / K, c = e % K;
+        const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
+        fast::split2(bf2f(Kt[j * LD + c]) * expf(sG[16 * I * K + c] - sG[j * K + c]), Kb.hi[R * LD + c],
+                     Kb.lo()[R * LD + c]);
+    }
+    /* blocks above the diagonal: zero */
+    for (int e = tid; e < 64 * 64; e += FNT) {
+        const int i = e >> 6, j = e & 63;
+        if ((j >> 4) > (i >> 4)) out[i * LDF + j] = 0.0f;
+    }
+    bsync();
+    /* blocks below the diagonal: warp w < 6 takes (I, J) = (1,0) (2,0) (2,1) (3,0) (3,1) (3,2) */
+    if (warp < 6) {
+        const int I = warp == 0 ? 1 : warp < 3 ? 2 : 3, J = warp - (I * (I - 1)) / 2;
+        float acc[1][2][4];
+        fast::acc_zero(acc);
+        const Sp B{Kb.hi + 8 * I * (I - 1) * LD, Kb.lo_off};
+        fast::mma_ss<1, 2, false, false>(acc, Xa, LD, 16 * I, B, LD, 16 * J, K);
+        fast::frag_each(acc, 16 * I, 16 * J, [&](int i, int j, float &x) { out[i * LDF + j] = x; });
+    }
+    /* the diagonal blocks, element by element: a warp per (i, j) */
+    for (int p = warp; p < 4 * 256; p += FNT / 32) {
+        const int D = p >> 8, a = (p >> 4) & 15, bb = p & 15;
+        if (bb > a) continue;
+        const int i = 16 * D + a, j = 16 * D + bb;
+        float s = 0.0f;
+        if (!(STRICT && bb == a))
+#pragma unroll
+            for (int c = lane; c < K; c += 32)
+                s += bf2f(X[i * LD + c]) * bf2f(Kt[j * LD + c]) * expf(sG[i * K + c] - sG[j * K + c]);
+        s = warp_sum(s);
+        if (lane == 0) out[i * LDF + j] = s;
+        if (lane == 1 && bb < a) out[j * LDF + i] = 0.0f;
+    }
+}
+
+/* G = cumulative sum of g over the chunk's rows into sG [64][K] (rows >= L hold G_{L-1}); thread
+ * c < K takes channel c.  Returns nothing; the caller puts a barrier after. */
+template <int K>
+__device__ __forceinline__ void gate_cumsum(const float *g, int64_t ld, int L, float *sG) {
+    const int c = threadIdx.x;
+    if (c < K) {
+        float a = 0.0f;
+        for (int i = 0; i < 64; i++) {
+            if (i < L) a += g[i * ld + c];
+            sG[i * K + c] = a;
+        }
+    }
+}
+
+} // namespace kda
+} // namespace drc
+
+#endif

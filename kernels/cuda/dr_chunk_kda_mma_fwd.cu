@@ -1,0 +1,342 @@
+/* The tensor-core kda forward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
+ * Tiles and warp products from dr_chunk_mma.cuh, the gated in-chunk product from dr_chunk_kda.cuh.
+ * Same math as the generic kernels (dr_chunk_generic.cu), per chunk of L <= 64 rows and value head
+ * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
+ *   prep  (block per chunk, head):
+ *         A  = diag(beta) strictly_lower(M),  M_ij = sum_c k_ic k_jc e^{G_ic - G_jc}  [gated_tri]
+ *         Ai = (I + A)^-1                                  [f32, blocks of 16]
+ *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
+ *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
+ *   state (block per sequence, head; chunks in order; S [K x V] in registers):
+ *         V' = U - W S                                     [mma, W and S split]
+ *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
+ *         stores S entering each chunk and V', split
+ *   out   (block per chunk, head):
+ *         O = scale (Q o e^G) S + P V',  P = scale lower_incl(M'),
+ *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
+ * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
+ * Scratch between the kernels (per call): W, Kd split bf16 [rows, HV, K]; U f32 [rows, HV, V];
+ * Gl f32 [nchunks, HV, K]; V' split [rows, HV, V]; S split [nchunks, HV, K, V]. */
+#include "kernels/cuda/dr_chunk_kda.cuh"
+
+namespace drc {
+namespace kda {
+namespace {
+
+using fast::tile_bytes;
+using fast::WT;
+
+struct Bufs {
+    uint16_t *Wh, *Wl;   /* [rows, HV, K] */
+    uint16_t *Kdh, *Kdl; /* [rows, HV, K] */
+    float *U;            /* [rows, HV, V] */
+    float *Gl;           /* [nchunks, HV, K] */
+    uint16_t *Vnh, *Vnl; /* [rows, HV, V] */
+    uint16_t *Sh, *Sl;   /* [nchunks, HV, K, V] */
+};
+
+/* f(row, col, x0, x1) over the pairs (col, col+1) of this thread's accumulator */
+template <int NT, class F>
+__device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+
+__device__ __forceinline__ void put2_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
+    uint16_t h0, l0, h1, l1;
+    fast::split2(x0, h0, l0);
+    fast::split2(x1, h1, l1);
+    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+
+/* (I + A)^-1 of the strictly lower 64 x 64 matrix sA (rows >= L zero) into sY, both ld LDF.
+ * The diagonal 16 x 16 blocks by forward substitution (a thread per column), then block row by
+ * block row below the diagonal: Y_IJ = -Y_II sum_{J <= M < I} A_IM Y_MJ (sT holds the sum). */
+__device__ void inv_lower(const float *sA, float *sY, float *sT) {
+    const int tid = threadIdx.x;
+    if (tid < 64) {
+        const int col = tid, b1 = (col | 15) + 1;
+        for (int i = col & ~15; i < b1; i++) sY[i * LDF + col] = i == col ? 1.0f : 0.0f;
+        for (int i = col + 1; i < b1; i++) {
+            float s = 0.0f;
+            for (int m = col; m < i; m++) s += sA[i * LDF + m] * sY[m * LDF + col];
+            sY[i * LDF + col] = -s;
+        }
+    }
+    for (int e = tid; e < 64 * 64; e += FNT) { /* above the diagonal blocks */
+        const int i = e >> 6, j = e & 63;
+        if ((j >> 4) > (i >> 4)) sY[i * LDF + j] = 0.0f;
+    }
+    bsync();
+    for (int I = 1; I < 4; I++) {
+        const int i0 = 16 * I;
+        for (int e = tid; e < 16 * i0; e += FNT) { /* T[i][j] = sum_{m in [16(j/16), i0)} A_im Y_mj */
+            const int i = i0 + e / i0, j = e % i0;
+            float s = 0.0f;
+            for (int m = j & ~15; m < i0; m++) s += sA[i * LDF + m] * sY[m * LDF + j];
+            sT[i * LDF + j] = s;
+        }
+        bsync();
+        for (int e = tid; e < 16 * i0; e += FNT) {
+            const int i = i0 + e / i0, j = e % i0;
+            float s = 0.0f;
+            for (int m = i0; m <= i; m++) s += sY[i * LDF + m] * sT[m * LDF + j];
+            sY[i * LDF + j] = -s;
+        }
+        bsync();
+    }
+}
+
+template <int K, int V> struct PrepL {
+    static constexpr int F32 = (64 * K + 64 + 3 * 64 * LDF) * 4;
+    static constexpr int RAW = tile_bytes(64, K) + tile_bytes(64, V);
+    static constexpr int S1 = tri_scratch_bytes<K>();
+    static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
+    static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
+};
+
+template <int K, int V>
+__global__ void __launch_bounds__(FNT)
+    kp(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b) {
+    using Lay = PrepL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    float *sG = sm, *sb = sG + 64 * K, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF;
+    unsigned char *B8 = (unsigned char *)sm;
+    uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK;
+    unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
+    const Sp sAi{(uint16_t *)scr, 64 * 72};
+    const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
+
+    gate_cumsum<K>(g + ot * K, (int64_t)HV * K, L, sG);
+    if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
+    bsync();
+    if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * K + tid];
+    gated_tri<K, true>(sK, sK, sG, sA, scr);
+    bsync();
+    for (int e = tid; e < 64 * 64; e += FNT) sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
+    bsync();
+    inv_lower(sA, sY, sT);
+    /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
+    for (int e = tid; e < 64 * 64; e += FNT) {
+        const int i = e >> 6, j = e & 63;
+        fast::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    }
+    for (int e = tid; e < 64 * K; e += FNT) {
+        const int i = e / K, cc = e % K;
+        const float kv = bf2f(sK[i * LK + cc]);
+        fast::split2(kv * expf(sG[i * K + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        if (i < L) { /* Kd = K o e^{Gl - G} */
+            uint16_t hh, ll;
+            fast::split2(kv * expf(sG[63 * K + cc] - sG[i * K + cc]), hh, ll);
+            b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+    }
+    bsync();
+    { /* W = Ai' (K o e^G) */
+        using T = WT<64, K>;
+        float acc[1][T::NT][4];
+        fast::acc_zero(acc);
+        const int m0 = T::m0(warp), n0 = T::n0(warp);
+        fast::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
+        pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i < L) put2_global(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+        });
+    }
+    { /* U = Ai' V */
+        using T = WT<64, V>;
+        float acc[1][T::NT][4];
+        fast::acc_zero(acc);
+        const int m0 = T::m0(warp), n0 = T::n0(warp);
+        fast::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
+        pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i < L) *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
+        });
+    }
+}
+
+template <int K, int V> struct StateL {
+    static constexpr int bytes = K * 4 + 4 * tile_bytes(64, K) + 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
+};
+
+/* block per (sequence, value head) */
+template <int K, int V>
+__global__ void __launch_bounds__(FNT) ks(Geom G, Bufs b, const float *h0, float *hT) {
+    constexpr int LK = K + PAD, LV = V + PAD;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int64_t n = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV);
+    float *sGl = sm;
+    uint16_t *base = (uint16_t *)(sGl + K);
+    const Sp sW{base, 64 * LK};
+    const Sp sKd{base + 2 * 64 * LK, 64 * LK};
+    const Sp sS{base + 4 * 64 * LK, K * LV};
+    const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
+    using TS = WT<K, V>;
+    using TV = WT<64, V>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    float S[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    for (int64_t c = c0; c < c1; c++) {
+        const Chunk ch = chunk_at(G, c);
+        const int L = ch.L;
+        const int64_t ot = ch.r0 * HV + hv;
+        fast::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+        fast::load_split<64, K>(sKd, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+        pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            fast::put_split2(sS, LV, r, j, x0, x1);
+            put2_global(b.Sh, b.Sl, sb + (int64_t)r * V + j, x0, x1);
+        });
+        bsync();
+        { /* V' = U - W S */
+            float acc[1][TV::NT][4];
+            fast::acc_zero(acc);
+            fast::mma_ss<1, TV::NT, false, true>(acc, sW, LK, vm0, sS, LV, vn0, K);
+            pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
+                float v0 = 0.0f, v1 = 0.0f;
+                if (i < L) {
+                    const int64_t off = (ot + (int64_t)i * HV) * V + j;
+                    const float2 u = *(const float2 *)(b.U + off);
+                    v0 = u.x - x0, v1 = u.y - x1;
+                    put2_global(b.Vnh, b.Vnl, off, v0, v1);
+                }
+                fast::put_split2(sVn, LV, i, j, v0, v1);
+            });
+        }
+        bsync();
+        /* S <- diag(e^{Gl}) S + Kd^T V' */
+        fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
+        fast::mma_ss<1, TS::NT, true, true>(S, sKd, LK, sm0, sVn, LV, sn0, 64);
+        bsync();
+    }
+    if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
+}
+
+template <int K, int V> struct OutL {
+    static constexpr int F32 = (64 * K + 64 * LDF) * 4;
+    static constexpr int QK = 2 * tile_bytes(64, K); /* q, k raw; later Q o e^G split */
+    static constexpr int P = 2 * tile_bytes(64, 64);
+    static constexpr int S1 = tri_scratch_bytes<K>();
+    static constexpr int S2 = 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
+    static constexpr int bytes = F32 + QK + P + (S1 > S2 ? S1 : S2);
+};
+
+/* block per (chunk, value head) */
+template <int K, int V>
+__global__ void __launch_bounds__(FNT)
+    ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o) {
+    using Lay = OutL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    const float scale = G.scale;
+    float *sG = sm, *sA = sG + 64 * K;
+    unsigned char *B8 = (unsigned char *)sm;
+    uint16_t *sQ = (uint16_t *)(B8 + Lay::F32), *sK = sQ + 64 * LK;
+    const Sp sQg{sQ, 64 * LK};
+    const Sp sP{(uint16_t *)(B8 + Lay::F32 + Lay::QK), 64 * 72};
+    unsigned char *scr = B8 + Lay::F32 + Lay::QK + Lay::P;
+    const Sp sS{(uint16_t *)scr, K * LV};
+    const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
+
+    gate_cumsum<K>(g + ot * K, (int64_t)HV * K, L, sG);
+    fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    bsync();
+    gated_tri<K, false>(sQ, sK, sG, sA, scr);
+    bsync();
+    for (int e = tid; e < 64 * 64; e += FNT) { /* P = scale M' (split) */
+        const int i = e >> 6, j = e & 63;
+        fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
+    }
+    for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo) */
+        const int i = e / K, cc = e % K;
+        const float x = bf2f(sQ[i * LK + cc]) * expf(sG[i * K + cc]);
+        fast::split2(x, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
+    }
+    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+    fast::load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    fast::load_split<64, V>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    bsync();
+    using T = WT<64, V>;
+    float acc[1][T::NT][4];
+    fast::acc_zero(acc);
+    const int m0 = T::m0(warp), n0 = T::n0(warp);
+    fast::mma_ss<1, T::NT, false, true>(acc, sQg, LK, m0, sS, LV, n0, K);
+    fast::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
+    fast::mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, LV, n0, 64);
+    pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+    });
+}
+
+template <int K, int V> int fwd_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b) {
+    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, V>::bytes <= fast::SMEM_MAX &&
+                      OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    const Geom &G = p.G;
+    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
+                        G, io.k, io.v, io.g, io.beta, b);
+    if (!rc)
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV, FNT, (size_t)(StateL<K, V>::bytes), G,
+                        b, io.h0, io.hT);
+    if (!rc)
+        rc = DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G,
+                        io.q, io.k, io.g, b, io.o);
+    return rc;
+}
+
+} // namespace
+} // namespace kda
+
+bool kda_ok(const Geom &G) {
+    return G.C == 64 && G.gate == DG_GATE_CHANNEL && (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
+}
+
+int kda_fwd(const Plan &p, const Io<uint16_t> &io) {
+    const Geom &G = p.G;
+    const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
+    kda::Bufs b;
+    memset(&b, 0, sizeof b);
+    b.Wh = scratch<uint16_t>((size_t)(4 * nk));
+    b.U = scratch<float>((size_t)nv);
+    b.Gl = scratch<float>((size_t)(G.nchunks * G.HV * G.K));
+    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
+    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
+    int rc = -1;
+    if (b.Wh && b.U && b.Gl && b.Vnh && b.Sh) {
+        b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk;
+        b.Vnl = b.Vnh + nv;
+        b.Sl = b.Sh + nst;
+        rc = G.K == 64 ? (G.V == 64 ? kda::fwd_t<64, 64>(p, io, b) : kda::fwd_t<64, 128>(p, io, b))
+                       : (G.V == 64 ? kda::fwd_t<128, 64>(p, io, b) : kda::fwd_t<128, 128>(p, io, b));
+    }
+    release(b.Wh), release(b.U), release(b.Gl), release(b.Vnh), release(b.Sh);
+    return rc;
+}
+
+} // namespace drc

@@ -1,0 +1,285 @@
+/* The kda tensor-core path of the chunked delta-rule CUDA kernels (kernels/cuda/dr_chunk_kda.cuh:
+ * per-channel gate, bf16 storage, chunk 64, K and V in {64, 128}) against the f64 recurrence of
+ * the CPU kernels (kernels/cpu/delta_rule.h) on the same bf16-rounded inputs:
+ *  - output, final state and every gradient: relative error norm ||x - ref|| / ||ref|| <= 5e-3;
+ *  - the fused backward (var 111) and the unfused one (var 101) both against the reference and
+ *    against each other; the tensor-core path against the generic kernels (force_generic);
+ *  - grouped value heads, cu_seqlens with an empty sequence and partial chunks, T = 1, h0 and dhT
+ *    present or absent, strong decays (per-token log decays down to -8, so the cumulative gate
+ *    of a chunk reaches about -500: a gate folded as e^{G}, e^{-G} into the operands would
+ *    overflow; the sub-chunk references must not).
+ * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
+ * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
+ * tests by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deltagrad.h"
+
+#ifdef DG_HAVE_CUDA
+#include "core/internal.h"
+#include "kernels/cpu/delta_rule.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dr_chunk_cuda.h"
+
+static uint64_t seed = 0x9E3779B97F4A7C15ull;
+static double unif(double lo, double hi) {
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    return lo + (hi - lo) * ((double)(seed >> 11) / 9007199254740992.0);
+}
+static uint16_t to_bf(double x) { /* f32, then round to nearest even */
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static double from_bf(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* a case: shape, gate range, h0/dhT */
+typedef struct kcase {
+    const char *name;
+    int64_t B, T, H, HV, K, V;
+    int ncu;
+    int64_t cu[6];
+    double glo, ghi;
+    int h0, dhT;
+} kcase;
+
+/* the arrays of one run: inputs (f64, already rounded to what the device holds) and results */
+enum { X_Q, X_K, X_V, X_G, X_B, X_H0, X_DO, X_DHT, X_N };
+enum { Y_O, Y_HT, Y_DQ, Y_DK, Y_DV, Y_DG, Y_DB, Y_DH0, Y_N };
+static const char *const y_name[Y_N] = {"o", "hT", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+static const int y_bf16[Y_N] = {1, 0, 1, 1, 1, 0, 1, 0};
+static const int x_bf16[X_N] = {1, 1, 1, 0, 1, 0, 1, 0};
+
+typedef struct prob {
+    dg_dr_shape s;
+    double *x[X_N];
+    int64_t nx[X_N], ny[Y_N];
+} prob;
+typedef struct outs {
+    double *y[Y_N];
+} outs;
+
+static void prob_make(const kcase *c, prob *p) {
+    memset(p, 0, sizeof *p);
+    p->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = DG_GATE_CHANNEL, .scale = 1.0 / sqrt((double)c->K), .chunk = 64};
+    const int64_t BT = c->B * c->T, nh = p->s.N * c->HV * c->K * c->V;
+    const int64_t nx[X_N] = {BT * c->H * c->K, BT * c->H * c->K, BT * c->HV * c->V,
+                             BT * c->HV * c->K, BT * c->HV, c->h0 ? nh : 0, BT * c->HV * c->V,
+                             c->dhT ? nh : 0};
+    const double lo[X_N] = {-1, -1, -1, c->glo, 0.1, -1, -1, -1};
+    const double hi[X_N] = {1, 1, 1, c->ghi, 0.9, 1, 1, 1};
+    for (int a = 0; a < X_N; a++) {
+        p->nx[a] = nx[a];
+        if (!nx[a] && (a == X_H0 || a == X_DHT)) continue;
+        p->x[a] = malloc(sizeof(double) * (size_t)(nx[a] ? nx[a] : 1));
+        for (int64_t i = 0; i < nx[a]; i++) p->x[a][i] = unif(lo[a], hi[a]);
+    }
+    for (int64_t r = 0; r < BT * c->H; r++) { /* unit keys */
+        double *kr = p->x[X_K] + r * c->K, n2 = 0;
+        for (int64_t i = 0; i < c->K; i++) n2 += kr[i] * kr[i];
+        for (int64_t i = 0; i < c->K; i++) kr[i] /= sqrt(n2);
+    }
+    for (int a = 0; a < X_N; a++)
+        for (int64_t i = 0; p->x[a] && i < nx[a]; i++)
+            p->x[a][i] = x_bf16[a] ? from_bf(to_bf(p->x[a][i])) : (double)(float)p->x[a][i];
+    const int64_t ny[Y_N] = {nx[X_V], nh, nx[X_Q], nx[X_Q], nx[X_V], nx[X_G], nx[X_B], c->h0 ? nh : 0};
+    memcpy(p->ny, ny, sizeof ny);
+}
+static void prob_free(prob *p) {
+    for (int a = 0; a < X_N; a++) free(p->x[a]);
+}
+static void outs_alloc(const prob *p, outs *o) {
+    for (int a = 0; a < Y_N; a++)
+        o->y[a] = a == Y_DH0 && !p->ny[a] ? NULL : calloc((size_t)(p->ny[a] ? p->ny[a] : 1), sizeof(double));
+}
+static void outs_free(outs *o) {
+    for (int a = 0; a < Y_N; a++) free(o->y[a]);
+}
+
+static void reference(const prob *p, outs *o) {
+    double *const *x = p->x;
+    assert_int_equal(dg_dr_recurrent_fwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
+                                             o->y[Y_O], o->y[Y_HT]), 0);
+    assert_int_equal(dg_dr_recurrent_bwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
+                                             x[X_DO], x[X_DHT], o->y[Y_DQ], o->y[Y_DK], o->y[Y_DV],
+                                             o->y[Y_DG], o->y[Y_DB], o->y[Y_DH0]), 0);
+}
+
+/* device buffer: a copy of host x (bf16 bits or f32), or n elements of NaN (x NULL) */
+static void *to_dev(const double *x, int64_t n, int bf16) {
+    const size_t es = bf16 ? 2 : 4, bytes = (size_t)(n ? n : 1) * es;
+    unsigned char *h = malloc(bytes);
+    memset(h, 0xff, bytes);
+    for (int64_t i = 0; x && i < n; i++) {
+        if (bf16) ((uint16_t *)h)[i] = to_bf(x[i]);
+        else ((float *)h)[i] = (float)x[i];
+    }
+    void *d = dg_cuda_malloc(bytes);
+    assert_non_null(d);
+    assert_int_equal(dg_cuda_memcpy(d, h, bytes, 0), 0);
+    free(h);
+    return d;
+}
+static void from_dev(double *y, const void *d, int64_t n, int bf16) {
+    const size_t bytes = (size_t)(n ? n : 1) * (bf16 ? 2 : 4);
+    unsigned char *h = malloc(bytes);
+    assert_int_equal(dg_cuda_memcpy(h, d, bytes, 1), 0);
+    for (int64_t i = 0; i < n; i++) y[i] = bf16 ? from_bf(((uint16_t *)h)[i]) : ((float *)h)[i];
+    free(h);
+}
+
+/* forward, then the backward twice (same bits required) with variant v */
+static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
+    void *x[X_N], *y[Y_N], *y2[Y_N];
+    for (int a = 0; a < X_N; a++) x[a] = p->x[a] ? to_dev(p->x[a], p->nx[a], x_bf16[a]) : NULL;
+    for (int a = 0; a < Y_N; a++) {
+        y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
+        y2[a] = o->y[a] && a >= Y_DQ ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
+    }
+    if (dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y[Y_O], y[Y_HT]))
+        fail_msg("forward failed: %s", dg_last_error());
+    for (int rep = 0; rep < 2; rep++) {
+        void **w = rep ? y2 : y;
+        if (dg_cuda_dr_chunk_bwd_bf16(&p->s, v, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
+                                      x[X_DO], x[X_DHT], w[Y_DQ], w[Y_DK], w[Y_DV], w[Y_DG], w[Y_DB],
+                                      w[Y_DH0]))
+            fail_msg("backward failed: %s", dg_last_error());
+    }
+    assert_int_equal(dg_cuda_synchronize(), 0);
+    for (int a = 0; a < Y_N; a++) {
+        if (!o->y[a]) continue;
+        from_dev(o->y[a], y[a], p->ny[a], y_bf16[a]);
+        if (y2[a]) {
+            double *z = malloc(sizeof(double) * (size_t)(p->ny[a] ? p->ny[a] : 1));
+            from_dev(z, y2[a], p->ny[a], y_bf16[a]);
+            if (memcmp(z, o->y[a], sizeof(double) * (size_t)p->ny[a]))
+                fail_msg("%s differs between two identical backward runs", y_name[a]);
+            free(z);
+        }
+        dg_cuda_free(y[a]), dg_cuda_free(y2[a]);
+    }
+    for (int a = 0; a < X_N; a++) dg_cuda_free(x[a]);
+}
+
+/* every result within tol of ref (relative error norm); prints the errors */
+static void compare(const char *what, const prob *p, const outs *got, const outs *ref, double tol) {
+    printf("  %-50s", what);
+    const char *bad = NULL;
+    double worst = 0;
+    for (int a = 0; a < Y_N; a++) {
+        if (!ref->y[a] || !p->ny[a]) continue;
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < p->ny[a]; i++) {
+            const double d = got->y[a][i] - ref->y[a][i];
+            num += d * d, den += ref->y[a][i] * ref->y[a][i];
+        }
+        const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+        printf(" %s %.1e", y_name[a], e);
+        if (!(e <= tol) && !bad) bad = y_name[a], worst = e;
+    }
+    printf("\n");
+    if (bad) fail_msg("%s: %s relative error %.3e > %.0e", what, bad, worst, tol);
+}
+
+#define REQUIRE_GPU()                                                                              \
+    do {                                                                                           \
+        if (dg_cuda_device_count() <= 0) skip();                                                   \
+    } while (0)
+
+static const dg_dr_variant v_fused = {1, 1, 1}, v_unfused = {1, 0, 1};
+
+/* the tensor-core path, fused and unfused, against the reference and each other; with
+ * against_generic, also against the generic kernels on the same inputs */
+static void run_kcase(const kcase *c, int against_generic) {
+    prob p;
+    prob_make(c, &p);
+    outs ref, fu, un;
+    outs_alloc(&p, &ref), outs_alloc(&p, &fu), outs_alloc(&p, &un);
+    reference(&p, &ref);
+    char what[160];
+    run_dev(&p, &v_fused, &fu);
+    snprintf(what, sizeof what, "%s: fused", c->name);
+    compare(what, &p, &fu, &ref, 5e-3);
+    run_dev(&p, &v_unfused, &un);
+    snprintf(what, sizeof what, "%s: unfused", c->name);
+    compare(what, &p, &un, &ref, 5e-3);
+    compare("  ... unfused against fused", &p, &un, &fu, 2e-3);
+    if (against_generic) {
+        outs gen;
+        outs_alloc(&p, &gen);
+        const int old = dg_cuda_dr_chunk_force_generic(1);
+        run_dev(&p, &v_fused, &gen);
+        dg_cuda_dr_chunk_force_generic(old);
+        compare("  ... against the generic kernels", &p, &fu, &gen, 5e-3);
+        outs_free(&gen);
+    }
+    outs_free(&ref), outs_free(&fu), outs_free(&un), prob_free(&p);
+}
+
+static const kcase cases[] = {
+    {"K=V=128, GVA, h0, dhT", 2, 150, 2, 4, 128, 128, 0, {0}, -1.5, -0.02, 1, 1},
+    {"K=V=64, varlen (empty, partial)", 1, 200, 1, 2, 64, 64, 5, {0, 64, 64, 130, 200}, -1.5, -0.02, 1, 1},
+    {"K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, 0, {0}, -1.5, -0.02, 1, 0},
+    {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1},
+    {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1},
+};
+
+static void test_kda_mma(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kcase(&cases[i], i < 2);
+}
+
+/* small shapes through every kda kernel (fused and unfused): the test to run under
+ * compute-sanitizer */
+static void test_kda_mma_sanitize(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    static const kcase small[] = {
+        {"sanitize: K=V=64, varlen, GVA", 1, 100, 1, 2, 64, 64, 3, {0, 70, 100}, -1.5, -0.02, 1, 1},
+        {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1},
+    };
+    for (int i = 0; i < 2; i++) run_kcase(&small[i], 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kda_mma),
+        cmocka_unit_test(test_kda_mma_sanitize),
+    };
+    const char *filter = getenv("DG_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* no CUDA backend in this build */
+
+static void test_no_cuda(void **state) {
+    (void)state;
+    skip();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
