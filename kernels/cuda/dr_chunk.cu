@@ -184,7 +184,9 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     if constexpr (sizeof(T) == 2) {
         const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                           aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-        rc = fast ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
+        const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
+                         aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
+        rc = kda ? kda_bwd(p, *var, io) : fast ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }

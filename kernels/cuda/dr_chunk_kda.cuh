@@ -28,6 +28,7 @@ namespace drc {
 /* whether the kda tensor-core path takes this shape (bf16 calls; pointer alignment aside) */
 bool kda_ok(const Geom &G);
 int kda_fwd(const Plan &p, const Io<uint16_t> &io);
+int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io);
 
 namespace kda {
 
@@ -36,6 +37,21 @@ using fast::PAD;
 using fast::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
+
+/* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16.  Forward:
+ * W, Kd [rows, HV, K]; U f32 [rows, HV, V]; Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S
+ * [nchunks, HV, K, V].  The backward's recompute also keeps Ai, Mkk f32 [rows, HV, 64],
+ * P = scale lower_incl(M') and Qg = scale Q o e^G split. */
+struct Bufs {
+    uint16_t *Wh, *Wl, *Kdh, *Kdl;
+    float *U, *Gl;
+    uint16_t *Vnh, *Vnl, *Sh, *Sl;
+    float *Ai, *Mkk;                 /* backward only */
+    uint16_t *Ph, *Pl, *Qgh, *Qgl;   /* backward only */
+};
+/* launches prep and the state pass into b (allocated by the caller); bwd: with the backward's
+ * extra buffers and without hT */
+int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd);
 
 /* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
 template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {

@@ -26,15 +26,6 @@ namespace {
 using fast::tile_bytes;
 using fast::WT;
 
-struct Bufs {
-    uint16_t *Wh, *Wl;   /* [rows, HV, K] */
-    uint16_t *Kdh, *Kdl; /* [rows, HV, K] */
-    float *U;            /* [rows, HV, V] */
-    float *Gl;           /* [nchunks, HV, K] */
-    uint16_t *Vnh, *Vnl; /* [rows, HV, V] */
-    uint16_t *Sh, *Sl;   /* [nchunks, HV, K, V] */
-};
-
 /* f(row, col, x0, x1) over the pairs (col, col+1) of this thread's accumulator */
 template <int NT, class F>
 __device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
@@ -94,7 +85,7 @@ __device__ void inv_lower(const float *sA, float *sY, float *sT) {
 
 template <int K, int V> struct PrepL {
     static constexpr int F32 = (64 * K + 64 + 3 * 64 * LDF) * 4;
-    static constexpr int RAW = tile_bytes(64, K) + tile_bytes(64, V);
+    static constexpr int RAW = 2 * tile_bytes(64, K) + tile_bytes(64, V);
     static constexpr int S1 = tri_scratch_bytes<K>();
     static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
     static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
@@ -102,7 +93,8 @@ template <int K, int V> struct PrepL {
 
 template <int K, int V>
 __global__ void __launch_bounds__(FNT)
-    kp(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b) {
+    kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
+       Bufs b, int bwd) {
     using Lay = PrepL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
     DRC_SMEM(float, sm);
@@ -114,7 +106,7 @@ __global__ void __launch_bounds__(FNT)
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
     float *sG = sm, *sb = sG + 64 * K, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
-    uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK;
+    uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
     unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
     const Sp sAi{(uint16_t *)scr, 64 * 72};
     const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
@@ -123,13 +115,35 @@ __global__ void __launch_bounds__(FNT)
     if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
+    if (bwd) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * K + tid];
+    if (bwd) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
+        gated_tri<K, false>(sQ, sK, sG, sY, scr);
+        bsync();
+        for (int e = tid; e < L * 64; e += FNT) {
+            const int i = e >> 6, j = e & 63;
+            uint16_t hh, ll;
+            fast::split2(G.scale * sY[i * LDF + j], hh, ll);
+            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = hh, b.Pl[(ot + (int64_t)i * HV) * 64 + j] = ll;
+        }
+        for (int e = tid; e < L * K; e += FNT) {
+            const int i = e / K, cc = e % K;
+            uint16_t hh, ll;
+            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * expf(sG[i * K + cc]), hh, ll);
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+        bsync();
+    }
     gated_tri<K, true>(sK, sK, sG, sA, scr);
     bsync();
+    if (bwd)
+        for (int e = tid; e < L * 64; e += FNT) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
     for (int e = tid; e < 64 * 64; e += FNT) sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
     bsync();
     inv_lower(sA, sY, sT);
+    if (bwd)
+        for (int e = tid; e < L * 64; e += FNT) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += FNT) {
         const int i = e >> 6, j = e & 63;
@@ -295,22 +309,32 @@ __global__ void __launch_bounds__(FNT)
     });
 }
 
-template <int K, int V> int fwd_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b) {
-    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, V>::bytes <= fast::SMEM_MAX &&
-                      OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd) {
+    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
-                        G, io.k, io.v, io.g, io.beta, b);
+                        G, io.q, io.k, io.v, io.g, io.beta, b, bwd ? 1 : 0);
     if (!rc)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV, FNT, (size_t)(StateL<K, V>::bytes), G,
-                        b, io.h0, io.hT);
-    if (!rc)
-        rc = DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G,
-                        io.q, io.k, io.g, b, io.o);
+                        b, io.h0, bwd ? (float *)nullptr : io.hT);
     return rc;
 }
 
+template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b) {
+    static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    const Geom &G = p.G;
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G,
+                      io.q, io.k, io.g, b, io.o);
+}
+
 } // namespace
+
+int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd) {
+    const Geom &G = p.G;
+    return G.K == 64 ? (G.V == 64 ? prep_state_t<64, 64>(p, io, b, bwd) : prep_state_t<64, 128>(p, io, b, bwd))
+                     : (G.V == 64 ? prep_state_t<128, 64>(p, io, b, bwd) : prep_state_t<128, 128>(p, io, b, bwd));
+}
+
 } // namespace kda
 
 bool kda_ok(const Geom &G) {
@@ -332,8 +356,10 @@ int kda_fwd(const Plan &p, const Io<uint16_t> &io) {
         b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk;
         b.Vnl = b.Vnh + nv;
         b.Sl = b.Sh + nst;
-        rc = G.K == 64 ? (G.V == 64 ? kda::fwd_t<64, 64>(p, io, b) : kda::fwd_t<64, 128>(p, io, b))
-                       : (G.V == 64 ? kda::fwd_t<128, 64>(p, io, b) : kda::fwd_t<128, 128>(p, io, b));
+        rc = kda::prep_state(p, io, b, false);
+        if (!rc)
+            rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b) : kda::out_t<64, 128>(p, io, b))
+                           : (G.V == 64 ? kda::out_t<128, 64>(p, io, b) : kda::out_t<128, 128>(p, io, b));
     }
     release(b.Wh), release(b.U), release(b.Gl), release(b.Vnh), release(b.Sh);
     return rc;

@@ -1,0 +1,578 @@
+/* The tensor-core kda backward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
+ * Recompute by the forward's prep and state kernels (dr_chunk_kda_mma_fwd.cu, with Ai, Mkk,
+ * P = scale lower_incl(M') and Qg = scale Q o e^G kept), then, per chunk of L rows, value head hv,
+ * G the cumulative per-channel gate, Gl its last row, M / M' the gated K K^T / Q K^T
+ * (dr_chunk_kda.cuh):
+ *   dhu   (block per sequence, head; chunks in reverse; dS [K x V] in registers):
+ *         dV' = P^T dO + Kd dS,  Kd = K o e^{Gl - G}
+ *         dS <- diag(e^{Gl}) dS + Qg^T dO - W^T dV';  stores dS leaving each chunk and dV', split
+ *   qkwy  (block per chunk, head), part A (the output and state terms):
+ *         dq = scale e^G o (dO S0^T) + R(dM', K),  dk = e^{Gl - G} o (V' dS1^T) + C(dM', Q),
+ *         dM' = scale lower_incl(dO V'^T),  dW = -dV' S0^T,
+ *         dG = q o dq - k o dk,  dG_{L-1} += sum_i k_i o (e^{Gl - G_i} o (V' dS1^T)_i) + e^{Gl} o rowsum(S0 o dS1)
+ *         where R(D, Y)_ic = sum_l D_il Y_lc e^{G_ic - G_lc} and C(D, X)_lc = sum_i D_il X_ic e^{G_ic - G_lc}
+ *         are the gated products of a lower-triangular D (row side and column side);
+ *         part B (the WY backward, dU = dV'):
+ *         dAi = lower_incl((dW Kg^T + dU V^T) diag(beta)),  Kg = K o e^G
+ *         dKbg = Ai^T dW: dk += beta e^G o dKbg, dG += beta k e^G o dKbg, dbeta += rowsum(Kg o dKbg)
+ *         dVb = Ai^T dU: dv = beta o dVb, dbeta += rowsum(V o dVb)
+ *         dA = strictly_lower(-(Ai^T dAi) Ai^T): dbeta += rowsum(dA o M), dMkk = diag(beta) dA
+ *         dk += R(dMkk, K) + C(dMkk, K),  dG += k o R(dMkk, K) - k o C(dMkk, K)
+ *         dg = reverse cumsum of dG over the chunk's rows.
+ * The gated products R and C run on the tensor cores with the sub-chunk references of
+ * dr_chunk_kda.cuh: for the rows of block I (reference row 16I) R = e^{G - G_16I} o (D_{I,<I}
+ * (Y e^{G_16I - G})) plus the diagonal block in f32; for the columns of block J (reference row
+ * 16J + 15) C = e^{G_{16J+15} - G} o (D_{>J,J}^T (X e^{G - G_{16J+15}})) plus the diagonal block.
+ * kda_fused (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
+ * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
+ * then summed over the value heads of each key head. */
+#include "kernels/cuda/dr_chunk_kda.cuh"
+
+namespace drc {
+namespace kda {
+namespace {
+
+using fast::tile_bytes;
+using fast::WT;
+
+template <int NT, class F>
+__device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+/* f(row, col, x&) together over two accumulators of the same layout */
+template <int NT, class F>
+__device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), a[0][nt][q], b[0][nt][q]);
+}
+
+__device__ __forceinline__ void put2_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
+    uint16_t h0, l0, h1, l1;
+    fast::split2(x0, h0, l0);
+    fast::split2(x1, h1, l1);
+    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+
+/* ---- gated products of a lower-triangular D (split tile 64 x 64, ld 72, zero above the
+ * diagonal and, STRICT, on it) into this warp's accumulator tile of WT<64, K> ----
+ * R(D, Y)_ic = sum_{l <= i} D_il Y_lc e^{G_ic - G_lc}.  Scratch Yb (split, 96 rows): for I = 1..3
+ * the rows 8I(I-1) + l, l < 16I, hold Y_l e^{G_16I - G_l}.  Barrier before (inputs) and after. */
+template <int K, bool STRICT>
+__device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *Y,
+                                        const float *sG, unsigned char *scr) {
+    constexpr int LK = K + PAD, NT = WT<64, K>::NT;
+    const Sp Yb{(uint16_t *)scr, 96 * LK};
+    const int tid = threadIdx.x, warp = tid >> 5;
+    for (int e = tid; e < 96 * K; e += FNT) {
+        const int R = e / K, c = e % K;
+        const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
+        fast::split2(bf2f(Y[l * LK + c]) * expf(sG[16 * I * K + c] - sG[l * K + c]), Yb.hi[R * LK + c],
+                     Yb.lo()[R * LK + c]);
+    }
+    bsync();
+    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), I = m0 >> 4;
+    fast::acc_zero(r);
+    if (I > 0) {
+        const Sp B{Yb.hi + 8 * I * (I - 1) * LK, Yb.lo_off};
+        fast::mma_ss<1, NT, false, true>(r, D, 72, m0, B, LK, n0, 16 * I);
+    }
+    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) {
+        const float gi = sG[i * K + c];
+        x *= expf(gi - sG[16 * I * K + c]);
+        for (int l = 16 * I; l < (STRICT ? i : i + 1); l++)
+            x += (bf2f(D.hi[i * 72 + l]) + bf2f(D.lo()[i * 72 + l])) * bf2f(Y[l * LK + c]) * expf(gi - sG[l * K + c]);
+    });
+    bsync();
+}
+
+/* C(D, X)_lc = sum_{i >= l} D_il X_ic e^{G_ic - G_lc}.  Scratch Xb (split, 96 rows): for J = 0..2
+ * the rows o_J + (i - 16(J+1)), i in [16(J+1), 64), o_J = 0, 48, 80, hold X_i e^{G_i - G_{16J+15}}. */
+template <int K, bool STRICT>
+__device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *X,
+                                        const float *sG, unsigned char *scr) {
+    constexpr int LK = K + PAD, NT = WT<64, K>::NT;
+    const Sp Xb{(uint16_t *)scr, 96 * LK};
+    const int tid = threadIdx.x, warp = tid >> 5;
+    for (int e = tid; e < 96 * K; e += FNT) {
+        const int R = e / K, c = e % K;
+        const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
+        fast::split2(bf2f(X[i * LK + c]) * expf(sG[i * K + c] - sG[(16 * J + 15) * K + c]), Xb.hi[R * LK + c],
+                     Xb.lo()[R * LK + c]);
+    }
+    bsync();
+    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), J = m0 >> 4;
+    fast::acc_zero(r);
+    if (J < 3) {
+        const int i0 = 16 * (J + 1);
+        const Sp A{D.hi + i0 * 72, D.lo_off};
+        const Sp B{Xb.hi + (J == 0 ? 0 : J == 1 ? 48 : 80) * LK, Xb.lo_off};
+        fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - i0);
+    }
+    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) {
+        const float gl = sG[l * K + c];
+        x *= expf(sG[(16 * J + 15) * K + c] - gl);
+        for (int i = STRICT ? l + 1 : l; i < 16 * J + 16; i++)
+            x += (bf2f(D.hi[i * 72 + l]) + bf2f(D.lo()[i * 72 + l])) * bf2f(X[i * LK + c]) * expf(sG[i * K + c] - gl);
+    });
+    bsync();
+}
+
+/* ---- dhu ---- */
+template <int K, int V> struct DhuL {
+    static constexpr int X = 2 * tile_bytes(64, K), O = tile_bytes(64, V), P = 2 * tile_bytes(64, 64),
+                         S = 2 * tile_bytes(K, V), N = 2 * tile_bytes(64, V);
+    static constexpr int bytes = K * 4 + X + O + P + S + N;
+};
+
+template <int K, int V>
+__global__ void __launch_bounds__(FNT)
+    b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b, uint16_t *dSh, uint16_t *dSl,
+          uint16_t *dVh, uint16_t *dVl) {
+    using Lay = DhuL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t n = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV);
+    float *sGl = sm;
+    unsigned char *B8 = (unsigned char *)(sm + K);
+    const Sp sX{(uint16_t *)B8, 64 * LK}; /* Kd, then Qg, then W */
+    uint16_t *sO = (uint16_t *)(B8 + Lay::X);
+    const Sp sP{(uint16_t *)(B8 + Lay::X + Lay::O), 64 * 72};
+    const Sp sdS{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P), K * LV};
+    const Sp sN{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P + Lay::S), 64 * LV};
+    using TS = WT<K, V>;
+    using TV = WT<64, V>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    float dS[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    for (int64_t c = c1 - 1; c >= c0; c--) {
+        const Chunk ch = chunk_at(G, c);
+        const int L = ch.L;
+        const int64_t ot = ch.r0 * HV + hv;
+        fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        fast::load_raw<64, V>(sO, dout + ot * V, (int64_t)HV * V, L);
+        fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
+        if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+        pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            fast::put_split2(sdS, LV, r, j, x0, x1);
+            put2_global(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
+        });
+        bsync();
+        { /* dV' = P^T dO + Kd dS */
+            float acc[1][TV::NT][4];
+            fast::acc_zero(acc);
+            fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LV, vn0, 64);
+            fast::mma_ss<1, TV::NT, false, true>(acc, sX, LK, vm0, sdS, LV, vn0, K);
+            pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
+                if (i < L) put2_global(dVh, dVl, (ot + (int64_t)i * HV) * V + j, x0, x1);
+                fast::put_split2(sN, LV, i, j, -x0, -x1);
+            });
+        }
+        bsync();
+        fast::load_split<64, K>(sX, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+        fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
+        bsync();
+        fast::mma_sr<1, TS::NT, true, true>(dS, sX, LK, sm0, sO, LV, sn0, 64); /* + Qg^T dO */
+        bsync();
+        fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+        bsync();
+        fast::mma_ss<1, TS::NT, true, true>(dS, sX, LK, sm0, sN, LV, sn0, 64); /* - W^T dV' */
+        bsync();
+    }
+    if (dh0) fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
+}
+
+/* ---- qkwy ---- */
+template <int K, int V> struct QkL {
+    static constexpr int tK = tile_bytes(64, K), tV = tile_bytes(64, V), t64 = tile_bytes(64, 64);
+    /* persistent: G [64][K], beta, dbeta, red [8][64], last-row terms [K], column partials [8][K] */
+    static constexpr int F32 = (64 * K + 64 + 64 + 8 * 64 + K + 8 * K) * 4;
+    static constexpr int oK = F32, oQ = oK + tK, oDM = oQ + tK, oZ = oDM + 2 * t64;
+    /* Z, part A: S0 / dS1 split, dO raw, dV' then V' split */
+    static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
+    /* Z, part B: dW split (later T), Kg split (later dAi), dU split, V raw */
+    static constexpr int wDW = 0, wKG = 2 * tK, wDU = 4 * tK, wV = wDU + 2 * tV, ZB = wV + tV;
+    static constexpr int ZT = 2 * tK + 2 * tile_bytes(96, K); /* dW + gated scratch */
+    static constexpr int Z = ZA > ZB ? (ZA > ZT ? ZA : ZT) : (ZB > ZT ? ZB : ZT);
+    static constexpr int bytes = oZ + (Z > 64 * K * 4 ? Z : 64 * K * 4);
+};
+
+struct QkArgs {
+    const uint16_t *q, *k, *v, *beta, *dout;
+    const float *g;
+    Bufs b;
+    const uint16_t *dSh, *dSl, *dVh, *dVl;
+    float *dqv, *dkv;    /* [rows, HV, K] per value head (GVA), or NULL */
+    uint16_t *dq, *dk;   /* HV == H: the outputs (else NULL) */
+    uint16_t *dWh, *dWl; /* unfused: [rows, HV, K] */
+    float *dGg, *dkp;    /* unfused: dG and the partial dk [rows, HV, K] */
+    uint16_t *dv, *dbeta;
+    float *dg;
+};
+
+/* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only */
+template <int K, int V, int MODE>
+__global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
+    using Lay = QkL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
+    const float scale = G.scale;
+    float *sG = sm, *sb = sG + 64 * K, *sdB = sb + 64, *red = sdB + 64, *sLast = red + 8 * 64, *colp = sLast + K;
+    unsigned char *B8 = (unsigned char *)sm;
+    uint16_t *sK = (uint16_t *)(B8 + Lay::oK), *sQ = (uint16_t *)(B8 + Lay::oQ);
+    const Sp sDM{(uint16_t *)(B8 + Lay::oDM), 64 * 72}; /* dM', later Ai, later dMkk */
+    unsigned char *Z = B8 + Lay::oZ;
+    using TK = WT<64, K>;
+    using TV = WT<64, V>;
+    using TP = WT<64, 64>;
+    const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
+    const int64_t ldk = (int64_t)HV * K;
+
+    gate_cumsum<K>(a.g + ot * K, ldk, L, sG);
+    if (tid < 64) sb[tid] = tid < L ? bf2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
+    for (int e = tid; e < 8 * 64; e += FNT) red[e] = 0.0f;
+    for (int e = tid; e < 8 * K + K; e += FNT) sLast[e] = 0.0f; /* sLast and colp */
+    fast::load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    float dk[1][TK::NT][4], dG[1][TK::NT][4];
+    if (MODE != 2) {
+        const Sp sS{(uint16_t *)(Z + Lay::zS), K * LV};
+        uint16_t *sO = (uint16_t *)(Z + Lay::zO);
+        const Sp sXv{(uint16_t *)(Z + Lay::zX), 64 * LV};
+        fast::load_raw<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        fast::load_split<K, V>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        fast::load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        fast::load_split<64, V>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        bsync();
+        float dq[1][TK::NT][4], dw[1][TK::NT][4];
+        fast::acc_zero(dq), fast::acc_zero(dw), fast::acc_zero(dk);
+        fast::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
+        fast::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
+        bsync();
+        { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv */
+            constexpr int V8 = V / 8;
+            for (int e = tid; e < K * V8; e += FNT) {
+                const int r = e / V8, c8 = (e % V8) * 8;
+                uint16_t *ph = sS.hi + r * LV + c8, *pl = sS.lo() + r * LV + c8;
+                const uint4 xh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
+                const uint4 xl = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
+                const uint16_t *uh = (const uint16_t *)&xh, *ul = (const uint16_t *)&xl;
+                float t = 0.0f;
+#pragma unroll
+                for (int u = 0; u < 8; u++) t += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(uh[u]) + bf2f(ul[u]));
+#pragma unroll
+                for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
+                if ((lane & (V8 - 1)) == 0) sLast[r] = expf(sG[63 * K + r]) * t;
+                *(uint4 *)ph = xh;
+                *(uint4 *)pl = xl;
+            }
+            fast::load_split<64, V>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+        }
+        bsync();
+        fast::mma_ss<1, TK::NT, false, false>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
+        { /* dM' = scale lower_incl(dO V'^T) */
+            float dp[1][TP::NT][4];
+            fast::acc_zero(dp);
+            fast::mma_rs<1, TP::NT, false, false>(dp, sO, LV, pm0, sXv, LV, pn0, V);
+            fast::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
+                return l <= i ? scale * dp[0][nt][qq] : 0.0f;
+            });
+        }
+        /* dq = scale e^G o dQg;  dk = e^{Gl - G} o dKd, its k-weighted column sums for the last row */
+        {
+            float cs[TK::NT][2];
+#pragma unroll
+            for (int nt = 0; nt < TK::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
+            each2(dq, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
+                x *= scale * expf(sG[i * K + cc]);
+                y *= expf(sG[63 * K + cc] - sG[i * K + cc]);
+            });
+            const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+            for (int nt = 0; nt < TK::NT; nt++)
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++) {
+                    const int i = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
+                    cs[nt][qq & 1] += bf2f(sK[i * LK + cc]) * dk[0][nt][qq];
+                }
+#pragma unroll
+            for (int nt = 0; nt < TK::NT; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    float x = cs[nt][j];
+                    x += shfl_xor(x, 4), x += shfl_xor(x, 8), x += shfl_xor(x, 16);
+                    if (gq == 0) colp[warp * K + kn0 + nt * 8 + 2 * tq + j] = x;
+                }
+        }
+        bsync();
+        /* dW (split) into its part-B place, over the dead S0 / dS1 */
+        if (MODE == 0) {
+            const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
+            pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
+        } else {
+            pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) put2_global(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+            });
+        }
+        if (tid < K) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < FNT / 32; w++) s += colp[w * K + tid];
+            sLast[tid] += s;
+        }
+        { /* the gated products of dM' */
+            float t[1][TK::NT][4];
+            gated_R<K, false>(t, sDM, sK, sG, Z + Lay::wKG);
+            each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
+            gated_C<K, false>(t, sDM, sQ, sG, Z + Lay::wKG);
+            each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
+        }
+        /* dG = q o dq - k o dk (+ the last-row terms);  dq is final */
+        each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
+        each2(dG, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
+            x -= bf2f(sK[i * LK + cc]) * y;
+            if (i == L - 1) x += sLast[cc];
+        });
+        pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+            if (i >= L) return;
+            const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+            if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
+            else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
+        });
+        if (MODE == 1) {
+            each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
+                if (i < L) {
+                    a.dkp[(ot + (int64_t)i * HV) * K + cc] = x;
+                    a.dGg[(ot + (int64_t)i * HV) * K + cc] = y;
+                }
+            });
+            return;
+        }
+    } else {
+        const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
+        fast::load_split<64, K>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
+        each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
+            x = i < L ? a.dkp[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
+            y = i < L ? a.dGg[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
+        });
+        bsync(); /* G, beta, k in shared memory */
+    }
+
+    /* ---- part B: the WY backward ---- */
+    const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK}, sKg{(uint16_t *)(Z + Lay::wKG), 64 * LK};
+    const Sp sdU{(uint16_t *)(Z + Lay::wDU), 64 * LV};
+    uint16_t *sV = (uint16_t *)(Z + Lay::wV);
+    const Sp sAi = sDM;
+    const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
+    for (int e = tid; e < 64 * K; e += FNT) {
+        const int i = e / K, cc = e % K;
+        fast::split2(bf2f(sK[i * LK + cc]) * expf(sG[i * K + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+    }
+    fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+    fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    for (int e = tid; e < 64 * 64; e += FNT) {
+        const int i = e >> 6, j = e & 63;
+        const float x = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
+        fast::split2(x, sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    }
+    bsync();
+    float dai[1][TP::NT][4];
+    fast::acc_zero(dai); /* dAi (before the mask and beta) */
+    fast::mma_ss<1, TP::NT, false, false>(dai, sdW, LK, pm0, sKg, LK, pn0, K);
+    fast::mma_sr<1, TP::NT, false, false>(dai, sdU, LV, pm0, sV, LV, pn0, V);
+    { /* dKbg = Ai^T dW */
+        float t[1][TK::NT][4];
+        fast::acc_zero(t);
+        fast::mma_ss<1, TK::NT, true, true>(t, sAi, 72, km0, sdW, LK, kn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < TK::NT; nt++)
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
+                const float kg = bf2f(sK[j * LK + cc]) * expf(sG[j * K + cc]), x = t[0][nt][qq];
+                rb[qq >> 1] += kg * x;
+                dk[0][nt][qq] += expf(sG[j * K + cc]) * sb[j] * x;
+                dG[0][nt][qq] += kg * sb[j] * x;
+            }
+        fast::red_rows_put(red, km0, rb);
+    }
+    { /* dVb = Ai^T dU: dv = beta o dVb, dbeta += rowsum(V o dVb) */
+        float t[1][TV::NT][4];
+        fast::acc_zero(t);
+        fast::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+            rb[(j - vm0) >> 3] += bf2f(sV[j * LV + vv]) * x0 + bf2f(sV[j * LV + vv + 1]) * x1;
+            if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
+        });
+        fast::red_rows_put(red, vm0, rb);
+    }
+    bsync();
+    fast::store_split<TP::NT>(sdAi, 72, pm0, pn0, [&](int i, int j, int nt, int qq) {
+        return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f;
+    });
+    bsync();
+    { /* T = Ai^T dAi */
+        float t[1][TP::NT][4];
+        fast::acc_zero(t);
+        fast::mma_ss<1, TP::NT, true, true>(t, sAi, 72, pm0, sdAi, 72, pn0, 64);
+        fast::store_split<TP::NT>(sT, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
+    }
+    bsync();
+    { /* dA = -T Ai^T (strictly lower): dbeta += rowsum(dA o M); dMkk = diag(beta) dA, over Ai */
+        float t[1][TP::NT][4];
+        fast::acc_zero(t);
+        fast::mma_ss<1, TP::NT, false, false>(t, sT, 72, pm0, sAi, 72, pn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        fast::frag_each(t, pm0, pn0, [&](int i, int j, float &x) {
+            x = j < i && i < L ? -x : 0.0f;
+            if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(ot + (int64_t)i * HV) * 64 + j];
+            x *= sb[i];
+        });
+        fast::red_rows_put(red, pm0, rb);
+        bsync();
+        fast::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
+    }
+    bsync();
+    { /* dk += R(dMkk, K) + C(dMkk, K);  dG += k o R - k o C */
+        float t[1][TK::NT][4];
+        gated_R<K, true>(t, sDM, sK, sG, Z);
+        each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
+        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x += bf2f(sK[i * LK + cc]) * y; });
+        gated_C<K, true>(t, sDM, sK, sG, Z);
+        each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
+        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= bf2f(sK[i * LK + cc]) * y; });
+    }
+    pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+        if (i >= L) return;
+        const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+        if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);
+        else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
+    });
+    /* dG through shared memory (over Z), dg = its reverse cumsum over the rows */
+    float *sdG = (float *)Z;
+    fast::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
+    fast::red_collect(red, sdB, true);
+    bsync();
+    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
+    if (tid < K && a.dg) {
+        float s = 0.0f;
+        for (int i = L - 1; i >= 0; i--) {
+            s += sdG[i * K + tid];
+            a.dg[(ot + (int64_t)i * HV) * K + tid] = s;
+        }
+    }
+}
+
+/* out[r, h, c] = sum over the grp value heads of key head h of in[r, hv, c] (to bf16) */
+__global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, const float *in, uint16_t *out) {
+    const int64_t stride = (int64_t)gridDim.x * FNT;
+    for (int64_t e = blockIdx.x * (int64_t)FNT + threadIdx.x; e < n; e += stride) {
+        const int64_t rh = e / K;
+        const float *p = in + rh * grp * K + e % K;
+        float s = 0.0f;
+        for (int m = 0; m < grp; m++) s += p[(int64_t)m * K];
+        out[e] = f2bf(s);
+    }
+}
+
+template <int K, int V>
+int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
+          uint16_t *dSh, uint16_t *dSl) {
+    static_assert(DhuL<K, V>::bytes <= fast::SMEM_MAX && QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    const Geom &G = p.G;
+    int rc = DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V>), G.N * G.HV, FNT, (size_t)(DhuL<K, V>::bytes), G,
+                        io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    const size_t sq = (size_t)(QkL<K, V>::bytes);
+    if (!rc && var.kda_fused) rc = DRC_LAUNCH("dr_chunk kda qkwy", (b_qkwy<K, V, 0>), G.nchunks * G.HV, FNT, sq, G, a);
+    if (!rc && !var.kda_fused) {
+        rc = DRC_LAUNCH("dr_chunk kda dqkwg", (b_qkwy<K, V, 1>), G.nchunks * G.HV, FNT, sq, G, a);
+        if (!rc) rc = DRC_LAUNCH("dr_chunk kda wy", (b_qkwy<K, V, 2>), G.nchunks * G.HV, FNT, sq, G, a);
+    }
+    return rc;
+}
+
+} // namespace
+} // namespace kda
+
+int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
+    const Geom &G = p.G;
+    const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
+    const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V, n64 = rows * HV * 64;
+    kda::Bufs b;
+    memset(&b, 0, sizeof b);
+    kda::QkArgs a;
+    memset(&a, 0, sizeof a);
+    b.Wh = scratch<uint16_t>((size_t)(6 * nk)); /* W, Kd, Qg */
+    b.U = scratch<float>((size_t)nv);
+    b.Gl = scratch<float>((size_t)(G.nchunks * HV * G.K));
+    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
+    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
+    b.Ai = scratch<float>((size_t)(2 * n64)); /* Ai, Mkk */
+    b.Ph = scratch<uint16_t>((size_t)(2 * n64));
+    uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
+    const bool direct = G.grp == 1;
+    float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
+    float *dkv = io.dk && !direct ? scratch<float>((size_t)nk) : nullptr;
+    uint16_t *dW = var.kda_fused ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
+    float *dGk = var.kda_fused ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
+    int rc = -1;
+    if (b.Wh && b.U && b.Gl && b.Vnh && b.Sh && b.Ai && b.Ph && dS && dV && (!io.dq || direct || dqv) &&
+        (!io.dk || direct || dkv) && (var.kda_fused || (dW && dGk))) {
+        b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk, b.Qgh = b.Wh + 4 * nk, b.Qgl = b.Wh + 5 * nk;
+        b.Vnl = b.Vnh + nv, b.Sl = b.Sh + nst, b.Mkk = b.Ai + n64, b.Pl = b.Ph + n64;
+        a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.g = io.g, a.b = b;
+        a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
+        a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
+        a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
+        a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg;
+        rc = kda::prep_state(p, io, b, true);
+        if (!rc)
+            rc = G.K == 64 ? (G.V == 64 ? kda::bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
+                                        : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
+                           : (G.V == 64 ? kda::bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
+                                        : kda::bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
+#ifdef DRC_EMU
+        if (getenv("KDA_DBG")) {
+            auto nan16 = [](const uint16_t *x, int64_t n) { int64_t c = 0; for (int64_t i = 0; i < n; i++) c += bf2f(x[i]) != bf2f(x[i]); return c; };
+            auto nanf = [](const float *x, int64_t n) { int64_t c = 0; for (int64_t i = 0; i < n; i++) c += x[i] != x[i]; return c; };
+            fprintf(stderr, "dbg: dW %lld dG %lld dkp %lld dkv %lld dV %lld Ai %lld Mkk %lld\n", dW ? (long long)nan16(dW, 2 * nk) : -1LL,
+                    dGk ? (long long)nanf(dGk, nk) : -1LL, dGk ? (long long)nanf(dGk + nk, nk) : -1LL, dkv ? (long long)nanf(dkv, nk) : -1LL,
+                    (long long)nan16(dV, 2 * nv), (long long)nanf(b.Ai, n64), (long long)nanf(b.Mkk, n64));
+        }
+#endif
+        const int64_t ng = rows * G.H * G.K, nb = ng / kda::FNT + 1 < 4096 ? ng / kda::FNT + 1 : 4096;
+        if (!rc && dqv)
+            rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dqv, io.dq);
+        if (!rc && dkv)
+            rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dkv, io.dk);
+    }
+    release(b.Wh), release(b.U), release(b.Gl), release(b.Vnh), release(b.Sh), release(b.Ai), release(b.Ph);
+    release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);
+    return rc;
+}
+
+} // namespace drc
