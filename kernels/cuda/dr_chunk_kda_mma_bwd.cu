@@ -555,15 +555,6 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
                                         : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
                            : (G.V == 64 ? kda::bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
                                         : kda::bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
-#ifdef DRC_EMU
-        if (getenv("KDA_DBG")) {
-            auto nan16 = [](const uint16_t *x, int64_t n) { int64_t c = 0; for (int64_t i = 0; i < n; i++) c += bf2f(x[i]) != bf2f(x[i]); return c; };
-            auto nanf = [](const float *x, int64_t n) { int64_t c = 0; for (int64_t i = 0; i < n; i++) c += x[i] != x[i]; return c; };
-            fprintf(stderr, "dbg: dW %lld dG %lld dkp %lld dkv %lld dV %lld Ai %lld Mkk %lld\n", dW ? (long long)nan16(dW, 2 * nk) : -1LL,
-                    dGk ? (long long)nanf(dGk, nk) : -1LL, dGk ? (long long)nanf(dGk + nk, nk) : -1LL, dkv ? (long long)nanf(dkv, nk) : -1LL,
-                    (long long)nan16(dV, 2 * nv), (long long)nanf(b.Ai, n64), (long long)nanf(b.Mkk, n64));
-        }
-#endif
         const int64_t ng = rows * G.H * G.K, nb = ng / kda::FNT + 1 < 4096 ? ng / kda::FNT + 1 : 4096;
         if (!rc && dqv)
             rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dqv, io.dq);
