@@ -341,24 +341,25 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             for (int w = 0; w < FNT / 32; w++) s += colp[w * K + tid];
             sLast[tid] += s;
         }
-        { /* the gated products of dM' */
+        /* the gated products of dM': dq += R(dM', K), then dq is final (stored; dG = q o dq);
+         * dk += C(dM', Q), dG -= k o dk (+ the last-row terms) */
+        {
             float t[1][TK::NT][4];
             gated_R<K, false>(t, sDM, sK, sG, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
+            each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
+            pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i >= L) return;
+                const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+                if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
+                else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
+            });
             gated_C<K, false>(t, sDM, sQ, sG, Z + Lay::wKG);
             each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         }
-        /* dG = q o dq - k o dk (+ the last-row terms);  dq is final */
-        each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
         each2(dG, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
             x -= bf2f(sK[i * LK + cc]) * y;
             if (i == L - 1) x += sLast[cc];
-        });
-        pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
-            if (i >= L) return;
-            const int64_t off = (ot + (int64_t)i * HV) * K + cc;
-            if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
-            else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
         });
         if (MODE == 1) {
             each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
