@@ -7,6 +7,8 @@
  *         Ai = (I + A)^-1                                  [f32, blocks of 16]
  *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
  *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
+ *         backward recompute (bwd = 1) also: Ai, Mkk = strictly_lower(M) (f32), P = scale
+ *         lower_incl(M') and Qg = scale Q o e^G (split), for dr_chunk_kda_mma_bwd.cu
  *   state (block per sequence, head; chunks in order; S [K x V] in registers):
  *         V' = U - W S                                     [mma, W and S split]
  *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
@@ -15,8 +17,9 @@
  *         O = scale (Q o e^G) S + P V',  P = scale lower_incl(M'),
  *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
- * Scratch between the kernels (per call): W, Kd split bf16 [rows, HV, K]; U f32 [rows, HV, V];
- * Gl f32 [nchunks, HV, K]; V' split [rows, HV, V]; S split [nchunks, HV, K, V]. */
+ * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
+ * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu): prep 2.14 ms, state 0.76, out 1.61;
+ * forward 4.53 ms by CUDA events (generic kernels 24.5 ms, FLA 1.465 ms). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {
