@@ -39,15 +39,6 @@ namespace {
 using fast::tile_bytes;
 using fast::WT;
 
-template <int NT, class F>
-__device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
-}
 /* f(row, col, x&) together over two accumulators of the same layout */
 template <int NT, class F>
 __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4], int m0, int n0, F f) {
@@ -56,14 +47,6 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int q = 0; q < 4; q++) f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), a[0][nt][q], b[0][nt][q]);
-}
-
-__device__ __forceinline__ void put2_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
-    uint16_t h0, l0, h1, l1;
-    fast::split2(x0, h0, l0);
-    fast::split2(x1, h1, l1);
-    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
-    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
 }
 
 /* ---- gated products of a lower-triangular D (split tile 64 x 64, ld 72, zero above the

@@ -29,25 +29,6 @@ namespace {
 using fast::tile_bytes;
 using fast::WT;
 
-/* f(row, col, x0, x1) over the pairs (col, col+1) of this thread's accumulator */
-template <int NT, class F>
-__device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
-}
-
-__device__ __forceinline__ void put2_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
-    uint16_t h0, l0, h1, l1;
-    fast::split2(x0, h0, l0);
-    fast::split2(x1, h1, l1);
-    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
-    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
-}
-
 /* (I + A)^-1 of the strictly lower 64 x 64 matrix sA (rows >= L zero) into sY, both ld LDF.
  * The diagonal 16 x 16 blocks by forward substitution (a thread per column), then block row by
  * block row below the diagonal: Y_IJ = -Y_II sum_{J <= M < I} A_IM Y_MJ (sT holds the sum). */
