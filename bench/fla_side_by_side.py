@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""flash-linear-attention (FLA) and deltagrad's CUDA kernels side by side, on the same inputs
+(issue 6, item 4).
+
+For each case (op x shape) this script draws the inputs on the GPU with torch, writes them to a
+safetensors file, times FLA's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule on them with
+use_qk_l2norm_in_kernel=True (triton.testing.do_bench: warm-up, median, L2 flushed before every
+call), keeps FLA's output and gradients, then runs `deltagrad bench --device cuda --inputs FILE
+--dump --json ...` on the same file (the same numbers; CUDA events, warm-up, median, L2 flushed;
+the L2 norm of q, k included, tools/bench_cuda.c) and compares deltagrad's outputs and gradients
+with FLA's (relative difference ||ours - FLA|| / ||FLA||: two bf16 implementations, so about
+1e-3..1e-2 is expected; it shows that both time the same function).  Prints one table: op, shape,
+FLA ms, ours ms, FLA / ours, forward and forward+backward.
+
+Inputs (as FLA's own benchmark registry draws them): q, k, v, do ~ N(0,1) bf16 [B,T,H,K];
+beta = sigmoid(N(0,1)) bf16 [B,T,H]; g = max(logsigmoid(N(0,1)), -5) f32, [B,T,H]
+(gated_delta_rule) or [B,T,H,K] (kda).  fwd is timed under torch.no_grad(); fwd+bwd is the forward
+with q, k, v, g, beta requiring grad, then o.backward(do), gradients reset to None between calls.
+
+FLA 0.5.2 refuses the gated backward on Hopper with Triton < 3.7.1 (its issue #640: wrong dg /
+dbeta from chunk_bwd_dqkwg on Triton 3.4..3.7.0).  To time it, this script switches that guard off
+for this process only (fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True; FLA's files are not
+edited) and marks the numbers that ran with it off.  The cross-check column says whether FLA's
+gradients then agree with ours.
+
+Usage (on the GPU machine; bench/gpu_side_by_side.sh runs it):
+  python3 bench/fla_side_by_side.py --deltagrad PATH/deltagrad --fla third_party_fla --out DIR
+Set TRITON_CACHE_DIR to keep Triton's compiled kernels and autotuning results between runs.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+SHAPES = {"S1": (8, 2048, 16, 128), "S2": (2, 8192, 16, 128), "S3": (16, 4096, 8, 256)}
+CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
+         ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
+         ("gated_delta_rule", "S3")]
+GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg"]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--deltagrad", default=None, help="the deltagrad binary (default: .gpu-bench/deltagrad, "
+                    "else build/release/deltagrad)")
+    ap.add_argument("--fla", default="third_party_fla", help="folder holding FLA's fla/ package")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fla_side_by_side"), help="results folder")
+    ap.add_argument("--work", default="/tmp/fla_side_by_side_inputs", help="folder for the input files")
+    ap.add_argument("--shapes", default="S1,S2,S3")
+    ap.add_argument("--ops", default="gated_delta_rule,kda,delta_rule")
+    ap.add_argument("--warmup", type=float, default=100, help="do_bench warm-up, ms")
+    ap.add_argument("--rep", type=float, default=400, help="do_bench repetition time, ms")
+    ap.add_argument("--kda-safe-gate", action="store_true",
+                    help="also time FLA's chunk_kda with safe_gate=True, lower_bound=-5 (its bounded-gate fast "
+                         "mode; the inputs satisfy g >= -5; more autotuning)")
+    ap.add_argument("--ours-timeout", type=float, default=120, help="seconds for one deltagrad call")
+    ap.add_argument("--seed", type=int, default=20261122)
+    return ap.parse_args()
+
+
+def rel(a, b):
+    """||a - b|| / ||b|| in float64 (b is FLA's)"""
+    import torch
+    a = a.double()
+    b = b.double()
+    nb = torch.linalg.vector_norm(b).item()
+    return torch.linalg.vector_norm(a - b).item() / nb if nb > 0 else float("nan")
+
+
+def main():
+    args = parse()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    fla_dir = os.path.abspath(args.fla)
+    if not os.path.isdir(os.path.join(fla_dir, "fla")):
+        sys.exit(f"fla_side_by_side: no fla/ package under {fla_dir} (bash bench/gpu_side_by_side.sh prepare)")
+    sys.path.insert(0, fla_dir)
+    os.environ.setdefault("FLA_TILELANG", "0")  # the Triton kernels, as FLA ships them by default elsewhere
+    binary = args.deltagrad
+    if binary is None:
+        binary = next((p for p in (".gpu-bench/deltagrad", "build/release/deltagrad") if os.path.exists(p)), None)
+    if binary is None or not os.path.exists(binary):
+        sys.exit("fla_side_by_side: no deltagrad binary (--deltagrad PATH)")
+
+    import torch
+    import torch.nn.functional as F
+    import triton
+    import triton.testing
+    from safetensors.torch import load_file, save_file
+
+    import fla
+    import fla.ops.common.chunk_o as fla_chunk_o
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    guard_on = bool(getattr(fla_chunk_o, "IS_NVIDIA_HOPPER", False) and getattr(fla_chunk_o, "TRITON_ABOVE_3_4_0", False)
+                    and not getattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", True))
+    if guard_on:
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # FLA issue #640 guard off, this process only
+    fla_commit = ""
+    vfile = os.path.join(fla_dir, "VERSION")
+    if os.path.exists(vfile):
+        fla_commit = open(vfile).read().strip()
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        driver = "?"
+    env = {"device": torch.cuda.get_device_name(0), "driver": driver, "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "triton": triton.__version__,
+           "fla": getattr(fla, "__version__", "?"), "fla_source": fla_commit,
+           "fla_hopper_guard_640": "switched off for this run" if guard_on else "not active (nothing switched off)",
+           "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+           "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "(default)")}
+    log("environment:", json.dumps(env))
+
+    def fla_call(op, q, k, v, g, beta, safe=False):
+        if op == "gated_delta_rule":
+            return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+        if op == "kda":
+            extra = {"safe_gate": True, "lower_bound": -5.0} if safe else {}
+            return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **extra)[0]
+        return chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True)[0]
+
+    def bench(fn, grads=None):
+        return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, grad_to_none=grads,
+                                       return_mode="median")
+
+    want_shapes = set(args.shapes.split(","))
+    want_ops = set(args.ops.split(","))
+    rows = []
+    t_start = time.time()
+    for ci, (op, shape) in enumerate(CASES):
+        if shape not in want_shapes or op not in want_ops:
+            continue
+        B, T, H, K = SHAPES[shape]
+        V = K
+        row = {"op": op, "shape": shape, "B": B, "T": T, "H": H, "K": K, "V": V, "dtype": "bf16",
+               "fla_guard_off": guard_on and op == "gated_delta_rule"}
+        rows.append(row)
+        t0 = time.time()
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(args.seed + ci)
+        dev = "cuda"
+        q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(B, T, H, V, device=dev, dtype=torch.bfloat16, generator=gen)
+        do = torch.randn(B, T, H, V, device=dev, dtype=torch.bfloat16, generator=gen)
+        beta = torch.randn(B, T, H, device=dev, dtype=torch.float32, generator=gen).sigmoid().to(torch.bfloat16)
+        g = None
+        if op != "delta_rule":
+            gshape = (B, T, H) if op == "gated_delta_rule" else (B, T, H, K)
+            g = F.logsigmoid(torch.randn(*gshape, device=dev, dtype=torch.float32, generator=gen)).clamp_min(-5.0)
+        path = os.path.join(args.work, f"{shape}_{op}.safetensors")
+        tensors = {"q": q, "k": k, "v": v, "do": do, "beta": beta}
+        if g is not None:
+            tensors["g"] = g
+        save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, path, metadata={"op": op, "label": shape})
+
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        lb = beta.detach().clone().requires_grad_(True)
+        lg = g.detach().clone().requires_grad_(True) if g is not None else None
+        grads = leaves + [lb] + ([lg] if lg is not None else [])
+
+        def fwd(safe=False):
+            with torch.no_grad():
+                fla_call(op, q, k, v, g, beta, safe)
+
+        def fwdbwd(safe=False):
+            o = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb, safe)
+            o.backward(do)
+
+        fla_ref = None
+        try:
+            row["fla_fwd_ms"] = bench(fwd)
+            row["fla_fwdbwd_ms"] = bench(fwdbwd, grads)
+            for t in grads:
+                t.grad = None
+            o = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb)
+            o.backward(do)
+            fla_ref = {"o": o.detach().cpu(), "dq": leaves[0].grad.cpu(), "dk": leaves[1].grad.cpu(),
+                       "dv": leaves[2].grad.cpu(), "dbeta": lb.grad.cpu()}
+            if lg is not None:
+                fla_ref["dg"] = lg.grad.cpu()
+            if op == "kda" and args.kda_safe_gate:
+                row["fla_safe_gate_fwd_ms"] = bench(lambda: fwd(True))
+                row["fla_safe_gate_fwdbwd_ms"] = bench(lambda: fwdbwd(True), grads)
+        except Exception as e:  # FLA failing is a result, not a reason to stop
+            row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+            log(f"{op} {shape}: FLA failed: {row['fla_error']}")
+        o = None
+        del q, k, v, do, beta, g, leaves, lb, lg, grads, tensors, o
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        t1 = time.time()
+
+        ours_json = os.path.join(args.work, f"ours_{shape}_{op}.json")
+        cmd = [binary, "bench", "--device", "cuda", "--inputs", path, "--dump", "--json", ours_json,
+               "--no-ceilings", "--no-variants", "--no-recurrent"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.ours_timeout)
+            if res.returncode != 0:
+                row["ours_error"] = (res.stdout + res.stderr)[-400:]
+            with open(ours_json) as f:
+                rec = [r for r in json.load(f)["results"] if r["variant"] == "default"][0]
+            row["ours_fwd_ms"] = rec["fwd_ms"]
+            row["ours_fwdbwd_ms"] = rec["fwdbwd_ms"]
+            row["ours_l2norm_fwdbwd_ms"] = rec["l2norm_fwdbwd_ms"]
+            row["ours_nonfinite"] = rec["nonfinite_outputs"]
+            os.remove(ours_json)
+        except Exception as e:
+            row.setdefault("ours_error", f"{type(e).__name__}: {e}"[:400])
+        if "ours_error" in row:
+            log(f"{op} {shape}: ours failed: {row['ours_error']}")
+        dump = path + ".ours.safetensors"
+        if fla_ref is not None and os.path.exists(dump):
+            ours = load_file(dump)
+            row["rel_diff_vs_fla"] = {n: rel(ours[n], fla_ref[n]) for n in GRAD_NAMES if n in ours and n in fla_ref}
+        for p in (path, dump):
+            if os.path.exists(p):
+                os.remove(p)
+        del fla_ref
+        for a, b in (("fwd", "fwd"), ("fwdbwd", "fwdbwd")):
+            f_ms, o_ms = row.get(f"fla_{a}_ms"), row.get(f"ours_{b}_ms")
+            if f_ms and o_ms:
+                row[f"ratio_{a}"] = f_ms / o_ms
+        log(f"{op} {shape}: " + json.dumps({k2: (round(v2, 4) if isinstance(v2, float) else v2)
+                                             for k2, v2 in row.items() if k2 not in ("B", "T", "H", "K", "V")})
+            + f"  (FLA {t1 - t0:.0f} s, ours {time.time() - t1:.0f} s, total {time.time() - t_start:.0f} s)")
+        with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
+            json.dump({"environment": env, "rows": rows}, f, indent=1)
+
+    # ---- the table --------------------------------------------------------------------------------
+    def ms(x):
+        return f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else "-"
+
+    def ratio(x):
+        return f"{x:.2f}x" if isinstance(x, float) and math.isfinite(x) else "-"
+
+    lines = ["| op | shape | FLA fwd ms | ours fwd ms | FLA/ours fwd | FLA fwd+bwd ms | ours fwd+bwd ms "
+             "| FLA/ours fwd+bwd | max rel. diff ours vs FLA | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        notes = []
+        if r.get("fla_guard_off"):
+            notes.append("FLA #640 Hopper guard switched off")
+        if r["shape"] == "S3":
+            notes.append("bf16 (issue: fp16)")
+        if r.get("ours_nonfinite"):
+            notes.append(f"ours: {r['ours_nonfinite']} non-finite values")
+        if "fla_error" in r:
+            notes.append("FLA failed: " + r["fla_error"][:80])
+        if "ours_error" in r:
+            notes.append("ours failed")
+        d = r.get("rel_diff_vs_fla") or {}
+        worst = max(d.items(), key=lambda kv: kv[1] if math.isfinite(kv[1]) else float("inf")) if d else None
+        lines.append(f"| {r['op']} | {r['shape']} | {ms(r.get('fla_fwd_ms'))} | {ms(r.get('ours_fwd_ms'))} "
+                     f"| {ratio(r.get('ratio_fwd'))} | {ms(r.get('fla_fwdbwd_ms'))} | {ms(r.get('ours_fwdbwd_ms'))} "
+                     f"| {ratio(r.get('ratio_fwdbwd'))} | {f'{worst[1]:.1e} ({worst[0]})' if worst else '-'} "
+                     f"| {'; '.join(notes)} |")
+        if "fla_safe_gate_fwd_ms" in r:
+            fs, fb = r["fla_safe_gate_fwd_ms"], r["fla_safe_gate_fwdbwd_ms"]
+            rf = fs / r["ours_fwd_ms"] if r.get("ours_fwd_ms") else float("nan")
+            rb = fb / r["ours_fwdbwd_ms"] if r.get("ours_fwdbwd_ms") else float("nan")
+            lines.append(f"| kda, FLA safe_gate=True lower_bound=-5 | {r['shape']} | {ms(fs)} | {ms(r.get('ours_fwd_ms'))} "
+                         f"| {ratio(rf)} | {ms(fb)} | {ms(r.get('ours_fwdbwd_ms'))} | {ratio(rb)} | - "
+                         f"| FLA's bounded-gate mode (inputs satisfy g >= -5) |")
+    table = "\n".join(lines)
+    head = (f"{env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['torch_cuda']}), "
+            f"Triton {env['triton']}, FLA {env['fla']} {env['fla_source']}, {env['date_utc']} UTC\n"
+            f"FLA: triton.testing.do_bench median (warm-up {args.warmup:g} ms, {args.rep:g} ms of calls, L2 flushed); "
+            f"ours: CUDA events median, L2 flushed; both with the L2 norm of q, k in the timed call\n")
+    with open(os.path.join(args.out, "side_by_side.md"), "w") as f:
+        f.write(head + "\n" + table + "\n")
+    with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    log("\n" + head)
+    log(table)
+
+
+if __name__ == "__main__":
+    main()

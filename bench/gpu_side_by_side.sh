@@ -1,0 +1,82 @@
+#!/bin/bash
+# The GPU benchmark of issue 6 in one command: `deltagrad bench --device cuda` (our kernels at
+# S1/S2/S3 with every backward variant, the recurrent reference, the GEMM and copy ceilings), then
+# bench/fla_side_by_side.py (FLA 0.5.2 and ours on the same inputs, one table).  docs/PERF.md shows
+# the results and says how to read them.
+#
+#   bash bench/gpu_side_by_side.sh prepare
+#       on the build machine: builds build/release/deltagrad (scons cuda=1), copies it stripped with
+#       this script and the Python one into .gpu-bench/ (git-ignored), and extracts FLA's fla/
+#       folder at tag v0.5.2 into third_party_fla/ (git-ignored) from FLA_GIT (a clone or bare
+#       mirror of fla-org/flash-linear-attention; default: the workplace mirror, else a clone from
+#       GitHub).
+#   bash .gpu-bench/gpu_side_by_side.sh            (on the GPU machine, from the repository root)
+#       e.g. run(command="bash .gpu-bench/gpu_side_by_side.sh",
+#                carry=[".devkit", ".gpu-bench", "third_party_fla"], timeout_s=600)
+#       Writes to $OUT (default /tmp/gpu_side_by_side): bench_cuda.txt (versions first), bench_cuda.json,
+#       side_by_side.txt, side_by_side.json, side_by_side.md, and triton_cache.tgz.NN (Triton's
+#       compiled kernels and autotuning results in parts of 15 MiB; copy them into .gpu-bench/ and
+#       the next run skips most of the autotuning: FLA's first run autotunes for minutes).
+# Environment: BENCH_T (seconds for our benchmark, 200), SBS_T (seconds for the side by side, 420),
+# SBS_ARGS (extra arguments of fla_side_by_side.py, e.g. "--shapes S1"), SKIP_BENCH=1 (only the
+# side by side).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(pwd)
+
+if [ "${1:-}" = prepare ]; then
+    set -e
+    scons -j2 cuda=1 build/release/deltagrad
+    mkdir -p .gpu-bench
+    strip -o .gpu-bench/deltagrad build/release/deltagrad
+    cp bench/gpu_side_by_side.sh bench/fla_side_by_side.py .gpu-bench/
+    if [ ! -f third_party_fla/fla/__init__.py ]; then
+        src=${FLA_GIT:-/work/.mirror/fla-org+flash-linear-attention/repo}
+        if [ ! -d "$src" ]; then
+            src=$(mktemp -d)/fla
+            git clone --quiet --bare https://github.com/fla-org/flash-linear-attention "$src"
+        fi
+        mkdir -p third_party_fla
+        git --git-dir="$src" archive v0.5.2 fla | tar -x -C third_party_fla/
+        echo "v0.5.2 $(git --git-dir="$src" rev-parse 'v0.5.2^{commit}')" > third_party_fla/VERSION
+    fi
+    echo "prepared: .gpu-bench/ ($(du -sh .gpu-bench | cut -f1)), third_party_fla/ ($(cat third_party_fla/VERSION 2>/dev/null))"
+    exit 0
+fi
+
+source .devkit/setup-on-device >/dev/null 2>&1
+OUT=${OUT:-/tmp/gpu_side_by_side}
+mkdir -p "$OUT"
+bin=.gpu-bench/deltagrad
+[ -x "$bin" ] || bin=build/release/deltagrad
+if [ ! -x "$bin" ]; then
+    echo "no deltagrad binary: building it here (scons -j16 cuda=1, a minute or two)"
+    timeout 300 scons -j16 cuda=1 build/release/deltagrad >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+fi
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p "$TRITON_CACHE_DIR"
+# the cache comes back in parts of < 16 MiB (the device tool's limit on a returned file)
+if ls .gpu-bench/triton_cache.tgz.* >/dev/null 2>&1; then
+    cat .gpu-bench/triton_cache.tgz.* | tar -xz -C "$TRITON_CACHE_DIR" && echo "Triton cache restored"
+fi
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+    nvcc --version 2>/dev/null | tail -2
+    python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+    echo "FLA: $(cat third_party_fla/VERSION 2>/dev/null || echo '?')"
+    echo "deltagrad: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)"
+} >"$OUT/bench_cuda.txt" 2>&1
+cat "$OUT/bench_cuda.txt"
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+    echo "== deltagrad bench --device cuda" | tee -a "$OUT/bench_cuda.txt"
+    timeout "${BENCH_T:-200}" "$bin" bench --device cuda --json "$OUT/bench_cuda.json" 2>&1 | tee -a "$OUT/bench_cuda.txt"
+fi
+
+echo "== FLA side by side"
+PYTHONUNBUFFERED=1 timeout "${SBS_T:-420}" python3 "$here/fla_side_by_side.py" --deltagrad "$bin" \
+    --fla third_party_fla --out "$OUT" ${SBS_ARGS:-} 2>&1 | tee "$OUT/side_by_side.txt"
+
+tar -cz -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m -d - "$OUT/triton_cache.tgz."
+ls -la "$OUT"
