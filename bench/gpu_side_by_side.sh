@@ -30,6 +30,8 @@ if [ "${1:-}" = prepare ]; then
     mkdir -p .gpu-bench
     strip -o .gpu-bench/deltagrad build/release/deltagrad
     cp bench/gpu_side_by_side.sh bench/fla_side_by_side.py .gpu-bench/
+    echo "$(git log -1 --format='%h %cd %s' --date=iso-strict | cut -c1-120)$(git diff --quiet HEAD -- . || echo ' (+ uncommitted changes)')" \
+        > .gpu-bench/BUILD_INFO
     if [ ! -f third_party_fla/fla/__init__.py ]; then
         src=${FLA_GIT:-/work/.mirror/fla-org+flash-linear-attention/repo}
         if [ ! -d "$src" ]; then
@@ -59,13 +61,14 @@ mkdir -p "$TRITON_CACHE_DIR"
 if ls .gpu-bench/triton_cache.tgz.* >/dev/null 2>&1; then
     cat .gpu-bench/triton_cache.tgz.* | tar -xz -C "$TRITON_CACHE_DIR" && echo "Triton cache restored"
 fi
+kernels_before=$(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l)
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
     nvcc --version 2>/dev/null | tail -2
     python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
     echo "FLA: $(cat third_party_fla/VERSION 2>/dev/null || echo '?')"
-    echo "deltagrad: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)"
+    echo "deltagrad binary: $(cat .gpu-bench/BUILD_INFO 2>/dev/null || echo "$bin (no BUILD_INFO)")"
 } >"$OUT/bench_cuda.txt" 2>&1
 cat "$OUT/bench_cuda.txt"
 
@@ -78,5 +81,14 @@ echo "== FLA side by side"
 PYTHONUNBUFFERED=1 timeout "${SBS_T:-420}" python3 "$here/fla_side_by_side.py" --deltagrad "$bin" \
     --fla third_party_fla --out "$OUT" ${SBS_ARGS:-} 2>&1 | tee "$OUT/side_by_side.txt"
 
-tar -cz -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m -d - "$OUT/triton_cache.tgz."
+# Send the cache back only when this run compiled new kernels, and only what a cache hit reads:
+# the cubins and the json (metadata, groups, autotuning results); Triton's loader skips a group's
+# missing intermediate files (ptx, llir, ttir, ttgir, source), as with TRITON_STORE_BINARY_ONLY.
+kernels_after=$(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l)
+if [ "$kernels_after" != "$kernels_before" ]; then
+    find "$TRITON_CACHE_DIR" -type f \( -name '*.llir' -o -name '*.ptx' -o -name '*.ttir' -o -name '*.ttgir' \
+        -o -name '*.source' \) -delete
+    tar -cz -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m -d - "$OUT/triton_cache.tgz."
+    echo "Triton cache: $kernels_before -> $kernels_after kernels; copy $OUT/triton_cache.tgz.* into .gpu-bench/"
+fi
 ls -la "$OUT"
