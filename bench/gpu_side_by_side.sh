@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu_side_by_side.sh prepare
 #       on the build machine: builds build/release/deltagrad (scons cuda=1), copies it stripped with
-#       this script and the Python one into .gpu-bench/ (git-ignored), and extracts FLA's fla/
+#       this script and the Python one into .gpu-bench/ (never committed), and extracts FLA's fla/
 #       folder at tag v0.5.2 into third_party_fla/ (git-ignored) from FLA_GIT (a clone or bare
 #       mirror of fla-org/flash-linear-attention; default: the workplace mirror, else a clone from
 #       GitHub).
