@@ -17,7 +17,7 @@
  * where both exponents are <= 0 for decays (g <= 0), so neither factor overflows: the blocks
  * below the diagonal are tensor-core products of two gated operands (split bf16, three passes).
  * The 16 x 16 blocks on the diagonal are summed element by element in f32 with the exact
- * exp(G_ic - G_jc) (a warp per (i, j), lanes over the channels). */
+ * exp(G_ic - G_jc) (a thread per (i, j)). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
 
@@ -119,19 +119,26 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         fast::mma_ss<1, 2, false, false>(acc, Xa, LD, 16 * I, B, LD, 16 * J, K);
         fast::frag_each(acc, 16 * I, 16 * J, [&](int i, int j, float &x) { out[i * LDF + j] = x; });
     }
-    /* the diagonal blocks, element by element: a warp per (i, j) */
-    for (int p = warp; p < 4 * 256; p += FNT / 32) {
-        const int D = p >> 8, a = (p >> 4) & 15, bb = p & 15;
-        if (bb > a) continue;
-        const int i = 16 * D + a, j = 16 * D + bb;
+    /* the diagonal blocks, element by element in f32: a thread per (i, j), j <= i in one block
+     * (136 pairs a block); the channels in an order that starts at the lane, so that the lanes
+     * of a warp read different banks of sG */
+    for (int p = tid; p < 4 * 136; p += FNT) {
+        const int D = p / 136, t = p % 136;
+        int a = 0;
+        while ((a + 1) * (a + 2) / 2 <= t) a++;
+        const int bb = t - a * (a + 1) / 2, i = 16 * D + a, j = 16 * D + bb;
         float s = 0.0f;
-        if (!(STRICT && bb == a))
-#pragma unroll
-            for (int c = lane; c < K; c += 32)
-                s += bf2f(X[i * LD + c]) * bf2f(Kt[j * LD + c]) * expf(sG[i * K + c] - sG[j * K + c]);
-        s = warp_sum(s);
-        if (lane == 0) out[i * LDF + j] = s;
-        if (lane == 1 && bb < a) out[j * LDF + i] = 0.0f;
+        if (!(STRICT && bb == a)) {
+            const uint16_t *xi = X + i * LD, *kj = Kt + j * LD;
+            const float *gi = sG + i * K, *gj = sG + j * K;
+#pragma unroll 4
+            for (int u = 0; u < K; u++) {
+                const int c = (u + lane) & (K - 1);
+                s += bf2f(xi[c]) * bf2f(kj[c]) * expf(gi[c] - gj[c]);
+            }
+        }
+        out[i * LDF + j] = s;
+        if (bb < a) out[j * LDF + i] = 0.0f;
     }
 }
 
