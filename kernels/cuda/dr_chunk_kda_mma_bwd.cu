@@ -26,9 +26,10 @@
  * kda_fused (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
- * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu): recompute prep 3.19 ms + state
- * 0.76, dhu 0.77, qkwy fused 8.69 (unfused 4.95 + 4.23); backward 13.37 ms fused, 13.83 unfused by
- * CUDA events (generic 93.6 / 81.8 ms).  The qkwy kernels spill (K = 128: up to 344 bytes) and run
+ * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128): backward 12.94 ms fused, 13.45 unfused
+ * by CUDA events (generic 93.6 / 81.8 ms); by ncu (before the gated_tri diagonal change, which
+ * took 0.3 ms off prep): recompute prep 3.19 ms + state 0.76, dhu 0.77, qkwy fused 8.69 (unfused
+ * 4.95 + 4.23).  The qkwy kernels spill (K = 128: up to 344 bytes) and run
  * one block per multiprocessor (215 KB of shared memory). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 

@@ -18,8 +18,9 @@
  *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
- * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu): prep 2.14 ms, state 0.76, out 1.61;
- * forward 4.53 ms by CUDA events (generic kernels 24.5 ms, FLA 1.465 ms). */
+ * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu): prep 1.84 ms, state 0.76, out 1.53;
+ * forward 4.17 ms by CUDA events (generic kernels 24.5 ms, FLA 1.465 ms).  prep and out run one
+ * block per multiprocessor (about 220 KB and 200 KB of shared memory). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {
