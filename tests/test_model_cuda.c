@@ -15,14 +15,9 @@
 
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
-/* Two CUDA runtime calls (cuda_runtime_api.h, declared here with their C signatures because the C
- * tests are compiled without the CUDA include path): the device's default memory pool, the one
- * kernels/cuda/runtime.cu allocates from with cudaMallocAsync, and its byte counters. */
-typedef struct CUmemPoolHandle_st *cudaMemPool_t;
-extern int cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
-extern int cudaMemPoolGetAttribute(cudaMemPool_t pool, int attr, void *value);
-#define POOL_RESERVED_MEM_CURRENT 5 /* cudaMemPoolAttrReservedMemCurrent (driver_types.h) */
-#define POOL_USED_MEM_CURRENT 7     /* cudaMemPoolAttrUsedMemCurrent */
+/* the device's default memory pool, the one kernels/cuda/runtime.cu allocates from with
+ * cudaMallocAsync, and its byte counters */
+#include <cuda_runtime_api.h>
 #endif
 
 /* A tiny MQAR run: 40 tokens with chunks of 16 (two full chunks and a partial one, so chunk
@@ -215,7 +210,7 @@ static void test_cuda_memory_flat(void **state) {
     dg_trainer *t = dg_trainer_open(&tc, &mc, NULL);
     if (!t) fail_msg("%s", dg_last_error());
     cudaMemPool_t pool;
-    assert_int_equal(cudaDeviceGetDefaultMemPool(&pool, 0), 0);
+    assert_int_equal(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
     uint64_t used0 = 0, res0 = 0;
     size_t bytes = 0, tensors = 0;
     for (int s = 0; s < 200; s++) { /* ~1 s on an H100 */
@@ -226,8 +221,8 @@ static void test_cuda_memory_flat(void **state) {
         }
         assert_int_equal(dg_cuda_synchronize(), 0);
         uint64_t used = 0, res = 0;
-        assert_int_equal(cudaMemPoolGetAttribute(pool, POOL_USED_MEM_CURRENT, &used), 0);
-        assert_int_equal(cudaMemPoolGetAttribute(pool, POOL_RESERVED_MEM_CURRENT, &res), 0);
+        assert_int_equal(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), cudaSuccess);
+        assert_int_equal(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &res), cudaSuccess);
         if (s == 3) {
             bytes = dg_live_bytes(DG_CUDA);
             tensors = dg_live_tensors();
