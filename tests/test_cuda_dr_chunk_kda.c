@@ -5,7 +5,7 @@
  *  - the fused backward (var 111) and the unfused one (var 101) both against the reference and
  *    against each other; the tensor-core path against the generic kernels (force_generic);
  *  - grouped value heads, cu_seqlens with an empty sequence and partial chunks, T = 1, h0 and dhT
- *    present or absent, strong decays (per-token log decays down to -8, so the cumulative gate
+ *    present or absent, dq and dv not asked for (NULL), strong decays (per-token log decays down to -8, so the cumulative gate
  *    of a chunk reaches about -500: a gate folded as e^{G}, e^{-G} into the operands would
  *    overflow; the sub-chunk references must not).
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
@@ -57,6 +57,7 @@ typedef struct kcase {
     int64_t cu[6];
     double glo, ghi;
     int h0, dhT;
+    int some; /* dq and dv not asked for (NULL) */
 } kcase;
 
 /* the arrays of one run: inputs (f64, already rounded to what the device holds) and results */
@@ -100,7 +101,8 @@ static void prob_make(const kcase *c, prob *p) {
     for (int a = 0; a < X_N; a++)
         for (int64_t i = 0; p->x[a] && i < nx[a]; i++)
             p->x[a][i] = x_bf16[a] ? from_bf(to_bf(p->x[a][i])) : (double)(float)p->x[a][i];
-    const int64_t ny[Y_N] = {nx[X_V], nh, nx[X_Q], nx[X_Q], nx[X_V], nx[X_G], nx[X_B], c->h0 ? nh : 0};
+    const int64_t ny[Y_N] = {nx[X_V], nh, c->some ? 0 : nx[X_Q], nx[X_Q], c->some ? 0 : nx[X_V], nx[X_G],
+                             nx[X_B], c->h0 ? nh : 0};
     memcpy(p->ny, ny, sizeof ny);
 }
 static void prob_free(prob *p) {
@@ -108,7 +110,7 @@ static void prob_free(prob *p) {
 }
 static void outs_alloc(const prob *p, outs *o) {
     for (int a = 0; a < Y_N; a++)
-        o->y[a] = a == Y_DH0 && !p->ny[a] ? NULL : calloc((size_t)(p->ny[a] ? p->ny[a] : 1), sizeof(double));
+        o->y[a] = a >= Y_DQ && !p->ny[a] ? NULL : calloc((size_t)(p->ny[a] ? p->ny[a] : 1), sizeof(double));
 }
 static void outs_free(outs *o) {
     for (int a = 0; a < Y_N; a++) free(o->y[a]);
@@ -116,11 +118,16 @@ static void outs_free(outs *o) {
 
 static void reference(const prob *p, outs *o) {
     double *const *x = p->x;
+    double *tmp[Y_N] = {0}; /* gradients the case does not ask for: computed, then dropped */
+    for (int a = Y_DQ; a <= Y_DV; a++)
+        if (!o->y[a]) o->y[a] = tmp[a] = calloc((size_t)(p->nx[a == Y_DV ? X_V : X_Q] + 1), sizeof(double));
     assert_int_equal(dg_dr_recurrent_fwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
                                              o->y[Y_O], o->y[Y_HT]), 0);
     assert_int_equal(dg_dr_recurrent_bwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
                                              x[X_DO], x[X_DHT], o->y[Y_DQ], o->y[Y_DK], o->y[Y_DV],
                                              o->y[Y_DG], o->y[Y_DB], o->y[Y_DH0]), 0);
+    for (int a = Y_DQ; a <= Y_DV; a++)
+        if (tmp[a]) free(tmp[a]), o->y[a] = NULL;
 }
 
 /* device buffer: a copy of host x (bf16 bits or f32), or n elements of NaN (x NULL) */
@@ -235,11 +242,12 @@ static void run_kcase(const kcase *c, int against_generic) {
 }
 
 static const kcase cases[] = {
-    {"K=V=128, GVA, h0, dhT", 2, 150, 2, 4, 128, 128, 0, {0}, -1.5, -0.02, 1, 1},
-    {"K=V=64, varlen (empty, partial)", 1, 200, 1, 2, 64, 64, 5, {0, 64, 64, 130, 200}, -1.5, -0.02, 1, 1},
-    {"K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, 0, {0}, -1.5, -0.02, 1, 0},
-    {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1},
-    {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1},
+    {"K=V=128, GVA, h0, dhT", 2, 150, 2, 4, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
+    {"K=V=64, varlen (empty, partial)", 1, 200, 1, 2, 64, 64, 5, {0, 64, 64, 130, 200}, -1.5, -0.02, 1, 1, 0},
+    {"K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, 0, {0}, -1.5, -0.02, 1, 0, 0},
+    {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1, 0},
+    {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},
+    {"K=V=128, GVA, dq and dv NULL", 1, 100, 1, 2, 128, 128, 0, {0}, -1.5, -0.02, 1, 0, 1},
 };
 
 static void test_kda_mma(void **state) {
@@ -254,8 +262,8 @@ static void test_kda_mma_sanitize(void **state) {
     (void)state;
     REQUIRE_GPU();
     static const kcase small[] = {
-        {"sanitize: K=V=64, varlen, GVA", 1, 100, 1, 2, 64, 64, 3, {0, 70, 100}, -1.5, -0.02, 1, 1},
-        {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1},
+        {"sanitize: K=V=64, varlen, GVA", 1, 100, 1, 2, 64, 64, 3, {0, 70, 100}, -1.5, -0.02, 1, 1, 0},
+        {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
     };
     for (int i = 0; i < 2; i++) run_kcase(&small[i], 0);
 }
