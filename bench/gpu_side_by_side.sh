@@ -17,7 +17,8 @@
 #       side_by_side.txt, side_by_side.json, side_by_side.md, and triton_cache.tgz.NN (Triton's
 #       compiled kernels and autotuning results in parts of 15 MiB; copy them into .gpu-bench/ and
 #       the next run skips most of the autotuning: FLA's first run autotunes for minutes).
-# Environment: BENCH_T (seconds for our benchmark, 200), SBS_T (seconds for the side by side, 420),
+# Environment: BENCH_T (seconds for our benchmark, 100), SBS_T (seconds for the side by side, 190;
+# both keep the call under 5 minutes: with the Triton cache it needs about 3),
 # SBS_ARGS (extra arguments of fla_side_by_side.py, e.g. "--shapes S1"), SKIP_BENCH=1 (only the
 # side by side).
 set -u
@@ -74,11 +75,11 @@ cat "$OUT/bench_cuda.txt"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
     echo "== deltagrad bench --device cuda" | tee -a "$OUT/bench_cuda.txt"
-    timeout "${BENCH_T:-200}" "$bin" bench --device cuda --json "$OUT/bench_cuda.json" 2>&1 | tee -a "$OUT/bench_cuda.txt"
+    timeout "${BENCH_T:-100}" "$bin" bench --device cuda --json "$OUT/bench_cuda.json" 2>&1 | tee -a "$OUT/bench_cuda.txt"
 fi
 
 echo "== FLA side by side"
-PYTHONUNBUFFERED=1 timeout "${SBS_T:-420}" python3 "$here/fla_side_by_side.py" --deltagrad "$bin" \
+PYTHONUNBUFFERED=1 timeout "${SBS_T:-190}" python3 "$here/fla_side_by_side.py" --deltagrad "$bin" \
     --fla third_party_fla --out "$OUT" ${SBS_ARGS:-} 2>&1 | tee "$OUT/side_by_side.txt"
 
 # Send the cache back only when this run compiled new kernels, and only what a cache hit reads:
