@@ -418,10 +418,13 @@ static void test_dr_chunk_sanitize(void **state) {
     static const cfg fast[] = {
         {"sanitize: head, varlen, K=V=64 (mma)", 1, 100, 1, 2, 64, 64, DG_GATE_HEAD, 64, 3, {0, 70, 100}, 1, 1, 0},
         {"sanitize: none, K=128, V=64 (mma)", 1, 70, 1, 1, 128, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
+        /* V = 128: two value tiles per block of the state and output passes */
+        {"sanitize: head, B2, K=64, V=128 (mma)", 2, 80, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     static const dg_dr_variant v000 = {0, 0, 0};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         for (int bf = 0; bf < 2; bf++) {
+            if (!bf && i >= 2) continue;
             const cfg *c = bf ? &fast[i] : &cases[i];
             data d;
             make(c, bf, &d);

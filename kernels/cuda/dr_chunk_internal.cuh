@@ -113,6 +113,7 @@ __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v
 __forceinline__ void bsync() { drc_emu::syncthreads(); }
 __forceinline__ void wsync() { drc_emu::syncwarp(); }
 __forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_emu::lane() ^ off); }
+__forceinline__ float shfl_idx(float v, int src) { return drc_emu::shfl(v, src); }
 __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, false); }
 __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, true); }
 __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -126,6 +127,9 @@ __device__ __forceinline__ void bsync() { __syncthreads(); }
 __device__ __forceinline__ void wsync() { __syncwarp(); }
 __device__ __forceinline__ float shfl_xor(float v, int off) {
     return __shfl_xor_sync(0xffffffffu, v, off);
+}
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+    return __shfl_sync(0xffffffffu, v, src);
 }
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -149,6 +153,14 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
 
 __device__ __forceinline__ float warp_sum(float x) {
     for (int off = 16; off > 0; off >>= 1) x += shfl_xor(x, off);
+    return x;
+}
+/* inclusive prefix sum over the lanes of a warp (every lane calls it) */
+__device__ __forceinline__ float warp_scan(float x, int lane) {
+    for (int d = 1; d < 32; d <<= 1) {
+        const float y = shfl_idx(x, lane >= d ? lane - d : lane);
+        if (lane >= d) x += y;
+    }
     return x;
 }
 
@@ -185,8 +197,14 @@ int launch(const char *name, void (*kern)(P...), int64_t grid, int nt, size_t sm
         dg_error("%s: grid of %lld blocks is too large", name, (long long)grid);
         return -1;
     }
-    if (smem > 48 * 1024)
+    /* more than 48 KB of shared memory: raise the block's limit, and ask for the largest shared
+     * memory carveout so that two blocks of up to ~113 KB share a multiprocessor (the default
+     * carveout may leave room for only one) */
+    if (smem > 48 * 1024) {
         DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared));
+    }
     kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
     return DG_LAUNCHED(name);
 }

@@ -25,6 +25,9 @@ constexpr int FNT = 256; /* threads per block */
 constexpr int FC = 64;   /* chunk */
 constexpr int PAD = 8;
 constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
+/* value columns per block of the state passes (f_state, b_dhu): V = 128 runs as two blocks per
+ * (sequence, head), so that the 128 (S1) sequence-heads fill two blocks per multiprocessor */
+constexpr int BV = 64;
 
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }
@@ -145,15 +148,35 @@ __device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
 }
 
 /* ---- loads into shared memory (16-byte vectors; rows >= nrow are zero) ----
- * raw tile [R][Cc] from global rows with stride ldg (elements) */
+ * raw tile [R][Cc] from global rows with stride ldg (elements).  Every load of the thread is
+ * issued before the first store (a fixed, unrolled trip count), so that their latencies overlap. */
 template <int R, int Cc>
 __device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
-    constexpr int V8 = Cc / 8;
-    for (int e = threadIdx.x; e < R * V8; e += FNT) {
-        int r = e / V8, c = (e % V8) * 8;
-        uint4 x = make_uint4(0, 0, 0, 0);
-        if (r < nrow) x = *(const uint4 *)(g + r * ldg + c);
-        *(uint4 *)(s + r * (Cc + PAD) + c) = x;
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + FNT - 1) / FNT;
+    uint4 x[IT];
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        x[it] = make_uint4(0, 0, 0, 0);
+        if ((N % FNT == 0 || e < N) && r < nrow) x[it] = *(const uint4 *)(g + r * ldg + c);
+    }
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        if (N % FNT == 0 || e < N) *(uint4 *)(s + r * (Cc + PAD) + c) = x[it];
+    }
+}
+/* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors:
+ * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
+ * instruction, eight times as many store instructions) */
+template <int R, int Cc>
+__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
+    constexpr int V8 = Cc / 8, N = R * V8;
+    static_assert(N % FNT == 0, "tile");
+#pragma unroll 4
+    for (int it = 0; it < N / FNT; it++) {
+        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
     }
 }
 /* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */

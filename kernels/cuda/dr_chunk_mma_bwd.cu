@@ -2,7 +2,8 @@
  * V in {64, 128}); building blocks in dr_chunk_mma.cuh, the recompute of W, U, the states and V'
  * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
  * (dr_chunk_generic.cu, after kernels/cpu/dr_chunk_bwd_impl.h):
- *   dhu    (block per sequence, head; all V; chunks in reverse; dS in registers):
+ *   dhu    (block per sequence, head, tile of BV = 64 value columns; chunks in reverse; dS in
+ *          registers):
  *          dV' = P^T dO + e^{G_last - G} o (K dS)                 P = scale lower(Q K^T o Gamma)
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'
  *          stores dS (leaving each chunk) and dV', split
@@ -20,13 +21,13 @@ namespace drc {
 namespace fast {
 namespace {
 
-template <int K, int V> struct DhuSmem {
+/* R3 holds P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split */
+template <int K> struct DhuSmem {
     static constexpr int R1 = 2 * tile_bytes(64, K); /* q, k; later W split */
-    static constexpr int R2 = tile_bytes(64, V);     /* dO */
-    static constexpr int R3 = 2 * (tile_bytes(64, V) > tile_bytes(64, 64) ? tile_bytes(64, V) : tile_bytes(64, 64));
-    static constexpr int R4 = 2 * tile_bytes(K, V); /* dS split */
-    static constexpr int R5 = 2 * tile_bytes(64, V); /* -dV' split */
-    static constexpr int bytes = 64 * 4 + R1 + R2 + R3 + R4 + R5;
+    static constexpr int R2 = tile_bytes(64, BV);    /* dO */
+    static constexpr int R3 = 2 * (tile_bytes(64, BV) > tile_bytes(64, 64) ? tile_bytes(64, BV) : tile_bytes(64, 64));
+    static constexpr int R4 = 2 * tile_bytes(K, BV); /* dS split */
+    static constexpr int bytes = 64 * 4 + R1 + R2 + R3 + R4;
 };
 
 template <int NT, class F>
@@ -47,33 +48,35 @@ __device__ __forceinline__ void put_pair_g(uint16_t *gh, uint16_t *gl, int64_t o
     *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
 }
 
-/* block per (sequence, value head) */
+/* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
+ * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
 template <int K, int V, int GATE>
-__global__ void __launch_bounds__(FNT)
+__global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
           float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
-    using L_ = DhuSmem<K, V>;
+    using L_ = DhuSmem<K>;
     DRC_SMEM(float, sm);
+    constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
-    const int64_t n = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
     float *sG = sm;
     unsigned char *base = (unsigned char *)(sG + 64);
     uint16_t *sQ = (uint16_t *)base, *sK = sQ + 64 * (K + PAD);
     const Sp sW{sQ, 64 * (K + PAD)};
     uint16_t *sO = (uint16_t *)(base + L_::R1);
     const Sp sP{(uint16_t *)(base + L_::R1 + L_::R2), 64 * 72};
-    const Sp sX{(uint16_t *)(base + L_::R1 + L_::R2), 64 * (V + PAD)};
-    const Sp sdS{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3), K * (V + PAD)};
-    const Sp sN{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3 + L_::R4), 64 * (V + PAD)};
-    using TS = WT<K, V>;
-    using TV = WT<64, V>;
+    const Sp sX{(uint16_t *)(base + L_::R1 + L_::R2), 64 * (BV + PAD)};
+    const Sp sN = sX;
+    const Sp sdS{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3), K * (BV + PAD)};
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
     using TP = WT<64, 64>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const float scale = G.scale;
     float dS[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
     frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -83,14 +86,13 @@ __global__ void __launch_bounds__(FNT)
         const int64_t r0 = ch.r0;
         load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, V>(sO, dout + (r0 * HV + hv) * V, (int64_t)HV * V, L);
+        load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
         load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
-        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-        pairs_of(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            put_split2(sdS, V + PAD, r, j, x0, x1);
-            put_pair_g(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
-        });
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+        pairs_of(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         bsync();
+        store_raw<K, BV>(dSh + sb, V, sdS.hi);
+        store_raw<K, BV>(dSl + sb, V, sdS.lo());
         { /* P (stored [m][i]) */
             float acc[1][TP::NT][4];
             acc_zero(acc);
@@ -103,11 +105,12 @@ __global__ void __launch_bounds__(FNT)
             });
         }
         bsync();
+        float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
         { /* dV' = P^T dO + e^{G_last - G} o (K dS) */
             float a1[1][TV::NT][4], a2[1][TV::NT][4];
             acc_zero(a1), acc_zero(a2);
-            mma_sr<1, TV::NT, true, true>(a1, sP, 72, vm0, sO, V + PAD, vn0, 64);
-            mma_rs<1, TV::NT, false, true>(a2, sK, K + PAD, vm0, sdS, V + PAD, vn0, K);
+            mma_sr<1, TV::NT, true, true>(a1, sP, 72, vm0, sO, BV + PAD, vn0, 64);
+            mma_rs<1, TV::NT, false, true>(a2, sK, K + PAD, vm0, sdS, BV + PAD, vn0, K);
             const float gl = sG[63];
             const int lane = tid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -118,34 +121,42 @@ __global__ void __launch_bounds__(FNT)
                     const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
                     const float x0 = a1[0][nt][2 * hh] + e * a2[0][nt][2 * hh];
                     const float x1 = a1[0][nt][2 * hh + 1] + e * a2[0][nt][2 * hh + 1];
-                    if (i < L) put_pair_g(dVh, dVl, ((r0 + i) * HV + hv) * V + j, x0, x1);
-                    put_split2(sN, V + PAD, i, j, -x0, -x1);
+                    if (i < L) put_pair_g(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
+                    nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
                 }
         }
         bsync();
         /* X = scale e^G o dO (over P);  dS <- e^{G_last} dS */
-        for (int e = tid; e < 64 * V; e += FNT) {
-            const int i = e / V, j = e % V;
-            float x = scale * bf2f(sO[i * (V + PAD) + j]);
+        for (int e = tid; e < 64 * BV; e += FNT) {
+            const int i = e / BV, j = e % BV;
+            float x = scale * bf2f(sO[i * (BV + PAD) + j]);
             if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
-            split2(x, sX.hi[i * (V + PAD) + j], sX.lo()[i * (V + PAD) + j]);
+            split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
         }
         if (GATE == DG_GATE_HEAD) {
             const float d = expf(sG[63]);
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
         bsync();
-        mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, V + PAD, sn0, 64);
+        mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
         bsync();
         load_split<64, K>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        pairs_of(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         bsync();
-        mma_ss<1, TS::NT, true, true>(dS, sW, K + PAD, sm0, sN, V + PAD, sn0, 64);
+        mma_ss<1, TS::NT, true, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
         bsync();
     }
     if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
 }
 
 /* ---- dqkwg + WY ---- */
+#ifndef DRC_AIB
+#define DRC_AIB 4
+#endif
+#ifndef DRC_DSB
+#define DRC_DSB 2
+#endif
+constexpr int AIB = DRC_AIB, DSB = DRC_DSB; /* load batches (registers: the accumulators are live) */
 template <int K, int V> struct QkSmem {
     static constexpr int T64 = 2 * tile_bytes(64, 64);
     static constexpr int F32 = (4 * 64 + 2 * 8 * 64 + 16) * 4;
@@ -230,19 +241,29 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         bsync();
         /* S0 -> dS1 in place, with trace(S0^T dS1) */
         float tr = 0.0f;
-        {
-            constexpr int V8 = V / 8;
-            for (int e = tid; e < K * V8; e += FNT) {
-                const int r = e / V8, c8 = (e % V8) * 8;
-                uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
-                const uint4 dh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
-                const uint4 dl = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
-                const uint16_t *xh = (const uint16_t *)&dh, *xl = (const uint16_t *)&dl;
+        { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
+            constexpr int V8 = V / 8, IT = K * V8 / FNT, BT = IT < DSB ? IT : DSB;
+            static_assert(K * V8 % FNT == 0 && IT % BT == 0, "tile");
+#pragma unroll 1
+            for (int b0 = 0; b0 < IT; b0 += BT) {
+                uint4 dh[BT], dl[BT];
 #pragma unroll
-                for (int u = 0; u < 8; u++)
-                    tr += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(xh[u]) + bf2f(xl[u]));
-                *(uint4 *)ph = dh;
-                *(uint4 *)pl = dl;
+                for (int u = 0; u < BT; u++) {
+                    const int e = tid + (b0 + u) * FNT, r = e / V8, c8 = (e % V8) * 8;
+                    dh[u] = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
+                    dl[u] = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
+                }
+#pragma unroll
+                for (int u = 0; u < BT; u++) {
+                    const int e = tid + (b0 + u) * FNT, r = e / V8, c8 = (e % V8) * 8;
+                    uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
+                    const uint16_t *xh = (const uint16_t *)&dh[u], *xl = (const uint16_t *)&dl[u];
+#pragma unroll
+                    for (int w = 0; w < 8; w++)
+                        tr += (bf2f(ph[w]) + bf2f(pl[w])) * (bf2f(xh[w]) + bf2f(xl[w]));
+                    *(uint4 *)ph = dh[u];
+                    *(uint4 *)pl = dl[u];
+                }
             }
         }
         tr = block_sum(tr, scr);
@@ -334,10 +355,19 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 
     /* ---- WY backward ---- */
     load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
-    for (int e = tid; e < 64 * 64; e += FNT) {
-        const int i = e / 64, j = e % 64;
-        const float x = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
-        split2(x, sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+#pragma unroll 1
+    for (int u0 = 0; u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB) */
+        float x[AIB];
+#pragma unroll
+        for (int u = 0; u < AIB; u++) {
+            const int e = tid + (u0 + u) * FNT, i = e / 64, j = e % 64;
+            x[u] = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < AIB; u++) {
+            const int e = tid + (u0 + u) * FNT, i = e / 64, j = e % 64;
+            split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+        }
     }
     bsync();
     { /* dAi = lower((dW K^T) diag(e^G) + dU V^T) diag(beta) */
@@ -453,10 +483,10 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuSmem<K, V>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
+    static_assert(DhuSmem<K>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE>), G.N * G.HV, FNT,
-                        (size_t)(DhuSmem<K, V>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b,
+    int rc = DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE>), G.N * G.HV * (V / BV), FNT,
+                        (size_t)(DhuSmem<K>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b,
                         dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     const size_t sq = (size_t)(QkSmem<K, V>::bytes);
     if (!rc && var.kda_fused)

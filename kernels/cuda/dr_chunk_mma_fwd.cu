@@ -4,11 +4,12 @@
  *   prep   (block per chunk, head):  A = diag(beta) strictly_lower(K K^T o Gamma)  [mma, exact]
  *          Ai = (I + A)^-1                                    [f32, blocked or substitution]
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
- *   state  (block per sequence, head; all V columns; chunks in order; S in registers):
+ *   state  (block per sequence, head, tile of BV = 64 value columns; chunks in order; S in
+ *          registers):
  *          V' = U - W S                                        [mma, W and S split]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma, V' split]
  *          stores S (entering each chunk) and V', both split
- *   out    (block per chunk, head):  O = scale e^G o (Q S) + P V',
+ *   out    (block per chunk, head, tile of BV value columns):  O = scale e^G o (Q S) + P V',
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P, S, V' split]
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
 #include "kernels/cuda/dr_chunk_mma.cuh"
@@ -75,6 +76,7 @@ __device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int6
 }
 
 template <int K, int V> struct PrepSmem {
+    static_assert(64 * K * 2 <= 64 * LDF * 4, "W staging in sA, sT");
     static constexpr int f32s = 3 * 64 * LDF + 2 * 64;
     static constexpr int bytes = f32s * 4 + tile_bytes(64, K) + tile_bytes(64, V) + 2 * tile_bytes(64, 64);
 };
@@ -93,12 +95,13 @@ __global__ void __launch_bounds__(FNT)
     float *sA = sm, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF, *sG = sT + 64 * LDF, *sb = sG + 64;
     uint16_t *sK = (uint16_t *)(sb + 64), *sV = sK + 64 * (K + PAD);
     const Sp sAs{sV + 64 * (V + PAD), 64 * (64 + PAD)};
-    if (GATE == DG_GATE_HEAD && tid == 0) {
-        float a = 0.0f;
-        for (int i = 0; i < L; i++) {
-            a += g[(r0 + i) * HV + hv];
-            b.Gc[(r0 + i) * HV + hv] = a;
-        }
+    if (GATE == DG_GATE_HEAD && warp == 0) { /* G = cumsum(g) over the chunk: rows lane, 32 + lane */
+        const int lane = tid & 31;
+        const float x0 = lane < L ? g[(r0 + lane) * HV + hv] : 0.0f;
+        const float x1 = 32 + lane < L ? g[(r0 + 32 + lane) * HV + hv] : 0.0f;
+        const float s0 = warp_scan(x0, lane), s1 = warp_scan(x1, lane) + shfl_idx(s0, 31);
+        if (lane < L) b.Gc[(r0 + lane) * HV + hv] = s0;
+        if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv] = s1;
     }
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw<64, V>(sV, v + (r0 * HV + hv) * V, (int64_t)HV * V, L);
@@ -142,11 +145,24 @@ __global__ void __launch_bounds__(FNT)
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sK, K + PAD, n0, 64);
+        /* staged split in sA, sT (dead after tri_inv), rows of K unpadded with the 16-byte chunks
+         * swizzled (chunk c of row i at c ^ (i & 7): conflict-free), then stored as vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) put_pair_global(b.Wh, b.Wl, ((r0 + i) * HV + hv) * K + j, x0, x1);
+            const int o = i * K + (((j >> 3) ^ (i & 7)) << 3) + (j & 7);
+            uint16_t h0, l0, h1, l1;
+            split2(x0, h0, l0);
+            split2(x1, h1, l1);
+            *(uint32_t *)((uint16_t *)sA + o) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+            *(uint32_t *)((uint16_t *)sT + o) = (uint32_t)l0 | ((uint32_t)l1 << 16);
         });
     }
     bsync();
+    for (int e = tid; e < L * (K / 8); e += FNT) {
+        const int r = e / (K / 8), c8 = e % (K / 8), o = r * K + ((c8 ^ (r & 7)) << 3);
+        const int64_t go = ((r0 + r) * HV + hv) * K + c8 * 8;
+        *(uint4 *)(b.Wh + go) = *(const uint4 *)((const uint16_t *)sA + o);
+        *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
+    }
     /* U = (Ai diag(beta)) V */
     for (int e = tid; e < 64 * 64; e += FNT) {
         int i = e / 64, j = e % 64;
@@ -165,30 +181,33 @@ __global__ void __launch_bounds__(FNT)
     }
 }
 
-template <int K, int V> struct StateSmem {
+template <int K> struct StateSmem {
     static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(64, K) +
-                                 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
+                                 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
 };
 
-/* block per (sequence, value head) */
+/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1): the columns of S
+ * and V' are independent, so V / BV blocks share a (sequence, head), each loading the same W, K
+ * (adjacent block indices, so the second load mostly hits L2) */
 template <int K, int V, int GATE>
-__global__ void __launch_bounds__(FNT)
+__global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
     DRC_SMEM(float, sm);
+    constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5;
-    const int64_t n = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
     float *sG = sm;
     uint16_t *base = (uint16_t *)(sG + 64);
     const Sp sW{base, 64 * (K + PAD)};
     uint16_t *sK = base + 2 * 64 * (K + PAD);
-    const Sp sS{sK + 64 * (K + PAD), K * (V + PAD)};
-    const Sp sVn{sS.hi + 2 * K * (V + PAD), 64 * (V + PAD)};
-    using TS = WT<K, V>;
-    using TV = WT<64, V>;
+    const Sp sS{sK + 64 * (K + PAD), K * (BV + PAD)};
+    const Sp sVn{sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float S[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
     frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -200,28 +219,41 @@ __global__ void __launch_bounds__(FNT)
         load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         /* the state entering the chunk: split, into shared memory and out */
-        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            put_split2(sS, V + PAD, r, j, x0, x1);
-            put_pair_global(b.Sh, b.Sl, sb + (int64_t)r * V + j, x0, x1);
-        });
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, BV + PAD, r, j, x0, x1); });
         bsync();
-        { /* V' = U - W S;  shared: e^{G_last - G} o V' */
+        store_raw<K, BV>(b.Sh + sb, V, sS.hi);
+        store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
+           * the product: loaded between the V' stores, they would wait one after another (the
+           * compiler cannot move a load above a store that may alias it) */
+            const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+            float2 u[TV::NT][2];
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    u[nt][hh] = i < L ? *(const float2 *)(b.U + ((r0 + i) * HV + hv) * V + v0 + j)
+                                      : make_float2(0.0f, 0.0f);
+                }
             float acc[1][TV::NT][4];
             acc_zero(acc);
-            mma_ss<1, TV::NT, false, true>(acc, sW, K + PAD, vm0, sS, V + PAD, vn0, K);
+            mma_ss<1, TV::NT, false, true>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
             const float gl = sG[63];
-            frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
-                float v0 = 0.0f, v1 = 0.0f;
-                if (i < L) {
-                    const int64_t off = ((r0 + i) * HV + hv) * V + j;
-                    const float2 u = *(const float2 *)(b.U + off);
-                    v0 = u.x - x0, v1 = u.y - x1;
-                    put_pair_global(b.Vnh, b.Vnl, off, v0, v1);
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    float y0 = 0.0f, y1 = 0.0f;
+                    if (i < L) {
+                        y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
+                        put_pair_global(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
+                    }
+                    const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
+                    put_split2(sVn, BV + PAD, i, j, e * y0, e * y1);
                 }
-                const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
-                put_split2(sVn, V + PAD, i, j, e * v0, e * v1);
-            });
         }
         bsync();
         /* S <- e^{G_last} S + K^T (e^{G_last - G} o V') */
@@ -229,38 +261,41 @@ __global__ void __launch_bounds__(FNT)
             const float d = expf(sG[63]);
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
-        mma_rs<1, TS::NT, true, true>(S, sK, K + PAD, sm0, sVn, V + PAD, sn0, 64);
+        mma_rs<1, TS::NT, true, true>(S, sK, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
         bsync();
     }
     if (hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
-template <int K, int V> struct OutSmem {
-    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, V) +
-                                 2 * tile_bytes(64, V) + 2 * tile_bytes(64, 64);
+template <int K> struct OutSmem {
+    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) +
+                                 2 * tile_bytes(64, BV) + 2 * tile_bytes(64, 64);
 };
 
-/* block per (chunk, value head) */
+/* block per (chunk, value head, tile of BV value columns): the two tiles of V = 128 both compute
+ * P (small) and load Q, K, so that a block needs half the shared memory and two fit on a
+ * multiprocessor */
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o) {
     DRC_SMEM(float, sm);
+    constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const int64_t c = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     float *sG = sm;
     uint16_t *sQ = (uint16_t *)(sG + 64), *sK = sQ + 64 * (K + PAD);
-    const Sp sS{sK + 64 * (K + PAD), K * (V + PAD)};
-    const Sp sVn{sS.hi + 2 * K * (V + PAD), 64 * (V + PAD)};
-    const Sp sP{sVn.hi + 2 * 64 * (V + PAD), 64 * 72};
+    const Sp sS{sK + 64 * (K + PAD), K * (BV + PAD)};
+    const Sp sVn{sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
+    const Sp sP{sVn.hi + 2 * 64 * (BV + PAD), 64 * 72};
     load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
-    load_split<64, V>(sVn, b.Vnh + (r0 * HV + hv) * V, b.Vnl + (r0 * HV + hv) * V, (int64_t)HV * V, L);
+    const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+    load_split<K, BV>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    load_split<64, BV>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, b.Vnl + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
     bsync();
     const float scale = G.scale;
@@ -279,39 +314,39 @@ __global__ void __launch_bounds__(FNT)
     }
     bsync();
     {
-        using T = WT<64, V>;
+        using T = WT<64, BV>;
         float acc[1][T::NT][4];
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        mma_rs<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, V + PAD, n0, K);
+        mma_rs<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, BV + PAD, n0, K);
         frag_each(acc, m0, n0, [&](int i, int, float &x) {
             x *= GATE == DG_GATE_HEAD ? scale * expf(sG[i]) : scale;
         });
-        mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, V + PAD, n0, 64);
+        mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, BV + PAD, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + j) = pack_bf2(x0, x1);
+            if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_bf2(x0, x1);
         });
     }
 }
 
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd) {
-    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K, V>::bytes <= SMEM_MAX &&
-                      OutSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
+    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K>::bytes <= SMEM_MAX &&
+                      OutSmem<K>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
                         bwd ? 1 : 0);
     if (!rc)
-        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE>), G.N * G.HV, FNT,
-                        (size_t)(StateSmem<K, V>::bytes), G, io.k, b, io.h0, bwd ? (float *)nullptr : io.hT);
+        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE>), G.N * G.HV * (V / BV), FNT,
+                        (size_t)(StateSmem<K>::bytes), G, io.k, b, io.h0, bwd ? (float *)nullptr : io.hT);
     return rc;
 }
 
 template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b) {
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV, FNT,
-                      (size_t)(OutSmem<K, V>::bytes), G, io.q, io.k, b, io.o);
+    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / BV), FNT,
+                      (size_t)(OutSmem<K>::bytes), G, io.q, io.k, b, io.o);
 }
 
 } // namespace
