@@ -26,13 +26,22 @@ constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
  *   Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]). */
 __device__ void tri_inv(const float *sA, float *sY, float *sT, int L, int blocked) {
     const int tid = threadIdx.x, bs = blocked ? 16 : FC;
-    for (int col = tid; col < L; col += FNT) {
-        int b0 = col / bs * bs, i1 = b0 + bs < L ? b0 + bs : L;
-        sY[col * LDF + col] = 1.0f;
-        for (int i = col + 1; i < i1; i++) {
+    static_assert(FNT == 4 * FC, "four threads a column");
+    { /* diagonal blocks, four threads (adjacent lanes) a column, each a quarter of every dot
+       * product; the 8 columns of a warp lie in one block, so the row loop is the same for
+       * the whole warp (shuffles and __syncwarp in it are safe) */
+        const int col = tid >> 2, sub = tid & 3;
+        const int b0 = col / bs * bs, i1 = b0 + bs < L ? b0 + bs : L;
+        if (sub == 0 && col < L) sY[col * LDF + col] = 1.0f;
+        wsync();
+        for (int i = b0 + 1; i < i1; i++) {
             float s = 0.0f;
-            for (int j = col; j < i; j++) s += sA[i * LDF + j] * sY[j * LDF + col];
-            sY[i * LDF + col] = -s;
+            if (i > col)
+                for (int j = col + sub; j < i; j += 4) s += sA[i * LDF + j] * sY[j * LDF + col];
+            s += shfl_xor(s, 1);
+            s += shfl_xor(s, 2);
+            if (sub == 0 && i > col) sY[i * LDF + col] = -s;
+            wsync();
         }
     }
     bsync();
@@ -76,7 +85,7 @@ __device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int6
 }
 
 template <int K, int V> struct PrepSmem {
-    static_assert(64 * K * 2 <= 64 * LDF * 4, "W staging in sA, sT");
+    static_assert(64 * K * 2 <= 64 * LDF * 4 && 64 * V <= 3 * 64 * LDF, "W, U staging in sA, sY, sT");
     static constexpr int f32s = 3 * 64 * LDF + 2 * 64;
     static constexpr int bytes = f32s * 4 + tile_bytes(64, K) + tile_bytes(64, V) + 2 * tile_bytes(64, 64);
 };
@@ -175,9 +184,17 @@ __global__ void __launch_bounds__(FNT)
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sV, V + PAD, n0, 64);
+        /* staged in sA, sY, sT (dead now; W's copy above read sA, sT before the last barrier),
+         * rows of V floats with the 16-byte chunks swizzled, then stored as 16-byte vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) *(float2 *)(b.U + ((r0 + i) * HV + hv) * V + j) = make_float2(x0, x1);
+            *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
         });
+    }
+    bsync();
+    for (int e = tid; e < L * (V / 4); e += FNT) {
+        const int r = e / (V / 4), c4 = e % (V / 4);
+        *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) =
+            *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
     }
 }
 
