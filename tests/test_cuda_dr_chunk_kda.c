@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "deltagrad.h"
+#include "tests/support/test_support.h"
 
 #ifdef DG_HAVE_CUDA
 #include "core/internal.h"
@@ -273,21 +274,11 @@ int main(void) {
         cmocka_unit_test(test_kda_mma),
         cmocka_unit_test(test_kda_mma_sanitize),
     };
-    const char *filter = getenv("DG_TEST_FILTER");
-    if (filter && *filter) cmocka_set_test_filter(filter);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return dg_test_run_filtered(tests);
 }
 
 #else /* no CUDA backend in this build */
 
-static void test_no_cuda(void **state) {
-    (void)state;
-    skip();
-}
-
-int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+int main(void) { return dg_test_main_without_cuda(); }
 
 #endif

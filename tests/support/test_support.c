@@ -2,6 +2,7 @@
 #include "core/internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 double dg_test_max_abs_diff(const dg_tensor *a, const dg_tensor *b) {
@@ -29,4 +30,19 @@ double dg_test_rel_err(const dg_tensor *a, const dg_tensor *b) {
 
 void dg_test_require_cuda(void) {
     if (!dg_cuda_available()) skip();
+}
+
+void dg_test_apply_filter(void) {
+    const char *filter = getenv("DG_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+}
+
+static void test_no_cuda_backend(void **state) {
+    (void)state;
+    skip();
+}
+
+int dg_test_main_without_cuda(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda_backend)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

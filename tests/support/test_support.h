@@ -25,4 +25,14 @@ double dg_test_rel_err(const dg_tensor *a, const dg_tensor *b);
 /* Skips the test when no GPU is present. */
 void dg_test_require_cuda(void);
 
+/* cmocka_run_group_tests with the environment's DG_TEST_FILTER (a cmocka test-name pattern)
+ * applied, e.g. DG_TEST_FILTER=test_dr_chunk_sanitize to run only the small cases under
+ * compute-sanitizer's slower tools. */
+#define dg_test_run_filtered(tests) (dg_test_apply_filter(), cmocka_run_group_tests(tests, NULL, NULL))
+void dg_test_apply_filter(void);
+
+/* The main() of a test program that needs the CUDA backend, in a build without it: one test
+ * that skips, so the program reports and passes. */
+int dg_test_main_without_cuda(void);
+
 #endif
