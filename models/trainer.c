@@ -163,44 +163,46 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     if (check_device(tc->device, "train")) return NULL;
     dg_model_config mc;
     int64_t ck_step = -1;
+    char *mpath = NULL; /* the checkpoint's model file, when resuming */
+    dg_trainer *t = NULL;
     if (resume_dir) {
-        if (dg_ckpt_read_meta(resume_dir, &mc, NULL, &ck_step, NULL)) return NULL;
+        if (dg_ckpt_read_meta(resume_dir, &mc, NULL, &ck_step, &mpath)) return NULL;
         char why[160];
         if (mc_in && !dg_model_config_equal(mc_in, &mc, why, sizeof why)) {
             dg_error("train: cannot resume from '%s': its model differs from the one asked for (%s, checkpoint "
                      "second)", resume_dir, why);
-            return NULL;
+            goto fail;
         }
         if (ck_step < 0) {
             dg_error("train: cannot resume from '%s': the model file has no step (not written by a training run)",
                      resume_dir);
-            return NULL;
+            goto fail;
         }
     } else {
         if (!mc_in) {
             dg_error("train: no model config");
-            return NULL;
+            goto fail;
         }
         mc = *mc_in;
     }
-    if (dg_model_config_validate(&mc)) return NULL;
+    if (dg_model_config_validate(&mc)) goto fail;
     if (tc->task == DG_TASK_MQAR && mc.vocab_size < tc->mqar.vocab_size) {
         dg_error("train: the model's vocab_size %lld is smaller than the MQAR vocabulary %lld",
                  (long long)mc.vocab_size, (long long)tc->mqar.vocab_size);
-        return NULL;
+        goto fail;
     }
     if (tc->task == DG_TASK_TEXT && mc.vocab_size < 256) {
         dg_error("train: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)mc.vocab_size);
-        return NULL;
+        goto fail;
     }
     if (tc->threads > 0) {
         omp_set_num_threads(tc->threads);
         openblas_set_num_threads(tc->threads);
     }
-    dg_trainer *t = calloc(1, sizeof *t);
+    t = calloc(1, sizeof *t);
     if (!t) {
         dg_error("train: out of memory");
-        return NULL;
+        goto fail;
     }
     t->tc = *tc;
     t->best_acc = NAN;
@@ -220,18 +222,15 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
                                 .min_lr_ratio = tc->min_lr_ratio};
     if (load_task_data(t)) goto fail;
     if (resume_dir) {
-        char *mpath = NULL;
-        dg_model_config again;
-        if (dg_ckpt_read_meta(resume_dir, &again, NULL, NULL, &mpath)) goto fail;
-        int r = dg_ckpt_load_params(mpath, t->lm);
-        free(mpath);
-        if (r || load_run_state(t, resume_dir, ck_step)) goto fail;
+        if (dg_ckpt_load_params(mpath, t->lm) || load_run_state(t, resume_dir, ck_step)) goto fail;
         t->resumed = true;
     }
+    free(mpath);
     const char *prof = getenv("DG_PROFILE");
     t->profile = prof && prof[0] && strcmp(prof, "0") != 0;
     return t;
 fail:
+    free(mpath);
     dg_trainer_free(t);
     return NULL;
 }
