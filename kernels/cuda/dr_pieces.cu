@@ -146,17 +146,11 @@ __global__ void cumsum_kernel(int64_t nchunks, int64_t HS, const int64_t *row0, 
     }
 }
 
-bool float_dt(const char *who, dg_dtype dt) {
-    if (dt == DG_F32 || dt == DG_F64) return true;
-    dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
-    return false;
-}
-
 } // namespace
 
 extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
                                    const void *A_log, const void *dt_bias, void *g) {
-    if (!float_dt("cuda dr gate", dt)) return -1;
+    if (!nn_float_dt("cuda dr gate", dt)) return -1;
     if (!a || !A_log || !g) {
         dg_error("cuda dr gate: %s is NULL", !a ? "a" : !A_log ? "A_log" : "g");
         return -1;
@@ -177,7 +171,7 @@ extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_
 extern "C" int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
                                    const void *A_log, const void *dt_bias, const void *dg, void *da,
                                    void *dA_log, void *ddt_bias) {
-    if (!float_dt("cuda dr gate bwd", dt)) return -1;
+    if (!nn_float_dt("cuda dr gate bwd", dt)) return -1;
     if (!a || !A_log || !dg || (ddt_bias && !dt_bias)) {
         dg_error("cuda dr gate bwd: %s", !a ? "a is NULL" : !A_log ? "A_log is NULL" : !dg ? "dg is NULL"
                                                                                              : "ddt_bias without dt_bias");
@@ -225,7 +219,7 @@ extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int
                                           const int64_t *cu_seqlens, int64_t N, int chunk, int reverse,
                                           const void *x, void *out) {
     const char *what = "cuda chunk_local_cumsum";
-    if (!float_dt(what, dt)) return -1;
+    if (!nn_float_dt(what, dt)) return -1;
     if (!x || !out) {
         dg_error("%s: %s is NULL", what, !x ? "x" : "out");
         return -1;

@@ -16,22 +16,19 @@
  *   Y_IJ = -Y_II sum_{J<=M<I} A_IM Y_MJ (tmp = A_I,<I Y_<I,<I first, then Y_II tmp).
  * solve_tril backward: W = lower(dY) Y^T, dA_ik = -sum_{m>=i} Y_mi W_mk for k < i. */
 #include "kernels/cuda/dr_pieces_chunks.cuh"
+#include "kernels/cuda/nn_util.h"
 
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T> __device__ __forceinline__ T texp(T x);
-template <> __device__ __forceinline__ float texp<float>(float x) { return expf(x); }
-template <> __device__ __forceinline__ double texp<double>(double x) { return exp(x); }
 
 /* e_ijc of the gate (rows i, j given as global rows ri, rj) */
 template <typename T>
 __device__ __forceinline__ T kkt_decay(int gate, const T *g, int64_t HV, int64_t K, int64_t hv, int64_t ri,
                                        int64_t rj, int64_t c) {
     if (gate == DG_GATE_NONE) return T(1);
-    if (gate == DG_GATE_HEAD) return texp(g[ri * HV + hv] - g[rj * HV + hv]);
-    return texp(g[(ri * HV + hv) * K + c] - g[(rj * HV + hv) * K + c]);
+    if (gate == DG_GATE_HEAD) return nn_exp(g[ri * HV + hv] - g[rj * HV + hv]);
+    return nn_exp(g[(ri * HV + hv) * K + c] - g[(rj * HV + hv) * K + c]);
 }
 
 template <typename T>
@@ -191,15 +188,10 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-bool float_dt(const char *who, dg_dtype dt) {
-    if (dt == DG_F32 || dt == DG_F64) return true;
-    dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
-    return false;
-}
 
 /* shape checks shared by the entry points; builds the chunk table */
 int pieces_setup(const char *what, dg_dtype dt, const dg_dr_shape *s, bool heads, DrpChunks *ch) {
-    if (!float_dt(what, dt)) return -1;
+    if (!nn_float_dt(what, dt)) return -1;
     if (!s) {
         dg_error("%s: shape is NULL", what);
         return -1;
