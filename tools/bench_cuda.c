@@ -7,16 +7,16 @@
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers).
  *
- * What one timed call is.  The kernels are called through their public entry points
- * (kernels/cuda/dr_chunk_cuda.h, recurrent ones in kernels/cuda/cuda_kernels.h) the way the ops
- * call them with use_qk_l2norm_in_kernel: the raw q and k are L2-normalised by a separate kernel
+ * What one timed call is.  The kernels are called through the ops' kernel dispatch
+ * (ops/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
+ * way the ops call them with use_qk_l2norm_in_kernel: the raw q and k are L2-normalised by a separate kernel
  * first (the chunk entry points take normalised q, k), so every time below includes the norm:
  *   fwd     = l2norm(q), l2norm(k), chunk forward (o; no final state)
  *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg of the normalised q, k), then the
  *             l2norm backward of q and k (the gradients of the raw q, k)
- * The norm is the bf16 row kernel of kernels/cuda/dr_pieces_cuda.h when this build has it, else
- * cast to f32, the f32 l2norm of nn_cuda.h, cast back (three kernels a tensor; the run says
- * which).  The norm's own fwd+bwd time is printed beside each case.
+ * Norm and kernels are called through the ops' own dispatch (ops/delta_kernels.c: the bf16 row
+ * kernel of the norm, the chunked or recurrent entry points).  The norm's own fwd+bwd time is
+ * printed beside each case.
  *
  * Timing: CUDA events around each call on the library's stream; 2 warm-up calls, then
  * max(5, min(reps, 300 ms / one call)) timed calls, the median reported; before every timed call a
@@ -67,23 +67,11 @@ int dg_bench_cuda(int argc, char **argv) {
 
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/dr_chunk_cuda.h"
-#include "kernels/cuda/nn_cuda.h"
 #include "models/safetensors.h"
-
-#if defined(__has_include)
-#if __has_include("kernels/cuda/dr_pieces_cuda.h")
-#include "kernels/cuda/dr_pieces_cuda.h"
-#define BENCH_BF16_NORM 1
-#endif
-#endif
-#ifndef BENCH_BF16_NORM
-#define BENCH_BF16_NORM 0
-#endif
+#include "ops/delta_common.h"
 
 cudaStream_t dg_cuda_stream(void); /* kernels/cuda/runtime.cu */
 
-#define L2NORM_EPS 1e-6 /* ops/delta_common.h DG_DELTA_L2NORM_EPS, FLA's l2norm eps */
 #define FLUSH_BYTES ((size_t)256 << 20)
 #define MAX_REPS 200
 
@@ -141,15 +129,14 @@ typedef struct bcase {
     float *g;                                   /* per-token log decay, NULL for delta_rule */
     uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
     float *rq, *rk, *dg;
-    float *x32q, *x32k, *y32, *d32;             /* f32 scratch of the fallback norm */
 } bcase;
 
 static void case_free_work(bcase *c) {
     void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk,
-                 c->dg, c->x32q, c->x32k, c->y32, c->d32};
+                 c->dg};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
     c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
-    c->rq = c->rk = c->dg = c->x32q = c->x32k = c->y32 = c->d32 = NULL;
+    c->rq = c->rk = c->dg = NULL;
 }
 static void case_free(bcase *c) {
     case_free_work(c);
@@ -163,7 +150,7 @@ static int64_t nqk(const bcase *c) { return c->s.B * c->s.T * c->s.H * c->s.K; }
 static int64_t nvo(const bcase *c) { return c->s.B * c->s.T * c->s.HV * c->s.V; }
 static int64_t nbt(const bcase *c) { return c->s.B * c->s.T * c->s.HV; }
 
-/* outputs, gradients and the norm's scratch (inputs already there) */
+/* outputs and gradients (inputs already there) */
 static int case_alloc_work(bcase *c) {
     size_t q2 = (size_t)nqk(c) * 2, v2 = (size_t)nvo(c) * 2, b2 = (size_t)nbt(c) * 2;
     size_t rows4 = (size_t)(c->s.B * c->s.T * c->s.H) * 4;
@@ -173,47 +160,19 @@ static int case_alloc_work(bcase *c) {
     c->rq = dg_cuda_malloc(rows4), c->rk = dg_cuda_malloc(rows4);
     bool ok = c->qn && c->kn && c->dqn && c->dkn && c->dq && c->dk && c->o && c->dv && c->dbeta && c->rq && c->rk;
     if (c->G) ok = ok && (c->dg = dg_cuda_malloc((size_t)nbt(c) * c->G * 4));
-    if (!BENCH_BF16_NORM) {
-        size_t q4 = (size_t)nqk(c) * 4;
-        c->x32q = dg_cuda_malloc(q4), c->x32k = dg_cuda_malloc(q4);
-        c->y32 = dg_cuda_malloc(q4), c->d32 = dg_cuda_malloc(q4);
-        ok = ok && c->x32q && c->x32k && c->y32 && c->d32;
-    }
     return ok ? 0 : -1;
 }
 
-/* ---- the timed bodies ------------------------------------------------------------------------------ */
-static int norm_fwd1(bcase *c, const uint16_t *x, uint16_t *y, float *r, float *x32) {
-    int64_t rows = c->s.B * c->s.T * c->s.H, n = nqk(c);
-#if BENCH_BF16_NORM
-    (void)n, (void)x32;
-    return dg_cuda_dr_l2norm_bf16_fwd(rows, c->s.K, x, L2NORM_EPS, y, r);
-#else
-    if (dg_cuda_cast(n, DG_F32, x32, DG_BF16, x)) return -1;
-    if (dg_cuda_l2norm_fwd(DG_F32, rows, c->s.K, x32, L2NORM_EPS, c->y32, r)) return -1;
-    return dg_cuda_cast(n, DG_BF16, y, DG_F32, c->y32);
-#endif
-}
-static int norm_bwd1(bcase *c, const uint16_t *x, const float *r, const uint16_t *dy, uint16_t *dx,
-                     const float *x32) {
-    int64_t rows = c->s.B * c->s.T * c->s.H, n = nqk(c);
-#if BENCH_BF16_NORM
-    (void)n, (void)x32;
-    return dg_cuda_dr_l2norm_bf16_bwd(rows, c->s.K, x, r, dy, dx);
-#else
-    (void)x;
-    if (dg_cuda_cast(n, DG_F32, c->y32, DG_BF16, dy)) return -1;
-    if (dg_cuda_l2norm_bwd(DG_F32, rows, c->s.K, x32, r, c->y32, c->d32)) return -1;
-    return dg_cuda_cast(n, DG_BF16, dx, DG_F32, c->d32);
-#endif
-}
+/* ---- the timed bodies ---- */
 static int norm_fwd(bcase *c) {
-    if (norm_fwd1(c, c->q, c->qn, c->rq, c->x32q)) return -1;
-    return norm_fwd1(c, c->k, c->kn, c->rk, c->x32k);
+    int64_t rows = c->s.B * c->s.T * c->s.H;
+    if (dg_delta_k_l2norm_fwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->q, c->qn, c->rq)) return -1;
+    return dg_delta_k_l2norm_fwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->k, c->kn, c->rk);
 }
 static int norm_bwd(bcase *c) {
-    if (norm_bwd1(c, c->q, c->rq, c->dqn, c->dq, c->x32q)) return -1;
-    return norm_bwd1(c, c->k, c->rk, c->dkn, c->dk, c->x32k);
+    int64_t rows = c->s.B * c->s.T * c->s.H;
+    if (dg_delta_k_l2norm_bwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->q, c->rq, c->dqn, c->dq)) return -1;
+    return dg_delta_k_l2norm_bwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->k, c->rk, c->dkn, c->dk);
 }
 
 typedef enum { W_FWD, W_FWDBWD, W_NORM } what_t;
@@ -222,13 +181,11 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     const dg_dr_shape *s = &c->s;
     if (norm_fwd(c)) return -1;
     if (w == W_NORM) return norm_bwd(c);
-    int rc = recurrent ? dg_cuda_dr_recurrent_fwd_bf16(s, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->o, NULL)
-                       : dg_cuda_dr_chunk_fwd_bf16(s, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->o, NULL);
+    int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, DG_BF16, c->qn, c->kn,
+                            c->v, c->g, c->beta, NULL, c->o, NULL);
     if (rc || w == W_FWD) return rc;
-    rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout, NULL,
-                                                   c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL)
-                   : dg_cuda_dr_chunk_bwd_bf16(s, var, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout, NULL,
-                                               c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL);
+    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, DG_BF16, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
+                        NULL, c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL);
     return rc ? rc : norm_bwd(c);
 }
 
@@ -534,7 +491,7 @@ static int write_json(const char *path, const char *device, int sms, int drv, in
     }
     fprintf(f, "{\"device\": \"%s\", \"sm_count\": %d, \"cuda_driver\": %d, \"cuda_runtime\": %d, ", device, sms, drv, rt);
     fprintf(f, "\"l2norm\": \"%s\", \"timing\": \"CUDA events, 2 warm-ups, median, L2 flushed (256 MiB written)\", ",
-            BENCH_BF16_NORM ? "dg_cuda_dr_l2norm_bf16" : "cast bf16->f32, dg_cuda_l2norm f32, cast back");
+            "dg_cuda_dr_l2norm_bf16");
     jnum(f, "gemm_bf16_8192_tflops", ceil_tflops, true);
     jnum(f, "copy_gbs", ceil_gbs, true);
     fprintf(f, "\"results\": [\n");
@@ -710,7 +667,7 @@ int dg_bench_cuda(int argc, char **argv) {
            "every time includes the L2 norm of q and k (%s), forward and backward\n"
            "TF/s and GB/s count the chunked algorithm's products and the compulsory bytes (tools/bench_cuda.c);\n"
            "floor fb = max(FLOPs / GEMM rate, bytes / copy rate); norm ms = the L2 norm alone, fwd+bwd\n\n",
-           o.max_reps, BENCH_BF16_NORM ? "bf16 row kernel" : "cast to f32, f32 kernel, cast back");
+           o.max_reps, "bf16 row kernel");
     print_header();
     int fails = 0;
     if (n_inputs) {
