@@ -61,12 +61,6 @@ static float bf2f(uint16_t h) {
     return f;
 }
 
-static int gpu(void) { return dg_cuda_device_count() > 0; }
-#define REQUIRE_GPU()                                                                              \
-    do {                                                                                           \
-        if (!gpu()) skip();                                                                        \
-    } while (0)
-
 /* device buffer of n elements of esz bytes, from host, or poisoned with 0xff (NaN) */
 static void *dput(const void *host, int64_t n, size_t esz) {
     void *d = dg_cuda_malloc((size_t)(n ? n : 1) * esz);
@@ -337,20 +331,20 @@ static const cfg bf16_cases[] = {
 
 static void test_dr_chunk_f32(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     for (size_t i = 0; i < sizeof f32_cases / sizeof f32_cases[0]; i++) run_case(&f32_cases[i], 0, 0);
 }
 
 static void test_dr_chunk_f32_variants(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     for (size_t i = 0; i < sizeof variant_cases / sizeof variant_cases[0]; i++)
         run_case(&variant_cases[i], 0, 1);
 }
 
 static void test_dr_chunk_bf16(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
         run_case(&bf16_cases[i], 1, i == 0 || i == 4);
 }
@@ -358,7 +352,7 @@ static void test_dr_chunk_bf16(void **state) {
 /* the tensor-core path and the generic kernels on the same bf16 inputs */
 static void test_dr_chunk_bf16_paths_agree(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     for (size_t i = 0; i < 2; i++) {
         const cfg *c = &bf16_cases[i];
         data d;
@@ -380,7 +374,7 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
  * instead of the vectorised ones, with the same results */
 static void test_dr_chunk_bf16_unaligned(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
     data d;
     make(&c, 1, &d);
@@ -411,7 +405,7 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
  * both dg variants): the test to run under compute-sanitizer */
 static void test_dr_chunk_sanitize(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     static const cfg cases[] = {
         {"sanitize: channel, varlen, GVA, C16", 1, 40, 1, 2, 24, 40, DG_GATE_CHANNEL, 16, 4, {0, 7, 7, 40}, 1, 1, 0},
         {"sanitize: head, C32", 1, 40, 1, 1, 16, 72, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},

@@ -207,11 +207,6 @@ static void compare(const char *what, const prob *p, const outs *got, const outs
     if (bad) fail_msg("%s: %s relative error %.3e > %.0e", what, bad, worst, tol);
 }
 
-#define REQUIRE_GPU()                                                                              \
-    do {                                                                                           \
-        if (dg_cuda_device_count() <= 0) skip();                                                   \
-    } while (0)
-
 static const dg_dr_variant v_fused = {1, 1, 1}, v_unfused = {1, 0, 1};
 
 /* the tensor-core path, fused and unfused, against the reference and each other; with
@@ -253,7 +248,7 @@ static const kcase cases[] = {
 
 static void test_kda_mma(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kcase(&cases[i], i < 2);
 }
 
@@ -261,7 +256,7 @@ static void test_kda_mma(void **state) {
  * compute-sanitizer */
 static void test_kda_mma_sanitize(void **state) {
     (void)state;
-    REQUIRE_GPU();
+    dg_test_require_cuda();
     static const kcase small[] = {
         {"sanitize: K=V=64, varlen, GVA", 1, 100, 1, 2, 64, 64, 3, {0, 70, 100}, -1.5, -0.02, 1, 1, 0},
         {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},

@@ -1,6 +1,7 @@
 /* Entry points of the chunked delta-rule CUDA kernels (dr_chunk_cuda.h): argument checks, the
  * chunk plan, and the choice between the generic kernels (dr_chunk_generic.cu) and the tensor-core
- * kernels (dr_chunk_mma.cu). */
+ * kernels (dr_chunk_mma_fwd.cu / _bwd.cu for gate none or head, dr_chunk_kda_mma_fwd.cu / _bwd.cu for
+ * per-channel gates). */
 #include "kernels/cuda/dr_chunk_internal.cuh"
 #include "kernels/cuda/dr_chunk_kda.cuh"
 

@@ -233,7 +233,7 @@ template <typename T> struct Io {
 /* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
 template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
 template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
-/* the tensor-core path (dr_chunk_mma.cu): bf16, gate NONE or HEAD, C = 64, K and V in
+/* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): bf16, gate NONE or HEAD, C = 64, K and V in
  * {64, 128}; fast_ok says whether a shape qualifies */
 bool fast_ok(const Geom &G);
 int fast_fwd(const Plan &p, const Io<uint16_t> &io);
