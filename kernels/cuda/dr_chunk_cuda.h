@@ -19,9 +19,10 @@
  *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and bf16 calls that
  *    the fast path does not take);
  *  - tensor cores (bf16 calls, chunk 64, K and V in {64, 128}, q, k, v, dout 16-byte aligned
- *    and o, dv 4-byte aligned; otherwise the generic kernels): the in-chunk products on mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not
- *    bf16 inputs (W, U, states, the triangular inverse) are split into two bf16 terms (hi + lo)
- *    so that the products keep about 16 bits.  Gate NONE or HEAD: dr_chunk_mma_*.cu; CHANNEL (KDA):
+ *    and o, dv 4-byte aligned; otherwise the generic kernels): the in-chunk products on
+ *    mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not bf16 inputs (W, U,
+ *    states, the triangular inverse) are split into two bf16 terms (hi + lo) so that the
+ *    products keep about 16 bits.  Gate NONE or HEAD: dr_chunk_mma_*.cu; CHANNEL (KDA):
  *    dr_chunk_kda_mma_*.cu, the gated products taken on 16-row sub-chunk references.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
  * dhT, dh0 f32; f32 accumulation and f32 intermediates. */
