@@ -1,5 +1,5 @@
-/* Helpers shared by the models/ infrastructure tests (test_model_infra*.c): a temporary directory
- * per program, a leak check around each test, whole-file reads and writes. */
+/* Helpers shared by the models/ tests (test_model*.c): a temporary directory per program, a leak
+ * check around each test, whole-file reads and writes. */
 #ifndef DG_TESTS_MODEL_INFRA_COMMON_H
 #define DG_TESTS_MODEL_INFRA_COMMON_H
 
@@ -14,10 +14,11 @@
 
 static char tmpdir[64];
 
+/* tmpdir/name in one of 8 rotating buffers: a path stays valid for the next 7 calls */
 static inline const char *tmp_path(const char *name) {
-    static char bufs[4][256];
+    static char bufs[8][256];
     static int k;
-    char *b = bufs[k++ & 3];
+    char *b = bufs[k++ & 7];
     snprintf(b, 256, "%s/%s", tmpdir, name);
     return b;
 }

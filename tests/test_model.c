@@ -1,7 +1,7 @@
 /* The language model, its training and its checkpoints: gradcheck of a whole tiny model in f64 for
  * every mixer, FLA's parameter names, MQAR learning, checkpoint round trip, bit-identical resume,
  * rejection of damaged checkpoints, decoding with carried state against full re-runs, flat memory. */
-#include "tests/support/test_support.h"
+#include "tests/model_infra_common.h"
 
 #include "autograd/autograd.h"
 #include "core/internal.h"
@@ -12,41 +12,8 @@
 #include "models/safetensors.h"
 #include "models/trainer.h"
 
-#define _XOPEN_SOURCE_EXTENDED 1
-#include <ftw.h>
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-static char tmpdir[64];
-
-static const char *tmp_path(const char *name) {
-    static char bufs[8][256];
-    static int k;
-    char *b = bufs[k++ & 7];
-    snprintf(b, 256, "%s/%s", tmpdir, name);
-    return b;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
-static int setup(void **state) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/dg_model_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-static int teardown(void **state) { return nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static size_t live_at_start;
-static int test_setup(void **state) {
-    dg_clear_error();
-    live_at_start = dg_live_tensors();
-    return 0;
-}
-static int test_teardown(void **state) {
-    if (dg_live_tensors() != live_at_start) fail_msg("leaked %zu tensors", dg_live_tensors() - live_at_start);
-    return 0;
-}
 
 /* a model small enough for finite differences in f64, with every option that adds parameters */
 static dg_model_config tiny_config(dg_mixer_kind mixer) {
@@ -361,23 +328,6 @@ static void test_resume_bit_identical(void **state) {
     dg_trainer_free(c);
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(*n);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-static void spit(const char *path, const unsigned char *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
 
 /* A resume or a load from dir fails with a message containing needle, and nothing crashes. */
 static void expect_rejected(const char *dir, const dg_train_config *tc, const dg_model_config *mc, const char *needle) {
@@ -396,15 +346,15 @@ static void test_corrupted_checkpoints(void **state) {
     assert_int_equal(dg_trainer_save(t), 0);
     dg_trainer_free(t);
     size_t n, no;
-    unsigned char *model = slurp(tmp_path("good/model.safetensors"), &n);
-    unsigned char *opt = slurp(tmp_path("good/optimizer-00000001.safetensors"), &no);
+    unsigned char *model = read_bytes(tmp_path("good/model.safetensors"), &n);
+    unsigned char *opt = read_bytes(tmp_path("good/optimizer-00000001.safetensors"), &no);
     const char *bad = tmp_path("bad");
     mkdir(bad, 0777);
     const char *bm = tmp_path("bad/model.safetensors"), *bo = tmp_path("bad/optimizer-00000001.safetensors");
 
     /* sanity: an intact copy resumes */
-    spit(bm, model, n);
-    spit(bo, opt, no);
+    write_bytes(bm, model, n);
+    write_bytes(bo, opt, no);
     t = dg_trainer_open(&tc, &mc, bad);
     assert_non_null(t);
     dg_trainer_free(t);
@@ -412,39 +362,39 @@ static void test_corrupted_checkpoints(void **state) {
     /* truncated model file, at several places (header, data) */
     size_t cuts[] = {0, 4, 8, 100, n / 2, n - 1};
     for (int i = 0; i < 6; i++) {
-        spit(bm, model, cuts[i]);
+        write_bytes(bm, model, cuts[i]);
         expect_rejected(bad, &tc, &mc, "safetensors");
     }
     /* a flipped bit in the tensor data: the CRC catches it */
     unsigned char *m2 = malloc(n);
     memcpy(m2, model, n);
     m2[n - 7] ^= 0x10;
-    spit(bm, m2, n);
+    write_bytes(bm, m2, n);
     expect_rejected(bad, &tc, &mc, "checksum");
     /* a damaged header */
     memcpy(m2, model, n);
     m2[20] = '}';
-    spit(bm, m2, n);
+    write_bytes(bm, m2, n);
     expect_rejected(bad, &tc, &mc, "safetensors");
     free(m2);
     /* a model of another shape than asked for */
-    spit(bm, model, n);
+    write_bytes(bm, model, n);
     dg_model_config other = mc;
     other.hidden_size = 48;
     expect_rejected(bad, &tc, &other, "hidden_size");
     /* the optimiser file is missing, truncated, or of another step */
     unlink(bo);
     expect_rejected(bad, &tc, &mc, "optimizer-00000001");
-    spit(bo, opt, no / 2);
+    write_bytes(bo, opt, no / 2);
     expect_rejected(bad, &tc, &mc, "safetensors");
     unlink(bo);
-    spit(tmp_path("bad/optimizer-00000002.safetensors"), opt, no);
+    write_bytes(tmp_path("bad/optimizer-00000002.safetensors"), opt, no);
     expect_rejected(bad, &tc, &mc, "optimizer-00000001");
     unlink(tmp_path("bad/optimizer-00000002.safetensors"));
     /* a model file without one tensor, with one of a wrong shape, with an extra one */
     dg_lm *lm = dg_lm_new(&mc, 1, DG_F32);
     assert_non_null(lm);
-    spit(bo, opt, no);
+    write_bytes(bo, opt, no);
     const char *keys[3] = {"format", "config", "deltagrad.step"};
     char *cfg = dg_model_config_to_json(&mc);
     const char *vals[3] = {"pt", cfg, "1"};
