@@ -59,6 +59,7 @@ int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_t
         record |= n->needs_grad[i];
     }
     record = record && dg_grad_enabled();
+    n->recording = record;
     n->variant = variant >= 0 && variant < dg_op_variant_count(def) ? variant : dg_op_default_variant(def);
 
     /* forward: grad mode off, temporaries in a scope of their own */

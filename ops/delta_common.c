@@ -217,6 +217,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
     at->algorithm = opts->algorithm;
     at->l2norm_qk = opts->use_qk_l2norm_in_kernel;
     at->gate_in_kernel = opts->use_gate_in_kernel;
+    at->keep_forward = !opts->recompute_in_backward;
     return true;
 }
 
@@ -325,9 +326,18 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     dg_tensor *o = dg_empty_on(DG_SHAPE(s->B, s->T, s->HV, s->V), p.dt, p.dev);
     dg_tensor *hT = dg_empty_on(DG_SHAPE(s->N, s->HV, s->K, s->V), p.st, p.dev);
     if (!o || !hT) return -1;
+    /* the chunked kernels' working set, kept for the backward (node->saved[0]) where they can */
+    dg_tensor *keep = NULL;
+    int kept = 0;
+    if (n->recording && at->keep_forward) {
+        const int64_t bytes = dg_delta_k_kept_bytes(n->op->name, at->algorithm, s, p.dev, p.dt);
+        if (bytes < 0) return -1;
+        if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
+    }
     if (dg_delta_k_fwd(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                       DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT)))
+                       DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept))
         return -1;
+    if (kept) dg_save(n, keep);
     n->out[0] = o;
     n->out[1] = hT;
     return 0;
@@ -353,6 +363,8 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     const bool kern_dg = at->gate != DG_GATE_NONE && (want_g || want_A || want_dt);
     dg_tensor *dout = contig(gout[0]), *dhT = contig(gout[1]);
     if (!dout || !dhT) return -1;
+    /* the forward's kept working set (chunked kernels only; the recurrent variant ignores it) */
+    const void *kept = n->n_saved > 0 && spec->algo == DG_DBWD_CHUNK ? dg_data_ptr(n->saved[0]) : NULL;
     if (dout->dtype != p.dt || dhT->dtype != p.st || dout->device != p.dev || dhT->device != p.dev) {
         dg_error("%s: output gradients %s %s on %s, %s %s on %s do not match the outputs (%s, %s on %s)", op,
                  dg_shp(dout), dg_dtype_name(dout->dtype), dg_device_name(dout->device), dg_shp(dhT),
@@ -365,7 +377,7 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
     if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k),
                        DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
-                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0)))
+                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept))
         return -1;
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
     if (at->l2norm_qk) {

@@ -12,7 +12,10 @@
  *   use_qk_l2norm_in_kernel:  q <- l2norm(q), k <- l2norm(k) (eps 1e-6); backward through it
  *   use_gate_in_kernel:       g <- -exp(A_log) softplus(g + dt_bias); backward gives dg of the raw
  *                             a, dA_log, ddt_bias
- * Neither is saved: backward recomputes both (O(BTHK) work, no memory kept between passes). */
+ * Neither is saved: backward recomputes both (O(BTHK) work, no memory kept between passes).
+ * The chunked kernels' own working set (W, U, states, V', the inverse) is kept from the forward for
+ * the backward on CUDA with bf16 storage (keep_forward; dr_chunk_cuda.h), in node->saved[0], unless
+ * opts->recompute_in_backward. */
 #ifndef DG_OPS_DELTA_COMMON_H
 #define DG_OPS_DELTA_COMMON_H
 
@@ -33,6 +36,7 @@ typedef struct dg_delta_attrs {
     int algorithm;     /* dg_delta_algorithm of the forward */
     bool l2norm_qk;
     bool gate_in_kernel;
+    bool keep_forward; /* keep the chunked kernels' working set for the backward where they can */
 } dg_delta_attrs;
 
 /* where each input lives in node->in (-1: the op has no such input) */
@@ -88,13 +92,18 @@ int dg_delta_recurrent_variant(const dg_op_def *def);
  * g, h0, hT, A_log, dt_bias and their gradients f32; the L2 norm's r f32).  Pointers are of the
  * device given (cu_seqlens in s is always a host array).  Each returns 0, or -1 with dg_error set. */
 bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt); /* false + message when refused */
+/* The forward's working set kept for the backward (CUDA bf16 chunked only: dr_chunk_cuda.h): the
+ * bytes it takes for this shape (0: nothing is kept here, -1: error).  dg_delta_k_fwd with keep
+ * (that many bytes of device memory, 256-byte aligned) sets *kept when it filled it;
+ * dg_delta_k_bwd with kept (or NULL) then skips the recompute.  keep NULL: kept may be NULL. */
+int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt);
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
                    const void *q, const void *k, const void *v, const void *g, const void *beta,
-                   const void *h0, void *o, void *hT);
+                   const void *h0, void *o, void *hT, void *keep, int *kept);
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0);
+                   void *dbeta, void *dh0, const void *kept);
 int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
                           void *y, void *r);
 int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,

@@ -64,12 +64,25 @@ static int no_cuda(const char *op) {
 }
 #endif
 
+int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt) {
+    (void)op;
+    if (dev != DG_CUDA || dt != DG_BF16 || algorithm == DG_DELTA_RECURRENT) return 0;
+#ifdef DG_HAVE_CUDA
+    return dg_cuda_dr_chunk_kept_bytes(s);
+#else
+    (void)s;
+    return 0;
+#endif
+}
+
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
                    const void *q, const void *k, const void *v, const void *g, const void *beta,
-                   const void *h0, void *o, void *hT) {
+                   const void *h0, void *o, void *hT, void *keep, int *kept) {
     const bool rec = algorithm == DG_DELTA_RECURRENT;
     const char *what = rec ? "recurrent forward" : "chunked forward";
     int rc;
+    (void)keep; /* used with CUDA only */
+    if (kept) *kept = 0;
     if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
@@ -77,8 +90,9 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
             rc = rec ? dg_cuda_dr_recurrent_fwd_f32(s, q, k, v, g, beta, h0, o, hT)
                      : dg_cuda_dr_chunk_fwd_f32(s, q, k, v, g, beta, h0, o, hT);
         else
-            rc = rec ? dg_cuda_dr_recurrent_fwd_bf16(s, q, k, v, g, beta, h0, o, hT)
-                     : dg_cuda_dr_chunk_fwd_bf16(s, q, k, v, g, beta, h0, o, hT);
+            rc = rec    ? dg_cuda_dr_recurrent_fwd_bf16(s, q, k, v, g, beta, h0, o, hT)
+                 : keep ? dg_cuda_dr_chunk_fwd_bf16_keep(s, q, k, v, g, beta, h0, o, hT, keep, kept)
+                        : dg_cuda_dr_chunk_fwd_bf16(s, q, k, v, g, beta, h0, o, hT);
 #else
         return no_cuda(op);
 #endif
@@ -96,9 +110,10 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0) {
+                   void *dbeta, void *dh0, const void *kept) {
     const char *what = recurrent ? "recurrent backward" : "chunked backward";
     int rc;
+    (void)kept; /* used with CUDA only */
     if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
@@ -109,8 +124,8 @@ int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, cons
         else
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                            dh0)
-                           : dg_cuda_dr_chunk_bwd_bf16(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
-                                                       dh0);
+                           : dg_cuda_dr_chunk_bwd_bf16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
+                                                            dbeta, dh0, kept);
 #else
         return no_cuda(op);
 #endif

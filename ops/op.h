@@ -38,6 +38,8 @@ typedef struct dg_node {
     dg_tensor *saved[DG_MAX_SAVED]; /* detached, retained */
     int n_saved;
     int variant;                    /* which backward variant to run */
+    bool recording;                 /* set before forward: the tape keeps this node (forward may
+                                     * save for the backward; otherwise saving is wasted) */
     dg_tensor *grad_acc[DG_MAX_IO]; /* during dg_backward: incoming gradient of each output */
 } dg_node;
 

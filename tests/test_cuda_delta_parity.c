@@ -90,8 +90,17 @@ typedef struct {
     int cases;
 } bf16_stats;
 
+/* a and b hold the same bits (host tensors of one dtype and shape) */
+static void same_bits(const char *what, const char *name, const dg_tensor *a, const dg_tensor *b) {
+    if (!a && !b) return;
+    if (!a || !b || a->dtype != b->dtype || dg_numel(a) != dg_numel(b) ||
+        memcmp(dg_data_ptr(a), dg_data_ptr(b), (size_t)dg_numel(a) * dg_dtype_size(a->dtype)))
+        fail_msg("%s: %s differs between the kept and the recomputed working set", what, name);
+}
+
 /* One sample (f32 host tensors): storage inputs rounded to bf16; the CPU runs f32 on the rounded
- * values, the device bf16 storage; every variant. */
+ * values, the device bf16 storage; every variant.  The device runs twice, keeping the chunked
+ * kernels' working set from the forward for the backward and not (attrs keep_forward): same bits. */
 static void bf16_case(const dg_op_def *def, const dg_delta_slots *sl, const char *label, const void *attrs,
                       dg_tensor *const *in32, const bool *diff, uint64_t seed, bf16_stats *st) {
     dg_tensor *in_bf[DG_MAX_IO] = {0}, *in_ref[DG_MAX_IO] = {0};
@@ -114,6 +123,15 @@ static void bf16_case(const dg_op_def *def, const dg_delta_slots *sl, const char
     for (int v = 0; v < dg_op_variant_count(def); v++) {
         run_bf16(def, attrs, in_ref, diff, w, v, DG_CPU, &ref);
         run_bf16(def, attrs, in_bf, diff, w, v, DG_CUDA, &gpu);
+        dg_delta_attrs flip = *(const dg_delta_attrs *)attrs;
+        flip.keep_forward = !flip.keep_forward;
+        run_result gpu2 = {0};
+        run_bf16(def, &flip, in_bf, diff, w, v, DG_CUDA, &gpu2);
+        char what[160];
+        snprintf(what, sizeof what, "%s (%s) bf16, %s", def->name, def->bwd[v].name, label);
+        for (int j = 0; j < 2; j++) same_bits(what, def->out_names[j], gpu.out[j], gpu2.out[j]);
+        for (int k = 0; k < def->n_in; k++) same_bits(what, def->in_names[k], gpu.grad[k], gpu2.grad[k]);
+        result_free(&gpu2);
         assert_int_equal(gpu.out[0]->dtype, DG_BF16);
         assert_int_equal(gpu.out[1]->dtype, DG_F32);
         for (int j = 0; j < 2; j++) {

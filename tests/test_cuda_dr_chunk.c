@@ -199,8 +199,10 @@ static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
     for (int a = 0; a < 8; a++) free(fi[a]);
 }
 
-/* the CUDA kernels; bf16 = 1: bf16 storage for q k v beta o dout and their gradients.  The
- * backward runs twice and must give the same bits. */
+/* the CUDA kernels; bf16 = 1: bf16 storage for q k v beta o dout and their gradients.  Forward
+ * and backward run twice and must give the same bits; with bf16 on the tensor-core paths the
+ * second forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward
+ * runs from it instead of recomputing it. */
 static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
     const size_t lo = bf16 ? 2 : 4;
     const size_t esz[R_N] = {lo, 4, lo, lo, lo, 4, lo, 4};
@@ -211,16 +213,25 @@ static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
     void *o[R_N], *o2[R_N];
     for (int a = 0; a < R_N; a++) {
         o[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
-        o2[a] = r->x[a] && a >= R_DQ ? dput(NULL, r->n[a], esz[a]) : NULL;
+        o2[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
     }
-    if (bf16)
-        assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
-    else
-        assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
+    const int64_t keep_bytes = bf16 ? dg_cuda_dr_chunk_kept_bytes(&d->s) : 0;
+    if (keep_bytes < 0) fail_msg("kept_bytes failed: %s", dg_last_error());
+    void *keep = keep_bytes > 0 ? dput(NULL, keep_bytes, 1) : NULL;
+    int kept = 0;
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
-        int rc = bf16 ? dg_cuda_dr_chunk_bwd_bf16(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
-                                                  w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0])
+        int rc = !bf16  ? dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
+                 : rep && keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
+                               : dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT]);
+        if (rc) fail_msg("forward failed: %s", dg_last_error());
+    }
+    if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
+    for (int rep = 0; rep < 2; rep++) {
+        void **w = rep ? o2 : o;
+        int rc = bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
+                                                       w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0],
+                                                       rep ? keep : NULL)
                       : dg_cuda_dr_chunk_bwd_f32(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
                                                  w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0]);
         if (rc) fail_msg("backward failed: %s", dg_last_error());
@@ -235,13 +246,15 @@ static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
             r->x[a][i] = esz[a] == 2 ? bf2f(((uint16_t *)h1)[i]) : ((float *)h1)[i];
         if (o2[a]) {
             assert_int_equal(dg_cuda_memcpy(h2, o2[a], bytes, 1), 0);
-            if (memcmp(h1, h2, bytes)) fail_msg("%s differs between two identical backward runs", r_names[a]);
+            if (memcmp(h1, h2, bytes))
+                fail_msg("%s differs between two runs%s", r_names[a],
+                         keep ? " (the second from the forward's kept working set)" : "");
         }
         free(h1), free(h2);
         dg_cuda_free(o[a]), dg_cuda_free(o2[a]);
     }
     dg_cuda_free(q), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta), dg_cuda_free(dout);
-    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(dhT);
+    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(dhT), dg_cuda_free(keep);
 }
 
 /* every result within tol of the reference; prints the errors */

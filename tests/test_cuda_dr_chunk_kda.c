@@ -154,21 +154,31 @@ static void from_dev(double *y, const void *d, int64_t n, int bf16) {
     free(h);
 }
 
-/* forward, then the backward twice (same bits required) with variant v */
+/* forward and backward twice (same bits required) with variant v; the second forward keeps its
+ * working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward runs from it */
 static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
     void *x[X_N], *y[Y_N], *y2[Y_N];
     for (int a = 0; a < X_N; a++) x[a] = p->x[a] ? to_dev(p->x[a], p->nx[a], x_bf16[a]) : NULL;
     for (int a = 0; a < Y_N; a++) {
         y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
-        y2[a] = o->y[a] && a >= Y_DQ ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
+        y2[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
     }
-    if (dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y[Y_O], y[Y_HT]))
+    const int64_t keep_bytes = dg_cuda_dr_chunk_kept_bytes(&p->s);
+    if (keep_bytes < 0) fail_msg("kept_bytes failed: %s", dg_last_error());
+    void *keep = keep_bytes > 0 ? dg_cuda_malloc((size_t)keep_bytes) : NULL;
+    if (keep_bytes > 0 && !keep) fail_msg("%s", dg_last_error());
+    int kept = 0;
+    if (dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y[Y_O], y[Y_HT]) ||
+        (keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y2[Y_O],
+                                               y2[Y_HT], keep, &kept)
+              : dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y2[Y_O], y2[Y_HT])))
         fail_msg("forward failed: %s", dg_last_error());
+    if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? y2 : y;
-        if (dg_cuda_dr_chunk_bwd_bf16(&p->s, v, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
-                                      x[X_DO], x[X_DHT], w[Y_DQ], w[Y_DK], w[Y_DV], w[Y_DG], w[Y_DB],
-                                      w[Y_DH0]))
+        if (dg_cuda_dr_chunk_bwd_bf16_kept(&p->s, v, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
+                                           x[X_DO], x[X_DHT], w[Y_DQ], w[Y_DK], w[Y_DV], w[Y_DG], w[Y_DB],
+                                           w[Y_DH0], rep ? keep : NULL))
             fail_msg("backward failed: %s", dg_last_error());
     }
     assert_int_equal(dg_cuda_synchronize(), 0);
@@ -179,12 +189,13 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
             double *z = malloc(sizeof(double) * (size_t)(p->ny[a] ? p->ny[a] : 1));
             from_dev(z, y2[a], p->ny[a], y_bf16[a]);
             if (memcmp(z, o->y[a], sizeof(double) * (size_t)p->ny[a]))
-                fail_msg("%s differs between two identical backward runs", y_name[a]);
+                fail_msg("%s differs between two runs%s", y_name[a], keep ? " (the second from the kept working set)" : "");
             free(z);
         }
         dg_cuda_free(y[a]), dg_cuda_free(y2[a]);
     }
     for (int a = 0; a < X_N; a++) dg_cuda_free(x[a]);
+    dg_cuda_free(keep);
 }
 
 /* every result within tol of ref (relative error norm); prints the errors */

@@ -13,7 +13,10 @@
  * first (the chunk entry points take normalised q, k), so every time below includes the norm:
  *   fwd     = l2norm(q), l2norm(k), chunk forward (o; no final state)
  *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg of the normalised q, k), then the
- *             l2norm backward of q and k (the gradients of the raw q, k)
+ *             l2norm backward of q and k (the gradients of the raw q, k).  As the ops do when they
+ *             record for autograd, the forward keeps its working set (W, U, the states, V', the
+ *             inverse; dr_chunk_cuda.h) for the backward, which then does not recompute it; the
+ *             row "recompute in bwd" times the other way (FLA's: the backward recomputes)
  * Norm and kernels are called through the ops' own dispatch (ops/delta_kernels.c: the bf16 row
  * kernel of the norm, the chunked or recurrent entry points).  The norm's own fwd+bwd time is
  * printed beside each case.
@@ -129,14 +132,17 @@ typedef struct bcase {
     float *g;                                   /* per-token log decay, NULL for delta_rule */
     uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
     float *rq, *rk, *dg;
+    void *keep;     /* the forward's working set kept for the backward (NULL: none for this shape) */
+    bool keep_off;  /* time the recomputing backward instead */
 } bcase;
 
 static void case_free_work(bcase *c) {
     void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk,
-                 c->dg};
+                 c->dg, c->keep};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
     c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
     c->rq = c->rk = c->dg = NULL;
+    c->keep = NULL;
 }
 static void case_free(bcase *c) {
     case_free_work(c);
@@ -160,6 +166,9 @@ static int case_alloc_work(bcase *c) {
     c->rq = dg_cuda_malloc(rows4), c->rk = dg_cuda_malloc(rows4);
     bool ok = c->qn && c->kn && c->dqn && c->dkn && c->dq && c->dk && c->o && c->dv && c->dbeta && c->rq && c->rk;
     if (c->G) ok = ok && (c->dg = dg_cuda_malloc((size_t)nbt(c) * c->G * 4));
+    const int64_t kb = dg_delta_k_kept_bytes(c->op, DG_DELTA_CHUNKED, &c->s, DG_CUDA, DG_BF16);
+    if (kb < 0) return -1;
+    if (kb > 0) ok = ok && (c->keep = dg_cuda_malloc((size_t)kb));
     return ok ? 0 : -1;
 }
 
@@ -181,11 +190,14 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     const dg_dr_shape *s = &c->s;
     if (norm_fwd(c)) return -1;
     if (w == W_NORM) return norm_bwd(c);
+    /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
+    void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
+    int kept = 0;
     int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, DG_BF16, c->qn, c->kn,
-                            c->v, c->g, c->beta, NULL, c->o, NULL);
+                            c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept);
     if (rc || w == W_FWD) return rc;
     rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, DG_BF16, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
-                        NULL, c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL);
+                        NULL, c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL, kept ? keep : NULL);
     return rc ? rc : norm_bwd(c);
 }
 
@@ -563,6 +575,20 @@ static int run_case(bcase *c, const run_opts *o) {
     r->nonfinite = nonfinite(c);
     if (o->dump && dump_outputs(c, o->dump)) fails += report_failure(c, "writing the outputs");
     print_rec(r);
+    if (o->variants && c->keep) { /* the same default variant, the backward recomputing the working set */
+        rec *rk = new_rec(c, "chunk", "recompute", "as default, recompute in bwd");
+        if (!rk) return fails + 1;
+        rk->fwd_ms = r->fwd_ms, rk->fwd_n = r->fwd_n;
+        c->keep_off = true;
+        rk->fb_ms = time_median(c, W_FWDBWD, &dflt, false, o->max_reps, &rk->fb_n);
+        c->keep_off = false;
+        if (isnan(rk->fb_ms)) {
+            n_recs--;
+            fails += report_failure(c, "recompute");
+        } else {
+            print_rec(rk);
+        }
+    }
     vdef vs[4];
     int nv = o->variants ? other_variants(c->op, vs) : 0;
     for (int i = 0; i < nv; i++) {

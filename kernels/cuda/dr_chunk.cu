@@ -134,9 +134,13 @@ void plan_free(Plan *p) {
     p->tab_dev = nullptr;
 }
 
+/* keep (bf16 only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
+ * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
-               const float *g, const T *beta, const float *h0, T *o, float *hT) {
+               const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr,
+               int *kept = nullptr) {
+    if (kept) *kept = 0;
     Plan p;
     if (s && q && k && v && beta && !o) { /* (plan_init names the other NULL pointers first) */
         dg_error("%s: o is NULL", who);
@@ -152,7 +156,8 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
                           aligned(v, 16) && aligned(o, 4);
         const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                          aligned(v, 16) && aligned(o, 4); /* per-channel gate: dr_chunk_kda*.cu */
-        rc = kda ? kda_fwd(p, io) : fast ? fast_fwd(p, io) : generic_fwd<T>(p, io);
+        rc = kda ? kda_fwd(p, io, keep) : fast ? fast_fwd(p, io, keep) : generic_fwd<T>(p, io);
+        if (!rc && kept) *kept = keep && (kda || fast);
     } else {
         rc = generic_fwd<T>(p, io);
     }
@@ -164,7 +169,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
                const T *k, const T *v, const float *g, const T *beta, const float *h0,
                const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0) {
+               float *dh0, const void *kept = nullptr) {
     Plan p;
     if (dg && !g) {
         dg_error("%s: dg given but g is NULL", who);
@@ -187,7 +192,7 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
                           aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
         const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                          aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-        rc = kda ? kda_bwd(p, *var, io) : fast ? fast_bwd(p, *var, io) : generic_bwd<T>(p, *var, io);
+        rc = kda ? kda_bwd(p, *var, io, kept) : fast ? fast_bwd(p, *var, io, kept) : generic_bwd<T>(p, *var, io);
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }
@@ -226,6 +231,43 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
                               float *dg, uint16_t *dbeta, float *dh0) {
     return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16", s, var, q, k, v, g, beta, h0, dout, dhT,
                               dq, dk, dv, dg, dbeta, dh0);
+}
+
+int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {
+    drc::Plan p;
+    /* the shape alone decides (the pointers are checked by the calls themselves) */
+    static const uint16_t one = 0;
+    static const float gone = 0;
+    if (drc::plan_init("cuda dr_chunk_kept_bytes", s, &one, &one, &one,
+                       s && s->gate != DG_GATE_NONE ? &gone : nullptr, &one, &p))
+        return -1;
+    size_t n = 0;
+    if (!drc::g_force_generic) n = drc::kda_ok(p.G) ? drc::kda_kept_bytes(p.G) : drc::fast_ok(p.G) ? drc::fast_kept_bytes(p.G) : 0;
+    drc::plan_free(&p);
+    return (int64_t)n;
+}
+
+int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                   const uint16_t *v, const float *g, const uint16_t *beta,
+                                   const float *h0, uint16_t *o, float *hT, void *keep, int *kept) {
+    if (!keep || !kept) {
+        dg_error("cuda dr_chunk_fwd_bf16_keep: %s is NULL", !keep ? "keep" : "kept");
+        return -1;
+    }
+    if (((uintptr_t)keep & 255) != 0) {
+        dg_error("cuda dr_chunk_fwd_bf16_keep: keep %p is not 256-byte aligned", keep);
+        return -1;
+    }
+    return drc::fwd<uint16_t>("cuda dr_chunk_fwd_bf16_keep", s, q, k, v, g, beta, h0, o, hT, keep, kept);
+}
+
+int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                                   const uint16_t *k, const uint16_t *v, const float *g,
+                                   const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                   const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept) {
+    return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16_kept", s, var, q, k, v, g, beta, h0, dout, dhT,
+                              dq, dk, dv, dg, dbeta, dh0, kept);
 }
 
 int dg_cuda_dr_chunk_force_generic(int on) {

@@ -53,6 +53,33 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
                               const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                               float *dg, uint16_t *dbeta, float *dh0);
 
+/* The forward's working set, kept for the backward (bf16 calls on the tensor-core paths).
+ * The backward otherwise recomputes from q, k, v, beta, g what the forward made: the gate's
+ * cumulative sum, the WY factors W = Ai diag(beta e^G) K and U = Ai diag(beta) V, the inverse
+ * Ai = (I + A)^-1, the states entering each chunk and V' (KDA also its gated key copies, P and Qg)
+ * -- the prep and state passes, a third of GDN's fwd+bwd at S1.  A caller with the memory keeps
+ * them instead (FLA recomputes; this trades memory for time):
+ *   dg_cuda_dr_chunk_kept_bytes(s): bytes of device memory to keep for this shape; 0 when bf16
+ *     calls of this shape take the generic kernels (they keep nothing); -1 with dg_error on a bad
+ *     shape.  B8 T2048 H16 K=V=128: GDN and delta_rule 0.74 GB, KDA 1.14 GB (the inputs q, k, v are
+ *     67 MB each).
+ *   dg_cuda_dr_chunk_fwd_bf16_keep(..., keep, kept): the forward of dg_cuda_dr_chunk_fwd_bf16;
+ *     keep is device memory of kept_bytes(s) bytes, 256-byte aligned; *kept = 1 when it now holds
+ *     the working set, 0 when the call took the generic kernels (pointer alignment).
+ *   dg_cuda_dr_chunk_bwd_bf16_kept(..., kept): dg_cuda_dr_chunk_bwd_bf16 from the working set that
+ *     a kept forward made on the same shape, inputs and h0 (NULL: recompute).  The GDN/delta_rule
+ *     substitution variant recomputes anyway (the kept inverse is the blocked one).  The results
+ *     equal the recomputing backward's bit for bit (the same kernels make the same values). */
+int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s);
+int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                   const uint16_t *v, const float *g, const uint16_t *beta,
+                                   const float *h0, uint16_t *o, float *hT, void *keep, int *kept);
+int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                                   const uint16_t *k, const uint16_t *v, const float *g,
+                                   const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                   const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept);
+
 /* Path selection for bf16 calls (tests and benchmarks): 0 = automatic (default), 1 = always the
  * generic kernels.  Returns the previous setting.  Not thread-safe; set it between calls. */
 int dg_cuda_dr_chunk_force_generic(int on);

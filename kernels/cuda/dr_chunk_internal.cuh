@@ -230,14 +230,31 @@ template <typename T> struct Io {
     float *hT, *dg, *dh0;
 };
 
+/* Buffers of one call carved out of one allocation, each at a 256-byte boundary.  With base NULL
+ * it only counts (off is then the size): the same sequence of takes first sizes, then places. */
+struct Carve {
+    char *base;
+    size_t off;
+    template <typename T> T *take(int64_t n) {
+        T *p = base ? reinterpret_cast<T *>(base + off) : nullptr;
+        off += ((size_t)n * sizeof(T) + 255) & ~(size_t)255;
+        return p;
+    }
+};
+
 /* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
 template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
 template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
 /* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): bf16, gate NONE or HEAD, C = 64, K and V in
  * {64, 128}; fast_ok says whether a shape qualifies */
 bool fast_ok(const Geom &G);
-int fast_fwd(const Plan &p, const Io<uint16_t> &io);
-int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io);
+/* The forward's working set (the gate's cumsum, W, U, V', the states, the inverse) can be kept for
+ * the backward (dr_chunk_cuda.h, dg_cuda_dr_chunk_kept_bytes): *_kept_bytes is its size; the
+ * forward given `keep` (that many bytes) fills it, the backward given it as `kept` skips the
+ * recompute (prep and the state pass).  keep / kept NULL: each call makes its own. */
+size_t fast_kept_bytes(const Geom &G);
+int fast_fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 
 } // namespace drc
 

@@ -27,8 +27,11 @@ namespace drc {
 
 /* whether the kda tensor-core path takes this shape (bf16 calls; pointer alignment aside) */
 bool kda_ok(const Geom &G);
-int kda_fwd(const Plan &p, const Io<uint16_t> &io);
-int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io);
+/* keep / kept: the forward's working set kept for the backward, as fast_fwd / fast_bwd
+ * (dr_chunk_internal.cuh); kda_kept_bytes is its size */
+size_t kda_kept_bytes(const Geom &G);
+int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 
 namespace kda {
 
@@ -49,8 +52,11 @@ struct Bufs {
     float *Ai, *Mkk;                 /* backward only */
     uint16_t *Ph, *Pl, *Qgh, *Qgl;   /* backward only */
 };
+/* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (Ai, Mkk, P,
+ * Qg), which a forward that keeps its working set for the backward makes too */
+void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd);
 /* launches prep and the state pass into b (allocated by the caller); bwd: with the backward's
- * extra buffers and without hT */
+ * extra buffers; hT written when io.hT is set */
 int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd);
 
 /* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at

@@ -507,21 +507,20 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
 } // namespace
 } // namespace kda
 
-int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
+/* kept: the forward's working set (kda_fwd with keep), so that prep and the state pass are not run
+ * again; the tensor-core KDA prep has a single (blocked) inverse, so every variant can use it */
+int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
-    const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V, n64 = rows * HV * 64;
+    const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     kda::Bufs b;
-    memset(&b, 0, sizeof b);
     kda::QkArgs a;
     memset(&a, 0, sizeof a);
-    b.Wh = scratch<uint16_t>((size_t)(6 * nk)); /* W, Kd, Qg */
-    b.U = scratch<float>((size_t)nv);
-    b.Gl = scratch<float>((size_t)(G.nchunks * HV * G.K));
-    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
-    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
-    b.Ai = scratch<float>((size_t)(2 * n64)); /* Ai, Mkk */
-    b.Ph = scratch<uint16_t>((size_t)(2 * n64));
+    Carve cv{nullptr, 0};
+    kda::carve(G, cv, b, true);
+    char *own = kept ? nullptr : scratch<char>(cv.off);
+    cv = Carve{kept ? (char *)kept : own, 0};
+    kda::carve(G, cv, b, true);
     uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1;
     float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
@@ -529,16 +528,14 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
     uint16_t *dW = var.kda_fused ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
     float *dGk = var.kda_fused ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
     int rc = -1;
-    if (b.Wh && b.U && b.Gl && b.Vnh && b.Sh && b.Ai && b.Ph && dS && dV && (!io.dq || direct || dqv) &&
-        (!io.dk || direct || dkv) && (var.kda_fused || (dW && dGk))) {
-        b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk, b.Qgh = b.Wh + 4 * nk, b.Qgl = b.Wh + 5 * nk;
-        b.Vnl = b.Vnh + nv, b.Sl = b.Sh + nst, b.Mkk = b.Ai + n64, b.Pl = b.Ph + n64;
+    if ((kept || own) && dS && dV && (!io.dq || direct || dqv) && (!io.dk || direct || dkv) &&
+        (var.kda_fused || (dW && dGk))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.g = io.g, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg;
-        rc = kda::prep_state(p, io, b, true);
+        rc = kept ? 0 : kda::prep_state(p, io, b, true);
         if (!rc)
             rc = G.K == 64 ? (G.V == 64 ? kda::bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
                                         : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
@@ -550,7 +547,7 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
         if (!rc && dkv)
             rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dkv, io.dk);
     }
-    release(b.Wh), release(b.U), release(b.Gl), release(b.Vnh), release(b.Sh), release(b.Ai), release(b.Ph);
+    release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);
     return rc;
 }

@@ -301,7 +301,7 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
                         G, io.q, io.k, io.v, io.g, io.beta, b, bwd ? 1 : 0);
     if (!rc)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV, FNT, (size_t)(StateL<K, V>::bytes), G,
-                        b, io.h0, bwd ? (float *)nullptr : io.hT);
+                        b, io.h0, io.hT);
     return rc;
 }
 
@@ -326,27 +326,50 @@ bool kda_ok(const Geom &G) {
     return G.C == 64 && G.gate == DG_GATE_CHANNEL && (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
 }
 
-int kda_fwd(const Plan &p, const Io<uint16_t> &io) {
-    const Geom &G = p.G;
+namespace kda {
+void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
-    kda::Bufs b;
+    const int64_t n64 = G.rows * G.HV * 64;
     memset(&b, 0, sizeof b);
-    b.Wh = scratch<uint16_t>((size_t)(4 * nk));
-    b.U = scratch<float>((size_t)nv);
-    b.Gl = scratch<float>((size_t)(G.nchunks * G.HV * G.K));
-    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
-    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
-    int rc = -1;
-    if (b.Wh && b.U && b.Gl && b.Vnh && b.Sh) {
-        b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk;
-        b.Vnl = b.Vnh + nv;
-        b.Sl = b.Sh + nst;
-        rc = kda::prep_state(p, io, b, false);
-        if (!rc)
-            rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b) : kda::out_t<64, 128>(p, io, b))
-                           : (G.V == 64 ? kda::out_t<128, 64>(p, io, b) : kda::out_t<128, 128>(p, io, b));
+    b.Wh = cv.take<uint16_t>((bwd ? 6 : 4) * nk); /* W, Kd (, Qg) */
+    b.U = cv.take<float>(nv);
+    b.Gl = cv.take<float>(G.nchunks * G.HV * G.K);
+    b.Vnh = cv.take<uint16_t>(2 * nv);
+    b.Sh = cv.take<uint16_t>(2 * nst);
+    if (bwd) {
+        b.Ai = cv.take<float>(2 * n64); /* Ai, Mkk */
+        b.Ph = cv.take<uint16_t>(2 * n64);
     }
-    release(b.Wh), release(b.U), release(b.Gl), release(b.Vnh), release(b.Sh);
+    if (!cv.base) return;
+    b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk;
+    b.Vnl = b.Vnh + nv, b.Sl = b.Sh + nst;
+    if (bwd) b.Qgh = b.Wh + 4 * nk, b.Qgl = b.Wh + 5 * nk, b.Mkk = b.Ai + n64, b.Pl = b.Ph + n64;
+}
+} // namespace kda
+
+size_t kda_kept_bytes(const Geom &G) {
+    Carve cv{nullptr, 0};
+    kda::Bufs b;
+    kda::carve(G, cv, b, true);
+    return cv.off;
+}
+
+/* keep: the backward's working set is made (prep with its extras) into keep and left there */
+int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
+    const Geom &G = p.G;
+    const bool bwd = keep != nullptr;
+    Carve cv{nullptr, 0};
+    kda::Bufs b;
+    kda::carve(G, cv, b, bwd);
+    char *own = keep ? nullptr : scratch<char>(cv.off);
+    if (!keep && !own) return -1;
+    cv = Carve{keep ? (char *)keep : own, 0};
+    kda::carve(G, cv, b, bwd);
+    int rc = kda::prep_state(p, io, b, bwd);
+    if (!rc)
+        rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b) : kda::out_t<64, 128>(p, io, b))
+                       : (G.V == 64 ? kda::out_t<128, 64>(p, io, b) : kda::out_t<128, 128>(p, io, b));
+    release(own);
     return rc;
 }
 

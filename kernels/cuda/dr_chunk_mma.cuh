@@ -275,8 +275,12 @@ struct FastBufs {
     float *Ai;              /* [rows, HV, 64] (I + A)^-1, backward only */
 };
 
-/* launches prep and the state pass (fwd: hT; bwd: Ai) into b (allocated by the caller) */
-int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd);
+/* b's buffers carved from cv (dr_chunk_internal.cuh); with_ai: with Ai (the backward's, and a
+ * forward's that keeps its working set for the backward) */
+void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai);
+/* launches prep and the state pass into b (allocated by the caller); Ai stored when b.Ai is set,
+ * hT written when io.hT is */
+int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked);
 
 } // namespace fast
 } // namespace drc

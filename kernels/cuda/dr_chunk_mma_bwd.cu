@@ -508,23 +508,24 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
 
 } // namespace fast
 
-int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
+/* kept: the forward's working set (fast_fwd with keep, blocked inverse); the substitution variant
+ * recomputes it with its own inverse */
+int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
     using namespace fast;
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
+    if (!var.solve_tril_blocked) kept = nullptr;
     FastBufs b;
-    memset(&b, 0, sizeof b);
     QkArgs a;
     memset(&a, 0, sizeof a);
     uint16_t *dS = nullptr, *dV = nullptr, *dW = nullptr;
     float *dqv = nullptr, *dkv = nullptr, *dGg = nullptr;
-    b.Gc = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
-    b.Wh = scratch<uint16_t>((size_t)(2 * nk));
-    b.U = scratch<float>((size_t)nv);
-    b.Vnh = scratch<uint16_t>((size_t)(2 * nv));
-    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
-    b.Ai = scratch<float>((size_t)(rows * HV * 64));
+    Carve cv{nullptr, 0};
+    fast_carve(G, cv, b, true);
+    char *own = kept ? nullptr : scratch<char>(cv.off);
+    cv = Carve{kept ? (char *)kept : own, 0};
+    fast_carve(G, cv, b, true);
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
@@ -536,18 +537,15 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
     }
     int rc = -1;
-    if ((!G.gate || b.Gc) && b.Wh && b.U && b.Vnh && b.Sh && b.Ai && dS && dV && (!want_dq || dqv) &&
+    if ((kept || own) && dS && dV && (!want_dq || dqv) &&
         (!want_dkv || dkv) &&
         (var.kda_fused || (dW && (!G.gate || dGg)))) {
-        b.Wl = b.Wh + nk;
-        b.Vnl = b.Vnh + nv;
-        b.Sl = b.Sh + nst;
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
         a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
-        rc = fast_prep_state(p, io, b, var.solve_tril_blocked, true);
+        rc = kept ? 0 : fast_prep_state(p, io, b, var.solve_tril_blocked);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
         const int64_t ng = rows * G.H * G.K, nb = ng / FNT + 1 < 4096 ? ng / FNT + 1 : 4096;
         if (!rc && io.dq && !direct)
@@ -555,7 +553,7 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io) {
         if (!rc && io.dk && !direct)
             rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
     }
-    release(b.Gc), release(b.Wh), release(b.U), release(b.Vnh), release(b.Sh), release(b.Ai);
+    release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGg);
     return rc;
 }

@@ -347,16 +347,16 @@ __global__ void __launch_bounds__(FNT)
 }
 
 template <int K, int V, int GATE>
-int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd) {
+int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
     static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K>::bytes <= SMEM_MAX &&
                       OutSmem<K>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
-                        bwd ? 1 : 0);
+                        b.Ai ? 1 : 0);
     if (!rc)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE>), G.N * G.HV * (V / BV), FNT,
-                        (size_t)(StateSmem<K>::bytes), G, io.k, b, io.h0, bwd ? (float *)nullptr : io.hT);
+                        (size_t)(StateSmem<K>::bytes), G, io.k, b, io.h0, io.hT);
     return rc;
 }
 
@@ -374,9 +374,23 @@ template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &i
                : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))     \
                             : (G.gate ? fn<128, 128, 1>(__VA_ARGS__) : fn<128, 128, 0>(__VA_ARGS__))))
 
-int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked, bool bwd) {
+int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
     const Geom &G = p.G;
-    return DRC_FAST_DISPATCH(prep_state_t, p, io, b, blocked, bwd);
+    return DRC_FAST_DISPATCH(prep_state_t, p, io, b, blocked);
+}
+
+void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai) {
+    const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
+    const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
+    memset(&b, 0, sizeof b);
+    b.Gc = G.gate ? cv.take<float>(rows * HV) : nullptr;
+    b.Wh = cv.take<uint16_t>(2 * nk);
+    b.U = cv.take<float>(nv);
+    b.Vnh = cv.take<uint16_t>(2 * nv);
+    b.Sh = cv.take<uint16_t>(2 * nst);
+    b.Ai = with_ai ? cv.take<float>(rows * HV * 64) : nullptr;
+    if (!cv.base) return;
+    b.Wl = b.Wh + nk, b.Vnl = b.Vnh + nv, b.Sl = b.Sh + nst;
 }
 
 } // namespace fast
@@ -386,26 +400,28 @@ bool fast_ok(const Geom &G) {
            (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
 }
 
-int fast_fwd(const Plan &p, const Io<uint16_t> &io) {
+size_t fast_kept_bytes(const Geom &G) {
+    Carve cv{nullptr, 0};
+    fast::FastBufs b;
+    fast::fast_carve(G, cv, b, true);
+    return cv.off;
+}
+
+/* keep: the working set, with Ai, made into keep and left there for fast_bwd */
+int fast_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     using namespace fast;
     const Geom &G = p.G;
-    const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
+    const bool with_ai = keep != nullptr;
+    Carve cv{nullptr, 0};
     FastBufs b;
-    memset(&b, 0, sizeof b);
-    b.Gc = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
-    b.Wh = scratch<uint16_t>((size_t)(2 * rows * HV * G.K));
-    b.U = scratch<float>((size_t)(rows * HV * G.V));
-    b.Vnh = scratch<uint16_t>((size_t)(2 * rows * HV * G.V));
-    b.Sh = scratch<uint16_t>((size_t)(2 * nst));
-    int rc = -1;
-    if ((!G.gate || b.Gc) && b.Wh && b.U && b.Vnh && b.Sh) {
-        b.Wl = b.Wh + rows * HV * G.K;
-        b.Vnl = b.Vnh + rows * HV * G.V;
-        b.Sl = b.Sh + nst;
-        rc = fast_prep_state(p, io, b, 1, false);
-        if (!rc) rc = DRC_FAST_DISPATCH(out_t, p, io, b);
-    }
-    release(b.Gc), release(b.Wh), release(b.U), release(b.Vnh), release(b.Sh);
+    fast_carve(G, cv, b, with_ai);
+    char *own = keep ? nullptr : scratch<char>(cv.off);
+    if (!keep && !own) return -1;
+    cv = Carve{keep ? (char *)keep : own, 0};
+    fast_carve(G, cv, b, with_ai);
+    int rc = fast_prep_state(p, io, b, 1);
+    if (!rc) rc = DRC_FAST_DISPATCH(out_t, p, io, b);
+    release(own);
     return rc;
 }
 
