@@ -94,7 +94,7 @@ int dg_delta_recurrent_variant(const dg_op_def *def);
 bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt); /* false + message when refused */
 /* The forward's working set kept for the backward (CUDA bf16 chunked only: dr_chunk_cuda.h): the
  * bytes it takes for this shape (0: nothing is kept here, -1: error).  dg_delta_k_fwd with keep
- * (that many bytes of device memory, 256-byte aligned) sets *kept when it filled it;
+ * (that many bytes of device memory, 16-byte aligned) sets *kept when it filled it;
  * dg_delta_k_bwd with kept (or NULL) then skips the recompute.  keep NULL: kept may be NULL. */
 int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt);
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,

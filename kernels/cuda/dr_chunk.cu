@@ -254,8 +254,8 @@ int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, cons
         dg_error("cuda dr_chunk_fwd_bf16_keep: %s is NULL", !keep ? "keep" : "kept");
         return -1;
     }
-    if (((uintptr_t)keep & 255) != 0) {
-        dg_error("cuda dr_chunk_fwd_bf16_keep: keep %p is not 256-byte aligned", keep);
+    if (((uintptr_t)keep & 15) != 0) { /* the kernels load and store its buffers as 16-byte vectors */
+        dg_error("cuda dr_chunk_fwd_bf16_keep: keep %p is not 16-byte aligned", keep);
         return -1;
     }
     return drc::fwd<uint16_t>("cuda dr_chunk_fwd_bf16_keep", s, q, k, v, g, beta, h0, o, hT, keep, kept);

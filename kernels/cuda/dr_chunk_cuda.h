@@ -64,7 +64,7 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
  *     shape.  B8 T2048 H16 K=V=128: GDN and delta_rule 0.74 GB, KDA 1.14 GB (the inputs q, k, v are
  *     67 MB each).
  *   dg_cuda_dr_chunk_fwd_bf16_keep(..., keep, kept): the forward of dg_cuda_dr_chunk_fwd_bf16;
- *     keep is device memory of kept_bytes(s) bytes, 256-byte aligned; *kept = 1 when it now holds
+ *     keep is device memory of kept_bytes(s) bytes, 16-byte aligned; *kept = 1 when it now holds
  *     the working set, 0 when the call took the generic kernels (pointer alignment).
  *   dg_cuda_dr_chunk_bwd_bf16_kept(..., kept): dg_cuda_dr_chunk_bwd_bf16 from the working set that
  *     a kept forward made on the same shape, inputs and h0 (NULL: recompute).  The GDN/delta_rule

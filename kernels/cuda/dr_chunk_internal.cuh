@@ -230,7 +230,7 @@ template <typename T> struct Io {
     float *hT, *dg, *dh0;
 };
 
-/* Buffers of one call carved out of one allocation, each at a 256-byte boundary.  With base NULL
+/* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
  * it only counts (off is then the size): the same sequence of takes first sizes, then places. */
 struct Carve {
     char *base;

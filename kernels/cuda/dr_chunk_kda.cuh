@@ -40,6 +40,12 @@ using fast::PAD;
 using fast::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
+/* Row stride (floats) of the cumulative gate tile sG [64][gstride(K)] in shared memory: K + 8,
+ * not K.  The kernels read it in the mma accumulator layout, where the lanes of one access sit
+ * on eight rows (g = lane / 4) and four column pairs: with a stride of K (a multiple of the 32
+ * banks) the eight rows share a bank (an 8-way conflict, measured by ncu as 20-26 % excess
+ * shared-memory wavefronts in prep, out and qkwy); K + 8 puts them 8 banks apart. */
+__host__ __device__ constexpr int gstride(int K) { return K + 8; }
 
 /* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16.  Forward:
  * W, Kd [rows, HV, K]; U f32 [rows, HV, V]; Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S
@@ -96,18 +102,19 @@ template <int K, bool STRICT>
 __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const float *sG,
                                           float *out, unsigned char *scr) {
     constexpr int LD = K + PAD;
+    constexpr int GS = gstride(K);
     const Sp Xa{(uint16_t *)scr, 64 * LD};
     const Sp Kb{(uint16_t *)(scr + 2 * fast::tile_bytes(64, K)), 96 * LD};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int e = tid; e < 48 * K; e += FNT) {
         const int i = 16 + e / K, c = e % K, r = i & ~15;
-        fast::split2(bf2f(X[i * LD + c]) * expf(sG[i * K + c] - sG[r * K + c]), Xa.hi[i * LD + c],
+        fast::split2(bf2f(X[i * LD + c]) * expf(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
                      Xa.lo()[i * LD + c]);
     }
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Kt[j * LD + c]) * expf(sG[16 * I * K + c] - sG[j * K + c]), Kb.hi[R * LD + c],
+        fast::split2(bf2f(Kt[j * LD + c]) * expf(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
                      Kb.lo()[R * LD + c]);
     }
     /* blocks above the diagonal: zero */
@@ -126,8 +133,8 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         fast::frag_each(acc, 16 * I, 16 * J, [&](int i, int j, float &x) { out[i * LDF + j] = x; });
     }
     /* the diagonal blocks, element by element in f32: a thread per (i, j), j <= i in one block
-     * (136 pairs a block); the channels in an order that starts at the lane, so that the lanes
-     * of a warp read different banks of sG */
+     * (136 pairs a block); the channels in an order that starts at lane - 8i, so that the lanes of
+     * a warp read row i of sG (stride K + 8: bank 8i + c) in different banks */
     for (int p = tid; p < 4 * 136; p += FNT) {
         const int D = p / 136, t = p % 136;
         int a = 0;
@@ -136,10 +143,10 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         float s = 0.0f;
         if (!(STRICT && bb == a)) {
             const uint16_t *xi = X + i * LD, *kj = Kt + j * LD;
-            const float *gi = sG + i * K, *gj = sG + j * K;
+            const float *gi = sG + i * GS, *gj = sG + j * GS;
 #pragma unroll 4
             for (int u = 0; u < K; u++) {
-                const int c = (u + lane) & (K - 1);
+                const int c = (u + lane - 8 * i) & (K - 1);
                 s += bf2f(xi[c]) * bf2f(kj[c]) * expf(gi[c] - gj[c]);
             }
         }
@@ -152,12 +159,13 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
  * c < K takes channel c.  Returns nothing; the caller puts a barrier after. */
 template <int K>
 __device__ __forceinline__ void gate_cumsum(const float *g, int64_t ld, int L, float *sG) {
+    constexpr int GS = gstride(K);
     const int c = threadIdx.x;
     if (c < K) {
         float a = 0.0f;
         for (int i = 0; i < 64; i++) {
             if (i < L) a += g[i * ld + c];
-            sG[i * K + c] = a;
+            sG[i * GS + c] = a;
         }
     }
 }

@@ -57,13 +57,14 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
 template <int K, bool STRICT>
 __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *Y,
                                         const float *sG, unsigned char *scr) {
+    constexpr int GS = gstride(K);
     constexpr int LK = K + PAD, NT = WT<64, K>::NT;
     const Sp Yb{(uint16_t *)scr, 96 * LK};
     const int tid = threadIdx.x, warp = tid >> 5;
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Y[l * LK + c]) * expf(sG[16 * I * K + c] - sG[l * K + c]), Yb.hi[R * LK + c],
+        fast::split2(bf2f(Y[l * LK + c]) * expf(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
                      Yb.lo()[R * LK + c]);
     }
     bsync();
@@ -73,12 +74,21 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const Sp B{Yb.hi + 8 * I * (I - 1) * LK, Yb.lo_off};
         fast::mma_ss<1, NT, false, true>(r, D, 72, m0, B, LK, n0, 16 * I);
     }
-    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) {
-        const float gi = sG[i * K + c];
-        x *= expf(gi - sG[16 * I * K + c]);
-        for (int l = 16 * I; l < (STRICT ? i : i + 1); l++)
-            x += (bf2f(D.hi[i * 72 + l]) + bf2f(D.lo()[i * 72 + l])) * bf2f(Y[l * LK + c]) * expf(gi - sG[l * K + c]);
-    });
+    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= expf(sG[i * GS + c] - sG[16 * I * GS + c]); });
+    /* the diagonal block, in f32: l outer (not unrolled), so that the unrolled body over this
+     * thread's accumulator elements is emitted once (a loop inside each element's body was
+     * emitted once per element: half of the fused kernel's 520 KB of code, and ncu found the warps
+     * waiting for instructions 46 % of the time) */
+    const int i0 = m0 + ((tid & 31) >> 2), i1 = i0 + 8; /* this thread's two rows */
+#pragma unroll 1
+    for (int l = 16 * I; l < 16 * I + 16; l++) {
+        const float d0 = bf2f(D.hi[i0 * 72 + l]) + bf2f(D.lo()[i0 * 72 + l]);
+        const float d1 = bf2f(D.hi[i1 * 72 + l]) + bf2f(D.lo()[i1 * 72 + l]);
+        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) {
+            const float t = (i == i0 ? d0 : d1) * bf2f(Y[l * LK + c]) * expf(sG[i * GS + c] - sG[l * GS + c]);
+            if (STRICT ? l < i : l <= i) x += t; /* past the diagonal the exponent may overflow: not added */
+        });
+    }
     bsync();
 }
 
@@ -87,13 +97,14 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
 template <int K, bool STRICT>
 __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *X,
                                         const float *sG, unsigned char *scr) {
+    constexpr int GS = gstride(K);
     constexpr int LK = K + PAD, NT = WT<64, K>::NT;
     const Sp Xb{(uint16_t *)scr, 96 * LK};
     const int tid = threadIdx.x, warp = tid >> 5;
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
-        fast::split2(bf2f(X[i * LK + c]) * expf(sG[i * K + c] - sG[(16 * J + 15) * K + c]), Xb.hi[R * LK + c],
+        fast::split2(bf2f(X[i * LK + c]) * expf(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
                      Xb.lo()[R * LK + c]);
     }
     bsync();
@@ -105,12 +116,18 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const Sp B{Xb.hi + (J == 0 ? 0 : J == 1 ? 48 : 80) * LK, Xb.lo_off};
         fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - i0);
     }
-    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) {
-        const float gl = sG[l * K + c];
-        x *= expf(sG[(16 * J + 15) * K + c] - gl);
-        for (int i = STRICT ? l + 1 : l; i < 16 * J + 16; i++)
-            x += (bf2f(D.hi[i * 72 + l]) + bf2f(D.lo()[i * 72 + l])) * bf2f(X[i * LK + c]) * expf(sG[i * K + c] - gl);
-    });
+    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= expf(sG[(16 * J + 15) * GS + c] - sG[l * GS + c]); });
+    /* the diagonal block, in f32, i outer (as in gated_R) */
+    const int l0 = m0 + ((tid & 31) >> 2), l1 = l0 + 8; /* this thread's two rows */
+#pragma unroll 1
+    for (int i = 16 * J; i < 16 * J + 16; i++) {
+        const float d0 = bf2f(D.hi[i * 72 + l0]) + bf2f(D.lo()[i * 72 + l0]);
+        const float d1 = bf2f(D.hi[i * 72 + l1]) + bf2f(D.lo()[i * 72 + l1]);
+        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) {
+            const float t = (l == l0 ? d0 : d1) * bf2f(X[i * LK + c]) * expf(sG[i * GS + c] - sG[l * GS + c]);
+            if (STRICT ? i > l : i >= l) x += t;
+        });
+    }
     bsync();
 }
 
@@ -188,7 +205,7 @@ __global__ void __launch_bounds__(FNT)
 template <int K, int V> struct QkL {
     static constexpr int tK = tile_bytes(64, K), tV = tile_bytes(64, V), t64 = tile_bytes(64, 64);
     /* persistent: G [64][K], beta, dbeta, red [8][64], last-row terms [K], column partials [8][K] */
-    static constexpr int F32 = (64 * K + 64 + 64 + 8 * 64 + K + 8 * K) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + 8 * 64 + K + 8 * K) * 4;
     static constexpr int oK = F32, oQ = oK + tK, oDM = oQ + tK, oZ = oDM + 2 * t64;
     /* Z, part A: S0 / dS1 split, dO raw, dV' then V' split */
     static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
@@ -217,6 +234,7 @@ template <int K, int V, int MODE>
 __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     using Lay = QkL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
+    constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int64_t c = blockIdx.x / HV;
@@ -226,7 +244,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
     const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
     const float scale = G.scale;
-    float *sG = sm, *sb = sG + 64 * K, *sdB = sb + 64, *red = sdB + 64, *sLast = red + 8 * 64, *colp = sLast + K;
+    float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + 8 * 64, *colp = sLast + K;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::oK), *sQ = (uint16_t *)(B8 + Lay::oQ);
     const Sp sDM{(uint16_t *)(B8 + Lay::oDM), 64 * 72}; /* dM', later Ai, later dMkk */
@@ -271,7 +289,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 for (int u = 0; u < 8; u++) t += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(uh[u]) + bf2f(ul[u]));
 #pragma unroll
                 for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
-                if ((lane & (V8 - 1)) == 0) sLast[r] = expf(sG[63 * K + r]) * t;
+                if ((lane & (V8 - 1)) == 0) sLast[r] = expf(sG[63 * GS + r]) * t;
                 *(uint4 *)ph = xh;
                 *(uint4 *)pl = xl;
             }
@@ -293,8 +311,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll
             for (int nt = 0; nt < TK::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
             each2(dq, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
-                x *= scale * expf(sG[i * K + cc]);
-                y *= expf(sG[63 * K + cc] - sG[i * K + cc]);
+                x *= scale * expf(sG[i * GS + cc]);
+                y *= expf(sG[63 * GS + cc] - sG[i * GS + cc]);
             });
             const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -376,7 +394,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
     for (int e = tid; e < 64 * K; e += FNT) {
         const int i = e / K, cc = e % K;
-        fast::split2(bf2f(sK[i * LK + cc]) * expf(sG[i * K + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        fast::split2(bf2f(sK[i * LK + cc]) * expf(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
     fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
     fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
@@ -401,9 +419,9 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll
             for (int qq = 0; qq < 4; qq++) {
                 const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
-                const float kg = bf2f(sK[j * LK + cc]) * expf(sG[j * K + cc]), x = t[0][nt][qq];
+                const float kg = bf2f(sK[j * LK + cc]) * expf(sG[j * GS + cc]), x = t[0][nt][qq];
                 rb[qq >> 1] += kg * x;
-                dk[0][nt][qq] += expf(sG[j * K + cc]) * sb[j] * x;
+                dk[0][nt][qq] += expf(sG[j * GS + cc]) * sb[j] * x;
                 dG[0][nt][qq] += kg * sb[j] * x;
             }
         fast::red_rows_put(red, km0, rb);

@@ -69,7 +69,7 @@ __device__ void inv_lower(const float *sA, float *sY, float *sT) {
 }
 
 template <int K, int V> struct PrepL {
-    static constexpr int F32 = (64 * K + 64 + 3 * 64 * LDF) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 + 3 * 64 * LDF) * 4;
     static constexpr int RAW = 2 * tile_bytes(64, K) + tile_bytes(64, V);
     static constexpr int S1 = tri_scratch_bytes<K>();
     static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(FNT)
        Bufs b, int bwd) {
     using Lay = PrepL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
+    constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     const int64_t c = blockIdx.x / HV;
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(FNT)
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    float *sG = sm, *sb = sG + 64 * K, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF;
+    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
     unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(FNT)
     fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
     if (bwd) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * K + tid];
+    if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
     if (bwd) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
         gated_tri<K, false>(sQ, sK, sG, sY, scr);
         bsync();
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(FNT)
         for (int e = tid; e < L * K; e += FNT) {
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
-            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * expf(sG[i * K + cc]), hh, ll);
+            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * expf(sG[i * GS + cc]), hh, ll);
             b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
         bsync();
@@ -137,10 +138,10 @@ __global__ void __launch_bounds__(FNT)
     for (int e = tid; e < 64 * K; e += FNT) {
         const int i = e / K, cc = e % K;
         const float kv = bf2f(sK[i * LK + cc]);
-        fast::split2(kv * expf(sG[i * K + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        fast::split2(kv * expf(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
         if (i < L) { /* Kd = K o e^{Gl - G} */
             uint16_t hh, ll;
-            fast::split2(kv * expf(sG[63 * K + cc] - sG[i * K + cc]), hh, ll);
+            fast::split2(kv * expf(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
             b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
             b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(FNT) ks(Geom G, Bufs b, const float *h0, float
 }
 
 template <int K, int V> struct OutL {
-    static constexpr int F32 = (64 * K + 64 * LDF) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 * LDF) * 4;
     static constexpr int QK = 2 * tile_bytes(64, K); /* q, k raw; later Q o e^G split */
     static constexpr int P = 2 * tile_bytes(64, 64);
     static constexpr int S1 = tri_scratch_bytes<K>();
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(FNT)
     ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o) {
     using Lay = OutL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
+    constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     const int64_t c = blockIdx.x / HV;
@@ -254,7 +256,7 @@ __global__ void __launch_bounds__(FNT)
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
     const float scale = G.scale;
-    float *sG = sm, *sA = sG + 64 * K;
+    float *sG = sm, *sA = sG + 64 * GS;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sQ = (uint16_t *)(B8 + Lay::F32), *sK = sQ + 64 * LK;
     const Sp sQg{sQ, 64 * LK};
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(FNT)
     }
     for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo) */
         const int i = e / K, cc = e % K;
-        const float x = bf2f(sQ[i * LK + cc]) * expf(sG[i * K + cc]);
+        const float x = bf2f(sQ[i * LK + cc]) * expf(sG[i * GS + cc]);
         fast::split2(x, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
