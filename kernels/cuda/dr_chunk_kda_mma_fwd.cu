@@ -9,7 +9,7 @@
  *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
  *         backward recompute (bwd = 1) also: Ai, Mkk = strictly_lower(M) (f32), P = scale
  *         lower_incl(M') and Qg = scale Q o e^G (split), for dr_chunk_kda_mma_bwd.cu
- *   state (block per sequence, head; chunks in order; S [K x V] in registers):
+ *   state (block per sequence, head, tile of 64 value columns; chunks in order; S in registers):
  *         V' = U - W S                                     [mma, W and S split]
  *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
  *         stores S entering each chunk and V', split
@@ -169,29 +169,31 @@ __global__ void __launch_bounds__(FNT)
     }
 }
 
+/* W, then Kd, share one split tile, so that two blocks fit on a multiprocessor */
 template <int K, int V> struct StateL {
-    static constexpr int bytes = K * 4 + 4 * tile_bytes(64, K) + 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
+    static constexpr int bytes = K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, fast::BV) + 2 * tile_bytes(64, fast::BV);
 };
 
-/* block per (sequence, value head) */
+/* block per (sequence, value head, tile of BV = 64 value columns v0 .. v0 + BV - 1): the columns of
+ * S and V' are independent, so V = 128 runs as two blocks per (sequence, head) (256 blocks at S1
+ * instead of 128, two per multiprocessor), as the head-gate state pass (dr_chunk_mma_fwd.cu) */
 template <int K, int V>
-__global__ void __launch_bounds__(FNT) ks(Geom G, Bufs b, const float *h0, float *hT) {
-    constexpr int LK = K + PAD, LV = V + PAD;
+__global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, float *hT) {
+    constexpr int BV = fast::BV, NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
-    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
-    const int64_t n = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV);
+    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     float *sGl = sm;
     uint16_t *base = (uint16_t *)(sGl + K);
-    const Sp sW{base, 64 * LK};
-    const Sp sKd{base + 2 * 64 * LK, 64 * LK};
-    const Sp sS{base + 4 * 64 * LK, K * LV};
-    const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
-    using TS = WT<K, V>;
-    using TV = WT<64, V>;
+    const Sp sX{base, 64 * LK}; /* W, then Kd */
+    const Sp sS{base + 2 * 64 * LK, K * LB};
+    const Sp sVn{sS.hi + 2 * K * LB, 64 * LB};
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float S[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
     fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -199,34 +201,45 @@ __global__ void __launch_bounds__(FNT) ks(Geom G, Bufs b, const float *h0, float
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
-        fast::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
-        fast::load_split<64, K>(sKd, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
-        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-        pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            fast::put_split2(sS, LV, r, j, x0, x1);
-            put2_global(b.Sh, b.Sl, sb + (int64_t)r * V + j, x0, x1);
-        });
+        /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+        pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
         bsync();
-        { /* V' = U - W S */
+        fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
+        fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        { /* V' = U - W S; this thread's U pairs are loaded before the product */
+            float2 u[TV::NT][2];
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    u[nt][hh] = i < L ? *(const float2 *)(b.U + (ot + (int64_t)i * HV) * V + v0 + j) : make_float2(0.0f, 0.0f);
+                }
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
-            fast::mma_ss<1, TV::NT, false, true>(acc, sW, LK, vm0, sS, LV, vn0, K);
-            pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
-                float v0 = 0.0f, v1 = 0.0f;
-                if (i < L) {
-                    const int64_t off = (ot + (int64_t)i * HV) * V + j;
-                    const float2 u = *(const float2 *)(b.U + off);
-                    v0 = u.x - x0, v1 = u.y - x1;
-                    put2_global(b.Vnh, b.Vnl, off, v0, v1);
+            fast::mma_ss<1, TV::NT, false, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    float y0 = 0.0f, y1 = 0.0f;
+                    if (i < L) {
+                        y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
+                        put2_global(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
+                    }
+                    fast::put_split2(sVn, LB, i, j, y0, y1);
                 }
-                fast::put_split2(sVn, LV, i, j, v0, v1);
-            });
         }
         bsync();
+        fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L); /* W is dead */
         /* S <- diag(e^{Gl}) S + Kd^T V' */
         fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
-        fast::mma_ss<1, TS::NT, true, true>(S, sKd, LK, sm0, sVn, LV, sn0, 64);
+        bsync();
+        fast::mma_ss<1, TS::NT, true, true>(S, sX, LK, sm0, sVn, LB, sn0, 64);
         bsync();
     }
     if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
@@ -302,7 +315,7 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
                         G, io.q, io.k, io.v, io.g, io.beta, b, bwd ? 1 : 0);
     if (!rc)
-        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV, FNT, (size_t)(StateL<K, V>::bytes), G,
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV * (V / fast::BV), FNT, (size_t)(StateL<K, V>::bytes), G,
                         b, io.h0, io.hT);
     return rc;
 }
