@@ -4,7 +4,7 @@
  * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
  *   prep  (block per chunk, head):
  *         A  = diag(beta) strictly_lower(M),  M_ij = sum_c k_ic k_jc e^{G_ic - G_jc}  [gated_tri]
- *         Ai = (I + A)^-1                                  [f32, blocks of 16]
+ *         Ai = (I + A)^-1                  [f32, blocks of 16: dr_chunk_tri_inv.cuh]
  *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
  *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
  *         backward recompute (bwd = 1) also: Ai, Mkk = strictly_lower(M) (f32), P = scale
@@ -22,6 +22,7 @@
  * forward 4.17 ms by CUDA events (generic kernels 24.5 ms, FLA 1.465 ms).  prep and out run one
  * block per multiprocessor (about 220 KB and 200 KB of shared memory). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
+#include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
 namespace drc {
 namespace kda {
@@ -29,44 +30,6 @@ namespace {
 
 using fast::tile_bytes;
 using fast::WT;
-
-/* (I + A)^-1 of the strictly lower 64 x 64 matrix sA (rows >= L zero) into sY, both ld LDF.
- * The diagonal 16 x 16 blocks by forward substitution (a thread per column), then block row by
- * block row below the diagonal: Y_IJ = -Y_II sum_{J <= M < I} A_IM Y_MJ (sT holds the sum). */
-__device__ void inv_lower(const float *sA, float *sY, float *sT) {
-    const int tid = threadIdx.x;
-    if (tid < 64) {
-        const int col = tid, b1 = (col | 15) + 1;
-        for (int i = col & ~15; i < b1; i++) sY[i * LDF + col] = i == col ? 1.0f : 0.0f;
-        for (int i = col + 1; i < b1; i++) {
-            float s = 0.0f;
-            for (int m = col; m < i; m++) s += sA[i * LDF + m] * sY[m * LDF + col];
-            sY[i * LDF + col] = -s;
-        }
-    }
-    for (int e = tid; e < 64 * 64; e += FNT) { /* above the diagonal blocks */
-        const int i = e >> 6, j = e & 63;
-        if ((j >> 4) > (i >> 4)) sY[i * LDF + j] = 0.0f;
-    }
-    bsync();
-    for (int I = 1; I < 4; I++) {
-        const int i0 = 16 * I;
-        for (int e = tid; e < 16 * i0; e += FNT) { /* T[i][j] = sum_{m in [16(j/16), i0)} A_im Y_mj */
-            const int i = i0 + e / i0, j = e % i0;
-            float s = 0.0f;
-            for (int m = j & ~15; m < i0; m++) s += sA[i * LDF + m] * sY[m * LDF + j];
-            sT[i * LDF + j] = s;
-        }
-        bsync();
-        for (int e = tid; e < 16 * i0; e += FNT) {
-            const int i = i0 + e / i0, j = e % i0;
-            float s = 0.0f;
-            for (int m = i0; m <= i; m++) s += sY[i * LDF + m] * sT[m * LDF + j];
-            sY[i * LDF + j] = -s;
-        }
-        bsync();
-    }
-}
 
 template <int K, int V> struct PrepL {
     static constexpr int F32 = (64 * gstride(K) + 64 + 3 * 64 * LDF) * 4;
@@ -125,9 +88,13 @@ __global__ void __launch_bounds__(FNT)
     bsync();
     if (bwd)
         for (int e = tid; e < L * 64; e += FNT) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
-    for (int e = tid; e < 64 * 64; e += FNT) sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
+    for (int e = tid; e < 64 * 64; e += FNT) {
+        sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
+        sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
+    }
     bsync();
-    inv_lower(sA, sY, sT);
+    static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
+    fast::tri_inv(sA, sY, sT, L, 1);
     if (bwd)
         for (int e = tid; e < L * 64; e += FNT) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
