@@ -9,6 +9,22 @@
  * of two split operands takes three mma passes (hi hi + lo hi + hi lo), of a split and a plain one
  * two.  So the chunked algebra keeps close to f32 accuracy while running on bf16 tensor cores.
  *
+ * Plain-bf16 intermediates (as flash-linear-attention stores them): a compile-time choice per
+ * gate, Plain<GATE> below.  A plain operand is stored as its hi word only (no lo array written or
+ * read; half the bytes) and enters its products in one pass less.  What decides it is the relative
+ * error norm ||x - ref|| / ||ref|| against the f64 reference (bound 5e-3 for bf16), measured in the
+ * CPU emulator (DRC_EMU) at K = V = 128, H = 1, q and k L2-normalised, h0 and dhT present, T = 512
+ * and 2048, worst over o, hT, dq, dk, dv, dg, dbeta, dh0 (docs/PERF_KERNELS.md has the table):
+ *   - HEAD gate: W, U, V', S plain (f_prep, f_state, f_out, and where b_dhu, b_qkwy read them):
+ *     <= 2.5e-3 (split: <= 1.7e-3).  The decay e^G shrinks the state and the recurrence forgets
+ *     the rounding of earlier chunks.  Without a gate the same choice reached 3.3-3.9e-3 (o, hT,
+ *     dq, dk), too close to the bound: GATE NONE keeps them split.
+ *   - dS, dV' (b_dhu, b_qkwy), Ai and dW stay split for both gates: plain dS and dV' gave 3.4e-3
+ *     in dbeta.
+ *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
+ *     still drive the recurrence and the backward): <= 1.7e-3.
+ * U is stored as bf16 when plain (it is f32 otherwise), in the first half of the same buffer.
+ *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
  * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads); an
  * M x N product (M in {64, 128}) is split by warps: M = 128: warp w takes rows 16w..16w+15, all N
@@ -97,6 +113,22 @@ __device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *
     mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.lo(), ldb, n0, kdim);
 }
 
+/* any of the above by flags: AS (BS) = A (B) is split, else only its hi part is read (a raw tile
+ * is Sp{ptr, 0}).  Passes: hi hi, then lo hi if AS, then hi lo if BS (the order of mma_ss). */
+template <int MT, int NT, bool A_KM, bool B_KN, bool AS, bool BS>
+__device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
+                                      int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
+    if (AS) mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
+    if (BS) mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+}
+
+/* Which computed operands are plain bf16 (one word, see the top of this file).  state: W, U, V'
+ * and S, wherever they are stored, loaded or multiplied. */
+template <int GATE> struct Plain {
+    static constexpr bool state = GATE == DG_GATE_HEAD;
+};
+
 /* warp tiling of an M x N output (M in {64, 128}) over the 8 warps */
 template <int M, int N> struct WT {
     static constexpr int NT = M == 128 ? N / 8 : N / 16;
@@ -133,6 +165,12 @@ __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float
     split2(x1, h1, l1);
     *(uint32_t *)(t.hi + row * ld + col) = (uint32_t)h0 | ((uint32_t)h1 << 16);
     *(uint32_t *)(t.lo() + row * ld + col) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+/* the same, SPLIT false: the hi words only (plain bf16; t.lo() is not touched) */
+template <bool SPLIT>
+__device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0, float x1) {
+    if (SPLIT) put_split2(t, ld, row, col, x0, x1);
+    else *(uint32_t *)(t.hi + row * ld + col) = pack_bf2(x0, x1);
 }
 /* split x into the accumulator-shaped tile: f(row, col) gives the value */
 template <int NT, class F>
@@ -185,6 +223,13 @@ __device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint1
                                            int nrow) {
     load_raw<R, Cc>(s.hi, gh, ldg, nrow);
     load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
+}
+
+/* the same, SPLIT false: the hi part only (s.lo() is left as it was, gl is not read) */
+template <int R, int Cc, bool SPLIT>
+__device__ __forceinline__ void load_sp(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
+    load_raw<R, Cc>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
 }
 
 /* ---- reductions over the accumulator tile (deterministic: fixed order) ----

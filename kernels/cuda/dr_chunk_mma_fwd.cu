@@ -10,7 +10,9 @@
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma, V' split]
  *          stores S (entering each chunk) and V', both split
  *   out    (block per chunk, head, tile of BV value columns):  O = scale e^G o (Q S) + P V',
- *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P, S, V' split]
+ *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
+ * With the head gate (Plain<GATE>::state, dr_chunk_mma.cuh) W, U, V' and S are plain bf16
+ * instead of split: one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
@@ -75,8 +77,14 @@ __device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n
             f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
 }
 
+/* SPLIT false: the hi words only (gl is not written) */
+template <bool SPLIT>
 __device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
                                                 float x1) {
+    if (!SPLIT) {
+        *(uint32_t *)(gh + off) = pack_bf2(x0, x1);
+        return;
+    }
     uint16_t h0, l0, h1, l1;
     split2(x0, h0, l0);
     split2(x1, h1, l1);
@@ -94,6 +102,7 @@ template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT)
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
            FastBufs b, int blocked, int store_ai) {
+    constexpr bool PL = Plain<GATE>::state; /* W, U plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     const int64_t c = blockIdx.x / HV;
@@ -154,10 +163,15 @@ __global__ void __launch_bounds__(FNT)
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sK, K + PAD, n0, 64);
-        /* staged split in sA, sT (dead after tri_inv), rows of K unpadded with the 16-byte chunks
-         * swizzled (chunk c of row i at c ^ (i & 7): conflict-free), then stored as vectors */
+        /* staged split in sA, sT (dead after tri_inv; plain: sA only), rows of K unpadded with the
+         * 16-byte chunks swizzled (chunk c of row i at c ^ (i & 7): conflict-free), then stored as
+         * vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             const int o = i * K + (((j >> 3) ^ (i & 7)) << 3) + (j & 7);
+            if (PL) {
+                *(uint32_t *)((uint16_t *)sA + o) = pack_bf2(x0, x1);
+                return;
+            }
             uint16_t h0, l0, h1, l1;
             split2(x0, h0, l0);
             split2(x1, h1, l1);
@@ -170,7 +184,7 @@ __global__ void __launch_bounds__(FNT)
         const int r = e / (K / 8), c8 = e % (K / 8), o = r * K + ((c8 ^ (r & 7)) << 3);
         const int64_t go = ((r0 + r) * HV + hv) * K + c8 * 8;
         *(uint4 *)(b.Wh + go) = *(const uint4 *)((const uint16_t *)sA + o);
-        *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
+        if (!PL) *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
     }
     /* U = (Ai diag(beta)) V */
     for (int e = tid; e < 64 * 64; e += FNT) {
@@ -185,18 +199,35 @@ __global__ void __launch_bounds__(FNT)
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sV, V + PAD, n0, 64);
         /* staged in sA, sY, sT (dead now; W's copy above read sA, sT before the last barrier),
-         * rows of V floats with the 16-byte chunks swizzled, then stored as 16-byte vectors */
+         * rows of V floats (plain: V bf16, swizzled as W) with the 16-byte chunks swizzled, then
+         * stored as 16-byte vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
+            if (PL)
+                *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_bf2(x0, x1);
+            else
+                *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
         });
     }
     bsync();
-    for (int e = tid; e < L * (V / 4); e += FNT) {
-        const int r = e / (V / 4), c4 = e % (V / 4);
-        *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) =
-            *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
+    if (PL) { /* U bf16 [rows, HV, V] in the first half of the f32 buffer b.U */
+        uint16_t *Ub = (uint16_t *)b.U;
+        for (int e = tid; e < L * (V / 8); e += FNT) {
+            const int r = e / (V / 8), c8 = e % (V / 8);
+            *(uint4 *)(Ub + ((r0 + r) * HV + hv) * V + c8 * 8) =
+                *(const uint4 *)((const uint16_t *)sA + r * V + ((c8 ^ (r & 7)) << 3));
+        }
+    } else {
+        for (int e = tid; e < L * (V / 4); e += FNT) {
+            const int r = e / (V / 4), c4 = e % (V / 4);
+            *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) =
+                *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
+        }
     }
 }
+
+/* a pair (col, col+1) of U as f_state holds it: f32, or two bf16 when plain (converted where used) */
+template <bool PL> struct UPair { using type = float2; };
+template <> struct UPair<true> { using type = uint32_t; };
 
 template <int K> struct StateSmem {
     static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(64, K) +
@@ -209,6 +240,7 @@ template <int K> struct StateSmem {
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
+    constexpr bool PL = Plain<GATE>::state; /* W, U, S, V' plain bf16 (lo parts unused) */
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5;
@@ -232,31 +264,32 @@ __global__ void __launch_bounds__(FNT, 2)
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        load_split<64, K>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        load_sp<64, K, !PL>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
         load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
-        /* the state entering the chunk: split, into shared memory and out */
+        /* the state entering the chunk: split (or plain), into shared memory and out */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, BV + PAD, r, j, x0, x1); });
+        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PL>(sS, BV + PAD, r, j, x0, x1); });
         bsync();
         store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        if (!PL) store_raw<K, BV>(b.Sl + sb, V, sS.lo());
         { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
            * the product: loaded between the V' stores, they would wait one after another (the
            * compiler cannot move a load above a store that may alias it) */
             const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-            float2 u[TV::NT][2];
+            typename UPair<PL>::type u[TV::NT][2];
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                    u[nt][hh] = i < L ? *(const float2 *)(b.U + ((r0 + i) * HV + hv) * V + v0 + j)
-                                      : make_float2(0.0f, 0.0f);
+                    const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
+                    if constexpr (PL) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
+                    else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
                 }
             float acc[1][TV::NT][4];
             acc_zero(acc);
-            mma_ss<1, TV::NT, false, true>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
+            mma_p<1, TV::NT, false, true, !PL, !PL>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
             const float gl = sG[63];
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
@@ -265,11 +298,14 @@ __global__ void __launch_bounds__(FNT, 2)
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
-                        y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                        put_pair_global(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
+                        float2 uu;
+                        if constexpr (PL) uu = make_float2(bf2f((uint16_t)u[nt][hh]), bf2f((uint16_t)(u[nt][hh] >> 16)));
+                        else uu = u[nt][hh];
+                        y0 = uu.x - acc[0][nt][2 * hh], y1 = uu.y - acc[0][nt][2 * hh + 1];
+                        put_pair_global<!PL>(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
                     }
                     const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
-                    put_split2(sVn, BV + PAD, i, j, e * y0, e * y1);
+                    put_sp2<!PL>(sVn, BV + PAD, i, j, e * y0, e * y1);
                 }
         }
         bsync();
@@ -278,20 +314,22 @@ __global__ void __launch_bounds__(FNT, 2)
             const float d = expf(sG[63]);
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
-        mma_rs<1, TS::NT, true, true>(S, sK, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
+        mma_p<1, TS::NT, true, true, false, !PL>(S, Sp{sK, 0}, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
         bsync();
     }
     if (hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
 template <int K> struct OutSmem {
-    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) +
-                                 2 * tile_bytes(64, BV) + 2 * tile_bytes(64, 64);
+    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(K, BV) +
+                                 tile_bytes(64, BV) + 2 * tile_bytes(64, 64);
 };
 
 /* block per (chunk, value head, tile of BV value columns): the two tiles of V = 128 both compute
  * P (small) and load Q, K, so that a block needs half the shared memory and two fit on a
- * multiprocessor */
+ * multiprocessor.  S and V' enter as their hi words only, for both gates (dr_chunk_mma.cuh: the
+ * error stays <= 1.7e-3; the lo arrays, when written, are for the backward): Q S one mma pass,
+ * P V' two (P split). */
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o) {
@@ -305,14 +343,13 @@ __global__ void __launch_bounds__(FNT)
     const int64_t r0 = ch.r0;
     float *sG = sm;
     uint16_t *sQ = (uint16_t *)(sG + 64), *sK = sQ + 64 * (K + PAD);
-    const Sp sS{sK + 64 * (K + PAD), K * (BV + PAD)};
-    const Sp sVn{sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
-    const Sp sP{sVn.hi + 2 * 64 * (BV + PAD), 64 * 72};
+    uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (BV + PAD);
+    const Sp sP{sVn + 64 * (BV + PAD), 64 * 72};
     load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-    load_split<K, BV>(sS, b.Sh + sb, b.Sl + sb, V, K);
-    load_split<64, BV>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, b.Vnl + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+    load_raw<K, BV>(sS, b.Sh + sb, V, K);
+    load_raw<64, BV>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
     bsync();
     const float scale = G.scale;
@@ -335,11 +372,11 @@ __global__ void __launch_bounds__(FNT)
         float acc[1][T::NT][4];
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        mma_rs<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, BV + PAD, n0, K);
+        mma_run<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, BV + PAD, n0, K);
         frag_each(acc, m0, n0, [&](int i, int, float &x) {
             x *= GATE == DG_GATE_HEAD ? scale * expf(sG[i]) : scale;
         });
-        mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, BV + PAD, n0, 64);
+        mma_sr<1, T::NT, false, true>(acc, sP, 72, m0, sVn, BV + PAD, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_bf2(x0, x1);
         });
