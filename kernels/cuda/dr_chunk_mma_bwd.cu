@@ -15,9 +15,8 @@
  *          dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dg = reverse cumsum of dG
  *   kda_fused = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
  *   the partial dk and dG through global memory.
- * With the head gate W, V' and S come plain bf16 (Plain<GATE>::state, dr_chunk_mma.cuh): their
- * lo arrays are not read and the products with them take one mma pass less; dS, dV', Ai, dW
- * stay split. */
+ * With the head gate W and V' come plain bf16 (Plain<GATE>, dr_chunk_mma.cuh): their lo arrays
+ * are not read and the products with them take one mma pass less; S, dS, dV', Ai, dW stay split. */
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -57,7 +56,7 @@ template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
           float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
-    constexpr bool PL = Plain<GATE>::state; /* W plain bf16 */
+    constexpr bool PW = Plain<GATE>::W; /* plain bf16 */
     using L_ = DhuSmem<K>;
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
@@ -144,10 +143,10 @@ __global__ void __launch_bounds__(FNT, 2)
         bsync();
         mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
         bsync();
-        load_sp<64, K, !PL>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
         pairs_of(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         bsync();
-        mma_p<1, TS::NT, true, true, !PL, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
+        mma_p<1, TS::NT, true, true, !PW, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
         bsync();
     }
     if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
@@ -221,7 +220,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t ot = r0 * HV + hv; /* row r0 of [rows, HV, .] */
     const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
     constexpr bool HEAD = GATE == DG_GATE_HEAD;
-    constexpr bool PL = Plain<GATE>::state; /* V', S plain bf16 (dS1 that replaces S stays split) */
+    constexpr bool PV = Plain<GATE>::Vn, PS = Plain<GATE>::S; /* plain bf16 (dS1, which replaces S, is split) */
     const int partial = HEAD && !a.final_dg;
 
     for (int e = tid; e < 2 * 8 * 64; e += FNT) redg[e] = 0.0f;
@@ -235,14 +234,14 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     if (MODE != 2) {
         load_raw<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        load_sp<64, V, !PL>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
-        load_sp<K, V, !PL>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        load_sp<64, V, !PV>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+        load_sp<K, V, !PS>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
         bsync();
         /* A: dQg = dO S0^T;  dW' = dV' S0^T  (dW = -dW') */
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
         acc_zero(dq), acc_zero(dw);
-        mma_p<1, TK::NT, false, false, false, !PL>(dq, Sp{sO, 0}, V + PAD, km0, sS, V + PAD, kn0, V);
-        mma_p<1, TK::NT, false, false, true, !PL>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
+        mma_p<1, TK::NT, false, false, false, !PS>(dq, Sp{sO, 0}, V + PAD, km0, sS, V + PAD, kn0, V);
+        mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
         bsync();
         /* S0 -> dS1 in place, with trace(S0^T dS1) */
         float tr = 0.0f;
@@ -265,7 +264,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                     const uint16_t *xh = (const uint16_t *)&dh[u], *xl = (const uint16_t *)&dl[u];
 #pragma unroll
                     for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
-                        tr += (bf2f(ph[w]) + (PL ? 0.0f : bf2f(pl[w]))) * (bf2f(xh[w]) + bf2f(xl[w]));
+                        tr += (bf2f(ph[w]) + (PS ? 0.0f : bf2f(pl[w]))) * (bf2f(xh[w]) + bf2f(xl[w]));
                     *(uint4 *)ph = dh[u];
                     *(uint4 *)pl = dl[u];
                 }
@@ -273,12 +272,12 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         }
         tr = block_sum(tr, scr);
         /* B: dKd = V' dS1^T */
-        mma_p<1, TK::NT, false, false, !PL, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
+        mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
         /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
         {
             float dp[1][TP::NT][4], pp[1][TP::NT][4];
             acc_zero(dp), acc_zero(pp);
-            mma_p<1, TP::NT, false, false, false, !PL>(dp, Sp{sO, 0}, V + PAD, pm0, sVn, V + PAD, pn0, V);
+            mma_p<1, TP::NT, false, false, false, !PV>(dp, Sp{sO, 0}, V + PAD, pm0, sVn, V + PAD, pn0, V);
             if (partial) mma_run<1, TP::NT, false, false>(pp, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
             float rs[2] = {0.0f, 0.0f}, cs[TP::NT][2];
 #pragma unroll

@@ -11,8 +11,8 @@
  *          stores S (entering each chunk) and V', both split
  *   out    (block per chunk, head, tile of BV value columns):  O = scale e^G o (Q S) + P V',
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
- * With the head gate (Plain<GATE>::state, dr_chunk_mma.cuh) W, U, V' and S are plain bf16
- * instead of split: one word stored, one mma pass less for each of them in every product.
+ * With the head gate (Plain<GATE>, dr_chunk_mma.cuh) W, U and V' are plain bf16 instead of
+ * split (U instead of f32): one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
@@ -102,7 +102,7 @@ template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT)
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
            FastBufs b, int blocked, int store_ai) {
-    constexpr bool PL = Plain<GATE>::state; /* W, U plain bf16 */
+    constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     const int64_t c = blockIdx.x / HV;
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(FNT)
          * vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             const int o = i * K + (((j >> 3) ^ (i & 7)) << 3) + (j & 7);
-            if (PL) {
+            if (PW) {
                 *(uint32_t *)((uint16_t *)sA + o) = pack_bf2(x0, x1);
                 return;
             }
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(FNT)
         const int r = e / (K / 8), c8 = e % (K / 8), o = r * K + ((c8 ^ (r & 7)) << 3);
         const int64_t go = ((r0 + r) * HV + hv) * K + c8 * 8;
         *(uint4 *)(b.Wh + go) = *(const uint4 *)((const uint16_t *)sA + o);
-        if (!PL) *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
+        if (!PW) *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
     }
     /* U = (Ai diag(beta)) V */
     for (int e = tid; e < 64 * 64; e += FNT) {
@@ -202,14 +202,14 @@ __global__ void __launch_bounds__(FNT)
          * rows of V floats (plain: V bf16, swizzled as W) with the 16-byte chunks swizzled, then
          * stored as 16-byte vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (PL)
+            if (PU)
                 *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_bf2(x0, x1);
             else
                 *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
         });
     }
     bsync();
-    if (PL) { /* U bf16 [rows, HV, V] in the first half of the f32 buffer b.U */
+    if (PU) { /* U bf16 [rows, HV, V] in the first half of the f32 buffer b.U */
         uint16_t *Ub = (uint16_t *)b.U;
         for (int e = tid; e < L * (V / 8); e += FNT) {
             const int r = e / (V / 8), c8 = e % (V / 8);
@@ -240,7 +240,7 @@ template <int K> struct StateSmem {
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
-    constexpr bool PL = Plain<GATE>::state; /* W, U, S, V' plain bf16 (lo parts unused) */
+    constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5;
@@ -264,32 +264,32 @@ __global__ void __launch_bounds__(FNT, 2)
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        load_sp<64, K, !PL>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
         load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         /* the state entering the chunk: split (or plain), into shared memory and out */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PL>(sS, BV + PAD, r, j, x0, x1); });
+        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PS>(sS, BV + PAD, r, j, x0, x1); });
         bsync();
         store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        if (!PL) store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        if (!PS) store_raw<K, BV>(b.Sl + sb, V, sS.lo());
         { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
            * the product: loaded between the V' stores, they would wait one after another (the
            * compiler cannot move a load above a store that may alias it) */
             const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-            typename UPair<PL>::type u[TV::NT][2];
+            typename UPair<PU>::type u[TV::NT][2];
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
-                    if constexpr (PL) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
+                    if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
                     else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
                 }
             float acc[1][TV::NT][4];
             acc_zero(acc);
-            mma_p<1, TV::NT, false, true, !PL, !PL>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
+            mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
             const float gl = sG[63];
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
@@ -299,13 +299,13 @@ __global__ void __launch_bounds__(FNT, 2)
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         float2 uu;
-                        if constexpr (PL) uu = make_float2(bf2f((uint16_t)u[nt][hh]), bf2f((uint16_t)(u[nt][hh] >> 16)));
+                        if constexpr (PU) uu = make_float2(bf2f((uint16_t)u[nt][hh]), bf2f((uint16_t)(u[nt][hh] >> 16)));
                         else uu = u[nt][hh];
                         y0 = uu.x - acc[0][nt][2 * hh], y1 = uu.y - acc[0][nt][2 * hh + 1];
-                        put_pair_global<!PL>(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
+                        put_pair_global<!PV>(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
                     }
                     const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
-                    put_sp2<!PL>(sVn, BV + PAD, i, j, e * y0, e * y1);
+                    put_sp2<!PV>(sVn, BV + PAD, i, j, e * y0, e * y1);
                 }
         }
         bsync();
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(FNT, 2)
             const float d = expf(sG[63]);
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
-        mma_p<1, TS::NT, true, true, false, !PL>(S, Sp{sK, 0}, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
+        mma_p<1, TS::NT, true, true, false, !PV>(S, Sp{sK, 0}, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
         bsync();
     }
     if (hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
@@ -327,9 +327,9 @@ template <int K> struct OutSmem {
 
 /* block per (chunk, value head, tile of BV value columns): the two tiles of V = 128 both compute
  * P (small) and load Q, K, so that a block needs half the shared memory and two fit on a
- * multiprocessor.  S and V' enter as their hi words only, for both gates (dr_chunk_mma.cuh: the
- * error stays <= 1.7e-3; the lo arrays, when written, are for the backward): Q S one mma pass,
- * P V' two (P split). */
+ * multiprocessor.  S and V' enter as their hi words only, for both gates (dr_chunk_mma.cuh: o
+ * 2.5e-3 against 1.7e-3 split; the lo arrays, where written, are for the backward): Q S takes one
+ * mma pass, P V' two (P split). */
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o) {
