@@ -41,9 +41,25 @@ constexpr int FNT = 256; /* threads per block */
 constexpr int FC = 64;   /* chunk */
 constexpr int PAD = 8;
 constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
-/* value columns per block of the state passes (f_state, b_dhu): V = 128 runs as two blocks per
- * (sequence, head), so that the 128 (S1) sequence-heads fill two blocks per multiprocessor */
+/* value columns per block of the output pass (f_out) and, by default, of the state passes
+ * (f_state, b_dhu): V = 128 runs as two blocks per (sequence, head), so that the 128 (S1)
+ * sequence-heads fill two blocks per multiprocessor */
 constexpr int BV = 64;
+
+/* Value columns per block of the state passes (their BV template argument): 64, or 32 when the
+ * blocks of 64 columns would leave multiprocessors idle.  The passes are chains of dependent
+ * chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks of 64
+ * columns for 132 SMs) 32 columns give twice the chains, each half the work a step.  H100: S2
+ * GDN fwd+bwd 3.94 -> 3.38 ms, delta_rule 4.34 -> 3.49; at S1 (256 blocks of 64) 32 columns were
+ * slower (2.77 -> 2.97 ms: the W, K loads of a step are repeated by four blocks instead of two). */
+inline int state_bv(const Geom &G) {
+#ifdef DRC_EMU
+    const int64_t sms = 132;
+#else
+    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
+#endif
+    return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sms ? 32 : 64;
+}
 
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }

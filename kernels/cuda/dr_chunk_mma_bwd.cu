@@ -24,7 +24,7 @@ namespace fast {
 namespace {
 
 /* R3 holds P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split */
-template <int K> struct DhuSmem {
+template <int K, int BV> struct DhuSmem { /* BV: the value columns of a block (state_bv) */
     static constexpr int R1 = 2 * tile_bytes(64, K); /* q, k; later W split */
     static constexpr int R2 = tile_bytes(64, BV);    /* dO */
     static constexpr int R3 = 2 * (tile_bytes(64, BV) > tile_bytes(64, 64) ? tile_bytes(64, BV) : tile_bytes(64, 64));
@@ -52,12 +52,12 @@ __device__ __forceinline__ void put_pair_g(uint16_t *gh, uint16_t *gl, int64_t o
 
 /* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
  * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
-template <int K, int V, int GATE>
+template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
           float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     constexpr bool PW = Plain<GATE>::W; /* plain bf16 */
-    using L_ = DhuSmem<K>;
+    using L_ = DhuSmem<K, BV>;
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
@@ -487,11 +487,15 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuSmem<K>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
+    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE>), G.N * G.HV * (V / BV), FNT,
-                        (size_t)(DhuSmem<K>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b,
-                        dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    int rc = state_bv(G) == 32
+                 ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
+                              (size_t)(DhuSmem<K, 32>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                              (uint16_t *)a.dVh, (uint16_t *)a.dVl)
+                 : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
+                              (size_t)(DhuSmem<K, BV>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                              (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     const size_t sq = (size_t)(QkSmem<K, V>::bytes);
     if (!rc && var.kda_fused)
         rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0>), G.nchunks * G.HV, FNT, sq, G, a);

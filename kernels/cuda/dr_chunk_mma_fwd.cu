@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(FNT)
 template <bool PL> struct UPair { using type = float2; };
 template <> struct UPair<true> { using type = uint32_t; };
 
-template <int K> struct StateSmem {
+template <int K, int BV> struct StateSmem { /* BV: the value columns of a block (state_bv) */
     static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(64, K) +
                                  2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
 };
@@ -237,7 +237,7 @@ template <int K> struct StateSmem {
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1): the columns of S
  * and V' are independent, so V / BV blocks share a (sequence, head), each loading the same W, K
  * (adjacent block indices, so the second load mostly hits L2) */
-template <int K, int V, int GATE>
+template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
@@ -385,15 +385,18 @@ __global__ void __launch_bounds__(FNT)
 
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
-    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K>::bytes <= SMEM_MAX &&
+    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K, BV>::bytes <= SMEM_MAX &&
                       OutSmem<K>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
                         b.Ai ? 1 : 0);
-    if (!rc)
-        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE>), G.N * G.HV * (V / BV), FNT,
-                        (size_t)(StateSmem<K>::bytes), G, io.k, b, io.h0, io.hT);
+    if (!rc && state_bv(G) == 32)
+        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
+                        (size_t)(StateSmem<K, 32>::bytes), G, io.k, b, io.h0, io.hT);
+    else if (!rc)
+        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
+                        (size_t)(StateSmem<K, BV>::bytes), G, io.k, b, io.h0, io.hT);
     return rc;
 }
 
