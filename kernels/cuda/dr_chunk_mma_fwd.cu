@@ -15,6 +15,7 @@
  * split (U instead of f32): one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
 #include "kernels/cuda/dr_chunk_mma.cuh"
+#include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
 namespace drc {
 namespace fast {
@@ -22,49 +23,7 @@ namespace {
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
 
-/* (I + A)^-1 of the strictly lower L x L matrix sA into sY (zero on entry), ld LDF; sT scratch.
- * Forward substitution by columns inside diagonal blocks of bs rows (bs = 16 blocked, else 64),
- * then, blocked, the blocks below the diagonal block row by block row:
- *   Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]). */
-__device__ void tri_inv(const float *sA, float *sY, float *sT, int L, int blocked) {
-    const int tid = threadIdx.x, bs = blocked ? 16 : FC;
-    static_assert(FNT == 4 * FC, "four threads a column");
-    { /* diagonal blocks, four threads (adjacent lanes) a column, each a quarter of every dot
-       * product; the 8 columns of a warp lie in one block, so the row loop is the same for
-       * the whole warp (shuffles and __syncwarp in it are safe) */
-        const int col = tid >> 2, sub = tid & 3;
-        const int b0 = col / bs * bs, i1 = b0 + bs < L ? b0 + bs : L;
-        if (sub == 0 && col < L) sY[col * LDF + col] = 1.0f;
-        wsync();
-        for (int i = b0 + 1; i < i1; i++) {
-            float s = 0.0f;
-            if (i > col)
-                for (int j = col + sub; j < i; j += 4) s += sA[i * LDF + j] * sY[j * LDF + col];
-            s += shfl_xor(s, 1);
-            s += shfl_xor(s, 2);
-            if (sub == 0 && i > col) sY[i * LDF + col] = -s;
-            wsync();
-        }
-    }
-    bsync();
-    for (int i0 = bs; blocked && i0 < L; i0 += bs) {
-        int i1 = i0 + bs < L ? i0 + bs : L;
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) {
-            int i = i0 + e / i0, c = e % i0;
-            float s = 0.0f;
-            for (int m = c; m < i0; m++) s += sA[i * LDF + m] * sY[m * LDF + c];
-            sT[i * LDF + c] = s;
-        }
-        bsync();
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) {
-            int i = i0 + e / i0, c = e % i0;
-            float s = 0.0f;
-            for (int m = i0; m <= i; m++) s += sY[i * LDF + m] * sT[m * LDF + c];
-            sY[i * LDF + c] = -s;
-        }
-        bsync();
-    }
-}
+static_assert(LDF == TRI_LD, "the layout of tri_inv (dr_chunk_tri_inv.cuh)");
 
 /* f(row, col, x0, x1) over the pairs (col, col+1) of this thread's accumulator */
 template <int NT, class F>
