@@ -48,7 +48,7 @@ typedef struct dg_delta_opts {
      * "unfused", "subst", "recurrent".  With algorithm = RECURRENT the default is "recurrent". */
     const char *backward;
     /* CUDA, bf16, chunked: the forward keeps its working set (the WY factors, the states entering
-     * each chunk, V', the inverse; about 11 times the bytes of v for GDN at K=V=128) for the
+     * each chunk, V', the inverse; about 8 times the bytes of v for GDN at K=V=128) for the
      * backward, which then skips recomputing it (a third of GDN's fwd+bwd time at B8 T2048 H16).
      * Set this to recompute instead (FLA's way: less memory, slower backward).  Kept only when the
      * call records for autograd; the results are the same either way. */
