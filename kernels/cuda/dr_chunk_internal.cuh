@@ -241,6 +241,21 @@ struct Carve {
         return p;
     }
 };
+/* place(cv) lays a call's buffers out in cv; the bytes it takes */
+template <class F> size_t carve_bytes(F place) {
+    Carve cv{nullptr, 0};
+    place(cv);
+    return cv.off;
+}
+/* place(cv) into `given` when it is set (a kept working set), else into new scratch, which is
+ * returned for the caller to release (NULL, with *ok false, when it cannot be had) */
+template <class F> char *carve_into(void *given, F place, bool *ok) {
+    char *own = given ? nullptr : scratch<char>(carve_bytes(place));
+    *ok = given || own;
+    Carve cv{given ? (char *)given : own, 0};
+    if (*ok) place(cv);
+    return own;
+}
 
 /* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
 template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);

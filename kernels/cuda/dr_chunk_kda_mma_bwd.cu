@@ -534,11 +534,8 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
     kda::Bufs b;
     kda::QkArgs a;
     memset(&a, 0, sizeof a);
-    Carve cv{nullptr, 0};
-    kda::carve(G, cv, b, true);
-    char *own = kept ? nullptr : scratch<char>(cv.off);
-    cv = Carve{kept ? (char *)kept : own, 0};
-    kda::carve(G, cv, b, true);
+    bool have_b;
+    char *own = carve_into(const_cast<void *>(kept), [&](Carve &cv) { kda::carve(G, cv, b, true); }, &have_b);
     uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1;
     float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
@@ -546,7 +543,7 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
     uint16_t *dW = var.kda_fused ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
     float *dGk = var.kda_fused ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
     int rc = -1;
-    if ((kept || own) && dS && dV && (!io.dq || direct || dqv) && (!io.dk || direct || dkv) &&
+    if (have_b && dS && dV && (!io.dq || direct || dqv) && (!io.dk || direct || dkv) &&
         (var.kda_fused || (dW && dGk))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.g = io.g, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;

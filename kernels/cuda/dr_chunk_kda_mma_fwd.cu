@@ -330,23 +330,18 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
 } // namespace kda
 
 size_t kda_kept_bytes(const Geom &G) {
-    Carve cv{nullptr, 0};
     kda::Bufs b;
-    kda::carve(G, cv, b, true);
-    return cv.off;
+    return carve_bytes([&](Carve &cv) { kda::carve(G, cv, b, true); });
 }
 
 /* keep: the backward's working set is made (prep with its extras) into keep and left there */
 int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     const Geom &G = p.G;
     const bool bwd = keep != nullptr;
-    Carve cv{nullptr, 0};
     kda::Bufs b;
-    kda::carve(G, cv, b, bwd);
-    char *own = keep ? nullptr : scratch<char>(cv.off);
-    if (!keep && !own) return -1;
-    cv = Carve{keep ? (char *)keep : own, 0};
-    kda::carve(G, cv, b, bwd);
+    bool ok;
+    char *own = carve_into(keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
+    if (!ok) return -1;
     int rc = kda::prep_state(p, io, b, bwd);
     if (!rc)
         rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b) : kda::out_t<64, 128>(p, io, b))

@@ -529,11 +529,8 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, co
     memset(&a, 0, sizeof a);
     uint16_t *dS = nullptr, *dV = nullptr, *dW = nullptr;
     float *dqv = nullptr, *dkv = nullptr, *dGg = nullptr;
-    Carve cv{nullptr, 0};
-    fast_carve(G, cv, b, true);
-    char *own = kept ? nullptr : scratch<char>(cv.off);
-    cv = Carve{kept ? (char *)kept : own, 0};
-    fast_carve(G, cv, b, true);
+    bool have_b;
+    char *own = carve_into(const_cast<void *>(kept), [&](Carve &cv) { fast_carve(G, cv, b, true); }, &have_b);
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
@@ -545,7 +542,7 @@ int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, co
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
     }
     int rc = -1;
-    if ((kept || own) && dS && dV && (!want_dq || dqv) &&
+    if (have_b && dS && dV && (!want_dq || dqv) &&
         (!want_dkv || dkv) &&
         (var.kda_fused || (dW && (!G.gate || dGg)))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;

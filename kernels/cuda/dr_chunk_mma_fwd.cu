@@ -407,10 +407,8 @@ bool fast_ok(const Geom &G) {
 }
 
 size_t fast_kept_bytes(const Geom &G) {
-    Carve cv{nullptr, 0};
     fast::FastBufs b;
-    fast::fast_carve(G, cv, b, true);
-    return cv.off;
+    return carve_bytes([&](Carve &cv) { fast::fast_carve(G, cv, b, true); });
 }
 
 /* keep: the working set, with Ai, made into keep and left there for fast_bwd */
@@ -418,13 +416,10 @@ int fast_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     using namespace fast;
     const Geom &G = p.G;
     const bool with_ai = keep != nullptr;
-    Carve cv{nullptr, 0};
     FastBufs b;
-    fast_carve(G, cv, b, with_ai);
-    char *own = keep ? nullptr : scratch<char>(cv.off);
-    if (!keep && !own) return -1;
-    cv = Carve{keep ? (char *)keep : own, 0};
-    fast_carve(G, cv, b, with_ai);
+    bool ok;
+    char *own = carve_into(keep, [&](Carve &cv) { fast_carve(G, cv, b, with_ai); }, &ok);
+    if (!ok) return -1;
     int rc = fast_prep_state(p, io, b, 1);
     if (!rc) rc = DRC_FAST_DISPATCH(out_t, p, io, b);
     release(own);
