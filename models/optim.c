@@ -202,18 +202,61 @@ void dg_adamw_zero_grad(dg_adamw *opt) {
     }
 }
 
-double dg_grad_norm(int n, dg_tensor *const *params) {
-    double ss = 0;
+/* the device gradients' sums of squares, all in one call (one synchronisation per step, not one
+ * per parameter); dev_ss[i] for parameter i (0 for the others).  0, or -1 with the error set. */
+static int device_sumsq(int n, dg_tensor *const *params, double *dev_ss) {
+#ifdef DG_HAVE_CUDA
+    int cnt = 0;
     for (int i = 0; i < n; i++) {
         const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-#ifdef DG_HAVE_CUDA
-        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) {
-            double part = 0;
-            if (dg_cuda_sumsq(g->dtype, dg_numel(g), dg_data_ptr(g), &part)) return NAN; /* error set */
-            ss += part;
+        cnt += g && g->device == DG_CUDA && dg_is_contiguous(g);
+    }
+    if (cnt == 0) return 0;
+    dg_dtype *dt = malloc(sizeof *dt * (size_t)cnt);
+    int64_t *ne = malloc(sizeof *ne * (size_t)cnt);
+    const void **x = malloc(sizeof *x * (size_t)cnt);
+    double *ss = malloc(sizeof *ss * (size_t)cnt);
+    int rc = -1;
+    if (dt && ne && x && ss) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            const dg_tensor *g = params[i] ? params[i]->grad : NULL;
+            if (g && g->device == DG_CUDA && dg_is_contiguous(g))
+                dt[k] = g->dtype, ne[k] = dg_numel(g), x[k++] = dg_data_ptr(g);
+        }
+        rc = dg_cuda_sumsq_many(cnt, dt, ne, x, ss);
+        for (int i = 0, j = 0; rc == 0 && i < n; i++) {
+            const dg_tensor *g = params[i] ? params[i]->grad : NULL;
+            if (g && g->device == DG_CUDA && dg_is_contiguous(g)) dev_ss[i] = ss[j++];
+        }
+    } else {
+        dg_error("grad_norm: out of host memory for %d device gradients", cnt);
+    }
+    free(dt), free(ne), free(x), free(ss);
+    return rc;
+#else
+    (void)n, (void)params, (void)dev_ss;
+    return 0;
+#endif
+}
+
+double dg_grad_norm(int n, dg_tensor *const *params) {
+    double ss = 0;
+    double *dev_ss = n > 0 ? calloc((size_t)n, sizeof *dev_ss) : NULL;
+    if (n > 0 && !dev_ss) {
+        dg_error("grad_norm: out of host memory for %d parameters", n);
+        return NAN;
+    }
+    if (device_sumsq(n, params, dev_ss)) {
+        free(dev_ss);
+        return NAN; /* error set */
+    }
+    for (int i = 0; i < n; i++) {
+        const dg_tensor *g = params[i] ? params[i]->grad : NULL;
+        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) { /* summed in parameter order, as before */
+            ss += dev_ss[i];
             continue;
         }
-#endif
         if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
         int64_t ne = dg_numel(g);
         if (g->dtype == DG_F32) {
@@ -224,6 +267,7 @@ double dg_grad_norm(int n, dg_tensor *const *params) {
             for (int64_t j = 0; j < ne; j++) ss += x[j] * x[j];
         }
     }
+    free(dev_ss);
     return sqrt(ss);
 }
 

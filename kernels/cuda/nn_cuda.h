@@ -11,7 +11,7 @@
  *
  * Every entry point returns 0, or -1 with dg_error set (the failing CUDA call or kernel named);
  * work is queued on the library's stream (kernels/cuda/runtime.cu).  Only the index checks and
- * dg_cuda_sumsq synchronise (they return a value to the host). */
+ * dg_cuda_sumsq_many synchronise (they return values to the host). */
 #ifndef DG_KERNELS_CUDA_NN_CUDA_H
 #define DG_KERNELS_CUDA_NN_CUDA_H
 
@@ -91,8 +91,10 @@ int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *log
 int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink,
                       float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1,
                       float c2);
-/* *out = sum_i x[i]^2 in double (host result; synchronises).  dt f32 or f64. */
-int dg_cuda_sumsq(dg_dtype dt, int64_t n, const void *x, double *out);
+/* out[t] = sum_i x[t][i]^2 in double for the count tensors x[t] of n[t] elements of dtype dt[t]
+ * (f32 or f64): every sum is queued on the stream, then one copy brings them all to the host
+ * (one synchronisation for all, not one per tensor: the gradient norm of a model). */
+int dg_cuda_sumsq_many(int count, const dg_dtype *dt, const int64_t *n, const void *const *x, double *out);
 
 #ifdef __cplusplus
 }

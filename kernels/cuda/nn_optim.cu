@@ -57,28 +57,32 @@ extern "C" int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, 
     return DG_LAUNCHED("adamw");
 }
 
-extern "C" int dg_cuda_sumsq(dg_dtype dt, int64_t n, const void *x, double *out) {
-    *out = 0;
-    if (!nn_float_dt("cuda sumsq", dt)) return -1;
-    if (n <= 0) return 0;
+extern "C" int dg_cuda_sumsq_many(int count, const dg_dtype *dt, const int64_t *n, const void *const *x,
+                                  double *out) {
+    for (int t = 0; t < count; t++) {
+        out[t] = 0;
+        if (!nn_float_dt("cuda sumsq", dt[t])) return -1;
+    }
+    if (count <= 0) return 0;
     if (dg_cuda_init()) return -1;
-    int64_t blocks = (n + kNnThreads * 8 - 1) / (kNnThreads * 8);
-    if (blocks > kSumBlocks) blocks = kSumBlocks;
-    double *part = dg_cuda_scratch<double>((size_t)blocks);
-    double *total = dg_cuda_scratch<double>(1);
+    /* per tensor: block sums into part, then (one thread, in block order) the total into totals[t] */
+    double *part = dg_cuda_scratch<double>((size_t)kSumBlocks);
+    double *totals = dg_cuda_scratch<double>((size_t)count);
     cudaStream_t st = dg_cuda_stream();
-    int rc = part && total ? 0 : -1;
-    if (rc == 0) {
-        if (dt == DG_F32) sumsq_kernel<float><<<(unsigned)blocks, kNnThreads, 0, st>>>(n, (const float *)x, part);
-        else sumsq_kernel<double><<<(unsigned)blocks, kNnThreads, 0, st>>>(n, (const double *)x, part);
+    int rc = part && totals ? dg_cuda_memset0(totals, sizeof(double) * (size_t)count) : -1;
+    for (int t = 0; rc == 0 && t < count; t++) {
+        if (n[t] <= 0) continue;
+        int64_t blocks = (n[t] + kNnThreads * 8 - 1) / (kNnThreads * 8);
+        if (blocks > kSumBlocks) blocks = kSumBlocks;
+        if (dt[t] == DG_F32)
+            sumsq_kernel<float><<<(unsigned)blocks, kNnThreads, 0, st>>>(n[t], (const float *)x[t], part);
+        else
+            sumsq_kernel<double><<<(unsigned)blocks, kNnThreads, 0, st>>>(n[t], (const double *)x[t], part);
         rc = DG_LAUNCHED("sumsq");
+        if (rc == 0) rc = dg_cuda_nn_colsum(DG_F64, blocks, 1, part, totals + t); /* stream order: part is reused after */
     }
-    if (rc == 0) {
-        /* the block sums, in block order: one thread reads them all (at most 1024) */
-        rc = dg_cuda_nn_colsum(DG_F64, blocks, 1, part, total);
-    }
-    if (rc == 0) rc = dg_cuda_memcpy(out, total, sizeof *out, 1);
+    if (rc == 0) rc = dg_cuda_memcpy(out, totals, sizeof(double) * (size_t)count, 1);
     dg_cuda_free(part);
-    dg_cuda_free(total);
+    dg_cuda_free(totals);
     return rc;
 }
