@@ -20,7 +20,11 @@
  *     split: 1.9e-3).  U is then bf16, in the first half of its f32 buffer.
  *   - S stays split: with S plain too, dbeta reached 1.0e-2 (over the bound) and dg 4e-3 in one
  *     of 30 draws of that small case (T = 512, 2048: <= 2.5e-3, which alone had looked safe).
- *   - GATE NONE keeps W, U, V' split: plain, they reached 3.3-3.9e-3 (o, hT, dq, dk) at T = 2048.
+ *   - GATE NONE, W and U plain, V' split (session 3, on the H100, tests/test_cuda_dr_chunk.c):
+ *     <= 3.2e-3 (o) at T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases;
+ *     delta_rule S1 fwd+bwd 3.02 -> 2.70 ms.  W, U and V' all plain had reached 3.3-3.9e-3 (o, hT,
+ *     dq, dk) at T = 2048 and 8192, so V' stays split without a gate.  (The random short-sequence
+ *     draws above were run for the head gate only.)
  *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta.
  *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
  *     still drive the recurrence and the backward): o 1.7e-3 -> 2.5e-3 without a gate.
@@ -142,7 +146,7 @@ __device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, in
 /* Which computed operands are plain bf16 (one word, see the top of this file), wherever they are
  * stored, loaded or multiplied */
 template <int GATE> struct Plain {
-    static constexpr bool W = GATE == DG_GATE_HEAD, U = W, Vn = W, S = false;
+    static constexpr bool W = true, U = true, Vn = GATE == DG_GATE_HEAD, S = false;
 };
 
 /* warp tiling of an M x N output (M in {64, 128}) over the 8 warps */
