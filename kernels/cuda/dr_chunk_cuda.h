@@ -22,8 +22,8 @@
  *    and o, dv 4-byte aligned; otherwise the generic kernels): the in-chunk products on
  *    mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not bf16 inputs (W, U,
  *    states, the triangular inverse) are split into two bf16 terms (hi + lo) so that the
- *    products keep about 16 bits, except W, U and V' with the head gate, which are plain bf16
- *    as in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
+ *    products keep about 16 bits, except W and U (and V' with the head gate), which are plain
+ *    bf16 as in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
  *    dr_chunk_mma_*.cu; CHANNEL (KDA):
  *    dr_chunk_kda_mma_*.cu, the gated products taken on 16-row sub-chunk references.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
