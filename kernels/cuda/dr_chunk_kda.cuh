@@ -65,28 +65,6 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd);
  * extra buffers; hT written when io.hT is set */
 int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd);
 
-/* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at
- * (m0, n0) (the mma.sync m16n8 layout: rows g and g + 8, columns 2t, 2t + 1 of each n tile) */
-template <int NT, class F>
-__device__ __forceinline__ void pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int col = n0 + nt * 8 + 2 * t;
-        f(m0 + g, col, acc[0][nt][0], acc[0][nt][1]);
-        f(m0 + g + 8, col, acc[0][nt][2], acc[0][nt][3]);
-    }
-}
-
-/* x0, x1 split into hi and lo bf16 pairs at gh + off and gl + off (4-byte stores) */
-__device__ __forceinline__ void put2_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
-    uint16_t a[2], b[2];
-    fast::split2(x0, a[0], b[0]);
-    fast::split2(x1, a[1], b[1]);
-    *(uint32_t *)(gh + off) = (uint32_t)a[0] | ((uint32_t)a[1] << 16);
-    *(uint32_t *)(gl + off) = (uint32_t)b[0] | ((uint32_t)b[1] << 16);
-}
-
 /* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
 template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
     return 2 * fast::tile_bytes(64, K) + 2 * fast::tile_bytes(96, K);

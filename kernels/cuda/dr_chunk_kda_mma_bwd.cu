@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(FNT)
         fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
         const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-        pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
+        fast::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
             fast::put_split2(sdS, LV, r, j, x0, x1);
-            put2_global(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
+            fast::put_pair_global<true>(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
         });
         bsync();
         { /* dV' = P^T dO + Kd dS */
@@ -182,8 +182,8 @@ __global__ void __launch_bounds__(FNT)
             fast::acc_zero(acc);
             fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LV, vn0, 64);
             fast::mma_ss<1, TV::NT, false, true>(acc, sX, LK, vm0, sdS, LV, vn0, K);
-            pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
-                if (i < L) put2_global(dVh, dVl, (ot + (int64_t)i * HV) * V + j, x0, x1);
+            fast::frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
+                if (i < L) fast::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + j, x0, x1);
                 fast::put_split2(sN, LV, i, j, -x0, -x1);
             });
         }
@@ -335,10 +335,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         /* dW (split) into its part-B place, over the dead S0 / dS1 */
         if (MODE == 0) {
             const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-            pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
+            fast::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
         } else {
-            pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) put2_global(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+            fast::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) fast::put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
             });
         }
         if (tid < K) {
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             gated_R<K, false>(t, sDM, sK, sG, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
             each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
-            pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+            fast::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i >= L) return;
                 const int64_t off = (ot + (int64_t)i * HV) * K + cc;
                 if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         fast::acc_zero(t);
         fast::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
         float rb[2] = {0.0f, 0.0f};
-        pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+        fast::frag_pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
             rb[(j - vm0) >> 3] += bf2f(sV[j * LV + vv]) * x0 + bf2f(sV[j * LV + vv + 1]) * x1;
             if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
         });
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= bf2f(sK[i * LK + cc]) * y; });
     }
-    pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+    fast::frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
         if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);

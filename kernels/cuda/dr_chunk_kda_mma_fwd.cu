@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(FNT)
         fast::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         fast::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
-        pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) put2_global(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i < L) fast::put_pair_global<true>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
         });
     }
     { /* U = Ai' V */
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(FNT)
         fast::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         fast::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
-        pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i < L) *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
         });
     }
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
+        fast::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
         bsync();
         fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
         fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo());
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                        put2_global(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
+                        fast::put_pair_global<true>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
                     }
                     fast::put_split2(sVn, LB, i, j, y0, y1);
                 }
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(FNT)
     fast::mma_ss<1, T::NT, false, true>(acc, sQg, LK, m0, sS, LV, n0, K);
     fast::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
     fast::mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, LV, n0, 64);
-    pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+    fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
         if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
     });
 }

@@ -192,6 +192,33 @@ __device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0
     if (SPLIT) put_split2(t, ld, row, col, x0, x1);
     else *(uint32_t *)(t.hi + row * ld + col) = pack_bf2(x0, x1);
 }
+/* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at
+ * (m0, n0) (the mma.sync m16n8 layout: rows g and g + 8, columns 2t, 2t + 1 of each n tile) */
+template <int NT, class F>
+__device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+
+/* the pair x0, x1 to global memory at off: split into hi (gh) and lo (gl) bf16 words, or, SPLIT
+ * false, the hi words only (gl is not written) */
+template <bool SPLIT>
+__device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
+                                                float x1) {
+    if (!SPLIT) {
+        *(uint32_t *)(gh + off) = pack_bf2(x0, x1);
+        return;
+    }
+    uint16_t h0, l0, h1, l1;
+    split2(x0, h0, l0);
+    split2(x1, h1, l1);
+    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
 /* split x into the accumulator-shaped tile: f(row, col) gives the value */
 template <int NT, class F>
 __device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {

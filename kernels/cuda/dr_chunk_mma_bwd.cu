@@ -32,24 +32,6 @@ template <int K, int BV> struct DhuSmem { /* BV: the value columns of a block (s
     static constexpr int bytes = 64 * 4 + R1 + R2 + R3 + R4;
 };
 
-template <int NT, class F>
-__device__ __forceinline__ void pairs_of(float (&acc)[1][NT][4], int m0, int n0, F f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
-}
-
-__device__ __forceinline__ void put_pair_g(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
-    uint16_t h0, l0, h1, l1;
-    split2(x0, h0, l0);
-    split2(x1, h1, l1);
-    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
-    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
-}
-
 /* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
  * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
 template <int K, int V, int GATE, int BV>
@@ -92,7 +74,7 @@ __global__ void __launch_bounds__(FNT, 2)
         load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
         load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        pairs_of(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
+        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         bsync();
         store_raw<K, BV>(dSh + sb, V, sdS.hi);
         store_raw<K, BV>(dSl + sb, V, sdS.lo());
@@ -124,7 +106,7 @@ __global__ void __launch_bounds__(FNT, 2)
                     const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
                     const float x0 = a1[0][nt][2 * hh] + e * a2[0][nt][2 * hh];
                     const float x1 = a1[0][nt][2 * hh + 1] + e * a2[0][nt][2 * hh + 1];
-                    if (i < L) put_pair_g(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
+                    if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
                     nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
                 }
         }
@@ -144,7 +126,7 @@ __global__ void __launch_bounds__(FNT, 2)
         mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
         bsync();
         load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
-        pairs_of(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
+        frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         bsync();
         mma_p<1, TS::NT, true, true, !PW, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
         bsync();
@@ -331,7 +313,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
         }
         /* dq is final */
-        pairs_of(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+        frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
             const int64_t off = (ot + (int64_t)i * HV) * K + cc;
             if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
@@ -339,12 +321,12 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         });
         /* dW = -dW' */
         if (MODE == 0) {
-            pairs_of(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
+            frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
         } else {
-            pairs_of(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) put_pair_g(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+            frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
             });
-            pairs_of(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+            frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i < L) *(float2 *)(a.dkv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
             });
             bsync();
@@ -408,7 +390,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         acc_zero(acc);
         mma_ss<1, TV::NT, true, true>(acc, sAi, 72, vm0, sdV, V + PAD, vn0, 64);
         float rb[2] = {0.0f, 0.0f};
-        pairs_of(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+        frag_pairs(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
             rb[(j - vm0) >> 3] += bf2f(sV[j * (V + PAD) + vv]) * x0 + bf2f(sV[j * (V + PAD) + vv + 1]) * x1;
             if (j < L && a.dv)
                 *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
@@ -453,7 +435,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K */
     mma_sr<1, TK::NT, false, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
     mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
-    pairs_of(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+    frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
         if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);

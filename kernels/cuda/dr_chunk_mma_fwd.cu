@@ -25,32 +25,6 @@ constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
 
 static_assert(LDF == TRI_LD, "the layout of tri_inv (dr_chunk_tri_inv.cuh)");
 
-/* f(row, col, x0, x1) over the pairs (col, col+1) of this thread's accumulator */
-template <int NT, class F>
-__device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
-}
-
-/* SPLIT false: the hi words only (gl is not written) */
-template <bool SPLIT>
-__device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
-                                                float x1) {
-    if (!SPLIT) {
-        *(uint32_t *)(gh + off) = pack_bf2(x0, x1);
-        return;
-    }
-    uint16_t h0, l0, h1, l1;
-    split2(x0, h0, l0);
-    split2(x1, h1, l1);
-    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
-    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
-}
-
 template <int K, int V> struct PrepSmem {
     static_assert(64 * K * 2 <= 64 * LDF * 4 && 64 * V <= 3 * 64 * LDF, "W, U staging in sA, sY, sT");
     static constexpr int f32s = 3 * 64 * LDF + 2 * 64;
