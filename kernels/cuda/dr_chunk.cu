@@ -13,7 +13,7 @@ static int g_force_generic = 0;
 static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
 int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
-              const void *g, const void *beta, Plan *p) {
+              const void *g, const void *beta, Plan *p, bool shape_only) {
     memset(p, 0, sizeof *p);
     if (!s) {
         dg_error("%s: shape is NULL", who);
@@ -43,11 +43,11 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
         dg_error("%s: unknown gate kind %d", who, (int)s->gate);
         return -1;
     }
-    if (!q || !k || !v || !beta) {
+    if (!shape_only && (!q || !k || !v || !beta)) {
         dg_error("%s: %s is NULL", who, !q ? "q" : !k ? "k" : !v ? "v" : "beta");
         return -1;
     }
-    if ((s->gate == DG_GATE_NONE) != (g == nullptr)) {
+    if (!shape_only && (s->gate == DG_GATE_NONE) != (g == nullptr)) {
         dg_error("%s: g is %s but the gate kind is %d", who, g ? "given" : "NULL", (int)s->gate);
         return -1;
     }
@@ -102,6 +102,7 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     int64_t nch = 0;
     for (int64_t n = 0; n < N; n++) nch += (cu[n + 1] - cu[n] + C - 1) / C;
     G.nchunks = nch;
+    if (shape_only) return 0;
     int64_t ntab = 2 * nch + N + 1;
     int64_t *tab = (int64_t *)malloc(sizeof(int64_t) * (size_t)ntab);
     if (!tab) {
@@ -234,12 +235,8 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
 }
 
 int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {
-    drc::Plan p;
-    /* the shape alone decides (the pointers are checked by the calls themselves) */
-    static const uint16_t one = 0;
-    static const float gone = 0;
-    if (drc::plan_init("cuda dr_chunk_kept_bytes", s, &one, &one, &one,
-                       s && s->gate != DG_GATE_NONE ? &gone : nullptr, &one, &p))
+    drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
+    if (drc::plan_init("cuda dr_chunk_kept_bytes", s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
         return -1;
     size_t n = 0;
     if (!drc::g_force_generic) n = drc::kda_ok(p.G) ? drc::kda_kept_bytes(p.G) : drc::fast_ok(p.G) ? drc::fast_kept_bytes(p.G) : 0;

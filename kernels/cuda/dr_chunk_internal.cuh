@@ -216,9 +216,11 @@ struct Plan {
     Geom G;
     int64_t *tab_dev; /* owned scratch or NULL */
 };
-/* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1. */
+/* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1.
+ * shape_only: the shape's checks and geometry alone (G.nchunks included) -- no pointers checked,
+ * no chunk table made on the device (G.tab NULL): for sizes, not for launches. */
 int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
-              const void *g, const void *beta, Plan *p);
+              const void *g, const void *beta, Plan *p, bool shape_only = false);
 void plan_free(Plan *p);
 
 /* Pointers of one call; T = float or uint16_t (bf16 bits) for q, k, v, beta, o and their
