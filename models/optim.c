@@ -202,15 +202,18 @@ void dg_adamw_zero_grad(dg_adamw *opt) {
     }
 }
 
+/* param's gradient when it is a contiguous CUDA tensor (summed on the device), else NULL */
+static const dg_tensor *cuda_grad(const dg_tensor *param) {
+    const dg_tensor *g = param ? param->grad : NULL;
+    return g && g->device == DG_CUDA && dg_is_contiguous(g) ? g : NULL;
+}
+
 /* the device gradients' sums of squares, all in one call (one synchronisation per step, not one
  * per parameter); dev_ss[i] for parameter i (0 for the others).  0, or -1 with the error set. */
 static int device_sumsq(int n, dg_tensor *const *params, double *dev_ss) {
 #ifdef DG_HAVE_CUDA
     int cnt = 0;
-    for (int i = 0; i < n; i++) {
-        const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-        cnt += g && g->device == DG_CUDA && dg_is_contiguous(g);
-    }
+    for (int i = 0; i < n; i++) cnt += cuda_grad(params[i]) != NULL;
     if (cnt == 0) return 0;
     dg_dtype *dt = malloc(sizeof *dt * (size_t)cnt);
     int64_t *ne = malloc(sizeof *ne * (size_t)cnt);
@@ -220,15 +223,12 @@ static int device_sumsq(int n, dg_tensor *const *params, double *dev_ss) {
     if (dt && ne && x && ss) {
         int k = 0;
         for (int i = 0; i < n; i++) {
-            const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-            if (g && g->device == DG_CUDA && dg_is_contiguous(g))
-                dt[k] = g->dtype, ne[k] = dg_numel(g), x[k++] = dg_data_ptr(g);
+            const dg_tensor *g = cuda_grad(params[i]);
+            if (g) dt[k] = g->dtype, ne[k] = dg_numel(g), x[k++] = dg_data_ptr(g);
         }
         rc = dg_cuda_sumsq_many(cnt, dt, ne, x, ss);
-        for (int i = 0, j = 0; rc == 0 && i < n; i++) {
-            const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-            if (g && g->device == DG_CUDA && dg_is_contiguous(g)) dev_ss[i] = ss[j++];
-        }
+        for (int i = 0, j = 0; rc == 0 && i < n; i++)
+            if (cuda_grad(params[i])) dev_ss[i] = ss[j++];
     } else {
         dg_error("grad_norm: out of host memory for %d device gradients", cnt);
     }
@@ -253,7 +253,7 @@ double dg_grad_norm(int n, dg_tensor *const *params) {
     }
     for (int i = 0; i < n; i++) {
         const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) { /* summed in parameter order, as before */
+        if (cuda_grad(params[i])) { /* summed in parameter order, as before */
             ss += dev_ss[i];
             continue;
         }
