@@ -73,6 +73,7 @@ struct Fiber {
 
 struct Launch {
     int nt = 0, cur = 0, alive = 0, arrived = 0;
+    int or_in = 0, or_out = 0; /* __syncthreads_or: gathered at the barrier, read after it */
     int warp_arrived[32];
     std::vector<Fiber> f;
     void *sched_sp = nullptr;
@@ -102,6 +103,23 @@ inline void syncthreads() {
     yield_to_sched();
 }
 
+/* __syncthreads_or: the barrier of syncthreads, returning whether any thread passed p != 0; the
+ * last thread to arrive publishes the result, which every thread reads as it resumes (before it
+ * can reach another barrier) */
+inline int syncthreads_or(int p) {
+    Launch &L = *g_launch;
+    L.or_in |= p != 0;
+    L.f[L.cur].state = WAIT_BLOCK;
+    if (++L.arrived == L.alive) {
+        for (auto &x : L.f)
+            if (x.state == WAIT_BLOCK) x.state = RUN;
+        L.arrived = 0;
+        L.or_out = L.or_in, L.or_in = 0;
+    }
+    yield_to_sched();
+    return L.or_out;
+}
+
 inline void syncwarp() {
     Launch &L = *g_launch;
     const int w = warp();
@@ -123,6 +141,7 @@ inline void fiber_entry() {
         for (auto &x : L.f)
             if (x.state == WAIT_BLOCK) x.state = RUN;
         L.arrived = 0;
+        L.or_out = L.or_in, L.or_in = 0;
     }
     drc_emu_switch(&L.f[L.cur].sp, L.sched_sp);
     abort(); /* never resumed */

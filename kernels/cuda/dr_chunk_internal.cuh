@@ -111,6 +111,7 @@ __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v
 #ifdef DRC_EMU
 #define DRC_SMEM(type, name) type *name = reinterpret_cast<type *>(drc_emu::g_launch->smem.data())
 __forceinline__ void bsync() { drc_emu::syncthreads(); }
+__forceinline__ bool bsync_or(int p) { return drc_emu::syncthreads_or(p) != 0; }
 __forceinline__ void wsync() { drc_emu::syncwarp(); }
 __forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_emu::lane() ^ off); }
 __forceinline__ float shfl_idx(float v, int src) { return drc_emu::shfl(v, src); }
@@ -124,6 +125,8 @@ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[
     extern __shared__ float4 drc_smem_[];                                                          \
     type *name = reinterpret_cast<type *>(drc_smem_)
 __device__ __forceinline__ void bsync() { __syncthreads(); }
+/* bsync, returning whether any thread of the block passed p != 0 */
+__device__ __forceinline__ bool bsync_or(int p) { return __syncthreads_or(p) != 0; }
 __device__ __forceinline__ void wsync() { __syncwarp(); }
 __device__ __forceinline__ float shfl_xor(float v, int off) {
     return __shfl_xor_sync(0xffffffffu, v, off);

@@ -17,7 +17,20 @@
  * where both exponents are <= 0 for decays (g <= 0), so neither factor overflows: the blocks
  * below the diagonal are tensor-core products of two gated operands (split bf16, three passes).
  * The 16 x 16 blocks on the diagonal are summed element by element in f32 with the exact
- * exp(G_ic - G_jc) (a thread per (i, j)). */
+ * exp(G_ic - G_jc) (a thread per (i, j)).
+ *
+ * One reference for the whole chunk (the "wide" form).  Any per-channel reference R_c gives
+ *   M_ij = sum_c (x_ic e^{G_ic - R_c}) (k_jc e^{R_c - G_jc});
+ * the sub-chunk references above only keep the two factors from overflowing.  When every channel's
+ * G spans at most WIDE_SPAN over the chunk (max_i G_ic - min_i G_ic <= 80), R_c = the middle of
+ * that range bounds both factors by e^{40} (and below by e^{-40}, far from bf16's and f32's
+ * e^{-87}), so the whole chunk is ONE tensor-core product of two gated 64-row operands, the
+ * diagonal blocks included, with no f32 element loop; even the products above the diagonal,
+ * thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands' ~16 bits,
+ * as in the sub-chunk form, and the f32 sums are of terms whose true values are bounded by
+ * |x_ic k_jc| for i >= j.  The test of the span is per chunk and value head (one block), so a
+ * chunk with a steeper gate takes the sub-chunk form.  Typical gates are far inside: per-token log
+ * decays of about -0.8 (the benchmark's logsigmoid draws) span about 50 over 64 rows. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_KDA_CUH
 
@@ -70,20 +83,84 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
     return 2 * fast::tile_bytes(64, K) + 2 * fast::tile_bytes(96, K);
 }
 
+/* The cumulative gate G of a chunk in shared memory, sG [64][gstride(K)], in two steps around the
+ * caller's loads: gate_load puts the chunk's log decays g (rows i < L; 0 past them) into sG, every
+ * thread loading its share at once (a scan that loads row after row waits for device memory 64
+ * times in a row: at one block per multiprocessor that was most of prep's, out's and qkwy's time);
+ * after a barrier, gate_scan sums each channel down the rows in place (thread c < K takes channel c;
+ * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
+ * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the
+ * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form. */
+constexpr float WIDE_SPAN = 80.0f;
+template <int K>
+__device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, float *sG) {
+    constexpr int GS = gstride(K);
+#pragma unroll 8
+    for (int e = threadIdx.x; e < 64 * K; e += FNT) {
+        const int i = e / K, c = e % K;
+        sG[i * GS + c] = i < L ? g[i * ld + c] : 0.0f;
+    }
+}
+template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) {
+    constexpr int GS = gstride(K);
+    const int c = threadIdx.x;
+    if (c >= K) return 0;
+    float a = 0.0f, lo = 0.0f, hi = 0.0f;
+#pragma unroll 16
+    for (int i = 0; i < 64; i++) {
+        a += sG[i * GS + c];
+        sG[i * GS + c] = a;
+        lo = i ? fminf(lo, a) : a, hi = i ? fmaxf(hi, a) : a;
+    }
+    sR[c] = 0.5f * (lo + hi);
+    return !(hi - lo <= WIDE_SPAN);
+}
+
+/* The chunk's gate as the gated products take it: G [64][gstride(K)], the references R [K], and
+ * whether the wide form applies (see the top of this file) */
+struct Gate {
+    const float *G, *R;
+    bool wide;
+};
+
+/* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns);
+ * s = +1 (query side) or -1 (key side).  No barrier. */
+template <int K>
+__device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &gt, float s) {
+    constexpr int LD = K + PAD, GS = gstride(K);
+    for (int e = threadIdx.x; e < 64 * K; e += FNT) {
+        const int i = e / K, c = e % K;
+        fast::split2(bf2f(X[i * LD + c]) * expf(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c], T.lo()[i * LD + c]);
+    }
+}
+
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
- * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; sG f32 [64][K]; scr: scratch of
+ * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; gt: the chunk's gate; scr: scratch of
  * tri_scratch_bytes<K>() bytes.  Starts and ends with a barrier-free state: the caller puts a
  * barrier before (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
 template <int K, bool STRICT>
-__device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const float *sG,
+__device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const Gate &gt,
                                           float *out, unsigned char *scr) {
     constexpr int LD = K + PAD;
     constexpr int GS = gstride(K);
+    const float *sG = gt.G;
     const Sp Xa{(uint16_t *)scr, 64 * LD};
     const Sp Kb{(uint16_t *)(scr + 2 * fast::tile_bytes(64, K)), 96 * LD};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (gt.wide) { /* one product X e^{G - R} (Kt e^{R - G})^T, masked; warp tiles above the diagonal skip it */
+        using T = fast::WT<64, 64>;
+        gated_rows<K>(Xa, X, gt, 1.0f);
+        gated_rows<K>(Kb, Kt, gt, -1.0f);
+        bsync();
+        float acc[1][T::NT][4];
+        const int m0 = T::m0(warp), n0 = T::n0(warp);
+        fast::acc_zero(acc);
+        if (n0 <= m0 + 15) fast::mma_ss<1, T::NT, false, false>(acc, Xa, LD, m0, Kb, LD, n0, K);
+        fast::frag_each(acc, m0, n0, [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
+        return;
+    }
     for (int e = tid; e < 48 * K; e += FNT) {
         const int i = 16 + e / K, c = e % K, r = i & ~15;
         fast::split2(bf2f(X[i * LD + c]) * expf(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
@@ -130,21 +207,6 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         }
         out[i * LDF + j] = s;
         if (bb < a) out[j * LDF + i] = 0.0f;
-    }
-}
-
-/* G = cumulative sum of g over the chunk's rows into sG [64][K] (rows >= L hold G_{L-1}); thread
- * c < K takes channel c.  Returns nothing; the caller puts a barrier after. */
-template <int K>
-__device__ __forceinline__ void gate_cumsum(const float *g, int64_t ld, int L, float *sG) {
-    constexpr int GS = gstride(K);
-    const int c = threadIdx.x;
-    if (c < K) {
-        float a = 0.0f;
-        for (int i = 0; i < 64; i++) {
-            if (i < L) a += g[i * ld + c];
-            sG[i * GS + c] = a;
-        }
     }
 }
 

@@ -56,11 +56,23 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
  * the rows 8I(I-1) + l, l < 16I, hold Y_l e^{G_16I - G_l}.  Barrier before (inputs) and after. */
 template <int K, bool STRICT>
 __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *Y,
-                                        const float *sG, unsigned char *scr) {
+                                        const Gate &gt, unsigned char *scr) {
     constexpr int GS = gstride(K);
     constexpr int LK = K + PAD, NT = WT<64, K>::NT;
-    const Sp Yb{(uint16_t *)scr, 96 * LK};
+    const float *sG = gt.G;
     const int tid = threadIdx.x, warp = tid >> 5;
+    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), I = m0 >> 4;
+    if (gt.wide) { /* R = e^{G - R} o (D (Y e^{R - G})): rows l > i of D are zero, so l < m0 + 16 */
+        const Sp Yb{(uint16_t *)scr, 64 * LK};
+        gated_rows<K>(Yb, Y, gt, -1.0f);
+        bsync();
+        fast::acc_zero(r);
+        fast::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
+        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= expf(sG[i * GS + c] - gt.R[c]); });
+        bsync();
+        return;
+    }
+    const Sp Yb{(uint16_t *)scr, 96 * LK};
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
@@ -68,7 +80,6 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
                      Yb.lo()[R * LK + c]);
     }
     bsync();
-    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), I = m0 >> 4;
     fast::acc_zero(r);
     if (I > 0) {
         const Sp B{Yb.hi + 8 * I * (I - 1) * LK, Yb.lo_off};
@@ -96,11 +107,25 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
  * the rows o_J + (i - 16(J+1)), i in [16(J+1), 64), o_J = 0, 48, 80, hold X_i e^{G_i - G_{16J+15}}. */
 template <int K, bool STRICT>
 __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *X,
-                                        const float *sG, unsigned char *scr) {
+                                        const Gate &gt, unsigned char *scr) {
     constexpr int GS = gstride(K);
     constexpr int LK = K + PAD, NT = WT<64, K>::NT;
-    const Sp Xb{(uint16_t *)scr, 96 * LK};
+    const float *sG = gt.G;
     const int tid = threadIdx.x, warp = tid >> 5;
+    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), J = m0 >> 4;
+    if (gt.wide) { /* C = e^{R - G} o (D^T (X e^{G - R})): rows i < l of D^T's sum are zero, so i >= m0 */
+        const Sp Xb{(uint16_t *)scr, 64 * LK};
+        gated_rows<K>(Xb, X, gt, 1.0f);
+        bsync();
+        fast::acc_zero(r);
+        const Sp A{D.hi + m0 * 72, D.lo_off};
+        const Sp B{Xb.hi + m0 * LK, Xb.lo_off};
+        fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
+        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= expf(gt.R[c] - sG[l * GS + c]); });
+        bsync();
+        return;
+    }
+    const Sp Xb{(uint16_t *)scr, 96 * LK};
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
@@ -108,7 +133,6 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
                      Xb.lo()[R * LK + c]);
     }
     bsync();
-    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), J = m0 >> 4;
     fast::acc_zero(r);
     if (J < 3) {
         const int i0 = 16 * (J + 1);
@@ -205,7 +229,7 @@ __global__ void __launch_bounds__(FNT)
 template <int K, int V> struct QkL {
     static constexpr int tK = tile_bytes(64, K), tV = tile_bytes(64, V), t64 = tile_bytes(64, 64);
     /* persistent: G [64][K], beta, dbeta, red [8][64], last-row terms [K], column partials [8][K] */
-    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + 8 * 64 + K + 8 * K) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + 8 * 64 + K + 8 * K + K) * 4;
     static constexpr int oK = F32, oQ = oK + tK, oDM = oQ + tK, oZ = oDM + 2 * t64;
     /* Z, part A: S0 / dS1 split, dO raw, dV' then V' split */
     static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
@@ -245,6 +269,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + 8 * 64, *colp = sLast + K;
+    float *sR = colp + 8 * K;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::oK), *sQ = (uint16_t *)(B8 + Lay::oQ);
     const Sp sDM{(uint16_t *)(B8 + Lay::oDM), 64 * 72}; /* dM', later Ai, later dMkk */
@@ -256,7 +281,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const int64_t ldk = (int64_t)HV * K;
 
-    gate_cumsum<K>(a.g + ot * K, ldk, L, sG);
+    gate_load<K>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
+    Gate gt{sG, sR, false};
     if (tid < 64) sb[tid] = tid < L ? bf2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
     for (int e = tid; e < 8 * 64; e += FNT) red[e] = 0.0f;
     for (int e = tid; e < 8 * K + K; e += FNT) sLast[e] = 0.0f; /* sLast and colp */
@@ -273,9 +299,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         bsync();
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
         fast::acc_zero(dq), fast::acc_zero(dw), fast::acc_zero(dk);
+        const int narrow = gate_scan<K>(sG, sR);
         fast::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
         fast::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
-        bsync();
+        gt.wide = !bsync_or(narrow);
         { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv */
             constexpr int V8 = V / 8;
             for (int e = tid; e < K * V8; e += FNT) {
@@ -351,7 +378,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
          * dk += C(dM', Q), dG -= k o dk (+ the last-row terms) */
         {
             float t[1][TK::NT][4];
-            gated_R<K, false>(t, sDM, sK, sG, Z + Lay::wKG);
+            gated_R<K, false>(t, sDM, sK, gt, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
             each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
             fast::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
@@ -360,7 +387,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
                 else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
             });
-            gated_C<K, false>(t, sDM, sQ, sG, Z + Lay::wKG);
+            gated_C<K, false>(t, sDM, sQ, gt, Z + Lay::wKG);
             each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         }
         each2(dG, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
@@ -383,7 +410,9 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             x = i < L ? a.dkp[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
             y = i < L ? a.dGg[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
         });
-        bsync(); /* G, beta, k in shared memory */
+        bsync(); /* g, beta, k in shared memory */
+        const int narrow = gate_scan<K>(sG, sR);
+        gt.wide = !bsync_or(narrow);
     }
 
     /* ---- part B: the WY backward ---- */
@@ -466,10 +495,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     bsync();
     { /* dk += R(dMkk, K) + C(dMkk, K);  dG += k o R - k o C */
         float t[1][TK::NT][4];
-        gated_R<K, true>(t, sDM, sK, sG, Z);
+        gated_R<K, true>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x += bf2f(sK[i * LK + cc]) * y; });
-        gated_C<K, true>(t, sDM, sK, sG, Z);
+        gated_C<K, true>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= bf2f(sK[i * LK + cc]) * y; });
     }

@@ -32,7 +32,7 @@ using fast::tile_bytes;
 using fast::WT;
 
 template <int K, int V> struct PrepL {
-    static constexpr int F32 = (64 * gstride(K) + 64 + 3 * 64 * LDF) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 + 3 * 64 * LDF + K) * 4;
     static constexpr int RAW = 2 * tile_bytes(64, K) + tile_bytes(64, V);
     static constexpr int S1 = tri_scratch_bytes<K>();
     static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
@@ -53,22 +53,24 @@ __global__ void __launch_bounds__(FNT)
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF;
+    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF, *sR = sT + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
     unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
     const Sp sAi{(uint16_t *)scr, 64 * 72};
     const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
 
-    gate_cumsum<K>(g + ot * K, (int64_t)HV * K, L, sG);
+    gate_load<K>(g + ot * K, (int64_t)HV * K, L, sG);
     if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
     if (bwd) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
+    const int narrow = gate_scan<K>(sG, sR);
+    const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
     if (bwd) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
-        gated_tri<K, false>(sQ, sK, sG, sY, scr);
+        gated_tri<K, false>(sQ, sK, gt, sY, scr);
         bsync();
         for (int e = tid; e < L * 64; e += FNT) {
             const int i = e >> 6, j = e & 63;
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(FNT)
         }
         bsync();
     }
-    gated_tri<K, true>(sK, sK, sG, sA, scr);
+    gated_tri<K, true>(sK, sK, gt, sA, scr);
     bsync();
     if (bwd)
         for (int e = tid; e < L * 64; e += FNT) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
 }
 
 template <int K, int V> struct OutL {
-    static constexpr int F32 = (64 * gstride(K) + 64 * LDF) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 * LDF + K) * 4;
     static constexpr int QK = 2 * tile_bytes(64, K); /* q, k raw; later Q o e^G split */
     static constexpr int P = 2 * tile_bytes(64, 64);
     static constexpr int S1 = tri_scratch_bytes<K>();
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(FNT)
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
     const float scale = G.scale;
-    float *sG = sm, *sA = sG + 64 * GS;
+    float *sG = sm, *sA = sG + 64 * GS, *sR = sA + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sQ = (uint16_t *)(B8 + Lay::F32), *sK = sQ + 64 * LK;
     const Sp sQg{sQ, 64 * LK};
@@ -245,11 +247,13 @@ __global__ void __launch_bounds__(FNT)
     const Sp sS{(uint16_t *)scr, K * LV};
     const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
 
-    gate_cumsum<K>(g + ot * K, (int64_t)HV * K, L, sG);
+    gate_load<K>(g + ot * K, (int64_t)HV * K, L, sG);
     fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    gated_tri<K, false>(sQ, sK, sG, sA, scr);
+    const int narrow = gate_scan<K>(sG, sR);
+    const Gate gt{sG, sR, !bsync_or(narrow)};
+    gated_tri<K, false>(sQ, sK, gt, sA, scr);
     bsync();
     for (int e = tid; e < 64 * 64; e += FNT) { /* P = scale M' (split) */
         const int i = e >> 6, j = e & 63;
