@@ -74,9 +74,10 @@ struct Bufs {
 /* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (Ai, Mkk, P,
  * Qg), which a forward that keeps its working set for the backward makes too */
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd);
-/* launches prep and the state pass into b (allocated by the caller); bwd: with the backward's
- * extra buffers; hT written when io.hT is set */
-int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd);
+/* launches prep and the state pass into b (allocated by the caller); hT written when io.hT is set.
+ * extras: 0 the forward's buffers only; 1 also Ai and Mkk (a forward that keeps its working set:
+ * its output pass stores P and Qg); 2 also P and Qg (the backward's recompute) */
+int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras);
 
 /* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
 template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {

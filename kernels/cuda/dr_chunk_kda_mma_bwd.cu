@@ -579,7 +579,7 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg;
-        rc = kept ? 0 : kda::prep_state(p, io, b, true);
+        rc = kept ? 0 : kda::prep_state(p, io, b, 2);
         if (!rc)
             rc = G.K == 64 ? (G.V == 64 ? kda::bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
                                         : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))

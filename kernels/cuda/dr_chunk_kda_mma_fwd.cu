@@ -7,8 +7,10 @@
  *         Ai = (I + A)^-1                  [f32, blocks of 16: dr_chunk_tri_inv.cuh]
  *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
  *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
- *         backward recompute (bwd = 1) also: Ai, Mkk = strictly_lower(M) (f32), P = scale
- *         lower_incl(M') and Qg = scale Q o e^G (split), for dr_chunk_kda_mma_bwd.cu
+ *         for the backward (extras >= 1) also: Ai, Mkk = strictly_lower(M) (f32); and when the
+ *         backward recomputes (extras = 2) P = scale lower_incl(M') and Qg = scale Q o e^G
+ *         (split), for dr_chunk_kda_mma_bwd.cu, which a kept forward has the output pass store
+ *         instead (it makes both anyway)
  *   state (block per sequence, head, tile of 64 value columns; chunks in order; S in registers):
  *         V' = U - W S                                     [mma, W and S split]
  *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
@@ -16,6 +18,7 @@
  *   out   (block per chunk, head):
  *         O = scale (Q o e^G) S + P V',  P = scale lower_incl(M'),
  *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
+ *         a forward that keeps its working set also stores P and Qg here (prep's extras = 1)
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
  * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu): prep 1.84 ms, state 0.76, out 1.53;
@@ -42,7 +45,7 @@ template <int K, int V> struct PrepL {
 template <int K, int V>
 __global__ void __launch_bounds__(FNT)
     kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
-       Bufs b, int bwd) {
+       Bufs b, int extras) {
     using Lay = PrepL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
@@ -64,12 +67,12 @@ __global__ void __launch_bounds__(FNT)
     if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
-    if (bwd) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (extras == 2) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
-    if (bwd) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
+    if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
         gated_tri<K, false>(sQ, sK, gt, sY, scr);
         bsync();
         for (int e = tid; e < L * 64; e += FNT) {
@@ -88,7 +91,7 @@ __global__ void __launch_bounds__(FNT)
     }
     gated_tri<K, true>(sK, sK, gt, sA, scr);
     bsync();
-    if (bwd)
+    if (extras)
         for (int e = tid; e < L * 64; e += FNT) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
     for (int e = tid; e < 64 * 64; e += FNT) {
         sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
@@ -97,7 +100,7 @@ __global__ void __launch_bounds__(FNT)
     bsync();
     static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
     fast::tri_inv(sA, sY, sT, L, 1);
-    if (bwd)
+    if (extras)
         for (int e = tid; e < L * 64; e += FNT) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += FNT) {
@@ -226,7 +229,7 @@ template <int K, int V> struct OutL {
 /* block per (chunk, value head) */
 template <int K, int V>
 __global__ void __launch_bounds__(FNT)
-    ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o) {
+    ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o, int keep) {
     using Lay = OutL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
@@ -255,14 +258,23 @@ __global__ void __launch_bounds__(FNT)
     const Gate gt{sG, sR, !bsync_or(narrow)};
     gated_tri<K, false>(sQ, sK, gt, sA, scr);
     bsync();
-    for (int e = tid; e < 64 * 64; e += FNT) { /* P = scale M' (split) */
+    /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
+     * recomputes (the same values, bit for bit) */
+    for (int e = tid; e < 64 * 64; e += FNT) {
         const int i = e >> 6, j = e & 63;
         fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
+        if (keep && i < L)
+            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j], b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
     }
-    for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo) */
+    for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
         const int i = e / K, cc = e % K;
-        const float x = bf2f(sQ[i * LK + cc]) * expf(sG[i * GS + cc]);
-        fast::split2(x, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
+        const float qv = bf2f(sQ[i * LK + cc]), eg = expf(sG[i * GS + cc]);
+        if (keep && i < L) {
+            uint16_t hh, ll;
+            fast::split2(scale * qv * eg, hh, ll);
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+        fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
     fast::load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
@@ -280,30 +292,30 @@ __global__ void __launch_bounds__(FNT)
     });
 }
 
-template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd) {
+template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
     static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
-                        G, io.q, io.k, io.v, io.g, io.beta, b, bwd ? 1 : 0);
+                        G, io.q, io.k, io.v, io.g, io.beta, b, extras);
     if (!rc)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV * (V / fast::BV), FNT, (size_t)(StateL<K, V>::bytes), G,
                         b, io.h0, io.hT);
     return rc;
 }
 
-template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b) {
+template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
     static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     return DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G,
-                      io.q, io.k, io.g, b, io.o);
+                      io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
 }
 
 } // namespace
 
-int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool bwd) {
+int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
     const Geom &G = p.G;
-    return G.K == 64 ? (G.V == 64 ? prep_state_t<64, 64>(p, io, b, bwd) : prep_state_t<64, 128>(p, io, b, bwd))
-                     : (G.V == 64 ? prep_state_t<128, 64>(p, io, b, bwd) : prep_state_t<128, 128>(p, io, b, bwd));
+    return G.K == 64 ? (G.V == 64 ? prep_state_t<64, 64>(p, io, b, extras) : prep_state_t<64, 128>(p, io, b, extras))
+                     : (G.V == 64 ? prep_state_t<128, 64>(p, io, b, extras) : prep_state_t<128, 128>(p, io, b, extras));
 }
 
 } // namespace kda
@@ -346,10 +358,10 @@ int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     bool ok;
     char *own = carve_into(keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
     if (!ok) return -1;
-    int rc = kda::prep_state(p, io, b, bwd);
+    int rc = kda::prep_state(p, io, b, bwd ? 1 : 0);
     if (!rc)
-        rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b) : kda::out_t<64, 128>(p, io, b))
-                       : (G.V == 64 ? kda::out_t<128, 64>(p, io, b) : kda::out_t<128, 128>(p, io, b));
+        rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b, bwd) : kda::out_t<64, 128>(p, io, b, bwd))
+                       : (G.V == 64 ? kda::out_t<128, 64>(p, io, b, bwd) : kda::out_t<128, 128>(p, io, b, bwd));
     release(own);
     return rc;
 }

@@ -11,6 +11,22 @@ namespace fast {
 
 constexpr int TRI_LD = 65; /* row stride (floats) of the 64 x 64 matrices: conflict-free columns */
 
+/* sum_{t < n} a[t] b[t * ldb] with four independent partial sums: the dot products of the merge
+ * steps below are up to 48 long and ran as one dependent chain of shared-memory loads and adds,
+ * which at one or two blocks per multiprocessor nothing else hid */
+__device__ __forceinline__ float tri_dot(const float *a, const float *b, int ldb, int n) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        s0 += a[t] * b[t * ldb];
+        s1 += a[t + 1] * b[(t + 1) * ldb];
+        s2 += a[t + 2] * b[(t + 2) * ldb];
+        s3 += a[t + 3] * b[(t + 3) * ldb];
+    }
+    for (; t < n; t++) s0 += a[t] * b[t * ldb];
+    return (s0 + s1) + (s2 + s3);
+}
+
 /* (I + A)^-1 of the strictly lower L x L matrix sA into sY (zero on entry), ld TRI_LD; sT scratch.
  * Forward substitution by columns inside diagonal blocks of bs rows (bs = 16 blocked, else 64),
  * then, blocked, the blocks below the diagonal block row by block row:
@@ -38,18 +54,14 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
     bsync();
     for (int i0 = bs; blocked && i0 < L; i0 += bs) {
         int i1 = i0 + bs < L ? i0 + bs : L;
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) {
+        for (int e = tid; e < (i1 - i0) * i0; e += FNT) { /* T = A[I, c:I0] Y[c:I0, J] */
             int i = i0 + e / i0, c = e % i0;
-            float s = 0.0f;
-            for (int m = c; m < i0; m++) s += sA[i * TRI_LD + m] * sY[m * TRI_LD + c];
-            sT[i * TRI_LD + c] = s;
+            sT[i * TRI_LD + c] = tri_dot(sA + i * TRI_LD + c, sY + c * TRI_LD + c, TRI_LD, i0 - c);
         }
         bsync();
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) {
+        for (int e = tid; e < (i1 - i0) * i0; e += FNT) { /* Y_IJ = -Y_II T */
             int i = i0 + e / i0, c = e % i0;
-            float s = 0.0f;
-            for (int m = i0; m <= i; m++) s += sY[i * TRI_LD + m] * sT[m * TRI_LD + c];
-            sY[i * TRI_LD + c] = -s;
+            sY[i * TRI_LD + c] = -tri_dot(sY + i * TRI_LD + i0, sT + i0 * TRI_LD + c, TRI_LD, i - i0 + 1);
         }
         bsync();
     }
