@@ -7,7 +7,9 @@
  *  - grouped value heads, cu_seqlens with an empty sequence and partial chunks, T = 1, h0 and dhT
  *    present or absent, dq and dv not asked for (NULL), strong decays (per-token log decays down to -8, so the cumulative gate
  *    of a chunk reaches about -500: a gate folded as e^{G}, e^{-G} into the operands would
- *    overflow; the sub-chunk references must not).
+ *    overflow; the sub-chunk references must not), gates near the bound of the wide form (one
+ *    reference for the whole chunk, dr_chunk_kda.cuh) so that both forms run in one call, and
+ *    T = 2048.
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
  * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
  * tests by name. */
@@ -255,6 +257,11 @@ static const kcase cases[] = {
     {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1, 0},
     {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},
     {"K=V=128, GVA, dq and dv NULL", 1, 100, 1, 2, 128, 128, 0, {0}, -1.5, -0.02, 1, 0, 1},
+    /* chunks on both sides of the wide form's bound (a span of 80 over 64 rows): about -71 on
+     * average over a chunk, so some chunks take the wide form and some the sub-chunk one */
+    {"K=V=64, gates near the wide form's bound", 1, 1280, 1, 1, 64, 64, 0, {0}, -2.2, -0.02, 1, 1, 0},
+    /* the benchmark's sequence length (errors of plain intermediates grow with T) */
+    {"K=V=128, T=2048", 1, 2048, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
 };
 
 static void test_kda_mma(void **state) {

@@ -60,13 +60,23 @@ constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
  * shared-memory wavefronts in prep, out and qkwy); K + 8 puts them 8 banks apart. */
 __host__ __device__ constexpr int gstride(int K) { return K + 8; }
 
-/* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16.  Forward:
- * W, Kd [rows, HV, K]; U f32 [rows, HV, V]; Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S
+/* Which of the KDA intermediates are plain bf16 (one word; the others are split hi + lo, see
+ * dr_chunk_mma.cuh), as Plain<GATE> is for the head gate: W, U, Kd = K o e^{Gl - G}, V'; OutS: the
+ * output pass reads only the hi words of S.  Errors (relative error norm against the f64
+ * reference, CPU emulator, tests/test_cuda_dr_chunk_kda.c's cases; bound 5e-3): see
+ * docs/PERF_KERNELS.md, "KDA plain operands". */
+struct KPlain {
+    static constexpr bool W = true, U = true, Kd = true, Vn = true, OutS = true;
+};
+
+/* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16, plain ones
+ * (KPlain) as the hi words alone (their lo pointers are NULL).  Forward: W, Kd [rows, HV, K];
+ * U [rows, HV, V] (bf16 when plain, else f32); Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S
  * [nchunks, HV, K, V].  The backward's recompute also keeps Ai, Mkk f32 [rows, HV, 64],
  * P = scale lower_incl(M') and Qg = scale Q o e^G split. */
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;
-    float *U, *Gl;
+    float *U, *Gl; /* U: f32, or bf16 in its first half (KPlain::U) */
     uint16_t *Vnh, *Vnl, *Sh, *Sl;
     float *Ai, *Mkk;                 /* backward only */
     uint16_t *Ph, *Pl, *Qgh, *Qgl;   /* backward only */

@@ -191,7 +191,8 @@ __global__ void __launch_bounds__(FNT)
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
-        fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
+        else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
         fast::load_raw<64, V>(sO, dout + ot * V, (int64_t)HV * V, L);
         fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(FNT)
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
             fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LV, vn0, 64);
-            fast::mma_ss<1, TV::NT, false, true>(acc, sX, LK, vm0, sdS, LV, vn0, K);
+            fast::mma_p<1, TV::NT, false, true, !KPlain::Kd, true>(acc, sX, LK, vm0, sdS, LV, vn0, K);
             fast::frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
                 if (i < L) fast::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + j, x0, x1);
                 fast::put_split2(sN, LV, i, j, -x0, -x1);
@@ -217,9 +218,10 @@ __global__ void __launch_bounds__(FNT)
         bsync();
         fast::mma_sr<1, TS::NT, true, true>(dS, sX, LK, sm0, sO, LV, sn0, 64); /* + Qg^T dO */
         bsync();
-        fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+        if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+        else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
         bsync();
-        fast::mma_ss<1, TS::NT, true, true>(dS, sX, LK, sm0, sN, LV, sn0, 64); /* - W^T dV' */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sX, LK, sm0, sN, LV, sn0, 64); /* - W^T dV' */
         bsync();
     }
     if (dh0) fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
@@ -320,14 +322,16 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 *(uint4 *)ph = xh;
                 *(uint4 *)pl = xl;
             }
-            fast::load_split<64, V>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            /* (plain: the hi words only; the lo words of dV' left there are not read again) */
+            if (KPlain::Vn) fast::load_raw<64, V>(sXv.hi, a.b.Vnh + ot * V, (int64_t)HV * V, L);
+            else fast::load_split<64, V>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
         }
         bsync();
-        fast::mma_ss<1, TK::NT, false, false>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
+        fast::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
         { /* dM' = scale lower_incl(dO V'^T) */
             float dp[1][TP::NT][4];
             fast::acc_zero(dp);
-            fast::mma_rs<1, TP::NT, false, false>(dp, sO, LV, pm0, sXv, LV, pn0, V);
+            fast::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0, V);
             fast::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
                 return l <= i ? scale * dp[0][nt][qq] : 0.0f;
             });

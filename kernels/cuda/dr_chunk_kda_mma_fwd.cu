@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(FNT)
             uint16_t hh, ll;
             fast::split2(kv * expf(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
             b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
-            b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
+            if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
     }
     bsync();
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(FNT)
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         fast::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
         fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) fast::put_pair_global<true>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+            if (i < L) fast::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
         });
     }
     { /* U = Ai' V */
@@ -136,7 +136,9 @@ __global__ void __launch_bounds__(FNT)
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         fast::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
         fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
+            if (i >= L) return;
+            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+            else *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
         });
     }
 }
@@ -173,7 +175,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
-        fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+        if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+        else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
@@ -188,11 +191,16 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                    u[nt][hh] = i < L ? *(const float2 *)(b.U + (ot + (int64_t)i * HV) * V + v0 + j) : make_float2(0.0f, 0.0f);
+                    const int64_t off = (ot + (int64_t)i * HV) * V + v0 + j;
+                    if (i >= L) u[nt][hh] = make_float2(0.0f, 0.0f);
+                    else if (KPlain::U) {
+                        const uint32_t w = *(const uint32_t *)((const uint16_t *)b.U + off);
+                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                    } else u[nt][hh] = *(const float2 *)(b.U + off);
                 }
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
-            fast::mma_ss<1, TV::NT, false, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
+            fast::mma_p<1, TV::NT, false, true, !KPlain::W, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
@@ -201,17 +209,18 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                        fast::put_pair_global<true>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
+                        fast::put_pair_global<!KPlain::Vn>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
                     }
-                    fast::put_split2(sVn, LB, i, j, y0, y1);
+                    fast::put_sp2<!KPlain::Vn>(sVn, LB, i, j, y0, y1);
                 }
         }
         bsync();
-        fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L); /* W is dead */
+        if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
+        else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
         /* S <- diag(e^{Gl}) S + Kd^T V' */
         fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
         bsync();
-        fast::mma_ss<1, TS::NT, true, true>(S, sX, LK, sm0, sVn, LB, sn0, 64);
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sX, LK, sm0, sVn, LB, sn0, 64);
         bsync();
     }
     if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
@@ -277,16 +286,18 @@ __global__ void __launch_bounds__(FNT)
         fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    fast::load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
-    fast::load_split<64, V>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    if (KPlain::OutS) fast::load_raw<K, V>(sS.hi, b.Sh + sb, V, K);
+    else fast::load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    if (KPlain::Vn) fast::load_raw<64, V>(sVn.hi, b.Vnh + ot * V, (int64_t)HV * V, L);
+    else fast::load_split<64, V>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     bsync();
     using T = WT<64, V>;
     float acc[1][T::NT][4];
     fast::acc_zero(acc);
     const int m0 = T::m0(warp), n0 = T::n0(warp);
-    fast::mma_ss<1, T::NT, false, true>(acc, sQg, LK, m0, sS, LV, n0, K);
+    fast::mma_p<1, T::NT, false, true, true, !KPlain::OutS>(acc, sQg, LK, m0, sS, LV, n0, K);
     fast::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
-    fast::mma_ss<1, T::NT, false, true>(acc, sP, 72, m0, sVn, LV, n0, 64);
+    fast::mma_p<1, T::NT, false, true, true, !KPlain::Vn>(acc, sP, 72, m0, sVn, LV, n0, 64);
     fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
         if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
     });
@@ -328,20 +339,22 @@ namespace kda {
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
     const int64_t n64 = G.rows * G.HV * 64;
-    memset(&b, 0, sizeof b);
-    b.Wh = cv.take<uint16_t>((bwd ? 6 : 4) * nk); /* W, Kd (, Qg) */
-    b.U = cv.take<float>(nv);
+    memset(&b, 0, sizeof b); /* plain operands keep NULL lo pointers */
+    b.Wh = cv.take<uint16_t>(nk);
+    if (!KPlain::W) b.Wl = cv.take<uint16_t>(nk);
+    b.Kdh = cv.take<uint16_t>(nk);
+    if (!KPlain::Kd) b.Kdl = cv.take<uint16_t>(nk);
+    b.U = cv.take<float>(KPlain::U ? (nv + 1) / 2 : nv);
     b.Gl = cv.take<float>(G.nchunks * G.HV * G.K);
-    b.Vnh = cv.take<uint16_t>(2 * nv);
-    b.Sh = cv.take<uint16_t>(2 * nst);
+    b.Vnh = cv.take<uint16_t>(nv);
+    if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
+    b.Sh = cv.take<uint16_t>(nst);
+    b.Sl = cv.take<uint16_t>(nst);
     if (bwd) {
-        b.Ai = cv.take<float>(2 * n64); /* Ai, Mkk */
-        b.Ph = cv.take<uint16_t>(2 * n64);
+        b.Qgh = cv.take<uint16_t>(nk), b.Qgl = cv.take<uint16_t>(nk);
+        b.Ai = cv.take<float>(n64), b.Mkk = cv.take<float>(n64);
+        b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
     }
-    if (!cv.base) return;
-    b.Wl = b.Wh + nk, b.Kdh = b.Wh + 2 * nk, b.Kdl = b.Wh + 3 * nk;
-    b.Vnl = b.Vnh + nv, b.Sl = b.Sh + nst;
-    if (bwd) b.Qgh = b.Wh + 4 * nk, b.Qgl = b.Wh + 5 * nk, b.Mkk = b.Ai + n64, b.Pl = b.Ph + n64;
 }
 } // namespace kda
 
