@@ -156,34 +156,36 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
 }
 
 /* ---- dhu ---- */
-template <int K, int V> struct DhuL {
-    static constexpr int X = 2 * tile_bytes(64, K), O = tile_bytes(64, V), P = 2 * tile_bytes(64, 64),
-                         S = 2 * tile_bytes(K, V), N = 2 * tile_bytes(64, V);
+/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
+ * 32): the columns of dS and dV' are independent, as in the state pass */
+template <int K, int BV> struct DhuL {
+    static constexpr int X = (KPlain::Qg ? 1 : 2) * tile_bytes(64, K), O = tile_bytes(64, BV), P = 2 * tile_bytes(64, 64),
+                         S = 2 * tile_bytes(K, BV), N = 2 * tile_bytes(64, BV);
     static constexpr int bytes = K * 4 + X + O + P + S + N;
 };
 
-template <int K, int V>
-__global__ void __launch_bounds__(FNT)
+template <int K, int V, int BV>
+__global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b, uint16_t *dSh, uint16_t *dSl,
           uint16_t *dVh, uint16_t *dVl) {
-    using Lay = DhuL<K, V>;
-    constexpr int LK = K + PAD, LV = V + PAD;
+    using Lay = DhuL<K, BV>;
+    constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
-    const int64_t n = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV);
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     float *sGl = sm;
     unsigned char *B8 = (unsigned char *)(sm + K);
     const Sp sX{(uint16_t *)B8, 64 * LK}; /* Kd, then Qg, then W */
     uint16_t *sO = (uint16_t *)(B8 + Lay::X);
     const Sp sP{(uint16_t *)(B8 + Lay::X + Lay::O), 64 * 72};
-    const Sp sdS{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P), K * LV};
-    const Sp sN{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P + Lay::S), 64 * LV};
-    using TS = WT<K, V>;
-    using TV = WT<64, V>;
+    const Sp sdS{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P), K * LB};
+    const Sp sN{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P + Lay::S), 64 * LB};
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float dS[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)K * V;
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
     fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -193,35 +195,36 @@ __global__ void __launch_bounds__(FNT)
         const int64_t ot = ch.r0 * HV + hv;
         if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
         else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
-        fast::load_raw<64, V>(sO, dout + ot * V, (int64_t)HV * V, L);
+        fast::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
         fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
         if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
-        const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         fast::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            fast::put_split2(sdS, LV, r, j, x0, x1);
+            fast::put_split2(sdS, LB, r, j, x0, x1);
             fast::put_pair_global<true>(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
         });
         bsync();
         { /* dV' = P^T dO + Kd dS */
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
-            fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LV, vn0, 64);
-            fast::mma_p<1, TV::NT, false, true, !KPlain::Kd, true>(acc, sX, LK, vm0, sdS, LV, vn0, K);
+            fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LB, vn0, 64);
+            fast::mma_p<1, TV::NT, false, true, !KPlain::Kd, true>(acc, sX, LK, vm0, sdS, LB, vn0, K);
             fast::frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
-                if (i < L) fast::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + j, x0, x1);
-                fast::put_split2(sN, LV, i, j, -x0, -x1);
+                if (i < L) fast::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + v0 + j, x0, x1);
+                fast::put_split2(sN, LB, i, j, -x0, -x1);
             });
         }
         bsync();
-        fast::load_split<64, K>(sX, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+        if (KPlain::Qg) fast::load_raw<64, K>(sX.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
+        else fast::load_split<64, K>(sX, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
         fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
         bsync();
-        fast::mma_sr<1, TS::NT, true, true>(dS, sX, LK, sm0, sO, LV, sn0, 64); /* + Qg^T dO */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sX, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
         bsync();
         if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
         else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sX, LK, sm0, sN, LV, sn0, 64); /* - W^T dV' */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sX, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
         bsync();
     }
     if (dh0) fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
@@ -542,10 +545,13 @@ __global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, co
 template <int K, int V>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
           uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuL<K, V>::bytes <= fast::SMEM_MAX && QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V>), G.N * G.HV, FNT, (size_t)(DhuL<K, V>::bytes), G,
-                        io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    const bool bv32 = fast::state_bv(G) == 32;
+    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(DhuL<K, 32>::bytes), G,
+                               io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
+                  : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(DhuL<K, 64>::bytes), G,
+                               io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     const size_t sq = (size_t)(QkL<K, V>::bytes);
     if (!rc && var.kda_fused) rc = DRC_LAUNCH("dr_chunk kda qkwy", (b_qkwy<K, V, 0>), G.nchunks * G.HV, FNT, sq, G, a);
     if (!rc && !var.kda_fused) {

@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(FNT)
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
             fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * expf(sG[i * GS + cc]), hh, ll);
-            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
         bsync();
     }
@@ -144,16 +145,17 @@ __global__ void __launch_bounds__(FNT)
 }
 
 /* W, then Kd, share one split tile, so that two blocks fit on a multiprocessor */
-template <int K, int V> struct StateL {
-    static constexpr int bytes = K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, fast::BV) + 2 * tile_bytes(64, fast::BV);
+template <int K, int BV> struct StateL {
+    static constexpr int bytes = K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
 };
 
-/* block per (sequence, value head, tile of BV = 64 value columns v0 .. v0 + BV - 1): the columns of
- * S and V' are independent, so V = 128 runs as two blocks per (sequence, head) (256 blocks at S1
- * instead of 128, two per multiprocessor), as the head-gate state pass (dr_chunk_mma_fwd.cu) */
-template <int K, int V>
+/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
+ * 32): the columns of S and V' are independent, so V = 128 runs as two (or four) blocks per
+ * (sequence, head) (256 blocks at S1 instead of 128, two per multiprocessor; 128 of 32 columns
+ * at S2), as the head-gate state pass (dr_chunk_mma_fwd.cu) */
+template <int K, int V, int BV>
 __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, float *hT) {
-    constexpr int BV = fast::BV, NVT = V / BV, LK = K + PAD, LB = BV + PAD;
+    constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int64_t n = blockIdx.x / (HV * NVT);
@@ -281,7 +283,8 @@ __global__ void __launch_bounds__(FNT)
         if (keep && i < L) {
             uint16_t hh, ll;
             fast::split2(scale * qv * eg, hh, ll);
-            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
         fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
@@ -304,12 +307,15 @@ __global__ void __launch_bounds__(FNT)
 }
 
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
-    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
                         G, io.q, io.k, io.v, io.g, io.beta, b, extras);
-    if (!rc)
-        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V>), G.N * G.HV * (V / fast::BV), FNT, (size_t)(StateL<K, V>::bytes), G,
+    if (!rc && fast::state_bv(G) == 32)
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32>::bytes), G,
+                        b, io.h0, io.hT);
+    else if (!rc)
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(StateL<K, 64>::bytes), G,
                         b, io.h0, io.hT);
     return rc;
 }
@@ -351,7 +357,8 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     b.Sh = cv.take<uint16_t>(nst);
     b.Sl = cv.take<uint16_t>(nst);
     if (bwd) {
-        b.Qgh = cv.take<uint16_t>(nk), b.Qgl = cv.take<uint16_t>(nk);
+        b.Qgh = cv.take<uint16_t>(nk);
+        if (!KPlain::Qg) b.Qgl = cv.take<uint16_t>(nk);
         b.Ai = cv.take<float>(n64), b.Mkk = cv.take<float>(n64);
         b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
     }
