@@ -120,6 +120,15 @@ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldma
 __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     drc_emu::mma16816(c, a, b);
 }
+/* the emulation copies at once (a later wait has nothing to wait for) */
+__forceinline__ void cp_async16(void *s, const void *g, bool valid) {
+    if (valid) memcpy(s, g, 16);
+    else memset(s, 0, 16);
+}
+__forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
+__forceinline__ void cp_async_commit() {}
+__forceinline__ void cp_async_wait_all() {}
+__forceinline__ void cp_async_wait_1() {}
 #else
 #define DRC_SMEM(type, name)                                                                       \
     extern __shared__ float4 drc_smem_[];                                                          \
@@ -152,6 +161,23 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+/* 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
+ * valid false: the 16 bytes are zero-filled and g is not read.  The copies of a thread complete
+ * at its cp_async_wait_all; a barrier after it makes them visible to the block. */
+__device__ __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* 4 bytes, as cp_async16 (always read) */
+__device__ __forceinline__ void cp_async4(void *s, const void *g) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* all but the most recently committed group */
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 #endif
 
 __device__ __forceinline__ float warp_sum(float x) {

@@ -251,6 +251,17 @@ __device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t
         if (N % FNT == 0 || e < N) *(uint4 *)(s + r * (Cc + PAD) + c) = x[it];
     }
 }
+/* load_raw by cp.async: the copies are only issued (rows >= nrow zero-filled); the caller commits,
+ * waits (cp_async_wait_all) and puts a barrier before the tile is read */
+template <int R, int Cc>
+__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + FNT - 1) / FNT;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        if (N % FNT == 0 || e < N) cp_async16(s + r * (Cc + PAD) + c, r < nrow ? g + r * ldg + c : g, r < nrow);
+    }
+}
 /* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors:
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
  * instruction, eight times as many store instructions) */

@@ -24,13 +24,36 @@ namespace fast {
 namespace {
 
 /* R3 holds P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split */
-template <int K, int BV> struct DhuSmem { /* BV: the value columns of a block (state_bv) */
-    static constexpr int R1 = 2 * tile_bytes(64, K); /* q, k; later W split */
-    static constexpr int R2 = tile_bytes(64, BV);    /* dO */
+/* Whether b_dhu prefetches (cp.async): the next chunk's q, k, dO and gate into a second set of
+ * tiles while it works on this one, and this chunk's W into a tile of its own from the start of
+ * the step (else W is loaded into q's place in the middle of the step), so that a chunk step waits
+ * for no load from device memory.  With 32 value columns a block (dhu_bv: when all blocks fit on
+ * the GPU at once, one per SM: S2 = 128 blocks, 128 chunk steps each); W must be plain.  Its
+ * shared memory (~137 KB at K = 128) leaves one block per SM.  H100, S2: b_dhu ~895 us with W
+ * alone loaded early. */
+template <int GATE, int BV> constexpr bool dhu_prefetch() { return BV == 32 && Plain<GATE>::W; }
+
+template <int K, int BV, bool PF = false> struct DhuSmem { /* BV: the value columns of a block (dhu_bv) */
+    static constexpr int SG = (PF ? 2 : 1) * 64 * 4;        /* gate (PF: per set) */
+    static constexpr int R1 = 2 * tile_bytes(64, K);         /* q, k; later W split (PF: W in R5) */
+    static constexpr int R2 = tile_bytes(64, BV);            /* dO */
+    static constexpr int SET = R1 + R2, NSET = PF ? 2 : 1;   /* the per-chunk tiles; PF: two sets */
     static constexpr int R3 = 2 * (tile_bytes(64, BV) > tile_bytes(64, 64) ? tile_bytes(64, BV) : tile_bytes(64, 64));
     static constexpr int R4 = 2 * tile_bytes(K, BV); /* dS split */
-    static constexpr int bytes = 64 * 4 + R1 + R2 + R3 + R4;
+    static constexpr int R5 = PF ? tile_bytes(64, K) : 0;
+    static constexpr int bytes = SG + NSET * SET + R3 + R4 + R5;
 };
+
+/* value columns of a b_dhu block: 32 (with the prefetch) when the blocks of 32 columns all fit on
+ * the GPU at once, one per SM (S2), else 64 */
+inline int dhu_bv(const Geom &G) {
+#ifdef DRC_EMU
+    const int64_t sms = 132;
+#else
+    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
+#endif
+    return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sms ? 32 : 64;
+}
 
 /* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
  * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
@@ -39,21 +62,20 @@ __global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
           float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     constexpr bool PW = Plain<GATE>::W; /* plain bf16 */
-    using L_ = DhuSmem<K, BV>;
+    constexpr bool PF = dhu_prefetch<GATE, BV>();
+    using L_ = DhuSmem<K, BV, PF>;
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
-    float *sG = sm;
-    unsigned char *base = (unsigned char *)(sG + 64);
-    uint16_t *sQ = (uint16_t *)base, *sK = sQ + 64 * (K + PAD);
-    const Sp sW{sQ, 64 * (K + PAD)};
-    uint16_t *sO = (uint16_t *)(base + L_::R1);
-    const Sp sP{(uint16_t *)(base + L_::R1 + L_::R2), 64 * 72};
-    const Sp sX{(uint16_t *)(base + L_::R1 + L_::R2), 64 * (BV + PAD)};
+    unsigned char *base = (unsigned char *)sm + L_::SG; /* then the sets of q, k, dO */
+    unsigned char *after = base + L_::NSET * L_::SET;
+    const Sp sP{(uint16_t *)after, 64 * 72};
+    const Sp sX{(uint16_t *)after, 64 * (BV + PAD)};
     const Sp sN = sX;
-    const Sp sdS{(uint16_t *)(base + L_::R1 + L_::R2 + L_::R3), K * (BV + PAD)};
+    const Sp sdS{(uint16_t *)(after + L_::R3), K * (BV + PAD)};
+    uint16_t *sWpf = (uint16_t *)(after + L_::R3 + L_::R4); /* PF: W's own tile */
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
     using TP = WT<64, 64>;
@@ -65,17 +87,42 @@ __global__ void __launch_bounds__(FNT, 2)
     frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
+    /* set st's tiles: q, k, dO at base + st * SET; its gate at sm + 64 st */
+    auto issue = [&](int64_t cc, int st) { /* PF: the prefetch of chunk cc's q, k, dO and gate */
+        const Chunk x = chunk_at(G, cc);
+        uint16_t *t = (uint16_t *)(base + st * L_::SET);
+        load_raw_async<64, K>(t, q + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
+        load_raw_async<64, K>(t + 64 * (K + PAD), k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
+        load_raw_async<64, BV>((uint16_t *)(base + st * L_::SET + L_::R1), dout + (x.r0 * HV + hv) * V + v0,
+                               (int64_t)HV * V, x.L);
+        const int i = threadIdx.x;
+        if (GATE == DG_GATE_HEAD && i < FC) cp_async4(sm + 64 * st + i, b.Gc + (x.r0 + (i < x.L ? i : x.L - 1)) * G.HV + hv);
+        cp_async_commit();
+    };
+    if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-        load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+        const int st = PF ? (int)((c1 - 1 - c) & 1) : 0;
+        float *sG = sm + 64 * st;
+        uint16_t *sQ = (uint16_t *)(base + st * L_::SET), *sK = sQ + 64 * (K + PAD);
+        uint16_t *sO = (uint16_t *)(base + st * L_::SET + L_::R1);
+        const Sp sW{PF ? sWpf : sQ, 64 * (K + PAD)}; /* W split: lo in k's place */
+        if (PF) {
+            cp_async_wait_all(); /* this chunk's set (the barrier below shows it to the block) */
+            load_raw_async<64, K>(sW.hi, b.Wh + (r0 * HV + hv) * K, (int64_t)HV * K, L); /* read before the previous step's end */
+            cp_async_commit();
+        } else {
+            load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+            load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+            load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+            load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+        }
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         bsync();
+        if (PF && c > c0) issue(c - 1, st ^ 1); /* the other set was last read before the previous step's end */
         store_raw<K, BV>(dSh + sb, V, sdS.hi);
         store_raw<K, BV>(dSl + sb, V, sdS.lo());
         { /* P (stored [m][i]) */
@@ -125,7 +172,10 @@ __global__ void __launch_bounds__(FNT, 2)
         bsync();
         mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
         bsync();
-        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        if (PF) { /* W: all but the most recent group (the next chunk's set, when there is one) */
+            if (c > c0) cp_async_wait_1();
+            else cp_async_wait_all();
+        } else load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
         frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         bsync();
         mma_p<1, TS::NT, true, true, !PW, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
@@ -469,11 +519,12 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
+    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && DhuSmem<K, 32, true>::bytes <= SMEM_MAX &&
+                      QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    int rc = state_bv(G) == 32
+    int rc = dhu_bv(G) == 32
                  ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
-                              (size_t)(DhuSmem<K, 32>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                              (size_t)(DhuSmem<K, 32, dhu_prefetch<GATE, 32>()>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
                               (uint16_t *)a.dVh, (uint16_t *)a.dVl)
                  : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
                               (size_t)(DhuSmem<K, BV>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,

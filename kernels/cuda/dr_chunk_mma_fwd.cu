@@ -162,9 +162,16 @@ __global__ void __launch_bounds__(FNT)
 template <bool PL> struct UPair { using type = float2; };
 template <> struct UPair<true> { using type = uint32_t; };
 
-template <int K, int BV> struct StateSmem { /* BV: the value columns of a block (state_bv) */
-    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(64, K) +
-                                 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
+/* Whether f_state loads the next chunk's W, K, U and gate (cp.async, into a second set of tiles)
+ * while it works on this one, so that a chunk step waits for no load from device memory: with 32
+ * value columns a block (few sequence-heads, S2: 128 chunk steps one after another per block),
+ * where two sets still leave two blocks per SM; W and U must be plain (one tile each).  H100, S2:
+ * W and K prefetched: GDN fwd 1.307 -> 1.261 ms. */
+template <int GATE, int BV> constexpr bool state_prefetch() { return BV == 32 && Plain<GATE>::W && Plain<GATE>::U; }
+
+template <int K, int BV, bool PF = false> struct StateSmem { /* BV: the value columns of a block (state_bv) */
+    static constexpr int bytes = (PF ? 2 * 64 * 4 : 64 * 4) + (PF ? 4 * tile_bytes(64, K) : 3 * tile_bytes(64, K)) +
+                                 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV) + (PF ? 2 * tile_bytes(64, BV) : 0);
 };
 
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1): the columns of S
@@ -174,17 +181,18 @@ template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
+    constexpr bool PF = state_prefetch<GATE, BV>();
     DRC_SMEM(float, sm);
-    constexpr int NVT = V / BV;
+    constexpr int NVT = V / BV, T = 64 * (K + PAD);
     const int HV = G.HV, warp = threadIdx.x >> 5;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
-    float *sG = sm;
-    uint16_t *base = (uint16_t *)(sG + 64);
-    const Sp sW{base, 64 * (K + PAD)};
-    uint16_t *sK = base + 2 * 64 * (K + PAD);
-    const Sp sS{sK + 64 * (K + PAD), K * (BV + PAD)};
+    /* the gate [64] (two with the prefetch); W (split: two tiles), K; with the prefetch two sets
+     * (plain W, K, and U after V'), chunk c in set c - c0 mod 2 */
+    uint16_t *base = (uint16_t *)(sm + (PF ? 128 : 64));
+    const Sp sS{base + (PF ? 4 : 3) * T, K * (BV + PAD)};
     const Sp sVn{sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
+    uint16_t *sU0 = sVn.hi + 2 * 64 * (BV + PAD); /* PF: U of set 0, then of set 1 */
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
@@ -193,17 +201,37 @@ __global__ void __launch_bounds__(FNT, 2)
     frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
+    auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
+        const Chunk x = chunk_at(G, cc);
+        load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L);
+        load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
+        load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
+                               (int64_t)HV * V, x.L);
+        const int i = threadIdx.x;
+        if (GATE == DG_GATE_HEAD && i < FC) cp_async4(sm + 64 * pair + i, b.Gc + (x.r0 + (i < x.L ? i : x.L - 1)) * G.HV + hv);
+        cp_async_commit();
+    };
+    if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
-        load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+        const int pair = PF ? (int)((c - c0) & 1) : 0;
+        float *sG = sm + 64 * pair;
+        const uint16_t *sU = sU0 + pair * 64 * (BV + PAD);
+        const Sp sW{base + 2 * pair * T, PF ? 0 : T};
+        uint16_t *sK = PF ? base + (2 * pair + 1) * T : base + 2 * T;
+        if (PF) cp_async_wait_all(); /* this chunk's pair; the barrier below shows it to the block */
+        else {
+            load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+            load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        }
+        if (!PF) load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         /* the state entering the chunk: split (or plain), into shared memory and out */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PS>(sS, BV + PAD, r, j, x0, x1); });
         bsync();
+        if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
         store_raw<K, BV>(b.Sh + sb, V, sS.hi);
         if (!PS) store_raw<K, BV>(b.Sl + sb, V, sS.lo());
         { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
@@ -217,7 +245,8 @@ __global__ void __launch_bounds__(FNT, 2)
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
-                    if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
+                    if constexpr (PF) u[nt][hh] = *(const uint32_t *)(sU + i * (BV + PAD) + j); /* 0 past L */
+                    else if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
                     else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
                 }
             float acc[1][TV::NT][4];
@@ -319,14 +348,15 @@ __global__ void __launch_bounds__(FNT)
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
     static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K, BV>::bytes <= SMEM_MAX &&
-                      OutSmem<K>::bytes <= SMEM_MAX, "shared memory");
+                      StateSmem<K, 32, true>::bytes <= SMEM_MAX / 2 && OutSmem<K>::bytes <= SMEM_MAX,
+                  "shared memory (the 32-column state pass with its prefetch: two blocks per SM)");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
                         b.Ai ? 1 : 0);
     if (!rc && state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
-                        (size_t)(StateSmem<K, 32>::bytes), G, io.k, b, io.h0, io.hT);
+                        (size_t)(StateSmem<K, 32, state_prefetch<GATE, 32>()>::bytes), G, io.k, b, io.h0, io.hT);
     else if (!rc)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
                         (size_t)(StateSmem<K, BV>::bytes), G, io.k, b, io.h0, io.hT);
