@@ -158,29 +158,48 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
 /* ---- dhu ---- */
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
  * 32): the columns of dS and dV' are independent, as in the state pass */
-template <int K, int BV> struct DhuL {
+/* Whether b_dhu prefetches (cp.async) the next chunk's Kd, Qg, W, dO, P and Gl into a second set
+ * while it works on this one (fast::dhu_bv = 32: all blocks on the GPU at once, one per SM; as the
+ * head-gate b_dhu); Kd, Qg, W plain */
+template <int BV> constexpr bool dhu_prefetch() { return BV == 32 && KPlain::Kd && KPlain::Qg && KPlain::W; }
+
+template <int K, int BV, bool PF = false> struct DhuL {
     static constexpr int X = (KPlain::Qg ? 1 : 2) * tile_bytes(64, K), O = tile_bytes(64, BV), P = 2 * tile_bytes(64, 64),
                          S = 2 * tile_bytes(K, BV), N = 2 * tile_bytes(64, BV);
-    static constexpr int bytes = K * 4 + X + O + P + S + N;
+    /* PF: per set Gl, Kd, Qg, W, dO, P */
+    static constexpr int SET = K * 4 + 3 * tile_bytes(64, K) + O + P;
+    static constexpr int bytes = PF ? 2 * SET + S + N : K * 4 + X + O + P + S + N;
 };
 
 template <int K, int V, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b, uint16_t *dSh, uint16_t *dSl,
           uint16_t *dVh, uint16_t *dVl) {
-    using Lay = DhuL<K, BV>;
+    constexpr bool PF = dhu_prefetch<BV>();
+    using Lay = DhuL<K, BV, PF>;
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
-    float *sGl = sm;
-    unsigned char *B8 = (unsigned char *)(sm + K);
-    const Sp sX{(uint16_t *)B8, 64 * LK}; /* Kd, then Qg, then W */
-    uint16_t *sO = (uint16_t *)(B8 + Lay::X);
-    const Sp sP{(uint16_t *)(B8 + Lay::X + Lay::O), 64 * 72};
-    const Sp sdS{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P), K * LB};
-    const Sp sN{(uint16_t *)(B8 + Lay::X + Lay::O + Lay::P + Lay::S), 64 * LB};
+    /* PF: two sets [Gl | Kd | Qg | W | dO | P split], then dS, -dV' split; else Gl, one tile for Kd
+     * then Qg then W, dO, P, dS, -dV' */
+    unsigned char *B8 = (unsigned char *)sm;
+    unsigned char *after = B8 + (PF ? 2 * Lay::SET : K * 4 + Lay::X + Lay::O + Lay::P);
+    const Sp sdS{(uint16_t *)after, K * LB};
+    const Sp sN{(uint16_t *)(after + Lay::S), 64 * LB};
+    /* set st's pieces (PF), or the single layout */
+    auto gl_of = [&](int st) { return (float *)(B8 + st * Lay::SET); };
+    auto x_of = [&](int st, int which) { /* which: 0 Kd, 1 Qg, 2 W */
+        return PF ? (uint16_t *)(B8 + st * Lay::SET + K * 4 + which * tile_bytes(64, K)) : (uint16_t *)(B8 + K * 4);
+    };
+    auto o_of = [&](int st) {
+        return (uint16_t *)(B8 + (PF ? st * Lay::SET + K * 4 + 3 * tile_bytes(64, K) : K * 4 + Lay::X));
+    };
+    auto p_of = [&](int st) {
+        return Sp{(uint16_t *)(B8 + (PF ? st * Lay::SET + K * 4 + 3 * tile_bytes(64, K) + Lay::O : K * 4 + Lay::X + Lay::O)),
+                  64 * 72};
+    };
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
@@ -189,21 +208,44 @@ __global__ void __launch_bounds__(FNT, 2)
     fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
+    auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's set */
+        const Chunk x = chunk_at(G, cc);
+        const int64_t xo = x.r0 * HV + hv;
+        fast::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
+        const Sp p = p_of(st);
+        fast::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
+        fast::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
+        if (tid < K / 4) cp_async16(gl_of(st) + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+        cp_async_commit();
+    };
+    if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
-        if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
-        else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
-        fast::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
-        fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
-        if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        const int st = PF ? (int)((c1 - 1 - c) & 1) : 0;
+        const float *sGl = gl_of(st);
+        uint16_t *sO = o_of(st);
+        const Sp sP = p_of(st);
+        const Sp sX{x_of(st, 0), 64 * LK}; /* Kd (without the prefetch: then Qg, then W) */
+        if (PF) cp_async_wait_all(); /* this chunk's set; the barrier below shows it to the block */
+        else {
+            if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
+            else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+            fast::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
+            fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
+            if (tid < K) gl_of(0)[tid] = b.Gl[(c * HV + hv) * K + tid];
+        }
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         fast::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
             fast::put_split2(sdS, LB, r, j, x0, x1);
             fast::put_pair_global<true>(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
         });
         bsync();
+        if (PF && c > c0) issue(c - 1, st ^ 1); /* the other set was last read before the previous step's end */
         { /* dV' = P^T dO + Kd dS */
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
@@ -215,16 +257,19 @@ __global__ void __launch_bounds__(FNT, 2)
             });
         }
         bsync();
-        if (KPlain::Qg) fast::load_raw<64, K>(sX.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
-        else fast::load_split<64, K>(sX, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+        const Sp sQg{PF ? x_of(st, 1) : sX.hi, sX.lo_off}, sW{PF ? x_of(st, 2) : sX.hi, sX.lo_off};
+        if (!PF && KPlain::Qg) fast::load_raw<64, K>(sQg.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
+        else if (!PF) fast::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
         fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sX, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
+        if (!PF) {
+            bsync();
+            if (KPlain::W) fast::load_raw<64, K>(sW.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+            else fast::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+        }
         bsync();
-        if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-        else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
-        bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sX, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sW, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
         bsync();
     }
     if (dh0) fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
@@ -545,10 +590,11 @@ __global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, co
 template <int K, int V>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
           uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= fast::SMEM_MAX &&
+                      QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    const bool bv32 = fast::state_bv(G) == 32;
-    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(DhuL<K, 32>::bytes), G,
+    const bool bv32 = fast::dhu_bv(G) == 32;
+    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G,
                                io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
                   : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(DhuL<K, 64>::bytes), G,
                                io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);

@@ -144,9 +144,17 @@ __global__ void __launch_bounds__(FNT)
     }
 }
 
-/* W, then Kd, share one split tile, so that two blocks fit on a multiprocessor */
-template <int K, int BV> struct StateL {
-    static constexpr int bytes = K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
+/* Whether ks prefetches (cp.async) the next chunk's W, Kd, U and Gl into a second set of tiles
+ * while it works on this one, as the head-gate state pass (dr_chunk_mma_fwd.cu, state_prefetch):
+ * with 32 value columns a block (S2), W, Kd and U plain */
+template <int BV> constexpr bool ks_prefetch() { return BV == 32 && KPlain::W && KPlain::Kd && KPlain::U; }
+
+/* W, then Kd, share one split tile, so that two blocks fit on a multiprocessor; with the prefetch
+ * two sets of (Gl, W, Kd, U), still two blocks per SM at BV = 32 */
+template <int K, int BV, bool PF = false> struct StateL {
+    static constexpr int SET = 2 * tile_bytes(64, K) + tile_bytes(64, BV); /* PF: W, Kd, U */
+    static constexpr int bytes = PF ? 2 * K * 4 + 2 * SET + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV)
+                                    : K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
 };
 
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
@@ -156,14 +164,15 @@ template <int K, int BV> struct StateL {
 template <int K, int V, int BV>
 __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, float *hT) {
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
+    constexpr bool PF = ks_prefetch<BV>();
+    using Lay = StateL<K, BV, PF>;
     DRC_SMEM(float, sm);
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
-    float *sGl = sm;
-    uint16_t *base = (uint16_t *)(sGl + K);
-    const Sp sX{base, 64 * LK}; /* W, then Kd */
-    const Sp sS{base + 2 * 64 * LK, K * LB};
+    /* Gl [K] (PF: two), then W / Kd split (PF: two sets of plain W, Kd, U), S split, V' split */
+    unsigned char *base = (unsigned char *)(sm + (PF ? 2 * K : K));
+    const Sp sS{(uint16_t *)(base + (PF ? 2 * Lay::SET : 2 * tile_bytes(64, K))), K * LB};
     const Sp sVn{sS.hi + 2 * K * LB, 64 * LB};
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
@@ -173,17 +182,37 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
+    auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
+        const Chunk x = chunk_at(G, cc);
+        const int64_t xo = x.r0 * HV + hv;
+        uint16_t *t = (uint16_t *)(base + st * Lay::SET);
+        fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0, (int64_t)HV * V, x.L);
+        if (tid < K / 4) cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+        cp_async_commit();
+    };
+    if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
-        if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-        else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
-        if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        const int st = PF ? (int)((c - c0) & 1) : 0;
+        float *sGl = sm + st * K;
+        uint16_t *set = (uint16_t *)(base + st * Lay::SET);
+        const Sp sX{set, 64 * LK}; /* W, then Kd (PF: W; Kd in the next tile) */
+        const uint16_t *sU = set + 2 * 64 * LK; /* PF */
+        if (PF) cp_async_wait_all(); /* this chunk's set; the barrier below shows it to the block */
+        else {
+            if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+            else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+            if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         fast::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
         bsync();
+        if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
         fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
         fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo());
         { /* V' = U - W S; this thread's U pairs are loaded before the product */
@@ -195,7 +224,10 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const int64_t off = (ot + (int64_t)i * HV) * V + v0 + j;
                     if (i >= L) u[nt][hh] = make_float2(0.0f, 0.0f);
-                    else if (KPlain::U) {
+                    else if (PF) {
+                        const uint32_t w = *(const uint32_t *)(sU + i * LB + j);
+                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                    } else if (KPlain::U) {
                         const uint32_t w = *(const uint32_t *)((const uint16_t *)b.U + off);
                         u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
                     } else u[nt][hh] = *(const float2 *)(b.U + off);
@@ -217,12 +249,13 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                 }
         }
         bsync();
-        if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
-        else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        const Sp sKd = PF ? Sp{set + 64 * LK, 0} : sX; /* PF: prefetched with W */
+        if (!PF && KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
+        else if (!PF) fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
         /* S <- diag(e^{Gl}) S + Kd^T V' */
         fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sX, LK, sm0, sVn, LB, sn0, 64);
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sKd, LK, sm0, sVn, LB, sn0, 64);
         bsync();
     }
     if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
@@ -307,12 +340,13 @@ __global__ void __launch_bounds__(FNT)
 }
 
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
-    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2, "shared memory");
+    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
+                      StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2, "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
                         G, io.q, io.k, io.v, io.g, io.beta, b, extras);
     if (!rc && fast::state_bv(G) == 32)
-        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32>::bytes), G,
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G,
                         b, io.h0, io.hT);
     else if (!rc)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(StateL<K, 64>::bytes), G,

@@ -65,6 +65,18 @@ inline int state_bv(const Geom &G) {
     return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sms ? 32 : 64;
 }
 
+/* Value columns of a block of the backward state passes (b_dhu here and KDA's): 32, with their
+ * prefetch (one block per SM), when the blocks of 32 columns all fit on the GPU at once (S2), else
+ * 64 */
+inline int dhu_bv(const Geom &G) {
+#ifdef DRC_EMU
+    const int64_t sms = 132;
+#else
+    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
+#endif
+    return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sms ? 32 : 64;
+}
+
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }
 

@@ -44,17 +44,6 @@ template <int K, int BV, bool PF = false> struct DhuSmem { /* BV: the value colu
     static constexpr int bytes = SG + NSET * SET + R3 + R4 + R5;
 };
 
-/* value columns of a b_dhu block: 32 (with the prefetch) when the blocks of 32 columns all fit on
- * the GPU at once, one per SM (S2), else 64 */
-inline int dhu_bv(const Geom &G) {
-#ifdef DRC_EMU
-    const int64_t sms = 132;
-#else
-    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
-#endif
-    return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sms ? 32 : 64;
-}
-
 /* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
  * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
 template <int K, int V, int GATE, int BV>
