@@ -24,8 +24,9 @@
  *    states, the triangular inverse) are split into two bf16 terms (hi + lo) so that the
  *    products keep about 16 bits, except W and U (and V' with the head gate), which are plain
  *    bf16 as in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
- *    dr_chunk_mma_*.cu; CHANNEL (KDA):
- *    dr_chunk_kda_mma_*.cu, the gated products taken on 16-row sub-chunk references.
+ *    dr_chunk_mma_*.cu; CHANNEL (KDA): dr_chunk_kda_mma_*.cu (W, U, Kd, V', Qg plain: KPlain in
+ *    dr_chunk_kda.cuh), the gated products as one tensor-core product on a per-channel reference
+ *    when the chunk's gate spans <= 80 in every channel, else on 16-row sub-chunk references.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
  * dhT, dh0 f32; f32 accumulation. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_CUDA_H

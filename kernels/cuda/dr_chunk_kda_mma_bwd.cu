@@ -26,11 +26,14 @@
  * kda_fused (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
- * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128): backward 12.94 ms fused, 13.45 unfused
- * by CUDA events (generic 93.6 / 81.8 ms); by ncu (before the gated_tri diagonal change, which
- * took 0.3 ms off prep): recompute prep 3.19 ms + state 0.76, dhu 0.77, qkwy fused 8.69 (unfused
- * 4.95 + 4.23).  The qkwy kernels spill (K = 128: up to 344 bytes) and run
- * one block per multiprocessor (215 KB of shared memory). */
+ * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, session 4, ncu): dhu 0.57 ms, qkwy fused
+ * 3.07 ms, unfused (dqkwg + wy) about 2.4 ms; fwd+bwd with the kept working set 5.8-5.9 ms fused,
+ * 5.24 unfused (FLA 5.50).  The fused qkwy is the slower of the two: it runs ~145 KB of code per
+ * block at one block per multiprocessor and ncu finds 35-40 % of its warp samples waiting for
+ * instructions (each unfused half runs ~85 KB); keeping part A's dk, dG in L2 instead of
+ * registers, making the sub-chunk form out of line, or one loop body per mma k loop each made it
+ * slower or changed nothing (docs/PERF_KERNELS.md).  The qkwy kernels run one block per
+ * multiprocessor (217 KB of shared memory, 255 registers). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {

@@ -50,32 +50,27 @@ constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may h
  * sequence-heads fill two blocks per multiprocessor */
 constexpr int BV = 64;
 
+/* multiprocessors of the device (132, an H100 SXM, in the emulation or when it cannot be asked) */
+inline int64_t sm_count() {
+#ifdef DRC_EMU
+    return 132;
+#else
+    return dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
+#endif
+}
+
 /* Value columns per block of the state passes (their BV template argument): 64, or 32 when the
  * blocks of 64 columns would leave multiprocessors idle.  The passes are chains of dependent
  * chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks of 64
  * columns for 132 SMs) 32 columns give twice the chains, each half the work a step.  H100: S2
  * GDN fwd+bwd 3.94 -> 3.38 ms, delta_rule 4.34 -> 3.49; at S1 (256 blocks of 64) 32 columns were
  * slower (2.77 -> 2.97 ms: the W, K loads of a step are repeated by four blocks instead of two). */
-inline int state_bv(const Geom &G) {
-#ifdef DRC_EMU
-    const int64_t sms = 132;
-#else
-    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
-#endif
-    return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sms ? 32 : 64;
-}
+inline int state_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sm_count() ? 32 : 64; }
 
 /* Value columns of a block of the backward state passes (b_dhu here and KDA's): 32, with their
  * prefetch (one block per SM), when the blocks of 32 columns all fit on the GPU at once (S2), else
  * 64 */
-inline int dhu_bv(const Geom &G) {
-#ifdef DRC_EMU
-    const int64_t sms = 132;
-#else
-    const int64_t sms = dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
-#endif
-    return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sms ? 32 : 64;
-}
+inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sm_count() ? 32 : 64; }
 
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }
