@@ -64,7 +64,7 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
  * them instead (FLA recomputes; this trades memory for time):
  *   dg_cuda_dr_chunk_kept_bytes(s): bytes of device memory to keep for this shape; 0 when bf16
  *     calls of this shape take the generic kernels (they keep nothing); -1 with dg_error on a bad
- *     shape.  B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 1.14 GB (the inputs q, k, v are
+ *     shape.  B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 0.81 GB (the inputs q, k, v are
  *     67 MB each).
  *   dg_cuda_dr_chunk_fwd_bf16_keep(..., keep, kept): the forward of dg_cuda_dr_chunk_fwd_bf16;
  *     keep is device memory of kept_bytes(s) bytes, 16-byte aligned; *kept = 1 when it now holds
