@@ -48,6 +48,17 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
 
 namespace kda {
 
+/* e^x for the gate factors: ex2.approx of x log2(e) (two instructions; expf is about eight). Its
+ * relative error, about |x| 1e-7 + 2 ulp, is far below the bf16 rounding of the operands it
+ * scales (|x| <= 40 in the wide form; where the sub-chunk form goes further the factors are tiny or
+ * underflow, as with expf).  The fused qkwy runs ~145 KB of code per block and waits for
+ * instruction fetch (dr_chunk_kda_mma_bwd.cu): a few hundred expf a thread were a tenth of it. */
+#ifdef DRC_EMU
+inline float kexp(float x) { return expf(x); }
+#else
+__device__ __forceinline__ float kexp(float x) { return __expf(x); }
+#endif
+
 using fast::FNT;
 using fast::PAD;
 using fast::Sp;
@@ -141,7 +152,7 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
     constexpr int LD = K + PAD, GS = gstride(K);
     for (int e = threadIdx.x; e < 64 * K; e += FNT) {
         const int i = e / K, c = e % K;
-        fast::split2(bf2f(X[i * LD + c]) * expf(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c], T.lo()[i * LD + c]);
+        fast::split2(bf2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c], T.lo()[i * LD + c]);
     }
 }
 
@@ -174,13 +185,13 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     }
     for (int e = tid; e < 48 * K; e += FNT) {
         const int i = 16 + e / K, c = e % K, r = i & ~15;
-        fast::split2(bf2f(X[i * LD + c]) * expf(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
+        fast::split2(bf2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
                      Xa.lo()[i * LD + c]);
     }
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Kt[j * LD + c]) * expf(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
+        fast::split2(bf2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
                      Kb.lo()[R * LD + c]);
     }
     /* blocks above the diagonal: zero */
@@ -213,7 +224,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
 #pragma unroll 4
             for (int u = 0; u < K; u++) {
                 const int c = (u + lane - 8 * i) & (K - 1);
-                s += bf2f(xi[c]) * bf2f(kj[c]) * expf(gi[c] - gj[c]);
+                s += bf2f(xi[c]) * bf2f(kj[c]) * kexp(gi[c] - gj[c]);
             }
         }
         out[i * LDF + j] = s;

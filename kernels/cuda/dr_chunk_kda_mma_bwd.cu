@@ -71,7 +71,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         bsync();
         fast::acc_zero(r);
         fast::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
-        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= expf(sG[i * GS + c] - gt.R[c]); });
+        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - gt.R[c]); });
         bsync();
         return;
     }
@@ -79,7 +79,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Y[l * LK + c]) * expf(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
+        fast::split2(bf2f(Y[l * LK + c]) * kexp(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
                      Yb.lo()[R * LK + c]);
     }
     bsync();
@@ -88,7 +88,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const Sp B{Yb.hi + 8 * I * (I - 1) * LK, Yb.lo_off};
         fast::mma_ss<1, NT, false, true>(r, D, 72, m0, B, LK, n0, 16 * I);
     }
-    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= expf(sG[i * GS + c] - sG[16 * I * GS + c]); });
+    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - sG[16 * I * GS + c]); });
     /* the diagonal block, in f32: l outer (not unrolled), so that the unrolled body over this
      * thread's accumulator elements is emitted once (a loop inside each element's body was
      * emitted once per element: half of the fused kernel's 520 KB of code, and ncu found the warps
@@ -99,7 +99,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const float d0 = bf2f(D.hi[i0 * 72 + l]) + bf2f(D.lo()[i0 * 72 + l]);
         const float d1 = bf2f(D.hi[i1 * 72 + l]) + bf2f(D.lo()[i1 * 72 + l]);
         fast::frag_each(r, m0, n0, [&](int i, int c, float &x) {
-            const float t = (i == i0 ? d0 : d1) * bf2f(Y[l * LK + c]) * expf(sG[i * GS + c] - sG[l * GS + c]);
+            const float t = (i == i0 ? d0 : d1) * bf2f(Y[l * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
             if (STRICT ? l < i : l <= i) x += t; /* past the diagonal the exponent may overflow: not added */
         });
     }
@@ -124,7 +124,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const Sp A{D.hi + m0 * 72, D.lo_off};
         const Sp B{Xb.hi + m0 * LK, Xb.lo_off};
         fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
-        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= expf(gt.R[c] - sG[l * GS + c]); });
+        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(gt.R[c] - sG[l * GS + c]); });
         bsync();
         return;
     }
@@ -132,7 +132,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
     for (int e = tid; e < 96 * K; e += FNT) {
         const int R = e / K, c = e % K;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
-        fast::split2(bf2f(X[i * LK + c]) * expf(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
+        fast::split2(bf2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
                      Xb.lo()[R * LK + c]);
     }
     bsync();
@@ -143,7 +143,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const Sp B{Xb.hi + (J == 0 ? 0 : J == 1 ? 48 : 80) * LK, Xb.lo_off};
         fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - i0);
     }
-    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= expf(sG[(16 * J + 15) * GS + c] - sG[l * GS + c]); });
+    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(sG[(16 * J + 15) * GS + c] - sG[l * GS + c]); });
     /* the diagonal block, in f32, i outer (as in gated_R) */
     const int l0 = m0 + ((tid & 31) >> 2), l1 = l0 + 8; /* this thread's two rows */
 #pragma unroll 1
@@ -151,7 +151,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         const float d0 = bf2f(D.hi[i * 72 + l0]) + bf2f(D.lo()[i * 72 + l0]);
         const float d1 = bf2f(D.hi[i * 72 + l1]) + bf2f(D.lo()[i * 72 + l1]);
         fast::frag_each(r, m0, n0, [&](int l, int c, float &x) {
-            const float t = (l == l0 ? d0 : d1) * bf2f(X[i * LK + c]) * expf(sG[i * GS + c] - sG[l * GS + c]);
+            const float t = (l == l0 ? d0 : d1) * bf2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
             if (STRICT ? i > l : i >= l) x += t;
         });
     }
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(FNT, 2)
         const Sp sQg{PF ? x_of(st, 1) : sX.hi, sX.lo_off}, sW{PF ? x_of(st, 2) : sX.hi, sX.lo_off};
         if (!PF && KPlain::Qg) fast::load_raw<64, K>(sQg.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
         else if (!PF) fast::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
-        fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
+        fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
         fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
         if (!PF) {
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 for (int u = 0; u < 8; u++) t += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(uh[u]) + bf2f(ul[u]));
 #pragma unroll
                 for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
-                if ((lane & (V8 - 1)) == 0) sLast[r] = expf(sG[63 * GS + r]) * t;
+                if ((lane & (V8 - 1)) == 0) sLast[r] = kexp(sG[63 * GS + r]) * t;
                 *(uint4 *)ph = xh;
                 *(uint4 *)pl = xl;
             }
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll
             for (int nt = 0; nt < TK::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
             each2(dq, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
-                x *= scale * expf(sG[i * GS + cc]);
-                y *= expf(sG[63 * GS + cc] - sG[i * GS + cc]);
+                x *= scale * kexp(sG[i * GS + cc]);
+                y *= kexp(sG[63 * GS + cc] - sG[i * GS + cc]);
             });
             const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
     for (int e = tid; e < 64 * K; e += FNT) {
         const int i = e / K, cc = e % K;
-        fast::split2(bf2f(sK[i * LK + cc]) * expf(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        fast::split2(bf2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
     fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
     fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
@@ -503,9 +503,9 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll
             for (int qq = 0; qq < 4; qq++) {
                 const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
-                const float kg = bf2f(sK[j * LK + cc]) * expf(sG[j * GS + cc]), x = t[0][nt][qq];
+                const float kg = bf2f(sK[j * LK + cc]) * kexp(sG[j * GS + cc]), x = t[0][nt][qq];
                 rb[qq >> 1] += kg * x;
-                dk[0][nt][qq] += expf(sG[j * GS + cc]) * sb[j] * x;
+                dk[0][nt][qq] += kexp(sG[j * GS + cc]) * sb[j] * x;
                 dG[0][nt][qq] += kg * sb[j] * x;
             }
         fast::red_rows_put(red, km0, rb);

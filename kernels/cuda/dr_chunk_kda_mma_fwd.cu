@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(FNT)
         for (int e = tid; e < L * K; e += FNT) {
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
-            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * expf(sG[i * GS + cc]), hh, ll);
+            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
             b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
             if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(FNT)
     for (int e = tid; e < 64 * K; e += FNT) {
         const int i = e / K, cc = e % K;
         const float kv = bf2f(sK[i * LK + cc]);
-        fast::split2(kv * expf(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        fast::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
         if (i < L) { /* Kd = K o e^{Gl - G} */
             uint16_t hh, ll;
-            fast::split2(kv * expf(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
+            fast::split2(kv * kexp(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
             b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
             if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         if (!PF && KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
         else if (!PF) fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
         /* S <- diag(e^{Gl}) S + Kd^T V' */
-        fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= expf(sGl[r]); });
+        fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
         fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sKd, LK, sm0, sVn, LB, sn0, 64);
         bsync();
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(FNT)
     }
     for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
         const int i = e / K, cc = e % K;
-        const float qv = bf2f(sQ[i * LK + cc]), eg = expf(sG[i * GS + cc]);
+        const float qv = bf2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
         if (keep && i < L) {
             uint16_t hh, ll;
             fast::split2(scale * qv * eg, hh, ll);
