@@ -167,7 +167,9 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
 template <int BV> constexpr bool dhu_prefetch() { return BV == 32 && KPlain::Kd && KPlain::Qg && KPlain::W; }
 
 template <int K, int BV, bool PF = false> struct DhuL {
-    static constexpr int X = (KPlain::Qg ? 1 : 2) * tile_bytes(64, K), O = tile_bytes(64, BV), P = 2 * tile_bytes(64, 64),
+    /* X: Kd, then Qg, then W, one tile when all three are plain */
+    static constexpr int X = (KPlain::Kd && KPlain::Qg && KPlain::W ? 1 : 2) * tile_bytes(64, K), O = tile_bytes(64, BV),
+                         P = 2 * tile_bytes(64, 64),
                          S = 2 * tile_bytes(K, BV), N = 2 * tile_bytes(64, BV);
     /* PF: per set Gl, Kd, Qg, W, dO, P */
     static constexpr int SET = K * 4 + 3 * tile_bytes(64, K) + O + P;
