@@ -7,18 +7,18 @@
 #ifdef DG_HAVE_CUDA
 /* dst += src on the device.  f32/f64 with dst contiguous: one broadcasting add kernel writing its
  * output over dst (each element reads dst[i] and writes dst[i] in the same thread, so in place is
- * safe; src may be strided or broadcast).  Otherwise (a strided dst, bf16): through an f32/f64
+ * safe; src may be strided or broadcast).  Otherwise (a strided dst, bf16, f16): through an f32/f64
  * contiguous temporary. */
 static int accumulate_device(dg_tensor *dst, const dg_tensor *src) {
     bool fl = dst->dtype == DG_F32 || dst->dtype == DG_F64;
     if (fl && dg_is_contiguous(dst))
         return dg_cuda_binary(dst->dtype, DG_CUDA_BIN_ADD, dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
                               dg_data_ptr(src), src->stride, dg_data_ptr(dst));
-    if (!fl && dst->dtype != DG_BF16) {
+    if (!fl && dst->dtype != DG_BF16 && dst->dtype != DG_F16) {
         dg_error("accumulate: gradients of dtype %s are not supported", dg_dtype_name(dst->dtype));
         return -1;
     }
-    dg_dtype wide = fl ? dst->dtype : DG_F32; /* bf16 adds in f32, rounded once */
+    dg_dtype wide = fl ? dst->dtype : DG_F32; /* bf16 / f16 add in f32, rounded once */
     int rc = -1;
     dg_scope_begin();
     dg_tensor *acc = dg_empty_on(dst->ndim, dst->shape, wide, DG_CUDA);

@@ -115,7 +115,7 @@ int dg_copy_(dg_tensor *dst, const dg_tensor *src) {
     if (dst->dtype != src->dtype) copy_convert(dst, src);
     else if (dst->dtype == DG_F32) copy_float(dst, src);
     else if (dst->dtype == DG_F64) copy_double(dst, src);
-    else if (dst->dtype == DG_BF16) copy_u16(dst, src);
+    else if (dst->dtype == DG_BF16 || dst->dtype == DG_F16) copy_u16(dst, src);
     else if (dst->dtype == DG_I64) copy_int64_t(dst, src);
     else copy_int32_t(dst, src);
     return 0;

@@ -70,7 +70,7 @@ static dg_tensor *draw(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng,
     char *p = t->storage->data;
     size_t es = dg_dtype_size(dt);
     bool f64 = dt == DG_F64;
-    /* f64 uses two 32-bit lanes per uniform (53-bit mantissa); f32/bf16 use one lane */
+    /* f64 uses two 32-bit lanes per uniform (53-bit mantissa); f32/bf16/f16 use one lane */
     int64_t per_block = f64 ? 2 : 4;
     int64_t blocks = (n + per_block - 1) / per_block;
     for (int64_t b = 0; b < blocks; b++) {

@@ -1,5 +1,6 @@
 /* Tensor headers: refcounts, geometry, creation, element access, printing. */
 #include "core/internal.h"
+#include "core/f16.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -210,6 +211,7 @@ double dg_load_as_double(const void *p, dg_dtype dt) {
     case DG_F32: return *(const float *)p;
     case DG_F64: return *(const double *)p;
     case DG_BF16: return bf16_to_f32(*(const uint16_t *)p);
+    case DG_F16: return dg_f16_to_f64(*(const uint16_t *)p);
     case DG_I32: return *(const int32_t *)p;
     case DG_I64: return (double)*(const int64_t *)p;
     default: return 0;
@@ -221,6 +223,7 @@ void dg_store_double(void *p, dg_dtype dt, double v) {
     case DG_F32: *(float *)p = (float)v; break;
     case DG_F64: *(double *)p = v; break;
     case DG_BF16: *(uint16_t *)p = f32_to_bf16((float)v); break;
+    case DG_F16: *(uint16_t *)p = dg_f16_from_f64(v); break; /* one rounding, from f64 */
     case DG_I32: *(int32_t *)p = (int32_t)v; break;
     case DG_I64: *(int64_t *)p = (int64_t)v; break;
     default: break;

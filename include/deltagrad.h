@@ -22,7 +22,10 @@ extern "C" {
 
 #define DG_MAX_DIMS 6
 
-typedef enum { DG_F32, DG_F64, DG_BF16, DG_I32, DG_I64, DG_NUM_DTYPES } dg_dtype;
+/* DG_BF16 and DG_F16 (IEEE half) are storage dtypes: creation, element access, copies and casts
+ * everywhere, arithmetic in f32 on the device (the delta-rule family, and matmul for bf16).
+ * DG_F16 comes last so that the values of the others are those of earlier releases. */
+typedef enum { DG_F32, DG_F64, DG_BF16, DG_I32, DG_I64, DG_F16, DG_NUM_DTYPES } dg_dtype;
 typedef enum { DG_CPU, DG_CUDA } dg_device;
 
 typedef struct dg_storage {

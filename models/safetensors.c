@@ -16,7 +16,7 @@
 #error "safetensors.c assumes a little-endian host (the file format is little-endian)"
 #endif
 
-static const char *const st_names[DG_NUM_DTYPES] = {"F32", "F64", "BF16", "I32", "I64"};
+static const char *const st_names[DG_NUM_DTYPES] = {"F32", "F64", "BF16", "I32", "I64", "F16"};
 
 const char *dg_st_dtype_name(dg_dtype dt) { return dt < DG_NUM_DTYPES ? st_names[dt] : "?"; }
 
@@ -261,7 +261,7 @@ static int parse_entry(const char *path, const char *name, const dg_json *v, ent
     }
     e->name = name;
     if (dt->type != DG_JSON_STRING || st_dtype_from_name(dt->string, &e->dtype)) {
-        dg_error("safetensors: '%s': tensor \"%.200s\" has dtype %s%.32s%s; supported: F32, F64, BF16, I32, I64", path,
+        dg_error("safetensors: '%s': tensor \"%.200s\" has dtype %s%.32s%s; supported: F32, F64, BF16, F16, I32, I64", path,
                  name, dt->type == DG_JSON_STRING ? "\"" : "", dt->type == DG_JSON_STRING ? dt->string : "(not a string)",
                  dt->type == DG_JSON_STRING ? "\"" : "");
         return -1;

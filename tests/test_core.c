@@ -72,6 +72,90 @@ static void test_dtype_conversion(void **state) {
     dg_scope_end();
 }
 
+/* f16 (IEEE binary16): 1 sign, 5 exponent (bias 15), 10 fraction bits.  Each value is written
+ * from f64 by dg_set (one rounding to nearest even, core/f16.h) and its bits are compared with the
+ * expected encoding; the bits then read back exactly. */
+static void test_f16_conversion(void **state) {
+    dg_scope_begin();
+    const double sub = ldexp(1, -24); /* the smallest subnormal */
+    const struct { double x; uint16_t bits; } cases[] = {
+        {0.0, 0x0000},
+        {-0.0, 0x8000},
+        {1.0, 0x3c00},
+        {-2.5, 0xc100},
+        {65504.0, 0x7bff},                 /* the largest finite value, 2047 * 2^5 */
+        {65519.99, 0x7bff},                /* below the midpoint 65520: rounds down */
+        {65520.0, 0x7c00},                 /* the midpoint to 2^16: ties to even = overflow to inf */
+        {-65520.0, 0xfc00},
+        {1e6, 0x7c00},
+        {sub, 0x0001},                     /* 2^-24 */
+        {sub / 2, 0x0000},                 /* 2^-25: tie between 0 and 2^-24, even is 0 */
+        {nextafter(sub / 2, 1), 0x0001},   /* just above 2^-25 */
+        {1.5 * sub, 0x0002},               /* tie between 1 and 2 ulps of 2^-24, even is 2 */
+        {1023 * sub, 0x03ff},              /* the largest subnormal */
+        {1023.5 * sub, 0x0400},            /* tie, rounds up to 2^-14, the smallest normal */
+        {1 + ldexp(1, -11), 0x3c00},       /* tie between 1 and 1 + 2^-10, even is 1 */
+        {1 + 3 * ldexp(1, -11), 0x3c02},   /* tie, even is 1 + 2^-9 */
+        {1 + ldexp(1, -11) + ldexp(1, -40), 0x3c01}, /* above the tie (rounding to f32 first would
+                                                      * make it the tie and round twice, to 1) */
+        {1e-3, 0x1419},                    /* 1049 * 2^-20 */
+        {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    dg_tensor *t = dg_zeros(DG_SHAPE(n + 1), DG_F16);
+    assert_int_equal(t->dtype, DG_F16);
+    assert_int_equal(dg_dtype_size(DG_F16), 2);
+    assert_string_equal(dg_dtype_name(DG_F16), "f16");
+    assert_true(dg_dtype_is_float(DG_F16));
+    for (int i = 0; i < n; i++) dg_set(t, (int64_t[]){i}, cases[i].x);
+    dg_set(t, (int64_t[]){n}, NAN);
+    const uint16_t *bits = dg_data_ptr(t);
+    for (int i = 0; i < n; i++)
+        if (bits[i] != cases[i].bits) fail_msg("f16 of %.17g: bits 0x%04x, expected 0x%04x", cases[i].x, bits[i], cases[i].bits);
+    assert_true((bits[n] & 0x7c00) == 0x7c00 && (bits[n] & 0x3ff) != 0); /* NaN stays NaN */
+    assert_true(isnan(dg_get(t, (int64_t[]){n})));
+    assert_true(dg_get(t, (int64_t[]){4}) == 65504.0);
+    assert_true(dg_get(t, (int64_t[]){9}) == sub);
+    assert_true(dg_get(t, (int64_t[]){12}) == 2 * sub);
+    assert_true(dg_get(t, (int64_t[]){13}) == 1023 * sub);
+    assert_true(dg_get(t, (int64_t[]){14}) == ldexp(1, -14));
+    assert_true(dg_get(t, (int64_t[]){16}) == 1 + ldexp(1, -9));
+    assert_true(isinf(dg_get(t, (int64_t[]){6})) && dg_get(t, (int64_t[]){7}) < 0);
+    assert_true(signbit(dg_get(t, (int64_t[]){1})));
+
+    /* to_dtype both ways: f32 -> f16 -> f64 and back to f32; f16 -> bf16 rounds again */
+    dg_tensor *x = dg_from_data(DG_SHAPE(4), DG_F32, (float[]){1.5f, -2.25f, 3.0f, 1e-3f});
+    dg_tensor *h = dg_to_dtype(x, DG_F16);
+    assert_int_equal(h->dtype, DG_F16);
+    assert_true(dg_get(h, (int64_t[]){1}) == -2.25);                                 /* exact */
+    assert_true(dg_get(h, (int64_t[]){3}) == 0x419 * ldexp(1, -20)); /* 1e-3 -> 1049 * 2^-20 */
+    dg_tensor *d = dg_to_dtype(h, DG_F64), *b = dg_to_dtype(h, DG_BF16);
+    assert_true(dg_get(d, (int64_t[]){3}) == 0x419 * ldexp(1, -20));
+    assert_true(dg_get(b, (int64_t[]){0}) == 1.5);
+    /* strided copies keep the bits */
+    dg_tensor *m = dg_to_dtype(dg_reshape(dg_arange(0, 6, 1, DG_F32), DG_SHAPE(2, 3)), DG_F16);
+    dg_tensor *tr = dg_contiguous(dg_transpose(m, 0, 1));
+    assert_int_equal(tr->dtype, DG_F16);
+    assert_true(dg_get(tr, (int64_t[]){2, 1}) == 5.0);
+    /* randn draws in f16 too */
+    dg_rng rng = dg_rng_new(3);
+    dg_tensor *r = dg_randn(DG_SHAPE(64), DG_F16, &rng);
+    assert_non_null(r);
+    double s2 = 0;
+    for (int i = 0; i < 64; i++) s2 += dg_get(r, (int64_t[]){i}) * dg_get(r, (int64_t[]){i});
+    assert_true(s2 > 16 && s2 < 256);
+    /* printing */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    dg_print(dg_slice(t, 0, 4, 7), f);
+    fclose(f);
+    assert_non_null(strstr(buf, "tensor([3], f16, cpu) [65504, 65504, inf]"));
+    free(buf);
+    dg_scope_end();
+}
+
 static void test_rng_reproducible(void **state) {
     dg_scope_begin();
     dg_rng r1 = dg_rng_new(42), r2 = dg_rng_new(42), r3 = dg_rng_new(43);
@@ -145,7 +229,7 @@ int main(void) {
         cmocka_unit_test(test_views_share_storage), cmocka_unit_test(test_broadcasting),
         cmocka_unit_test(test_dtype_conversion),    cmocka_unit_test(test_rng_reproducible),
         cmocka_unit_test(test_scopes_release_everything), cmocka_unit_test(test_errors_first_wins),
-        cmocka_unit_test(test_print),
+        cmocka_unit_test(test_print), cmocka_unit_test(test_f16_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

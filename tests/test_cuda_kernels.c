@@ -27,6 +27,7 @@
 #include "tests/support/test_support.h"
 
 #ifdef DG_HAVE_CUDA
+#include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cpu/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -330,16 +331,17 @@ static void test_fill_copy_cast(void **state) {
     (void)state;
     REQUIRE_GPU();
     /* fill */
-    static const dg_dtype all[5] = {DG_F32, DG_F64, DG_BF16, DG_I32, DG_I64};
+    static const dg_dtype all[6] = {DG_F32, DG_F64, DG_BF16, DG_I32, DG_I64, DG_F16};
     const int64_t n = 777;
-    for (int di = 0; di < 5; di++) {
+    for (int di = 0; di < 6; di++) {
         size_t es = dg_dtype_size(all[di]);
         void *d = dput(NULL, n, es);
         assert_int_equal(dg_cuda_fill(all[di], n, d, -3.0), 0);
         unsigned char *h = dget(d, n, es);
         for (int64_t i = 0; i < n; i++) {
             double v = all[di] == DG_F32 ? ((float *)h)[i] : all[di] == DG_F64 ? ((double *)h)[i]
-                     : all[di] == DG_BF16 ? bf2f(((uint16_t *)h)[i]) : all[di] == DG_I32 ? ((int32_t *)h)[i]
+                     : all[di] == DG_BF16 ? bf2f(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
+                     : all[di] == DG_I32 ? ((int32_t *)h)[i]
                      : (double)((int64_t *)h)[i];
             assert_true(v == -3.0);
         }
@@ -391,6 +393,31 @@ static void test_fill_copy_cast(void **state) {
     free(x), free(f32), free(back), free(i32);
     dg_cuda_free(d64), dg_cuda_free(d32), dg_cuda_free(d16), dg_cuda_free(dback);
     dg_cuda_free(di64), dg_cuda_free(di32);
+    /* f16: f64 -> f16 on the device gives the host's bits (one rounding to nearest even from f64,
+     * core/f16.h) over normal, subnormal, overflowing and tie values; f16 -> f32 -> f16 and
+     * f16 -> bf16 -> f64 as on the host */
+    double *y = rnd(n, -70000, 70000);
+    for (int64_t i = 0; i < n; i++) y[i] = ldexp(y[i], -(int)(i % 40)); /* down to the subnormals */
+    const double edge[8] = {65504, 65520, -65520, ldexp(1, -25), 1.5 * ldexp(1, -24), 1 + ldexp(1, -11),
+                            1 + ldexp(1, -11) + ldexp(1, -40), 1023.5 * ldexp(1, -24)};
+    for (int i = 0; i < 8; i++) y[i] = edge[i];
+    void *y64 = dput_as(y, n, DG_F64), *h16 = dput(NULL, n, 2), *h32 = dput(NULL, n, 4), *h16b = dput(NULL, n, 2),
+         *hbf = dput(NULL, n, 2), *hb64 = dput(NULL, n, 8);
+    assert_int_equal(dg_cuda_cast(n, DG_F16, h16, DG_F64, y64), 0);
+    assert_int_equal(dg_cuda_cast(n, DG_F32, h32, DG_F16, h16), 0);
+    assert_int_equal(dg_cuda_cast(n, DG_F16, h16b, DG_F32, h32), 0);
+    assert_int_equal(dg_cuda_cast(n, DG_BF16, hbf, DG_F16, h16), 0);
+    assert_int_equal(dg_cuda_cast(n, DG_F64, hb64, DG_BF16, hbf), 0);
+    uint16_t *g16 = dget(h16, n, 2), *g16b = dget(h16b, n, 2);
+    double *gb64 = dget_d(hb64, n, DG_F64);
+    for (int64_t i = 0; i < n; i++) {
+        if (g16[i] != dg_f16_from_f64(y[i]))
+            fail_msg("cast f64 -> f16 of %.17g: device 0x%04x, host 0x%04x", y[i], g16[i], dg_f16_from_f64(y[i]));
+        assert_int_equal(g16b[i], g16[i]);
+        assert_true(gb64[i] == (double)bf2f(f2bf(dg_f16_to_f32(g16[i]))));
+    }
+    free(y), free(g16), free(g16b), free(gb64);
+    dg_cuda_free(y64), dg_cuda_free(h16), dg_cuda_free(h32), dg_cuda_free(h16b), dg_cuda_free(hbf), dg_cuda_free(hb64);
 }
 
 /* ---- sum ---- */

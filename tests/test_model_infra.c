@@ -428,6 +428,40 @@ static void expect_reject(const char *header, size_t data_len, const char *needl
     assert_error_contains(needle);
 }
 
+/* f16 tensors are written as "F16" (what torch.float16 / safetensors.torch use) and read back
+ * with their bits */
+static void test_safetensors_f16(void **state) {
+    dg_scope_begin();
+    dg_tensor *h = dg_zeros(DG_SHAPE(2, 3), DG_F16);
+    const double vals[6] = {1.0, -2.5, 65504.0, ldexp(1, -24), 1e-3, -0.0};
+    for (int i = 0; i < 6; i++) dg_set(h, (int64_t[]){i / 3, i % 3}, vals[i]);
+    const char *path = tmp_path("f16.safetensors");
+    assert_int_equal(dg_st_write(path, 1, (const char *[]){"q"}, &h, 0, NULL, NULL), 0);
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    uint64_t hlen = 0;
+    for (int b = 7; b >= 0; b--) hlen = hlen << 8 | raw[b];
+    char err[128];
+    dg_json *j = dg_json_parse((char *)raw + 8, hlen, err, sizeof err);
+    assert_non_null(j);
+    assert_string_equal(dg_json_get(dg_json_get(j, "q"), "dtype")->string, "F16");
+    assert_string_equal(dg_st_dtype_name(DG_F16), "F16");
+    dg_json_free(j);
+    /* the data: little-endian binary16 */
+    assert_int_equal(raw[8 + hlen + 0], 0x00);
+    assert_int_equal(raw[8 + hlen + 1], 0x3c);
+    free(raw);
+    dg_st_file *f = dg_st_read(path);
+    assert_non_null(f);
+    dg_tensor *got = dg_st_get(f, "q");
+    assert_int_equal(got->dtype, DG_F16);
+    assert_true(dg_same_shape(got, h));
+    assert_memory_equal(got->storage->data, h->storage->data, 6 * 2);
+    assert_true(dg_get(got, (int64_t[]){1, 0}) == ldexp(1, -24));
+    dg_st_free(f);
+    dg_scope_end();
+}
+
 static void test_safetensors_rejects_bad_files(void **state) {
     /* a foreign file (no CRC) that is valid is read */
     const char *ok = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -450,8 +484,8 @@ static void test_safetensors_rejects_bad_files(void **state) {
                   12, "bytes [4, 8) of the data section before tensor \"b\" belong to no tensor");
     expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
                   "tensor \"a\" is F32 [3] = 12 bytes but its data_offsets [0, 8] span 8 bytes");
-    expect_reject("{\"a\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8,
-                  "dtype \"F16\"; supported: F32, F64, BF16, I32, I64");
+    expect_reject("{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[8],\"data_offsets\":[0,8]}}", 8,
+                  "dtype \"F8_E4M3\"; supported: F32, F64, BF16, F16, I32, I64");
     expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12,
                   "data section is 12 bytes but the tensors cover 8 (trailing bytes)");
     expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
@@ -538,6 +572,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_text_data, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_json_strict, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_safetensors_round_trip, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_safetensors_f16, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_safetensors_rejects_bad_files, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

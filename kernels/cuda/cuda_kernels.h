@@ -63,7 +63,7 @@ typedef enum { DG_BIN_ADD, DG_BIN_SUB, DG_BIN_MUL, DG_BIN_DIV, DG_BIN_COUNT } dg
 int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a,
                    const int64_t *astride, const void *b, const int64_t *bstride, void *out);
 
-/* p[0..n) = value.  dt: f32, f64, bf16, i32, i64. */
+/* p[0..n) = value.  dt: f32, f64, bf16, f16, i32, i64. */
 int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value);
 
 /* dst[idx . dst_stride] = src[idx . src_stride] over `shape` (ndim 0..6), elements of elem_size
@@ -72,8 +72,9 @@ int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value);
 int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst,
                          const int64_t *dst_stride, const void *src, const int64_t *src_stride);
 
-/* dst[i] = (dst_dt) src[i] for n contiguous elements; f32, f64, bf16, i32, i64 (bf16 rounds to
- * nearest even; floats to integers truncate toward zero). */
+/* dst[i] = (dst_dt) src[i] for n contiguous elements; f32, f64, bf16, f16, i32, i64 (bf16 and f16
+ * round to nearest even, f16 once from f64 as core/f16.h; floats to integers truncate toward
+ * zero). */
 int dg_cuda_cast(int64_t n, dg_dtype dst_dt, void *dst, dg_dtype src_dt, const void *src);
 
 /* ---- reductions (reduce.cu) ---------------------------------------------------------------- */

@@ -144,10 +144,13 @@ template <typename S> __device__ __forceinline__ double to_d(S s) { return (doub
 template <> __device__ __forceinline__ double to_d<__nv_bfloat16>(__nv_bfloat16 s) {
     return (double)__bfloat162float(s);
 }
+template <> __device__ __forceinline__ double to_d<__half>(__half s) { return (double)__half2float(s); }
 template <typename D> __device__ __forceinline__ D from_d(double v) { return (D)v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v) {
     return __double2bfloat16(v);
 }
+/* one rounding from f64 to nearest even (as dg_f16_from_f64 on the host, core/f16.h) */
+template <> __device__ __forceinline__ __half from_d<__half>(double v) { return __double2half(v); }
 
 template <typename D, typename S>
 __global__ void cast_kernel(int64_t n, D *dst, const S *src) {
@@ -165,6 +168,7 @@ template <typename D> int cast_from(int64_t n, D *dst, dg_dtype src_dt, const vo
     case DG_BF16:
         cast_kernel<D, __nv_bfloat16><<<grid, kThreads, 0, st>>>(n, dst, (const __nv_bfloat16 *)src);
         break;
+    case DG_F16: cast_kernel<D, __half><<<grid, kThreads, 0, st>>>(n, dst, (const __half *)src); break;
     case DG_I32: cast_kernel<D, int32_t><<<grid, kThreads, 0, st>>>(n, dst, (const int32_t *)src); break;
     case DG_I64: cast_kernel<D, int64_t><<<grid, kThreads, 0, st>>>(n, dst, (const int64_t *)src); break;
     default: dg_error("cuda cast: source dtype %d is not supported", (int)src_dt); return -1;
@@ -284,6 +288,7 @@ int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value) {
         fill_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(n, (__nv_bfloat16 *)p,
                                                              __double2bfloat16(value));
         break;
+    case DG_F16: fill_kernel<__half><<<grid, kThreads, 0, s>>>(n, (__half *)p, __double2half(value)); break;
     case DG_I32: fill_kernel<int32_t><<<grid, kThreads, 0, s>>>(n, (int32_t *)p, (int32_t)value); break;
     case DG_I64: fill_kernel<int64_t><<<grid, kThreads, 0, s>>>(n, (int64_t *)p, (int64_t)value); break;
     default: dg_error("cuda fill: dtype %d is not supported", (int)dt); return -1;
@@ -327,6 +332,7 @@ int dg_cuda_cast(int64_t n, dg_dtype dst_dt, void *dst, dg_dtype src_dt, const v
     case DG_F32: return cast_from<float>(n, (float *)dst, src_dt, src);
     case DG_F64: return cast_from<double>(n, (double *)dst, src_dt, src);
     case DG_BF16: return cast_from<__nv_bfloat16>(n, (__nv_bfloat16 *)dst, src_dt, src);
+    case DG_F16: return cast_from<__half>(n, (__half *)dst, src_dt, src);
     case DG_I32: return cast_from<int32_t>(n, (int32_t *)dst, src_dt, src);
     case DG_I64: return cast_from<int64_t>(n, (int64_t *)dst, src_dt, src);
     default: dg_error("cuda cast: destination dtype %d is not supported", (int)dst_dt); return -1;
