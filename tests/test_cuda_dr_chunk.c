@@ -5,6 +5,9 @@
  *  - bf16 storage (q, k, v, beta, o, dout and their gradients; f32 gates and states): against the
  *    f64 recurrence on the same rounded inputs, <= 5e-3; both the tensor-core path (gate NONE or
  *    HEAD, chunk 64, K, V in {64, 128}) and the generic kernels, and the two against each other;
+ *  - fp16 storage (the same arrays as IEEE binary16; always the generic kernels): against the f64
+ *    recurrence on the same fp16-rounded inputs, <= F16_TOL (6e-4, derived there), and the same
+ *    bits as the generic path forced;
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -29,6 +32,7 @@
 #include "tests/support/test_support.h"
 
 #ifdef DG_HAVE_CUDA
+#include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cpu/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -61,6 +65,25 @@ static float bf2f(uint16_t h) {
     return f;
 }
 
+/* Storage of q, k, v, beta, o, dout and their gradients in a run (gates and states are f32). */
+enum { S_F32, S_BF16, S_F16 };
+static const char *const st_names[3] = {"f32", "bf16", "f16"};
+static uint16_t to16(int st, double x) { return st == S_BF16 ? f2bf((float)x) : dg_f16_from_f64(x); }
+static double from16(int st, uint16_t h) { return st == S_BF16 ? bf2f(h) : dg_f16_to_f64(h); }
+/* x as the device holds it in storage st */
+static double stored(int st, double x) { return st == S_F32 ? (float)x : from16(st, to16(st, x)); }
+
+/* Bound on ||x - ref|| / ||ref|| for fp16 storage.  The inputs are exact (the reference gets the
+ * same fp16 values) and the generic kernels compute in f32, whose error e32 is <= 1e-5 here (the
+ * f32 tests, same shapes and kernels).  Each fp16 output and gradient is then rounded once to
+ * nearest: |fl(x) - x| <= u |x| with u = 2^-11 = 4.88e-4 (fp16 keeps 11 significant bits) for
+ * every normal x, so ||fl(x) - ref|| <= u ||x|| + ||x - ref|| <= u (1 + e32) + e32 = 4.98e-4 of
+ * ||ref|| (subnormal results, below 6.1e-5, err by at most 2^-25 each: nothing in these norms).
+ * 6e-4 is that plus a margin; two roundings of the same value, or bf16 bits read as fp16, can
+ * exceed it.  Typical values are u / sqrt(3)-like, about 2e-4 (the rounding errors are spread
+ * uniformly).  Two fp16 runs of different variants differ by at most twice that bound. */
+#define F16_TOL 6e-4
+
 /* device buffer of n elements of esz bytes, from host, or poisoned with 0xff (NaN) */
 static void *dput(const void *host, int64_t n, size_t esz) {
     void *d = dg_cuda_malloc((size_t)(n ? n : 1) * esz);
@@ -74,15 +97,15 @@ static void *dput(const void *host, int64_t n, size_t esz) {
     if (!host) free(p);
     return d;
 }
-/* device copy of a double array as f32 (bf16 = 0) or bf16 bits (bf16 = 1) */
-static void *dput_as(const double *x, int64_t n, int bf16) {
+/* device copy of a double array as f32 (S_F32), bf16 bits (S_BF16) or fp16 bits (S_F16) */
+static void *dput_as(const double *x, int64_t n, int st) {
     if (!x) return NULL;
     void *h = malloc((size_t)(n ? n : 1) * 4);
     for (int64_t i = 0; i < n; i++) {
-        if (bf16) ((uint16_t *)h)[i] = f2bf((float)x[i]);
+        if (st != S_F32) ((uint16_t *)h)[i] = to16(st, x[i]);
         else ((float *)h)[i] = (float)x[i];
     }
-    void *d = dput(h, n, bf16 ? 2 : 4);
+    void *d = dput(h, n, st != S_F32 ? 2 : 4);
     free(h);
     return d;
 }
@@ -112,7 +135,7 @@ typedef struct data { /* host inputs, already rounded to what the device holds *
     double *q, *k, *v, *g, *beta, *h0, *dout, *dhT;
 } data;
 
-static void make(const cfg *c, int bf16, data *d) {
+static void make(const cfg *c, int st, data *d) {
     memset(d, 0, sizeof *d);
     d->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
                          .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
@@ -136,7 +159,7 @@ static void make(const cfg *c, int bf16, data *d) {
     int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
     for (int a = 0; a < 5; a++)
         for (int64_t i = 0; i < nlo[a]; i++)
-            lo[a][i] = bf16 ? bf2f(f2bf((float)lo[a][i])) : (float)lo[a][i];
+            lo[a][i] = stored(st, lo[a][i]);
     double *hi[3] = {d->g, d->h0, d->dhT};
     int64_t nhi[3] = {d->ng, d->nh, d->nh};
     for (int a = 0; a < 3; a++)
@@ -199,16 +222,17 @@ static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
     for (int a = 0; a < 8; a++) free(fi[a]);
 }
 
-/* the CUDA kernels; bf16 = 1: bf16 storage for q k v beta o dout and their gradients.  Forward
- * and backward run twice and must give the same bits; with bf16 on the tensor-core paths the
- * second forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward
- * runs from it instead of recomputing it. */
-static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
-    const size_t lo = bf16 ? 2 : 4;
+/* the CUDA kernels with storage st for q k v beta o dout and their gradients.  Forward and
+ * backward run twice and must give the same bits; with bf16 on the tensor-core paths the second
+ * forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward runs from
+ * it instead of recomputing it. */
+static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
+    const int bf16 = st == S_BF16, f16 = st == S_F16;
+    const size_t lo = st != S_F32 ? 2 : 4;
     const size_t esz[R_N] = {lo, 4, lo, lo, lo, 4, lo, 4};
-    void *q = dput_as(d->q, d->nq, bf16), *k = dput_as(d->k, d->nq, bf16),
-         *v = dput_as(d->v, d->nv, bf16), *beta = dput_as(d->beta, d->nb, bf16),
-         *dout = dput_as(d->dout, d->nv, bf16);
+    void *q = dput_as(d->q, d->nq, st), *k = dput_as(d->k, d->nq, st),
+         *v = dput_as(d->v, d->nv, st), *beta = dput_as(d->beta, d->nb, st),
+         *dout = dput_as(d->dout, d->nv, st);
     float *g = dput_as(d->g, d->ng, 0), *h0 = dput_as(d->h0, d->nh, 0), *dhT = dput_as(d->dhT, d->nh, 0);
     void *o[R_N], *o2[R_N];
     for (int a = 0; a < R_N; a++) {
@@ -221,7 +245,8 @@ static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
     int kept = 0;
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
-        int rc = !bf16  ? dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
+        int rc = f16    ? dg_cuda_dr_chunk_fwd_f16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
+                 : !bf16 ? dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
                  : rep && keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
                                : dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT]);
         if (rc) fail_msg("forward failed: %s", dg_last_error());
@@ -229,7 +254,9 @@ static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
     if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
-        int rc = bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
+        int rc = f16 ? dg_cuda_dr_chunk_bwd_f16(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
+                                                w[R_DV], w[R_DG], w[R_DB], w[R_DH0])
+                 : bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
                                                        w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0],
                                                        rep ? keep : NULL)
                       : dg_cuda_dr_chunk_bwd_f32(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
@@ -243,7 +270,7 @@ static void run_gpu(const data *d, int bf16, const dg_dr_variant *var, res *r) {
         void *h1 = malloc(bytes ? bytes : 1), *h2 = malloc(bytes ? bytes : 1);
         assert_int_equal(dg_cuda_memcpy(h1, o[a], bytes, 1), 0);
         for (int64_t i = 0; i < r->n[a]; i++)
-            r->x[a][i] = esz[a] == 2 ? bf2f(((uint16_t *)h1)[i]) : ((float *)h1)[i];
+            r->x[a][i] = esz[a] == 2 ? from16(st, ((uint16_t *)h1)[i]) : ((float *)h1)[i];
         if (o2[a]) {
             assert_int_equal(dg_cuda_memcpy(h2, o2[a], bytes, 1), 0);
             if (memcmp(h1, h2, bytes))
@@ -279,15 +306,15 @@ static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1,
 
 /* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
  * all_variants: every variant against the reference and against {1,1,1}. */
-static void run_case(const cfg *c, int bf16, int all_variants) {
+static void run_case(const cfg *c, int st, int all_variants) {
     data d;
-    make(c, bf16, &d);
+    make(c, st, &d);
     res ref, got, base;
     res_alloc(c, &d, &ref), res_alloc(c, &d, &base);
     ref_f64(&d, &ref);
-    const double tol = bf16 ? 5e-3 : 1e-5;
+    const double tol = st == S_BF16 ? 5e-3 : st == S_F16 ? F16_TOL : 1e-5;
     char what[160];
-    if (!bf16) {
+    if (st == S_F32) {
         res cpu;
         res_alloc(c, &d, &cpu);
         cpu_chunk_f32(&d, &var_default, &cpu);
@@ -298,18 +325,18 @@ static void run_case(const cfg *c, int bf16, int all_variants) {
         printf("\n");
         res_free(&cpu);
     }
-    run_gpu(&d, bf16, &var_default, &base);
-    snprintf(what, sizeof what, "%s: %s", c->name, bf16 ? "bf16" : "f32");
+    run_gpu(&d, st, &var_default, &base);
+    snprintf(what, sizeof what, "%s: %s", c->name, st_names[st]);
     check(what, &base, &ref, tol);
     for (int vi = 0; all_variants && vi < 7; vi++) {
         const dg_dr_variant *v = &var_all[vi];
         res_alloc(c, &d, &got);
-        run_gpu(&d, bf16, v, &got);
-        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, bf16 ? "bf16" : "f32",
+        run_gpu(&d, st, v, &got);
+        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, st_names[st],
                  v->gdn_dg_from_final, v->kda_fused, v->solve_tril_blocked);
         check(what, &got, &ref, tol);
         snprintf(what, sizeof what, "  ... against var 111");
-        check(what, &got, &base, bf16 ? 2e-3 : 1e-5);
+        check(what, &got, &base, st == S_BF16 ? 2e-3 : st == S_F16 ? 2 * F16_TOL : 1e-5);
         res_free(&got);
     }
     res_free(&ref), res_free(&base), data_free(&d);
@@ -359,7 +386,7 @@ static void test_dr_chunk_bf16(void **state) {
     (void)state;
     dg_test_require_cuda();
     for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
-        run_case(&bf16_cases[i], 1, i == 0 || i == 4);
+        run_case(&bf16_cases[i], S_BF16, i == 0 || i == 4);
 }
 
 /* the tensor-core path and the generic kernels on the same bf16 inputs */
@@ -369,12 +396,12 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
     for (size_t i = 0; i < 2; i++) {
         const cfg *c = &bf16_cases[i];
         data d;
-        make(c, 1, &d);
+        make(c, S_BF16, &d);
         res fast, gen;
         res_alloc(c, &d, &fast), res_alloc(c, &d, &gen);
-        run_gpu(&d, 1, &var_default, &fast);
+        run_gpu(&d, S_BF16, &var_default, &fast);
         int old = dg_cuda_dr_chunk_force_generic(1);
-        run_gpu(&d, 1, &var_default, &gen);
+        run_gpu(&d, S_BF16, &var_default, &gen);
         dg_cuda_dr_chunk_force_generic(old);
         char what[160];
         snprintf(what, sizeof what, "%s: mma vs generic", c->name);
@@ -390,15 +417,15 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     dg_test_require_cuda();
     const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
     data d;
-    make(&c, 1, &d);
+    make(&c, S_BF16, &d);
     res ref, got;
     res_alloc(&c, &d, &ref), res_alloc(&c, &d, &got);
     ref_f64(&d, &ref);
     uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + 1)), *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + 1));
     for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = f2bf((float)d.q[i]);
     uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
-    void *k = dput_as(d.k, d.nq, 1), *v = dput_as(d.v, d.nv, 1), *beta = dput_as(d.beta, d.nb, 1);
-    float *g = dput_as(d.g, d.ng, 0), *h0 = dput_as(d.h0, d.nh, 0), *hT = dput(NULL, d.nh, 4);
+    void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
+    float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
     assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d.s, q1 + 1, k, v, g, beta, h0, o1 + 1, hT), 0);
     assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
     for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = bf2f(ho[i + 1]);
@@ -427,7 +454,51 @@ static void test_dr_chunk_bf16_long(void **state) {
          * take 32, as every case above on a GPU of up to 272 multiprocessors) */
         {"head, H=HV=136, K=V=128, T=70 (mma)", 1, 70, 136, 136, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
-    for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++) run_case(&longs[i], 1, 0);
+    for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++) run_case(&longs[i], S_BF16, 0);
+}
+
+/* fp16: every gate kind, chunk 16/32/64, GVA, cu_seqlens with an empty sequence, T = 1, K = 200,
+ * a partial V tile, some gradients only.  The first, second and fourth have the shapes that take
+ * the tensor-core paths in bf16; fp16 calls never do (test_dr_chunk_f16_generic_only). */
+static const cfg f16_cases[] = {
+    {"head, GVA, K=V=128 (bf16 mma shape)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"none, varlen, K=V=64 (bf16 mma shape)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 5, {0, 64, 64, 130, 200}, 1, 1, 0},
+    {"channel, varlen, C16", 1, 77, 1, 2, 48, 40, DG_GATE_CHANNEL, 16, 5, {0, 5, 5, 50, 77}, 1, 1, 0},
+    {"channel, GVA, K=V=64 (bf16 kda shape)", 1, 100, 1, 2, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+    {"head, C32, some grads", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 32, 0, {0}, 1, 0, 1},
+    {"none, K=200, C32", 1, 40, 1, 1, 200, 33, DG_GATE_NONE, 32, 0, {0}, 1, 1, 0},
+    {"channel, T=1, C16", 3, 1, 1, 1, 16, 8, DG_GATE_CHANNEL, 16, 0, {0}, 1, 1, 0},
+    {"head, K=8, V=300, GVA, C64", 1, 70, 1, 3, 8, 300, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+};
+
+static void test_dr_chunk_f16(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    for (size_t i = 0; i < sizeof f16_cases / sizeof f16_cases[0]; i++)
+        run_case(&f16_cases[i], S_F16, i == 1 || i == 2);
+}
+
+/* fp16 calls take the generic kernels whatever the shape: the same bits with the generic path
+ * forced (a tensor-core kernel would read the fp16 bits as bf16 and differ) */
+static void test_dr_chunk_f16_generic_only(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const int which[3] = {0, 1, 3};
+    for (int i = 0; i < 3; i++) {
+        const cfg *c = &f16_cases[which[i]];
+        data d;
+        make(c, S_F16, &d);
+        res a, b;
+        res_alloc(c, &d, &a), res_alloc(c, &d, &b);
+        run_gpu(&d, S_F16, &var_default, &a);
+        int old = dg_cuda_dr_chunk_force_generic(1);
+        run_gpu(&d, S_F16, &var_default, &b);
+        dg_cuda_dr_chunk_force_generic(old);
+        char what[160];
+        snprintf(what, sizeof what, "%s: f16 vs forced generic", c->name);
+        check(what, &a, &b, 0.0);
+        res_free(&a), res_free(&b), data_free(&d);
+    }
 }
 
 /* small shapes through every kernel (generic and tensor-core, fused and unfused, both inverses,
@@ -446,6 +517,7 @@ static void test_dr_chunk_sanitize(void **state) {
         {"sanitize: head, B2, K=64, V=128 (mma)", 2, 80, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     static const dg_dr_variant v000 = {0, 0, 0};
+    run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     for (int i = 0; i < 3; i++) {
         for (int bf = 0; bf < 2; bf++) {
             if (!bf && i >= 2) continue;
@@ -494,6 +566,11 @@ static void test_dr_chunk_bad_input(void **state) {
                                                    (uint16_t *)p, NULL, NULL, NULL, NULL, NULL,
                                                    NULL, NULL), -1);
         if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        dg_clear_error();
+        assert_int_equal(dg_cuda_dr_chunk_fwd_f16(&bad[i].s, (uint16_t *)p, (uint16_t *)p, (uint16_t *)p, NULL,
+                                                  (uint16_t *)p, NULL, (uint16_t *)p, NULL), -1);
+        if (!strstr(dg_last_error(), bad[i].msg) || !strstr(dg_last_error(), "dr_chunk_fwd_f16"))
+            fail_msg("f16 case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
     }
     dg_clear_error();
     assert_int_equal(dg_cuda_dr_chunk_bwd_f32(&ok, NULL, p, p, p, NULL, p, NULL, p, NULL, p, p, p, p, p, NULL), -1);
@@ -516,6 +593,8 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
         cmocka_unit_test(test_dr_chunk_bf16_unaligned),
         cmocka_unit_test(test_dr_chunk_bf16_long),
+        cmocka_unit_test(test_dr_chunk_f16),
+        cmocka_unit_test(test_dr_chunk_f16_generic_only),
         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);

@@ -129,6 +129,15 @@ int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const
                                   const float *h0, const uint16_t *dout, const float *dhT,
                                   uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
                                   uint16_t *dbeta, float *dh0);
+/* fp16 storage: the same with IEEE binary16 bits (uint16_t) in place of bf16 bits */
+int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const float *g, const uint16_t *beta,
+                                 const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const float *g, const uint16_t *beta,
+                                 const float *h0, const uint16_t *dout, const float *dhT,
+                                 uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
+                                 uint16_t *dbeta, float *dh0);
 
 #ifdef __cplusplus
 }

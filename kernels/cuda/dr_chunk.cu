@@ -135,7 +135,9 @@ void plan_free(Plan *p) {
     p->tab_dev = nullptr;
 }
 
-/* keep (bf16 only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
+/* T: float, uint16_t (bf16 bits: the tensor-core paths where the shape and alignment allow) or
+ * f16bits (fp16 bits: always the generic kernels).
+ * keep (bf16 only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
  * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
@@ -152,7 +154,7 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
     int rc;
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (is_bf16<T>::value) {
         const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                           aligned(v, 16) && aligned(o, 4);
         const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
@@ -188,7 +190,7 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
     int rc;
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (is_bf16<T>::value) {
         const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
                           aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
         const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
@@ -232,6 +234,26 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
                               float *dg, uint16_t *dbeta, float *dh0) {
     return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16", s, var, q, k, v, g, beta, h0, dout, dhT,
                               dq, dk, dv, dg, dbeta, dh0);
+}
+
+/* fp16: the same kernels instantiated for f16bits (the generic path, f32 arithmetic) */
+int dg_cuda_dr_chunk_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, const float *g, const uint16_t *beta,
+                             const float *h0, uint16_t *o, float *hT) {
+    typedef const drc::f16bits *P;
+    return drc::fwd<drc::f16bits>("cuda dr_chunk_fwd_f16", s, (P)q, (P)k, (P)v, g, (P)beta, h0,
+                                  (drc::f16bits *)o, hT);
+}
+
+int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                             const uint16_t *k, const uint16_t *v, const float *g,
+                             const uint16_t *beta, const float *h0, const uint16_t *dout,
+                             const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                             float *dg, uint16_t *dbeta, float *dh0) {
+    typedef const drc::f16bits *P;
+    typedef drc::f16bits *W;
+    return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
+                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0);
 }
 
 int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {

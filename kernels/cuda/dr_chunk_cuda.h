@@ -16,8 +16,8 @@
  * library's stream (kernels/cuda/cuda_kernels.h).
  *
  * Two implementations behind the same entry points:
- *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and bf16 calls that
- *    the fast path does not take);
+ *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 and fp16 calls, and bf16
+ *    calls that the fast path does not take);
  *  - tensor cores (bf16 calls, chunk 64, K and V in {64, 128}, q, k, v, dout 16-byte aligned
  *    and o, dv 4-byte aligned; otherwise the generic kernels): the in-chunk products on
  *    mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not bf16 inputs (W, U,
@@ -28,7 +28,12 @@
  *    dr_chunk_kda.cuh), the gated products as one tensor-core product on a per-channel reference
  *    when the chunk's gate spans <= 80 in every channel, else on 16-row sub-chunk references.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
- * dhT, dh0 f32; f32 accumulation. */
+ * dhT, dh0 f32; f32 accumulation.
+ * fp16 calls (dg_cuda_dr_chunk_*_f16): the same arguments with IEEE binary16 bits (uint16_t: 1
+ * sign, 5 exponent, 10 fraction bits) in place of bf16 bits, the same semantics.  They always take
+ * the generic kernels (f32 arithmetic on the exact fp16 inputs; each fp16 output and gradient is
+ * rounded once, 2^-11 relative): exact, but not on tensor cores yet -- the tensor-core paths are
+ * bf16-only, and an fp16 call keeps no working set (there is no _keep / _kept form). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
 #define DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
 
@@ -55,6 +60,14 @@ int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, co
                               const uint16_t *beta, const float *h0, const uint16_t *dout,
                               const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                               float *dg, uint16_t *dbeta, float *dh0);
+int dg_cuda_dr_chunk_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, const float *g, const uint16_t *beta,
+                             const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                             const uint16_t *k, const uint16_t *v, const float *g,
+                             const uint16_t *beta, const float *h0, const uint16_t *dout,
+                             const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                             float *dg, uint16_t *dbeta, float *dh0);
 
 /* The forward's working set, kept for the backward (bf16 calls on the tensor-core paths).
  * The backward otherwise recomputes from q, k, v, beta, g what the forward made: the gate's

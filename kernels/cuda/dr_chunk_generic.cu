@@ -1,4 +1,4 @@
-/* The generic chunked delta-rule kernels: f32 arithmetic on f32 or bf16 storage, every gate kind
+/* The generic chunked delta-rule kernels: f32 arithmetic on f32, bf16 or fp16 storage, every gate kind
  * (NONE, HEAD, CHANNEL), chunk 16/32/64, any V, K <= 256.  The math is that of the CPU kernels
  * (kernels/cpu/dr_chunk_fwd_impl.h, dr_chunk_bwd_impl.h), with FLA's structure of parallel and
  * sequential stages.  Per chunk of L rows (value head hv, key head h = hv / (HV/H)), G the
@@ -831,5 +831,7 @@ template int generic_fwd<float>(const Plan &, const Io<float> &);
 template int generic_fwd<uint16_t>(const Plan &, const Io<uint16_t> &);
 template int generic_bwd<float>(const Plan &, const dg_dr_variant &, const Io<float> &);
 template int generic_bwd<uint16_t>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
+template int generic_fwd<f16bits>(const Plan &, const Io<f16bits> &);
+template int generic_bwd<f16bits>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
 
 } // namespace drc

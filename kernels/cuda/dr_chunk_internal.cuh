@@ -1,6 +1,10 @@
 /* Internal to the chunked delta-rule CUDA kernels (dr_chunk*.cu): the chunk geometry, scalar and
  * warp-level helpers (bf16 conversions, ldmatrix, mma.sync), scratch and launch helpers.  C++.
  *
+ * Storage types T of q, k, v, beta, o and their gradients: float; uint16_t holding bf16 bits; f16bits
+ * holding IEEE binary16 bits (fp16).  The kernels read and write them through ldx / stx only, which
+ * convert to and from f32 (every kernel computes in f32).
+ *
  * Built two ways: for the GPU by nvcc (the library), or, with DRC_EMU defined, as plain C++ for the
  * host emulation in dr_chunk_emu.h (kernels run as host threads; see there), which lets the
  * kernels be tested on a machine without a GPU.
@@ -28,6 +32,7 @@ extern "C" {
 #include "kernels/cuda/cuda_util.h"
 #endif
 #include "kernels/cuda/dr_chunk_cuda.h"
+#include "core/f16.h"
 
 namespace drc {
 
@@ -101,11 +106,43 @@ __host__ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
     return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }
 
-/* storage types: float, or uint16_t holding bf16 bits */
+/* fp16 storage: IEEE binary16 bits (1 sign, 5 exponent, 10 fraction bits; core/f16.h), wrapped in a
+ * type of its own so that overloads and templates tell it from bf16 bits (uint16_t).  Same size and
+ * alignment as the uint16_t arrays the C entry points take. */
+struct f16bits {
+    uint16_t x;
+};
+/* exact */
+__host__ __device__ __forceinline__ float h2f(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(h));
+#else
+    return dg_f16_to_f32(h);
+#endif
+}
+/* round to nearest even, subnormals kept, |f| >= 65520 to inf, NaN stays NaN */
+__host__ __device__ __forceinline__ uint16_t f2h(float f) {
+#if defined(__CUDA_ARCH__)
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return dg_f16_from_f32(f);
+#endif
+}
+
+/* storage types: float, uint16_t holding bf16 bits, f16bits holding fp16 bits */
 __host__ __device__ __forceinline__ float ldx(const float *p) { return *p; }
 __host__ __device__ __forceinline__ float ldx(const uint16_t *p) { return bf2f(*p); }
+__host__ __device__ __forceinline__ float ldx(const f16bits *p) { return h2f(p->x); }
 __host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
 __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
+__host__ __device__ __forceinline__ void stx(f16bits *p, float v) { p->x = f2h(v); }
+/* the tensor-core kernels take bf16 bits only; f32 and fp16 calls take the generic kernels */
+template <typename T> struct is_bf16 {
+    static constexpr bool value = false;
+};
+template <> struct is_bf16<uint16_t> {
+    static constexpr bool value = true;
+};
 
 /* ---- block and warp primitives ---- */
 #ifdef DRC_EMU
@@ -252,8 +289,8 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
               const void *g, const void *beta, Plan *p, bool shape_only = false);
 void plan_free(Plan *p);
 
-/* Pointers of one call; T = float or uint16_t (bf16 bits) for q, k, v, beta, o and their
- * gradients; gates and states are float. */
+/* Pointers of one call; T = float, uint16_t (bf16 bits) or f16bits (fp16 bits) for q, k, v, beta, o
+ * and their gradients; gates and states are float. */
 template <typename T> struct Io {
     const T *q, *k, *v, *beta, *dout;
     const float *g, *h0, *dhT;

@@ -30,6 +30,8 @@
  * stretch live in scratch owned by the thread that writes them (read back by that same thread,
  * coalesced: float4 r-slices interleaved by thread), so no barrier guards them.
  *
+ * Storage of q, k, v, beta, o and their gradients: f32, bf16 or fp16 (__half), f32 arithmetic.
+ *
  * Speed (H200, B8 T2048 H=HV=16 K=V=128, head gate, f32): forward 5.1 ms, backward 26.6 ms (bf16
  * storage: 5.4 / 27.8 ms); latency bound, one dependent chain of 2048 steps per block.  A version
  * that loaded the next token's inputs during the current step was slower (6.9 / 39 ms: more
@@ -56,8 +58,10 @@ struct DrGeom {
 
 __device__ __forceinline__ float ld(const float *p) { return *p; }
 __device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
 __device__ __forceinline__ void st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
 
 __device__ __forceinline__ float sum_lanes(float x, int KS) { /* over the KS lanes of a column */
     for (int off = 1; off < KS; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
@@ -563,6 +567,24 @@ done:
     return rc;
 }
 
+/* The 16-bit storage entry points: the caller's uint16_t bits read as H = __nv_bfloat16 (bf16) or
+ * __half (IEEE fp16); ld / st convert them to and from f32. */
+template <typename H>
+int fwd_bits(const char *who, const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+             const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT) {
+    typedef const H *P;
+    return fwd_impl<H>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (H *)o, hT);
+}
+
+template <typename H>
+int bwd_bits(const char *who, const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+             const float *g, const uint16_t *beta, const float *h0, const uint16_t *dout, const float *dhT,
+             uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg, uint16_t *dbeta, float *dh0) {
+    typedef const H *P;
+    return bwd_impl<H>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (P)dout, dhT, (H *)dq, (H *)dk, (H *)dv, dg,
+                       (H *)dbeta, dh0);
+}
+
 } // namespace
 
 extern "C" {
@@ -584,9 +606,7 @@ int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const flo
 int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
                                   const uint16_t *v, const float *g, const uint16_t *beta,
                                   const float *h0, uint16_t *o, float *hT) {
-    typedef const __nv_bfloat16 *P;
-    return fwd_impl<__nv_bfloat16>("cuda dr_recurrent_fwd_bf16", s, (P)q, (P)k, (P)v, g, (P)beta,
-                                   h0, (__nv_bfloat16 *)o, hT);
+    return fwd_bits<__nv_bfloat16>("cuda dr_recurrent_fwd_bf16", s, q, k, v, g, beta, h0, o, hT);
 }
 
 int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
@@ -594,10 +614,23 @@ int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const
                                   const float *h0, const uint16_t *dout, const float *dhT,
                                   uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
                                   uint16_t *dbeta, float *dh0) {
-    typedef const __nv_bfloat16 *P;
-    typedef __nv_bfloat16 *W;
-    return bwd_impl<__nv_bfloat16>("cuda dr_recurrent_bwd_bf16", s, (P)q, (P)k, (P)v, g, (P)beta,
-                                   h0, (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0);
+    return bwd_bits<__nv_bfloat16>("cuda dr_recurrent_bwd_bf16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk,
+                                   dv, dg, dbeta, dh0);
+}
+
+int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const float *g, const uint16_t *beta,
+                                 const float *h0, uint16_t *o, float *hT) {
+    return fwd_bits<__half>("cuda dr_recurrent_fwd_f16", s, q, k, v, g, beta, h0, o, hT);
+}
+
+int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                 const uint16_t *v, const float *g, const uint16_t *beta,
+                                 const float *h0, const uint16_t *dout, const float *dhT,
+                                 uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
+                                 uint16_t *dbeta, float *dh0) {
+    return bwd_bits<__half>("cuda dr_recurrent_bwd_f16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
+                            dbeta, dh0);
 }
 
 } // extern "C"
