@@ -31,10 +31,10 @@ static const char *values_text(const int64_t *c, int64_t n, char *buf, size_t le
     return buf;
 }
 
-/* q: f32 or f64, or bf16 on cuda (f64 on cuda is refused: no device kernel) */
+/* q: f32 or f64, or bf16 / f16 on cuda (f64 on cuda is refused: no device kernel) */
 static bool check_q(const char *op, const dg_tensor *q) {
     if (!dg_check_not_null(op, "q", q)) return false;
-    if (q->dtype != DG_BF16 && !dg_check_float(op, "q", q)) return false;
+    if (!dg_delta_storage16(q->dtype) && !dg_check_float(op, "q", q)) return false;
     if (dg_delta_dtype_ok(op, q->device, q->dtype)) return true;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", dg_last_error());
@@ -48,13 +48,14 @@ static bool check_other(const char *op, const char *arg, const dg_tensor *t, con
     return dg_check_same_dtype(op, arg, t, "q", q) && dg_check_same_device(op, arg, t, "q", q);
 }
 
-/* g, initial_state, A_log, dt_bias: q's dtype, or f32 when q is bf16 (gates and states stay f32) */
+/* g, initial_state, A_log, dt_bias: q's dtype, or f32 when q is bf16 / f16 (gates and states stay
+ * f32) */
 static bool check_state(const char *op, const char *arg, const dg_tensor *t, const dg_tensor *q) {
     if (!dg_check_not_null(op, arg, t)) return false;
-    if (q->dtype == DG_BF16) {
+    if (dg_delta_storage16(q->dtype)) {
         if (t->dtype != DG_F32) {
-            dg_error("%s: %s has dtype %s (shape %s) but q is bf16: gates and states must be f32", op, arg,
-                     dg_dtype_name(t->dtype), dg_shp(t));
+            dg_error("%s: %s has dtype %s (shape %s) but q is %s %s: gates and states must be f32", op, arg,
+                     dg_dtype_name(t->dtype), dg_shp(t), dg_dtype_name(q->dtype), dg_shp(q));
             return false;
         }
         return dg_check_same_device(op, arg, t, "q", q);
@@ -226,8 +227,8 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
 typedef struct prep {
     dg_dr_shape s;
     dg_device dev;
-    dg_dtype dt;            /* storage dtype of q, k, v, beta, o: f32 / f64, or bf16 on cuda */
-    dg_dtype st;            /* dtype of the gates and states: dt, or f32 with bf16 storage */
+    dg_dtype dt;            /* storage dtype of q, k, v, beta, o: f32 / f64, or bf16 / f16 on cuda */
+    dg_dtype st;            /* dtype of the gates and states: dt, or f32 with bf16 / f16 storage */
     dg_tensor *q, *k;       /* what the kernel reads (normalised when l2norm_qk) */
     dg_tensor *qraw, *kraw; /* contiguous inputs */
     dg_tensor *rq, *rk;     /* 1/|q|, 1/|k| per row (l2norm_qk), dtype st */
@@ -269,7 +270,7 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
     memset(p, 0, sizeof *p);
     p->dev = n->in[sl->q]->device;
     p->dt = n->in[sl->q]->dtype;
-    p->st = p->dt == DG_BF16 ? DG_F32 : p->dt;
+    p->st = dg_delta_storage16(p->dt) ? DG_F32 : p->dt;
     if (!prep_check(n, sl, p->dev, p->dt, p->st)) return -1;
     p->qraw = contig(n->in[sl->q]);
     p->kraw = contig(n->in[sl->k]);

@@ -88,10 +88,12 @@ int dg_delta_recurrent_variant(const dg_op_def *def);
 #define DG_DELTA_L2NORM_EPS 1e-6
 
 /* ---- kernel calls by device and dtype (delta_kernels.c) ----
- * dtypes: CPU f32 / f64; CUDA f32, or bf16 storage (q, k, v, beta, o and their gradients bf16;
- * g, h0, hT, A_log, dt_bias and their gradients f32; the L2 norm's r f32).  Pointers are of the
+ * dtypes: CPU f32 / f64; CUDA f32, or 16-bit storage, bf16 or fp16 (q, k, v, beta, o and their
+ * gradients bf16 / f16; g, h0, hT, A_log, dt_bias and their gradients f32; the L2 norm's r f32).  Pointers are of the
  * device given (cu_seqlens in s is always a host array).  Each returns 0, or -1 with dg_error set. */
 bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt); /* false + message when refused */
+/* a 16-bit storage dtype (bf16 or f16): q, k, v, beta and o in it, gates and states f32 */
+static inline bool dg_delta_storage16(dg_dtype dt) { return dt == DG_BF16 || dt == DG_F16; }
 /* The forward's working set kept for the backward (CUDA bf16 chunked only: dr_chunk_cuda.h): the
  * bytes it takes for this shape (0: nothing is kept here, -1: error).  dg_delta_k_fwd with keep
  * (that many bytes of device memory, 16-byte aligned) sets *kept when it filled it;
@@ -108,7 +110,7 @@ int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t ro
                           void *y, void *r);
 int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
                           const void *r, const void *dy, void *dx);
-/* the gate: dt is the gate's dtype (f32 or f64; f32 with bf16 storage) */
+/* the gate: dt is the gate's dtype (f32 or f64; f32 with bf16 / f16 storage) */
 int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
                         const void *a, const void *A_log, const void *dt_bias, void *g);
 int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,

@@ -2,9 +2,11 @@
  * chunked kernels, the in-op L2 norm and the in-op gate, on the CPU (kernels/cpu) or on CUDA
  * (kernels/cuda/dr_chunk_cuda.h, cuda_kernels.h, dr_pieces_cuda.h, nn_cuda.h).
  *
- * dtypes: CPU f32 and f64; CUDA f32, and bf16 storage (q, k, v, beta, o and their gradients as
- * bf16; gates g, states h0 / hT, A_log, dt_bias and their gradients f32; the L2 norm's 1/|x| f32).
- * f64 on CUDA is refused (the device kernels have no f64), and so is bf16 on the CPU. */
+ * dtypes: CPU f32 and f64; CUDA f32, and 16-bit storage, bf16 or fp16 (q, k, v, beta, o and their
+ * gradients as bf16 / f16; gates g, states h0 / hT, A_log, dt_bias and their gradients f32; the L2
+ * norm's 1/|x| f32).  fp16 takes the generic chunked kernels (f32 arithmetic; the tensor-core ones
+ * are bf16-only) and keeps no working set.  f64 on CUDA is refused (the device kernels have no
+ * f64), and so are bf16 and f16 on the CPU. */
 #include "ops/delta_common.h"
 
 #include "kernels/cpu/gate.h"
@@ -44,14 +46,14 @@ static bool chunk_kernels_present(const char *op) {
 
 bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt) {
     if (dev == DG_CPU && (dt == DG_F32 || dt == DG_F64)) return true;
-    if (dev == DG_CUDA && (dt == DG_F32 || dt == DG_BF16)) return true;
+    if (dev == DG_CUDA && (dt == DG_F32 || dg_delta_storage16(dt))) return true;
     if (dev == DG_CUDA && dt == DG_F64)
-        dg_error("%s: f64 inputs are not supported on cuda (the device kernels take f32, or bf16 q, k, v, beta "
-                 "with f32 gates and states); use f32 on cuda or f64 on the cpu",
+        dg_error("%s: f64 inputs are not supported on cuda (the device kernels take f32, or bf16 / f16 q, k, v, "
+                 "beta with f32 gates and states); use f32 on cuda or f64 on the cpu",
                  op);
-    else if (dt == DG_BF16)
-        dg_error("%s: bf16 inputs run on cuda only (bf16 storage with f32 accumulation); use f32 or f64 on the cpu",
-                 op);
+    else if (dg_delta_storage16(dt))
+        dg_error("%s: %s inputs run on cuda only (%s storage with f32 accumulation); use f32 or f64 on the cpu",
+                 op, dg_dtype_name(dt), dg_dtype_name(dt));
     else
         dg_error("%s: dtype %s is not supported on %s", op, dg_dtype_name(dt), dg_device_name(dev));
     return false;
@@ -89,6 +91,9 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
         if (dt == DG_F32)
             rc = rec ? dg_cuda_dr_recurrent_fwd_f32(s, q, k, v, g, beta, h0, o, hT)
                      : dg_cuda_dr_chunk_fwd_f32(s, q, k, v, g, beta, h0, o, hT);
+        else if (dt == DG_F16) /* the generic kernels: nothing to keep */
+            rc = rec ? dg_cuda_dr_recurrent_fwd_f16(s, q, k, v, g, beta, h0, o, hT)
+                     : dg_cuda_dr_chunk_fwd_f16(s, q, k, v, g, beta, h0, o, hT);
         else
             rc = rec    ? dg_cuda_dr_recurrent_fwd_bf16(s, q, k, v, g, beta, h0, o, hT)
                  : keep ? dg_cuda_dr_chunk_fwd_bf16_keep(s, q, k, v, g, beta, h0, o, hT, keep, kept)
@@ -121,6 +126,10 @@ int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, cons
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f32(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                            : dg_cuda_dr_chunk_bwd_f32(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                       dh0);
+        else if (dt == DG_F16)
+            rc = recurrent ? dg_cuda_dr_recurrent_bwd_f16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
+                           : dg_cuda_dr_chunk_bwd_f16(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
+                                                      dh0);
         else
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                            dh0)
@@ -144,8 +153,9 @@ int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t ro
                           void *y, void *r) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dt == DG_BF16 ? dg_cuda_dr_l2norm_bf16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
-                             : dg_cuda_l2norm_fwd(dt, rows, K, x, DG_DELTA_L2NORM_EPS, y, r);
+        return dt == DG_BF16   ? dg_cuda_dr_l2norm_bf16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
+               : dt == DG_F16 ? dg_cuda_dr_l2norm_f16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
+                              : dg_cuda_l2norm_fwd(dt, rows, K, x, DG_DELTA_L2NORM_EPS, y, r);
 #else
         return no_cuda(op);
 #endif
@@ -159,8 +169,9 @@ int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t ro
                           const void *r, const void *dy, void *dx) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dt == DG_BF16 ? dg_cuda_dr_l2norm_bf16_bwd(rows, K, x, r, dy, dx)
-                             : dg_cuda_l2norm_bwd(dt, rows, K, x, r, dy, dx);
+        return dt == DG_BF16   ? dg_cuda_dr_l2norm_bf16_bwd(rows, K, x, r, dy, dx)
+               : dt == DG_F16 ? dg_cuda_dr_l2norm_f16_bwd(rows, K, x, r, dy, dx)
+                              : dg_cuda_l2norm_bwd(dt, rows, K, x, r, dy, dx);
 #else
         return no_cuda(op);
 #endif

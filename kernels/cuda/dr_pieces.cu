@@ -1,11 +1,12 @@
-/* The in-op gate, the bf16 L2 norm and chunk_local_cumsum on the device (dr_pieces_cuda.h).
+/* The in-op gate, the bf16 / fp16 L2 norm and chunk_local_cumsum on the device (dr_pieces_cuda.h).
  *
  * gate:    g[r,h,c] = -exp(A_log[h]) softplus(x),  x = a[r,h,c] + dt_bias[h*C+c]
  *          softplus(x) = x above 20 (FLA's threshold), else max(x,0) + log1p(exp(-|x|));
  *          computed in double for both f32 and f64 (as the CPU kernel), rounded once.
  *          backward: da = dg (-exp(A_log)) softplus'(x) (sigmoid, 1 above 20);
  *          dA_log[h] = sum_{r,c} dg g;  ddt_bias[h*C+c] = sum_r da  (fixed-order column sums).
- * l2norm:  a warp per row; r = 1/sqrt(sum x^2 + eps), y = x r, rounded to bf16;
+ * l2norm:  a warp per row of 16-bit values (bf16 or fp16: H = __nv_bfloat16 or __half), f32 inside;
+ *          r = 1/sqrt(sum x^2 + eps), y = x r, rounded once to H;
  *          dx = r (dy - x r^2 sum(dy x)).
  * cumsum:  one thread per (chunk, head, channel), walking the chunk's rows in order. */
 #include "kernels/cuda/dr_pieces_chunks.cuh"
@@ -91,9 +92,11 @@ int gate_bwd(int64_t rows, int64_t HV, int64_t C, const T *a, const T *A_log, co
     return 0;
 }
 
-/* ---- bf16 L2 norm: a warp per row ---- */
-__device__ __forceinline__ float bf2f(uint16_t b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
-__device__ __forceinline__ uint16_t f2bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+/* ---- 16-bit L2 norm: a warp per row; H = __nv_bfloat16 (bf16) or __half (fp16) ---- */
+__device__ __forceinline__ float ld16(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld16(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void st16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st16(__half *p, float v) { *p = __float2half_rn(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -101,32 +104,60 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__global__ void l2norm_bf16_fwd_kernel(int64_t N, int64_t D, const uint16_t *x, float eps, uint16_t *y,
-                                       float *rstd) {
+template <typename H>
+__global__ void l2norm16_fwd_kernel(int64_t N, int64_t D, const H *x, float eps, H *y, float *rstd) {
     const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
     for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
-        const uint16_t *xr = x + row * D;
+        const H *xr = x + row * D;
         float ss = 0;
         for (int64_t d = lane; d < D; d += 32) {
-            float v = bf2f(xr[d]);
+            float v = ld16(xr + d);
             ss += v * v;
         }
         float r = rsqrtf(warp_sum(ss) + eps);
         if (rstd && lane == 0) rstd[row] = r;
-        for (int64_t d = lane; d < D; d += 32) y[row * D + d] = f2bf(bf2f(xr[d]) * r);
+        for (int64_t d = lane; d < D; d += 32) st16(y + row * D + d, ld16(xr + d) * r);
     }
 }
 
-__global__ void l2norm_bf16_bwd_kernel(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
-                                       const uint16_t *dy, uint16_t *dx) {
+template <typename H>
+__global__ void l2norm16_bwd_kernel(int64_t N, int64_t D, const H *x, const float *rstd, const H *dy, H *dx) {
     const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
     for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
-        const uint16_t *xr = x + row * D, *dyr = dy + row * D;
+        const H *xr = x + row * D, *dyr = dy + row * D;
         float dot = 0;
-        for (int64_t d = lane; d < D; d += 32) dot += bf2f(dyr[d]) * bf2f(xr[d]);
+        for (int64_t d = lane; d < D; d += 32) dot += ld16(dyr + d) * ld16(xr + d);
         float r = rstd[row], c = warp_sum(dot) * r * r;
-        for (int64_t d = lane; d < D; d += 32) dx[row * D + d] = f2bf(r * (bf2f(dyr[d]) - bf2f(xr[d]) * c));
+        for (int64_t d = lane; d < D; d += 32) st16(dx + row * D + d, r * (ld16(dyr + d) - ld16(xr + d) * c));
     }
+}
+
+/* the entry points: the caller's uint16_t bits read as H; who names the entry point in messages */
+template <typename H>
+int l2norm16_fwd(const char *who, int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y, float *rstd) {
+    if (N <= 0 || D <= 0) return 0;
+    if (!x || !y) {
+        dg_error("%s: %s is NULL", who, !x ? "x" : "y");
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    l2norm16_fwd_kernel<H><<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+        N, D, (const H *)x, (float)eps, (H *)y, rstd);
+    return DG_LAUNCHED(who);
+}
+
+template <typename H>
+int l2norm16_bwd(const char *who, int64_t N, int64_t D, const uint16_t *x, const float *rstd, const uint16_t *dy,
+                 uint16_t *dx) {
+    if (N <= 0 || D <= 0) return 0;
+    if (!x || !rstd || !dy || !dx) {
+        dg_error("%s: %s is NULL", who, !x ? "x" : !rstd ? "rstd" : !dy ? "dy" : "dx");
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    l2norm16_bwd_kernel<H><<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
+        N, D, (const H *)x, rstd, (const H *)dy, (H *)dx);
+    return DG_LAUNCHED(who);
 }
 
 /* ---- chunk_local_cumsum ---- */
@@ -191,28 +222,22 @@ extern "C" int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_
 
 extern "C" int dg_cuda_dr_l2norm_bf16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y,
                                           float *rstd) {
-    if (N <= 0 || D <= 0) return 0;
-    if (!x || !y) {
-        dg_error("cuda dr l2norm bf16: %s is NULL", !x ? "x" : "y");
-        return -1;
-    }
-    if (dg_cuda_init()) return -1;
-    l2norm_bf16_fwd_kernel<<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        N, D, x, (float)eps, y, rstd);
-    return DG_LAUNCHED("dr l2norm bf16 fwd");
+    return l2norm16_fwd<__nv_bfloat16>("cuda dr l2norm bf16 fwd", N, D, x, eps, y, rstd);
 }
 
 extern "C" int dg_cuda_dr_l2norm_bf16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
                                           const uint16_t *dy, uint16_t *dx) {
-    if (N <= 0 || D <= 0) return 0;
-    if (!x || !rstd || !dy || !dx) {
-        dg_error("cuda dr l2norm bf16 bwd: a pointer is NULL");
-        return -1;
-    }
-    if (dg_cuda_init()) return -1;
-    l2norm_bf16_bwd_kernel<<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        N, D, x, rstd, dy, dx);
-    return DG_LAUNCHED("dr l2norm bf16 bwd");
+    return l2norm16_bwd<__nv_bfloat16>("cuda dr l2norm bf16 bwd", N, D, x, rstd, dy, dx);
+}
+
+extern "C" int dg_cuda_dr_l2norm_f16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y,
+                                         float *rstd) {
+    return l2norm16_fwd<__half>("cuda dr l2norm f16 fwd", N, D, x, eps, y, rstd);
+}
+
+extern "C" int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
+                                         const uint16_t *dy, uint16_t *dx) {
+    return l2norm16_bwd<__half>("cuda dr l2norm f16 bwd", N, D, x, rstd, dy, dx);
 }
 
 extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int64_t H, int64_t S,

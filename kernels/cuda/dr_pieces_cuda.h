@@ -40,11 +40,15 @@ int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const 
 
 /* ---- L2 norm of bf16 rows (dr_pieces.cu): x, y, dy, dx bf16 bits [N,D]; rstd f32 [N] ----------
  * r = 1/sqrt(sum_d x^2 + eps) (sum in f32 over the bf16 values), y = bf16(x r);
- * dx = bf16(r (dy - x r^2 sum_d(dy x))). */
+ * dx = bf16(r (dy - x r^2 sum_d(dy x))).  The _f16 forms: the same on IEEE fp16 bits. */
 int dg_cuda_dr_l2norm_bf16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y,
                                float *rstd);
 int dg_cuda_dr_l2norm_bf16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
                                const uint16_t *dy, uint16_t *dx);
+int dg_cuda_dr_l2norm_f16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y,
+                              float *rstd);
+int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
+                              const uint16_t *dy, uint16_t *dx);
 
 /* ---- chunk_local_cumsum (dr_pieces.cu): x, out [B,T,H,S]; out may alias x ---------------------
  * forward (reverse 0) or reverse cumulative sum inside each chunk; the backward of one direction
