@@ -15,7 +15,8 @@
  * final state is an output that gradients can flow into.
  * dtypes: f32 or f64 on the CPU; on CUDA f32, or 16-bit storage -- q, k, v, beta (and o and their
  * gradients) bf16 or f16, all four the same, with g, the states, A_log and dt_bias f32 (f32
- * arithmetic inside).  f16 runs the generic kernels (exact inputs, not on tensor cores). */
+ * arithmetic inside; tensor cores with 16-bit operands where the shape allows, f32 accumulation).
+ * kda in f16 runs the generic kernels (kernels/cuda/dr_chunk_cuda.h says why). */
 #ifndef DELTAGRAD_DELTA_H
 #define DELTAGRAD_DELTA_H
 
@@ -50,7 +51,7 @@ typedef struct dg_delta_opts {
      * forward substitution in the WY inverse), "recurrent".  kda: "fused" (dw never stored),
      * "unfused", "subst", "recurrent".  With algorithm = RECURRENT the default is "recurrent". */
     const char *backward;
-    /* CUDA, bf16, chunked (on the tensor-core paths): the forward keeps its working set (the WY factors, the states entering
+    /* CUDA, bf16 or fp16, chunked (on the tensor-core paths): the forward keeps its working set (the WY factors, the states entering
      * each chunk, V', the inverse; about 8 times the bytes of v for GDN at K=V=128) for the
      * backward, which then skips recomputing it (a third of GDN's fwd+bwd time at B8 T2048 H16).
      * Set this to recompute instead (FLA's way: less memory, slower backward).  Kept only when the

@@ -4,8 +4,8 @@
  *
  * dtypes: CPU f32 and f64; CUDA f32, and 16-bit storage, bf16 or fp16 (q, k, v, beta, o and their
  * gradients as bf16 / f16; gates g, states h0 / hT, A_log, dt_bias and their gradients f32; the L2
- * norm's 1/|x| f32).  fp16 takes the generic chunked kernels (f32 arithmetic; the tensor-core ones
- * are bf16-only) and keeps no working set.  f64 on CUDA is refused (the device kernels have no
+ * norm's 1/|x| f32).  fp16 takes the tensor-core kernels where bf16 does, except KDA's (generic
+ * kernels in fp16: kernels/cuda/dr_chunk_cuda.h says why).  f64 on CUDA is refused (the device kernels have no
  * f64), and so are bf16 and f16 on the CPU. */
 #include "ops/delta_common.h"
 
@@ -68,9 +68,9 @@ static int no_cuda(const char *op) {
 
 int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt) {
     (void)op;
-    if (dev != DG_CUDA || dt != DG_BF16 || algorithm == DG_DELTA_RECURRENT) return 0;
+    if (dev != DG_CUDA || !dg_delta_storage16(dt) || algorithm == DG_DELTA_RECURRENT) return 0;
 #ifdef DG_HAVE_CUDA
-    return dg_cuda_dr_chunk_kept_bytes(s);
+    return dt == DG_F16 ? dg_cuda_dr_chunk_kept_bytes_f16(s) : dg_cuda_dr_chunk_kept_bytes(s);
 #else
     (void)s;
     return 0;
@@ -91,9 +91,10 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
         if (dt == DG_F32)
             rc = rec ? dg_cuda_dr_recurrent_fwd_f32(s, q, k, v, g, beta, h0, o, hT)
                      : dg_cuda_dr_chunk_fwd_f32(s, q, k, v, g, beta, h0, o, hT);
-        else if (dt == DG_F16) /* the generic kernels: nothing to keep */
-            rc = rec ? dg_cuda_dr_recurrent_fwd_f16(s, q, k, v, g, beta, h0, o, hT)
-                     : dg_cuda_dr_chunk_fwd_f16(s, q, k, v, g, beta, h0, o, hT);
+        else if (dt == DG_F16)
+            rc = rec    ? dg_cuda_dr_recurrent_fwd_f16(s, q, k, v, g, beta, h0, o, hT)
+                 : keep ? dg_cuda_dr_chunk_fwd_f16_keep(s, q, k, v, g, beta, h0, o, hT, keep, kept)
+                        : dg_cuda_dr_chunk_fwd_f16(s, q, k, v, g, beta, h0, o, hT);
         else
             rc = rec    ? dg_cuda_dr_recurrent_fwd_bf16(s, q, k, v, g, beta, h0, o, hT)
                  : keep ? dg_cuda_dr_chunk_fwd_bf16_keep(s, q, k, v, g, beta, h0, o, hT, keep, kept)
@@ -128,8 +129,8 @@ int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, cons
                                                       dh0);
         else if (dt == DG_F16)
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
-                           : dg_cuda_dr_chunk_bwd_f16(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
-                                                      dh0);
+                           : dg_cuda_dr_chunk_bwd_f16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
+                                                           dbeta, dh0, kept);
         else
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                            dh0)

@@ -5,9 +5,10 @@
  *  - bf16 storage (q, k, v, beta, o, dout and their gradients; f32 gates and states): against the
  *    f64 recurrence on the same rounded inputs, <= 5e-3; both the tensor-core path (gate NONE or
  *    HEAD, chunk 64, K, V in {64, 128}) and the generic kernels, and the two against each other;
- *  - fp16 storage (the same arrays as IEEE binary16; always the generic kernels): against the f64
- *    recurrence on the same fp16-rounded inputs, <= F16_TOL (6e-4, derived there), and the same
- *    bits as the generic path forced;
+ *  - fp16 storage (the same arrays as IEEE binary16): against the f64 recurrence on the same
+ *    fp16-rounded inputs, <= F16_TOL (6e-4, derived there) on the generic kernels and
+ *    <= F16_MMA_TOL on the tensor-core ones (gate NONE or HEAD at their shapes), the two paths
+ *    against each other, and KDA in fp16 the same bits as the generic path forced;
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -83,6 +84,11 @@ static double stored(int st, double x) { return st == S_F32 ? (float)x : from16(
  * exceed it.  Typical values are u / sqrt(3)-like, about 2e-4 (the rounding errors are spread
  * uniformly).  Two fp16 runs of different variants differ by at most twice that bound. */
 #define F16_TOL 6e-4
+/* The same on the tensor-core path (fp16 build of the head-gate kernels): the structure and the
+ * plain / split choices of bf16 (whose bound is 5e-3), every intermediate rounding now 2^-11
+ * instead of 2^-8 relative: 5e-3 / 8 = 6.25e-4, plus the rounding of each fp16 result (4.9e-4,
+ * above), 1.1e-3. */
+#define F16_MMA_TOL 1.1e-3
 
 /* device buffer of n elements of esz bytes, from host, or poisoned with 0xff (NaN) */
 static void *dput(const void *host, int64_t n, size_t esz) {
@@ -223,8 +229,8 @@ static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
 }
 
 /* the CUDA kernels with storage st for q k v beta o dout and their gradients.  Forward and
- * backward run twice and must give the same bits; with bf16 on the tensor-core paths the second
- * forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward runs from
+ * backward run twice and must give the same bits; with 16-bit storage on the tensor-core paths the
+ * second forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep / _f16_keep) and the second backward runs from
  * it instead of recomputing it. */
 static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
     const int bf16 = st == S_BF16, f16 = st == S_F16;
@@ -239,13 +245,14 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
         o[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
         o2[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
     }
-    const int64_t keep_bytes = bf16 ? dg_cuda_dr_chunk_kept_bytes(&d->s) : 0;
+    const int64_t keep_bytes = bf16 ? dg_cuda_dr_chunk_kept_bytes(&d->s) : f16 ? dg_cuda_dr_chunk_kept_bytes_f16(&d->s) : 0;
     if (keep_bytes < 0) fail_msg("kept_bytes failed: %s", dg_last_error());
     void *keep = keep_bytes > 0 ? dput(NULL, keep_bytes, 1) : NULL;
     int kept = 0;
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
-        int rc = f16    ? dg_cuda_dr_chunk_fwd_f16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
+        int rc = f16 && rep && keep ? dg_cuda_dr_chunk_fwd_f16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
+                 : f16  ? dg_cuda_dr_chunk_fwd_f16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
                  : !bf16 ? dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
                  : rep && keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
                                : dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT]);
@@ -254,8 +261,8 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
     if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
-        int rc = f16 ? dg_cuda_dr_chunk_bwd_f16(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
-                                                w[R_DV], w[R_DG], w[R_DB], w[R_DH0])
+        int rc = f16 ? dg_cuda_dr_chunk_bwd_f16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
+                                                     w[R_DV], w[R_DG], w[R_DB], w[R_DH0], rep ? keep : NULL)
                  : bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
                                                        w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0],
                                                        rep ? keep : NULL)
@@ -304,6 +311,11 @@ static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
                                          {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
 
+/* whether fp16 calls of this case take the tensor-core kernels (dr_chunk_cuda.h) */
+static int f16_mma(const cfg *c) {
+    return c->gate != DG_GATE_CHANNEL && c->chunk == 64 && (c->K == 64 || c->K == 128) && (c->V == 64 || c->V == 128);
+}
+
 /* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
  * all_variants: every variant against the reference and against {1,1,1}. */
 static void run_case(const cfg *c, int st, int all_variants) {
@@ -312,7 +324,7 @@ static void run_case(const cfg *c, int st, int all_variants) {
     res ref, got, base;
     res_alloc(c, &d, &ref), res_alloc(c, &d, &base);
     ref_f64(&d, &ref);
-    const double tol = st == S_BF16 ? 5e-3 : st == S_F16 ? F16_TOL : 1e-5;
+    const double tol = st == S_BF16 ? 5e-3 : st == S_F16 ? (f16_mma(c) ? F16_MMA_TOL : F16_TOL) : 1e-5;
     char what[160];
     if (st == S_F32) {
         res cpu;
@@ -336,7 +348,7 @@ static void run_case(const cfg *c, int st, int all_variants) {
                  v->gdn_dg_from_final, v->kda_fused, v->solve_tril_blocked);
         check(what, &got, &ref, tol);
         snprintf(what, sizeof what, "  ... against var 111");
-        check(what, &got, &base, st == S_BF16 ? 2e-3 : st == S_F16 ? 2 * F16_TOL : 1e-5);
+        check(what, &got, &base, st == S_BF16 ? 2e-3 : st == S_F16 ? 2 * tol : 1e-5);
         res_free(&got);
     }
     res_free(&ref), res_free(&base), data_free(&d);
@@ -455,11 +467,12 @@ static void test_dr_chunk_bf16_long(void **state) {
         {"head, H=HV=136, K=V=128, T=70 (mma)", 1, 70, 136, 136, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++) run_case(&longs[i], S_BF16, 0);
+    run_case(&longs[0], S_F16, 0); /* the fp16 build of the same kernels */
 }
 
 /* fp16: every gate kind, chunk 16/32/64, GVA, cu_seqlens with an empty sequence, T = 1, K = 200,
- * a partial V tile, some gradients only.  The first, second and fourth have the shapes that take
- * the tensor-core paths in bf16; fp16 calls never do (test_dr_chunk_f16_generic_only). */
+ * a partial V tile, some gradients only.  The first two take the tensor-core kernels (their fp16
+ * build); the fourth has the shape of bf16's KDA tensor-core path, which fp16 calls do not take. */
 static const cfg f16_cases[] = {
     {"head, GVA, K=V=128 (bf16 mma shape)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"none, varlen, K=V=64 (bf16 mma shape)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 5, {0, 64, 64, 130, 200}, 1, 1, 0},
@@ -478,9 +491,10 @@ static void test_dr_chunk_f16(void **state) {
         run_case(&f16_cases[i], S_F16, i == 1 || i == 2);
 }
 
-/* fp16 calls take the generic kernels whatever the shape: the same bits with the generic path
- * forced (a tensor-core kernel would read the fp16 bits as bf16 and differ) */
-static void test_dr_chunk_f16_generic_only(void **state) {
+/* fp16 on the tensor-core kernels and on the generic ones, same inputs: within both bounds; KDA in
+ * fp16 (the fourth case, bf16's KDA tensor-core shape) takes the generic kernels: the same bits
+ * with the generic path forced */
+static void test_dr_chunk_f16_paths(void **state) {
     (void)state;
     dg_test_require_cuda();
     static const int which[3] = {0, 1, 3};
@@ -495,8 +509,8 @@ static void test_dr_chunk_f16_generic_only(void **state) {
         run_gpu(&d, S_F16, &var_default, &b);
         dg_cuda_dr_chunk_force_generic(old);
         char what[160];
-        snprintf(what, sizeof what, "%s: f16 vs forced generic", c->name);
-        check(what, &a, &b, 0.0);
+        snprintf(what, sizeof what, "%s: f16 %s", c->name, f16_mma(c) ? "mma vs generic" : "vs forced generic");
+        check(what, &a, &b, f16_mma(c) ? F16_MMA_TOL + F16_TOL : 0.0);
         res_free(&a), res_free(&b), data_free(&d);
     }
 }
@@ -518,6 +532,7 @@ static void test_dr_chunk_sanitize(void **state) {
     };
     static const dg_dr_variant v000 = {0, 0, 0};
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
+    run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
     for (int i = 0; i < 3; i++) {
         for (int bf = 0; bf < 2; bf++) {
             if (!bf && i >= 2) continue;
@@ -594,7 +609,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_bf16_unaligned),
         cmocka_unit_test(test_dr_chunk_bf16_long),
         cmocka_unit_test(test_dr_chunk_f16),
-        cmocka_unit_test(test_dr_chunk_f16_generic_only),
+        cmocka_unit_test(test_dr_chunk_f16_paths),
         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);

@@ -135,9 +135,9 @@ void plan_free(Plan *p) {
     p->tab_dev = nullptr;
 }
 
-/* T: float, uint16_t (bf16 bits: the tensor-core paths where the shape and alignment allow) or
- * f16bits (fp16 bits: always the generic kernels).
- * keep (bf16 only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
+/* T: float (the generic kernels), uint16_t (bf16 bits) or f16bits (fp16 bits): the tensor-core
+ * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
+ * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
  * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
@@ -154,13 +154,16 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
     int rc;
+    const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(o, 4);
     if constexpr (is_bf16<T>::value) {
-        const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
-                          aligned(v, 16) && aligned(o, 4);
-        const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
-                         aligned(v, 16) && aligned(o, 4); /* per-channel gate: dr_chunk_kda*.cu */
-        rc = kda ? kda_fwd(p, io, keep) : fast ? fast_fwd(p, io, keep) : generic_fwd<T>(p, io);
+        const bool fast = !g_force_generic && fast_ok(p.G) && al;
+        const bool kda = !g_force_generic && kda_ok(p.G) && al; /* per-channel gate: dr_chunk_kda*.cu */
+        rc = kda ? kda_fwd(p, io, keep) : fast ? fast::fwd(p, io, keep) : generic_fwd<T>(p, io);
         if (!rc && kept) *kept = keep && (kda || fast);
+    } else if constexpr (sizeof(T) == 2) { /* fp16: the head-gate kernels' fp16 build; KDA generic */
+        const bool fast = !g_force_generic && fast_ok(p.G) && al;
+        rc = fast ? fast_h::fwd(p, io_bits(io), keep) : generic_fwd<T>(p, io);
+        if (!rc && kept) *kept = keep && fast;
     } else {
         rc = generic_fwd<T>(p, io);
     }
@@ -190,12 +193,14 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
     int rc;
+    const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
     if constexpr (is_bf16<T>::value) {
-        const bool fast = !g_force_generic && fast_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
-                          aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-        const bool kda = !g_force_generic && kda_ok(p.G) && aligned(q, 16) && aligned(k, 16) &&
-                         aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-        rc = kda ? kda_bwd(p, *var, io, kept) : fast ? fast_bwd(p, *var, io, kept) : generic_bwd<T>(p, *var, io);
+        const bool fast = !g_force_generic && fast_ok(p.G) && al;
+        const bool kda = !g_force_generic && kda_ok(p.G) && al;
+        rc = kda ? kda_bwd(p, *var, io, kept) : fast ? fast::bwd(p, *var, io, kept) : generic_bwd<T>(p, *var, io);
+    } else if constexpr (sizeof(T) == 2) {
+        const bool fast = !g_force_generic && fast_ok(p.G) && al;
+        rc = fast ? fast_h::bwd(p, *var, io_bits(io), kept) : generic_bwd<T>(p, *var, io);
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }
@@ -256,28 +261,44 @@ int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, con
                                   (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0);
 }
 
-int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {
+/* f16 = the fp16 calls' (no KDA tensor-core path) */
+static int64_t kept_bytes(const char *who, const dg_dr_shape *s, bool f16) {
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
-    if (drc::plan_init("cuda dr_chunk_kept_bytes", s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
-        return -1;
+    if (drc::plan_init(who, s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true)) return -1;
     size_t n = 0;
-    if (!drc::g_force_generic) n = drc::kda_ok(p.G) ? drc::kda_kept_bytes(p.G) : drc::fast_ok(p.G) ? drc::fast_kept_bytes(p.G) : 0;
+    if (!drc::g_force_generic)
+        n = !f16 && drc::kda_ok(p.G) ? drc::kda_kept_bytes(p.G) : drc::fast_ok(p.G) ? drc::fast_kept_bytes(p.G) : 0;
     drc::plan_free(&p);
     return (int64_t)n;
+}
+
+int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {
+    return kept_bytes("cuda dr_chunk_kept_bytes", s, false);
+}
+
+int64_t dg_cuda_dr_chunk_kept_bytes_f16(const dg_dr_shape *s) {
+    return kept_bytes("cuda dr_chunk_kept_bytes_f16", s, true);
+}
+
+/* keep must be given and 16-byte aligned (the kernels load and store its buffers as 16-byte vectors) */
+static bool keep_ok(const char *who, const void *keep, const int *kept) {
+    if (!keep || !kept) {
+        dg_error("%s: %s is NULL", who, !keep ? "keep" : "kept");
+        return false;
+    }
+    if (((uintptr_t)keep & 15) != 0) {
+        dg_error("%s: keep %p is not 16-byte aligned", who, keep);
+        return false;
+    }
+    return true;
 }
 
 int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, const float *g, const uint16_t *beta,
                                    const float *h0, uint16_t *o, float *hT, void *keep, int *kept) {
-    if (!keep || !kept) {
-        dg_error("cuda dr_chunk_fwd_bf16_keep: %s is NULL", !keep ? "keep" : "kept");
-        return -1;
-    }
-    if (((uintptr_t)keep & 15) != 0) { /* the kernels load and store its buffers as 16-byte vectors */
-        dg_error("cuda dr_chunk_fwd_bf16_keep: keep %p is not 16-byte aligned", keep);
-        return -1;
-    }
-    return drc::fwd<uint16_t>("cuda dr_chunk_fwd_bf16_keep", s, q, k, v, g, beta, h0, o, hT, keep, kept);
+    const char *who = "cuda dr_chunk_fwd_bf16_keep";
+    if (!keep_ok(who, keep, kept)) return -1;
+    return drc::fwd<uint16_t>(who, s, q, k, v, g, beta, h0, o, hT, keep, kept);
 }
 
 int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
@@ -287,6 +308,26 @@ int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *va
                                    float *dg, uint16_t *dbeta, float *dh0, const void *kept) {
     return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16_kept", s, var, q, k, v, g, beta, h0, dout, dhT,
                               dq, dk, dv, dg, dbeta, dh0, kept);
+}
+
+int dg_cuda_dr_chunk_fwd_f16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                  const uint16_t *v, const float *g, const uint16_t *beta,
+                                  const float *h0, uint16_t *o, float *hT, void *keep, int *kept) {
+    const char *who = "cuda dr_chunk_fwd_f16_keep";
+    if (!keep_ok(who, keep, kept)) return -1;
+    typedef const drc::f16bits *P;
+    return drc::fwd<drc::f16bits>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (drc::f16bits *)o, hT, keep, kept);
+}
+
+int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                                  const uint16_t *k, const uint16_t *v, const float *g,
+                                  const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                  const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept) {
+    typedef const drc::f16bits *P;
+    typedef drc::f16bits *W;
+    return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16_kept", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
+                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept);
 }
 
 int dg_cuda_dr_chunk_force_generic(int on) {

@@ -16,24 +16,28 @@
  * library's stream (kernels/cuda/cuda_kernels.h).
  *
  * Two implementations behind the same entry points:
- *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 and fp16 calls, and bf16
- *    calls that the fast path does not take);
- *  - tensor cores (bf16 calls, chunk 64, K and V in {64, 128}, q, k, v, dout 16-byte aligned
- *    and o, dv 4-byte aligned; otherwise the generic kernels): the in-chunk products on
- *    mma.sync m16n8k16 bf16 with f32 accumulation; operands that are not bf16 inputs (W, U,
- *    states, the triangular inverse) are split into two bf16 terms (hi + lo) so that the
- *    products keep about 16 bits, except W and U (and V' with the head gate), which are plain
- *    bf16 as in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
- *    dr_chunk_mma_*.cu; CHANNEL (KDA): dr_chunk_kda_mma_*.cu (W, U, Kd, V', Qg plain: KPlain in
- *    dr_chunk_kda.cuh), the gated products as one tensor-core product on a per-channel reference
- *    when the chunk's gate spans <= 80 in every channel, else on 16-row sub-chunk references.
+ *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and 16-bit calls
+ *    that the fast path does not take);
+ *  - tensor cores (bf16 calls, and fp16 calls with gate NONE or HEAD; chunk 64, K and V in
+ *    {64, 128}, q, k, v, dout 16-byte aligned and o, dv 4-byte aligned; otherwise the generic
+ *    kernels): the in-chunk products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
+ *    fp16 calls) and f32 accumulation; operands that are not inputs (W, U, states, the triangular
+ *    inverse) are split into two 16-bit terms (hi + lo) so that the products keep about 16 bits
+ *    (fp16: about 22), except W and U (and V' with the head gate), which are plain 16-bit words as
+ *    in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
+ *    dr_chunk_mma_*.cu (built twice: bf16 and fp16); CHANNEL (KDA, bf16 only): dr_chunk_kda_mma_*.cu
+ *    (W, U, Kd, V', Qg plain: KPlain in dr_chunk_kda.cuh), the gated products as one tensor-core
+ *    product on a per-channel reference when the chunk's gate spans <= 80 in every channel, else on
+ *    16-row sub-chunk references.  Its factors reach e^{+-40}, beyond fp16's range (65504 = e^11.1):
+ *    fp16 KDA calls take the generic kernels.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
  * dhT, dh0 f32; f32 accumulation.
- * fp16 calls (dg_cuda_dr_chunk_*_f16): the same arguments with IEEE binary16 bits (uint16_t: 1
- * sign, 5 exponent, 10 fraction bits) in place of bf16 bits, the same semantics.  They always take
- * the generic kernels (f32 arithmetic on the exact fp16 inputs; each fp16 output and gradient is
- * rounded once, 2^-11 relative): exact, but not on tensor cores yet -- the tensor-core paths are
- * bf16-only, and an fp16 call keeps no working set (there is no _keep / _kept form). */
+ * fp16 calls (dg_cuda_dr_chunk_*_f16*): the same arguments with IEEE binary16 bits (uint16_t: 1
+ * sign, 5 exponent, 10 fraction bits) in place of bf16 bits, the same semantics.  On the generic
+ * kernels exact up to the rounding of each output (2^-11 relative); on tensor cores the split
+ * intermediates are fp16 words too, with fp16's range: a value beyond 65504 overflows to inf and
+ * the lo word of a value below about 2^-3 loses bits to fp16's subnormal floor (2^-24); FLA's fp16
+ * kernels round the same intermediates to plain fp16. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
 #define DG_KERNELS_CUDA_DR_CHUNK_CUDA_H
 
@@ -69,7 +73,7 @@ int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, con
                              const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                              float *dg, uint16_t *dbeta, float *dh0);
 
-/* The forward's working set, kept for the backward (bf16 calls on the tensor-core paths).
+/* The forward's working set, kept for the backward (16-bit calls on the tensor-core paths).
  * The backward otherwise recomputes from q, k, v, beta, g what the forward made: the gate's
  * cumulative sum, the WY factors W = Ai diag(beta e^G) K and U = Ai diag(beta) V, the inverse
  * Ai = (I + A)^-1, the states entering each chunk and V' (KDA also its gated key copies, P and Qg)
@@ -87,6 +91,16 @@ int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, con
  *     substitution variant recomputes anyway (the kept inverse is the blocked one).  The results
  *     equal the recomputing backward's bit for bit (the same kernels make the same values). */
 int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s);
+/* the fp16 forms: the same for fp16 calls (kept_bytes_f16 is 0 for KDA, which keeps nothing in fp16) */
+int64_t dg_cuda_dr_chunk_kept_bytes_f16(const dg_dr_shape *s);
+int dg_cuda_dr_chunk_fwd_f16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
+                                  const uint16_t *v, const float *g, const uint16_t *beta,
+                                  const float *h0, uint16_t *o, float *hT, void *keep, int *kept);
+int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
+                                  const uint16_t *k, const uint16_t *v, const float *g,
+                                  const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                  const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept);
 int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, const float *g, const uint16_t *beta,
                                    const float *h0, uint16_t *o, float *hT, void *keep, int *kept);
@@ -96,7 +110,7 @@ int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *va
                                    const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                                    float *dg, uint16_t *dbeta, float *dh0, const void *kept);
 
-/* Path selection for bf16 calls (tests and benchmarks): 0 = automatic (default), 1 = always the
+/* Path selection for 16-bit calls (tests and benchmarks): 0 = automatic (default), 1 = always the
  * generic kernels.  Returns the previous setting.  Not thread-safe; set it between calls. */
 int dg_cuda_dr_chunk_force_generic(int on);
 

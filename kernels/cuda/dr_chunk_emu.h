@@ -24,6 +24,8 @@
 #include <functional>
 #include <vector>
 
+#include "core/f16.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -272,17 +274,19 @@ inline float bf16_bits_to_float(uint16_t h) {
     return f;
 }
 
-/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, g = l/4, t = l%4:
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (to_f32: the 16-bit operand
+ * format's conversion), g = l/4, t = l%4:
  * a0: A[g][2t..2t+1]  a1: A[g+8][2t..]  a2: A[g][2t+8..]  a3: A[g+8][2t+8..]
  * b0: B[2t..2t+1][g]  b1: B[2t+8..][g]
  * c0, c1: C[g][2t], C[g][2t+1]  c2, c3: C[g+8][2t], C[g+8][2t+1] */
-inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+template <float (*to_f32)(uint16_t)>
+inline void mma16816_as(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     memcpy(slot(lane()), mine, sizeof mine);
     syncwarp();
     const int g = lane() / 4, t = lane() % 4;
-    auto lo = [](uint32_t x) { return bf16_bits_to_float((uint16_t)(x & 0xffffu)); };
-    auto hi = [](uint32_t x) { return bf16_bits_to_float((uint16_t)(x >> 16)); };
+    auto lo = [](uint32_t x) { return to_f32((uint16_t)(x & 0xffffu)); };
+    auto hi = [](uint32_t x) { return to_f32((uint16_t)(x >> 16)); };
     float A[2][16], B[2][16]; /* my two rows of A, my two columns of B */
     for (int l = 0; l < 32; l++) {
         uint32_t r[6];
@@ -306,6 +310,12 @@ inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
         for (int k = 0; k < 16; k++) s += A[q >> 1][k] * B[q & 1][k];
         c[q] = s;
     }
+}
+inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    mma16816_as<bf16_bits_to_float>(c, a, b);
+}
+inline void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    mma16816_as<dg_f16_to_f32>(c, a, b);
 }
 
 } // namespace drc_emu

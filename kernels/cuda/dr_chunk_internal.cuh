@@ -157,6 +157,9 @@ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldma
 __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     drc_emu::mma16816(c, a, b);
 }
+__forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    drc_emu::mma16816_f16(c, a, b);
+}
 /* the emulation copies at once (a later wait has nothing to wait for) */
 __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
     if (valid) memcpy(s, g, 16);
@@ -194,6 +197,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
 }
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* the same with IEEE fp16 operands (f32 accumulation) */
+__device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -328,16 +338,35 @@ template <class F> char *carve_into(void *given, F place, bool *ok) {
 /* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
 template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
 template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
-/* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): bf16, gate NONE or HEAD, C = 64, K and V in
- * {64, 128}; fast_ok says whether a shape qualifies */
+/* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): 16-bit storage, gate NONE or HEAD, C = 64, K and
+ * V in {64, 128}; fast_ok says whether a shape qualifies.  Two builds of the same kernels
+ * (dr_chunk_mma.cuh, DRC_OPERAND_F16): fast:: takes bf16 bits, fast_h:: fp16 bits (the f16bits of
+ * the caller passed as uint16_t: io_bits) */
 bool fast_ok(const Geom &G);
 /* The forward's working set (the gate's cumsum, W, U, V', the states, the inverse) can be kept for
  * the backward (dr_chunk_cuda.h, dg_cuda_dr_chunk_kept_bytes): *_kept_bytes is its size; the
  * forward given `keep` (that many bytes) fills it, the backward given it as `kept` skips the
  * recompute (prep and the state pass).  keep / kept NULL: each call makes its own. */
 size_t fast_kept_bytes(const Geom &G);
-int fast_fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
-int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+namespace fast {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace fast
+namespace fast_h {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace fast_h
+/* the same pointers as 16-bit words (the fp16 build of the tensor-core kernels takes them so) */
+inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
+    Io<uint16_t> b;
+    b.q = &io.q->x, b.k = &io.k->x, b.v = &io.v->x, b.beta = &io.beta->x;
+    b.dout = io.dout ? &io.dout->x : nullptr;
+    b.g = io.g, b.h0 = io.h0, b.dhT = io.dhT;
+    b.o = io.o ? &io.o->x : nullptr, b.dq = io.dq ? &io.dq->x : nullptr, b.dk = io.dk ? &io.dk->x : nullptr;
+    b.dv = io.dv ? &io.dv->x : nullptr, b.dbeta = io.dbeta ? &io.dbeta->x : nullptr;
+    b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
+    return b;
+}
 
 } // namespace drc
 

@@ -38,8 +38,38 @@
 
 #include "kernels/cuda/dr_chunk_internal.cuh"
 
+/* The 16-bit operand format: bf16 (the default), or IEEE fp16 where DRC_OPERAND_F16 is defined to 1
+ * before this header (dr_chunk_mma_fwd_f16.cu, dr_chunk_mma_bwd_f16.cu compile the head-gate kernels
+ * a second time so).  Every 16-bit word of those kernels -- the inputs, the outputs, the hi and lo
+ * words of the split operands, the plain intermediates -- is then fp16, and the products run on
+ * mma.sync ... f16.f16 with f32 accumulation.  The two builds live in namespaces of their own:
+ * DRC_FAST is drc::fast (bf16) or drc::fast_h (fp16). */
+#ifndef DRC_OPERAND_F16
+#define DRC_OPERAND_F16 0
+#endif
+#if DRC_OPERAND_F16
+#define DRC_FAST fast_h
+#else
+#define DRC_FAST fast
+#endif
+
 namespace drc {
-namespace fast {
+namespace DRC_FAST {
+
+/* ---- the operand format's scalars and product ---- */
+#if DRC_OPERAND_F16
+__host__ __device__ __forceinline__ float op2f(uint16_t h) { return h2f(h); }
+__host__ __device__ __forceinline__ uint16_t f2op(float f) { return f2h(f); }
+__forceinline__ __device__ void mma_op(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_f16(c, a, b); }
+#else
+__host__ __device__ __forceinline__ float op2f(uint16_t h) { return bf2f(h); }
+__host__ __device__ __forceinline__ uint16_t f2op(float f) { return f2bf(f); }
+__forceinline__ __device__ void mma_op(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816(c, a, b); }
+#endif
+/* two values into one 32-bit word, lo in the low half */
+__host__ __device__ __forceinline__ uint32_t pack_op2(float lo, float hi) {
+    return (uint32_t)f2op(lo) | ((uint32_t)f2op(hi) << 16);
+}
 
 constexpr int FNT = 256; /* threads per block */
 constexpr int FC = 64;   /* chunk */
@@ -108,7 +138,7 @@ __device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t 
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], a[mt], b[nt]);
+            for (int nt = 0; nt < NT; nt++) mma_op(acc[mt][nt], a[mt], b[nt]);
     }
 }
 
@@ -182,8 +212,8 @@ __device__ __forceinline__ void frag_each(float (&acc)[1][NT][4], int m0, int n0
 
 /* ---- splitting, stores ---- */
 __device__ __forceinline__ void split2(float x, uint16_t &h, uint16_t &l) {
-    h = f2bf(x);
-    l = f2bf(x - bf2f(h));
+    h = f2op(x);
+    l = f2op(x - op2f(h));
 }
 /* the pair (row, col), (row, col+1) of an accumulator into a split tile */
 __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float x0, float x1) {
@@ -197,7 +227,7 @@ __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float
 template <bool SPLIT>
 __device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0, float x1) {
     if (SPLIT) put_split2(t, ld, row, col, x0, x1);
-    else *(uint32_t *)(t.hi + row * ld + col) = pack_bf2(x0, x1);
+    else *(uint32_t *)(t.hi + row * ld + col) = pack_op2(x0, x1);
 }
 /* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at
  * (m0, n0) (the mma.sync m16n8 layout: rows g and g + 8, columns 2t, 2t + 1 of each n tile) */
@@ -217,7 +247,7 @@ template <bool SPLIT>
 __device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
                                                 float x1) {
     if (!SPLIT) {
-        *(uint32_t *)(gh + off) = pack_bf2(x0, x1);
+        *(uint32_t *)(gh + off) = pack_op2(x0, x1);
         return;
     }
     uint16_t h0, l0, h1, l1;
@@ -370,7 +400,7 @@ __device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L,
     if (i < FC) {
         int ii = i < L ? i : L - 1;
         sG[i] = GATE == DG_GATE_HEAD ? Gc[(r0 + ii) * G.HV + hv] : 0.0f;
-        if (sb) sb[i] = i < L ? bf2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
+        if (sb) sb[i] = i < L ? op2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
     }
 }
 
@@ -392,7 +422,7 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai);
  * hT written when io.hT is */
 int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked);
 
-} // namespace fast
+} // namespace DRC_FAST
 } // namespace drc
 
 #endif

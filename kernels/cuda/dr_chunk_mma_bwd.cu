@@ -20,7 +20,7 @@
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
 namespace drc {
-namespace fast {
+namespace DRC_FAST {
 namespace {
 
 /* R3 holds P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split */
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(FNT, 2)
         /* X = scale e^G o dO (over P);  dS <- e^{G_last} dS */
         for (int e = tid; e < 64 * BV; e += FNT) {
             const int i = e / BV, j = e % BV;
-            float x = scale * bf2f(sO[i * (BV + PAD) + j]);
+            float x = scale * op2f(sO[i * (BV + PAD) + j]);
             if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
             split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
         }
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                     const uint16_t *xh = (const uint16_t *)&dh[u], *xl = (const uint16_t *)&dl[u];
 #pragma unroll
                     for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
-                        tr += (bf2f(ph[w]) + (PS ? 0.0f : bf2f(pl[w]))) * (bf2f(xh[w]) + bf2f(xl[w]));
+                        tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
                     *(uint4 *)ph = dh[u];
                     *(uint4 *)pl = dl[u];
                 }
@@ -325,11 +325,11 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             const float gl = sG[63];
             frag_each(dq, km0, kn0, [&](int i, int cc, float &x) {
                 x *= HEAD ? scale * expf(sG[i]) : scale;
-                if (partial) rs[(i - km0) >> 3] += bf2f(sQ[i * (K + PAD) + cc]) * x;
+                if (partial) rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x;
             });
             frag_each(dk, km0, kn0, [&](int i, int cc, float &x) {
                 if (HEAD) x *= expf(gl - sG[i]);
-                const float t = bf2f(sK[i * (K + PAD) + cc]) * x;
+                const float t = op2f(sK[i * (K + PAD) + cc]) * x;
                 skf3 += t;
                 if (partial) rs[(i - km0) >> 3] -= t;
             });
@@ -340,8 +340,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sQ, K + PAD, kn0, 64);
         if (HEAD && !partial) { /* seed 001: dG = rowsum(q o dq) - rowsum(k o dk) */
             float rs[2] = {0.0f, 0.0f};
-            frag_each(dq, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += bf2f(sQ[i * (K + PAD) + cc]) * x; });
-            frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= bf2f(sK[i * (K + PAD) + cc]) * x; });
+            frag_each(dq, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x; });
+            frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= op2f(sK[i * (K + PAD) + cc]) * x; });
             red_rows_put(redg, km0, rs);
         }
         if (HEAD) skf3 = block_sum(skf3, scr); /* (barriers) */
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
             const int64_t off = (ot + (int64_t)i * HV) * K + cc;
-            if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
+            if (a.dq) *(uint32_t *)(a.dq + off) = pack_op2(x0, x1);
             else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
         });
         /* dW = -dW' */
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll
             for (int qq = 0; qq < 4; qq++) {
                 const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
-                const float e = HEAD ? expf(sG[j]) : 1.0f, kv = bf2f(sK[j * (K + PAD) + cc]);
+                const float e = HEAD ? expf(sG[j]) : 1.0f, kv = op2f(sK[j * (K + PAD) + cc]);
                 const float x = acc[0][nt][qq], rp = e * sb[j] * x;
                 rb[qq >> 1] += e * kv * x;
                 rg[qq >> 1] += kv * rp;
@@ -430,9 +430,9 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         mma_ss<1, TV::NT, true, true>(acc, sAi, 72, vm0, sdV, V + PAD, vn0, 64);
         float rb[2] = {0.0f, 0.0f};
         frag_pairs(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
-            rb[(j - vm0) >> 3] += bf2f(sV[j * (V + PAD) + vv]) * x0 + bf2f(sV[j * (V + PAD) + vv + 1]) * x1;
+            rb[(j - vm0) >> 3] += op2f(sV[j * (V + PAD) + vv]) * x0 + op2f(sV[j * (V + PAD) + vv + 1]) * x1;
             if (j < L && a.dv)
-                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
+                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_op2(sb[j] * x0, sb[j] * x1);
         });
         red_rows_put(redb, vm0, rb);
     }
@@ -477,13 +477,13 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
-        if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);
+        if (a.dk) *(uint32_t *)(a.dk + off) = pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
     red_collect(redb, sdB, true);
     if (HEAD) red_collect(redg, sdG, true);
     bsync();
-    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
+    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
     if (HEAD && tid == 0 && a.dg) {
         float acc = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
         const float *s = in + rh * grp * K + cc;
         float acc = 0.0f;
         for (int m = 0; m < grp; m++) acc += s[(int64_t)m * K];
-        out[e] = f2bf(acc);
+        out[e] = f2op(acc);
     }
 }
 
@@ -536,12 +536,12 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))     \
                             : (G.gate ? fn<128, 128, 1>(__VA_ARGS__) : fn<128, 128, 0>(__VA_ARGS__))))
 
-} // namespace fast
+} // namespace DRC_FAST
 
-/* kept: the forward's working set (fast_fwd with keep, blocked inverse); the substitution variant
+/* kept: the forward's working set (DRC_FAST::fwd with keep, blocked inverse); the substitution variant
  * recomputes it with its own inverse */
-int fast_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
-    using namespace fast;
+int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
+    using namespace DRC_FAST;
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;

@@ -18,7 +18,7 @@
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
 namespace drc {
-namespace fast {
+namespace DRC_FAST {
 namespace {
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(FNT)
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             const int o = i * K + (((j >> 3) ^ (i & 7)) << 3) + (j & 7);
             if (PW) {
-                *(uint32_t *)((uint16_t *)sA + o) = pack_bf2(x0, x1);
+                *(uint32_t *)((uint16_t *)sA + o) = pack_op2(x0, x1);
                 return;
             }
             uint16_t h0, l0, h1, l1;
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(FNT)
          * stored as 16-byte vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (PU)
-                *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_bf2(x0, x1);
+                *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_op2(x0, x1);
             else
                 *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
         });
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(FNT, 2)
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         float2 uu;
-                        if constexpr (PU) uu = make_float2(bf2f((uint16_t)u[nt][hh]), bf2f((uint16_t)(u[nt][hh] >> 16)));
+                        if constexpr (PU) uu = make_float2(op2f((uint16_t)u[nt][hh]), op2f((uint16_t)(u[nt][hh] >> 16)));
                         else uu = u[nt][hh];
                         y0 = uu.x - acc[0][nt][2 * hh], y1 = uu.y - acc[0][nt][2 * hh + 1];
                         put_pair_global<!PV>(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(FNT)
         });
         mma_sr<1, T::NT, false, true>(acc, sP, 72, m0, sVn, BV + PAD, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_bf2(x0, x1);
+            if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
         });
     }
 }
@@ -403,21 +403,23 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai) {
     b.Wl = pw ? b.Wh : b.Wh + nk, b.Vnl = pv ? b.Vnh : b.Vnh + nv, b.Sl = ps ? b.Sh : b.Sh + nst;
 }
 
-} // namespace fast
+} // namespace DRC_FAST
 
+#if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
 bool fast_ok(const Geom &G) {
     return G.C == 64 && (G.gate == DG_GATE_NONE || G.gate == DG_GATE_HEAD) &&
            (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
 }
 
 size_t fast_kept_bytes(const Geom &G) {
-    fast::FastBufs b;
+    fast::FastBufs b; /* (fast_h's buffers are the same) */
     return carve_bytes([&](Carve &cv) { fast::fast_carve(G, cv, b, true); });
 }
+#endif
 
-/* keep: the working set, with Ai, made into keep and left there for fast_bwd */
-int fast_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
-    using namespace fast;
+/* keep: the working set, with Ai, made into keep and left there for the backward (DRC_FAST::bwd) */
+int DRC_FAST::fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
+    using namespace DRC_FAST;
     const Geom &G = p.G;
     const bool with_ai = keep != nullptr;
     FastBufs b;

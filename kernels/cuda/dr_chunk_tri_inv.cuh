@@ -7,7 +7,7 @@
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
 namespace drc {
-namespace fast {
+namespace DRC_FAST {
 
 constexpr int TRI_LD = 65; /* row stride (floats) of the 64 x 64 matrices: conflict-free columns */
 
@@ -67,7 +67,7 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
     }
 }
 
-} // namespace fast
+} // namespace DRC_FAST
 } // namespace drc
 
 #endif
