@@ -8,12 +8,13 @@
  *    ones invert (I + A) per chunk, so rounding differences are amplified a little);
  *  - registry, f64: the gates and the pieces (which have f64 kernels on the device), <= 1e-12;
  *    the three fused ops refuse f64 on CUDA with a message (checked);
- *  - bf16 storage (q, k, v, beta bf16; gates and states f32) for the three fused ops, every
- *    sample and variant, against the CPU f32 run on the same bf16-rounded inputs and weights: the
- *    errors are printed per op (docs/CUDA.md records them) and bounded by BF16_TOL;
+ *  - bf16 and f16 storage (q, k, v, beta 16-bit; gates and states f32) for the three fused ops,
+ *    every sample and variant, against the CPU f32 run on the same rounded inputs and weights: the
+ *    errors are printed per op (docs/CUDA.md records them) and bounded by BF16_TOL / F16_TOL;
  *  - larger shapes (chunk 64, K = V = 64 and 128, packed sequences, GVA, in-op L2 norm and gate)
  *    in f32, and in bf16 where the tensor-core path runs (chunk 64, K, V in {64, 128});
- *  - bad input: bf16 on the CPU, f64 on CUDA, f64 gates with bf16 storage: NULL and a message.
+ *  - bad input: bf16 or f16 on the CPU, f64 on CUDA, f64 gates with bf16 storage, f16 q with a bf16
+ *    beta: NULL and a message.
  * DG_PARITY_QUICK=1 (for compute-sanitizer) keeps the small cases only: one layout, no f64, no
  * larger shapes.  Every test skips where no GPU is present. */
 #include "tests/support/cuda_parity.h"
@@ -30,6 +31,10 @@ static const char *const family[] = {"delta_rule", "gated_delta_rule",     "kda"
  * (2026-11-22): at most 4.0e-3 on outputs and 5.1e-3 on gradients over the registry samples,
  * 1.7e-3 .. 3.4e-3 on the larger shapes; the bound leaves a factor 2. */
 #define BF16_TOL 1e-2
+/* fp16 (11 significant bits against bf16's 8): every rounding 8 times smaller, so the bf16 bound
+ * over 8 */
+#define F16_TOL (BF16_TOL / 8)
+static double tol16(dg_dtype dt) { return dt == DG_F16 ? F16_TOL : BF16_TOL; }
 
 static bool quick(void) {
     const char *e = getenv("DG_PARITY_QUICK");
@@ -59,12 +64,12 @@ static void test_pieces_f64(void **state) {
     family_parity(N_FUSED, N_FAMILY, DG_F64, 1e-12);
 }
 
-/* ---- bf16 storage ---- */
+/* ---- 16-bit storage (bf16 or f16: dt) ---- */
 
 static bool is_storage(const dg_delta_slots *sl, int k) { return k == sl->q || k == sl->k || k == sl->v || k == sl->beta; }
 
 /* o, hT and the input gradients of L = <f32(o), W0> + <hT, W1> on dev */
-static void run_bf16(const dg_op_def *def, const void *attrs, dg_tensor *const *in_host, const bool *diff,
+static void run_16(const dg_op_def *def, const void *attrs, dg_tensor *const *in_host, const bool *diff,
                      dg_tensor *const *w, int variant, dg_device dev, run_result *r) {
     dg_scope_begin();
     dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
@@ -73,12 +78,12 @@ static void run_bf16(const dg_op_def *def, const void *attrs, dg_tensor *const *
         if (in[k] && diff[k]) dg_set_requires_grad(in[k], true);
     }
     if (dg_apply(def, attrs, in, out, variant) != 0)
-        fail_msg("%s (%s) bf16 on %s: forward failed: %s", def->name, def->bwd[variant].name, dg_device_name(dev),
+        fail_msg("%s (%s) 16-bit on %s: forward failed: %s", def->name, def->bwd[variant].name, dg_device_name(dev),
                  dg_last_error());
     dg_tensor *loss = dg_add(dg_sum_all(dg_mul(dg_to_dtype(out[0], DG_F32), dg_to_device(w[0], dev))),
                              dg_sum_all(dg_mul(out[1], dg_to_device(w[1], dev))));
     if (!loss || dg_backward(loss, NULL) != 0)
-        fail_msg("%s (%s) bf16 on %s: backward failed: %s", def->name, def->bwd[variant].name, dg_device_name(dev),
+        fail_msg("%s (%s) 16-bit on %s: backward failed: %s", def->name, def->bwd[variant].name, dg_device_name(dev),
                  dg_last_error());
     for (int j = 0; j < 2; j++) r->out[j] = host_kept(out[j]);
     for (int k = 0; k < def->n_in; k++) r->grad[k] = in[k] && diff[k] ? host_kept(in[k]->grad) : NULL;
@@ -88,7 +93,7 @@ static void run_bf16(const dg_op_def *def, const void *attrs, dg_tensor *const *
 typedef struct {
     double out, grad;
     int cases;
-} bf16_stats;
+} stats16;
 
 /* a and b hold the same bits (host tensors of one dtype and shape) */
 static void same_bits(const char *what, const char *name, const dg_tensor *a, const dg_tensor *b) {
@@ -98,16 +103,18 @@ static void same_bits(const char *what, const char *name, const dg_tensor *a, co
         fail_msg("%s: %s differs between the kept and the recomputed working set", what, name);
 }
 
-/* One sample (f32 host tensors): storage inputs rounded to bf16; the CPU runs f32 on the rounded
- * values, the device bf16 storage; every variant.  The device runs twice, keeping the chunked
+/* One sample (f32 host tensors): storage inputs rounded to dt (bf16 or f16); the CPU runs f32 on the
+ * rounded values, the device dt storage; every variant.  The device runs twice, keeping the chunked
  * kernels' working set from the forward for the backward and not (attrs keep_forward): same bits. */
-static void bf16_case(const dg_op_def *def, const dg_delta_slots *sl, const char *label, const void *attrs,
-                      dg_tensor *const *in32, const bool *diff, uint64_t seed, bf16_stats *st) {
+static void case16(dg_dtype dt, const dg_op_def *def, const dg_delta_slots *sl, const char *label, const void *attrs,
+                   dg_tensor *const *in32, const bool *diff, uint64_t seed, stats16 *st) {
+    const double tol = tol16(dt);
+    const char *dn = dg_dtype_name(dt);
     dg_tensor *in_bf[DG_MAX_IO] = {0}, *in_ref[DG_MAX_IO] = {0};
     for (int k = 0; k < def->n_in; k++) {
         in_bf[k] = in_ref[k] = in32[k];
         if (in32[k] && is_storage(sl, k)) {
-            in_bf[k] = as_bf16(dg_contiguous(in32[k]));
+            in_bf[k] = dg_to_dtype(dg_contiguous(in32[k]), dt);
             in_ref[k] = as_f32(in_bf[k]);
         }
     }
@@ -118,37 +125,37 @@ static void bf16_case(const dg_op_def *def, const dg_delta_slots *sl, const char
     assert_int_equal(dg_apply(def, attrs, in_ref, outs, 0), 0);
     o = outs[0];
     dg_no_grad_end();
-    dg_tensor *w[2] = {as_f32(as_bf16(dg_randn(o->ndim, o->shape, DG_F32, &rng))),
+    dg_tensor *w[2] = {as_f32(dg_to_dtype(dg_randn(o->ndim, o->shape, DG_F32, &rng), dt)),
                        dg_randn(outs[1]->ndim, outs[1]->shape, DG_F32, &rng)};
     for (int v = 0; v < dg_op_variant_count(def); v++) {
-        run_bf16(def, attrs, in_ref, diff, w, v, DG_CPU, &ref);
-        run_bf16(def, attrs, in_bf, diff, w, v, DG_CUDA, &gpu);
+        run_16(def, attrs, in_ref, diff, w, v, DG_CPU, &ref);
+        run_16(def, attrs, in_bf, diff, w, v, DG_CUDA, &gpu);
         dg_delta_attrs flip = *(const dg_delta_attrs *)attrs;
         flip.keep_forward = !flip.keep_forward;
         run_result gpu2 = {0};
-        run_bf16(def, &flip, in_bf, diff, w, v, DG_CUDA, &gpu2);
+        run_16(def, &flip, in_bf, diff, w, v, DG_CUDA, &gpu2);
         char what[160];
-        snprintf(what, sizeof what, "%s (%s) bf16, %s", def->name, def->bwd[v].name, label);
+        snprintf(what, sizeof what, "%s (%s) %s, %s", def->name, def->bwd[v].name, dn, label);
         for (int j = 0; j < 2; j++) same_bits(what, def->out_names[j], gpu.out[j], gpu2.out[j]);
         for (int k = 0; k < def->n_in; k++) same_bits(what, def->in_names[k], gpu.grad[k], gpu2.grad[k]);
         result_free(&gpu2);
-        assert_int_equal(gpu.out[0]->dtype, DG_BF16);
+        assert_int_equal(gpu.out[0]->dtype, dt);
         assert_int_equal(gpu.out[1]->dtype, DG_F32);
         for (int j = 0; j < 2; j++) {
             double e = dg_test_rel_err(gpu.out[j], ref.out[j]);
-            if (!(e <= BF16_TOL))
-                fail_msg("%s (%s) bf16, %s: output %s: relative error norm %.3e > %.0e", def->name, def->bwd[v].name,
-                         label, def->out_names[j], e, BF16_TOL);
+            if (!(e <= tol))
+                fail_msg("%s (%s) %s, %s: output %s: relative error norm %.3e > %.2e", def->name, def->bwd[v].name,
+                         dn, label, def->out_names[j], e, tol);
             st->out = fmax(st->out, e);
         }
         for (int k = 0; k < def->n_in; k++) {
             if (!ref.grad[k] && !gpu.grad[k]) continue;
-            if (!ref.grad[k] || !gpu.grad[k]) fail_msg("%s bf16, %s: gradient d%s on one side only", def->name, label, def->in_names[k]);
-            assert_int_equal(gpu.grad[k]->dtype, is_storage(sl, k) ? DG_BF16 : DG_F32);
+            if (!ref.grad[k] || !gpu.grad[k]) fail_msg("%s %s, %s: gradient d%s on one side only", def->name, dn, label, def->in_names[k]);
+            assert_int_equal(gpu.grad[k]->dtype, is_storage(sl, k) ? dt : DG_F32);
             double e = dg_test_rel_err(gpu.grad[k], ref.grad[k]);
-            if (!(e <= BF16_TOL))
-                fail_msg("%s (%s) bf16, %s: gradient d%s: relative error norm %.3e > %.0e", def->name,
-                         def->bwd[v].name, label, def->in_names[k], e, BF16_TOL);
+            if (!(e <= tol))
+                fail_msg("%s (%s) %s, %s: gradient d%s: relative error norm %.3e > %.2e", def->name,
+                         def->bwd[v].name, dn, label, def->in_names[k], e, tol);
             st->grad = fmax(st->grad, e);
         }
         result_free(&ref);
@@ -161,11 +168,11 @@ static const dg_delta_slots *slots_of(const dg_op_def *def) {
     return strcmp(def->name, "delta_rule") == 0 ? &dg_delta_slots_plain : &dg_delta_slots_gated;
 }
 
-static void test_fused_bf16(void **state) {
+static void fused16(dg_dtype dt) {
     dg_test_require_cuda();
     for (int i = 0; i < N_FUSED; i++) {
         const dg_op_def *def = dg_op_find(family[i]);
-        bf16_stats st = {0};
+        stats16 st = {0};
         for (int n = 0; !quick() || n < 3; n++) {
             dg_scope_begin();
             dg_sample s = {0};
@@ -174,14 +181,16 @@ static void test_fused_bf16(void **state) {
                 dg_scope_end();
                 break;
             }
-            bf16_case(def, slots_of(def), s.label, s.attrs, s.in, s.differentiable, 55 + (uint64_t)n, &st);
+            case16(dt, def, slots_of(def), s.label, s.attrs, s.in, s.differentiable, 55 + (uint64_t)n, &st);
             dg_sample_free(&s);
             dg_scope_end();
         }
-        print_message("%-18s bf16: %3d cases, max rel err out %.3e, grads %.3e (bound %.0e)\n", def->name, st.cases,
-                      st.out, st.grad, BF16_TOL);
+        print_message("%-18s %s: %3d cases, max rel err out %.3e, grads %.3e (bound %.2e)\n", def->name,
+                      dg_dtype_name(dt), st.cases, st.out, st.grad, tol16(dt));
     }
 }
+static void test_fused_bf16(void **state) { fused16(DG_BF16); }
+static void test_fused_f16(void **state) { fused16(DG_F16); }
 
 /* ---- larger shapes ---- */
 
@@ -255,12 +264,13 @@ static void test_larger_shapes(void **state) {
                 result_free(&cpu);
                 result_free(&gpu);
             }
-            /* bf16 on the same inputs: the tensor-core path where it applies (gate NONE or HEAD, K, V
-             * in {64, 128}), the generic one otherwise */
-            bf16_stats bs = {0};
-            bf16_case(def, slots_of(def), bigs[c].label, &at, in, diff, 71, &bs);
-            print_message("%-18s %-58s f32 max err %.3e | bf16 out %.3e grads %.3e\n", def->name, bigs[c].label, worst,
-                          bs.out, bs.grad);
+            /* bf16 and f16 on the same inputs: the tensor-core path where it applies (gate NONE or
+             * HEAD, K, V in {64, 128}; KDA in bf16 too), the generic one otherwise */
+            stats16 bs = {0}, hs = {0};
+            case16(DG_BF16, def, slots_of(def), bigs[c].label, &at, in, diff, 71, &bs);
+            case16(DG_F16, def, slots_of(def), bigs[c].label, &at, in, diff, 71, &hs);
+            print_message("%-18s %-58s f32 max err %.3e | bf16 out %.3e grads %.3e | f16 out %.3e grads %.3e\n",
+                          def->name, bigs[c].label, worst, bs.out, bs.grad, hs.out, hs.grad);
             dg_scope_end();
         }
     }
@@ -278,6 +288,9 @@ static void test_bad_dtypes(void **state) {
     /* bf16 on the cpu */
     assert_null(dg_delta_rule(as_bf16(q), as_bf16(q), as_bf16(v), as_bf16(b), NULL, NULL));
     assert_error_contains("bf16 inputs run on cuda only");
+    dg_tensor *qh = dg_to_dtype(q, DG_F16), *vh = dg_to_dtype(v, DG_F16), *bh = dg_to_dtype(b, DG_F16);
+    assert_null(dg_delta_rule(qh, qh, vh, bh, NULL, NULL));
+    assert_error_contains("f16 inputs run on cuda only");
     if (dg_cuda_available()) {
 #define D(t) dg_to_device(t, DG_CUDA)
         /* f64 on cuda */
@@ -297,6 +310,13 @@ static void test_bad_dtypes(void **state) {
         dg_tensor *o = dg_gated_delta_rule(qb, qb, vb, D(g), bb, NULL, NULL);
         assert_non_null(o);
         assert_int_equal(o->dtype, DG_BF16);
+        dg_tensor *qh = D(dg_to_dtype(q, DG_F16)), *vh = D(dg_to_dtype(v, DG_F16)), *bh = D(dg_to_dtype(b, DG_F16));
+        o = dg_gated_delta_rule(qh, qh, vh, D(g), bh, NULL, NULL);
+        assert_non_null(o);
+        assert_int_equal(o->dtype, DG_F16);
+        /* f16 with a bf16 beta: one storage dtype for q, k, v, beta */
+        assert_null(dg_gated_delta_rule(qh, qh, vh, D(g), bb, NULL, NULL));
+        assert_error_contains("beta");
 #undef D
     }
     dg_scope_end();
@@ -308,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_family_f32),
         cmocka_unit_test(test_pieces_f64),
         cmocka_unit_test(test_fused_bf16),
+        cmocka_unit_test(test_fused_f16),
         cmocka_unit_test(test_larger_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

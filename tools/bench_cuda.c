@@ -1,9 +1,10 @@
 /* deltagrad bench --device cuda: the chunked delta-rule kernels (gated_delta_rule, kda, delta_rule)
- * on the GPU at the shapes of issue 6, bf16 q, k, v, beta, dout; f32 gates; chunk 64:
- *   S1  B8  T2048 H16 K=V=128
- *   S2  B2  T8192 H16 K=V=128
- *   S3  B16 T4096 H8  K=V=256   (the issue asks fp16; the kernels have no fp16 entry point, so S3
- *                                runs in bf16, gated_delta_rule only, as the issue's table)
+ * on the GPU at the shapes of issue 6, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
+ *   S1  B8  T2048 H16 K=V=128   bf16
+ *   S2  B2  T8192 H16 K=V=128   bf16
+ *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (as the issue's table; K = V = 256
+ *                               takes the generic kernels: the tensor-core ones stop at 128)
+ * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers).
  *
@@ -17,7 +18,7 @@
  *             record for autograd, the forward keeps its working set (W, U, the states, V', the
  *             inverse; dr_chunk_cuda.h) for the backward, which then does not recompute it; the
  *             row "recompute in bwd" times the other way (FLA's: the backward recomputes)
- * Norm and kernels are called through the ops' own dispatch (ops/delta_kernels.c: the bf16 row
+ * Norm and kernels are called through the ops' own dispatch (ops/delta_kernels.c: the 16-bit row
  * kernel of the norm, the chunked or recurrent entry points).  The norm's own fwd+bwd time is
  * printed beside each case.
  *
@@ -38,7 +39,7 @@
  *            Q^T dO, K dS, W^T dv; dq, dk, dw inter-chunk; the WY backward A^T dw, A^T du,
  *            dw (beta K)^T, du (beta V)^T, dA K, dA^T K and dA = -T^T dA T^T: 4 C^3)
  *   as bench/dr_chunk_bench.c ("dense").  Bytes: the compulsory traffic, each input read once
- *   and each output written once per pass (bf16 2 bytes, f32 4; G = 0, 1 or K gate values per
+ *   and each output written once per pass (bf16 / fp16 2 bytes, f32 4; G = 0, 1 or K gate values per
  *   token and value head for delta_rule, gated_delta_rule, kda):
  *   forward  B T (H (2K + 2K) + HV (2V + 2 + 4G + 2V))                     q, k, v, beta, g; o
  *   backward B T (H (4K + 4K) + HV (2V + 2V + 2 + 4G + 2V + 2 + 4G))       q, k, v, dO, beta, g;
@@ -68,6 +69,7 @@ int dg_bench_cuda(int argc, char **argv) {
 
 #include <cuda_runtime_api.h>
 
+#include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "models/safetensors.h"
@@ -97,9 +99,9 @@ static float logsigmoidf(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x
 
 typedef enum { R_NORMAL, R_SIGMOID, R_LOGSIGMOID } rand_kind;
 
-/* a device array of n random values, bf16 bits or f32 */
-static void *dev_random(int64_t n, bool bf16, rand_kind kind) {
-    size_t es = bf16 ? 2 : 4;
+/* a device array of n random values of dtype dt: bf16 or fp16 bits, or f32 */
+static void *dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
+    size_t es = dt == DG_F32 ? 4 : 2;
     void *h = malloc((size_t)n * es), *d = dg_cuda_malloc((size_t)n * es);
     if (!h || !d) {
         free(h);
@@ -111,7 +113,8 @@ static void *dev_random(int64_t n, bool bf16, rand_kind kind) {
         float x = nrand();
         if (kind == R_SIGMOID) x = 1.0f / (1.0f + expf(-x));
         else if (kind == R_LOGSIGMOID) x = fmaxf(logsigmoidf(x), -5.0f);
-        if (bf16) ((uint16_t *)h)[i] = f2bf(x);
+        if (dt == DG_BF16) ((uint16_t *)h)[i] = f2bf(x);
+        else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f32(x);
         else ((float *)h)[i] = x;
     }
     int rc = dg_cuda_memcpy(d, h, (size_t)n * es, 0);
@@ -128,7 +131,8 @@ typedef struct bcase {
     char label[64], op[24];
     dg_dr_shape s;
     int64_t G;                                  /* gate values per token and value head: 0, 1, K */
-    uint16_t *q, *k, *v, *beta, *dout;          /* raw inputs (bf16 bits) */
+    dg_dtype dt;                                /* of q, k, v, beta, dout, o and the gradients: bf16 or f16 */
+    uint16_t *q, *k, *v, *beta, *dout;          /* raw inputs (16-bit words) */
     float *g;                                   /* per-token log decay, NULL for delta_rule */
     uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
     float *rq, *rk, *dg;
@@ -166,7 +170,7 @@ static int case_alloc_work(bcase *c) {
     c->rq = dg_cuda_malloc(rows4), c->rk = dg_cuda_malloc(rows4);
     bool ok = c->qn && c->kn && c->dqn && c->dkn && c->dq && c->dk && c->o && c->dv && c->dbeta && c->rq && c->rk;
     if (c->G) ok = ok && (c->dg = dg_cuda_malloc((size_t)nbt(c) * c->G * 4));
-    const int64_t kb = dg_delta_k_kept_bytes(c->op, DG_DELTA_CHUNKED, &c->s, DG_CUDA, DG_BF16);
+    const int64_t kb = dg_delta_k_kept_bytes(c->op, DG_DELTA_CHUNKED, &c->s, DG_CUDA, c->dt);
     if (kb < 0) return -1;
     if (kb > 0) ok = ok && (c->keep = dg_cuda_malloc((size_t)kb));
     return ok ? 0 : -1;
@@ -175,13 +179,13 @@ static int case_alloc_work(bcase *c) {
 /* ---- the timed bodies ---- */
 static int norm_fwd(bcase *c) {
     int64_t rows = c->s.B * c->s.T * c->s.H;
-    if (dg_delta_k_l2norm_fwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->q, c->qn, c->rq)) return -1;
-    return dg_delta_k_l2norm_fwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->k, c->kn, c->rk);
+    if (dg_delta_k_l2norm_fwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->q, c->qn, c->rq)) return -1;
+    return dg_delta_k_l2norm_fwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->k, c->kn, c->rk);
 }
 static int norm_bwd(bcase *c) {
     int64_t rows = c->s.B * c->s.T * c->s.H;
-    if (dg_delta_k_l2norm_bwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->q, c->rq, c->dqn, c->dq)) return -1;
-    return dg_delta_k_l2norm_bwd(c->op, DG_CUDA, DG_BF16, rows, c->s.K, c->k, c->rk, c->dkn, c->dk);
+    if (dg_delta_k_l2norm_bwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->q, c->rq, c->dqn, c->dq)) return -1;
+    return dg_delta_k_l2norm_bwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->k, c->rk, c->dkn, c->dk);
 }
 
 typedef enum { W_FWD, W_FWDBWD, W_NORM } what_t;
@@ -193,10 +197,10 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
     int kept = 0;
-    int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, DG_BF16, c->qn, c->kn,
+    int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn, c->kn,
                             c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept);
     if (rc || w == W_FWD) return rc;
-    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, DG_BF16, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
+    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
                         NULL, c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL, kept ? keep : NULL);
     return rc ? rc : norm_bwd(c);
 }
@@ -314,8 +318,10 @@ out:
 typedef struct shape_def {
     const char *name;
     int64_t B, T, H, K;
+    dg_dtype dt;
 } shape_def;
-static const shape_def SHAPES[3] = {{"S1", 8, 2048, 16, 128}, {"S2", 2, 8192, 16, 128}, {"S3", 16, 4096, 8, 256}};
+static const shape_def SHAPES[3] = {
+    {"S1", 8, 2048, 16, 128, DG_BF16}, {"S2", 2, 8192, 16, 128, DG_BF16}, {"S3", 16, 4096, 8, 256, DG_F16}};
 static const char *OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
 
 static dg_gate_kind gate_of(const char *op) {
@@ -327,14 +333,15 @@ static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H,
                          .gate = gate_of(op), .scale = 1.0 / sqrt((double)K), .chunk = 64};
     c->G = c->s.gate == DG_GATE_CHANNEL ? K : c->s.gate == DG_GATE_HEAD ? 1 : 0;
 }
-/* random q, k, v, dout ~ N(0,1), beta = sigmoid(N(0,1)) (bf16), shared by the ops of a shape */
-static int case_random(bcase *c, const shape_def *d) {
+/* random q, k, v, dout ~ N(0,1), beta = sigmoid(N(0,1)) (dtype dt), shared by the ops of a shape */
+static int case_random(bcase *c, const shape_def *d, dg_dtype dt) {
     memset(c, 0, sizeof *c);
     snprintf(c->label, sizeof c->label, "%s", d->name);
     set_shape(c, "delta_rule", d->B, d->T, d->H, d->H, d->K, d->K);
-    c->q = dev_random(nqk(c), true, R_NORMAL), c->k = dev_random(nqk(c), true, R_NORMAL);
-    c->v = dev_random(nvo(c), true, R_NORMAL), c->dout = dev_random(nvo(c), true, R_NORMAL);
-    c->beta = dev_random(nbt(c), true, R_SIGMOID);
+    c->dt = dt;
+    c->q = dev_random(nqk(c), dt, R_NORMAL), c->k = dev_random(nqk(c), dt, R_NORMAL);
+    c->v = dev_random(nvo(c), dt, R_NORMAL), c->dout = dev_random(nvo(c), dt, R_NORMAL);
+    c->beta = dev_random(nbt(c), dt, R_SIGMOID);
     return c->q && c->k && c->v && c->dout && c->beta ? 0 : -1;
 }
 /* the op's gate: g = max(logsigmoid(N(0,1)), -5), f32, per head or per channel (FLA's benchmark draws) */
@@ -343,7 +350,7 @@ static int case_set_op(bcase *c, const char *op) {
     dg_cuda_free(c->g);
     c->g = NULL;
     set_shape(c, op, c->s.B, c->s.T, c->s.H, c->s.HV, c->s.K, c->s.V);
-    if (c->G && !(c->g = dev_random(nbt(c) * c->G, false, R_LOGSIGMOID))) return -1;
+    if (c->G && !(c->g = dev_random(nbt(c) * c->G, DG_F32, R_LOGSIGMOID))) return -1;
     return case_alloc_work(c);
 }
 
@@ -361,7 +368,7 @@ static const dg_tensor *st_need(const dg_st_file *f, const char *name, dg_dtype 
     return t;
 }
 static void *upload(const dg_tensor *t) {
-    size_t n = (size_t)dg_numel(t) * (t->dtype == DG_BF16 ? 2 : 4);
+    size_t n = (size_t)dg_numel(t) * dg_dtype_size(t->dtype);
     void *d = dg_cuda_malloc(n);
     if (d && dg_cuda_memcpy(d, dg_data_ptr(t), n, 0)) {
         dg_cuda_free(d);
@@ -369,16 +376,18 @@ static void *upload(const dg_tensor *t) {
     }
     return d;
 }
-/* q, k [B,T,H,K], v, do [B,T,HV,V], beta [B,T,HV] bf16; g f32 [B,T,HV] (gated_delta_rule) or
+/* q, k [B,T,H,K], v, do [B,T,HV,V], beta [B,T,HV] bf16 or f16 (all five the same); g f32 [B,T,HV] (gated_delta_rule) or
  * [B,T,HV,K] (kda) or absent (delta_rule); metadata "op" (checked against g) and "label" */
 static int case_from_file(bcase *c, const char *path) {
     memset(c, 0, sizeof *c);
     dg_st_file *f = dg_st_read(path);
     if (!f) return -1;
     int rc = -1;
-    const dg_tensor *q = st_need(f, "q", DG_BF16, 4, false), *k = st_need(f, "k", DG_BF16, 4, false);
-    const dg_tensor *v = st_need(f, "v", DG_BF16, 4, false), *dout = st_need(f, "do", DG_BF16, 4, false);
-    const dg_tensor *beta = st_need(f, "beta", DG_BF16, 3, false), *g = st_need(f, "g", DG_F32, 0, true);
+    const dg_tensor *q0 = dg_st_get(f, "q");
+    const dg_dtype dt = q0 && q0->dtype == DG_F16 ? DG_F16 : DG_BF16;
+    const dg_tensor *q = st_need(f, "q", dt, 4, false), *k = st_need(f, "k", dt, 4, false);
+    const dg_tensor *v = st_need(f, "v", dt, 4, false), *dout = st_need(f, "do", dt, 4, false);
+    const dg_tensor *beta = st_need(f, "beta", dt, 3, false), *g = st_need(f, "g", DG_F32, 0, true);
     if (!q || !k || !v || !dout || !beta || dg_has_error()) goto out;
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3], HV = v->shape[2], V = v->shape[3];
     const char *op = g ? (g->ndim == 3 ? "gated_delta_rule" : "kda") : "delta_rule";
@@ -401,6 +410,7 @@ static int case_from_file(bcase *c, const char *path) {
     const char *lab = dg_st_meta(f, "label"), *base = strrchr(path, '/');
     snprintf(c->label, sizeof c->label, "%s", lab ? lab : base ? base + 1 : path);
     set_shape(c, op, B, T, H, HV, K, V);
+    c->dt = dt;
     c->q = upload(q), c->k = upload(k), c->v = upload(v), c->dout = upload(dout), c->beta = upload(beta);
     if (g) c->g = upload(g);
     if (!c->q || !c->k || !c->v || !c->dout || !c->beta || (g && !c->g) || case_alloc_work(c)) goto out;
@@ -410,7 +420,7 @@ out:
     return rc;
 }
 
-/* o, dq, dk, dv, dbeta (bf16) and dg (f32) of the last call, to PATH (safetensors) */
+/* o, dq, dk, dv, dbeta (the case's 16-bit dtype) and dg (f32) of the last call, to PATH (safetensors) */
 static int dump_outputs(const bcase *c, const char *path) {
     const dg_dr_shape *s = &c->s;
     dg_scope_begin();
@@ -418,8 +428,8 @@ static int dump_outputs(const bcase *c, const char *path) {
     const int64_t sg[4] = {s->B, s->T, s->HV, s->K};
     const char *names[6] = {"o", "dq", "dk", "dv", "dbeta", "dg"};
     const void *src[6] = {c->o, c->dq, c->dk, c->dv, c->dbeta, c->dg};
-    dg_tensor *t[6] = {dg_empty(4, sv, DG_BF16), dg_empty(4, sq, DG_BF16), dg_empty(4, sq, DG_BF16),
-                       dg_empty(4, sv, DG_BF16), dg_empty(3, sb, DG_BF16),
+    dg_tensor *t[6] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt), dg_empty(4, sq, c->dt),
+                       dg_empty(4, sv, c->dt), dg_empty(3, sb, c->dt),
                        c->G ? dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32) : NULL};
     int n = c->G ? 6 : 5, rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
@@ -428,9 +438,11 @@ static int dump_outputs(const bcase *c, const char *path) {
     dg_scope_end();
     return rc;
 }
-/* bf16 values that are inf or NaN among o, dq, dk, dv of the last call (-1 on a failed copy) */
+/* 16-bit values that are inf or NaN (all exponent bits set) among o, dq, dk, dv of the last call
+ * (-1 on a failed copy) */
 static int64_t nonfinite(const bcase *c) {
     const uint16_t *a[4] = {c->o, c->dq, c->dk, c->dv};
+    const uint16_t ex = c->dt == DG_F16 ? 0x7c00u : 0x7f80u;
     int64_t n[4] = {nvo(c), nqk(c), nqk(c), nvo(c)}, bad = 0;
     for (int i = 0; i < 4; i++) {
         uint16_t *h = malloc((size_t)n[i] * 2);
@@ -438,7 +450,7 @@ static int64_t nonfinite(const bcase *c) {
             free(h);
             return -1;
         }
-        for (int64_t j = 0; j < n[i]; j++) bad += (h[j] & 0x7f80u) == 0x7f80u;
+        for (int64_t j = 0; j < n[i]; j++) bad += (h[j] & ex) == ex;
         free(h);
     }
     return bad;
@@ -451,6 +463,7 @@ typedef struct vdef {
 } vdef;
 typedef struct rec {
     char op[24], shape[64], kernel[12], variant[32], desc[48];
+    dg_dtype dt;
     int64_t B, T, H, HV, K, V;
     double fwd_ms, fb_ms, norm_ms, flops_f, flops_fb, bytes_f, bytes_fb;
     int fwd_n, fb_n;
@@ -478,14 +491,14 @@ static int other_variants(const char *op, vdef *out) {
 }
 
 static void print_header(void) {
-    printf("%-16s %-5s %-9s %-29s %8s %9s %7s %7s %7s %7s %8s %7s %8s\n", "op", "shape", "kernel", "bwd variant",
+    printf("%-16s %-5s %-5s %-9s %-29s %8s %9s %7s %7s %7s %7s %8s %7s %8s\n", "op", "shape", "dtype", "kernel", "bwd variant",
            "fwd ms", "f+b ms", "TF/s f", "TF/s fb", "GB/s f", "GB/s fb", "floor fb", "x floor", "norm ms");
 }
 static void print_rec(const rec *r) {
     double floor_ms = fmax(r->flops_fb / (ceil_tflops * 1e12), r->bytes_fb / (ceil_gbs * 1e9)) * 1e3;
     bool cnt = strcmp(r->kernel, "chunk") == 0; /* the counting is the chunked algorithm's */
-    printf("%-16s %-5s %-9s %-29s %8.3f %9.3f %7.1f %7.1f %7.0f %7.0f %8.3f %7.1f %8.3f%s\n", r->op, r->shape,
-           r->kernel, r->desc, r->fwd_ms, r->fb_ms, cnt ? r->flops_f / r->fwd_ms / 1e9 : NAN,
+    printf("%-16s %-5s %-5s %-9s %-29s %8.3f %9.3f %7.1f %7.1f %7.0f %7.0f %8.3f %7.1f %8.3f%s\n", r->op, r->shape,
+           dg_dtype_name(r->dt), r->kernel, r->desc, r->fwd_ms, r->fb_ms, cnt ? r->flops_f / r->fwd_ms / 1e9 : NAN,
            cnt ? r->flops_fb / r->fb_ms / 1e9 : NAN, r->bytes_f / r->fwd_ms / 1e6, r->bytes_fb / r->fb_ms / 1e6,
            cnt ? floor_ms : NAN, cnt ? r->fb_ms / floor_ms : NAN, r->norm_ms,
            r->nonfinite > 0 ? "  NON-FINITE OUTPUT" : r->nonfinite == -1 ? "  (output check failed)" : "");
@@ -503,7 +516,7 @@ static int write_json(const char *path, const char *device, int sms, int drv, in
     }
     fprintf(f, "{\"device\": \"%s\", \"sm_count\": %d, \"cuda_driver\": %d, \"cuda_runtime\": %d, ", device, sms, drv, rt);
     fprintf(f, "\"l2norm\": \"%s\", \"timing\": \"CUDA events, 2 warm-ups, median, L2 flushed (256 MiB written)\", ",
-            "dg_cuda_dr_l2norm_bf16");
+            "dg_cuda_dr_l2norm_bf16 / _f16");
     jnum(f, "gemm_bf16_8192_tflops", ceil_tflops, true);
     jnum(f, "copy_gbs", ceil_gbs, true);
     fprintf(f, "\"results\": [\n");
@@ -511,8 +524,9 @@ static int write_json(const char *path, const char *device, int sms, int drv, in
         const rec *r = &recs[i];
         fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"kernel\": \"%s\", \"variant\": \"%s\", \"variant_desc\": \"%s\", ",
                 r->op, r->shape, r->kernel, r->variant, r->desc);
-        fprintf(f, "\"B\": %lld, \"T\": %lld, \"H\": %lld, \"HV\": %lld, \"K\": %lld, \"V\": %lld, \"dtype\": \"bf16\", ",
-                (long long)r->B, (long long)r->T, (long long)r->H, (long long)r->HV, (long long)r->K, (long long)r->V);
+        fprintf(f, "\"B\": %lld, \"T\": %lld, \"H\": %lld, \"HV\": %lld, \"K\": %lld, \"V\": %lld, \"dtype\": \"%s\", ",
+                (long long)r->B, (long long)r->T, (long long)r->H, (long long)r->HV, (long long)r->K, (long long)r->V,
+                dg_dtype_name(r->dt));
         jnum(f, "fwd_ms", r->fwd_ms, true);
         jnum(f, "fwdbwd_ms", r->fb_ms, true);
         jnum(f, "l2norm_fwdbwd_ms", r->norm_ms, true);
@@ -537,6 +551,7 @@ static rec *new_rec(const bcase *c, const char *kernel, const char *tag, const c
     snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
     snprintf(r->variant, sizeof r->variant, "%s", tag);
     snprintf(r->desc, sizeof r->desc, "%s", desc);
+    r->dt = c->dt;
     r->B = c->s.B, r->T = c->s.T, r->H = c->s.H, r->HV = c->s.HV, r->K = c->s.K, r->V = c->s.V;
     r->fwd_ms = r->fb_ms = r->norm_ms = NAN;
     r->flops_f = flops_fwd(&c->s), r->flops_fb = r->flops_f + flops_bwd(&c->s);
@@ -618,12 +633,12 @@ static int run_case(bcase *c, const run_opts *o) {
 }
 
 static int usage(void) {
-    printf("usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3] [--inputs FILE]... [--dump]\n"
-           "                       [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
+    printf("usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3] [--dtype bf16|f16] [--inputs FILE]...\n"
+           "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
            "OP: gated_delta_rule | kda | delta_rule (default: all; S3 runs gated_delta_rule only, as issue 6).\n"
-           "Shapes: S1 B8 T2048 H16 K=V=128, S2 B2 T8192 H16 K=V=128, S3 B16 T4096 H8 K=V=256 (bf16; the\n"
-           "issue's fp16 has no kernel here).  Times include the L2 norm of q, k (forward and backward) as the\n"
-           "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16;\n"
+           "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
+           "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
+           "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
            "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
            "o, dq, dk, dv, dbeta, dg to FILE.ours.safetensors.  The recurrent kernels run at S1 (reference).\n");
     return 0;
@@ -633,6 +648,7 @@ int dg_bench_cuda(int argc, char **argv) {
     const char *only = NULL, *json = NULL, *inputs[32];
     int n_inputs = 0;
     bool want_shape[3] = {true, true, true}, dump = false, ceilings = true;
+    int dtype_all = -1; /* --dtype: every shape in it */
     run_opts o = {.max_reps = 50, .variants = true, .recurrent = true, .dump = NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -647,6 +663,13 @@ int dg_bench_cuda(int argc, char **argv) {
                 return 2;
             }
             inputs[n_inputs++] = argv[++i];
+        } else if (!strcmp(a, "--dtype") && v) {
+            if (strcmp(v, "bf16") && strcmp(v, "f16")) {
+                fprintf(stderr, "bench: --dtype must be bf16 or f16 (got %s)\n", v);
+                return 2;
+            }
+            dtype_all = strcmp(v, "f16") ? DG_BF16 : DG_F16;
+            i++;
         } else if (!strcmp(a, "--json") && v) json = argv[++i];
         else if (!strcmp(a, "--reps") && v) {
             o.max_reps = atoi(argv[++i]);
@@ -693,7 +716,7 @@ int dg_bench_cuda(int argc, char **argv) {
            "every time includes the L2 norm of q and k (%s), forward and backward\n"
            "TF/s and GB/s count the chunked algorithm's products and the compulsory bytes (tools/bench_cuda.c);\n"
            "floor fb = max(FLOPs / GEMM rate, bytes / copy rate); norm ms = the L2 norm alone, fwd+bwd\n\n",
-           o.max_reps, "bf16 row kernel");
+           o.max_reps, "16-bit row kernel");
     print_header();
     int fails = 0;
     if (n_inputs) {
@@ -718,7 +741,7 @@ int dg_bench_cuda(int argc, char **argv) {
         for (int si = 0; si < 3; si++) {
             if (!want_shape[si]) continue;
             bcase c;
-            if (case_random(&c, &SHAPES[si])) {
+            if (case_random(&c, &SHAPES[si], dtype_all >= 0 ? (dg_dtype)dtype_all : SHAPES[si].dt)) {
                 printf("%s: %s\n", SHAPES[si].name, dg_last_error());
                 dg_clear_error();
                 case_free(&c);
@@ -738,7 +761,7 @@ int dg_bench_cuda(int argc, char **argv) {
             case_free(&c);
         }
         if (want_shape[2] && (!only || !strcmp(only, OPS[0])))
-            printf("S3 runs in bf16: the issue asks fp16, which these kernels do not take\n");
+            printf("S3 (K = V = 256) runs on the generic kernels: the tensor-core kernels take K, V <= 128\n");
     }
     if (json && write_json(json, prop.name, prop.multiProcessorCount, drv, rtv)) fails++;
     dg_cuda_free(flush_buf);
