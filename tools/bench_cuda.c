@@ -101,7 +101,11 @@ typedef enum { R_NORMAL, R_SIGMOID, R_LOGSIGMOID } rand_kind;
 
 /* a device array of n random values of dtype dt: bf16 or fp16 bits, or f32 */
 static void *dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
-    size_t es = dt == DG_F32 ? 4 : 2;
+    if (dt != DG_F32 && dt != DG_BF16 && dt != DG_F16) {
+        dg_error("bench: random values of dtype %s (only f32, bf16, f16)", dg_dtype_name(dt));
+        return NULL;
+    }
+    size_t es = dg_dtype_size(dt);
     void *h = malloc((size_t)n * es), *d = dg_cuda_malloc((size_t)n * es);
     if (!h || !d) {
         free(h);
@@ -271,7 +275,7 @@ static double bytes_bwd(const bcase *c) {
 /* ---- ceilings -------------------------------------------------------------------------------------- */
 static double gemm_tflops(void) {
     const int64_t n = 8192;
-    void *a = dev_random(n * n, true, R_NORMAL), *b = dev_random(n * n, true, R_NORMAL);
+    void *a = dev_random(n * n, DG_BF16, R_NORMAL), *b = dev_random(n * n, DG_BF16, R_NORMAL);
     void *cc = dg_cuda_malloc((size_t)(n * n * 2));
     double res = NAN, t[10];
     if (!a || !b || !cc) goto out;
