@@ -401,25 +401,28 @@ static void test_dr_chunk_bf16(void **state) {
         run_case(&bf16_cases[i], S_BF16, i == 0 || i == 4);
 }
 
+/* case c with storage st as the call takes it and with the generic kernels forced, same inputs:
+ * the two within tol of each other (what names the comparison) */
+static void paths_compare(const cfg *c, int st, const char *what_kind, double tol) {
+    data d;
+    make(c, st, &d);
+    res fast, gen;
+    res_alloc(c, &d, &fast), res_alloc(c, &d, &gen);
+    run_gpu(&d, st, &var_default, &fast);
+    int old = dg_cuda_dr_chunk_force_generic(1);
+    run_gpu(&d, st, &var_default, &gen);
+    dg_cuda_dr_chunk_force_generic(old);
+    char what[160];
+    snprintf(what, sizeof what, "%s: %s %s", c->name, st_names[st], what_kind);
+    check(what, &fast, &gen, tol);
+    res_free(&fast), res_free(&gen), data_free(&d);
+}
+
 /* the tensor-core path and the generic kernels on the same bf16 inputs */
 static void test_dr_chunk_bf16_paths_agree(void **state) {
     (void)state;
     dg_test_require_cuda();
-    for (size_t i = 0; i < 2; i++) {
-        const cfg *c = &bf16_cases[i];
-        data d;
-        make(c, S_BF16, &d);
-        res fast, gen;
-        res_alloc(c, &d, &fast), res_alloc(c, &d, &gen);
-        run_gpu(&d, S_BF16, &var_default, &fast);
-        int old = dg_cuda_dr_chunk_force_generic(1);
-        run_gpu(&d, S_BF16, &var_default, &gen);
-        dg_cuda_dr_chunk_force_generic(old);
-        char what[160];
-        snprintf(what, sizeof what, "%s: mma vs generic", c->name);
-        check(what, &fast, &gen, 5e-3);
-        res_free(&fast), res_free(&gen), data_free(&d);
-    }
+    for (size_t i = 0; i < 2; i++) paths_compare(&bf16_cases[i], S_BF16, "mma vs generic", 5e-3);
 }
 
 /* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
@@ -500,18 +503,8 @@ static void test_dr_chunk_f16_paths(void **state) {
     static const int which[3] = {0, 1, 3};
     for (int i = 0; i < 3; i++) {
         const cfg *c = &f16_cases[which[i]];
-        data d;
-        make(c, S_F16, &d);
-        res a, b;
-        res_alloc(c, &d, &a), res_alloc(c, &d, &b);
-        run_gpu(&d, S_F16, &var_default, &a);
-        int old = dg_cuda_dr_chunk_force_generic(1);
-        run_gpu(&d, S_F16, &var_default, &b);
-        dg_cuda_dr_chunk_force_generic(old);
-        char what[160];
-        snprintf(what, sizeof what, "%s: f16 %s", c->name, f16_mma(c) ? "mma vs generic" : "vs forced generic");
-        check(what, &a, &b, f16_mma(c) ? F16_MMA_TOL + F16_TOL : 0.0);
-        res_free(&a), res_free(&b), data_free(&d);
+        if (f16_mma(c)) paths_compare(c, S_F16, "mma vs generic", F16_MMA_TOL + F16_TOL);
+        else paths_compare(c, S_F16, "vs forced generic", 0.0);
     }
 }
 
