@@ -1,7 +1,7 @@
 /* deltagrad compare OP: every backward path of a delta-rule op against the f64 recurrent reference.
  *
- * --device cuda: every path runs on the GPU (inputs copied there; --dtype f32, or bf16 storage for
- * q, k, v, beta with f32 gates and states), the reference stays the CPU f64 recurrent run on the
+ * --device cuda: every path runs on the GPU (inputs copied there; --dtype f32, or bf16 / f16 storage
+ * for q, k, v, beta with f32 gates and states), the reference stays the CPU f64 recurrent run on the
  * same values.  Times then include a synchronisation at the end of each pass; peak memory is the
  * device's.
  *
@@ -102,11 +102,11 @@ static void sync_dev(dg_device dev) {
 #endif
 }
 
-/* input i of a path at dtype dt on dev: with bf16 storage only q, k, v, beta are bf16 */
+/* input i of a path at dtype dt on dev: with 16-bit storage (bf16, f16) only q, k, v, beta are in it */
 static dg_tensor *path_input(dg_tensor *t, int i, dg_dtype dt, dg_device dev) {
     if (!t) return NULL;
     bool storage = i == G_Q || i == G_K || i == G_V || i == G_BETA;
-    dg_dtype want = dt == DG_BF16 && !storage ? DG_F32 : dt;
+    dg_dtype want = (dt == DG_BF16 || dt == DG_F16) && !storage ? DG_F32 : dt;
     return dg_clone(dg_to_device(as(t, want), dev));
 }
 
@@ -123,7 +123,7 @@ static int run_path(const cfg *c, const dg_op_def *def, const inputs *in, int ki
         if (in->t[i] && !x[i]) return -1;
         if (x[i]) dg_set_requires_grad(x[i], true);
     }
-    const dg_dtype st = dt == DG_BF16 ? DG_F32 : dt; /* gates and states */
+    const dg_dtype st = dt == DG_BF16 || dt == DG_F16 ? DG_F32 : dt; /* gates and states */
     dg_delta_opts o = {.initial_state = x[G_H0], .output_final_state = true, .chunk_size = c->chunk,
                        .use_qk_l2norm_in_kernel = true, .cu_seqlens = in->cu};
     bool recurrent = variant && strcmp(variant, "recurrent") == 0;
@@ -216,11 +216,14 @@ static int parse(int argc, char **argv, cfg *c) {
         INT_FLAG("--V", V) INT_FLAG("--seed", seed) INT_FLAG("--chunk", chunk) INT_FLAG("--reps", reps)
 #undef INT_FLAG
         if (strcmp(a, "--dtype") == 0 && v) {
-            if (strcmp(v, "f32") && strcmp(v, "f64") && strcmp(v, "bf16")) {
-                fprintf(stderr, "compare: --dtype must be f32, f64 or bf16 (got %s)\n", v);
+            if (strcmp(v, "f32") && strcmp(v, "f64") && strcmp(v, "bf16") && strcmp(v, "f16")) {
+                fprintf(stderr, "compare: --dtype must be f32, f64, bf16 or f16 (got %s)\n", v);
                 return -1;
             }
-            c->dtype = strcmp(v, "f64") == 0 ? DG_F64 : strcmp(v, "bf16") == 0 ? DG_BF16 : DG_F32;
+            c->dtype = strcmp(v, "f64") == 0    ? DG_F64
+                       : strcmp(v, "bf16") == 0 ? DG_BF16
+                       : strcmp(v, "f16") == 0  ? DG_F16
+                                                : DG_F32;
             i++;
         } else if (strcmp(a, "--device") == 0 && v) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
@@ -297,15 +300,15 @@ int dg_cmd_compare(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: deltagrad compare OP [--B 2] [--T 128] [--H 2] [--HV 4] [--K 32] [--V 32]\n"
-                   "                        [--dtype f32|f64|bf16] [--device cpu|cuda] [--seed 0] [--chunk 64]\n"
+                   "                        [--dtype f32|f64|bf16|f16] [--device cpu|cuda] [--seed 0] [--chunk 64]\n"
                    "                        [--reps 1]\n"
                    "                        [--gate-in-kernel] [--varlen] [--json]\n"
                    "OP: delta_rule | gated_delta_rule | kda.  Runs every backward path of OP (each registered\n"
                    "variant, the decomposition's autograd graph, and with --gate-in-kernel the gate as a separate\n"
                    "op) and reports, per gradient, the error against the f64 recurrent reference, with forward and\n"
                    "backward ms (best of --reps) and peak memory.  --varlen packs 3 sequences (B = 1).\n"
-                   "--device cuda runs every path on the GPU (f32, or --dtype bf16: bf16 q, k, v, beta with f32\n"
-                   "gates and states) against the same CPU f64 reference.\n");
+                   "--device cuda runs every path on the GPU (f32, or --dtype bf16 / f16: 16-bit q, k, v, beta with\n"
+                   "f32 gates and states) against the same CPU f64 reference.\n");
             return 0;
         }
     cfg c;
@@ -321,11 +324,11 @@ int dg_cmd_compare(int argc, char **argv) {
     }
     if (c.reps < 1) c.reps = 1;
     if (c.dev == DG_CUDA && c.dtype == DG_F64) {
-        fprintf(stderr, "compare: --device cuda runs f32 or bf16 (the device kernels have no f64)\n");
+        fprintf(stderr, "compare: --device cuda runs f32, bf16 or f16 (the device kernels have no f64)\n");
         return 2;
     }
-    if (c.dev == DG_CPU && c.dtype == DG_BF16) {
-        fprintf(stderr, "compare: --dtype bf16 runs on --device cuda only\n");
+    if (c.dev == DG_CPU && (c.dtype == DG_BF16 || c.dtype == DG_F16)) {
+        fprintf(stderr, "compare: --dtype %s runs on --device cuda only\n", dg_dtype_name(c.dtype));
         return 2;
     }
     if (c.dev == DG_CUDA && !dg_cuda_available()) {
@@ -350,7 +353,7 @@ int dg_cmd_compare(int argc, char **argv) {
     int n_paths = nv + 1 + (c.gate_in_kernel ? 1 : 0);
     for (int p = 0; p < n_paths && n < 16; p++) {
         int kind = p < nv ? P_VARIANT : (p == nv ? P_DECOMPOSE : P_GATE_SEPARATE);
-        if (kind == P_DECOMPOSE && c.dtype == DG_BF16) continue; /* the primitive ops have no bf16 */
+        if (kind == P_DECOMPOSE && (c.dtype == DG_BF16 || c.dtype == DG_F16)) continue; /* the primitive ops have no 16-bit forms */
         const char *vname = kind == P_VARIANT ? def->bwd[p].name : NULL;
         result *r = &res[n++];
         memset(r, 0, sizeof *r);
