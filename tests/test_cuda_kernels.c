@@ -9,7 +9,8 @@
  *    varlen with an empty sequence, h0/hT present or absent, K up to 200, several recompute
  *    stretches: against the CPU kernels (kernels/cpu/dr_recurrent*.c) in f64 and f32, relative
  *    error norm <= 1e-4; bf16 storage against the f64 CPU kernel on the same rounded inputs,
- *    <= 5e-3 for bf16 outputs; the backward run twice gives identical bits.
+ *    <= 5e-3 for bf16 outputs; the backward run twice gives identical bits;
+ *  - the delta ops' 16-bit L2 norm (bf16, f16; scalar and vector kernels) against f64.
  * Outputs are poisoned with NaN before each run, so an unwritten element fails.  Tests that need
  * a GPU skip where dg_cuda_device_count() is 0; argument checks run everywhere. */
 #include <setjmp.h>
@@ -31,6 +32,7 @@
 #include "core/internal.h"
 #include "kernels/cpu/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dr_pieces_cuda.h"
 
 /* ---- host helpers ---- */
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
@@ -84,13 +86,14 @@ static void *dget(const void *dev, int64_t n, size_t esz) {
     assert_int_equal(dg_cuda_memcpy(h, dev, (size_t)n * esz, 1), 0);
     return h;
 }
-/* device copies of a double array as f32 / f64 / bf16 */
+/* device copies of a double array as f32 / f64 / bf16 / f16 */
 static void *dput_as(const double *x, int64_t n, dg_dtype dt) {
     if (!x) return NULL;
     void *h = malloc((size_t)(n ? n : 1) * 8);
     for (int64_t i = 0; i < n; i++) {
         if (dt == DG_F32) ((float *)h)[i] = (float)x[i];
         else if (dt == DG_F64) ((double *)h)[i] = x[i];
+        else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f64(x[i]);
         else ((uint16_t *)h)[i] = f2bf((float)x[i]);
     }
     void *d = dput(h, n, dg_dtype_size(dt));
@@ -102,8 +105,10 @@ static double *dget_d(const void *dev, int64_t n, dg_dtype dt) {
     void *h = dget(dev, n, dg_dtype_size(dt));
     double *x = malloc(sizeof(double) * (n ? n : 1));
     for (int64_t i = 0; i < n; i++)
-        x[i] = dt == DG_F32 ? ((float *)h)[i] : dt == DG_F64 ? ((double *)h)[i]
-                                                              : bf2f(((uint16_t *)h)[i]);
+        x[i] = dt == DG_F32   ? ((float *)h)[i]
+               : dt == DG_F64 ? ((double *)h)[i]
+               : dt == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
+                              : bf2f(((uint16_t *)h)[i]);
     free(h);
     return x;
 }
@@ -754,6 +759,56 @@ static void test_dr_recurrent_bf16(void **state) {
     dr_run(1);
 }
 
+/* The 16-bit L2 norm of the delta ops (dr_pieces_cuda.h), bf16 and f16, rows of D = 32, 200 (the
+ * scalar kernels), 128, 256, 512 (the 8-byte vector kernels) and 128 at an address 2 bytes off (the
+ * scalar ones again): y and dx against the f64 formulas on the same 16-bit x, dy; relative error
+ * norm <= u + 1e-5 (u = 2^-8 bf16, 2^-11 f16: each output is rounded once, the arithmetic is
+ * f32), r against f64 <= 1e-5. */
+static void test_dr_l2norm16(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    static const int64_t Ds[6] = {32, 200, 128, 256, 512, 128};
+    const int64_t N = 37;
+    const double eps = 1e-6;
+    for (int f16 = 0; f16 < 2; f16++) {
+        const dg_dtype dt = f16 ? DG_F16 : DG_BF16;
+        const double tol = (f16 ? 1.0 / 2048 : 1.0 / 256) + 1e-5;
+        for (int di = 0; di < 6; di++) {
+            const int64_t D = Ds[di], n = N * D, off = di == 5 ? 1 : 0;
+            double *x = rnd(n + off, -1, 1), *dy = rnd(n + off, -1, 1);
+            uint16_t *dx16 = dput_as(x, n + off, dt), *ddy = dput_as(dy, n + off, dt);
+            double *xs = dget_d(dx16, n + off, dt), *dys = dget_d(ddy, n + off, dt); /* the rounded values */
+            uint16_t *y = dput(NULL, n + off, 2), *gx = dput(NULL, n + off, 2);
+            float *r = dput(NULL, N, 4);
+            assert_int_equal((f16 ? dg_cuda_dr_l2norm_f16_fwd : dg_cuda_dr_l2norm_bf16_fwd)(N, D, dx16 + off, eps, y + off, r), 0);
+            assert_int_equal((f16 ? dg_cuda_dr_l2norm_f16_bwd : dg_cuda_dr_l2norm_bf16_bwd)(N, D, dx16 + off, r, ddy + off, gx + off), 0);
+            double *yg = dget_d(y, n + off, dt), *gg = dget_d(gx, n + off, dt), *rg = dget_d(r, N, DG_F32);
+            double *yr = malloc(sizeof(double) * (size_t)n), *gr = malloc(sizeof(double) * (size_t)n);
+            double *rr = malloc(sizeof(double) * (size_t)N);
+            for (int64_t i = 0; i < N; i++) {
+                const double *xi = xs + off + i * D, *gi = dys + off + i * D;
+                double ss = 0, dot = 0;
+                for (int64_t d = 0; d < D; d++) ss += xi[d] * xi[d], dot += gi[d] * xi[d];
+                const double ri = 1.0 / sqrt(ss + eps);
+                rr[i] = ri;
+                for (int64_t d = 0; d < D; d++) {
+                    yr[i * D + d] = xi[d] * ri;
+                    gr[i * D + d] = ri * (gi[d] - xi[d] * ri * ri * dot);
+                }
+            }
+            char what[96];
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: y", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            CHECK_REL(what, yg + off, yr, n, tol);
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: dx", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            CHECK_REL(what, gg + off, gr, n, tol);
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: r", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            CHECK_REL(what, rg, rr, N, 1e-5);
+            free(x), free(dy), free(xs), free(dys), free(yg), free(gg), free(rg), free(yr), free(gr), free(rr);
+            dg_cuda_free(dx16), dg_cuda_free(ddy), dg_cuda_free(y), dg_cuda_free(gx), dg_cuda_free(r);
+        }
+    }
+}
+
 /* argument checks come before any device work: these run without a GPU too */
 static void test_dr_bad_input(void **state) {
     (void)state;
@@ -790,7 +845,7 @@ int main(void) {
         cmocka_unit_test(test_binary),       cmocka_unit_test(test_fill_copy_cast),
         cmocka_unit_test(test_sum),          cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_dr_bad_input), cmocka_unit_test(test_dr_recurrent_f32),
-        cmocka_unit_test(test_dr_recurrent_bf16),
+        cmocka_unit_test(test_dr_recurrent_bf16), cmocka_unit_test(test_dr_l2norm16),
     };
     /* DG_TEST_FILTER=test_dr* runs a subset (for compute-sanitizer's slower tools) */
     return dg_test_run_filtered(tests);

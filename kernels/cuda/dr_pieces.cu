@@ -5,7 +5,8 @@
  *          computed in double for both f32 and f64 (as the CPU kernel), rounded once.
  *          backward: da = dg (-exp(A_log)) softplus'(x) (sigmoid, 1 above 20);
  *          dA_log[h] = sum_{r,c} dg g;  ddt_bias[h*C+c] = sum_r da  (fixed-order column sums).
- * l2norm:  a warp per row of 16-bit values (bf16 or fp16: H = __nv_bfloat16 or __half), f32 inside;
+ * l2norm:  a warp per row of 16-bit values (bf16 or fp16: H = __nv_bfloat16 or __half), f32 inside,
+ *          8-byte vectors for rows of 128, 256 or 512 values;
  *          r = 1/sqrt(sum x^2 + eps), y = x r, rounded once to H;
  *          dx = r (dy - x r^2 sum(dy x)).
  * cumsum:  one thread per (chunk, head, channel), walking the chunk's rows in order. */
@@ -132,6 +133,80 @@ __global__ void l2norm16_bwd_kernel(int64_t N, int64_t D, const H *x, const floa
     }
 }
 
+/* The same for rows of D = 128 NV (NV = 1, 2, 4; 8-byte aligned): lane l holds the four values at
+ * 128 j + 4 l, j < NV, loaded and stored as one 8-byte vector each, so that a row is one coalesced
+ * request per 128 values and is read once (the loops above load 2-byte values one at a time and
+ * read x twice).  The sum of squares adds each lane's values first, then across the warp. */
+template <typename H> __device__ __forceinline__ void ld4(const H *p, float v[4]) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const H *h = reinterpret_cast<const H *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = ld16(h + i);
+}
+template <typename H> __device__ __forceinline__ void st4(H *p, const float v[4]) {
+    uint2 u;
+    H *h = reinterpret_cast<H *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) st16(h + i, v[i]);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+
+template <typename H, int NV>
+__global__ void l2norm16_fwd_vec_kernel(int64_t N, const H *x, float eps, H *y, float *rstd) {
+    constexpr int D = 128 * NV;
+    const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+    for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
+        const int64_t o = row * D + 4 * lane;
+        float v[NV][4], ss = 0;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            ld4(x + o + 128 * j, v[j]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) ss += v[j][i] * v[j][i];
+        }
+        const float r = rsqrtf(warp_sum(ss) + eps);
+        if (rstd && lane == 0) rstd[row] = r;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[j][i] *= r;
+            st4(y + o + 128 * j, v[j]);
+        }
+    }
+}
+
+template <typename H, int NV>
+__global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd, const H *dy, H *dx) {
+    constexpr int D = 128 * NV;
+    const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
+    for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
+        const int64_t o = row * D + 4 * lane;
+        float xv[NV][4], gv[NV][4], dot = 0;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            ld4(x + o + 128 * j, xv[j]);
+            ld4(dy + o + 128 * j, gv[j]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) dot += gv[j][i] * xv[j][i];
+        }
+        const float r = rstd[row], c = warp_sum(dot) * r * r;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) gv[j][i] = r * (gv[j][i] - xv[j][i] * c);
+            st4(dx + o + 128 * j, gv[j]);
+        }
+    }
+}
+
+/* NV of the vector kernels for rows of D values at these pointers, or 0 (the scalar kernels) */
+static int l2norm_nv(int64_t D, const void *a, const void *b, const void *c = nullptr, const void *d = nullptr) {
+    const void *p[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if (p[i] && ((uintptr_t)p[i] & 7)) return 0;
+    return D == 128 ? 1 : D == 256 ? 2 : D == 512 ? 4 : 0;
+}
+
 /* the entry points: the caller's uint16_t bits read as H; who names the entry point in messages */
 template <typename H>
 int l2norm16_fwd(const char *who, int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y, float *rstd) {
@@ -141,8 +216,15 @@ int l2norm16_fwd(const char *who, int64_t N, int64_t D, const uint16_t *x, doubl
         return -1;
     }
     if (dg_cuda_init()) return -1;
-    l2norm16_fwd_kernel<H><<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        N, D, (const H *)x, (float)eps, (H *)y, rstd);
+    const int grid = dg_grid_for(N * 32, kNnThreads), nv = l2norm_nv(D, x, y);
+    cudaStream_t st = dg_cuda_stream();
+    const H *xh = (const H *)x;
+    H *yh = (H *)y;
+    const float e = (float)eps;
+    if (nv == 1) l2norm16_fwd_vec_kernel<H, 1><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
+    else if (nv == 2) l2norm16_fwd_vec_kernel<H, 2><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
+    else if (nv == 4) l2norm16_fwd_vec_kernel<H, 4><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
+    else l2norm16_fwd_kernel<H><<<grid, kNnThreads, 0, st>>>(N, D, xh, e, yh, rstd);
     return DG_LAUNCHED(who);
 }
 
@@ -155,8 +237,14 @@ int l2norm16_bwd(const char *who, int64_t N, int64_t D, const uint16_t *x, const
         return -1;
     }
     if (dg_cuda_init()) return -1;
-    l2norm16_bwd_kernel<H><<<dg_grid_for(N * 32, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        N, D, (const H *)x, rstd, (const H *)dy, (H *)dx);
+    const int grid = dg_grid_for(N * 32, kNnThreads), nv = l2norm_nv(D, x, dy, dx);
+    cudaStream_t st = dg_cuda_stream();
+    const H *xh = (const H *)x, *gh = (const H *)dy;
+    H *oh = (H *)dx;
+    if (nv == 1) l2norm16_bwd_vec_kernel<H, 1><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else if (nv == 2) l2norm16_bwd_vec_kernel<H, 2><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else if (nv == 4) l2norm16_bwd_vec_kernel<H, 4><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else l2norm16_bwd_kernel<H><<<grid, kNnThreads, 0, st>>>(N, D, xh, rstd, gh, oh);
     return DG_LAUNCHED(who);
 }
 
