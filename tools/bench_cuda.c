@@ -478,18 +478,23 @@ static rec recs[MAX_RECS];
 static int n_recs;
 static double ceil_tflops = NAN, ceil_gbs = NAN;
 
+/* the op's default backward variant (bwd[0] of its registry entry: ops/kda.c, gated_delta_rule.c,
+ * delta_rule.c) and its description */
+static dg_dr_variant default_variant(const char *op) {
+    return !strcmp(op, "kda") ? (dg_dr_variant){1, 0, 1} : (dg_dr_variant){1, 1, 1};
+}
 static const char *default_desc(const char *op) {
-    return !strcmp(op, "kda") ? "fused, solve_tril blocked"
+    return !strcmp(op, "kda") ? "unfused (dw stored), blocked"
                               : !strcmp(op, "gated_delta_rule") ? "dg from final dq,dk; blocked" : "solve_tril blocked";
 }
-/* the other backward variants of an op, beside the default {1, 1, 1} */
+/* the other backward variants of an op, beside its default (default_variant) */
 static int other_variants(const char *op, vdef *out) {
     static const vdef gdn_partial = {"gdn_dg_partial", "dg from partial terms", {0, 1, 1}};
-    static const vdef kda_unfused = {"kda_unfused", "unfused (dw stored)", {1, 0, 1}};
+    static const vdef kda_fused = {"kda_fused", "fused (dw on chip)", {1, 1, 1}};
     static const vdef subst = {"solve_tril_substitution", "solve_tril substitution", {1, 1, 0}};
     int n = 0;
     if (!strcmp(op, "gated_delta_rule")) out[n++] = gdn_partial;
-    if (!strcmp(op, "kda")) out[n++] = kda_unfused;
+    if (!strcmp(op, "kda")) out[n++] = kda_fused;
     out[n++] = subst;
     return n;
 }
@@ -578,7 +583,7 @@ typedef struct run_opts {
 
 /* every measurement of one case; returns the number of failures */
 static int run_case(bcase *c, const run_opts *o) {
-    static const dg_dr_variant dflt = {1, 1, 1};
+    const dg_dr_variant dflt = default_variant(c->op);
     int fails = 0;
     rec *r = new_rec(c, "chunk", "default", default_desc(c->op));
     if (!r) return 1;
