@@ -376,12 +376,14 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
+    int l2_done = 0; /* the kernels took the norm's backward with them (CUDA, 16-bit, chunked) */
     if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k),
                        DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
-                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept))
+                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept, at->l2norm_qk ? DPTR(p.rq) : NULL,
+                       at->l2norm_qk ? DPTR(p.rk) : NULL, &l2_done))
         return -1;
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
-    if (at->l2norm_qk) {
+    if (at->l2norm_qk && !l2_done) {
         const int64_t rows = s->B * s->T * s->H;
         dg_tensor *dqr = maybe_empty(dq != NULL, p.qraw), *dkr = maybe_empty(dk != NULL, p.kraw);
         if ((dq && !dqr) || (dk && !dkr)) return -1;

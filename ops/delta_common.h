@@ -102,10 +102,14 @@ int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
                    const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, void *o, void *hT, void *keep, int *kept);
+/* rq, rk (NULL, or both; f32 [rows]): q, k are the in-op L2-normalised rows and these their 1/|x|.
+ * Where the kernels take the norm's backward with them (CUDA, 16-bit, chunked: kernels/cuda/
+ * dr_chunk_cuda.h) dq, dk come back as the gradients of the raw rows and *l2_done is set; else
+ * they are those of the normalised rows and the caller runs dg_delta_k_l2norm_bwd. */
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0, const void *kept);
+                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int *l2_done);
 int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
                           void *y, void *r);
 int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,

@@ -116,13 +116,15 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0, const void *kept) {
+                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int *l2_done) {
     const char *what = recurrent ? "recurrent backward" : "chunked backward";
     int rc;
-    (void)kept; /* used with CUDA only */
+    (void)kept, (void)rq, (void)rk; /* used with CUDA only */
+    if (l2_done) *l2_done = 0;
     if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
+        const bool l2 = rq && rk && dt != DG_F32 && !recurrent; /* the 16-bit chunked kernels apply the norm */
         if (dt == DG_F32)
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f32(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                            : dg_cuda_dr_chunk_bwd_f32(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
@@ -130,12 +132,13 @@ int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, cons
         else if (dt == DG_F16)
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                            : dg_cuda_dr_chunk_bwd_f16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
-                                                           dbeta, dh0, kept);
+                                                           dbeta, dh0, kept, l2 ? rq : NULL, l2 ? rk : NULL);
         else
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                            dh0)
                            : dg_cuda_dr_chunk_bwd_bf16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
-                                                            dbeta, dh0, kept);
+                                                            dbeta, dh0, kept, l2 ? rq : NULL, l2 ? rk : NULL);
+        if (l2_done) *l2_done = l2;
 #else
         return no_cuda(op);
 #endif

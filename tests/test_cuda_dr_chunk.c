@@ -139,6 +139,8 @@ typedef struct data { /* host inputs, already rounded to what the device holds *
     dg_dr_shape s;
     int64_t nq, nv, nb, ng, nh;
     double *q, *k, *v, *g, *beta, *h0, *dout, *dhT;
+    double *rq, *rk; /* NULL, or 1/|x| per row [B*T*H] (16-bit only): the backward then gives dq, dk
+                      * of the raw rows (the L2 norm's backward taken with it) */
 } data;
 
 static void make(const cfg *c, int st, data *d) {
@@ -174,7 +176,7 @@ static void make(const cfg *c, int st, data *d) {
 
 static void data_free(data *d) {
     free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout),
-        free(d->dhT);
+        free(d->dhT), free(d->rq), free(d->rk);
 }
 
 enum { R_O, R_HT, R_DQ, R_DK, R_DV, R_DG, R_DB, R_DH0, R_N };
@@ -240,6 +242,8 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
          *v = dput_as(d->v, d->nv, st), *beta = dput_as(d->beta, d->nb, st),
          *dout = dput_as(d->dout, d->nv, st);
     float *g = dput_as(d->g, d->ng, 0), *h0 = dput_as(d->h0, d->nh, 0), *dhT = dput_as(d->dhT, d->nh, 0);
+    const int64_t nr = d->s.B * d->s.T * d->s.H;
+    float *rq = d->rq ? dput_as(d->rq, nr, 0) : NULL, *rk = d->rk ? dput_as(d->rk, nr, 0) : NULL;
     void *o[R_N], *o2[R_N];
     for (int a = 0; a < R_N; a++) {
         o[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
@@ -262,10 +266,10 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? o2 : o;
         int rc = f16 ? dg_cuda_dr_chunk_bwd_f16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
-                                                     w[R_DV], w[R_DG], w[R_DB], w[R_DH0], rep ? keep : NULL)
+                                                     w[R_DV], w[R_DG], w[R_DB], w[R_DH0], rep ? keep : NULL, rq, rk)
                  : bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
                                                        w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0],
-                                                       rep ? keep : NULL)
+                                                       rep ? keep : NULL, rq, rk)
                       : dg_cuda_dr_chunk_bwd_f32(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
                                                  w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0]);
         if (rc) fail_msg("backward failed: %s", dg_last_error());
@@ -289,6 +293,7 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
     }
     dg_cuda_free(q), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta), dg_cuda_free(dout);
     dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(dhT), dg_cuda_free(keep);
+    dg_cuda_free(rq), dg_cuda_free(rk);
 }
 
 /* every result within tol of the reference; prints the errors */
@@ -508,6 +513,49 @@ static void test_dr_chunk_f16_paths(void **state) {
     }
 }
 
+/* The L2 norm's backward taken by the chunk backward (rq, rk given): dq, dk of the raw rows against
+ * the f64 reference's dq, dk put through the same formula, dx = r (dy - xn (dy . xn)) with xn the
+ * stored q, k and r drawn in [0.5, 2]; bf16 and fp16, on the head-gate tensor-core kernels (folded
+ * into their dq, dk stores), with grouped value heads (after the sums over value heads), on the
+ * generic kernels and on KDA's (after them); the same bounds as without it. */
+static void test_dr_chunk_l2_fold(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const cfg cases[] = {
+        {"l2 fold: head, K=V=128 (mma, direct)", 1, 130, 2, 2, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"l2 fold: none, GVA, K=V=64 (mma, after the sums)", 1, 100, 1, 2, 64, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
+        {"l2 fold: head, C32 (generic)", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},
+        {"l2 fold: channel, K=V=64 (kda)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+    };
+    for (int st = S_BF16; st <= S_F16; st++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const cfg *c = &cases[ci];
+            data d;
+            make(c, st, &d);
+            const int64_t nr = c->B * c->T * c->H;
+            d.rq = rnd(nr, 0.5, 2), d.rk = rnd(nr, 0.5, 2);
+            for (int64_t i = 0; i < nr; i++) d.rq[i] = (float)d.rq[i], d.rk[i] = (float)d.rk[i];
+            res ref, got;
+            res_alloc(c, &d, &ref), res_alloc(c, &d, &got);
+            ref_f64(&d, &ref);
+            for (int w = 0; w < 2; w++) { /* the reference's dq, dk of the raw rows */
+                double *dy = ref.x[w ? R_DK : R_DQ];
+                const double *xn = w ? d.k : d.q, *r = w ? d.rk : d.rq;
+                for (int64_t i = 0; dy && i < nr; i++) {
+                    double dot = 0;
+                    for (int64_t cc = 0; cc < c->K; cc++) dot += dy[i * c->K + cc] * xn[i * c->K + cc];
+                    for (int64_t cc = 0; cc < c->K; cc++)
+                        dy[i * c->K + cc] = r[i] * (dy[i * c->K + cc] - xn[i * c->K + cc] * dot);
+                }
+            }
+            run_gpu(&d, st, &var_default, &got);
+            char what[160];
+            snprintf(what, sizeof what, "%s: %s", c->name, st_names[st]);
+            check(what, &got, &ref, st == S_BF16 ? 5e-3 : f16_mma(c) ? F16_MMA_TOL : F16_TOL);
+            res_free(&ref), res_free(&got), data_free(&d);
+        }
+}
+
 /* small shapes through every kernel (generic and tensor-core, fused and unfused, both inverses,
  * both dg variants): the test to run under compute-sanitizer */
 static void test_dr_chunk_sanitize(void **state) {
@@ -603,6 +651,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_bf16_long),
         cmocka_unit_test(test_dr_chunk_f16),
         cmocka_unit_test(test_dr_chunk_f16_paths),
+        cmocka_unit_test(test_dr_chunk_l2_fold),
         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);

@@ -180,7 +180,7 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
         void **w = rep ? y2 : y;
         if (dg_cuda_dr_chunk_bwd_bf16_kept(&p->s, v, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
                                            x[X_DO], x[X_DHT], w[Y_DQ], w[Y_DK], w[Y_DV], w[Y_DG], w[Y_DB],
-                                           w[Y_DH0], rep ? keep : NULL))
+                                           w[Y_DH0], rep ? keep : NULL, NULL, NULL))
             fail_msg("backward failed: %s", dg_last_error());
     }
     assert_int_equal(dg_cuda_synchronize(), 0);

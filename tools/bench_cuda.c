@@ -13,8 +13,10 @@
  * way the ops call them with use_qk_l2norm_in_kernel: the raw q and k are L2-normalised by a separate kernel
  * first (the chunk entry points take normalised q, k), so every time below includes the norm:
  *   fwd     = l2norm(q), l2norm(k), chunk forward (o; no final state)
- *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg of the normalised q, k), then the
- *             l2norm backward of q and k (the gradients of the raw q, k).  As the ops do when they
+ *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg), given 1/|q|, 1/|k|, so that its
+ *             dq, dk are those of the raw q, k: the head-gate tensor-core kernels apply the norm's
+ *             backward as they store dq, dk, the others run its kernel after (session 5; before,
+ *             the norm's backward always ran after, over q, k, dq, dk).  As the ops do when they
  *             record for autograd, the forward keeps its working set (W, U, the states, V', the
  *             inverse; dr_chunk_cuda.h) for the backward, which then does not recompute it; the
  *             row "recompute in bwd" times the other way (FLA's: the backward recomputes)
@@ -204,9 +206,18 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn, c->kn,
                             c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept);
     if (rc || w == W_FWD) return rc;
+    /* as the ops call them: the 16-bit chunked kernels take the norm's backward with them (dq, dk of
+     * the raw rows); the recurrent ones give dqn, dkn, and the norm's backward follows */
+    int l2_done = 0;
     rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
-                        NULL, c->dqn, c->dkn, c->dv, c->dg, c->dbeta, NULL, kept ? keep : NULL);
-    return rc ? rc : norm_bwd(c);
+                        NULL, recurrent ? c->dqn : c->dq, recurrent ? c->dkn : c->dk, c->dv, c->dg, c->dbeta, NULL,
+                        kept ? keep : NULL, c->rq, c->rk, &l2_done);
+    if (rc || l2_done) return rc;
+    if (!recurrent) {
+        dg_error("bench: the chunked backward did not apply the L2 norm's backward");
+        return -1;
+    }
+    return norm_bwd(c);
 }
 
 /* ---- timing ---------------------------------------------------------------------------------------- */

@@ -4,6 +4,9 @@
  * per-channel gates). */
 #include "kernels/cuda/dr_chunk_internal.cuh"
 #include "kernels/cuda/dr_chunk_kda.cuh"
+#ifndef DRC_EMU
+#include "kernels/cuda/dr_pieces_cuda.h"
+#endif
 
 namespace drc {
 
@@ -130,6 +133,31 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     return 0;
 }
 
+int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io) {
+    const int64_t n = G.rows * G.H, D = G.K;
+    for (int w = 0; w < 2; w++) {
+        const float *r = w ? io.rk : io.rq;
+        const uint16_t *xn = w ? io.k : io.q;
+        uint16_t *d = w ? io.dk : io.dq;
+        if (!r || !d) continue;
+#ifdef DRC_EMU
+        for (int64_t i = 0; i < n; i++) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < D; c++)
+                dot += (f16 ? h2f(d[i * D + c]) : bf2f(d[i * D + c])) * (f16 ? h2f(xn[i * D + c]) : bf2f(xn[i * D + c]));
+            for (int64_t c = 0; c < D; c++) {
+                const float y = f16 ? h2f(d[i * D + c]) : bf2f(d[i * D + c]);
+                const float x = f16 ? h2f(xn[i * D + c]) : bf2f(xn[i * D + c]);
+                d[i * D + c] = f16 ? f2h(r[i] * (y - x * dot)) : f2bf(r[i] * (y - x * dot));
+            }
+        }
+#else
+        if (dg_cuda_dr_l2norm16_bwd_xn(f16, n, D, xn, r, d, d)) return -1;
+#endif
+    }
+    return 0;
+}
+
 void plan_free(Plan *p) {
     release(p->tab_dev);
     p->tab_dev = nullptr;
@@ -175,7 +203,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
                const T *k, const T *v, const float *g, const T *beta, const float *h0,
                const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0, const void *kept = nullptr) {
+               float *dh0, const void *kept = nullptr, const float *rq = nullptr, const float *rk = nullptr) {
     Plan p;
     if (dg && !g) {
         dg_error("%s: dg given but g is NULL", who);
@@ -192,15 +220,18 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
+    io.rq = rq, io.rk = rk;
     int rc;
     const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
     if constexpr (is_bf16<T>::value) {
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
         const bool kda = !g_force_generic && kda_ok(p.G) && al;
         rc = kda ? kda_bwd(p, *var, io, kept) : fast ? fast::bwd(p, *var, io, kept) : generic_bwd<T>(p, *var, io);
+        if (!rc && !fast) rc = l2norm_bwd_after(p.G, false, io); /* (fast: folded or run by fast::bwd) */
     } else if constexpr (sizeof(T) == 2) {
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
         rc = fast ? fast_h::bwd(p, *var, io_bits(io), kept) : generic_bwd<T>(p, *var, io);
+        if (!rc && !fast) rc = l2norm_bwd_after(p.G, true, io_bits(io));
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }
@@ -305,9 +336,10 @@ int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *va
                                    const uint16_t *k, const uint16_t *v, const float *g,
                                    const uint16_t *beta, const float *h0, const uint16_t *dout,
                                    const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept) {
+                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
+                                   const float *rk) {
     return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16_kept", s, var, q, k, v, g, beta, h0, dout, dhT,
-                              dq, dk, dv, dg, dbeta, dh0, kept);
+                              dq, dk, dv, dg, dbeta, dh0, kept, rq, rk);
 }
 
 int dg_cuda_dr_chunk_fwd_f16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
@@ -323,11 +355,12 @@ int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var
                                   const uint16_t *k, const uint16_t *v, const float *g,
                                   const uint16_t *beta, const float *h0, const uint16_t *dout,
                                   const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept) {
+                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
+                                  const float *rk) {
     typedef const drc::f16bits *P;
     typedef drc::f16bits *W;
     return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16_kept", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
-                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept);
+                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept, rq, rk);
 }
 
 int dg_cuda_dr_chunk_force_generic(int on) {

@@ -89,7 +89,12 @@ int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, con
  *   dg_cuda_dr_chunk_bwd_bf16_kept(..., kept): dg_cuda_dr_chunk_bwd_bf16 from the working set that
  *     a kept forward made on the same shape, inputs and h0 (NULL: recompute).  The GDN/delta_rule
  *     substitution variant recomputes anyway (the kept inverse is the blocked one).  The results
- *     equal the recomputing backward's bit for bit (the same kernels make the same values). */
+ *     equal the recomputing backward's bit for bit (the same kernels make the same values).
+ *     rq, rk (NULL, or both): q and k are L2-normalised rows (q = x / sqrt(|x|^2 + eps)) and rq, rk
+ *     their f32 1/sqrt(|x|^2 + eps) [B*T*H]; dq and dk are then the gradients of the raw rows x,
+ *     r (dy - xn (dy . xn)) with dy the gradient of the normalised ones: the head-gate tensor-core
+ *     kernels do it as they store dq, dk (GDN, delta_rule: no separate pass over q, k, dq, dk),
+ *     the other paths after (docs/PERF_KERNELS.md). */
 int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s);
 /* the fp16 forms: the same for fp16 calls (kept_bytes_f16 is 0 for KDA, which keeps nothing in fp16) */
 int64_t dg_cuda_dr_chunk_kept_bytes_f16(const dg_dr_shape *s);
@@ -100,7 +105,8 @@ int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var
                                   const uint16_t *k, const uint16_t *v, const float *g,
                                   const uint16_t *beta, const float *h0, const uint16_t *dout,
                                   const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept);
+                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
+                                  const float *rk);
 int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, const float *g, const uint16_t *beta,
                                    const float *h0, uint16_t *o, float *hT, void *keep, int *kept);
@@ -108,7 +114,8 @@ int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *va
                                    const uint16_t *k, const uint16_t *v, const float *g,
                                    const uint16_t *beta, const float *h0, const uint16_t *dout,
                                    const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept);
+                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
+                                   const float *rk);
 
 /* Path selection for 16-bit calls (tests and benchmarks): 0 = automatic (default), 1 = always the
  * generic kernels.  Returns the previous setting.  Not thread-safe; set it between calls. */

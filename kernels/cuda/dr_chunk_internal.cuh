@@ -306,6 +306,10 @@ template <typename T> struct Io {
     const float *g, *h0, *dhT;
     T *o, *dq, *dk, *dv, *dbeta;
     float *hT, *dg, *dh0;
+    /* backward, 16-bit storage: NULL, or q, k are L2-normalised rows and these their 1/|x| [rows, H];
+     * dq, dk are then the gradients of the raw rows (the norm's backward applied: the tensor-core
+     * head-gate kernels fold it into their stores, the other paths run it after) */
+    const float *rq, *rk;
 };
 
 /* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
@@ -356,6 +360,10 @@ namespace fast_h {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 } // namespace fast_h
+/* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for the
+ * paths that do not fold it into their stores (dr_chunk.cu; the emulation runs it on the host):
+ * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
+int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 /* the same pointers as 16-bit words (the fp16 build of the tensor-core kernels takes them so) */
 inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     Io<uint16_t> b;
@@ -365,6 +373,7 @@ inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     b.o = io.o ? &io.o->x : nullptr, b.dq = io.dq ? &io.dq->x : nullptr, b.dk = io.dk ? &io.dk->x : nullptr;
     b.dv = io.dv ? &io.dv->x : nullptr, b.dbeta = io.dbeta ? &io.dbeta->x : nullptr;
     b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
+    b.rq = io.rq, b.rk = io.rk;
     return b;
 }
 

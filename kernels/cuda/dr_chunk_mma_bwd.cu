@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(FNT, 2)
 constexpr int AIB = DRC_AIB, DSB = DRC_DSB; /* load batches (registers: the accumulators are live) */
 template <int K, int V> struct QkSmem {
     static constexpr int T64 = 2 * tile_bytes(64, 64);
-    static constexpr int F32 = (4 * 64 + 2 * 8 * 64 + 16) * 4;
+    static constexpr int F32 = (4 * 64 + 2 * 8 * 64 + 16 + 64) * 4;
     static constexpr int X1 = 2 * tile_bytes(K, V) > 3 * T64 ? 2 * tile_bytes(K, V) : 3 * T64;
     static constexpr int X2 = 2 * (tile_bytes(64, V) > tile_bytes(64, K) ? tile_bytes(64, V) : tile_bytes(64, K));
     static constexpr int X3 = 2 * tile_bytes(64, V);
@@ -205,7 +205,29 @@ struct QkArgs {
     uint16_t *dv, *dbeta;
     float *dg;
     int final_dg;
+    const float *rq, *rk; /* with dq, dk direct: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
 };
+
+/* The L2 norm's backward folded into the store of dq or dk (acc: this thread's accumulator tile of
+ * the gradient dy of the normalised rows xn, held in sX with row stride ld): dy becomes
+ * dx = r (dy - xn (dy . xn)), r = rr[i * rstride] for rows i < L.  Every thread calls it; it
+ * starts and ends with a barrier; red (zero on entry, zero again after) and srow (64 floats) are
+ * shared scratch. */
+template <int NT>
+__device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, int n0, const uint16_t *sX, int ld,
+                                                float *red, float *srow, const float *rr, int64_t rstride, int L) {
+    float rs[2] = {0.0f, 0.0f};
+    frag_each(acc, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sX[i * ld + cc]) * x; });
+    bsync();
+    red_rows_put(red, m0, rs);
+    bsync();
+    red_collect(red, srow, false);
+    bsync();
+    frag_each(acc, m0, n0, [&](int i, int cc, float &x) {
+        const float r = i < L ? rr[i * rstride] : 0.0f;
+        x = r * (x - op2f(sX[i * ld + cc]) * srow[i]);
+    });
+}
 
 /* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
 template <int K, int V, int GATE, int MODE>
@@ -221,7 +243,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t r0 = ch.r0;
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64,
-          *redb = redg + 8 * 64, *scr = redb + 8 * 64;
+          *redb = redg + 8 * 64, *scr = redb + 8 * 64, *srow = scr + 16;
     unsigned char *B8 = (unsigned char *)sm;
     const Sp sS{(uint16_t *)(B8 + S_::o1), K * (V + PAD)};
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
@@ -351,7 +373,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             bsync();
             if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
         }
-        /* dq is final */
+        /* dq is final (redg is zero again here: collected above, or never used) */
+        if (a.rq && a.dq) l2norm_bwd_rows(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ot, HV, L);
         frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
             const int64_t off = (ot + (int64_t)i * HV) * K + cc;
@@ -474,15 +497,16 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K */
     mma_sr<1, TK::NT, false, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
     mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
+    red_collect(redb, sdB, true);
+    if (HEAD) red_collect(redg, sdG, true);
+    bsync();
+    if (a.rk && a.dk) l2norm_bwd_rows(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ot, HV, L);
     frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
         if (a.dk) *(uint32_t *)(a.dk + off) = pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
-    red_collect(redb, sdB, true);
-    if (HEAD) red_collect(redg, sdG, true);
-    bsync();
     if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
     if (HEAD && tid == 0 && a.dg) {
         float acc = 0.0f;
@@ -572,6 +596,7 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
         a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
+        a.rq = direct ? io.rq : nullptr, a.rk = direct ? io.rk : nullptr;
         rc = kept ? 0 : fast_prep_state(p, io, b, var.solve_tril_blocked);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
         const int64_t ng = rows * G.H * G.K, nb = ng / FNT + 1 < 4096 ? ng / FNT + 1 : 4096;
@@ -579,6 +604,7 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
             rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dqv, io.dq);
         if (!rc && io.dk && !direct)
             rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
+        if (!rc && !direct) rc = l2norm_bwd_after(G, DRC_OPERAND_F16, io); /* (the sums over value heads came first) */
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGg);
