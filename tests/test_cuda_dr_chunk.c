@@ -41,36 +41,18 @@
 
 /* ---- host helpers ---- */
 static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static double urand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return dg_test_xorshift(&rs); }
 static double *rnd(int64_t n, double lo, double hi) {
     double *x = malloc(sizeof(double) * (size_t)(n ? n : 1));
     for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
     return x;
 }
-static uint16_t f2bf(float f) { /* round to nearest even */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* Storage of q, k, v, beta, o, dout and their gradients in a run (gates and states are f32). */
 enum { S_F32, S_BF16, S_F16 };
 static const char *const st_names[3] = {"f32", "bf16", "f16"};
-static uint16_t to16(int st, double x) { return st == S_BF16 ? f2bf((float)x) : dg_f16_from_f64(x); }
-static double from16(int st, uint16_t h) { return st == S_BF16 ? bf2f(h) : dg_f16_to_f64(h); }
+static uint16_t to16(int st, double x) { return st == S_BF16 ? dg_test_f2bf((float)x) : dg_f16_from_f64(x); }
+static double from16(int st, uint16_t h) { return st == S_BF16 ? dg_test_bf2f(h) : dg_f16_to_f64(h); }
 /* x as the device holds it in storage st */
 static double stored(int st, double x) { return st == S_F32 ? (float)x : from16(st, to16(st, x)); }
 
@@ -114,14 +96,6 @@ static void *dput_as(const double *x, int64_t n, int st) {
     void *d = dput(h, n, st != S_F32 ? 2 : 4);
     free(h);
     return d;
-}
-static double rel_err(const double *a, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (a[i] - ref[i]) * (a[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* ---- cases ---- */
@@ -304,7 +278,7 @@ static void check(const char *what, const res *got, const res *ref, double tol) 
     double worst = 0;
     for (int a = 0; a < R_N; a++) {
         if (!ref->x[a]) continue;
-        double e = rel_err(got->x[a], ref->x[a], ref->n[a]);
+        double e = dg_test_rel_err_norm(got->x[a], ref->x[a], ref->n[a]);
         off += snprintf(msg + off, sizeof msg - (size_t)off, " %s %.1e", r_names[a], e);
         if (!(e <= tol) && bad < 0) bad = a, worst = e;
     }
@@ -338,7 +312,7 @@ static void run_case(const cfg *c, int st, int all_variants) {
         snprintf(what, sizeof what, "%s: CPU f32 chunked", c->name);
         printf("  %-44s", what);
         for (int a = 0; a < R_N; a++)
-            if (ref.x[a]) printf(" %s %.1e", r_names[a], rel_err(cpu.x[a], ref.x[a], ref.n[a]));
+            if (ref.x[a]) printf(" %s %.1e", r_names[a], dg_test_rel_err_norm(cpu.x[a], ref.x[a], ref.n[a]));
         printf("\n");
         res_free(&cpu);
     }
@@ -442,17 +416,17 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     res_alloc(&c, &d, &ref), res_alloc(&c, &d, &got);
     ref_f64(&d, &ref);
     uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + 1)), *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + 1));
-    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = f2bf((float)d.q[i]);
+    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = dg_test_f2bf((float)d.q[i]);
     uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
     float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
     assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d.s, q1 + 1, k, v, g, beta, h0, o1 + 1, hT), 0);
     assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
-    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = bf2f(ho[i + 1]);
+    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_test_bf2f(ho[i + 1]);
     float *hh = malloc(sizeof(float) * (size_t)d.nh);
     assert_int_equal(dg_cuda_memcpy(hh, hT, sizeof(float) * (size_t)d.nh, 1), 0);
     for (int64_t i = 0; i < d.nh; i++) got.x[R_HT][i] = hh[i];
-    double eo = rel_err(got.x[R_O], ref.x[R_O], d.nv), eh = rel_err(got.x[R_HT], ref.x[R_HT], d.nh);
+    double eo = dg_test_rel_err_norm(got.x[R_O], ref.x[R_O], d.nv), eh = dg_test_rel_err_norm(got.x[R_HT], ref.x[R_HT], d.nh);
     printf("  %-44s o %.1e hT %.1e\n", c.name, eo, eh);
     if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("unaligned views: o %.3e, hT %.3e", eo, eh);
     free(hq), free(ho), free(hh);

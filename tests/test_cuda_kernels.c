@@ -36,29 +36,11 @@
 
 /* ---- host helpers ---- */
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return dg_test_xorshift(&rs); }
 static double *rnd(int64_t n, double lo, double hi) {
     double *x = malloc(sizeof(double) * (n ? n : 1));
     for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
     return x;
-}
-static uint16_t f2bf(float f) { /* round to nearest even */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 static int gpu(void) { return dg_cuda_device_count() > 0; }
@@ -94,7 +76,7 @@ static void *dput_as(const double *x, int64_t n, dg_dtype dt) {
         if (dt == DG_F32) ((float *)h)[i] = (float)x[i];
         else if (dt == DG_F64) ((double *)h)[i] = x[i];
         else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f64(x[i]);
-        else ((uint16_t *)h)[i] = f2bf((float)x[i]);
+        else ((uint16_t *)h)[i] = dg_test_f2bf((float)x[i]);
     }
     void *d = dput(h, n, dg_dtype_size(dt));
     free(h);
@@ -108,22 +90,14 @@ static double *dget_d(const void *dev, int64_t n, dg_dtype dt) {
         x[i] = dt == DG_F32   ? ((float *)h)[i]
                : dt == DG_F64 ? ((double *)h)[i]
                : dt == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
-                              : bf2f(((uint16_t *)h)[i]);
+                              : dg_test_bf2f(((uint16_t *)h)[i]);
     free(h);
     return x;
 }
 /* ||a - ref|| / ||ref|| (NaN anywhere gives NaN, which fails every bound) */
-static double rel_err(const double *a, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += (a[i] - ref[i]) * (a[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 #define CHECK_REL(what, a, ref, n, tol)                                                            \
     do {                                                                                           \
-        double e_ = rel_err((a), (ref), (n));                                                      \
+        double e_ = dg_test_rel_err_norm((a), (ref), (n));                                                      \
         if (!(e_ <= (tol))) fail_msg("%s: relative error %.3e > %.1e", (what), e_, (double)(tol)); \
     } while (0)
 static double tol_of(dg_dtype dt) { return dt == DG_F64 ? 1e-12 : 1e-5; }
@@ -345,7 +319,7 @@ static void test_fill_copy_cast(void **state) {
         unsigned char *h = dget(d, n, es);
         for (int64_t i = 0; i < n; i++) {
             double v = all[di] == DG_F32 ? ((float *)h)[i] : all[di] == DG_F64 ? ((double *)h)[i]
-                     : all[di] == DG_BF16 ? bf2f(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
+                     : all[di] == DG_BF16 ? dg_test_bf2f(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
                      : all[di] == DG_I32 ? ((int32_t *)h)[i]
                      : (double)((int64_t *)h)[i];
             assert_true(v == -3.0);
@@ -392,7 +366,7 @@ static void test_fill_copy_cast(void **state) {
     int32_t *i32 = dget(di32, n, 4);
     for (int64_t i = 0; i < n; i++) {
         assert_true(f32[i] == (double)(float)x[i]);
-        assert_true(back[i] == (double)bf2f(f2bf((float)x[i])));
+        assert_true(back[i] == (double)dg_test_bf2f(dg_test_f2bf((float)x[i])));
         assert_int_equal(i32[i], (int32_t)x[i]);
     }
     free(x), free(f32), free(back), free(i32);
@@ -419,7 +393,7 @@ static void test_fill_copy_cast(void **state) {
         if (g16[i] != dg_f16_from_f64(y[i]))
             fail_msg("cast f64 -> f16 of %.17g: device 0x%04x, host 0x%04x", y[i], g16[i], dg_f16_from_f64(y[i]));
         assert_int_equal(g16b[i], g16[i]);
-        assert_true(gb64[i] == (double)bf2f(f2bf(dg_f16_to_f32(g16[i]))));
+        assert_true(gb64[i] == (double)dg_test_bf2f(dg_test_f2bf(dg_f16_to_f32(g16[i]))));
     }
     free(y), free(g16), free(g16b), free(gb64);
     dg_cuda_free(y64), dg_cuda_free(h16), dg_cuda_free(h32), dg_cuda_free(h16b), dg_cuda_free(hbf), dg_cuda_free(hb64);
@@ -508,9 +482,9 @@ static void test_gemm(void **state) {
             int64_t na = batch * sa, nb = bcast_b ? br * ldb : batch * sb, nc = batch * sc;
             double *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1), *C = rnd(nc, -1, 1);
             /* what the device will hold */
-            for (int64_t i = 0; i < na; i++) A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : bf2f(f2bf((float)A[i]));
-            for (int64_t i = 0; i < nb; i++) B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : bf2f(f2bf((float)B[i]));
-            for (int64_t i = 0; i < nc; i++) C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : bf2f(f2bf((float)C[i]));
+            for (int64_t i = 0; i < na; i++) A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : dg_test_bf2f(dg_test_f2bf((float)A[i]));
+            for (int64_t i = 0; i < nb; i++) B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : dg_test_bf2f(dg_test_f2bf((float)B[i]));
+            for (int64_t i = 0; i < nc; i++) C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : dg_test_bf2f(dg_test_f2bf((float)C[i]));
             const double alpha = 0.7, beta = tr == 2 ? 0.0 : 0.3;
             double *ref = malloc(sizeof(double) * batch * M * N), *got = malloc(sizeof(double) * batch * M * N);
             for (int64_t b = 0; b < batch; b++)
@@ -598,7 +572,7 @@ static void dr_make(const dr_cfg *c, int bf16, dr_data *d) {
     int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
     for (int a = 0; a < 5; a++)
         for (int64_t i = 0; i < nlo[a]; i++)
-            lo[a][i] = bf16 ? bf2f(f2bf((float)lo[a][i])) : (float)lo[a][i];
+            lo[a][i] = bf16 ? dg_test_bf2f(dg_test_f2bf((float)lo[a][i])) : (float)lo[a][i];
     double *hi[3] = {d->g, d->h0, d->dhT};
     int64_t nhi[3] = {d->ng, d->nh, d->nh};
     for (int a = 0; a < 3; a++)
@@ -730,7 +704,7 @@ static void dr_run(int bf16) {
         printf("  %-26s %s rel err vs CPU f64:", c->name, bf16 ? "bf16" : "f32 ");
         for (int a = 0; a < R_N; a++) {
             if (!ref.x[a]) continue;
-            double e = rel_err(got.x[a], ref.x[a], ref.n[a]);
+            double e = dg_test_rel_err_norm(got.x[a], ref.x[a], ref.n[a]);
             printf(" %s %.1e", r_names[a], e);
             /* bf16 outputs carry their rounding (2^-9 relative per element) */
             int rounded = bf16 && a != R_HT && a != R_DG && a != R_DH0;
@@ -738,7 +712,7 @@ static void dr_run(int bf16) {
             if (!(e <= tol)) fail_msg("%s (%s): %s relative error %.3e > %.0e", c->name,
                                       bf16 ? "bf16" : "f32", r_names[a], e, tol);
             if (!bf16) {
-                double e32 = rel_err(got.x[a], cpu32.x[a], ref.n[a]);
+                double e32 = dg_test_rel_err_norm(got.x[a], cpu32.x[a], ref.n[a]);
                 if (!(e32 <= 1e-4)) fail_msg("%s: %s differs from the CPU f32 kernel by %.3e", c->name, r_names[a], e32);
             }
         }

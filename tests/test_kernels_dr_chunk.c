@@ -23,17 +23,13 @@
 #include <string.h>
 
 #include "deltagrad.h"
+#include "tests/support/test_support.h"
 #include "kernels/cpu/chunk_pieces.h"
 #include "kernels/cpu/delta_rule.h"
 
 /* ---- deterministic generator ---- */
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return dg_test_xorshift(&rs); }
 static void fill(double *x, int64_t n, double lo, double hi) {
     for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
 }

@@ -19,15 +19,11 @@
 
 #include "kernels/cpu/delta_rule.h"
 #include "kernels/cpu/gate.h"
+#include "tests/support/test_support.h"
 
 /* ---- small deterministic generator (independent of the runtime) ---- */
 static uint64_t rs = 88172645463325252ull;
-static double urand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return dg_test_xorshift(&rs); }
 static void fill(double *x, int64_t n, double lo, double hi) {
     for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
 }

@@ -28,6 +28,39 @@ double dg_test_rel_err(const dg_tensor *a, const dg_tensor *b) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+double dg_test_rel_err_norm(const double *a, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double dg_test_xorshift(uint64_t *state) {
+    uint64_t s = *state;
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    *state = s;
+    return (double)(s >> 11) / 9007199254740992.0;
+}
+
+uint16_t dg_test_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float dg_test_bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 void dg_test_require_cuda(void) {
     if (!dg_cuda_available()) skip();
 }

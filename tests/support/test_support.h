@@ -22,6 +22,16 @@
 double dg_test_max_abs_diff(const dg_tensor *a, const dg_tensor *b);
 /* ||a - b|| / ||b|| */
 double dg_test_rel_err(const dg_tensor *a, const dg_tensor *b);
+/* ||a - ref|| / ||ref|| over n doubles (||a - ref|| when ref is 0; NaN anywhere gives NaN) */
+double dg_test_rel_err_norm(const double *a, const double *ref, int64_t n);
+/* The next value in [0, 1) of the xorshift64 generator at *state (shifts 13, 7, 17; the top 53
+ * bits), the tests' deterministic source independent of the runtime's: each test program keeps its
+ * own state and seed. */
+double dg_test_xorshift(uint64_t *state);
+/* f32 to bf16 bits, rounded to nearest even (NaN stays NaN), and back (exact) */
+uint16_t dg_test_f2bf(float f);
+float dg_test_bf2f(uint16_t h);
+
 /* Skips the test when no GPU is present. */
 void dg_test_require_cuda(void);
 
