@@ -437,7 +437,7 @@ static bool env_names_op(const dg_op_def *def) {
 
 int dg_delta_recurrent_variant(const dg_op_def *def) { return dg_op_variant_find(def, "recurrent"); }
 
-dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate,
+dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, const char *cuda_default,
                          dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                          const dg_delta_opts *opts, dg_tensor **final_state) {
     static const dg_delta_opts defaults = {0};
@@ -460,6 +460,8 @@ dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate
         }
     } else if (at.algorithm == DG_DELTA_RECURRENT && !env_names_op(def)) {
         variant = dg_delta_recurrent_variant(def);
+    } else if (cuda_default && q->device == DG_CUDA && !env_names_op(def)) {
+        variant = dg_op_variant_find(def, cuda_default);
     }
     dg_tensor *in[DG_MAX_IO] = {0};
     in[sl->q] = q;

@@ -31,5 +31,5 @@ const dg_op_def dg_op_delta_rule = {
 
 dg_tensor *dg_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                          const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_delta_rule, SL, DG_GATE_NONE, q, k, v, NULL, beta, opts, final_state);
+    return dg_delta_call(&dg_op_delta_rule, SL, DG_GATE_NONE, NULL, q, k, v, NULL, beta, opts, final_state);
 }

@@ -35,5 +35,5 @@ const dg_op_def dg_op_gated_delta_rule = {
 
 dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                                dg_tensor *beta, const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_gated_delta_rule, SL, DG_GATE_HEAD, q, k, v, g, beta, opts, final_state);
+    return dg_delta_call(&dg_op_gated_delta_rule, SL, DG_GATE_HEAD, NULL, q, k, v, g, beta, opts, final_state);
 }

@@ -2,12 +2,13 @@
  * o_t = S_t^T (scale q_t); g [B,T,HV,K] one log decay per token, value head and key channel.  The
  * machinery is in delta_common.c; this file names the op, its backward variants and its entry point.
  *
- * Backward variants (bwd[0] is the chunked default):
- *   unfused    chunked; separate passes that store dw.  The default since session 5: on the H100
- *              8 % faster than fused (5.23 vs 5.64 ms fwd+bwd at B8 T2048 H16 K=V=128), on the CPU
- *              the same within noise (docs/DESIGN.md)
+ * Backward variants (the chunked default: fused on the CPU (bwd[0]), unfused on CUDA, the faster
+ * one on each, docs/DESIGN.md):
  *   fused      chunked; inter-chunk backward (dq, dk, dw, dg) and WY backward in one pass, dw kept
- *              per chunk and never stored (seeds 000, 003)
+ *              per chunk and never stored (seeds 000, 003).  CPU: 6 % faster than unfused (fwd+bwd
+ *              87.6 vs 94.2 ms at B4 T1024 H4 K=V=64, 2 cores)
+ *   unfused    chunked; separate passes that store dw.  H100: 7 % faster than fused (5.19 vs
+ *              5.55 ms fwd+bwd at B8 T2048 H16 K=V=128)
  *   subst      fused with forward substitution instead of blocked inverses in (I + A)^-1
  *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT) */
 #include "ops/delta_common.h"
@@ -31,11 +32,11 @@ const dg_op_def dg_op_kda = {
     .in_names = {"q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens"},
     .out_names = {"o", "final_state"},
     .attrs_size = sizeof(dg_delta_attrs), .forward = forward,
-    .bwd = {{"unfused", bwd_unfused}, {"fused", bwd_fused}, {"subst", bwd_subst},
+    .bwd = {{"fused", bwd_fused}, {"unfused", bwd_unfused}, {"subst", bwd_subst},
             {"recurrent", bwd_recurrent}},
     .decompose = decompose, .sample = sample, DG_DELTA_TOLERANCES};
 
 dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                   const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_kda, SL, DG_GATE_CHANNEL, q, k, v, g, beta, opts, final_state);
+    return dg_delta_call(&dg_op_kda, SL, DG_GATE_CHANNEL, "unfused", q, k, v, g, beta, opts, final_state);
 }

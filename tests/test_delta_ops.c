@@ -344,6 +344,12 @@ static void test_variant_selection(void **st) {
         o.algorithm = DG_DELTA_CHUNKED;
         out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
         assert_int_equal(out->node->variant, 0);
+        /* kda on the CPU: fused (bwd[0]; its CUDA default, unfused, is tested in test_cuda_delta_parity.c) */
+        dg_tensor *gk = dg_rand_range(DG_SHAPE(1, 4, 1, 3), DG_F64, -1, -0.1, &rng);
+        out = dg_kda(q, q, v, gk, beta, &o, NULL);
+        assert_non_null(out);
+        assert_int_equal(out->node->variant, dg_op_variant_find(dg_op_find("kda"), "fused"));
+        assert_int_equal(out->node->variant, 0);
     }
     /* an unknown name is an error that lists the variants */
     o.backward = "fast";

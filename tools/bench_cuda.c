@@ -489,8 +489,8 @@ static rec recs[MAX_RECS];
 static int n_recs;
 static double ceil_tflops = NAN, ceil_gbs = NAN;
 
-/* the op's default backward variant (bwd[0] of its registry entry: ops/kda.c, gated_delta_rule.c,
- * delta_rule.c) and its description */
+/* the op's default backward variant on CUDA (ops/kda.c: unfused; the others bwd[0] of their
+ * registry entry) and its description */
 static dg_dr_variant default_variant(const char *op) {
     return !strcmp(op, "kda") ? (dg_dr_variant){1, 0, 1} : (dg_dr_variant){1, 1, 1};
 }
