@@ -141,14 +141,15 @@ int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io) {
         uint16_t *d = w ? io.dk : io.dq;
         if (!r || !d) continue;
 #ifdef DRC_EMU
+        auto ld = [f16](uint16_t h) { return f16 ? h2f(h) : bf2f(h); };
         for (int64_t i = 0; i < n; i++) {
+            const uint16_t *x = xn + i * D;
+            uint16_t *y = d + i * D;
             float dot = 0.0f;
-            for (int64_t c = 0; c < D; c++)
-                dot += (f16 ? h2f(d[i * D + c]) : bf2f(d[i * D + c])) * (f16 ? h2f(xn[i * D + c]) : bf2f(xn[i * D + c]));
+            for (int64_t c = 0; c < D; c++) dot += ld(y[c]) * ld(x[c]);
             for (int64_t c = 0; c < D; c++) {
-                const float y = f16 ? h2f(d[i * D + c]) : bf2f(d[i * D + c]);
-                const float x = f16 ? h2f(xn[i * D + c]) : bf2f(xn[i * D + c]);
-                d[i * D + c] = f16 ? f2h(r[i] * (y - x * dot)) : f2bf(r[i] * (y - x * dot));
+                const float v = r[i] * (ld(y[c]) - ld(x[c]) * dot);
+                y[c] = f16 ? f2h(v) : f2bf(v);
             }
         }
 #else
@@ -183,15 +184,14 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
     int rc;
     const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(o, 4);
-    if constexpr (is_bf16<T>::value) {
+    if constexpr (sizeof(T) == 2) {
+        constexpr bool f16 = !is_bf16<T>::value; /* fp16: the head-gate kernels' fp16 build; KDA generic */
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        const bool kda = !g_force_generic && kda_ok(p.G) && al; /* per-channel gate: dr_chunk_kda*.cu */
-        rc = kda ? kda_fwd(p, io, keep) : fast ? fast::fwd(p, io, keep) : generic_fwd<T>(p, io);
+        const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al; /* per-channel gate: dr_chunk_kda*.cu */
+        rc = kda    ? kda_fwd(p, io_bits(io), keep)
+             : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
+                    : generic_fwd<T>(p, io);
         if (!rc && kept) *kept = keep && (kda || fast);
-    } else if constexpr (sizeof(T) == 2) { /* fp16: the head-gate kernels' fp16 build; KDA generic */
-        const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        rc = fast ? fast_h::fwd(p, io_bits(io), keep) : generic_fwd<T>(p, io);
-        if (!rc && kept) *kept = keep && fast;
     } else {
         rc = generic_fwd<T>(p, io);
     }
@@ -223,15 +223,14 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     io.rq = rq, io.rk = rk;
     int rc;
     const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-    if constexpr (is_bf16<T>::value) {
+    if constexpr (sizeof(T) == 2) {
+        constexpr bool f16 = !is_bf16<T>::value;
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        const bool kda = !g_force_generic && kda_ok(p.G) && al;
-        rc = kda ? kda_bwd(p, *var, io, kept) : fast ? fast::bwd(p, *var, io, kept) : generic_bwd<T>(p, *var, io);
-        if (!rc && !fast) rc = l2norm_bwd_after(p.G, false, io); /* (fast: folded or run by fast::bwd) */
-    } else if constexpr (sizeof(T) == 2) {
-        const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        rc = fast ? fast_h::bwd(p, *var, io_bits(io), kept) : generic_bwd<T>(p, *var, io);
-        if (!rc && !fast) rc = l2norm_bwd_after(p.G, true, io_bits(io));
+        const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al;
+        rc = kda    ? kda_bwd(p, *var, io_bits(io), kept)
+             : fast ? (f16 ? fast_h::bwd(p, *var, io_bits(io), kept) : fast::bwd(p, *var, io_bits(io), kept))
+                    : generic_bwd<T>(p, *var, io);
+        if (!rc && !fast) rc = l2norm_bwd_after(p.G, f16, io_bits(io)); /* (fast: folded or run by fast::bwd) */
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }

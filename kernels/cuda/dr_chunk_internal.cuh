@@ -136,7 +136,7 @@ __host__ __device__ __forceinline__ float ldx(const f16bits *p) { return h2f(p->
 __host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
 __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
 __host__ __device__ __forceinline__ void stx(f16bits *p, float v) { p->x = f2h(v); }
-/* the tensor-core kernels take bf16 bits only; f32 and fp16 calls take the generic kernels */
+/* bf16 storage (the tensor-core paths of every gate kind; fp16 has KDA's generic only) */
 template <typename T> struct is_bf16 {
     static constexpr bool value = false;
 };
@@ -364,7 +364,9 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * paths that do not fold it into their stores (dr_chunk.cu; the emulation runs it on the host):
  * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
 int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
-/* the same pointers as 16-bit words (the fp16 build of the tensor-core kernels takes them so) */
+/* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16
+ * bits already are) */
+inline const Io<uint16_t> &io_bits(const Io<uint16_t> &io) { return io; }
 inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     Io<uint16_t> b;
     b.q = &io.q->x, b.k = &io.k->x, b.v = &io.v->x, b.beta = &io.beta->x;
