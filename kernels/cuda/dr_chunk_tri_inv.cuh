@@ -11,25 +11,46 @@ namespace DRC_FAST {
 
 constexpr int TRI_LD = 65; /* row stride (floats) of the 64 x 64 matrices: conflict-free columns */
 
-/* sum_{t < n} a[t] b[t * ldb] with four independent partial sums: the dot products of the merge
- * steps below are up to 48 long and ran as one dependent chain of shared-memory loads and adds,
- * which at one or two blocks per multiprocessor nothing else hid */
-__device__ __forceinline__ float tri_dot(const float *a, const float *b, int ldb, int n) {
+/* sum_{t < N} a[t] b[t * ldb] with four independent partial sums (a fixed trip count, unrolled:
+ * the merge steps below ran as loops of variable length, with a division and a remainder for each
+ * element, and made the inverse instruction-bound: 36k warp instructions a block) */
+template <int N> __device__ __forceinline__ float tri_dot(const float *a, const float *b, int ldb) {
+    static_assert(N % 4 == 0, "four partial sums");
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
+#pragma unroll
+    for (int t = 0; t < N; t += 4) {
         s0 += a[t] * b[t * ldb];
         s1 += a[t + 1] * b[(t + 1) * ldb];
         s2 += a[t + 2] * b[(t + 2) * ldb];
         s3 += a[t + 3] * b[(t + 3) * ldb];
     }
-    for (; t < n; t++) s0 += a[t] * b[t * ldb];
     return (s0 + s1) + (s2 + s3);
+}
+
+/* one block row I (rows I0 .. I0 + 15) of the blocked merge, given the rows above it:
+ *   T = A[I, 0:I0] Y[0:I0, 0:I0]   (Y's upper part is zero: the sum may run over all of 0:I0)
+ *   Y[I, 0:I0] = -Y_II T            (Y_II lower: the sum may run over the whole diagonal block)
+ * T's rows at or past L are set to zero (whatever A holds there), so Y's stay zero. */
+template <int I0> __device__ __forceinline__ void tri_merge_row(const float *sA, float *sY, float *sT, int L) {
+    constexpr int LD = 65;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < I0 / 16; u++) {
+        const int e = tid + u * FNT, i = I0 + e / I0, c = e % I0;
+        sT[i * LD + c] = i < L ? tri_dot<I0>(sA + i * LD, sY + c, LD) : 0.0f;
+    }
+    bsync();
+#pragma unroll
+    for (int u = 0; u < I0 / 16; u++) {
+        const int e = tid + u * FNT, i = I0 + e / I0, c = e % I0;
+        sY[i * LD + c] = -tri_dot<16>(sY + i * LD + I0, sT + I0 * LD + c, LD);
+    }
+    bsync();
 }
 
 /* (I + A)^-1 of the strictly lower L x L matrix sA into sY (zero on entry), ld TRI_LD; sT scratch.
  * Forward substitution by columns inside diagonal blocks of bs rows (bs = 16 blocked, else 64),
- * then, blocked, the blocks below the diagonal block row by block row:
+ * then, blocked, the blocks below the diagonal block row by block row (tri_merge_row):
  *   Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]). */
 __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, int L, int blocked) {
     const int tid = threadIdx.x, bs = blocked ? 16 : FC;
@@ -52,18 +73,11 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
         }
     }
     bsync();
-    for (int i0 = bs; blocked && i0 < L; i0 += bs) {
-        int i1 = i0 + bs < L ? i0 + bs : L;
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) { /* T = A[I, c:I0] Y[c:I0, J] */
-            int i = i0 + e / i0, c = e % i0;
-            sT[i * TRI_LD + c] = tri_dot(sA + i * TRI_LD + c, sY + c * TRI_LD + c, TRI_LD, i0 - c);
-        }
-        bsync();
-        for (int e = tid; e < (i1 - i0) * i0; e += FNT) { /* Y_IJ = -Y_II T */
-            int i = i0 + e / i0, c = e % i0;
-            sY[i * TRI_LD + c] = -tri_dot(sY + i * TRI_LD + i0, sT + i0 * TRI_LD + c, TRI_LD, i - i0 + 1);
-        }
-        bsync();
+    if (blocked) {
+        static_assert(FNT == 256 && FC == 64 && TRI_LD == 65, "tri_merge_row: 16 x I0 elements, I0 / 16 a thread");
+        if (L > 16) tri_merge_row<16>(sA, sY, sT, L);
+        if (L > 32) tri_merge_row<32>(sA, sY, sT, L);
+        if (L > 48) tri_merge_row<48>(sA, sY, sT, L);
     }
 }
 
