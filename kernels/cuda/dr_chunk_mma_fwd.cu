@@ -32,7 +32,7 @@ template <int K, int V> struct PrepSmem {
 };
 
 template <int K, int V, int GATE>
-__global__ void __launch_bounds__(FNT)
+__global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory allows two at K = V = 128) */
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
            FastBufs b, int blocked, int store_ai) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
@@ -82,12 +82,14 @@ __global__ void __launch_bounds__(FNT)
             int i = e / 64, j = e % 64;
             b.Ai[((r0 + i) * HV + hv) * 64 + j] = sY[i * LDF + j];
         }
-    /* W = (Ai diag(beta e^G)) K */
-    for (int e = tid; e < 64 * 64; e += FNT) {
-        int i = e / 64, j = e % 64;
-        float x = sY[i * LDF + j] * sb[j];
-        if (GATE == DG_GATE_HEAD) x *= expf(sG[j]);
-        split2(x, sAs.hi[i * 72 + j], sAs.lo()[i * 72 + j]);
+    /* W = (Ai diag(beta e^G)) K  (this thread's elements all lie in column tid % 64) */
+    const int jc = tid & 63;
+    const float bj = sb[jc], ej = GATE == DG_GATE_HEAD ? expf(sG[jc]) : 1.0f;
+#pragma unroll 4
+    for (int i = tid >> 6; i < 64; i += FNT / 64) {
+        float x = sY[i * LDF + jc] * bj;
+        if (GATE == DG_GATE_HEAD) x *= ej;
+        split2(x, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
     }
     bsync();
     {
@@ -120,10 +122,8 @@ __global__ void __launch_bounds__(FNT)
         if (!PW) *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
     }
     /* U = (Ai diag(beta)) V */
-    for (int e = tid; e < 64 * 64; e += FNT) {
-        int i = e / 64, j = e % 64;
-        split2(sY[i * LDF + j] * sb[j], sAs.hi[i * 72 + j], sAs.lo()[i * 72 + j]);
-    }
+#pragma unroll 4
+    for (int i = tid >> 6; i < 64; i += FNT / 64) split2(sY[i * LDF + jc] * bj, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
     bsync();
     {
         using T = WT<64, V>;
@@ -162,17 +162,25 @@ __global__ void __launch_bounds__(FNT)
 template <bool PL> struct UPair { using type = float2; };
 template <> struct UPair<true> { using type = uint32_t; };
 
-/* Whether f_state loads the next chunk's W, K, U and gate (cp.async, into a second set of tiles)
- * while it works on this one, so that a chunk step waits for no load from device memory: with 32
- * value columns a block (few sequence-heads, S2: 128 chunk steps one after another per block),
- * where two sets still leave two blocks per SM; W and U must be plain (one tile each).  H100, S2:
- * W and K prefetched: GDN fwd 1.307 -> 1.261 ms. */
-template <int GATE, int BV> constexpr bool state_prefetch() { return BV == 32 && Plain<GATE>::W && Plain<GATE>::U; }
+/* Whether f_state loads the next chunk's W, K and gate (cp.async, into a second set of tiles)
+ * while it works on this one, so that a chunk step waits for no load from device memory; W and U
+ * must be plain (one tile each).  With 32 value columns a block (few sequence-heads, S2: 128 chunk
+ * steps one after another per block) U is prefetched too (state_prefetch_u), and two sets still
+ * leave two blocks per SM.  With 64 (S1) the second set fits beside two blocks per SM only with V'
+ * in S's place (state_vn_in_s: one barrier more a step) and U loaded from device memory into
+ * registers as without the prefetch.  H100, S2: W and K prefetched: GDN fwd 1.307 -> 1.261 ms. */
+template <int GATE, int BV> constexpr bool state_prefetch() { return (BV == 32 || BV == 64) && Plain<GATE>::W && Plain<GATE>::U; }
+template <int GATE, int BV> constexpr bool state_prefetch_u() { return BV == 32 && state_prefetch<GATE, BV>(); }
+template <int GATE, int BV> constexpr bool state_vn_in_s() { return BV == 64 && state_prefetch<GATE, BV>(); }
 
-template <int K, int BV, bool PF = false> struct StateSmem { /* BV: the value columns of a block (state_bv) */
+template <int K, int BV, bool PF = false, bool PFU = false, bool VNS = false> struct StateSmem { /* BV: the value columns of a block (state_bv) */
+    static_assert(!VNS || 64 <= K, "V' in S's place");
     static constexpr int bytes = (PF ? 2 * 64 * 4 : 64 * 4) + (PF ? 4 * tile_bytes(64, K) : 3 * tile_bytes(64, K)) +
-                                 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV) + (PF ? 2 * tile_bytes(64, BV) : 0);
+                                 2 * tile_bytes(K, BV) + (VNS ? 0 : 2 * tile_bytes(64, BV)) + (PFU ? 2 * tile_bytes(64, BV) : 0);
 };
+template <int K, int GATE, int BV> constexpr int state_smem() {
+    return StateSmem<K, BV, state_prefetch<GATE, BV>(), state_prefetch_u<GATE, BV>(), state_vn_in_s<GATE, BV>()>::bytes;
+}
 
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1): the columns of S
  * and V' are independent, so V / BV blocks share a (sequence, head), each loading the same W, K
@@ -181,7 +189,7 @@ template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
-    constexpr bool PF = state_prefetch<GATE, BV>();
+    constexpr bool PF = state_prefetch<GATE, BV>(), PFU = state_prefetch_u<GATE, BV>(), VNS = state_vn_in_s<GATE, BV>();
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV, T = 64 * (K + PAD);
     const int HV = G.HV, warp = threadIdx.x >> 5;
@@ -191,8 +199,8 @@ __global__ void __launch_bounds__(FNT, 2)
      * (plain W, K, and U after V'), chunk c in set c - c0 mod 2 */
     uint16_t *base = (uint16_t *)(sm + (PF ? 128 : 64));
     const Sp sS{base + (PF ? 4 : 3) * T, K * (BV + PAD)};
-    const Sp sVn{sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
-    uint16_t *sU0 = sVn.hi + 2 * 64 * (BV + PAD); /* PF: U of set 0, then of set 1 */
+    const Sp sVn{VNS ? sS.hi : sS.hi + 2 * K * (BV + PAD), 64 * (BV + PAD)};
+    uint16_t *sU0 = sS.hi + 2 * K * (BV + PAD) + (VNS ? 0 : 2 * 64 * (BV + PAD)); /* PFU: U of set 0, then of set 1 */
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
@@ -205,8 +213,9 @@ __global__ void __launch_bounds__(FNT, 2)
         const Chunk x = chunk_at(G, cc);
         load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L);
         load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
-        load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
-                               (int64_t)HV * V, x.L);
+        if (PFU)
+            load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
+                                   (int64_t)HV * V, x.L);
         const int i = threadIdx.x;
         if (GATE == DG_GATE_HEAD && i < FC) cp_async4(sm + 64 * pair + i, b.Gc + (x.r0 + (i < x.L ? i : x.L - 1)) * G.HV + hv);
         cp_async_commit();
@@ -245,13 +254,14 @@ __global__ void __launch_bounds__(FNT, 2)
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
-                    if constexpr (PF) u[nt][hh] = *(const uint32_t *)(sU + i * (BV + PAD) + j); /* 0 past L */
+                    if constexpr (PFU) u[nt][hh] = *(const uint32_t *)(sU + i * (BV + PAD) + j); /* 0 past L */
                     else if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
                     else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
                 }
             float acc[1][TV::NT][4];
             acc_zero(acc);
             mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
+            if (VNS) bsync(); /* every warp is past its reads of S: V' takes its place */
             const float gl = sG[63];
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
@@ -347,19 +357,19 @@ __global__ void __launch_bounds__(FNT)
 
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
-    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && StateSmem<K, BV>::bytes <= SMEM_MAX &&
-                      StateSmem<K, 32, true>::bytes <= SMEM_MAX / 2 && OutSmem<K>::bytes <= SMEM_MAX,
-                  "shared memory (the 32-column state pass with its prefetch: two blocks per SM)");
+    static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && state_smem<K, GATE, BV>() + 1024 <= SMEM_MAX / 2 &&
+                      state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 && OutSmem<K>::bytes <= SMEM_MAX,
+                  "shared memory (the state pass: two blocks per SM)");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
                         b.Ai ? 1 : 0);
     if (!rc && state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
-                        (size_t)(StateSmem<K, 32, state_prefetch<GATE, 32>()>::bytes), G, io.k, b, io.h0, io.hT);
+                        (size_t)(state_smem<K, GATE, 32>()), G, io.k, b, io.h0, io.hT);
     else if (!rc)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
-                        (size_t)(StateSmem<K, BV>::bytes), G, io.k, b, io.h0, io.hT);
+                        (size_t)(state_smem<K, GATE, BV>()), G, io.k, b, io.h0, io.hT);
     return rc;
 }
 

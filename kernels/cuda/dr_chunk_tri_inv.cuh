@@ -64,8 +64,15 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
         wsync();
         for (int i = b0 + 1; i < i1; i++) {
             float s = 0.0f;
-            if (i > col)
+            if (blocked) { /* the block row before i, unrolled (Y_jc = 0 for j < c: the sum may start at b0) */
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const int j = b0 + sub + 4 * m;
+                    if (j < i) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
+                }
+            } else if (i > col) {
                 for (int j = col + sub; j < i; j += 4) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
+            }
             s += shfl_xor(s, 1);
             s += shfl_xor(s, 2);
             if (sub == 0 && i > col) sY[i * TRI_LD + col] = -s;
