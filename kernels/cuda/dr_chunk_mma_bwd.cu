@@ -358,6 +358,11 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             if (partial) red_rows_put(redg, km0, rs);
         }
         bsync();
+        if (MODE == 0) { /* every warp is past its reads of dO: v for the WY part into its place, in flight
+                          * while dq, dk are made (waited for where the WY part starts) */
+            load_raw_async<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            cp_async_commit();
+        }
         mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
         mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sQ, K + PAD, kn0, 64);
         if (HEAD && !partial) { /* seed 001: dG = rowsum(q o dq) - rowsum(k o dk) */
@@ -402,7 +407,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     }
 
     /* ---- WY backward ---- */
-    load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    if (MODE == 0) cp_async_wait_all(); /* v (issued after phase C; the barrier below shows it) */
+    else load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll 1
     for (int u0 = 0; u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB) */
         float x[AIB];
