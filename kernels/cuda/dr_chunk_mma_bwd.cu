@@ -249,6 +249,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
     const Sp sdAi{(uint16_t *)(B8 + S_::o1 + S_::T64), 64 * 72};
     const Sp sT{(uint16_t *)(B8 + S_::o1 + 2 * S_::T64), 64 * 72};
+    uint16_t *sAiF = (uint16_t *)(B8 + S_::o1 + S_::T64); /* MODE 0: Ai as loaded (f32, rows of 68), in sdAi's and sT's place */
+    static_assert(64 * (128 + PAD) * 2 <= 2 * S_::T64, "Ai staging in sdAi, sT");
     const Sp sVn{(uint16_t *)(B8 + S_::o2), 64 * (V + PAD)};
     const Sp sdW{(uint16_t *)(B8 + S_::o2), 64 * (K + PAD)};
     const Sp sdV{(uint16_t *)(B8 + S_::o3), 64 * (V + PAD)};
@@ -358,9 +360,11 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             if (partial) red_rows_put(redg, km0, rs);
         }
         bsync();
-        if (MODE == 0) { /* every warp is past its reads of dO: v for the WY part into its place, in flight
-                          * while dq, dk are made (waited for where the WY part starts) */
+        if (MODE == 0) { /* every warp is past its reads of dO and of S0 / dS1: v for the WY part into
+                          * dO's place, Ai (f32 rows of 64, as rows of 128 16-bit words) into S's behind
+                          * sAi, in flight while dq, dk are made (waited for where the WY part starts) */
             load_raw_async<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            load_raw_async<64, 128>(sAiF, (const uint16_t *)(a.b.Ai + ot * 64), (int64_t)HV * 128, L);
             cp_async_commit();
         }
         mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
@@ -407,10 +411,18 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     }
 
     /* ---- WY backward ---- */
-    if (MODE == 0) cp_async_wait_all(); /* v (issued after phase C; the barrier below shows it) */
-    else load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    if (MODE == 0) { /* v and Ai (issued after phase C) */
+        cp_async_wait_all();
+        bsync();
+#pragma unroll 4
+        for (int u = 0; u < 64 * 64 / FNT; u++) {
+            const int e = tid + u * FNT, i = e / 64, j = e % 64;
+            split2(((const float *)sAiF)[i * 68 + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+        }
+    } else
+        load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll 1
-    for (int u0 = 0; u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB) */
+    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB) */
         float x[AIB];
 #pragma unroll
         for (int u = 0; u < AIB; u++) {

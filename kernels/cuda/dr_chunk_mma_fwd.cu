@@ -292,36 +292,38 @@ __global__ void __launch_bounds__(FNT, 2)
     if (hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
-template <int K> struct OutSmem {
-    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(K, BV) +
-                                 tile_bytes(64, BV) + 2 * tile_bytes(64, 64);
+template <int K, int OB> struct OutSmem { /* OB: the value columns of a block */
+    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(K, OB) +
+                                 tile_bytes(64, OB) + 2 * tile_bytes(64, 64);
 };
 
-/* block per (chunk, value head, tile of BV value columns): the two tiles of V = 128 both compute
- * P (small) and load Q, K, so that a block needs half the shared memory and two fit on a
- * multiprocessor.  S and V' enter as their hi words only, for both gates (dr_chunk_mma.cuh: o
- * 2.5e-3 against 1.7e-3 split; the lo arrays, where written, are for the backward): Q S takes one
- * mma pass, P V' two (P split). */
+/* block per (chunk, value head, tile of OB value columns; out_cols: all of them since session 6,
+ * each block loads Q, K and makes P once: with S and V' plain two blocks of V = 128 columns still
+ * fit on a multiprocessor).  S and V' enter as their hi words only, for both gates
+ * (dr_chunk_mma.cuh: o 2.5e-3 against 1.7e-3 split; the lo arrays, where written, are for the
+ * backward): Q S takes one mma pass, P V' two (P split). */
+template <int V> constexpr int out_cols() { return V; }
+
 template <int K, int V, int GATE>
-__global__ void __launch_bounds__(FNT)
+__global__ void __launch_bounds__(FNT, 2)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o) {
     DRC_SMEM(float, sm);
-    constexpr int NVT = V / BV;
+    constexpr int OB = out_cols<V>(), NVT = V / OB;
     const int HV = G.HV, warp = threadIdx.x >> 5;
     const int64_t c = blockIdx.x / (HV * NVT);
-    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * OB;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     float *sG = sm;
     uint16_t *sQ = (uint16_t *)(sG + 64), *sK = sQ + 64 * (K + PAD);
-    uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (BV + PAD);
-    const Sp sP{sVn + 64 * (BV + PAD), 64 * 72};
+    uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (OB + PAD);
+    const Sp sP{sVn + 64 * (OB + PAD), 64 * 72};
     load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-    load_raw<K, BV>(sS, b.Sh + sb, V, K);
-    load_raw<64, BV>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+    load_raw<K, OB>(sS, b.Sh + sb, V, K);
+    load_raw<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
     bsync();
     const float scale = G.scale;
@@ -340,15 +342,15 @@ __global__ void __launch_bounds__(FNT)
     }
     bsync();
     {
-        using T = WT<64, BV>;
+        using T = WT<64, OB>;
         float acc[1][T::NT][4];
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        mma_run<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, BV + PAD, n0, K);
+        mma_run<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, OB + PAD, n0, K);
         frag_each(acc, m0, n0, [&](int i, int, float &x) {
             x *= GATE == DG_GATE_HEAD ? scale * expf(sG[i]) : scale;
         });
-        mma_sr<1, T::NT, false, true>(acc, sP, 72, m0, sVn, BV + PAD, n0, 64);
+        mma_sr<1, T::NT, false, true>(acc, sP, 72, m0, sVn, OB + PAD, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
         });
@@ -358,8 +360,8 @@ __global__ void __launch_bounds__(FNT)
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
     static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && state_smem<K, GATE, BV>() + 1024 <= SMEM_MAX / 2 &&
-                      state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 && OutSmem<K>::bytes <= SMEM_MAX,
-                  "shared memory (the state pass: two blocks per SM)");
+                      state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 && OutSmem<K, out_cols<V>()>::bytes + 1024 <= SMEM_MAX / 2,
+                  "shared memory (the state pass and out: two blocks per SM)");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
@@ -375,8 +377,8 @@ int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int b
 
 template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b) {
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / BV), FNT,
-                      (size_t)(OutSmem<K>::bytes), G, io.q, io.k, b, io.o);
+    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / out_cols<V>()), FNT,
+                      (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q, io.k, b, io.o);
 }
 
 } // namespace
