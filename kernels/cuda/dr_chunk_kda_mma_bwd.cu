@@ -482,12 +482,28 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         const int i = e / K, cc = e % K;
         fast::split2(bf2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
-    fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-    fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
-    for (int e = tid; e < 64 * 64; e += FNT) {
-        const int i = e >> 6, j = e & 63;
-        const float x = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
-        fast::split2(x, sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    { /* Ai in two halves of 8 values a thread, each loaded into registers before one of the tile
+       * loads and split after it: the latencies overlap (loaded and split element by element,
+       * each store to shared memory kept the next load waiting behind it) */
+        constexpr int NA = 64 * 64 / FNT / 2;
+        float x[NA];
+        const int j = tid & 63, i0 = tid >> 6;
+        const float *Ai = a.b.Ai + ot * 64 + j;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+#pragma unroll
+            for (int u = 0; u < NA; u++) {
+                const int i = i0 + 4 * (u + NA * half);
+                x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
+            }
+            if (half == 0) fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            else fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+#pragma unroll
+            for (int u = 0; u < NA; u++) {
+                const int i = i0 + 4 * (u + NA * half);
+                fast::split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+            }
+        }
     }
     bsync();
     float dai[1][TP::NT][4];
