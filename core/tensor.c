@@ -1,5 +1,6 @@
 /* Tensor headers: refcounts, geometry, creation, element access, printing. */
 #include "core/internal.h"
+#include "core/bf16.h"
 #include "core/f16.h"
 
 #include <math.h>
@@ -192,25 +193,11 @@ void *dg_data_ptr(const dg_tensor *t) {
 }
 
 /* bf16: the top 16 bits of an f32, rounded to nearest even */
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 double dg_load_as_double(const void *p, dg_dtype dt) {
     switch (dt) {
     case DG_F32: return *(const float *)p;
     case DG_F64: return *(const double *)p;
-    case DG_BF16: return bf16_to_f32(*(const uint16_t *)p);
+    case DG_BF16: return dg_bf16_to_f32(*(const uint16_t *)p);
     case DG_F16: return dg_f16_to_f64(*(const uint16_t *)p);
     case DG_I32: return *(const int32_t *)p;
     case DG_I64: return (double)*(const int64_t *)p;
@@ -222,7 +209,7 @@ void dg_store_double(void *p, dg_dtype dt, double v) {
     switch (dt) {
     case DG_F32: *(float *)p = (float)v; break;
     case DG_F64: *(double *)p = v; break;
-    case DG_BF16: *(uint16_t *)p = f32_to_bf16((float)v); break;
+    case DG_BF16: *(uint16_t *)p = dg_bf16_from_f32((float)v); break;
     case DG_F16: *(uint16_t *)p = dg_f16_from_f64(v); break; /* one rounding, from f64 */
     case DG_I32: *(int32_t *)p = (int32_t)v; break;
     case DG_I64: *(int64_t *)p = (int64_t)v; break;

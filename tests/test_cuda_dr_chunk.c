@@ -51,8 +51,8 @@ static double *rnd(int64_t n, double lo, double hi) {
 /* Storage of q, k, v, beta, o, dout and their gradients in a run (gates and states are f32). */
 enum { S_F32, S_BF16, S_F16 };
 static const char *const st_names[3] = {"f32", "bf16", "f16"};
-static uint16_t to16(int st, double x) { return st == S_BF16 ? dg_test_f2bf((float)x) : dg_f16_from_f64(x); }
-static double from16(int st, uint16_t h) { return st == S_BF16 ? dg_test_bf2f(h) : dg_f16_to_f64(h); }
+static uint16_t to16(int st, double x) { return st == S_BF16 ? dg_bf16_from_f32((float)x) : dg_f16_from_f64(x); }
+static double from16(int st, uint16_t h) { return st == S_BF16 ? dg_bf16_to_f32(h) : dg_f16_to_f64(h); }
 /* x as the device holds it in storage st */
 static double stored(int st, double x) { return st == S_F32 ? (float)x : from16(st, to16(st, x)); }
 
@@ -416,13 +416,13 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     res_alloc(&c, &d, &ref), res_alloc(&c, &d, &got);
     ref_f64(&d, &ref);
     uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + 1)), *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + 1));
-    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = dg_test_f2bf((float)d.q[i]);
+    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = dg_bf16_from_f32((float)d.q[i]);
     uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
     float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
     assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d.s, q1 + 1, k, v, g, beta, h0, o1 + 1, hT), 0);
     assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
-    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_test_bf2f(ho[i + 1]);
+    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_bf16_to_f32(ho[i + 1]);
     float *hh = malloc(sizeof(float) * (size_t)d.nh);
     assert_int_equal(dg_cuda_memcpy(hh, hT, sizeof(float) * (size_t)d.nh, 1), 0);
     for (int64_t i = 0; i < d.nh; i++) got.x[R_HT][i] = hh[i];

@@ -87,7 +87,7 @@ static void prob_make(const kcase *c, prob *p) {
     }
     for (int a = 0; a < X_N; a++)
         for (int64_t i = 0; p->x[a] && i < nx[a]; i++)
-            p->x[a][i] = x_bf16[a] ? dg_test_bf2f(dg_test_f2bf((float)(p->x[a][i]))) : (double)(float)p->x[a][i];
+            p->x[a][i] = x_bf16[a] ? dg_bf16_to_f32(dg_bf16_from_f32((float)(p->x[a][i]))) : (double)(float)p->x[a][i];
     const int64_t ny[Y_N] = {nx[X_V], nh, c->some ? 0 : nx[X_Q], nx[X_Q], c->some ? 0 : nx[X_V], nx[X_G],
                              nx[X_B], c->h0 ? nh : 0};
     memcpy(p->ny, ny, sizeof ny);
@@ -123,7 +123,7 @@ static void *to_dev(const double *x, int64_t n, int bf16) {
     unsigned char *h = malloc(bytes);
     memset(h, 0xff, bytes);
     for (int64_t i = 0; x && i < n; i++) {
-        if (bf16) ((uint16_t *)h)[i] = dg_test_f2bf((float)(x[i]));
+        if (bf16) ((uint16_t *)h)[i] = dg_bf16_from_f32((float)(x[i]));
         else ((float *)h)[i] = (float)x[i];
     }
     void *d = dg_cuda_malloc(bytes);
@@ -136,7 +136,7 @@ static void from_dev(double *y, const void *d, int64_t n, int bf16) {
     const size_t bytes = (size_t)(n ? n : 1) * (bf16 ? 2 : 4);
     unsigned char *h = malloc(bytes);
     assert_int_equal(dg_cuda_memcpy(h, d, bytes, 1), 0);
-    for (int64_t i = 0; i < n; i++) y[i] = bf16 ? dg_test_bf2f(((uint16_t *)h)[i]) : ((float *)h)[i];
+    for (int64_t i = 0; i < n; i++) y[i] = bf16 ? dg_bf16_to_f32(((uint16_t *)h)[i]) : ((float *)h)[i];
     free(h);
 }
 

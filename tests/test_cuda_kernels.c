@@ -76,7 +76,7 @@ static void *dput_as(const double *x, int64_t n, dg_dtype dt) {
         if (dt == DG_F32) ((float *)h)[i] = (float)x[i];
         else if (dt == DG_F64) ((double *)h)[i] = x[i];
         else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f64(x[i]);
-        else ((uint16_t *)h)[i] = dg_test_f2bf((float)x[i]);
+        else ((uint16_t *)h)[i] = dg_bf16_from_f32((float)x[i]);
     }
     void *d = dput(h, n, dg_dtype_size(dt));
     free(h);
@@ -90,7 +90,7 @@ static double *dget_d(const void *dev, int64_t n, dg_dtype dt) {
         x[i] = dt == DG_F32   ? ((float *)h)[i]
                : dt == DG_F64 ? ((double *)h)[i]
                : dt == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
-                              : dg_test_bf2f(((uint16_t *)h)[i]);
+                              : dg_bf16_to_f32(((uint16_t *)h)[i]);
     free(h);
     return x;
 }
@@ -319,7 +319,7 @@ static void test_fill_copy_cast(void **state) {
         unsigned char *h = dget(d, n, es);
         for (int64_t i = 0; i < n; i++) {
             double v = all[di] == DG_F32 ? ((float *)h)[i] : all[di] == DG_F64 ? ((double *)h)[i]
-                     : all[di] == DG_BF16 ? dg_test_bf2f(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
+                     : all[di] == DG_BF16 ? dg_bf16_to_f32(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
                      : all[di] == DG_I32 ? ((int32_t *)h)[i]
                      : (double)((int64_t *)h)[i];
             assert_true(v == -3.0);
@@ -366,7 +366,7 @@ static void test_fill_copy_cast(void **state) {
     int32_t *i32 = dget(di32, n, 4);
     for (int64_t i = 0; i < n; i++) {
         assert_true(f32[i] == (double)(float)x[i]);
-        assert_true(back[i] == (double)dg_test_bf2f(dg_test_f2bf((float)x[i])));
+        assert_true(back[i] == (double)dg_bf16_to_f32(dg_bf16_from_f32((float)x[i])));
         assert_int_equal(i32[i], (int32_t)x[i]);
     }
     free(x), free(f32), free(back), free(i32);
@@ -393,7 +393,7 @@ static void test_fill_copy_cast(void **state) {
         if (g16[i] != dg_f16_from_f64(y[i]))
             fail_msg("cast f64 -> f16 of %.17g: device 0x%04x, host 0x%04x", y[i], g16[i], dg_f16_from_f64(y[i]));
         assert_int_equal(g16b[i], g16[i]);
-        assert_true(gb64[i] == (double)dg_test_bf2f(dg_test_f2bf(dg_f16_to_f32(g16[i]))));
+        assert_true(gb64[i] == (double)dg_bf16_to_f32(dg_bf16_from_f32(dg_f16_to_f32(g16[i]))));
     }
     free(y), free(g16), free(g16b), free(gb64);
     dg_cuda_free(y64), dg_cuda_free(h16), dg_cuda_free(h32), dg_cuda_free(h16b), dg_cuda_free(hbf), dg_cuda_free(hb64);
@@ -482,9 +482,9 @@ static void test_gemm(void **state) {
             int64_t na = batch * sa, nb = bcast_b ? br * ldb : batch * sb, nc = batch * sc;
             double *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1), *C = rnd(nc, -1, 1);
             /* what the device will hold */
-            for (int64_t i = 0; i < na; i++) A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : dg_test_bf2f(dg_test_f2bf((float)A[i]));
-            for (int64_t i = 0; i < nb; i++) B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : dg_test_bf2f(dg_test_f2bf((float)B[i]));
-            for (int64_t i = 0; i < nc; i++) C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : dg_test_bf2f(dg_test_f2bf((float)C[i]));
+            for (int64_t i = 0; i < na; i++) A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)A[i]));
+            for (int64_t i = 0; i < nb; i++) B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)B[i]));
+            for (int64_t i = 0; i < nc; i++) C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)C[i]));
             const double alpha = 0.7, beta = tr == 2 ? 0.0 : 0.3;
             double *ref = malloc(sizeof(double) * batch * M * N), *got = malloc(sizeof(double) * batch * M * N);
             for (int64_t b = 0; b < batch; b++)
@@ -572,7 +572,7 @@ static void dr_make(const dr_cfg *c, int bf16, dr_data *d) {
     int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
     for (int a = 0; a < 5; a++)
         for (int64_t i = 0; i < nlo[a]; i++)
-            lo[a][i] = bf16 ? dg_test_bf2f(dg_test_f2bf((float)lo[a][i])) : (float)lo[a][i];
+            lo[a][i] = bf16 ? dg_bf16_to_f32(dg_bf16_from_f32((float)lo[a][i])) : (float)lo[a][i];
     double *hi[3] = {d->g, d->h0, d->dhT};
     int64_t nhi[3] = {d->ng, d->nh, d->nh};
     for (int a = 0; a < 3; a++)

@@ -71,6 +71,7 @@ int dg_bench_cuda(int argc, char **argv) {
 
 #include <cuda_runtime_api.h>
 
+#include "core/bf16.h"
 #include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -91,12 +92,6 @@ static double urand(void) {
 /* mean 0, variance 1: the sum of two uniforms, rescaled (triangular; enough for timing data, and
  * fast: S3 draws half a billion values) */
 static float nrand(void) { return (float)((urand() + urand() - 1.0) * 2.449489742783178); }
-static uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 static float logsigmoidf(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
 
 typedef enum { R_NORMAL, R_SIGMOID, R_LOGSIGMOID } rand_kind;
@@ -119,7 +114,7 @@ static void *dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
         float x = nrand();
         if (kind == R_SIGMOID) x = 1.0f / (1.0f + expf(-x));
         else if (kind == R_LOGSIGMOID) x = fmaxf(logsigmoidf(x), -5.0f);
-        if (dt == DG_BF16) ((uint16_t *)h)[i] = f2bf(x);
+        if (dt == DG_BF16) ((uint16_t *)h)[i] = dg_bf16_from_f32(x);
         else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f32(x);
         else ((float *)h)[i] = x;
     }

@@ -46,21 +46,6 @@ double dg_test_xorshift(uint64_t *state) {
     return (double)(s >> 11) / 9007199254740992.0;
 }
 
-uint16_t dg_test_f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float dg_test_bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 void dg_test_require_cuda(void) {
     if (!dg_cuda_available()) skip();
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "core/bf16.h"
 #include "deltagrad.h"
 
 /* Asserts that the last error contains `needle`, then clears it. */
@@ -28,9 +29,6 @@ double dg_test_rel_err_norm(const double *a, const double *ref, int64_t n);
  * bits), the tests' deterministic source independent of the runtime's: each test program keeps its
  * own state and seed. */
 double dg_test_xorshift(uint64_t *state);
-/* f32 to bf16 bits, rounded to nearest even (NaN stays NaN), and back (exact) */
-uint16_t dg_test_f2bf(float f);
-float dg_test_bf2f(uint16_t h);
 
 /* Skips the test when no GPU is present. */
 void dg_test_require_cuda(void);
