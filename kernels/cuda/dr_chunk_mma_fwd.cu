@@ -9,7 +9,7 @@
  *          V' = U - W S                                        [mma, W and S split]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma, V' split]
  *          stores S (entering each chunk) and V', both split
- *   out    (block per chunk, head, tile of BV value columns):  O = scale e^G o (Q S) + P V',
+ *   out    (block per chunk, head, all V value columns):  O = scale e^G o (Q S) + P V',
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
  * With the head gate (Plain<GATE>, dr_chunk_mma.cuh) W, U and V' are plain bf16 instead of
  * split (U instead of f32): one word stored, one mma pass less for each of them in every product.
