@@ -11,9 +11,9 @@
 #define SL (&dg_delta_slots_plain)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-DG_DELTA_BWD_VARIANT(bwd_chunk, SL, DG_DBWD_CHUNK, 1, 0, 1)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 0, 0)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 0, 1)
+DG_DELTA_BWD_VARIANT(bwd_chunk, SL, DG_DBWD_CHUNK, 1, 1, 1)
+DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 1, 0)
+DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 1, 1)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }

@@ -13,10 +13,10 @@
 #define SL (&dg_delta_slots_gated)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, DG_DBWD_CHUNK, 1, 0, 1)
-DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, DG_DBWD_CHUNK, 0, 0, 1)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 0, 0)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 0, 1)
+DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, DG_DBWD_CHUNK, 1, 1, 1)
+DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, DG_DBWD_CHUNK, 0, 1, 1)
+DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 1, 0)
+DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 1, 1)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }
