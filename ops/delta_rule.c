@@ -5,7 +5,8 @@
  * Backward variants:
  *   chunk      chunked (WY form), blocked inverses in (I + A)^-1
  *   subst      chunked with forward substitution
- *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT) */
+ *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT)
+ * The chunked ones take the fused structure (flag kda_fused = 1), as gated_delta_rule's. */
 #include "ops/delta_common.h"
 
 #define SL (&dg_delta_slots_plain)

@@ -7,7 +7,10 @@
  *               state term (seed 001)
  *   dg_partial  chunked; dg accumulated through the partial terms of every piece
  *   subst       dg_final with forward substitution instead of blocked inverses in (I + A)^-1
- *   recurrent   token by token (the default when the forward ran with algorithm = RECURRENT) */
+ *   recurrent   token by token (the default when the forward ran with algorithm = RECURRENT)
+ * The chunked ones take the fused structure (flag kda_fused = 1: the inter-chunk and WY backward in
+ * one pass, dW kept per chunk; on CUDA the fused qkwy kernel), the faster on both devices and the
+ * one deltagrad bench --device cuda times (docs/DESIGN.md, session 6). */
 #include "ops/delta_common.h"
 
 #define SL (&dg_delta_slots_gated)
