@@ -12,6 +12,14 @@ const dg_delta_slots dg_delta_slots_plain = {.q = 0, .k = 1, .v = 2, .g = -1, .b
 const dg_delta_slots dg_delta_slots_gated = {.q = 0, .k = 1, .v = 2, .g = 3, .beta = 4, .h0 = 5,
                                              .A_log = 6, .dt_bias = 7, .cu = 8, .n_in = 9};
 
+const dg_delta_variants *dg_delta_variants_of(const char *op) {
+    if (!op) return NULL;
+    if (!strcmp(op, "delta_rule")) return &dg_delta_rule_variants;
+    if (!strcmp(op, "gated_delta_rule")) return &dg_gated_delta_rule_variants;
+    if (!strcmp(op, "kda")) return &dg_kda_variants;
+    return NULL;
+}
+
 /* ---- validation ------------------------------------------------------------------------------ */
 
 static bool same_shape4(const dg_tensor *t, int nd, const int64_t *want) {

@@ -124,13 +124,35 @@ int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows
                         const void *a, const void *A_log, const void *dt_bias, const void *dg, void *da,
                         void *dA_log, void *ddt_bias);
 
-/* Defines `static int NAME(dg_node *, gout, gin)`: a backward variant of the family with the given
- * algorithm and chunked-kernel flags, for an op whose inputs sit at SLOTS. */
-#define DG_DELTA_BWD_VARIANT(NAME, SLOTS, ALGO, DG_FINAL, KDA_FUSED, BLOCKED)                          \
-    static int NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                           \
-        static const dg_delta_bwd_spec spec = {                                                       \
-            ALGO, {.gdn_dg_from_final = DG_FINAL, .kda_fused = KDA_FUSED, .solve_tril_blocked = BLOCKED}}; \
-        return dg_delta_backward(n, SLOTS, &spec, gout, gin);                                         \
+/* A backward variant of an op of the family as its op file declares it: the registry's name (the
+ * op's dg_op_def.bwd entry of that name runs spec), a line for the benchmarks, and the spec.  Each
+ * op file keeps its variants in one table, in the order of its registry entries (bwd[0] first, the
+ * registry's default); tools/bench_cuda.c times the chunked ones from the same table, so that the
+ * benchmark's rows are the ops' own variants (tests/test_delta_ops.c checks that the names agree). */
+#define DG_DELTA_CHUNK_SPEC(DG_FINAL, FUSED, BLOCKED)                                               \
+    {DG_DBWD_CHUNK, {.gdn_dg_from_final = DG_FINAL, .kda_fused = FUSED, .solve_tril_blocked = BLOCKED}}
+#define DG_DELTA_RECURRENT_SPEC {DG_DBWD_RECURRENT, {.gdn_dg_from_final = 1, .kda_fused = 1, .solve_tril_blocked = 1}}
+
+typedef struct dg_delta_variant {
+    const char *name, *desc;
+    dg_delta_bwd_spec spec;
+} dg_delta_variant;
+
+typedef struct dg_delta_variants {
+    const dg_delta_variant *v;
+    int n;
+    int cuda_default; /* v[cuda_default]: the chunked default on CUDA (0: the registry's default) */
+} dg_delta_variants;
+
+extern const dg_delta_variants dg_delta_rule_variants, dg_gated_delta_rule_variants, dg_kda_variants;
+/* the table of the op named op ("delta_rule", "gated_delta_rule", "kda"), or NULL */
+const dg_delta_variants *dg_delta_variants_of(const char *op);
+
+/* Defines `static int NAME(dg_node *, gout, gin)`: the backward variant TABLE[I] of an op whose
+ * inputs sit at SLOTS. */
+#define DG_DELTA_BWD_VARIANT(NAME, SLOTS, TABLE, I)                                                 \
+    static int NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                          \
+        return dg_delta_backward(n, SLOTS, &(TABLE)[I].spec, gout, gin);                            \
     }
 
 /* gradcheck / comparison tolerances of the family (f64: finite differences; f32: against f64) */

@@ -16,10 +16,17 @@
 #define SL (&dg_delta_slots_gated)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, DG_DBWD_CHUNK, 1, 1, 1)
-DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, DG_DBWD_CHUNK, 0, 1, 1)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 1, 0)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 1, 1)
+static const dg_delta_variant variants[] = {
+    {"dg_final", "dg from final dq,dk; blocked", DG_DELTA_CHUNK_SPEC(1, 1, 1)},
+    {"dg_partial", "dg from partial terms", DG_DELTA_CHUNK_SPEC(0, 1, 1)},
+    {"subst", "solve_tril substitution", DG_DELTA_CHUNK_SPEC(1, 1, 0)},
+    {"recurrent", "token by token (reference)", DG_DELTA_RECURRENT_SPEC},
+};
+const dg_delta_variants dg_gated_delta_rule_variants = {variants, 4, 0};
+DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, variants, 0)
+DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, variants, 1)
+DG_DELTA_BWD_VARIANT(bwd_subst, SL, variants, 2)
+DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, variants, 3)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }

@@ -16,10 +16,17 @@
 #define SL (&dg_delta_slots_gated)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-DG_DELTA_BWD_VARIANT(bwd_fused, SL, DG_DBWD_CHUNK, 1, 1, 1)
-DG_DELTA_BWD_VARIANT(bwd_unfused, SL, DG_DBWD_CHUNK, 1, 0, 1)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, DG_DBWD_CHUNK, 1, 1, 0)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, DG_DBWD_RECURRENT, 1, 1, 1)
+static const dg_delta_variant variants[] = {
+    {"fused", "fused (dw on chip)", DG_DELTA_CHUNK_SPEC(1, 1, 1)},
+    {"unfused", "unfused (dw stored), blocked", DG_DELTA_CHUNK_SPEC(1, 0, 1)},
+    {"subst", "solve_tril substitution", DG_DELTA_CHUNK_SPEC(1, 1, 0)},
+    {"recurrent", "token by token (reference)", DG_DELTA_RECURRENT_SPEC},
+};
+const dg_delta_variants dg_kda_variants = {variants, 4, 1};
+DG_DELTA_BWD_VARIANT(bwd_fused, SL, variants, 0)
+DG_DELTA_BWD_VARIANT(bwd_unfused, SL, variants, 1)
+DG_DELTA_BWD_VARIANT(bwd_subst, SL, variants, 2)
+DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, variants, 3)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }
@@ -38,5 +45,6 @@ const dg_op_def dg_op_kda = {
 
 dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                   const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_kda, SL, DG_GATE_CHANNEL, "unfused", q, k, v, g, beta, opts, final_state);
+    return dg_delta_call(&dg_op_kda, SL, DG_GATE_CHANNEL, variants[dg_kda_variants.cuda_default].name, q, k, v, g,
+                         beta, opts, final_state);
 }

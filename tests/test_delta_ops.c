@@ -308,6 +308,33 @@ static void test_l2norm_fused_vs_separate(void **st) {
 
 /* ---- choosing the backward variant ------------------------------------------------------------- */
 
+/* Each op's variant table (ops/delta_common.h) is its registry entries: the same names in the same
+ * order, specs whose algorithm matches the name (recurrent last), a CUDA default that is a chunked
+ * variant; the benchmark times from the table, the ops run the registry. */
+static void test_variant_tables(void **state) {
+    (void)state;
+    const char *ops[] = {"delta_rule", "gated_delta_rule", "kda"};
+    for (int o = 0; o < 3; o++) {
+        const dg_op_def *def = dg_op_find(ops[o]);
+        const dg_delta_variants *t = dg_delta_variants_of(ops[o]);
+        assert_non_null(def);
+        assert_non_null(t);
+        int n = 0;
+        while (n < 6 && def->bwd[n].name) n++;
+        assert_int_equal(t->n, n);
+        for (int i = 0; i < n; i++) {
+            assert_string_equal(t->v[i].name, def->bwd[i].name);
+            assert_non_null(t->v[i].desc);
+            assert_int_equal(t->v[i].spec.algo == DG_DBWD_RECURRENT, !strcmp(t->v[i].name, "recurrent"));
+        }
+        assert_true(t->cuda_default >= 0 && t->cuda_default < n);
+        assert_int_equal(t->v[t->cuda_default].spec.algo, DG_DBWD_CHUNK);
+    }
+    assert_string_equal(dg_delta_variants_of("kda")->v[dg_delta_variants_of("kda")->cuda_default].name, "unfused");
+    assert_null(dg_delta_variants_of("matmul"));
+    assert_null(dg_delta_variants_of(NULL));
+}
+
 static void test_variant_selection(void **st) {
     (void)st;
     const dg_op_def *def = dg_op_find("gated_delta_rule");
@@ -546,6 +573,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_variant_selection),
+        cmocka_unit_test(test_variant_tables),
         cmocka_unit_test(test_recurrent_vs_decomposition),
         cmocka_unit_test(test_chunked_variants_vs_recurrent),
         cmocka_unit_test(test_f32_vs_f64),

@@ -467,10 +467,6 @@ static int64_t nonfinite(const bcase *c) {
 }
 
 /* ---- results ------------------------------------------------------------------------------------------ */
-typedef struct vdef {
-    const char *tag, *desc;
-    dg_dr_variant v;
-} vdef;
 typedef struct rec {
     char op[24], shape[64], kernel[12], variant[32], desc[48];
     dg_dtype dt;
@@ -484,24 +480,17 @@ static rec recs[MAX_RECS];
 static int n_recs;
 static double ceil_tflops = NAN, ceil_gbs = NAN;
 
-/* the op's default backward variant on CUDA (ops/kda.c: unfused; the others bwd[0] of their
- * registry entry) and its description */
-static dg_dr_variant default_variant(const char *op) {
-    return !strcmp(op, "kda") ? (dg_dr_variant){1, 0, 1} : (dg_dr_variant){1, 1, 1};
+/* the op's backward variants as its op file declares them (ops/delta_common.h: the registry's
+ * entries run the same specs): the default on CUDA, and the other chunked ones */
+static const dg_delta_variant *default_variant(const char *op) {
+    const dg_delta_variants *t = dg_delta_variants_of(op);
+    return t ? &t->v[t->cuda_default] : NULL;
 }
-static const char *default_desc(const char *op) {
-    return !strcmp(op, "kda") ? "unfused (dw stored), blocked"
-                              : !strcmp(op, "gated_delta_rule") ? "dg from final dq,dk; blocked" : "solve_tril blocked";
-}
-/* the other backward variants of an op, beside its default (default_variant) */
-static int other_variants(const char *op, vdef *out) {
-    static const vdef gdn_partial = {"gdn_dg_partial", "dg from partial terms", {0, 1, 1}};
-    static const vdef kda_fused = {"kda_fused", "fused (dw on chip)", {1, 1, 1}};
-    static const vdef subst = {"solve_tril_substitution", "solve_tril substitution", {1, 1, 0}};
+static int other_variants(const char *op, const dg_delta_variant **out) {
+    const dg_delta_variants *t = dg_delta_variants_of(op);
     int n = 0;
-    if (!strcmp(op, "gated_delta_rule")) out[n++] = gdn_partial;
-    if (!strcmp(op, "kda")) out[n++] = kda_fused;
-    out[n++] = subst;
+    for (int i = 0; t && i < t->n; i++)
+        if (i != t->cuda_default && t->v[i].spec.algo == DG_DBWD_CHUNK) out[n++] = &t->v[i];
     return n;
 }
 
@@ -589,9 +578,14 @@ typedef struct run_opts {
 
 /* every measurement of one case; returns the number of failures */
 static int run_case(bcase *c, const run_opts *o) {
-    const dg_dr_variant dflt = default_variant(c->op);
+    const dg_delta_variant *dv = default_variant(c->op);
+    if (!dv) {
+        dg_error("bench: %s has no backward variants (not a delta-rule op)", c->op);
+        return report_failure(c, "chunk default");
+    }
+    const dg_dr_variant dflt = dv->spec.var;
     int fails = 0;
-    rec *r = new_rec(c, "chunk", "default", default_desc(c->op));
+    rec *r = new_rec(c, "chunk", "default", dv->desc);
     if (!r) return 1;
     r->fwd_ms = time_median(c, W_FWD, &dflt, false, o->max_reps, &r->fwd_n);
     if (!isnan(r->fwd_ms)) r->fb_ms = time_median(c, W_FWDBWD, &dflt, false, o->max_reps, &r->fb_n);
@@ -619,16 +613,16 @@ static int run_case(bcase *c, const run_opts *o) {
             print_rec(rk);
         }
     }
-    vdef vs[4];
+    const dg_delta_variant *vs[8];
     int nv = o->variants ? other_variants(c->op, vs) : 0;
     for (int i = 0; i < nv; i++) {
-        rec *rv = new_rec(c, "chunk", vs[i].tag, vs[i].desc);
+        rec *rv = new_rec(c, "chunk", vs[i]->name, vs[i]->desc);
         if (!rv) return fails + 1;
         rv->fwd_ms = r->fwd_ms, rv->fwd_n = r->fwd_n; /* the forward has no variants */
-        rv->fb_ms = time_median(c, W_FWDBWD, &vs[i].v, false, o->max_reps, &rv->fb_n);
+        rv->fb_ms = time_median(c, W_FWDBWD, &vs[i]->spec.var, false, o->max_reps, &rv->fb_n);
         if (isnan(rv->fb_ms)) {
             n_recs--;
-            fails += report_failure(c, vs[i].tag);
+            fails += report_failure(c, vs[i]->name);
             continue;
         }
         print_rec(rv);
