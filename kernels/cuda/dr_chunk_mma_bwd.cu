@@ -249,7 +249,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
     const Sp sdAi{(uint16_t *)(B8 + S_::o1 + S_::T64), 64 * 72};
     const Sp sT{(uint16_t *)(B8 + S_::o1 + 2 * S_::T64), 64 * 72};
-    uint16_t *sAiF = (uint16_t *)(B8 + S_::o1 + S_::T64); /* MODE 0: Ai as loaded (f32, rows of 68), in sdAi's and sT's place */
+    /* MODE 0: Ai as loaded, in sdAi's and sT's place: rows of 64 f32 copied as 128 16-bit words
+     * into padded tile rows, so AIF_LD floats a row */
+    uint16_t *sAiF = (uint16_t *)(B8 + S_::o1 + S_::T64);
+    constexpr int AIF_LD = (128 + PAD) / 2;
     static_assert(64 * (128 + PAD) * 2 <= 2 * S_::T64, "Ai staging in sdAi, sT");
     const Sp sVn{(uint16_t *)(B8 + S_::o2), 64 * (V + PAD)};
     const Sp sdW{(uint16_t *)(B8 + S_::o2), 64 * (K + PAD)};
@@ -417,12 +420,12 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
 #pragma unroll 4
         for (int u = 0; u < 64 * 64 / FNT; u++) {
             const int e = tid + u * FNT, i = e / 64, j = e % 64;
-            split2(((const float *)sAiF)[i * 68 + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+            split2(((const float *)sAiF)[i * AIF_LD + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
         }
     } else
         load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll 1
-    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB) */
+    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
         float x[AIB];
 #pragma unroll
         for (int u = 0; u < AIB; u++) {

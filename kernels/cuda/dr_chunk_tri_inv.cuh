@@ -32,7 +32,7 @@ template <int N> __device__ __forceinline__ float tri_dot(const float *a, const 
  *   Y[I, 0:I0] = -Y_II T            (Y_II lower: the sum may run over the whole diagonal block)
  * T's rows at or past L are set to zero (whatever A holds there), so Y's stay zero. */
 template <int I0> __device__ __forceinline__ void tri_merge_row(const float *sA, float *sY, float *sT, int L) {
-    constexpr int LD = 65;
+    constexpr int LD = TRI_LD;
     const int tid = threadIdx.x;
 #pragma unroll
     for (int u = 0; u < I0 / 16; u++) {
@@ -81,7 +81,7 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
     }
     bsync();
     if (blocked) {
-        static_assert(FNT == 256 && FC == 64 && TRI_LD == 65, "tri_merge_row: 16 x I0 elements, I0 / 16 a thread");
+        static_assert(FNT == 256 && FC == 64, "tri_merge_row: 16 x I0 elements, I0 / 16 a thread");
         if (L > 16) tri_merge_row<16>(sA, sY, sT, L);
         if (L > 32) tri_merge_row<32>(sA, sY, sT, L);
         if (L > 48) tri_merge_row<48>(sA, sY, sT, L);
