@@ -486,6 +486,13 @@ static const dg_delta_variant *default_variant(const char *op) {
     const dg_delta_variants *t = dg_delta_variants_of(op);
     return t ? &t->v[t->cuda_default] : NULL;
 }
+/* the token-by-token variant (its row times the recurrent kernels, forward and backward) */
+static const dg_delta_variant *recurrent_variant(const char *op) {
+    const dg_delta_variants *t = dg_delta_variants_of(op);
+    for (int i = 0; t && i < t->n; i++)
+        if (t->v[i].spec.algo == DG_DBWD_RECURRENT) return &t->v[i];
+    return NULL;
+}
 static int other_variants(const char *op, const dg_delta_variant **out) {
     const dg_delta_variants *t = dg_delta_variants_of(op);
     int n = 0;
@@ -627,14 +634,15 @@ static int run_case(bcase *c, const run_opts *o) {
         }
         print_rec(rv);
     }
-    if (o->recurrent) {
-        rec *rr = new_rec(c, "recurrent", "recurrent", "token by token (reference)");
+    const dg_delta_variant *rec_var = o->recurrent ? recurrent_variant(c->op) : NULL;
+    if (rec_var) {
+        rec *rr = new_rec(c, "recurrent", rec_var->name, rec_var->desc);
         if (!rr) return fails + 1;
         rr->fwd_ms = time_median(c, W_FWD, NULL, true, 5, &rr->fwd_n);
         if (!isnan(rr->fwd_ms)) rr->fb_ms = time_median(c, W_FWDBWD, NULL, true, 5, &rr->fb_n);
         if (isnan(rr->fb_ms)) {
             n_recs--;
-            return fails + report_failure(c, "recurrent");
+            return fails + report_failure(c, rec_var->name);
         }
         print_rec(rr);
     }
