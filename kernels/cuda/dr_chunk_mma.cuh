@@ -326,6 +326,12 @@ __device__ __forceinline__ void load_sp(Sp s, const uint16_t *gh, const uint16_t
     load_raw<R, Cc>(s.hi, gh, ldg, nrow);
     if (SPLIT) load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
 }
+/* load_sp by cp.async (only issued: the caller commits, waits and puts a barrier before reading) */
+template <int R, int Cc, bool SPLIT>
+__device__ __forceinline__ void load_sp_async(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
+    load_raw_async<R, Cc>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw_async<R, Cc>(s.lo(), gl, ldg, nrow);
+}
 
 /* ---- reductions over the accumulator tile (deterministic: fixed order) ----
  * red is [8 warps][64] floats in shared memory, zero on entry to each round. */

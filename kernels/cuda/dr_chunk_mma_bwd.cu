@@ -272,24 +272,31 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int partial = HEAD && !a.final_dg;
 
     for (int e = tid; e < 2 * 8 * 64; e += FNT) redg[e] = 0.0f;
-    load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+    if (MODE != 2) { /* what phase A reads, then k, q, V' by cp.async, in flight during phase A */
+        load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        load_sp<K, V, !PS>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        load_raw_async<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw_async<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_sp_async<64, V, !PV>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+        cp_async_commit();
+    } else {
+        load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+    }
     load_gate_beta<GATE>(G, r0, L, hv, a.b.Gc, a.beta, sG, sb);
     if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
     float dk[1][TK::NT][4];
     acc_zero(dk);
 
     if (MODE != 2) {
-        load_raw<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        load_sp<64, V, !PV>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
-        load_sp<K, V, !PS>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
         bsync();
         /* A: dQg = dO S0^T;  dW' = dV' S0^T  (dW = -dW') */
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
         acc_zero(dq), acc_zero(dw);
         mma_p<1, TK::NT, false, false, false, !PS>(dq, Sp{sO, 0}, V + PAD, km0, sS, V + PAD, kn0, V);
         mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
+        cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
         bsync();
         /* S0 -> dS1 in place, with trace(S0^T dS1) */
         float tr = 0.0f;

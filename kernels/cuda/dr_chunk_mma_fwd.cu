@@ -54,8 +54,10 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
         if (lane < L) b.Gc[(r0 + lane) * HV + hv] = s0;
         if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv] = s1;
     }
+    /* v by cp.async, in flight through K K^T and the inverse (waited for before U) */
+    load_raw_async<64, V>(sV, v + (r0 * HV + hv) * V, (int64_t)HV * V, L);
+    cp_async_commit();
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    load_raw<64, V>(sV, v + (r0 * HV + hv) * V, (int64_t)HV * V, L);
     for (int e = tid; e < 64 * LDF; e += FNT) sY[e] = 0.0f;
     bsync();
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, beta, sG, sb);
@@ -124,6 +126,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     /* U = (Ai diag(beta)) V */
 #pragma unroll 4
     for (int i = tid >> 6; i < 64; i += FNT / 64) split2(sY[i * LDF + jc] * bj, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
+    cp_async_wait_all(); /* v */
     bsync();
     {
         using T = WT<64, V>;
@@ -319,11 +322,13 @@ __global__ void __launch_bounds__(FNT, 2)
     uint16_t *sQ = (uint16_t *)(sG + 64), *sK = sQ + 64 * (K + PAD);
     uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (OB + PAD);
     const Sp sP{sVn + 64 * (OB + PAD), 64 * 72};
+    const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+    /* S and V' by cp.async, in flight while P is made (waited for after it) */
+    load_raw_async<K, OB>(sS, b.Sh + sb, V, K);
+    load_raw_async<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+    cp_async_commit();
     load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-    load_raw<K, OB>(sS, b.Sh + sb, V, K);
-    load_raw<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
     bsync();
     const float scale = G.scale;
@@ -340,6 +345,7 @@ __global__ void __launch_bounds__(FNT, 2)
             return x;
         });
     }
+    cp_async_wait_all(); /* S, V' */
     bsync();
     {
         using T = WT<64, OB>;
