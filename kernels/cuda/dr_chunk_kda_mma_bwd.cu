@@ -341,16 +341,19 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     if (tid < 64) sb[tid] = tid < L ? bf2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
     for (int e = tid; e < 8 * 64; e += FNT) red[e] = 0.0f;
     for (int e = tid; e < 8 * K + K; e += FNT) sLast[e] = 0.0f; /* sLast and colp */
-    fast::load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (MODE == 2) fast::load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     float dk[1][TK::NT][4], dG[1][TK::NT][4];
     if (MODE != 2) {
         const Sp sS{(uint16_t *)(Z + Lay::zS), K * LV};
         uint16_t *sO = (uint16_t *)(Z + Lay::zO);
         const Sp sXv{(uint16_t *)(Z + Lay::zX), 64 * LV};
-        fast::load_raw<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         fast::load_split<K, V>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
         fast::load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
         fast::load_split<64, V>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        /* k, q by cp.async, in flight during the first products (waited for with V' below) */
+        fast::load_raw_async<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        fast::load_raw_async<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        cp_async_commit();
         bsync();
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
         fast::acc_zero(dq), fast::acc_zero(dw), fast::acc_zero(dk);
@@ -358,7 +361,11 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         fast::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
         fast::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
         gt.wide = !bsync_or(narrow);
-        { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv */
+        { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv (by cp.async,
+           * in flight during the pass; plain: the hi words only, the lo words of dV' left there are
+           * not read again) */
+            fast::load_sp_async<64, V, !KPlain::Vn>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            cp_async_commit();
             constexpr int V8 = V / 8;
             for (int e = tid; e < K * V8; e += FNT) {
                 const int r = e / V8, c8 = (e % V8) * 8;
@@ -375,9 +382,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 *(uint4 *)ph = xh;
                 *(uint4 *)pl = xl;
             }
-            /* (plain: the hi words only; the lo words of dV' left there are not read again) */
-            if (KPlain::Vn) fast::load_raw<64, V>(sXv.hi, a.b.Vnh + ot * V, (int64_t)HV * V, L);
-            else fast::load_split<64, V>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            cp_async_wait_all(); /* k, q, V' */
         }
         bsync();
         fast::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */

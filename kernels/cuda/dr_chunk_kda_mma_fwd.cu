@@ -66,8 +66,10 @@ __global__ void __launch_bounds__(FNT)
 
     gate_load<K>(g + ot * K, (int64_t)HV * K, L, sG);
     if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    /* v by cp.async, in flight through the gated products and the inverse (waited for before U) */
+    fast::load_raw_async<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
+    cp_async_commit();
     fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    fast::load_raw<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
     if (extras == 2) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     const int narrow = gate_scan<K>(sG, sR);
@@ -120,6 +122,7 @@ __global__ void __launch_bounds__(FNT)
             if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
     }
+    cp_async_wait_all(); /* v */
     bsync();
     { /* W = Ai' (K o e^G) */
         using T = WT<64, K>;
@@ -303,6 +306,12 @@ __global__ void __launch_bounds__(FNT)
     const Gate gt{sG, sR, !bsync_or(narrow)};
     gated_tri<K, false>(sQ, sK, gt, sA, scr);
     bsync();
+    /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
+     * are split */
+    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+    fast::load_sp_async<K, V, !KPlain::OutS>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    fast::load_sp_async<64, V, !KPlain::Vn>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    cp_async_commit();
     /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
      * recomputes (the same values, bit for bit) */
     for (int e = tid; e < 64 * 64; e += FNT) {
@@ -322,11 +331,7 @@ __global__ void __launch_bounds__(FNT)
         }
         fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    if (KPlain::OutS) fast::load_raw<K, V>(sS.hi, b.Sh + sb, V, K);
-    else fast::load_split<K, V>(sS, b.Sh + sb, b.Sl + sb, V, K);
-    if (KPlain::Vn) fast::load_raw<64, V>(sVn.hi, b.Vnh + ot * V, (int64_t)HV * V, L);
-    else fast::load_split<64, V>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    cp_async_wait_all(); /* S, V' */
     bsync();
     using T = WT<64, V>;
     float acc[1][T::NT][4];
