@@ -25,7 +25,9 @@
  *     delta_rule S1 fwd+bwd 3.02 -> 2.70 ms.  W, U and V' all plain had reached 3.3-3.9e-3 (o, hT,
  *     dq, dk) at T = 2048 and 8192, so V' stays split without a gate.  (The random short-sequence
  *     draws above were run for the head gate only.)
- *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta.
+ *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta; dS alone
+ *     plain fails test_dr_chunk_bf16_draws (worst of 40 random T = 1 draws, session 7): dg 5.9e-3
+ *     with the head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
  *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
  *     still drive the recurrence and the backward): o 1.7e-3 -> 2.5e-3 without a gate.
  *
