@@ -12,6 +12,8 @@
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
+ *  - short sequences over many random draws (T = 1 and 130, with and without a gate): the worst
+ *    error of each output over the draws <= 5e-3, the margin of the plain bf16 intermediates;
  *  - every backward variant (GDN dg from final dq/dk or partial terms; KDA fused or unfused;
  *    blocked or forward-substitution inverse): each against the reference and all against each
  *    other; the backward run twice gives identical bits;
