@@ -65,11 +65,13 @@ asm(".text\n"
 
 namespace drc_emu {
 
-enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
+enum { RUN, WAIT_BLOCK, WAIT_WARP, WAIT_NAMED, WAIT_MBAR, DONE };
 
 struct Fiber {
     void *sp;
     int state;
+    int bar;          /* WAIT_NAMED: the named barrier it waits at */
+    const void *mbar; /* WAIT_MBAR: the mbarrier it waits on */
     std::vector<unsigned char> stack;
 };
 
@@ -77,6 +79,7 @@ struct Launch {
     int nt = 0, cur = 0, alive = 0, arrived = 0;
     int or_in = 0, or_out = 0; /* __syncthreads_or: gathered at the barrier, read after it */
     int warp_arrived[32];
+    int named_arrived[16]; /* bar.sync id, n: arrivals so far at each id */
     std::vector<Fiber> f;
     void *sched_sp = nullptr;
     const std::function<void()> *body = nullptr;
@@ -132,6 +135,59 @@ inline void syncwarp() {
         L.warp_arrived[w] = 0;
     }
     yield_to_sched();
+}
+
+/* Named barriers (PTX bar.sync a, n): n threads (a multiple of 32) wait at barrier a (1..15; 0 is
+ * the block barrier's) until the n-th arrives, which starts the barrier afresh.  Arrivals left
+ * over when the block ends abort (the counts of the kernel do not match), as does a block whose
+ * threads all wait. */
+inline void named_sync(int id, int n) {
+    Launch &L = *g_launch;
+    if (id < 1 || id > 15 || n <= 0 || n % 32 || n > L.nt) {
+        fprintf(stderr, "emu: named barrier %d with %d threads (need id 1..15, a multiple of 32 <= %d)\n", id, n, L.nt);
+        abort();
+    }
+    L.f[L.cur].state = WAIT_NAMED;
+    L.f[L.cur].bar = id;
+    if (++L.named_arrived[id] == n) {
+        for (auto &x : L.f)
+            if (x.state == WAIT_NAMED && x.bar == id) x.state = RUN;
+        L.named_arrived[id] = 0;
+    }
+    yield_to_sched();
+}
+
+/* mbarriers (PTX mbarrier.init / arrive / try_wait.parity): the 8-byte word holds the arrivals
+ * that complete a phase, the arrivals so far and the current phase's parity */
+struct Mbar {
+    uint32_t expected;
+    uint16_t arrived, phase;
+};
+inline void mbar_init(uint64_t *b, int count) {
+    const Mbar m{(uint32_t)count, 0, 0};
+    memcpy(b, &m, sizeof m);
+}
+inline void mbar_arrive(uint64_t *b) {
+    Mbar m;
+    memcpy(&m, b, sizeof m);
+    if (++m.arrived == m.expected) {
+        m.arrived = 0, m.phase ^= 1;
+        for (auto &x : g_launch->f)
+            if (x.state == WAIT_MBAR && x.mbar == b) x.state = RUN;
+    }
+    memcpy(b, &m, sizeof m);
+}
+/* returns once the phase of parity p has completed: the current phase's parity is not p */
+inline void mbar_wait(uint64_t *b, int p) {
+    Launch &L = *g_launch;
+    for (;;) {
+        Mbar m;
+        memcpy(&m, b, sizeof m);
+        if (m.phase != (uint16_t)(p & 1)) return;
+        L.f[L.cur].state = WAIT_MBAR;
+        L.f[L.cur].mbar = b;
+        yield_to_sched();
+    }
 }
 
 inline void fiber_entry() {
@@ -196,6 +252,7 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
                 memset(L.smem.data(), 0xff, L.smem.size());
                 L.alive = L.nt, L.arrived = 0;
                 memset(L.warp_arrived, 0, sizeof L.warp_arrived);
+                memset(L.named_arrived, 0, sizeof L.named_arrived);
                 for (int t = 0; t < L.nt; t++) {
                     Fiber &fb = L.f[(size_t)t];
                     uintptr_t top = ((uintptr_t)(fb.stack.data() + fb.stack.size())) & ~(uintptr_t)15;
@@ -221,9 +278,20 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
                     if (!any) {
                         fprintf(stderr, "emu: deadlock in block %u (%d alive, %d at the block barrier)\n",
                                 x, L.alive, L.arrived);
+                        for (int id = 1; id < 16; id++)
+                            if (L.named_arrived[id]) fprintf(stderr, "emu:   %d at named barrier %d\n", L.named_arrived[id], id);
+                        int at_mbar = 0;
+                        for (auto &fb : L.f) at_mbar += fb.state == WAIT_MBAR;
+                        if (at_mbar) fprintf(stderr, "emu:   %d waiting on mbarriers\n", at_mbar);
                         abort();
                     }
                 }
+                for (int id = 1; id < 16; id++)
+                    if (L.named_arrived[id]) {
+                        fprintf(stderr, "emu: block %u ended with %d arrivals at named barrier %d\n", x,
+                                L.named_arrived[id], id);
+                        abort();
+                    }
             }
     g_launch = nullptr;
 }

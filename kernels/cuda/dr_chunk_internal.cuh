@@ -150,6 +150,10 @@ template <> struct is_bf16<uint16_t> {
 __forceinline__ void bsync() { drc_emu::syncthreads(); }
 __forceinline__ bool bsync_or(int p) { return drc_emu::syncthreads_or(p) != 0; }
 __forceinline__ void wsync() { drc_emu::syncwarp(); }
+__forceinline__ void nsync(int id, int n) { drc_emu::named_sync(id, n); }
+__forceinline__ void mbar_init(uint64_t *b, int count) { drc_emu::mbar_init(b, count); }
+__forceinline__ void mbar_arrive(uint64_t *b) { drc_emu::mbar_arrive(b); }
+__forceinline__ void mbar_wait(uint64_t *b, int parity) { drc_emu::mbar_wait(b, parity); }
 __forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_emu::lane() ^ off); }
 __forceinline__ float shfl_idx(float v, int src) { return drc_emu::shfl(v, src); }
 __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, false); }
@@ -177,6 +181,35 @@ __device__ __forceinline__ void bsync() { __syncthreads(); }
 /* bsync, returning whether any thread of the block passed p != 0 */
 __device__ __forceinline__ bool bsync_or(int p) { return __syncthreads_or(p) != 0; }
 __device__ __forceinline__ void wsync() { __syncwarp(); }
+/* Named barriers, for blocks whose warps work as groups: the n threads (a multiple of 32, whole
+ * warps) of one group wait at barrier id (1..15; 0 is bsync's) until all n have arrived, all at
+ * the same nsync (bar.sync is .aligned).  Shared-memory writes before it are visible after it. */
+__device__ __forceinline__ void nsync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* mbarriers, for one group of threads handing shared memory to another (producer / consumer):
+ * an 8-byte word of shared memory, set up by one thread (mbar_init: count arrivals complete a
+ * phase; then a bsync before any use).  mbar_arrive counts this thread in (release: its earlier
+ * shared-memory accesses, cp.async copies it has waited for included, happen before what a
+ * waiter does after its wait); mbar_wait(b, p) returns once the phase of parity p has completed
+ * (acquire): phase 0 completes with the first count arrivals, phase 1 with the next, and so on. */
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(b)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
 __device__ __forceinline__ float shfl_xor(float v, int off) {
     return __shfl_xor_sync(0xffffffffu, v, off);
 }

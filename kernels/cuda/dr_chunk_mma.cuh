@@ -291,15 +291,20 @@ __device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t
     }
 }
 /* load_raw by cp.async: the copies are only issued (rows >= nrow zero-filled); the caller commits,
- * waits (cp_async_wait_all) and puts a barrier before the tile is read */
+ * waits (cp_async_wait_all) and puts a barrier before the tile is read.  tid: the thread's index
+ * among the FNT threads that load the tile (a group of warps of a larger block: see b_dhu_ws) */
 template <int R, int Cc>
-__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow, int tid) {
     constexpr int V8 = Cc / 8, N = R * V8, IT = (N + FNT - 1) / FNT;
 #pragma unroll
     for (int it = 0; it < IT; it++) {
-        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        const int e = tid + it * FNT, r = e / V8, c = (e % V8) * 8;
         if (N % FNT == 0 || e < N) cp_async16(s + r * (Cc + PAD) + c, r < nrow ? g + r * ldg + c : g, r < nrow);
     }
+}
+template <int R, int Cc>
+__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+    load_raw_async<R, Cc>(s, g, ldg, nrow, (int)threadIdx.x);
 }
 /* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors:
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per

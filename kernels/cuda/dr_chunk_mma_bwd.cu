@@ -3,7 +3,8 @@
  * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
  * (dr_chunk_generic.cu, after kernels/cpu/dr_chunk_bwd_impl.h):
  *   dhu    (block per sequence, head, tile of BV = 64 value columns; chunks in reverse; dS in
- *          registers):
+ *          registers; b_dhu_ws at BV = 32: P^T dO and the loads made ahead of the chain by a
+ *          second group of warps):
  *          dV' = P^T dO + e^{G_last - G} o (K dS)                 P = scale lower(Q K^T o Gamma)
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'
  *          stores dS (leaving each chunk) and dV', split
@@ -23,25 +24,27 @@ namespace drc {
 namespace DRC_FAST {
 namespace {
 
-/* R3 holds P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split */
-/* Whether b_dhu prefetches (cp.async): the next chunk's q, k, dO and gate into a second set of
- * tiles while it works on this one, and this chunk's W into a tile of its own from the start of
- * the step (else W is loaded into q's place in the middle of the step), so that a chunk step waits
- * for no load from device memory.  With 32 value columns a block (dhu_bv: when all blocks fit on
- * the GPU at once, one per SM: S2 = 128 blocks, 128 chunk steps each); W must be plain.  Its
- * shared memory (~137 KB at K = 128) leaves one block per SM.  H100, S2: b_dhu ~895 us with W
- * alone loaded early. */
-template <int GATE, int BV> constexpr bool dhu_prefetch() { return BV == 32 && Plain<GATE>::W; }
+/* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them) */
+template <int GATE, int BV>
+__device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const float *sG, float scale, int tid) {
+    for (int e = tid; e < 64 * BV; e += FNT) {
+        const int i = e / BV, j = e % BV;
+        float x = scale * op2f(sO[i * (BV + PAD) + j]);
+        if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
+        split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
+    }
+}
 
-template <int K, int BV, bool PF = false> struct DhuSmem { /* BV: the value columns of a block (dhu_bv) */
-    static constexpr int SG = (PF ? 2 : 1) * 64 * 4;        /* gate (PF: per set) */
-    static constexpr int R1 = 2 * tile_bytes(64, K);         /* q, k; later W split (PF: W in R5) */
-    static constexpr int R2 = tile_bytes(64, BV);            /* dO */
-    static constexpr int SET = R1 + R2, NSET = PF ? 2 : 1;   /* the per-chunk tiles; PF: two sets */
+/* b_dhu's shared memory, BV value columns a block: R1 q, k (then W: hi in q's place, lo in k's
+ * when W is split); R2 dO; R3 P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split;
+ * R4 dS split */
+template <int K, int BV> struct DhuSmem {
+    static constexpr int SG = 64 * 4; /* gate */
+    static constexpr int R1 = 2 * tile_bytes(64, K);
+    static constexpr int R2 = tile_bytes(64, BV);
     static constexpr int R3 = 2 * (tile_bytes(64, BV) > tile_bytes(64, 64) ? tile_bytes(64, BV) : tile_bytes(64, 64));
-    static constexpr int R4 = 2 * tile_bytes(K, BV); /* dS split */
-    static constexpr int R5 = PF ? tile_bytes(64, K) : 0;
-    static constexpr int bytes = SG + NSET * SET + R3 + R4 + R5;
+    static constexpr int R4 = 2 * tile_bytes(K, BV);
+    static constexpr int bytes = SG + R1 + R2 + R3 + R4;
 };
 
 /* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
@@ -51,20 +54,21 @@ __global__ void __launch_bounds__(FNT, 2)
     b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
           float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     constexpr bool PW = Plain<GATE>::W; /* plain bf16 */
-    constexpr bool PF = dhu_prefetch<GATE, BV>();
-    using L_ = DhuSmem<K, BV, PF>;
+    using L_ = DhuSmem<K, BV>;
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
-    unsigned char *base = (unsigned char *)sm + L_::SG; /* then the sets of q, k, dO */
-    unsigned char *after = base + L_::NSET * L_::SET;
-    const Sp sP{(uint16_t *)after, 64 * 72};
+    float *sG = sm;
+    uint16_t *sQ = (uint16_t *)((unsigned char *)sm + L_::SG), *sK = sQ + 64 * (K + PAD);
+    uint16_t *sO = (uint16_t *)((unsigned char *)sQ + L_::R1);
+    unsigned char *after = (unsigned char *)sO + L_::R2;
+    const Sp sW{sQ, 64 * (K + PAD)}; /* W split: lo in k's place */
+    const Sp sP{(uint16_t *)after, 64 * (64 + PAD)};
     const Sp sX{(uint16_t *)after, 64 * (BV + PAD)};
     const Sp sN = sX;
     const Sp sdS{(uint16_t *)(after + L_::R3), K * (BV + PAD)};
-    uint16_t *sWpf = (uint16_t *)(after + L_::R3 + L_::R4); /* PF: W's own tile */
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
     using TP = WT<64, 64>;
@@ -76,49 +80,24 @@ __global__ void __launch_bounds__(FNT, 2)
     frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    /* set st's tiles: q, k, dO at base + st * SET; its gate at sm + 64 st */
-    auto issue = [&](int64_t cc, int st) { /* PF: the prefetch of chunk cc's q, k, dO and gate */
-        const Chunk x = chunk_at(G, cc);
-        uint16_t *t = (uint16_t *)(base + st * L_::SET);
-        load_raw_async<64, K>(t, q + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
-        load_raw_async<64, K>(t + 64 * (K + PAD), k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
-        load_raw_async<64, BV>((uint16_t *)(base + st * L_::SET + L_::R1), dout + (x.r0 * HV + hv) * V + v0,
-                               (int64_t)HV * V, x.L);
-        const int i = threadIdx.x;
-        if (GATE == DG_GATE_HEAD && i < FC) cp_async4(sm + 64 * st + i, b.Gc + (x.r0 + (i < x.L ? i : x.L - 1)) * G.HV + hv);
-        cp_async_commit();
-    };
-    if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        const int st = PF ? (int)((c1 - 1 - c) & 1) : 0;
-        float *sG = sm + 64 * st;
-        uint16_t *sQ = (uint16_t *)(base + st * L_::SET), *sK = sQ + 64 * (K + PAD);
-        uint16_t *sO = (uint16_t *)(base + st * L_::SET + L_::R1);
-        const Sp sW{PF ? sWpf : sQ, 64 * (K + PAD)}; /* W split: lo in k's place */
-        if (PF) {
-            cp_async_wait_all(); /* this chunk's set (the barrier below shows it to the block) */
-            load_raw_async<64, K>(sW.hi, b.Wh + (r0 * HV + hv) * K, (int64_t)HV * K, L); /* read before the previous step's end */
-            cp_async_commit();
-        } else {
-            load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-            load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-            load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-            load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
-        }
+        load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+        load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         bsync();
-        if (PF && c > c0) issue(c - 1, st ^ 1); /* the other set was last read before the previous step's end */
         store_raw<K, BV>(dSh + sb, V, sdS.hi);
         store_raw<K, BV>(dSl + sb, V, sdS.lo());
         { /* P (stored [m][i]) */
             float acc[1][TP::NT][4];
             acc_zero(acc);
             mma_run<1, TP::NT, false, false>(acc, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
-            store_split<TP::NT>(sP, 72, pm0, pn0, [&](int m, int i, int nt, int qq) {
+            store_split<TP::NT>(sP, 64 + PAD, pm0, pn0, [&](int m, int i, int nt, int qq) {
                 if (i > m) return 0.0f;
                 float x = scale * acc[0][nt][qq];
                 if (GATE == DG_GATE_HEAD) x *= expf(sG[m] - sG[i]);
@@ -130,7 +109,7 @@ __global__ void __launch_bounds__(FNT, 2)
         { /* dV' = P^T dO + e^{G_last - G} o (K dS) */
             float a1[1][TV::NT][4], a2[1][TV::NT][4];
             acc_zero(a1), acc_zero(a2);
-            mma_sr<1, TV::NT, true, true>(a1, sP, 72, vm0, sO, BV + PAD, vn0, 64);
+            mma_sr<1, TV::NT, true, true>(a1, sP, 64 + PAD, vm0, sO, BV + PAD, vn0, 64);
             mma_rs<1, TV::NT, false, true>(a2, sK, K + PAD, vm0, sdS, BV + PAD, vn0, K);
             const float gl = sG[63];
             const int lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -147,13 +126,7 @@ __global__ void __launch_bounds__(FNT, 2)
                 }
         }
         bsync();
-        /* X = scale e^G o dO (over P);  dS <- e^{G_last} dS */
-        for (int e = tid; e < 64 * BV; e += FNT) {
-            const int i = e / BV, j = e % BV;
-            float x = scale * op2f(sO[i * (BV + PAD) + j]);
-            if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
-            split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
-        }
+        dhu_make_x<GATE, BV>(sX, sO, sG, scale, tid);
         if (GATE == DG_GATE_HEAD) {
             const float d = expf(sG[63]);
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= d; });
@@ -161,14 +134,182 @@ __global__ void __launch_bounds__(FNT, 2)
         bsync();
         mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
         bsync();
-        if (PF) { /* W: all but the most recent group (the next chunk's set, when there is one) */
-            if (c > c0) cp_async_wait_1();
-            else cp_async_wait_all();
-        } else load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
         frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         bsync();
         mma_p<1, TS::NT, true, true, !PW, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
         bsync();
+    }
+    if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
+}
+
+/* b_dhu_ws's shared memory.  Two slots, a chunk each, filled by the maker and read by the chain:
+ * the gate, q, k, dO and dVl (f32, in the accumulator fragments' order [warp][n tile][4][lane], so
+ * that the chain's warp w reads what the maker's warp w wrote, without bank conflicts); the
+ * chain's two W tiles (plain; a step's loaded during the step before's), dS, X and -dV' (split);
+ * the maker's P (split); the mbarriers. */
+template <int K, int BV> struct DhuWsSmem {
+    static constexpr int G = 64 * 4, QK = 2 * tile_bytes(64, K), O = tile_bytes(64, BV), DVL = 64 * BV * 4;
+    static constexpr int SLOT = G + QK + O + DVL;
+    static constexpr int W = tile_bytes(64, K), DS = 2 * tile_bytes(K, BV), XN = 2 * tile_bytes(64, BV);
+    static constexpr int CHAIN = 2 * W + DS + 2 * XN; /* the chain's: W (two), dS, X, -dV' */
+    static constexpr int P = 2 * tile_bytes(64, 64);  /* the maker's */
+    static constexpr int MB = 4 * 8; /* mbarriers: slot s filled (2), slot s free again (2) */
+    static constexpr int bytes = 2 * SLOT + CHAIN + P + MB;
+};
+
+/* The backward state pass with its intra-chunk part made by a second group of warps, for blocks
+ * of BV = 32 value columns (dhu_bv: when all blocks fit on the GPU at once, S2; one block of 512
+ * threads per SM).  Same outputs as b_dhu, bit for bit (the same products in the same order).
+ *   maker (warps 8-15), up to two chunks ahead of the chain: loads chunk c's q, k, dO and gate
+ *        into a slot and makes dVl = P^T dO, P = scale lower(Q K^T o Gamma): nothing of it
+ *        depends on dS
+ *   chain (warps 0-7), per chunk c in reverse, the dependent recurrence:
+ *        dV' = dVl + e^{G_last - G} o (K dS);   dS <- e^{G_last} dS + Q^T X - W^T dV',
+ *        X = scale e^G o dO
+ * The chain loads W itself (cp.async into one of two tiles at the step's start, waited for before
+ * W^T dV'), stores dV' before it makes X, and so waits for no load and makes no P: three barriers
+ * of its 256 threads a step against b_dhu's six of the whole block.  H100, S2, head gate (ncu):
+ * 725 us against b_dhu's 940.  Measured and dropped: W loaded by the maker (whose loads are waited
+ * for at once), 860 us; the chain's step in two barriers (Q^T X before dV' is stored), 815 us;
+ * X made by the maker, slower still; one mbarrier arrival a warp (after __syncwarp) instead of one
+ * a thread, no faster, and the race check no longer follows it.
+ * Hand-over by mbarriers (the sanitizer's race check follows them; a bar.arrive / bar.sync pair
+ * across the groups it does not): full[s] completes a phase when the maker's 256 threads have
+ * filled slot s, empty[s] when the chain's 256 threads have read it for the last time; the u-th
+ * use of slot s (chunk c1 - 1 - (2u + s)) waits for phase u of full[s] (chain) and, from u = 1,
+ * phase u - 1 of empty[s] (maker).  Within a group, named barriers: B_CHAIN, B_MAKER. */
+template <int K, int V, int GATE, int BV>
+__global__ void __launch_bounds__(2 * FNT, 1)
+    b_dhu_ws(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
+             float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
+    static_assert(Plain<GATE>::W, "the chain loads W plain");
+    using L_ = DhuWsSmem<K, BV>;
+    enum { B_CHAIN = 1, B_MAKER = 2 };
+    DRC_SMEM(float, sm);
+    constexpr int NVT = V / BV;
+    const int HV = G.HV, tid = threadIdx.x & (FNT - 1), warp = tid >> 5, lane = tid & 31;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
+    /* slot s at sm + s SLOT: gate [64] f32, q, k [64][K + PAD], dO [64][BV + PAD], dVl */
+    struct Slot {
+        float *g;
+        uint16_t *q, *k, *o;
+        float *dvl;
+    };
+    auto slot = [&](int s) {
+        unsigned char *p = (unsigned char *)sm + s * L_::SLOT;
+        uint16_t *t = (uint16_t *)(p + L_::G);
+        return Slot{(float *)p, t, t + 64 * (K + PAD), t + 2 * 64 * (K + PAD), (float *)(p + L_::G + L_::QK + L_::O)};
+    };
+    unsigned char *own = (unsigned char *)sm + 2 * L_::SLOT; /* the chain's W, dS, X, -dV'; the maker's P */
+    uint64_t *full = (uint64_t *)(own + L_::CHAIN + L_::P), *empty = full + 2;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < 2; s++) mbar_init(full + s, FNT), mbar_init(empty + s, FNT);
+    bsync(); /* the mbarriers are set up (the last barrier of the whole block) */
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
+    using TP = WT<64, 64>;
+    const int vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    constexpr int DVL_WARP = TV::NT * 4 * 32; /* a warp's part of dVl */
+    const float scale = G.scale;
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    if (threadIdx.x >= FNT) { /* the maker */
+        const Sp sP{(uint16_t *)(own + L_::CHAIN), 64 * (64 + PAD)};
+        const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
+        for (int64_t c = c1 - 1; c >= c0; c--) {
+            const int j = (int)(c1 - 1 - c), s = j & 1, u = j >> 1;
+            const Chunk x = chunk_at(G, c);
+            const Slot S = slot(s);
+            const int64_t ot = x.r0 * HV + hv;
+            if (u > 0) mbar_wait(empty + s, (u - 1) & 1); /* the chain is done with chunk c + 2 */
+            load_raw_async<64, K>(S.q, q + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, tid);
+            load_raw_async<64, K>(S.k, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, tid);
+            load_raw_async<64, BV>(S.o, dout + ot * V + v0, (int64_t)HV * V, x.L, tid);
+            if (GATE == DG_GATE_HEAD && tid < FC) cp_async4(S.g + tid, b.Gc + (x.r0 + (tid < x.L ? tid : x.L - 1)) * G.HV + hv);
+            cp_async_commit();
+            cp_async_wait_all();
+            nsync(B_MAKER, FNT); /* the slot is in; every maker warp is done with the last P */
+            { /* P (stored [m][i]) */
+                float acc[1][TP::NT][4];
+                acc_zero(acc);
+                mma_run<1, TP::NT, false, false>(acc, S.q, K + PAD, pm0, S.k, K + PAD, pn0, K);
+                store_split<TP::NT>(sP, 64 + PAD, pm0, pn0, [&](int m, int i, int nt, int qq) {
+                    if (i > m) return 0.0f;
+                    float v = scale * acc[0][nt][qq];
+                    if (GATE == DG_GATE_HEAD) v *= expf(S.g[m] - S.g[i]);
+                    return v;
+                });
+            }
+            nsync(B_MAKER, FNT);
+            float a1[1][TV::NT][4];
+            acc_zero(a1);
+            mma_sr<1, TV::NT, true, true>(a1, sP, 64 + PAD, vm0, S.o, BV + PAD, vn0, 64);
+            float *d = S.dvl + warp * DVL_WARP;
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++) d[(nt * 4 + qq) * 32 + lane] = a1[0][nt][qq];
+            mbar_arrive(full + s); /* slot s is filled, as far as this thread goes */
+        }
+        return;
+    }
+    /* the chain */
+    uint16_t *sW = (uint16_t *)own; /* two tiles: step j's in tile j & 1 */
+    const Sp sdS{(uint16_t *)(own + 2 * L_::W), K * (BV + PAD)};
+    const Sp sX{(uint16_t *)(own + 2 * L_::W + L_::DS), 64 * (BV + PAD)};
+    const Sp sN{(uint16_t *)(own + 2 * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
+    float dS[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
+    frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    for (int64_t c = c1 - 1; c >= c0; c--) {
+        const int j = (int)(c1 - 1 - c), s = j & 1;
+        const Chunk ch = chunk_at(G, c);
+        const int L = ch.L;
+        const int64_t r0 = ch.r0;
+        const Slot S = slot(s);
+        uint16_t *w = sW + (j & 1) * 64 * (K + PAD); /* last read two steps ago, before the last step's first barrier */
+        load_raw_async<64, K>(w, b.Wh + (r0 * HV + hv) * K, (int64_t)HV * K, L);
+        cp_async_commit();
+        mbar_wait(full + s, (j >> 1) & 1); /* the slot is filled */
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
+        nsync(B_CHAIN, FNT);
+        store_raw<K, BV>(dSh + sb, V, sdS.hi);
+        store_raw<K, BV>(dSl + sb, V, sdS.lo());
+        float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
+        {                       /* dV' = dVl + e^{G_last - G} o (K dS), stored */
+            float a2[1][TV::NT][4];
+            acc_zero(a2);
+            mma_rs<1, TV::NT, false, true>(a2, S.k, K + PAD, vm0, sdS, BV + PAD, vn0, K);
+            const float gl = S.g[63], *d = S.dvl + warp * DVL_WARP;
+            const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + g + 8 * hh, j = vn0 + nt * 8 + 2 * t;
+                    const float e = GATE == DG_GATE_HEAD ? expf(gl - S.g[i]) : 1.0f;
+                    const float x0 = d[(nt * 4 + 2 * hh) * 32 + lane] + e * a2[0][nt][2 * hh];
+                    const float x1 = d[(nt * 4 + 2 * hh + 1) * 32 + lane] + e * a2[0][nt][2 * hh + 1];
+                    if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
+                    nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
+                }
+        }
+        dhu_make_x<GATE, BV>(sX, S.o, S.g, scale, tid);
+        if (GATE == DG_GATE_HEAD) {
+            const float e = expf(S.g[63]);
+            frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= e; });
+        }
+        nsync(B_CHAIN, FNT);
+        mma_rs<1, TS::NT, true, true>(dS, S.q, K + PAD, sm0, sX, BV + PAD, sn0, 64); /* + Q^T X */
+        mbar_arrive(empty + s); /* this thread's last read of the slot */
+        cp_async_wait_all();    /* W */
+        frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
+        nsync(B_CHAIN, FNT);
+        mma_p<1, TS::NT, true, true, false, true>(dS, Sp{w, 0}, K + PAD, sm0, sN, BV + PAD, sn0, 64); /* - W^T dV' */
     }
     if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
 }
@@ -560,12 +701,12 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && DhuSmem<K, 32, true>::bytes <= SMEM_MAX &&
+    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && DhuWsSmem<K, 32>::bytes <= SMEM_MAX &&
                       QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = dhu_bv(G) == 32
-                 ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
-                              (size_t)(DhuSmem<K, 32, dhu_prefetch<GATE, 32>()>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                 ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, 32>), G.N * G.HV * (V / 32), 2 * FNT,
+                              (size_t)(DhuWsSmem<K, 32>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
                               (uint16_t *)a.dVh, (uint16_t *)a.dVl)
                  : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
                               (size_t)(DhuSmem<K, BV>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
