@@ -588,11 +588,14 @@ static void test_dr_chunk_sanitize(void **state) {
         {"sanitize: none, K=128, V=64 (mma)", 1, 200, 1, 1, 128, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
         /* V = 128: two value tiles per block of the state and output passes */
         {"sanitize: head, B2, K=64, V=128 (mma)", 2, 80, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        /* more chains than the GPU has SMs (2 x 17 x 128 / 32 > 132): the backward state pass in
+         * 64 value columns a block (dhu_bv), four chunks */
+        {"sanitize: head, B2, H17, K=64, V=128 (mma)", 2, 200, 17, 17, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     static const dg_dr_variant v000 = {0, 0, 0};
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         for (int bf = 0; bf < 2; bf++) {
             if (!bf && i >= 2) continue;
             const cfg *c = bf ? &fast[i] : &cases[i];

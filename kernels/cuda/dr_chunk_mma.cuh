@@ -77,9 +77,9 @@ constexpr int FNT = 256; /* threads per block */
 constexpr int FC = 64;   /* chunk */
 constexpr int PAD = 8;
 constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
-/* value columns per block of the output pass (f_out) and, by default, of the state passes
- * (f_state, b_dhu): V = 128 runs as two blocks per (sequence, head), so that the 128 (S1)
- * sequence-heads fill two blocks per multiprocessor */
+/* value columns per block of the forward passes (f_out, f_state by default): V = 128 runs as two
+ * blocks per (sequence, head), so that the 128 (S1) sequence-heads fill two blocks per
+ * multiprocessor */
 constexpr int BV = 64;
 
 /* multiprocessors of the device (132, an H100 SXM, in the emulation or when it cannot be asked) */
@@ -99,9 +99,9 @@ inline int64_t sm_count() {
  * slower (2.77 -> 2.97 ms: the W, K loads of a step are repeated by four blocks instead of two). */
 inline int state_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sm_count() ? 32 : 64; }
 
-/* Value columns of a block of the backward state passes (b_dhu here and KDA's): 32, with their
- * prefetch (one block per SM), when the blocks of 32 columns all fit on the GPU at once (S2), else
- * 64 */
+/* Value columns of a block of the backward state passes (b_dhu_ws, KDA's b_dhu): 32 when the
+ * blocks of 32 columns all fit on the GPU at once (S2), else 64.  b_dhu_ws runs one block of 512
+ * threads per SM at either; KDA's b_dhu prefetches at 32 (one block per SM), else two per SM. */
 inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sm_count() ? 32 : 64; }
 
 /* bytes of a tile of R rows and Cc columns (bf16) */

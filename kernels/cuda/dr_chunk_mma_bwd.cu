@@ -2,9 +2,9 @@
  * V in {64, 128}); building blocks in dr_chunk_mma.cuh, the recompute of W, U, the states and V'
  * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
  * (dr_chunk_generic.cu, after kernels/cpu/dr_chunk_bwd_impl.h):
- *   dhu    (block per sequence, head, tile of BV = 64 value columns; chunks in reverse; dS in
- *          registers; b_dhu_ws at BV = 32: P^T dO and the loads made ahead of the chain by a
- *          second group of warps):
+ *   dhu    (b_dhu_ws: block per sequence, head, tile of 32 or 64 value columns; chunks in
+ *          reverse; dS in registers of one group of warps, P^T dO and the loads made ahead of
+ *          it by a second group):
  *          dV' = P^T dO + e^{G_last - G} o (K dS)                 P = scale lower(Q K^T o Gamma)
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'
  *          stores dS (leaving each chunk) and dV', split
@@ -35,145 +35,42 @@ __device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const floa
     }
 }
 
-/* b_dhu's shared memory, BV value columns a block: R1 q, k (then W: hi in q's place, lo in k's
- * when W is split); R2 dO; R3 P (64 x 64), then X (64 x BV), then -dV' (64 x BV), all split;
- * R4 dS split */
-template <int K, int BV> struct DhuSmem {
-    static constexpr int SG = 64 * 4; /* gate */
-    static constexpr int R1 = 2 * tile_bytes(64, K);
-    static constexpr int R2 = tile_bytes(64, BV);
-    static constexpr int R3 = 2 * (tile_bytes(64, BV) > tile_bytes(64, 64) ? tile_bytes(64, BV) : tile_bytes(64, 64));
-    static constexpr int R4 = 2 * tile_bytes(K, BV);
-    static constexpr int bytes = SG + R1 + R2 + R3 + R4;
-};
-
-/* block per (sequence, value head, tile of BV value columns v0 ..; see f_state): P is recomputed
- * by each tile's block; -dV' stays in registers until X is consumed, then takes X's place */
-template <int K, int V, int GATE, int BV>
-__global__ void __launch_bounds__(FNT, 2)
-    b_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
-          float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
-    constexpr bool PW = Plain<GATE>::W; /* plain bf16 */
-    using L_ = DhuSmem<K, BV>;
-    DRC_SMEM(float, sm);
-    constexpr int NVT = V / BV;
-    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x;
-    const int64_t n = blockIdx.x / (HV * NVT);
-    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
-    float *sG = sm;
-    uint16_t *sQ = (uint16_t *)((unsigned char *)sm + L_::SG), *sK = sQ + 64 * (K + PAD);
-    uint16_t *sO = (uint16_t *)((unsigned char *)sQ + L_::R1);
-    unsigned char *after = (unsigned char *)sO + L_::R2;
-    const Sp sW{sQ, 64 * (K + PAD)}; /* W split: lo in k's place */
-    const Sp sP{(uint16_t *)after, 64 * (64 + PAD)};
-    const Sp sX{(uint16_t *)after, 64 * (BV + PAD)};
-    const Sp sN = sX;
-    const Sp sdS{(uint16_t *)(after + L_::R3), K * (BV + PAD)};
-    using TS = WT<K, BV>;
-    using TV = WT<64, BV>;
-    using TP = WT<64, 64>;
-    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
-    const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
-    const float scale = G.scale;
-    float dS[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
-    frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
-    int64_t c0, c1;
-    seq_chunks(G, n, c0, c1);
-    for (int64_t c = c1 - 1; c >= c0; c--) {
-        const Chunk ch = chunk_at(G, c);
-        const int L = ch.L;
-        const int64_t r0 = ch.r0;
-        load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw<64, BV>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-        load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
-        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
-        bsync();
-        store_raw<K, BV>(dSh + sb, V, sdS.hi);
-        store_raw<K, BV>(dSl + sb, V, sdS.lo());
-        { /* P (stored [m][i]) */
-            float acc[1][TP::NT][4];
-            acc_zero(acc);
-            mma_run<1, TP::NT, false, false>(acc, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
-            store_split<TP::NT>(sP, 64 + PAD, pm0, pn0, [&](int m, int i, int nt, int qq) {
-                if (i > m) return 0.0f;
-                float x = scale * acc[0][nt][qq];
-                if (GATE == DG_GATE_HEAD) x *= expf(sG[m] - sG[i]);
-                return x;
-            });
-        }
-        bsync();
-        float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
-        { /* dV' = P^T dO + e^{G_last - G} o (K dS) */
-            float a1[1][TV::NT][4], a2[1][TV::NT][4];
-            acc_zero(a1), acc_zero(a2);
-            mma_sr<1, TV::NT, true, true>(a1, sP, 64 + PAD, vm0, sO, BV + PAD, vn0, 64);
-            mma_rs<1, TV::NT, false, true>(a2, sK, K + PAD, vm0, sdS, BV + PAD, vn0, K);
-            const float gl = sG[63];
-            const int lane = tid & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-            for (int nt = 0; nt < TV::NT; nt++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int i = vm0 + g + 8 * hh, j = vn0 + nt * 8 + 2 * t;
-                    const float e = GATE == DG_GATE_HEAD ? expf(gl - sG[i]) : 1.0f;
-                    const float x0 = a1[0][nt][2 * hh] + e * a2[0][nt][2 * hh];
-                    const float x1 = a1[0][nt][2 * hh + 1] + e * a2[0][nt][2 * hh + 1];
-                    if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
-                    nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
-                }
-        }
-        bsync();
-        dhu_make_x<GATE, BV>(sX, sO, sG, scale, tid);
-        if (GATE == DG_GATE_HEAD) {
-            const float d = expf(sG[63]);
-            frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= d; });
-        }
-        bsync();
-        mma_rs<1, TS::NT, true, true>(dS, sQ, K + PAD, sm0, sX, BV + PAD, sn0, 64);
-        bsync();
-        load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
-        frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
-        bsync();
-        mma_p<1, TS::NT, true, true, !PW, true>(dS, sW, K + PAD, sm0, sN, BV + PAD, sn0, 64);
-        bsync();
-    }
-    if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
-}
-
 /* b_dhu_ws's shared memory.  Two slots, a chunk each, filled by the maker and read by the chain:
  * the gate, q, k, dO and dVl (f32, in the accumulator fragments' order [warp][n tile][4][lane], so
  * that the chain's warp w reads what the maker's warp w wrote, without bank conflicts); the
- * chain's two W tiles (plain; a step's loaded during the step before's), dS, X and -dV' (split);
- * the maker's P (split); the mbarriers. */
+ * chain's W tiles (plain; NW = 2 where they fit, BV = 32: step j's in tile j & 1, loaded from the
+ * step's start; else one, loaded once the step's first barrier shows the last step's W^T dV'
+ * done), dS, X and -dV' (split); the maker's P (split); the mbarriers. */
 template <int K, int BV> struct DhuWsSmem {
     static constexpr int G = 64 * 4, QK = 2 * tile_bytes(64, K), O = tile_bytes(64, BV), DVL = 64 * BV * 4;
     static constexpr int SLOT = G + QK + O + DVL;
     static constexpr int W = tile_bytes(64, K), DS = 2 * tile_bytes(K, BV), XN = 2 * tile_bytes(64, BV);
-    static constexpr int CHAIN = 2 * W + DS + 2 * XN; /* the chain's: W (two), dS, X, -dV' */
-    static constexpr int P = 2 * tile_bytes(64, 64);  /* the maker's */
+    static constexpr int P = 2 * tile_bytes(64, 64); /* the maker's */
     static constexpr int MB = 4 * 8; /* mbarriers: slot s filled (2), slot s free again (2) */
+    static constexpr int NW = 2 * SLOT + 2 * W + DS + 2 * XN + P + MB <= SMEM_MAX ? 2 : 1;
+    static constexpr int CHAIN = NW * W + DS + 2 * XN; /* the chain's: W, dS, X, -dV' */
     static constexpr int bytes = 2 * SLOT + CHAIN + P + MB;
 };
 
-/* The backward state pass with its intra-chunk part made by a second group of warps, for blocks
- * of BV = 32 value columns (dhu_bv: when all blocks fit on the GPU at once, S2; one block of 512
- * threads per SM).  Same outputs as b_dhu, bit for bit (the same products in the same order).
+/* The backward state pass, block per (sequence, value head, tile of BV value columns v0 ..; BV =
+ * dhu_bv: 32 when all blocks fit on the GPU at once, S2, else 64, S1), one block of 512 threads
+ * per SM, its intra-chunk part made by a second group of warps.  Same outputs, bit for bit, as the
+ * single-group kernel it replaced (b_dhu until session 8: the same products in the same order).
  *   maker (warps 8-15), up to two chunks ahead of the chain: loads chunk c's q, k, dO and gate
  *        into a slot and makes dVl = P^T dO, P = scale lower(Q K^T o Gamma): nothing of it
  *        depends on dS
  *   chain (warps 0-7), per chunk c in reverse, the dependent recurrence:
  *        dV' = dVl + e^{G_last - G} o (K dS);   dS <- e^{G_last} dS + Q^T X - W^T dV',
  *        X = scale e^G o dO
- * The chain loads W itself (cp.async into one of two tiles at the step's start, waited for before
- * W^T dV'), stores dV' before it makes X, and so waits for no load and makes no P: three barriers
- * of its 256 threads a step against b_dhu's six of the whole block.  H100, S2, head gate (ncu):
- * 725 us against b_dhu's 940.  Measured and dropped: W loaded by the maker (whose loads are waited
- * for at once), 860 us; the chain's step in two barriers (Q^T X before dV' is stored), 815 us;
- * X made by the maker, slower still; one mbarrier arrival a warp (after __syncwarp) instead of one
- * a thread, no faster, and the race check no longer follows it.
+ * The chain loads W itself (cp.async, waited for before W^T dV'), stores dV' before it makes X,
+ * and so waits for no load and makes no P: three barriers of its 256 threads a step against
+ * b_dhu's six of the whole block.  H100, head gate (ncu): S2 725 us against b_dhu's 940; S1 (64
+ * columns, 256 blocks in two waves) 549 against b_dhu's 591 at two blocks per SM (32 columns at
+ * S1, 512 blocks in four waves, were slower: delta_rule 705 against 510).  Measured at S2 and
+ * dropped: W loaded by the maker (whose loads are waited for at once), 860 us; the chain's step
+ * in two barriers (Q^T X before dV' is stored), 815 us; X made by the maker, slower still; one
+ * mbarrier arrival a warp (after __syncwarp) instead of one a thread, no faster, and the race
+ * check no longer follows it.
  * Hand-over by mbarriers (the sanitizer's race check follows them; a bar.arrive / bar.sync pair
  * across the groups it does not): full[s] completes a phase when the maker's 256 threads have
  * filled slot s, empty[s] when the chain's 256 threads have read it for the last time; the u-th
@@ -256,10 +153,11 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         return;
     }
     /* the chain */
-    uint16_t *sW = (uint16_t *)own; /* two tiles: step j's in tile j & 1 */
-    const Sp sdS{(uint16_t *)(own + 2 * L_::W), K * (BV + PAD)};
-    const Sp sX{(uint16_t *)(own + 2 * L_::W + L_::DS), 64 * (BV + PAD)};
-    const Sp sN{(uint16_t *)(own + 2 * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
+    constexpr int NW = L_::NW;
+    uint16_t *sW = (uint16_t *)own; /* NW tiles: step j's in tile j % NW */
+    const Sp sdS{(uint16_t *)(own + NW * L_::W), K * (BV + PAD)};
+    const Sp sX{(uint16_t *)(own + NW * L_::W + L_::DS), 64 * (BV + PAD)};
+    const Sp sN{(uint16_t *)(own + NW * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
     float dS[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
@@ -270,13 +168,20 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         const int L = ch.L;
         const int64_t r0 = ch.r0;
         const Slot S = slot(s);
-        uint16_t *w = sW + (j & 1) * 64 * (K + PAD); /* last read two steps ago, before the last step's first barrier */
-        load_raw_async<64, K>(w, b.Wh + (r0 * HV + hv) * K, (int64_t)HV * K, L);
-        cp_async_commit();
+        uint16_t *w = sW + (j % NW) * 64 * (K + PAD);
+        const uint16_t *wg = b.Wh + (r0 * HV + hv) * K;
+        if (NW == 2) { /* tile j & 1 was last read two steps ago, before the last step's first barrier */
+            load_raw_async<64, K>(w, wg, (int64_t)HV * K, L);
+            cp_async_commit();
+        }
         mbar_wait(full + s, (j >> 1) & 1); /* the slot is filled */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         nsync(B_CHAIN, FNT);
+        if (NW == 1) { /* the one tile: the barrier above shows the last step's W^T dV' done */
+            load_raw_async<64, K>(w, wg, (int64_t)HV * K, L);
+            cp_async_commit();
+        }
         store_raw<K, BV>(dSh + sb, V, sdS.hi);
         store_raw<K, BV>(dSl + sb, V, sdS.lo());
         float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
@@ -701,15 +606,15 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuSmem<K, BV>::bytes <= SMEM_MAX && DhuWsSmem<K, 32>::bytes <= SMEM_MAX &&
+    static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX &&
                       QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     int rc = dhu_bv(G) == 32
                  ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, 32>), G.N * G.HV * (V / 32), 2 * FNT,
                               (size_t)(DhuWsSmem<K, 32>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
                               (uint16_t *)a.dVh, (uint16_t *)a.dVl)
-                 : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
-                              (size_t)(DhuSmem<K, BV>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                 : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, 64>), G.N * G.HV * (V / 64), 2 * FNT,
+                              (size_t)(DhuWsSmem<K, 64>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
                               (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     const size_t sq = (size_t)(QkSmem<K, V>::bytes);
     if (!rc && var.kda_fused)
