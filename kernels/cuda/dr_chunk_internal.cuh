@@ -172,7 +172,6 @@ __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
 __forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
-__forceinline__ void cp_async_wait_1() {}
 #else
 #define DRC_SMEM(type, name)                                                                       \
     extern __shared__ float4 drc_smem_[];                                                          \
@@ -256,8 +255,6 @@ __device__ __forceinline__ void cp_async4(void *s, const void *g) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-/* all but the most recently committed group */
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 #endif
 
 __device__ __forceinline__ float warp_sum(float x) {

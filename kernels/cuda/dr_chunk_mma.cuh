@@ -416,6 +416,13 @@ __device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L,
         if (sb) sb[i] = i < L ? op2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
     }
 }
+/* load_gate_beta's gate by cp.async, HEAD only (GATE NONE: nothing; the gate is not read), by the
+ * thread tid of the group that loads it; the caller commits and waits */
+template <int GATE>
+__device__ __forceinline__ void load_gate_async(const Geom &G, int64_t r0, int L, int hv, const float *Gc, float *sG,
+                                                int tid) {
+    if (GATE == DG_GATE_HEAD && tid < FC) cp_async4(sG + tid, Gc + (r0 + (tid < L ? tid : L - 1)) * G.HV + hv);
+}
 
 /* Buffers of the fast path, per call.  Layouts: [rows, HV, .] per token and value head; states
  * [nchunks, HV, K, V]; hi/lo pairs of bf16 for the split operands. */

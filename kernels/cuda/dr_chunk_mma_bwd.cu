@@ -18,6 +18,8 @@
  *   the partial dk and dG through global memory.
  * With the head gate W and V' come plain bf16 (Plain<GATE>, dr_chunk_mma.cuh): their lo arrays
  * are not read and the products with them take one mma pass less; S, dS, dV', Ai, dW stay split. */
+#include <type_traits>
+
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -38,7 +40,7 @@ __device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const floa
 /* b_dhu_ws's shared memory.  Two slots, a chunk each, filled by the maker and read by the chain:
  * the gate, q, k, dO and dVl (f32, in the accumulator fragments' order [warp][n tile][4][lane], so
  * that the chain's warp w reads what the maker's warp w wrote, without bank conflicts); the
- * chain's W tiles (plain; NW = 2 where they fit, BV = 32: step j's in tile j & 1, loaded from the
+ * chain's W tiles (plain; NW = 2 where they fit, BV = 32: a step's in tile step & 1, loaded from the
  * step's start; else one, loaded once the step's first barrier shows the last step's W^T dV'
  * done), dS, X and -dV' (split); the maker's P (split); the mbarriers. */
 template <int K, int BV> struct DhuWsSmem {
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         const Sp sP{(uint16_t *)(own + L_::CHAIN), 64 * (64 + PAD)};
         const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
         for (int64_t c = c1 - 1; c >= c0; c--) {
-            const int j = (int)(c1 - 1 - c), s = j & 1, u = j >> 1;
+            const int step = (int)(c1 - 1 - c), s = step & 1, u = step >> 1;
             const Chunk x = chunk_at(G, c);
             const Slot S = slot(s);
             const int64_t ot = x.r0 * HV + hv;
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             load_raw_async<64, K>(S.q, q + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, tid);
             load_raw_async<64, K>(S.k, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, tid);
             load_raw_async<64, BV>(S.o, dout + ot * V + v0, (int64_t)HV * V, x.L, tid);
-            if (GATE == DG_GATE_HEAD && tid < FC) cp_async4(S.g + tid, b.Gc + (x.r0 + (tid < x.L ? tid : x.L - 1)) * G.HV + hv);
+            load_gate_async<GATE>(G, x.r0, x.L, hv, b.Gc, S.g, tid);
             cp_async_commit();
             cp_async_wait_all();
             nsync(B_MAKER, FNT); /* the slot is in; every maker warp is done with the last P */
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     }
     /* the chain */
     constexpr int NW = L_::NW;
-    uint16_t *sW = (uint16_t *)own; /* NW tiles: step j's in tile j % NW */
+    uint16_t *sW = (uint16_t *)own; /* NW tiles: a step's in tile step % NW */
     const Sp sdS{(uint16_t *)(own + NW * L_::W), K * (BV + PAD)};
     const Sp sX{(uint16_t *)(own + NW * L_::W + L_::DS), 64 * (BV + PAD)};
     const Sp sN{(uint16_t *)(own + NW * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
@@ -163,18 +165,18 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
     frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     for (int64_t c = c1 - 1; c >= c0; c--) {
-        const int j = (int)(c1 - 1 - c), s = j & 1;
+        const int step = (int)(c1 - 1 - c), s = step & 1;
         const Chunk ch = chunk_at(G, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
         const Slot S = slot(s);
-        uint16_t *w = sW + (j % NW) * 64 * (K + PAD);
+        uint16_t *w = sW + (step % NW) * 64 * (K + PAD);
         const uint16_t *wg = b.Wh + (r0 * HV + hv) * K;
-        if (NW == 2) { /* tile j & 1 was last read two steps ago, before the last step's first barrier */
+        if (NW == 2) { /* this tile was last read two steps ago, before the last step's first barrier */
             load_raw_async<64, K>(w, wg, (int64_t)HV * K, L);
             cp_async_commit();
         }
-        mbar_wait(full + s, (j >> 1) & 1); /* the slot is filled */
+        mbar_wait(full + s, (step >> 1) & 1); /* the slot is filled */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
         nsync(B_CHAIN, FNT);
@@ -609,13 +611,13 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
     static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX &&
                       QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    int rc = dhu_bv(G) == 32
-                 ? DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, 32>), G.N * G.HV * (V / 32), 2 * FNT,
-                              (size_t)(DhuWsSmem<K, 32>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
-                              (uint16_t *)a.dVh, (uint16_t *)a.dVl)
-                 : DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, 64>), G.N * G.HV * (V / 64), 2 * FNT,
-                              (size_t)(DhuWsSmem<K, 64>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
-                              (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    const auto dhu = [&](auto bv) { /* bv: std::integral_constant of the value columns a block */
+        constexpr int C = decltype(bv)::value;
+        return DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>), G.N * G.HV * (V / C), 2 * FNT,
+                          (size_t)(DhuWsSmem<K, C>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                          (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    };
+    int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
     const size_t sq = (size_t)(QkSmem<K, V>::bytes);
     if (!rc && var.kda_fused)
         rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0>), G.nchunks * G.HV, FNT, sq, G, a);

@@ -219,8 +219,7 @@ __global__ void __launch_bounds__(FNT, 2)
         if (PFU)
             load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
                                    (int64_t)HV * V, x.L);
-        const int i = threadIdx.x;
-        if (GATE == DG_GATE_HEAD && i < FC) cp_async4(sm + 64 * pair + i, b.Gc + (x.r0 + (i < x.L ? i : x.L - 1)) * G.HV + hv);
+        load_gate_async<GATE>(G, x.r0, x.L, hv, b.Gc, sm + 64 * pair, (int)threadIdx.x);
         cp_async_commit();
     };
     if (PF && c0 < c1) issue(c0, 0);
