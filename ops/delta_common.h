@@ -61,7 +61,7 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
  * the variant and applies the op.  g is NULL for delta_rule.  The variant: opts->backward, else
  * DG_BACKWARD, else the recurrent one for the recurrent algorithm, else cuda_default (a variant
  * name, or NULL) for CUDA tensors, else bwd[0]: an op whose variants rank differently on the two
- * devices names its CUDA default here (kda: unfused on CUDA, fused on the CPU). */
+ * devices names its CUDA default here (none does now: kda's was the unfused one until session 9). */
 dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, const char *cuda_default,
                          dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                          const dg_delta_opts *opts, dg_tensor **final_state);

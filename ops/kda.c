@@ -2,13 +2,13 @@
  * o_t = S_t^T (scale q_t); g [B,T,HV,K] one log decay per token, value head and key channel.  The
  * machinery is in delta_common.c; this file names the op, its backward variants and its entry point.
  *
- * Backward variants (the chunked default: fused on the CPU (bwd[0]), unfused on CUDA, the faster
- * one on each, docs/DESIGN.md):
+ * Backward variants (the chunked default: fused (bwd[0]), the faster one on both devices,
+ * docs/DESIGN.md):
  *   fused      chunked; inter-chunk backward (dq, dk, dw, dg) and WY backward in one pass, dw kept
  *              per chunk and never stored (seeds 000, 003).  CPU: 6 % faster than unfused (fwd+bwd
- *              87.6 vs 94.2 ms at B4 T1024 H4 K=V=64, 2 cores)
- *   unfused    chunked; separate passes that store dw.  H100: 7 % faster than fused (5.19 vs
- *              5.55 ms fwd+bwd at B8 T2048 H16 K=V=128)
+ *              87.6 vs 94.2 ms at B4 T1024 H4 K=V=64, 2 cores); H200: 9 % (4.04 vs 4.45 ms fwd+bwd
+ *              at B8 T2048 H16 K=V=128; its kernel 20 % faster than the unfused pair)
+ *   unfused    chunked; separate passes that store dw
  *   subst      fused with forward substitution instead of blocked inverses in (I + A)^-1
  *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT) */
 #include "ops/delta_common.h"
@@ -22,7 +22,7 @@ static const dg_delta_variant variants[] = {
     {"subst", "solve_tril substitution", DG_DELTA_CHUNK_SPEC(1, 1, 0)},
     {"recurrent", "token by token (reference)", DG_DELTA_RECURRENT_SPEC},
 };
-const dg_delta_variants dg_kda_variants = {variants, 4, 1};
+const dg_delta_variants dg_kda_variants = {variants, 4, 0};
 DG_DELTA_BWD_VARIANT(bwd_fused, SL, variants, 0)
 DG_DELTA_BWD_VARIANT(bwd_unfused, SL, variants, 1)
 DG_DELTA_BWD_VARIANT(bwd_subst, SL, variants, 2)

@@ -330,7 +330,7 @@ static void test_variant_tables(void **state) {
         assert_true(t->cuda_default >= 0 && t->cuda_default < n);
         assert_int_equal(t->v[t->cuda_default].spec.algo, DG_DBWD_CHUNK);
     }
-    assert_string_equal(dg_delta_variants_of("kda")->v[dg_delta_variants_of("kda")->cuda_default].name, "unfused");
+    assert_string_equal(dg_delta_variants_of("kda")->v[dg_delta_variants_of("kda")->cuda_default].name, "fused");
     assert_null(dg_delta_variants_of("matmul"));
     assert_null(dg_delta_variants_of(NULL));
 }

@@ -112,13 +112,14 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
  * after a barrier, gate_scan sums each channel down the rows in place (thread c < K takes channel c;
  * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
  * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the
- * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form. */
+ * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
+ * NTH: the threads of the block (FNT, or 512 for the KDA qkwy). */
 constexpr float WIDE_SPAN = 80.0f;
-template <int K>
+template <int K, int NTH = FNT>
 __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, float *sG) {
     constexpr int GS = gstride(K);
 #pragma unroll 8
-    for (int e = threadIdx.x; e < 64 * K; e += FNT) {
+    for (int e = threadIdx.x; e < 64 * K; e += NTH) {
         const int i = e / K, c = e % K;
         sG[i * GS + c] = i < L ? g[i * ld + c] : 0.0f;
     }
@@ -146,11 +147,11 @@ struct Gate {
 };
 
 /* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns);
- * s = +1 (query side) or -1 (key side).  No barrier. */
-template <int K>
+ * s = +1 (query side) or -1 (key side), by the block's NTH threads.  No barrier. */
+template <int K, int NTH = FNT>
 __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &gt, float s) {
     constexpr int LD = K + PAD, GS = gstride(K);
-    for (int e = threadIdx.x; e < 64 * K; e += FNT) {
+    for (int e = threadIdx.x; e < 64 * K; e += NTH) {
         const int i = e / K, c = e % K;
         fast::split2(bf2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c], T.lo()[i * LD + c]);
     }

@@ -26,14 +26,15 @@
  * kda_fused (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
- * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, session 4, ncu): dhu 0.57 ms, qkwy fused
- * 3.07 ms, unfused (dqkwg + wy) about 2.4 ms; fwd+bwd with the kept working set 5.8-5.9 ms fused,
- * 5.24 unfused (FLA 5.50).  The fused qkwy is the slower of the two: it runs ~145 KB of code per
- * block at one block per multiprocessor and ncu finds 35-40 % of its warp samples waiting for
- * instructions (each unfused half runs ~85 KB); keeping part A's dk, dG in L2 instead of
- * registers, making the sub-chunk form out of line, or one loop body per mma k loop each made it
- * slower or changed nothing (docs/PERF_KERNELS.md).  The qkwy kernels run one block per
- * multiprocessor (217 KB of shared memory, 255 registers). */
+ * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
+ * registers; QK_NTH).  At 8 warps (255 registers) the fused kernel was the slower of the two: its
+ * 206 KB of straight-line code, each instruction run about once per block, did not stay in the
+ * instruction cache, and its warps waited for instructions (ncu: 43k cycles a warp, against
+ * 0.6k-0.7k for each unfused half of 112-114 KB).  With 16 warps each thread's accumulator tiles
+ * are half as wide, and so is the code unrolled over them (135 KB): measured on an H200 at S1
+ * (B8 T2048 H16 K=V=128, ncu), fused 1.98 ms against dqkwg + wy 1.26 + 1.21 = 2.47 (20 % less:
+ * the dW, dk, dG round trip and the second gate load and scan are gone); fwd+bwd 4.04 ms fused,
+ * 4.45 unfused (docs/PERF_KERNELS.md, session 9). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {
@@ -57,17 +58,18 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
  * diagonal and, STRICT, on it) into this warp's accumulator tile of WT<64, K> ----
  * R(D, Y)_ic = sum_{l <= i} D_il Y_lc e^{G_ic - G_lc}.  Scratch Yb (split, 96 rows): for I = 1..3
  * the rows 8I(I-1) + l, l < 16I, hold Y_l e^{G_16I - G_l}.  Barrier before (inputs) and after. */
-template <int K, bool STRICT>
-__device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *Y,
+template <int K, bool STRICT, int NTH>
+__device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4], Sp D, const uint16_t *Y,
                                         const Gate &gt, unsigned char *scr) {
     constexpr int GS = gstride(K);
-    constexpr int LK = K + PAD, NT = WT<64, K>::NT;
+    using TK = WT<64, K, NTH / 32>;
+    constexpr int LK = K + PAD, NT = TK::NT;
     const float *sG = gt.G;
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), I = m0 >> 4;
+    const int m0 = TK::m0(warp), n0 = TK::n0(warp), I = m0 >> 4;
     if (gt.wide) { /* R = e^{G - R} o (D (Y e^{R - G})): rows l > i of D are zero, so l < m0 + 16 */
         const Sp Yb{(uint16_t *)scr, 64 * LK};
-        gated_rows<K>(Yb, Y, gt, -1.0f);
+        gated_rows<K, NTH>(Yb, Y, gt, -1.0f);
         bsync();
         fast::acc_zero(r);
         fast::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
@@ -76,7 +78,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         return;
     }
     const Sp Yb{(uint16_t *)scr, 96 * LK};
-    for (int e = tid; e < 96 * K; e += FNT) {
+    for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
         fast::split2(bf2f(Y[l * LK + c]) * kexp(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
@@ -108,17 +110,18 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K>::NT][4], Sp D, c
 
 /* C(D, X)_lc = sum_{i >= l} D_il X_ic e^{G_ic - G_lc}.  Scratch Xb (split, 96 rows): for J = 0..2
  * the rows o_J + (i - 16(J+1)), i in [16(J+1), 64), o_J = 0, 48, 80, hold X_i e^{G_i - G_{16J+15}}. */
-template <int K, bool STRICT>
-__device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, const uint16_t *X,
+template <int K, bool STRICT, int NTH>
+__device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4], Sp D, const uint16_t *X,
                                         const Gate &gt, unsigned char *scr) {
     constexpr int GS = gstride(K);
-    constexpr int LK = K + PAD, NT = WT<64, K>::NT;
+    using TK = WT<64, K, NTH / 32>;
+    constexpr int LK = K + PAD, NT = TK::NT;
     const float *sG = gt.G;
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int m0 = WT<64, K>::m0(warp), n0 = WT<64, K>::n0(warp), J = m0 >> 4;
+    const int m0 = TK::m0(warp), n0 = TK::n0(warp), J = m0 >> 4;
     if (gt.wide) { /* C = e^{R - G} o (D^T (X e^{G - R})): rows i < l of D^T's sum are zero, so i >= m0 */
         const Sp Xb{(uint16_t *)scr, 64 * LK};
-        gated_rows<K>(Xb, X, gt, 1.0f);
+        gated_rows<K, NTH>(Xb, X, gt, 1.0f);
         bsync();
         fast::acc_zero(r);
         const Sp A{D.hi + m0 * 72, D.lo_off};
@@ -129,7 +132,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K>::NT][4], Sp D, c
         return;
     }
     const Sp Xb{(uint16_t *)scr, 96 * LK};
-    for (int e = tid; e < 96 * K; e += FNT) {
+    for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
         fast::split2(bf2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
@@ -281,10 +284,11 @@ __global__ void __launch_bounds__(FNT, 2)
 }
 
 /* ---- qkwy ---- */
-template <int K, int V> struct QkL {
+template <int K, int V, int NW> struct QkL {
     static constexpr int tK = tile_bytes(64, K), tV = tile_bytes(64, V), t64 = tile_bytes(64, 64);
-    /* persistent: G [64][K], beta, dbeta, red [8][64], last-row terms [K], column partials [8][K] */
-    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + 8 * 64 + K + 8 * K + K) * 4;
+    /* persistent: G [64][K], beta, dbeta, red [NW][64], last-row terms [K], column partials [NW][K],
+     * references [K] */
+    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + NW * 64 + K + NW * K + K) * 4;
     static constexpr int oK = F32, oQ = oK + tK, oDM = oQ + tK, oZ = oDM + 2 * t64;
     /* Z, part A: S0 / dS1 split, dO raw, dV' then V' split */
     static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
@@ -309,9 +313,10 @@ struct QkArgs {
 };
 
 /* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only */
-template <int K, int V, int MODE>
-__global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
-    using Lay = QkL<K, V>;
+template <int K, int V, int MODE, int NTH>
+__global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+    constexpr int NW = NTH / 32;
+    using Lay = QkL<K, V, NW>;
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
@@ -323,36 +328,36 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
     const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
     const float scale = G.scale;
-    float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + 8 * 64, *colp = sLast + K;
-    float *sR = colp + 8 * K;
+    float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;
+    float *sR = colp + NW * K;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::oK), *sQ = (uint16_t *)(B8 + Lay::oQ);
     const Sp sDM{(uint16_t *)(B8 + Lay::oDM), 64 * 72}; /* dM', later Ai, later dMkk */
     unsigned char *Z = B8 + Lay::oZ;
-    using TK = WT<64, K>;
-    using TV = WT<64, V>;
-    using TP = WT<64, 64>;
+    using TK = WT<64, K, NW>;
+    using TV = WT<64, V, NW>;
+    using TP = WT<64, 64, NW>;
     const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const int64_t ldk = (int64_t)HV * K;
 
-    gate_load<K>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
+    gate_load<K, NTH>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
     Gate gt{sG, sR, false};
     if (tid < 64) sb[tid] = tid < L ? bf2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
-    for (int e = tid; e < 8 * 64; e += FNT) red[e] = 0.0f;
-    for (int e = tid; e < 8 * K + K; e += FNT) sLast[e] = 0.0f; /* sLast and colp */
-    if (MODE == 2) fast::load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
+    for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
+    if (MODE == 2) fast::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     float dk[1][TK::NT][4], dG[1][TK::NT][4];
     if (MODE != 2) {
         const Sp sS{(uint16_t *)(Z + Lay::zS), K * LV};
         uint16_t *sO = (uint16_t *)(Z + Lay::zO);
         const Sp sXv{(uint16_t *)(Z + Lay::zX), 64 * LV};
-        fast::load_split<K, V>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
-        fast::load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        fast::load_split<64, V>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        fast::load_split<K, V, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        fast::load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        fast::load_split<64, V, NTH>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
         /* k, q by cp.async, in flight during the first products (waited for with V' below) */
-        fast::load_raw_async<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        fast::load_raw_async<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        fast::load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        fast::load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         cp_async_commit();
         bsync();
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
@@ -364,10 +369,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv (by cp.async,
            * in flight during the pass; plain: the hi words only, the lo words of dV' left there are
            * not read again) */
-            fast::load_sp_async<64, V, !KPlain::Vn>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
             cp_async_commit();
             constexpr int V8 = V / 8;
-            for (int e = tid; e < K * V8; e += FNT) {
+            for (int e = tid; e < K * V8; e += NTH) {
                 const int r = e / V8, c8 = (e % V8) * 8;
                 uint16_t *ph = sS.hi + r * LV + c8, *pl = sS.lo() + r * LV + c8;
                 const uint4 xh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
@@ -433,14 +438,14 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         if (tid < K) {
             float s = 0.0f;
 #pragma unroll
-            for (int w = 0; w < FNT / 32; w++) s += colp[w * K + tid];
+            for (int w = 0; w < NW; w++) s += colp[w * K + tid];
             sLast[tid] += s;
         }
         /* the gated products of dM': dq += R(dM', K), then dq is final (stored; dG = q o dq);
          * dk += C(dM', Q), dG -= k o dk (+ the last-row terms) */
         {
             float t[1][TK::NT][4];
-            gated_R<K, false>(t, sDM, sK, gt, Z + Lay::wKG);
+            gated_R<K, false, NTH>(t, sDM, sK, gt, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
             each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
             fast::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
@@ -449,7 +454,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
                 else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
             });
-            gated_C<K, false>(t, sDM, sQ, gt, Z + Lay::wKG);
+            gated_C<K, false, NTH>(t, sDM, sQ, gt, Z + Lay::wKG);
             each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         }
         each2(dG, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
@@ -467,7 +472,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         }
     } else {
         const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-        fast::load_split<64, K>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
+        fast::load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
         each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
             x = i < L ? a.dkp[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
             y = i < L ? a.dGg[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
@@ -483,14 +488,14 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     uint16_t *sV = (uint16_t *)(Z + Lay::wV);
     const Sp sAi = sDM;
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
-    for (int e = tid; e < 64 * K; e += FNT) {
+    for (int e = tid; e < 64 * K; e += NTH) {
         const int i = e / K, cc = e % K;
         fast::split2(bf2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
     { /* Ai in two halves of 8 values a thread, each loaded into registers before one of the tile
        * loads and split after it: the latencies overlap (loaded and split element by element,
        * each store to shared memory kept the next load waiting behind it) */
-        constexpr int NA = 64 * 64 / FNT / 2;
+        constexpr int NA = 64 * 64 / NTH / 2, RS = NTH / 64; /* values a half; rows apart */
         float x[NA];
         const int j = tid & 63, i0 = tid >> 6;
         const float *Ai = a.b.Ai + ot * 64 + j;
@@ -498,14 +503,14 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         for (int half = 0; half < 2; half++) {
 #pragma unroll
             for (int u = 0; u < NA; u++) {
-                const int i = i0 + 4 * (u + NA * half);
+                const int i = i0 + RS * (u + NA * half);
                 x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
             }
-            if (half == 0) fast::load_split<64, V>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-            else fast::load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            if (half == 0) fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            else fast::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll
             for (int u = 0; u < NA; u++) {
-                const int i = i0 + 4 * (u + NA * half);
+                const int i = i0 + RS * (u + NA * half);
                 fast::split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
             }
         }
@@ -573,10 +578,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     bsync();
     { /* dk += R(dMkk, K) + C(dMkk, K);  dG += k o R - k o C */
         float t[1][TK::NT][4];
-        gated_R<K, true>(t, sDM, sK, gt, Z);
+        gated_R<K, true, NTH>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x += bf2f(sK[i * LK + cc]) * y; });
-        gated_C<K, true>(t, sDM, sK, gt, Z);
+        gated_C<K, true, NTH>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= bf2f(sK[i * LK + cc]) * y; });
     }
@@ -589,7 +594,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     /* dG through shared memory (over Z), dg = its reverse cumsum over the rows */
     float *sdG = (float *)Z;
     fast::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
-    fast::red_collect(red, sdB, true);
+    fast::red_collect<NW>(red, sdB, true);
     bsync();
     if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
     if (tid < K && a.dg) {
@@ -613,22 +618,36 @@ __global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, co
     }
 }
 
+/* Threads of a qkwy block (every MODE): 16 warps, each with a 16 x K/4 tile of the 64 x K
+ * accumulators (WT<64, K, 16>), so that the unrolled code over a thread's accumulator elements is
+ * half that of 8 warps, 128 registers a thread fit, and four warps a scheduler hide latency instead
+ * of two.  H200, S1, ncu: fused 3.30 -> 1.98 ms (its 206 KB of code at 8 warps, 135 KB at 16; the
+ * warps' "no instruction" stall 43k -> 0.5k cycles a warp), dqkwg 1.48 -> 1.26, wy 1.37 -> 1.21
+ * (docs/PERF_KERNELS.md, session 9). */
+constexpr int QK_NTH = 512;
+
+template <int K, int V, int MODE>
+int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
+    using Lay = QkL<K, V, QK_NTH / 32>;
+    static_assert(Lay::bytes <= fast::SMEM_MAX, "shared memory");
+    return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, QK_NTH>), G.nchunks * G.HV, QK_NTH, (size_t)Lay::bytes, G, a);
+}
+
 template <int K, int V>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
           uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= fast::SMEM_MAX &&
-                      QkL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= fast::SMEM_MAX,
+                  "shared memory");
     const Geom &G = p.G;
     const bool bv32 = fast::dhu_bv(G) == 32;
     int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G,
                                io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
                   : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(DhuL<K, 64>::bytes), G,
                                io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
-    const size_t sq = (size_t)(QkL<K, V>::bytes);
-    if (!rc && var.kda_fused) rc = DRC_LAUNCH("dr_chunk kda qkwy", (b_qkwy<K, V, 0>), G.nchunks * G.HV, FNT, sq, G, a);
+    if (!rc && var.kda_fused) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
     if (!rc && !var.kda_fused) {
-        rc = DRC_LAUNCH("dr_chunk kda dqkwg", (b_qkwy<K, V, 1>), G.nchunks * G.HV, FNT, sq, G, a);
-        if (!rc) rc = DRC_LAUNCH("dr_chunk kda wy", (b_qkwy<K, V, 2>), G.nchunks * G.HV, FNT, sq, G, a);
+        rc = qkwy_launch<K, V, 1>("dr_chunk kda dqkwg", G, a);
+        if (!rc) rc = qkwy_launch<K, V, 2>("dr_chunk kda wy", G, a);
     }
     return rc;
 }

@@ -188,11 +188,15 @@ template <int GATE> struct Plain {
     static constexpr bool W = true, U = true, Vn = GATE == DG_GATE_HEAD, S = false;
 };
 
-/* warp tiling of an M x N output (M in {64, 128}) over the 8 warps */
-template <int M, int N> struct WT {
-    static constexpr int NT = M == 128 ? N / 8 : N / 16;
-    __device__ __forceinline__ static int m0(int w) { return M == 128 ? 16 * w : 16 * (w & 3); }
-    __device__ __forceinline__ static int n0(int w) { return M == 128 ? 0 : (w >> 2) * (N / 2); }
+/* warp tiling of an M x N output (M in {64, 128}) over NW warps (8: a block of FNT threads; 16:
+ * the KDA qkwy's blocks of 512): warp w takes the rows 16 (w mod M/16) .. + 15 and the S-th part
+ * of the columns, S = w div (M/16), of NW / (M/16) parts (NT tiles of 8 columns each) */
+template <int M, int N, int NW = FNT / 32> struct WT {
+    static constexpr int MW = M / 16, NS = NW / MW; /* warps down the rows, parts of the columns */
+    static_assert(NW % MW == 0 && N % (16 * NS) == 0, "warp tiling");
+    static constexpr int NT = N / (8 * NS);
+    __device__ __forceinline__ static int m0(int w) { return 16 * (w % MW); }
+    __device__ __forceinline__ static int n0(int w) { return (w / MW) * (N / NS); }
 };
 
 template <int NT> __device__ __forceinline__ void acc_zero(float (&acc)[1][NT][4]) {
@@ -274,37 +278,37 @@ __device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
 /* ---- loads into shared memory (16-byte vectors; rows >= nrow are zero) ----
  * raw tile [R][Cc] from global rows with stride ldg (elements).  Every load of the thread is
  * issued before the first store (a fixed, unrolled trip count), so that their latencies overlap. */
-template <int R, int Cc>
+template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
-    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + FNT - 1) / FNT;
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + NTH - 1) / NTH;
     uint4 x[IT];
 #pragma unroll
     for (int it = 0; it < IT; it++) {
-        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        const int e = threadIdx.x + it * NTH, r = e / V8, c = (e % V8) * 8;
         x[it] = make_uint4(0, 0, 0, 0);
-        if ((N % FNT == 0 || e < N) && r < nrow) x[it] = *(const uint4 *)(g + r * ldg + c);
+        if ((N % NTH == 0 || e < N) && r < nrow) x[it] = *(const uint4 *)(g + r * ldg + c);
     }
 #pragma unroll
     for (int it = 0; it < IT; it++) {
-        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
-        if (N % FNT == 0 || e < N) *(uint4 *)(s + r * (Cc + PAD) + c) = x[it];
+        const int e = threadIdx.x + it * NTH, r = e / V8, c = (e % V8) * 8;
+        if (N % NTH == 0 || e < N) *(uint4 *)(s + r * (Cc + PAD) + c) = x[it];
     }
 }
 /* load_raw by cp.async: the copies are only issued (rows >= nrow zero-filled); the caller commits,
  * waits (cp_async_wait_all) and puts a barrier before the tile is read.  tid: the thread's index
  * among the FNT threads that load the tile (a group of warps of a larger block: see b_dhu_ws) */
-template <int R, int Cc>
+template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow, int tid) {
-    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + FNT - 1) / FNT;
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + NTH - 1) / NTH;
 #pragma unroll
     for (int it = 0; it < IT; it++) {
-        const int e = tid + it * FNT, r = e / V8, c = (e % V8) * 8;
-        if (N % FNT == 0 || e < N) cp_async16(s + r * (Cc + PAD) + c, r < nrow ? g + r * ldg + c : g, r < nrow);
+        const int e = tid + it * NTH, r = e / V8, c = (e % V8) * 8;
+        if (N % NTH == 0 || e < N) cp_async16(s + r * (Cc + PAD) + c, r < nrow ? g + r * ldg + c : g, r < nrow);
     }
 }
-template <int R, int Cc>
+template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
-    load_raw_async<R, Cc>(s, g, ldg, nrow, (int)threadIdx.x);
+    load_raw_async<R, Cc, NTH>(s, g, ldg, nrow, (int)threadIdx.x);
 }
 /* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors:
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
@@ -320,11 +324,11 @@ __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16
     }
 }
 /* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */
-template <int R, int Cc>
+template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg,
                                            int nrow) {
-    load_raw<R, Cc>(s.hi, gh, ldg, nrow);
-    load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
+    load_raw<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    load_raw<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
 }
 
 /* the same, SPLIT false: the hi part only (s.lo() is left as it was, gl is not read) */
@@ -334,14 +338,14 @@ __device__ __forceinline__ void load_sp(Sp s, const uint16_t *gh, const uint16_t
     if (SPLIT) load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
 }
 /* load_sp by cp.async (only issued: the caller commits, waits and puts a barrier before reading) */
-template <int R, int Cc, bool SPLIT>
+template <int R, int Cc, bool SPLIT, int NTH = FNT>
 __device__ __forceinline__ void load_sp_async(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
-    load_raw_async<R, Cc>(s.hi, gh, ldg, nrow);
-    if (SPLIT) load_raw_async<R, Cc>(s.lo(), gl, ldg, nrow);
+    load_raw_async<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw_async<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
 }
 
 /* ---- reductions over the accumulator tile (deterministic: fixed order) ----
- * red is [8 warps][64] floats in shared memory, zero on entry to each round. */
+ * red is [warps][64] floats in shared memory, zero on entry to each round. */
 /* The warp's slot is read-modified-written by different lanes in the two functions below (rows:
  * lanes with t = 0; columns: lanes with g = 0), so a put starts with __syncwarp(): a shuffle
  * converges the lanes but does not order their shared-memory accesses (racecheck found the hazard
@@ -377,12 +381,13 @@ __device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT]
 }
 /* after a barrier: dst[i] (+)= sum over warps of red[w][i], i < 64; red zeroed again.  The caller
  * puts a barrier after it before red or dst are used again. */
+template <int NW = FNT / 32>
 __device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
     const int i = threadIdx.x;
     if (i < 64) {
         float s = 0.0f;
 #pragma unroll
-        for (int w = 0; w < FNT / 32; w++) {
+        for (int w = 0; w < NW; w++) {
             s += red[w * 64 + i];
             red[w * 64 + i] = 0.0f;
         }
