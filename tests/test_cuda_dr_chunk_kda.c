@@ -265,8 +265,10 @@ static void test_kda_mma_sanitize(void **state) {
     static const kcase small[] = {
         {"sanitize: K=V=64, varlen, GVA", 1, 100, 1, 2, 64, 64, 3, {0, 70, 100}, -1.5, -0.02, 1, 1, 0},
         {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        /* K = V = 128: the fused qkwy's dU goes by cp.async during part A (QkL::PFU) */
+        {"sanitize: K=V=128", 1, 70, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
     };
-    for (int i = 0; i < 2; i++) run_kcase(&small[i], 0);
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) run_kcase(&small[i], 0);
 }
 
 int main(void) {

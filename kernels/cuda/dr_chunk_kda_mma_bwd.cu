@@ -294,6 +294,11 @@ template <int K, int V, int NW> struct QkL {
     static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
     /* Z, part B: dW split (later T), Kg split (later dAi), dU split, V raw */
     static constexpr int wDW = 0, wKG = 2 * tK, wDU = 4 * tK, wV = wDU + 2 * tV, ZB = wV + tV;
+    /* fused, where the places allow (K = V = 128): dU by cp.async into the place of V' (dead once
+     * dM' is made, and clear of the scratch of part A's gated products at wKG), in flight during
+     * those products; V then at 4 tK (dO's place) */
+    static constexpr bool PFU = zX >= wKG + 2 * tile_bytes(96, K) && zX >= 4 * tK + tV;
+    static constexpr int wDUf = PFU ? zX : wDU, wVf = PFU ? 4 * tK : wV;
     static constexpr int ZT = 2 * tK + 2 * tile_bytes(96, K); /* dW + gated scratch */
     static constexpr int Z = ZA > ZB ? (ZA > ZT ? ZA : ZT) : (ZB > ZT ? ZB : ZT);
     static constexpr int bytes = oZ + (Z > 64 * K * 4 ? Z : 64 * K * 4);
@@ -426,6 +431,12 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 }
         }
         bsync();
+        constexpr bool PFU = MODE == 0 && Lay::PFU;
+        if (PFU) { /* dU = dV' for part B (QkL) */
+            const Sp sdU{(uint16_t *)(Z + Lay::wDUf), 64 * LV};
+            fast::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            cp_async_commit();
+        }
         /* dW (split) into its part-B place, over the dead S0 / dS1 */
         if (MODE == 0) {
             const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
@@ -484,17 +495,19 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
 
     /* ---- part B: the WY backward ---- */
     const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK}, sKg{(uint16_t *)(Z + Lay::wKG), 64 * LK};
-    const Sp sdU{(uint16_t *)(Z + Lay::wDU), 64 * LV};
-    uint16_t *sV = (uint16_t *)(Z + Lay::wV);
+    constexpr bool PFU = MODE == 0 && Lay::PFU; /* dU in flight since part A */
+    const Sp sdU{(uint16_t *)(Z + (PFU ? Lay::wDUf : Lay::wDU)), 64 * LV};
+    uint16_t *sV = (uint16_t *)(Z + (PFU ? Lay::wVf : Lay::wV));
     const Sp sAi = sDM;
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
     for (int e = tid; e < 64 * K; e += NTH) {
         const int i = e / K, cc = e % K;
         fast::split2(bf2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
-    { /* Ai in two halves of 8 values a thread, each loaded into registers before one of the tile
-       * loads and split after it: the latencies overlap (loaded and split element by element,
-       * each store to shared memory kept the next load waiting behind it) */
+    { /* Ai in two halves of NA values a thread, each loaded into registers before one of the tile
+       * loads (dU unless it is in flight already, V) and split after it: the latencies overlap
+       * (loaded and split element by element, each store to shared memory kept the next load
+       * waiting behind it) */
         constexpr int NA = 64 * 64 / NTH / 2, RS = NTH / 64; /* values a half; rows apart */
         float x[NA];
         const int j = tid & 63, i0 = tid >> 6;
@@ -506,8 +519,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 const int i = i0 + RS * (u + NA * half);
                 x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
             }
-            if (half == 0) fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-            else fast::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            if (half == 0 && !PFU) fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            if (half == 1) fast::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll
             for (int u = 0; u < NA; u++) {
                 const int i = i0 + RS * (u + NA * half);
@@ -515,6 +528,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
             }
         }
     }
+    if (PFU) cp_async_wait_all(); /* dU */
     bsync();
     float dai[1][TP::NT][4];
     fast::acc_zero(dai); /* dAi (before the mask and beta) */

@@ -332,10 +332,10 @@ __device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint1
 }
 
 /* the same, SPLIT false: the hi part only (s.lo() is left as it was, gl is not read) */
-template <int R, int Cc, bool SPLIT>
+template <int R, int Cc, bool SPLIT, int NTH = FNT>
 __device__ __forceinline__ void load_sp(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
-    load_raw<R, Cc>(s.hi, gh, ldg, nrow);
-    if (SPLIT) load_raw<R, Cc>(s.lo(), gl, ldg, nrow);
+    load_raw<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
 }
 /* load_sp by cp.async (only issued: the caller commits, waits and puts a barrier before reading) */
 template <int R, int Cc, bool SPLIT, int NTH = FNT>
@@ -395,7 +395,9 @@ __device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
     }
 }
 
-/* sum over the block of one value per thread (after which every thread has it); scratch: 8 floats */
+/* sum over the block of NW warps of one value per thread (after which every thread has it);
+ * scratch: NW floats */
+template <int NW = FNT / 32>
 __device__ __forceinline__ float block_sum(float x, float *scr) {
     x = warp_sum(x);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -403,7 +405,7 @@ __device__ __forceinline__ float block_sum(float x, float *scr) {
     bsync();
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < FNT / 32; w++) s += scr[w];
+    for (int w = 0; w < NW; w++) s += scr[w];
     bsync();
     return s;
 }

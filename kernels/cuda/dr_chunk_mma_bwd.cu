@@ -229,9 +229,10 @@ __global__ void __launch_bounds__(2 * FNT, 1)
 #define DRC_DSB 2
 #endif
 constexpr int AIB = DRC_AIB, DSB = DRC_DSB; /* load batches (registers: the accumulators are live) */
-template <int K, int V> struct QkSmem {
+template <int K, int V, int NW> struct QkSmem {
     static constexpr int T64 = 2 * tile_bytes(64, 64);
-    static constexpr int F32 = (4 * 64 + 2 * 8 * 64 + 16 + 64) * 4;
+    /* G, beta, dG, dbeta [64]; redg, redb [NW][64]; block_sum's scratch [16]; srow [64] */
+    static constexpr int F32 = (4 * 64 + 2 * NW * 64 + 16 + 64) * 4;
     static constexpr int X1 = 2 * tile_bytes(K, V) > 3 * T64 ? 2 * tile_bytes(K, V) : 3 * T64;
     static constexpr int X2 = 2 * (tile_bytes(64, V) > tile_bytes(64, K) ? tile_bytes(64, V) : tile_bytes(64, K));
     static constexpr int X3 = 2 * tile_bytes(64, V);
@@ -261,7 +262,7 @@ struct QkArgs {
  * dx = r (dy - xn (dy . xn)), r = rr[i * rstride] for rows i < L.  Every thread calls it; it
  * starts and ends with a barrier; red (zero on entry, zero again after) and srow (64 floats) are
  * shared scratch. */
-template <int NT>
+template <int NW, int NT>
 __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, int n0, const uint16_t *sX, int ld,
                                                 float *red, float *srow, const float *rr, int64_t rstride, int L) {
     float rs[2] = {0.0f, 0.0f};
@@ -269,7 +270,7 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
     bsync();
     red_rows_put(red, m0, rs);
     bsync();
-    red_collect(red, srow, false);
+    red_collect<NW>(red, srow, false);
     bsync();
     frag_each(acc, m0, n0, [&](int i, int cc, float &x) {
         const float r = i < L ? rr[i * rstride] : 0.0f;
@@ -278,9 +279,11 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
 }
 
 /* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
-template <int K, int V, int GATE, int MODE>
-__global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
-    using S_ = QkSmem<K, V>;
+template <int K, int V, int GATE, int MODE, int NTH>
+__global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+    constexpr int NW = NTH / 32;
+    static_assert(NW <= 16, "block_sum's scratch");
+    using S_ = QkSmem<K, V, NW>;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2,
               tq = lane & 3;
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     const int64_t r0 = ch.r0;
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64,
-          *redb = redg + 8 * 64, *scr = redb + 8 * 64, *srow = scr + 16;
+          *redb = redg + NW * 64, *scr = redb + NW * 64, *srow = scr + 16;
     unsigned char *B8 = (unsigned char *)sm;
     const Sp sS{(uint16_t *)(B8 + S_::o1), K * (V + PAD)};
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
@@ -308,9 +311,9 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     uint16_t *sO = (uint16_t *)(B8 + S_::o4), *sV = sO; /* dO, later v */
     uint16_t *sQ = (uint16_t *)(B8 + S_::o5), *sK = (uint16_t *)(B8 + S_::o6);
     const Sp sDP{(uint16_t *)(B8 + S_::o7), 64 * 72};
-    using TK = WT<64, K>;
-    using TV = WT<64, V>;
-    using TP = WT<64, 64>;
+    using TK = WT<64, K, NW>;
+    using TV = WT<64, V, NW>;
+    using TP = WT<64, 64, NW>;
     const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const int64_t ot = r0 * HV + hv; /* row r0 of [rows, HV, .] */
@@ -319,18 +322,18 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     constexpr bool PV = Plain<GATE>::Vn, PS = Plain<GATE>::S; /* plain bf16 (dS1, which replaces S, is split) */
     const int partial = HEAD && !a.final_dg;
 
-    for (int e = tid; e < 2 * 8 * 64; e += FNT) redg[e] = 0.0f;
+    for (int e = tid; e < 2 * NW * 64; e += NTH) redg[e] = 0.0f;
     if (MODE != 2) { /* what phase A reads, then k, q, V' by cp.async, in flight during phase A */
-        load_raw<64, V>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        load_sp<K, V, !PS>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
-        load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-        load_raw_async<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw_async<64, K>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_sp_async<64, V, !PV>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+        load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        load_sp<K, V, !PS, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        load_split<64, V, NTH>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_sp_async<64, V, !PV, NTH>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
         cp_async_commit();
     } else {
-        load_raw<64, K>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_split<64, V>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        load_split<64, V, NTH>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
     }
     load_gate_beta<GATE>(G, r0, L, hv, a.b.Gc, a.beta, sG, sb);
     if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
@@ -349,20 +352,20 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         /* S0 -> dS1 in place, with trace(S0^T dS1) */
         float tr = 0.0f;
         { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
-            constexpr int V8 = V / 8, IT = K * V8 / FNT, BT = IT < DSB ? IT : DSB;
-            static_assert(K * V8 % FNT == 0 && IT % BT == 0, "tile");
+            constexpr int V8 = V / 8, IT = K * V8 / NTH, BT = IT < DSB ? IT : DSB;
+            static_assert(K * V8 % NTH == 0 && IT % BT == 0, "tile");
 #pragma unroll 1
             for (int b0 = 0; b0 < IT; b0 += BT) {
                 uint4 dh[BT], dl[BT];
 #pragma unroll
                 for (int u = 0; u < BT; u++) {
-                    const int e = tid + (b0 + u) * FNT, r = e / V8, c8 = (e % V8) * 8;
+                    const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
                     dh[u] = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
                     dl[u] = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
                 }
 #pragma unroll
                 for (int u = 0; u < BT; u++) {
-                    const int e = tid + (b0 + u) * FNT, r = e / V8, c8 = (e % V8) * 8;
+                    const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
                     uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
                     const uint16_t *xh = (const uint16_t *)&dh[u], *xl = (const uint16_t *)&dl[u];
 #pragma unroll
@@ -373,7 +376,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
                 }
             }
         }
-        tr = block_sum(tr, scr);
+        tr = block_sum<NW>(tr, scr);
         /* B: dKd = V' dS1^T */
         mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
         /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
@@ -421,8 +424,8 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         if (MODE == 0) { /* every warp is past its reads of dO and of S0 / dS1: v for the WY part into
                           * dO's place, Ai (f32 rows of 64, as rows of 128 16-bit words) into S's behind
                           * sAi, in flight while dq, dk are made (waited for where the WY part starts) */
-            load_raw_async<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
-            load_raw_async<64, 128>(sAiF, (const uint16_t *)(a.b.Ai + ot * 64), (int64_t)HV * 128, L);
+            load_raw_async<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            load_raw_async<64, 128, NTH>(sAiF, (const uint16_t *)(a.b.Ai + ot * 64), (int64_t)HV * 128, L);
             cp_async_commit();
         }
         mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
@@ -433,15 +436,15 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= op2f(sK[i * (K + PAD) + cc]) * x; });
             red_rows_put(redg, km0, rs);
         }
-        if (HEAD) skf3 = block_sum(skf3, scr); /* (barriers) */
+        if (HEAD) skf3 = block_sum<NW>(skf3, scr); /* (barriers) */
         else bsync();
         if (HEAD) {
-            red_collect(redg, sdG, true);
+            red_collect<NW>(redg, sdG, true);
             bsync();
             if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
         }
         /* dq is final (redg is zero again here: collected above, or never used) */
-        if (a.rq && a.dq) l2norm_bwd_rows(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ot, HV, L);
+        if (a.rq && a.dq) l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ot, HV, L);
         frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
             const int64_t off = (ot + (int64_t)i * HV) * K + cc;
@@ -463,7 +466,7 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
             return;
         }
     } else {
-        load_split<64, K>(sdW, a.dWh + ot * K, a.dWl + ot * K, (int64_t)HV * K, L);
+        load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, (int64_t)HV * K, L);
         frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot + (int64_t)i * HV) * K + cc] : 0.0f; });
         if (HEAD && tid < L) sdG[tid] = a.dGg[ot + (int64_t)tid * HV];
     }
@@ -473,23 +476,23 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
         cp_async_wait_all();
         bsync();
 #pragma unroll 4
-        for (int u = 0; u < 64 * 64 / FNT; u++) {
-            const int e = tid + u * FNT, i = e / 64, j = e % 64;
+        for (int u = 0; u < 64 * 64 / NTH; u++) {
+            const int e = tid + u * NTH, i = e / 64, j = e % 64;
             split2(((const float *)sAiF)[i * AIF_LD + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
         }
     } else
-        load_raw<64, V>(sV, a.v + ot * V, (int64_t)HV * V, L);
+        load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll 1
-    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / FNT; u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
+    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / NTH; u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
         float x[AIB];
 #pragma unroll
         for (int u = 0; u < AIB; u++) {
-            const int e = tid + (u0 + u) * FNT, i = e / 64, j = e % 64;
+            const int e = tid + (u0 + u) * NTH, i = e / 64, j = e % 64;
             x[u] = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < AIB; u++) {
-            const int e = tid + (u0 + u) * FNT, i = e / 64, j = e % 64;
+            const int e = tid + (u0 + u) * NTH, i = e / 64, j = e % 64;
             split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
         }
     }
@@ -573,10 +576,10 @@ __global__ void __launch_bounds__(FNT) b_qkwy(Geom G, QkArgs a) {
     /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K */
     mma_sr<1, TK::NT, false, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
     mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sK, K + PAD, kn0, 64);
-    red_collect(redb, sdB, true);
-    if (HEAD) red_collect(redg, sdG, true);
+    red_collect<NW>(redb, sdB, true);
+    if (HEAD) red_collect<NW>(redg, sdG, true);
     bsync();
-    if (a.rk && a.dk) l2norm_bwd_rows(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ot, HV, L);
+    if (a.rk && a.dk) l2norm_bwd_rows<NW>(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ot, HV, L);
     frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
@@ -605,11 +608,19 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
     }
 }
 
+/* Threads of a qkwy block: 16 warps with the head gate (each warp a 16 x K/4 tile of the 64 x K
+ * accumulators: half the code unrolled over a thread's elements, 128 registers, four warps a
+ * scheduler), 8 without a gate.  H100 S1 (ncu): fused head-gate qkwy 1.406 -> 1.323 ms at 16 warps,
+ * GDN fwd+bwd 2.45 -> 2.38 ms, S2 2.65 -> 2.58; delta_rule S1 2.32 -> 2.34 at 16 (its qkwy has
+ * no gate factors to spread), so it keeps 8 (docs/PERF_KERNELS.md, session 9). */
+template <int GATE> constexpr int qk_nth() { return GATE == DG_GATE_HEAD ? 512 : FNT; }
+
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
+    constexpr int QNT = qk_nth<GATE>();
     static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX &&
-                      QkSmem<K, V>::bytes <= SMEM_MAX, "shared memory");
+                      QkSmem<K, V, QNT / 32>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     const auto dhu = [&](auto bv) { /* bv: std::integral_constant of the value columns a block */
         constexpr int C = decltype(bv)::value;
@@ -618,12 +629,12 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                           (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };
     int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
-    const size_t sq = (size_t)(QkSmem<K, V>::bytes);
+    const size_t sq = (size_t)(QkSmem<K, V, QNT / 32>::bytes);
     if (!rc && var.kda_fused)
-        rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0>), G.nchunks * G.HV, FNT, sq, G, a);
+        rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
     if (!rc && !var.kda_fused) {
-        rc = DRC_LAUNCH("dr_chunk mma dqkwg", (b_qkwy<K, V, GATE, 1>), G.nchunks * G.HV, FNT, sq, G, a);
-        if (!rc) rc = DRC_LAUNCH("dr_chunk mma wy", (b_qkwy<K, V, GATE, 2>), G.nchunks * G.HV, FNT, sq, G, a);
+        rc = DRC_LAUNCH("dr_chunk mma dqkwg", (b_qkwy<K, V, GATE, 1, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
+        if (!rc) rc = DRC_LAUNCH("dr_chunk mma wy", (b_qkwy<K, V, GATE, 2, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
     }
     return rc;
 }
