@@ -33,8 +33,9 @@
  * 0.6k-0.7k for each unfused half of 112-114 KB).  With 16 warps each thread's accumulator tiles
  * are half as wide, and so is the code unrolled over them (135 KB): measured on an H200 at S1
  * (B8 T2048 H16 K=V=128, ncu), fused 1.98 ms against dqkwg + wy 1.26 + 1.21 = 2.47 (20 % less:
- * the dW, dk, dG round trip and the second gate load and scan are gone); fwd+bwd 4.04 ms fused,
- * 4.45 unfused (docs/PERF_KERNELS.md, session 9). */
+ * the dW, dk, dG round trip and the second gate load and scan are gone); with dU in flight during
+ * part A (QkL::PFU), H100: fused 1.90 ms against 1.23 + 1.16 (21 % less), fwd+bwd 4.14 ms fused,
+ * 4.57 unfused (docs/PERF_KERNELS.md, session 9). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 
 namespace drc {

@@ -32,9 +32,10 @@
  *     still drive the recurrence and the backward): o 1.7e-3 -> 2.5e-3 without a gate.
  *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
- * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads); an
- * M x N product (M in {64, 128}) is split by warps: M = 128: warp w takes rows 16w..16w+15, all N
- * columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2. */
+ * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
+ * qkwy kernels 16 (their callers pass the thread count to the helpers); an M x N product (M in
+ * {64, 128}) is split by warps (WT): M = 128, 8 warps: warp w takes rows 16w..16w+15, all N
+ * columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2 (16 warps: (w/4)*N/4 .. + N/4). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
 
