@@ -159,11 +159,11 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
 
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
  * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; gt: the chunk's gate; scr: scratch of
- * tri_scratch_bytes<K>() bytes.  Starts and ends with a barrier-free state: the caller puts a
+ * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with a barrier-free state: the caller puts a
  * barrier before (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
-template <int K, bool STRICT>
+template <int K, bool STRICT, int NTH = FNT>
 __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const Gate &gt,
                                           float *out, unsigned char *scr) {
     constexpr int LD = K + PAD;
@@ -173,9 +173,9 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     const Sp Kb{(uint16_t *)(scr + 2 * fast::tile_bytes(64, K)), 96 * LD};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (gt.wide) { /* one product X e^{G - R} (Kt e^{R - G})^T, masked; warp tiles above the diagonal skip it */
-        using T = fast::WT<64, 64>;
-        gated_rows<K>(Xa, X, gt, 1.0f);
-        gated_rows<K>(Kb, Kt, gt, -1.0f);
+        using T = fast::WT<64, 64, NTH / 32>;
+        gated_rows<K, NTH>(Xa, X, gt, 1.0f);
+        gated_rows<K, NTH>(Kb, Kt, gt, -1.0f);
         bsync();
         float acc[1][T::NT][4];
         const int m0 = T::m0(warp), n0 = T::n0(warp);
@@ -184,19 +184,19 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         fast::frag_each(acc, m0, n0, [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
         return;
     }
-    for (int e = tid; e < 48 * K; e += FNT) {
+    for (int e = tid; e < 48 * K; e += NTH) {
         const int i = 16 + e / K, c = e % K, r = i & ~15;
         fast::split2(bf2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
                      Xa.lo()[i * LD + c]);
     }
-    for (int e = tid; e < 96 * K; e += FNT) {
+    for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
         fast::split2(bf2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
                      Kb.lo()[R * LD + c]);
     }
     /* blocks above the diagonal: zero */
-    for (int e = tid; e < 64 * 64; e += FNT) {
+    for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
         if ((j >> 4) > (i >> 4)) out[i * LDF + j] = 0.0f;
     }
@@ -213,7 +213,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     /* the diagonal blocks, element by element in f32: a thread per (i, j), j <= i in one block
      * (136 pairs a block); the channels in an order that starts at lane - 8i, so that the lanes of
      * a warp read row i of sG (stride K + 8: bank 8i + c) in different banks */
-    for (int p = tid; p < 4 * 136; p += FNT) {
+    for (int p = tid; p < 4 * 136; p += NTH) {
         const int D = p / 136, t = p % 136;
         int a = 0;
         while ((a + 1) * (a + 2) / 2 <= t) a++;

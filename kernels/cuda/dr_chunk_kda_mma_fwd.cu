@@ -24,7 +24,8 @@
  * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu, session 4: wide form, plain W, U, Kd,
  * V'): prep 1.03 ms, state 0.25, out 0.59 (0.67 when it also stores P, Qg for the backward);
  * forward 1.98 ms by CUDA events (session 3: 3.9 ms; FLA 1.19 ms).  prep and out run one block
- * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound. */
+ * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; out in blocks of
+ * 16 warps since session 9 (KO_NTH; H100, ncu: prep 1.05 ms, state 0.28, out 0.56). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
@@ -275,8 +276,8 @@ template <int K, int V> struct OutL {
 };
 
 /* block per (chunk, value head) */
-template <int K, int V>
-__global__ void __launch_bounds__(FNT)
+template <int K, int V, int NTH>
+__global__ void __launch_bounds__(NTH)
     ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o, int keep) {
     using Lay = OutL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
@@ -298,29 +299,29 @@ __global__ void __launch_bounds__(FNT)
     const Sp sS{(uint16_t *)scr, K * LV};
     const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
 
-    gate_load<K>(g + ot * K, (int64_t)HV * K, L, sG);
-    fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
+    fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
-    gated_tri<K, false>(sQ, sK, gt, sA, scr);
+    gated_tri<K, false, NTH>(sQ, sK, gt, sA, scr);
     bsync();
     /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
      * are split */
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    fast::load_sp_async<K, V, !KPlain::OutS>(sS, b.Sh + sb, b.Sl + sb, V, K);
-    fast::load_sp_async<64, V, !KPlain::Vn>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    fast::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
     /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
      * recomputes (the same values, bit for bit) */
-    for (int e = tid; e < 64 * 64; e += FNT) {
+    for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
         fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
         if (keep && i < L)
             b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j], b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
     }
-    for (int e = tid; e < 64 * K; e += FNT) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
+    for (int e = tid; e < 64 * K; e += NTH) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
         const int i = e / K, cc = e % K;
         const float qv = bf2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
         if (keep && i < L) {
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(FNT)
     }
     cp_async_wait_all(); /* S, V' */
     bsync();
-    using T = WT<64, V>;
+    using T = WT<64, V, NTH / 32>;
     float acc[1][T::NT][4];
     fast::acc_zero(acc);
     const int m0 = T::m0(warp), n0 = T::n0(warp);
@@ -360,10 +361,16 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
     return rc;
 }
 
+/* Threads of an output-pass block: 16 warps (one block per SM, 200+ KB of shared memory: more
+ * warps hide more of its latency; the element-wise splits and its gated product take the block's
+ * thread count).  H100 S1 (ncu): 0.687 -> 0.559 ms against 8 warps, 170 -> 110 registers; KDA S1
+ * fwd 1.775 -> 1.67 ms (docs/PERF_KERNELS.md, session 9). */
+constexpr int KO_NTH = 512;
+
 template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
     static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G,
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, KO_NTH>), G.nchunks * G.HV, KO_NTH, (size_t)(OutL<K, V>::bytes), G,
                       io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
 }
 
