@@ -24,8 +24,8 @@
  * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu, session 4: wide form, plain W, U, Kd,
  * V'): prep 1.03 ms, state 0.25, out 0.59 (0.67 when it also stores P, Qg for the backward);
  * forward 1.98 ms by CUDA events (session 3: 3.9 ms; FLA 1.19 ms).  prep and out run one block
- * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; out in blocks of
- * 16 warps since session 9 (KO_NTH; H100, ncu: prep 1.05 ms, state 0.28, out 0.56). */
+ * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; both in blocks of
+ * 16 warps since session 9 (KP_NTH, KO_NTH; H100, ncu: prep 0.88 ms, state 0.28, out 0.56). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
@@ -44,8 +44,8 @@ template <int K, int V> struct PrepL {
     static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
 };
 
-template <int K, int V>
-__global__ void __launch_bounds__(FNT)
+template <int K, int V, int NTH>
+__global__ void __launch_bounds__(NTH)
     kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
        Bufs b, int extras) {
     using Lay = PrepL<K, V>;
@@ -65,27 +65,27 @@ __global__ void __launch_bounds__(FNT)
     const Sp sAi{(uint16_t *)scr, 64 * 72};
     const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
 
-    gate_load<K>(g + ot * K, (int64_t)HV * K, L, sG);
+    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
     if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     /* v by cp.async, in flight through the gated products and the inverse (waited for before U) */
-    fast::load_raw_async<64, V>(sV, v + ot * V, (int64_t)HV * V, L);
+    fast::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    fast::load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    if (extras == 2) fast::load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (extras == 2) fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
     if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
-        gated_tri<K, false>(sQ, sK, gt, sY, scr);
+        gated_tri<K, false, NTH>(sQ, sK, gt, sY, scr);
         bsync();
-        for (int e = tid; e < L * 64; e += FNT) {
+        for (int e = tid; e < L * 64; e += NTH) {
             const int i = e >> 6, j = e & 63;
             uint16_t hh, ll;
             fast::split2(G.scale * sY[i * LDF + j], hh, ll);
             b.Ph[(ot + (int64_t)i * HV) * 64 + j] = hh, b.Pl[(ot + (int64_t)i * HV) * 64 + j] = ll;
         }
-        for (int e = tid; e < L * K; e += FNT) {
+        for (int e = tid; e < L * K; e += NTH) {
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
             fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
@@ -94,25 +94,25 @@ __global__ void __launch_bounds__(FNT)
         }
         bsync();
     }
-    gated_tri<K, true>(sK, sK, gt, sA, scr);
+    gated_tri<K, true, NTH>(sK, sK, gt, sA, scr);
     bsync();
     if (extras)
-        for (int e = tid; e < L * 64; e += FNT) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
-    for (int e = tid; e < 64 * 64; e += FNT) {
+        for (int e = tid; e < L * 64; e += NTH) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
+    for (int e = tid; e < 64 * 64; e += NTH) {
         sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
         sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
     }
     bsync();
     static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
-    fast::tri_inv(sA, sY, sT, L, 1);
+    fast::tri_inv<NTH>(sA, sY, sT, L, 1);
     if (extras)
-        for (int e = tid; e < L * 64; e += FNT) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
+        for (int e = tid; e < L * 64; e += NTH) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
-    for (int e = tid; e < 64 * 64; e += FNT) {
+    for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
         fast::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
     }
-    for (int e = tid; e < 64 * K; e += FNT) {
+    for (int e = tid; e < 64 * K; e += NTH) {
         const int i = e / K, cc = e % K;
         const float kv = bf2f(sK[i * LK + cc]);
         fast::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(FNT)
     cp_async_wait_all(); /* v */
     bsync();
     { /* W = Ai' (K o e^G) */
-        using T = WT<64, K>;
+        using T = WT<64, K, NTH / 32>;
         float acc[1][T::NT][4];
         fast::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(FNT)
         });
     }
     { /* U = Ai' V */
-        using T = WT<64, V>;
+        using T = WT<64, V, NTH / 32>;
         float acc[1][T::NT][4];
         fast::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
@@ -346,11 +346,16 @@ __global__ void __launch_bounds__(NTH)
     });
 }
 
+/* Threads of a prep block: 16 warps, as the output pass (one block per SM at ~220 KB; the
+ * triangular inverse runs eight threads a column).  H100 S1 (ncu): 1.032 -> 0.883 ms against 8
+ * warps, 156 -> 100 registers; KDA fwd 1.66 -> 1.54 ms (docs/PERF_KERNELS.md, session 9). */
+constexpr int KP_NTH = 512;
+
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
     static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
                       StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2, "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V>), G.nchunks * G.HV, FNT, (size_t)(PrepL<K, V>::bytes),
+    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, KP_NTH>), G.nchunks * G.HV, KP_NTH, (size_t)(PrepL<K, V>::bytes),
                         G, io.q, io.k, io.v, io.g, io.beta, b, extras);
     if (!rc && fast::state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G,

@@ -1,6 +1,6 @@
 /* The triangular inverse of the chunked kernels' WY form, (I + A)^-1 for a strictly lower A of
- * at most 64 x 64 in shared memory (f32), by a block of FNT = 256 threads: shared by the head-gate
- * prep (dr_chunk_mma_fwd.cu) and the per-channel-gate prep (dr_chunk_kda_mma_fwd.cu). */
+ * at most 64 x 64 in shared memory (f32), by a block of NTH = 256 (FNT) or 512 threads: shared by
+ * the head-gate prep (dr_chunk_mma_fwd.cu) and the per-channel-gate prep (dr_chunk_kda_mma_fwd.cu). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_TRI_INV_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_TRI_INV_CUH
 
@@ -31,19 +31,19 @@ template <int N> __device__ __forceinline__ float tri_dot(const float *a, const 
  *   T = A[I, 0:I0] Y[0:I0, 0:I0]   (Y's upper part is zero: the sum may run over all of 0:I0)
  *   Y[I, 0:I0] = -Y_II T            (Y_II lower: the sum may run over the whole diagonal block)
  * T's rows at or past L are set to zero (whatever A holds there), so Y's stay zero. */
-template <int I0> __device__ __forceinline__ void tri_merge_row(const float *sA, float *sY, float *sT, int L) {
-    constexpr int LD = TRI_LD;
+template <int I0, int NTH> __device__ __forceinline__ void tri_merge_row(const float *sA, float *sY, float *sT, int L) {
+    constexpr int LD = TRI_LD, N = 16 * I0, IT = (N + NTH - 1) / NTH; /* elements, a thread's share */
     const int tid = threadIdx.x;
 #pragma unroll
-    for (int u = 0; u < I0 / 16; u++) {
-        const int e = tid + u * FNT, i = I0 + e / I0, c = e % I0;
-        sT[i * LD + c] = i < L ? tri_dot<I0>(sA + i * LD, sY + c, LD) : 0.0f;
+    for (int u = 0; u < IT; u++) {
+        const int e = tid + u * NTH, i = I0 + e / I0, c = e % I0;
+        if (N % NTH == 0 || e < N) sT[i * LD + c] = i < L ? tri_dot<I0>(sA + i * LD, sY + c, LD) : 0.0f;
     }
     bsync();
 #pragma unroll
-    for (int u = 0; u < I0 / 16; u++) {
-        const int e = tid + u * FNT, i = I0 + e / I0, c = e % I0;
-        sY[i * LD + c] = -tri_dot<16>(sY + i * LD + I0, sT + I0 * LD + c, LD);
+    for (int u = 0; u < IT; u++) {
+        const int e = tid + u * NTH, i = I0 + e / I0, c = e % I0;
+        if (N % NTH == 0 || e < N) sY[i * LD + c] = -tri_dot<16>(sY + i * LD + I0, sT + I0 * LD + c, LD);
     }
     bsync();
 }
@@ -52,13 +52,15 @@ template <int I0> __device__ __forceinline__ void tri_merge_row(const float *sA,
  * Forward substitution by columns inside diagonal blocks of bs rows (bs = 16 blocked, else 64),
  * then, blocked, the blocks below the diagonal block row by block row (tri_merge_row):
  *   Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]). */
+template <int NTH = FNT>
 __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, int L, int blocked) {
+    constexpr int SUB = NTH / FC; /* threads a column: 4 or 8 */
+    static_assert(FC == 64 && (SUB == 4 || SUB == 8), "threads a column");
     const int tid = threadIdx.x, bs = blocked ? 16 : FC;
-    static_assert(FNT == 4 * FC, "four threads a column");
-    { /* diagonal blocks, four threads (adjacent lanes) a column, each a quarter of every dot
-       * product; the 8 columns of a warp lie in one block, so the row loop is the same for
+    { /* diagonal blocks, SUB threads (adjacent lanes) a column, each a SUB-th of every dot
+       * product; the 32 / SUB columns of a warp lie in one block, so the row loop is the same for
        * the whole warp (shuffles and __syncwarp in it are safe) */
-        const int col = tid >> 2, sub = tid & 3;
+        const int col = tid / SUB, sub = tid % SUB;
         const int b0 = col / bs * bs, i1 = b0 + bs < L ? b0 + bs : L;
         if (sub == 0 && col < L) sY[col * TRI_LD + col] = 1.0f;
         wsync();
@@ -66,25 +68,24 @@ __device__ __forceinline__ void tri_inv(const float *sA, float *sY, float *sT, i
             float s = 0.0f;
             if (blocked) { /* the block row before i, unrolled (Y_jc = 0 for j < c: the sum may start at b0) */
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    const int j = b0 + sub + 4 * m;
+                for (int m = 0; m < 16 / SUB; m++) {
+                    const int j = b0 + sub + SUB * m;
                     if (j < i) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
                 }
             } else if (i > col) {
-                for (int j = col + sub; j < i; j += 4) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
+                for (int j = col + sub; j < i; j += SUB) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
             }
-            s += shfl_xor(s, 1);
-            s += shfl_xor(s, 2);
+#pragma unroll
+            for (int o = 1; o < SUB; o <<= 1) s += shfl_xor(s, o);
             if (sub == 0 && i > col) sY[i * TRI_LD + col] = -s;
             wsync();
         }
     }
     bsync();
     if (blocked) {
-        static_assert(FNT == 256 && FC == 64, "tri_merge_row: 16 x I0 elements, I0 / 16 a thread");
-        if (L > 16) tri_merge_row<16>(sA, sY, sT, L);
-        if (L > 32) tri_merge_row<32>(sA, sY, sT, L);
-        if (L > 48) tri_merge_row<48>(sA, sY, sT, L);
+        if (L > 16) tri_merge_row<16, NTH>(sA, sY, sT, L);
+        if (L > 32) tri_merge_row<32, NTH>(sA, sY, sT, L);
+        if (L > 48) tri_merge_row<48, NTH>(sA, sY, sT, L);
     }
 }
 
