@@ -56,7 +56,7 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
 }
 
 /* ---- gated products of a lower-triangular D (split tile 64 x 64, ld 72, zero above the
- * diagonal and, STRICT, on it) into this warp's accumulator tile of WT<64, K> ----
+ * diagonal and, STRICT, on it) into this warp's accumulator tile of WT<64, K, NTH / 32> ----
  * R(D, Y)_ic = sum_{l <= i} D_il Y_lc e^{G_ic - G_lc}.  Scratch Yb (split, 96 rows): for I = 1..3
  * the rows 8I(I-1) + l, l < 16I, hold Y_l e^{G_16I - G_l}.  Barrier before (inputs) and after. */
 template <int K, bool STRICT, int NTH>
