@@ -271,10 +271,44 @@ static void test_kda_mma_sanitize(void **state) {
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) run_kcase(&small[i], 0);
 }
 
+/* the per-kernel timer (dg_cuda_ktime, as `deltagrad bench --device cuda` prints it) names the
+ * kernels each variant launches: the fused qkwy, or the dqkwg + wy pair, each timed */
+static int ktime_find(const dg_cuda_ktime *kt, int m, const char *name) {
+    for (int j = 0; j < m; j++)
+        if (!strcmp(kt[j].name, name)) return kt[j].launches > 0 && kt[j].ms > 0.0;
+    return -1;
+}
+static void test_kda_kernel_times(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const kcase c = {"kernel times: K=V=64", 1, 100, 1, 1, 64, 64, 0, {0}, -1.5, -0.02, 1, 1, 0};
+    prob p;
+    prob_make(&c, &p);
+    outs o;
+    outs_alloc(&p, &o);
+    for (int fused = 1; fused >= 0; fused--) {
+        dg_cuda_ktime kt[16];
+        int dropped = -1;
+        assert_int_equal(dg_cuda_ktime_begin(), 0);
+        run_dev(&p, fused ? &v_fused : &v_unfused, &o);
+        const int m = dg_cuda_ktime_end(kt, 16, &dropped);
+        assert_true(m > 0);
+        assert_int_equal(dropped, 0);
+        assert_int_equal(ktime_find(kt, m, "dr_chunk kda prep"), 1);
+        assert_int_equal(ktime_find(kt, m, "dr_chunk kda dhu"), 1);
+        assert_int_equal(ktime_find(kt, m, "dr_chunk kda qkwy"), fused ? 1 : -1);
+        assert_int_equal(ktime_find(kt, m, "dr_chunk kda dqkwg"), fused ? -1 : 1);
+        assert_int_equal(ktime_find(kt, m, "dr_chunk kda wy"), fused ? -1 : 1);
+        assert_false(dg_cuda_ktime_on());
+    }
+    outs_free(&o), prob_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kda_mma),
         cmocka_unit_test(test_kda_mma_sanitize),
+        cmocka_unit_test(test_kda_kernel_times),
     };
     return dg_test_run_filtered(tests);
 }

@@ -26,7 +26,10 @@
  *
  * Timing: CUDA events around each call on the library's stream; 2 warm-up calls, then
  * max(5, min(reps, 300 ms / one call)) timed calls, the median reported; before every timed call a
- * 256 MiB buffer is written (the H100's L2 is 50 MB), so no call finds its inputs in L2.
+ * 256 MiB buffer is written (the H100's L2 is 50 MB), so no call finds its inputs in L2.  Below each
+ * chunked variant's line (not with --no-variants), "kernels, ms a call": every chunked kernel of
+ * one fwd+bwd call with its own time (dg_cuda_ktime: events around each launch; the mean of 5 calls
+ * back to back, L2 warm), e.g. kda's fused qkwy against the dqkwg + wy pair it replaces.
  * Ceilings, measured in the same run: cuBLAS bf16 GEMM 8192^3 (random inputs, bf16 out, f32
  * accumulation) and a 1 GiB device-to-device copy (bytes read + bytes written).
  *
@@ -577,6 +580,28 @@ static int report_failure(const bcase *c, const char *what) {
     return 1;
 }
 
+/* The chunked kernels of one fwd+bwd call of variant var, each with its time (dg_cuda_ktime: CUDA
+ * events around every launch; the mean of KT_CALLS calls run back to back after the timed medians,
+ * L2 warm), on a line of their own below the variant's: a fused kernel beside the pair it replaces
+ * (kda: qkwy against dqkwg + wy, as seed 000 reports them).  Returns the number of failures. */
+enum { KT_CALLS = 5, KT_NAMES = 16 };
+static int print_kernels(bcase *c, const dg_dr_variant *var, double fb_ms) {
+    if (fb_ms > 50.0) return 0; /* not for the generic kernels' slow shapes (S3: 560 ms a call) */
+    dg_cuda_ktime kt[KT_NAMES];
+    int dropped = 0, rc = dg_cuda_ktime_begin();
+    for (int i = 0; i < KT_CALLS && !rc; i++) rc = body(c, W_FWDBWD, var, false);
+    const int m = dg_cuda_ktime_end(kt, KT_NAMES, &dropped); /* stops the timer in any case */
+    if (rc || m < 0) return report_failure(c, "kernel times");
+    printf("  kernels, ms a call:");
+    for (int j = 0; j < m; j++) {
+        const char *nm = strncmp(kt[j].name, "dr_chunk ", 9) ? kt[j].name : kt[j].name + 9;
+        printf("%s %s %.3f", j ? "," : "", nm, kt[j].ms / KT_CALLS);
+    }
+    printf(dropped ? " (%d launches not timed)\n" : "\n", dropped);
+    fflush(stdout);
+    return 0;
+}
+
 typedef struct run_opts {
     int max_reps;
     bool variants, recurrent;
@@ -606,6 +631,7 @@ static int run_case(bcase *c, const run_opts *o) {
     r->nonfinite = nonfinite(c);
     if (o->dump && dump_outputs(c, o->dump)) fails += report_failure(c, "writing the outputs");
     print_rec(r);
+    if (o->variants) fails += print_kernels(c, &dflt, r->fb_ms);
     if (o->variants && c->keep) { /* the same default variant, the backward recomputing the working set */
         rec *rk = new_rec(c, "chunk", "recompute", "as default, recompute in bwd");
         if (!rk) return fails + 1;
@@ -633,6 +659,7 @@ static int run_case(bcase *c, const run_opts *o) {
             continue;
         }
         print_rec(rv);
+        fails += print_kernels(c, &vs[i]->spec.var, rv->fb_ms);
     }
     const dg_delta_variant *rec_var = o->recurrent ? recurrent_variant(c->op) : NULL;
     if (rec_var) {

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "deltagrad.h"
 
@@ -29,6 +30,35 @@ extern "C" {
 int dg_cuda_init(void);        /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
 int dg_cuda_synchronize(void); /* waits for the stream; reports a failure of queued work */
 int dg_cuda_sm_count(void);    /* multiprocessors of the device (0 without one) */
+
+/* ---- per-kernel times (kernel_timer.cu), for benchmarks ----
+ * Between dg_cuda_ktime_begin and dg_cuda_ktime_end every launch of the chunked delta-rule kernels
+ * (their DRC_LAUNCH) is bracketed by CUDA events on the stream.  end waits for the stream and fills
+ * out[0 .. m) with the kernels in the order of their first launch, each with its summed
+ * milliseconds and launch count; returns m (at most max), or -1 with dg_error.  *dropped (if not
+ * NULL): launches past the timer's 256 that were not timed.  The events cost a few microseconds a
+ * launch: for kernels of many microseconds. */
+typedef struct dg_cuda_ktime {
+    const char *name; /* the launch's name, e.g. "dr_chunk kda qkwy" */
+    double ms;
+    int launches;
+} dg_cuda_ktime;
+int dg_cuda_ktime_begin(void);
+int dg_cuda_ktime_end(dg_cuda_ktime *out, int max, int *dropped);
+bool dg_cuda_ktime_on(void);                          /* for the launch helper */
+void dg_cuda_ktime_mark(const char *name, int after); /* event before (0) or after (1) a launch */
+/* for dg_cuda_ktime_end's implementations: ms of one launch of name into out[0 .. m) (a new entry
+ * at m while m < max); returns the new m */
+static inline int dg_cuda_ktime_add(dg_cuda_ktime *out, int m, int max, const char *name, double ms) {
+    int j = 0;
+    while (j < m && strcmp(out[j].name, name)) j++;
+    if (j == m) {
+        if (m == max) return m; /* more kernel names than the caller has room for */
+        out[m].name = name, out[m].ms = 0.0, out[m].launches = 0, m++;
+    }
+    out[j].ms += ms, out[j].launches++;
+    return m;
+}
 
 /* ---- elementwise (elementwise.cu); dt is DG_F32 or DG_F64 unless said otherwise ---------------- */
 typedef enum {

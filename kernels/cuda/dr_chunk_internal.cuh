@@ -27,6 +27,7 @@
 extern "C" {
 #include "core/internal.h"
 #include "kernels/cpu/delta_rule.h"
+#include "kernels/cuda/cuda_kernels.h" /* the per-kernel timer's marks (tests/emu/cuda_runtime_host.c) */
 }
 #else
 #include "kernels/cuda/cuda_util.h"
@@ -289,7 +290,9 @@ inline int zero(void *p, size_t n) {
     return 0;
 }
 #define DRC_LAUNCH(name, kern, grid, nt, smem, ...)                                                \
-    (drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), 0)
+    (dg_cuda_ktime_mark((name), 0),                                                                \
+     drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), \
+     dg_cuda_ktime_mark((name), 1), 0)
 #else
 template <typename T> T *scratch(size_t n) { return dg_cuda_scratch<T>(n ? n : 1); }
 inline void release(void *p) { dg_cuda_free(p); }
@@ -311,8 +314,12 @@ int launch(const char *name, void (*kern)(P...), int64_t grid, int nt, size_t sm
         DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        (int)cudaSharedmemCarveoutMaxShared));
     }
+    const bool timed = dg_cuda_ktime_on(); /* a benchmark's per-kernel times (kernel_timer.cu) */
+    if (timed) dg_cuda_ktime_mark(name, 0);
     kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
-    return DG_LAUNCHED(name);
+    const int rc = DG_LAUNCHED(name);
+    if (timed) dg_cuda_ktime_mark(name, 1);
+    return rc;
 }
 #define DRC_LAUNCH(name, kern, grid, nt, smem, ...) drc::launch(name, kern, grid, nt, smem, __VA_ARGS__)
 #endif
