@@ -64,6 +64,15 @@ using fast::PAD;
 using fast::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
+/* Threads of a block of the KDA kernels that run one block per SM (prep kp, output ko, the qkwy
+ * kernels; 200-224 KB of shared memory each): 16 warps.  Latency-bound at one block, they gain from
+ * four warps a scheduler instead of two, and each thread's accumulator tiles (WT<64, N, 16>) and
+ * the code unrolled over them are half those of 8 warps (128 registers suffice).  Measured against
+ * 8 warps (ncu, S1; docs/PERF_KERNELS.md, session 9): H100 kp 1.032 -> 0.883 ms, ko 0.687 ->
+ * 0.559; H200 qkwy fused 3.30 -> 1.98 (its 206 KB of code at 8 warps did not stay in the
+ * instruction cache: "no instruction" stalls 43k -> 0.5k cycles a warp; 135 KB at 16), dqkwg 1.48
+ * -> 1.26, wy 1.37 -> 1.21.  The state passes (ks, b_dhu) keep FNT. */
+constexpr int ONE_SM_NTH = 512;
 /* Row stride (floats) of the cumulative gate tile sG [64][gstride(K)] in shared memory: K + 8,
  * not K.  The kernels read it in the mma accumulator layout, where the lanes of one access sit
  * on eight rows (g = lane / 4) and four column pairs: with a stride of K (a multiple of the 32
@@ -113,7 +122,7 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
  * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
  * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the
  * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
- * NTH: the threads of the block (FNT, or 512 for the KDA qkwy). */
+ * NTH: the threads of the block (FNT, or ONE_SM_NTH). */
 constexpr float WIDE_SPAN = 80.0f;
 template <int K, int NTH = FNT>
 __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, float *sG) {
@@ -159,8 +168,8 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
 
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
  * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; gt: the chunk's gate; scr: scratch of
- * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with a barrier-free state: the caller puts a
- * barrier before (inputs written) and after (out read).
+ * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with
+ * a barrier-free state: the caller puts a barrier before (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
 template <int K, bool STRICT, int NTH = FNT>

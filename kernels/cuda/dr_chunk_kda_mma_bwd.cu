@@ -27,7 +27,7 @@
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
  * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
- * registers; QK_NTH).  At 8 warps (255 registers) the fused kernel was the slower of the two: its
+ * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel was the slower of the two: its
  * 206 KB of straight-line code, each instruction run about once per block, did not stay in the
  * instruction cache, and its warps waited for instructions (ncu: 43k cycles a warp, against
  * 0.6k-0.7k for each unfused half of 112-114 KB).  With 16 warps each thread's accumulator tiles
@@ -323,6 +323,7 @@ template <int K, int V, int MODE, int NTH>
 __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     constexpr int NW = NTH / 32;
     using Lay = QkL<K, V, NW>;
+    constexpr bool PFU = MODE == 0 && Lay::PFU; /* dU in flight from part A to part B (QkL) */
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
@@ -432,8 +433,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 }
         }
         bsync();
-        constexpr bool PFU = MODE == 0 && Lay::PFU;
-        if (PFU) { /* dU = dV' for part B (QkL) */
+        if (PFU) { /* dU = dV' for part B */
             const Sp sdU{(uint16_t *)(Z + Lay::wDUf), 64 * LV};
             fast::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
             cp_async_commit();
@@ -496,7 +496,6 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
 
     /* ---- part B: the WY backward ---- */
     const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK}, sKg{(uint16_t *)(Z + Lay::wKG), 64 * LK};
-    constexpr bool PFU = MODE == 0 && Lay::PFU; /* dU in flight since part A */
     const Sp sdU{(uint16_t *)(Z + (PFU ? Lay::wDUf : Lay::wDU)), 64 * LV};
     uint16_t *sV = (uint16_t *)(Z + (PFU ? Lay::wVf : Lay::wV));
     const Sp sAi = sDM;
@@ -633,19 +632,11 @@ __global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, co
     }
 }
 
-/* Threads of a qkwy block (every MODE): 16 warps, each with a 16 x K/4 tile of the 64 x K
- * accumulators (WT<64, K, 16>), so that the unrolled code over a thread's accumulator elements is
- * half that of 8 warps, 128 registers a thread fit, and four warps a scheduler hide latency instead
- * of two.  H200, S1, ncu: fused 3.30 -> 1.98 ms (its 206 KB of code at 8 warps, 135 KB at 16; the
- * warps' "no instruction" stall 43k -> 0.5k cycles a warp), dqkwg 1.48 -> 1.26, wy 1.37 -> 1.21
- * (docs/PERF_KERNELS.md, session 9). */
-constexpr int QK_NTH = 512;
-
 template <int K, int V, int MODE>
 int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
-    using Lay = QkL<K, V, QK_NTH / 32>;
+    using Lay = QkL<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= fast::SMEM_MAX, "shared memory");
-    return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, QK_NTH>), G.nchunks * G.HV, QK_NTH, (size_t)Lay::bytes, G, a);
+    return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G, a);
 }
 
 template <int K, int V>

@@ -25,7 +25,7 @@
  * V'): prep 1.03 ms, state 0.25, out 0.59 (0.67 when it also stores P, Qg for the backward);
  * forward 1.98 ms by CUDA events (session 3: 3.9 ms; FLA 1.19 ms).  prep and out run one block
  * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; both in blocks of
- * 16 warps since session 9 (KP_NTH, KO_NTH; H100, ncu: prep 0.88 ms, state 0.28, out 0.56). */
+ * 16 warps since session 9 (ONE_SM_NTH; H100, ncu: prep 0.88 ms, state 0.28, out 0.56). */
 #include "kernels/cuda/dr_chunk_kda.cuh"
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
@@ -346,16 +346,11 @@ __global__ void __launch_bounds__(NTH)
     });
 }
 
-/* Threads of a prep block: 16 warps, as the output pass (one block per SM at ~220 KB; the
- * triangular inverse runs eight threads a column).  H100 S1 (ncu): 1.032 -> 0.883 ms against 8
- * warps, 156 -> 100 registers; KDA fwd 1.66 -> 1.54 ms (docs/PERF_KERNELS.md, session 9). */
-constexpr int KP_NTH = 512;
-
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
     static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
                       StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2, "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, KP_NTH>), G.nchunks * G.HV, KP_NTH, (size_t)(PrepL<K, V>::bytes),
+    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(PrepL<K, V>::bytes),
                         G, io.q, io.k, io.v, io.g, io.beta, b, extras);
     if (!rc && fast::state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G,
@@ -366,16 +361,10 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
     return rc;
 }
 
-/* Threads of an output-pass block: 16 warps (one block per SM, 200+ KB of shared memory: more
- * warps hide more of its latency; the element-wise splits and its gated product take the block's
- * thread count).  H100 S1 (ncu): 0.687 -> 0.559 ms against 8 warps, 170 -> 110 registers; KDA S1
- * fwd 1.775 -> 1.67 ms (docs/PERF_KERNELS.md, session 9). */
-constexpr int KO_NTH = 512;
-
 template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
     static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, KO_NTH>), G.nchunks * G.HV, KO_NTH, (size_t)(OutL<K, V>::bytes), G,
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(OutL<K, V>::bytes), G,
                       io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
 }
 

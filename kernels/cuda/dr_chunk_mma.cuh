@@ -33,7 +33,7 @@
  *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
  * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
- * qkwy kernels 16 (their callers pass the thread count to the helpers); an M x N product (M in
+ * head-gate qkwy and KDA's one-block-per-SM kernels 16 (they pass the thread count to the helpers); an M x N product (M in
  * {64, 128}) is split by warps (WT): M = 128, 8 warps: warp w takes rows 16w..16w+15, all N
  * columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2 (16 warps: (w/4)*N/4 .. + N/4). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
@@ -190,7 +190,7 @@ template <int GATE> struct Plain {
 };
 
 /* warp tiling of an M x N output (M in {64, 128}) over NW warps (8: a block of FNT threads; 16:
- * the KDA qkwy's blocks of 512): warp w takes the rows 16 (w mod M/16) .. + 15 and the S-th part
+ * the blocks of 512 of the qkwy kernels and KDA's prep and output pass): warp w takes the rows 16 (w mod M/16) .. + 15 and the S-th part
  * of the columns, S = w div (M/16), of NW / (M/16) parts (NT tiles of 8 columns each) */
 template <int M, int N, int NW = FNT / 32> struct WT {
     static constexpr int MW = M / 16, NS = NW / MW; /* warps down the rows, parts of the columns */
@@ -297,7 +297,7 @@ __device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t
 }
 /* load_raw by cp.async: the copies are only issued (rows >= nrow zero-filled); the caller commits,
  * waits (cp_async_wait_all) and puts a barrier before the tile is read.  tid: the thread's index
- * among the FNT threads that load the tile (a group of warps of a larger block: see b_dhu_ws) */
+ * among the NTH threads that load the tile (a group of warps of a larger block: see b_dhu_ws) */
 template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow, int tid) {
     constexpr int V8 = Cc / 8, N = R * V8, IT = (N + NTH - 1) / NTH;
