@@ -85,6 +85,8 @@ int dg_cmd_train(int argc, char **argv) {
         snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "%s", resume);
     }
     if (dg_train_flags_parse(argc, argv, &o)) return 2;
+    if (!resume && !o.device_given) /* the GPU when there is one; a resumed run keeps its device */
+        o.tc.device = dg_cuda_available() ? DG_CUDA : DG_CPU;
     if (!resume && !o.out_given)
         snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "runs/%s-%s", dg_task_name(o.tc.task), dg_mixer_name(o.mc.mixer));
     if (o.tc.task == DG_TASK_TEXT && !o.model_given) o.mc.vocab_size = 256;

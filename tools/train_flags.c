@@ -74,7 +74,7 @@ static const flag flags[] = {
     {"backward", T_STR, TC(backward), sizeof(((dg_train_config *)0)->backward), "training",
      "delta-rule backward variant (deltagrad ops lists them; empty: default)", false},
 
-    {"device", T_SPECIAL, 0, 0, "run", "cpu or cuda", false},
+    {"device", T_SPECIAL, 0, 0, "run", "cpu, cuda or auto (cuda when this build has the CUDA backend and a GPU is present)", false},
     {"threads", T_INT, TC(threads), 0, "run", "CPU threads (0: all cores)", false},
     {"eval-every", T_I64, TC(eval_every), 0, "run", "evaluate every N steps (0: only at the end)", false},
     {"save-every", T_I64, TC(save_every), 0, "run", "checkpoint every N steps (and at the end)", false},
@@ -138,7 +138,9 @@ static int apply_special(const flag *f, const char *val, dg_train_opts *o) {
     } else if (!strcmp(f->name, "device")) {
         if (!strcmp(val, "cpu")) o->tc.device = DG_CPU;
         else if (!strcmp(val, "cuda")) o->tc.device = DG_CUDA;
-        else return bad(f->name, val, "not cpu or cuda");
+        else if (!strcmp(val, "auto")) o->tc.device = dg_cuda_available() ? DG_CUDA : DG_CPU;
+        else return bad(f->name, val, "not cpu, cuda or auto");
+        o->device_given = true;
     } else if (!strcmp(f->name, "algorithm")) {
         if (!strcmp(val, "chunk") || !strcmp(val, "chunked")) o->tc.algorithm = DG_DELTA_CHUNKED;
         else if (!strcmp(val, "recurrent")) o->tc.algorithm = DG_DELTA_RECURRENT;
@@ -235,7 +237,7 @@ static void default_text(const flag *f, const dg_train_opts *d, char *buf, size_
     case T_SPECIAL:
         if (!strcmp(f->name, "mixer")) snprintf(buf, n, "%s", dg_mixer_name(d->mc.mixer));
         else if (!strcmp(f->name, "task")) snprintf(buf, n, "%s", dg_task_name(d->tc.task));
-        else if (!strcmp(f->name, "device")) snprintf(buf, n, "cpu");
+        else if (!strcmp(f->name, "device")) snprintf(buf, n, "auto (a resumed run: its own)");
         else if (!strcmp(f->name, "algorithm")) snprintf(buf, n, "chunk");
         else if (!strcmp(f->name, "vocab-size")) snprintf(buf, n, "%lld", (long long)d->mc.vocab_size);
         else if (!strcmp(f->name, "seq-len"))

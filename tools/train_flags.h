@@ -15,6 +15,7 @@ typedef struct dg_train_opts {
     bool quiet;
     bool out_given;  /* --out was on the command line */
     bool model_given;/* some model option was on the command line */
+    bool device_given;/* --device was on the command line */
 } dg_train_opts;
 
 /* Finds "--resume DIR" / "--resume=DIR" in argv (NULL if absent) and whether --help is there. */
