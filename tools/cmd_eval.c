@@ -63,12 +63,12 @@ int dg_cmd_eval(int argc, char **argv) {
     char *tj = NULL;
     int64_t step = -1;
     if (dg_ckpt_read_meta(ckpt, &mc, &tj, &step, NULL)) {
-        fprintf(stderr, "eval: %s\n", dg_last_error());
+        dg_cmd_say_error("eval");
         return 1;
     }
     dg_train_config tc = dg_train_default_config();
     if (tj && dg_train_config_from_json(tj, &tc)) {
-        fprintf(stderr, "eval: %s\n", dg_last_error());
+        dg_cmd_say_error("eval");
         free(tj);
         return 1;
     }
@@ -85,13 +85,13 @@ int dg_cmd_eval(int argc, char **argv) {
     tc.device = strcmp(device, "cuda") ? DG_CPU : DG_CUDA; /* not the run's: where to evaluate now */
     dg_trainer *t = dg_trainer_open_eval(&tc, ckpt);
     if (!t) {
-        fprintf(stderr, "eval: %s\n", dg_last_error());
+        dg_cmd_say_error("eval");
         return 1;
     }
     double loss, acc;
     int rc = dg_trainer_eval(t, tc.task == DG_TASK_TEXT ? examples : 0, &loss, &acc);
     if (rc) {
-        fprintf(stderr, "eval: %s\n", dg_last_error());
+        dg_cmd_say_error("eval");
     } else if (tc.task == DG_TASK_MQAR) {
         printf("checkpoint %s (step %lld): MQAR held-out (%lld examples, seq_len %lld, %lld kv pairs): loss %.4f, "
                "query accuracy %.2f%%\n",

@@ -55,12 +55,6 @@ static void tune_process(int argc, char **argv) {
     free(args);
 }
 
-/* The last error, prefixed "train: " unless it says so already (the trainer's own messages do). */
-static void say_error(void) {
-    const char *m = dg_last_error();
-    fprintf(stderr, "%s%s\n", strncmp(m, "train: ", 7) ? "train: " : "", m);
-}
-
 int dg_cmd_train(int argc, char **argv) {
     tune_process(argc, argv);
     bool help;
@@ -73,7 +67,7 @@ int dg_cmd_train(int argc, char **argv) {
     if (resume) { /* the checkpoint's settings first, then the command line's */
         char *tj = NULL;
         if (dg_ckpt_read_meta(resume, &o.mc, &tj, NULL, NULL)) {
-            say_error();
+            dg_cmd_say_error("train");
             return 1;
         }
         int r = tj ? dg_train_config_from_json(tj, &o.tc) : 0;
@@ -97,7 +91,7 @@ int dg_cmd_train(int argc, char **argv) {
     }
     dg_trainer *t = dg_trainer_open(&o.tc, &o.mc, resume);
     if (!t) {
-        say_error();
+        dg_cmd_say_error("train");
         return 1;
     }
     t->stop_at = o.stop_at;
@@ -131,7 +125,7 @@ int dg_cmd_train(int argc, char **argv) {
     signal(SIGINT, on_sigint);
     int rc = dg_trainer_run(t);
     signal(SIGINT, SIG_DFL);
-    if (rc) say_error();
+    if (rc) dg_cmd_say_error("train");
     if (t->profile && t->profiled_steps > 0 && !o.quiet) {
         double n = (double)t->profiled_steps;
         double tot = t->t_data + t->t_fwd + t->t_bwd + t->t_opt;

@@ -13,4 +13,18 @@ DG_COMMAND(bench)
 DG_COMMAND(ops)
 #undef DG_COMMAND
 
+#include "deltagrad.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The library's last error on stderr, prefixed "cmd: " unless it says so already (the trainer's
+ * own messages name the command). */
+static inline void dg_cmd_say_error(const char *cmd) {
+    const char *m = dg_last_error();
+    const size_t n = strlen(cmd);
+    if (strncmp(m, cmd, n) == 0 && m[n] == ':') fprintf(stderr, "%s\n", m);
+    else fprintf(stderr, "%s: %s\n", cmd, m);
+}
+
 #endif
