@@ -143,17 +143,25 @@ def main():
 
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 
-    def device_us(fn, n):
-        """the summed durations of the GPU work (kernels, memsets, copies) of n calls of fn, us"""
+    def device_us(fn, n, by_name=None):
+        """the summed durations of the GPU work (kernels, memsets, copies) of n calls of fn, us; by_name
+        (a dict) also gets them summed by kernel name"""
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 fn()
             torch.cuda.synchronize()
-        return sum(e.time_range.elapsed_us() for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+        total = 0.0
+        for e in prof.events():
+            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+                continue
+            us = e.time_range.elapsed_us()
+            total += us
+            if by_name is not None:
+                by_name[e.name] = by_name.get(e.name, 0.0) + us
+        return total
 
-    def kernels_ms(fn, grads=None, n=10):
+    def kernels_ms(fn, grads=None, n=10, by_name=None):
         """FLA's GPU work alone, ms a call: the sum of its kernels' durations (torch.profiler), the L2
         flushed before each call as do_bench does (the flush's own time taken off).  It leaves out the
         gaps between the kernels, where the GPU waits for the host to launch the next one (Python and
@@ -165,7 +173,16 @@ def main():
                 for t in grads:
                     t.grad = None
         one()
-        return (device_us(one, n) - device_us(flush.zero_, n)) / n / 1000.0
+        names = {}
+        total = device_us(one, n, names)
+        flush_names = {}
+        total -= device_us(flush.zero_, n, flush_names)
+        if by_name is not None:  # us a call by kernel name, the flush's taken off, largest first
+            for k2, v2 in flush_names.items():
+                names[k2] = names.get(k2, 0.0) - v2
+            by_name.update(sorted(((k2, v2 / n) for k2, v2 in names.items() if v2 / n >= 0.5),
+                                  key=lambda kv: -kv[1]))
+        return total / n / 1000.0
 
     want_shapes = set(args.shapes.split(","))
     want_ops = set(args.ops.split(","))
@@ -219,7 +236,11 @@ def main():
             row["fla_fwdbwd_ms"] = bench(fwdbwd, grads)
             try:
                 row["fla_kernels_fwd_ms"] = kernels_ms(fwd)
-                row["fla_kernels_fwdbwd_ms"] = kernels_ms(fwdbwd, grads)
+                by_name = {}
+                row["fla_kernels_fwdbwd_ms"] = kernels_ms(fwdbwd, grads, by_name=by_name)
+                row["fla_kernels_fwdbwd_us_by_name"] = {k2[:90]: round(v2, 1) for k2, v2 in by_name.items()}
+                log(f"{op} {shape}: FLA's GPU work a fwd+bwd call, us: "
+                    + "; ".join(f"{k2[:60]} {v2:.0f}" for k2, v2 in by_name.items()))
             except Exception as e:  # a profiler that does not work here costs the column, not the run
                 row["fla_kernels_error"] = f"{type(e).__name__}: {e}"[:200]
             for t in grads:
@@ -275,7 +296,7 @@ def main():
             if k_ms and o_ms:
                 row[f"ratio_kernels_{a}"] = k_ms / o_ms
         log(f"{op} {shape}: " + json.dumps({k2: (round(v2, 4) if isinstance(v2, float) else v2)
-                                             for k2, v2 in row.items() if k2 not in ("B", "T", "H", "K", "V")})
+                                             for k2, v2 in row.items() if k2 not in ("B", "T", "H", "K", "V", "fla_kernels_fwdbwd_us_by_name")})
             + f"  (FLA {t1 - t0:.0f} s, ours {time.time() - t1:.0f} s, total {time.time() - t_start:.0f} s)")
         with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
             json.dump({"environment": env, "rows": rows}, f, indent=1)
