@@ -20,11 +20,14 @@
  *     split: 1.9e-3).  U is then bf16, in the first half of its f32 buffer.
  *   - S stays split: with S plain too, dbeta reached 1.0e-2 (over the bound) and dg 4e-3 in one
  *     of 30 draws of that small case (T = 512, 2048: <= 2.5e-3, which alone had looked safe).
- *   - GATE NONE, W and U plain, V' split (session 3, on the H100, tests/test_cuda_dr_chunk.c):
- *     <= 3.2e-3 (o) at T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases;
- *     delta_rule S1 fwd+bwd 3.02 -> 2.70 ms.  W, U and V' all plain had reached 3.3-3.9e-3 (o, hT,
- *     dq, dk) at T = 2048 and 8192, so V' stays split without a gate.  (The random short-sequence
- *     draws above were run for the head gate only.)
+ *   - GATE NONE, W and U plain (session 3, on the H100, tests/test_cuda_dr_chunk.c): <= 3.2e-3 (o)
+ *     at T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases; delta_rule S1
+ *     fwd+bwd 3.02 -> 2.70 ms.  V' plain too since session 10 (H100, test_cuda_dr_chunk): o 3.8e-3
+ *     at T = 8192 (V' split: 3.2e-3), worst of 40 random T = 1 draws 2.9e-3 (dk, dbeta; split: the
+ *     same), of 12 T = 130 draws 2.9e-3 (dk; split 2.6e-3); delta_rule fwd+bwd S1 2.341 -> 2.235 ms,
+ *     S2 2.506 -> 2.387 (the state pass stores half the V' bytes and its K^T V' takes one mma pass
+ *     less, as do the backward's products with V').  FLA's own delta_rule is 5.4e-3 from ours on
+ *     the side by side's inputs (docs/PERF.md).
  *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta; dS alone
  *     plain fails test_dr_chunk_bf16_draws (worst of 40 random T = 1 draws, session 7): dg 5.9e-3
  *     with the head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
@@ -185,8 +188,8 @@ __device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, in
 
 /* Which computed operands are plain bf16 (one word, see the top of this file), wherever they are
  * stored, loaded or multiplied */
-template <int GATE> struct Plain {
-    static constexpr bool W = true, U = true, Vn = GATE == DG_GATE_HEAD, S = false;
+template <int GATE> struct Plain { /* (the same for both gates since session 10) */
+    static constexpr bool W = true, U = true, Vn = true, S = false;
 };
 
 /* warp tiling of an M x N output (M in {64, 128}) over NW warps (8: a block of FNT threads; 16:

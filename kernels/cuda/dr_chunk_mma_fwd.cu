@@ -6,13 +6,13 @@
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
  *   state  (block per sequence, head, tile of BV = 64 value columns; chunks in order; S in
  *          registers):
- *          V' = U - W S                                        [mma, W and S split]
- *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma, V' split]
- *          stores S (entering each chunk) and V', both split
+ *          V' = U - W S                                        [mma, S split]
+ *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma]
+ *          stores S (entering each chunk, split) and V'
  *   out    (block per chunk, head, all V value columns):  O = scale e^G o (Q S) + P V',
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
- * With the head gate (Plain<GATE>, dr_chunk_mma.cuh) W, U and V' are plain bf16 instead of
- * split (U instead of f32): one word stored, one mma pass less for each of them in every product.
+ * W, U and V' are plain bf16 (Plain<GATE>, dr_chunk_mma.cuh: for both gates since session 10; U
+ * instead of f32): one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
 #include "kernels/cuda/dr_chunk_mma.cuh"
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
@@ -403,7 +403,8 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai) {
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     /* plain operands (Plain<GATE>) get no lo array (their lo pointer aliases the hi one, and no
-     * kernel touches it) and plain U is bf16: 0.74 -> 0.54 GB at S1 with the head gate */
+     * kernel touches it) and plain U is bf16: 0.74 -> 0.54 GB at S1 with the head gate (and
+     * without a gate since V' is plain there too, session 10) */
     const bool head = G.gate == DG_GATE_HEAD;
     const bool pw = head ? Plain<DG_GATE_HEAD>::W : Plain<DG_GATE_NONE>::W;
     const bool pu = head ? Plain<DG_GATE_HEAD>::U : Plain<DG_GATE_NONE>::U;
