@@ -608,17 +608,17 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
     }
 }
 
-/* Threads of a qkwy block: 16 warps with the head gate (each warp a 16 x K/4 tile of the 64 x K
- * accumulators: half the code unrolled over a thread's elements, 128 registers, four warps a
- * scheduler), 8 without a gate.  H100 S1 (ncu): fused head-gate qkwy 1.406 -> 1.323 ms at 16 warps,
- * GDN fwd+bwd 2.45 -> 2.38 ms, S2 2.65 -> 2.58; delta_rule S1 2.32 -> 2.34 at 16 (its qkwy has
- * no gate factors to spread), so it keeps 8 (docs/PERF_KERNELS.md, session 9). */
-template <int GATE> constexpr int qk_nth() { return GATE == DG_GATE_HEAD ? 512 : FNT; }
+/* Threads of a qkwy block: 16 warps (each warp a 16 x K/4 tile of the 64 x K accumulators: half
+ * the code unrolled over a thread's elements of 8 warps, 128 registers, four warps a scheduler).
+ * H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu) at 16 warps, GDN fwd+bwd 2.45 -> 2.38 ms,
+ * S2 2.65 -> 2.58 (session 9); delta_rule, which was 1 % slower at 16 then, takes them since its
+ * V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2 2.387 -> 2.370. */
+constexpr int QK_NTH = 512;
 
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    constexpr int QNT = qk_nth<GATE>();
+    constexpr int QNT = QK_NTH;
     static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX &&
                       QkSmem<K, V, QNT / 32>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
