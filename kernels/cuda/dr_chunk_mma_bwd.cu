@@ -615,12 +615,17 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
  * V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2 2.387 -> 2.370. */
 constexpr int QK_NTH = 512;
 
+/* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of QK_NTH threads per (chunk, head) */
+template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
+    using Lay = QkSmem<K, V, QK_NTH / 32>;
+    static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
+    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, QK_NTH>), G.nchunks * G.HV, QK_NTH, (size_t)Lay::bytes, G, a);
+}
+
 template <int K, int V, int GATE>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
           QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
-    constexpr int QNT = QK_NTH;
-    static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX &&
-                      QkSmem<K, V, QNT / 32>::bytes <= SMEM_MAX, "shared memory");
+    static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     const auto dhu = [&](auto bv) { /* bv: std::integral_constant of the value columns a block */
         constexpr int C = decltype(bv)::value;
@@ -629,12 +634,10 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                           (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };
     int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
-    const size_t sq = (size_t)(QkSmem<K, V, QNT / 32>::bytes);
-    if (!rc && var.kda_fused)
-        rc = DRC_LAUNCH("dr_chunk mma qkwy", (b_qkwy<K, V, GATE, 0, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
+    if (!rc && var.kda_fused) rc = qkwy_launch<K, V, GATE, 0>("dr_chunk mma qkwy", G, a);
     if (!rc && !var.kda_fused) {
-        rc = DRC_LAUNCH("dr_chunk mma dqkwg", (b_qkwy<K, V, GATE, 1, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
-        if (!rc) rc = DRC_LAUNCH("dr_chunk mma wy", (b_qkwy<K, V, GATE, 2, QNT>), G.nchunks * G.HV, QNT, sq, G, a);
+        rc = qkwy_launch<K, V, GATE, 1>("dr_chunk mma dqkwg", G, a);
+        if (!rc) rc = qkwy_launch<K, V, GATE, 2>("dr_chunk mma wy", G, a);
     }
     return rc;
 }
