@@ -16,8 +16,9 @@
  *          dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dg = reverse cumsum of dG
  *   kda_fused = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
  *   the partial dk and dG through global memory.
- * With the head gate W and V' come plain bf16 (Plain<GATE>, dr_chunk_mma.cuh): their lo arrays
- * are not read and the products with them take one mma pass less; S, dS, dV', Ai, dW stay split. */
+ * W and V' come plain bf16 (Plain<GATE>, dr_chunk_mma.cuh; without a gate too since session 10):
+ * their lo arrays are not read and the products with them take one mma pass less; S, dS, dV', Ai,
+ * dW stay split. */
 #include <type_traits>
 
 #include "kernels/cuda/dr_chunk_mma.cuh"
@@ -608,8 +609,9 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
     }
 }
 
-/* Threads of a qkwy block: 16 warps (each warp a 16 x K/4 tile of the 64 x K accumulators: half
- * the code unrolled over a thread's elements of 8 warps, 128 registers, four warps a scheduler).
+/* Threads of a qkwy block: 16 warps (each warp a 16 x K/4 tile of the 64 x K accumulators, so a
+ * thread holds, and unrolls its loops over, half the elements it would in 8 warps; 128 registers,
+ * four warps a scheduler).
  * H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu) at 16 warps, GDN fwd+bwd 2.45 -> 2.38 ms,
  * S2 2.65 -> 2.58 (session 9); delta_rule, which was 1 % slower at 16 then, takes them since its
  * V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2 2.387 -> 2.370. */
