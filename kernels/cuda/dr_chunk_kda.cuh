@@ -97,12 +97,13 @@ struct KPlain {
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;
     float *U, *Gl; /* U: f32, or bf16 in its first half (KPlain::U) */
-    uint16_t *Vnh, *Vnl, *Sh, *Sl;
+    uint16_t *Vnh, *Vnl, *Sh, *Sl;   /* Sl: backward only */
     float *Ai, *Mkk;                 /* backward only */
     uint16_t *Ph, *Pl, *Qgh, *Qgl;   /* backward only */
 };
-/* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (Ai, Mkk, P,
- * Qg), which a forward that keeps its working set for the backward makes too */
+/* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (S's lo
+ * words, Ai, Mkk, P, Qg), which a forward that keeps its working set for the backward makes too;
+ * without them (a forward alone) the state pass stores S's hi words only, as the output pass reads */
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd);
 /* launches prep and the state pass into b (allocated by the caller); hT written when io.hT is set.
  * extras: 0 the forward's buffers only; 1 also Ai and Mkk (a forward that keeps its working set:

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
         fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        if (b.Sl) fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
         { /* V' = U - W S; this thread's U pairs are loaded before the product */
             float2 u[TV::NT][2];
 #pragma unroll
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(NTH)
     /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
      * are split */
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    fast::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, b.Sl + sb, V, K);
+    fast::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
     fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
     /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
@@ -396,8 +396,8 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     b.Vnh = cv.take<uint16_t>(nv);
     if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
     b.Sh = cv.take<uint16_t>(nst);
-    b.Sl = cv.take<uint16_t>(nst);
-    if (bwd) {
+    if (bwd) { /* what only the backward reads: the output pass reads S's hi words (KPlain::OutS) */
+        b.Sl = cv.take<uint16_t>(nst);
         b.Qgh = cv.take<uint16_t>(nk);
         if (!KPlain::Qg) b.Qgl = cv.take<uint16_t>(nk);
         b.Ai = cv.take<float>(n64), b.Mkk = cv.take<float>(n64);

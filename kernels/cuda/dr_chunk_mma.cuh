@@ -442,13 +442,15 @@ struct FastBufs {
     uint16_t *Wh, *Wl;      /* [rows, HV, K] */
     float *U;               /* [rows, HV, V] */
     uint16_t *Vnh, *Vnl;    /* [rows, HV, V]  V' */
-    uint16_t *Sh, *Sl;      /* [nchunks, HV, K, V]  state entering each chunk */
+    uint16_t *Sh, *Sl;      /* [nchunks, HV, K, V]  state entering each chunk (Sl: backward only) */
     float *Ai;              /* [rows, HV, 64] (I + A)^-1, backward only */
 };
 
-/* b's buffers carved from cv (dr_chunk_internal.cuh); with_ai: with Ai (the backward's, and a
- * forward's that keeps its working set for the backward) */
-void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai);
+/* b's buffers carved from cv (dr_chunk_internal.cuh); for_bwd: with what only the backward reads,
+ * Ai and the lo words of S (the backward's, and a forward's that keeps its working set for the
+ * backward); without them Ai and Sl are NULL and the state pass stores S's hi words only, all the
+ * output pass reads (a forward alone: 134 MB less written at S1) */
+void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool for_bwd);
 /* launches prep and the state pass into b (allocated by the caller); Ai stored when b.Ai is set,
  * hT written when io.hT is */
 int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked);

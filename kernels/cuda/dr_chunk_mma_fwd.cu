@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(FNT, 2)
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
         store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        if (!PS) store_raw<K, BV>(b.Sl + sb, V, sS.lo());
+        if (!PS && b.Sl) store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
         { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
            * the product: loaded between the V' stores, they would wait one after another (the
            * compiler cannot move a load above a store that may alias it) */
@@ -399,7 +399,7 @@ int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, in
     return DRC_FAST_DISPATCH(prep_state_t, p, io, b, blocked);
 }
 
-void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai) {
+void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool for_bwd) {
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     /* plain operands (Plain<GATE>) get no lo array (their lo pointer aliases the hi one, and no
@@ -415,10 +415,12 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool with_ai) {
     b.Wh = cv.take<uint16_t>(pw ? nk : 2 * nk);
     b.U = pu ? reinterpret_cast<float *>(cv.take<uint16_t>(nv)) : cv.take<float>(nv);
     b.Vnh = cv.take<uint16_t>(pv ? nv : 2 * nv);
-    b.Sh = cv.take<uint16_t>(ps ? nst : 2 * nst);
-    b.Ai = with_ai ? cv.take<float>(rows * HV * 64) : nullptr;
+    const bool sl = !ps && for_bwd; /* a lo array of S, written and read */
+    b.Sh = cv.take<uint16_t>(sl ? 2 * nst : nst);
+    b.Ai = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
     if (!cv.base) return;
-    b.Wl = pw ? b.Wh : b.Wh + nk, b.Vnl = pv ? b.Vnh : b.Vnh + nv, b.Sl = ps ? b.Sh : b.Sh + nst;
+    b.Wl = pw ? b.Wh : b.Wh + nk, b.Vnl = pv ? b.Vnh : b.Vnh + nv;
+    b.Sl = ps ? b.Sh : sl ? b.Sh + nst : nullptr;
 }
 
 } // namespace DRC_FAST
@@ -439,10 +441,9 @@ size_t fast_kept_bytes(const Geom &G) {
 int DRC_FAST::fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     using namespace DRC_FAST;
     const Geom &G = p.G;
-    const bool with_ai = keep != nullptr;
     FastBufs b;
     bool ok;
-    char *own = carve_into(keep, [&](Carve &cv) { fast_carve(G, cv, b, with_ai); }, &ok);
+    char *own = carve_into(keep, [&](Carve &cv) { fast_carve(G, cv, b, keep != nullptr); }, &ok);
     if (!ok) return -1;
     int rc = fast_prep_state(p, io, b, 1);
     if (!rc) rc = DRC_FAST_DISPATCH(out_t, p, io, b);
