@@ -396,6 +396,7 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     b.Vnh = cv.take<uint16_t>(nv);
     if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
     b.Sh = cv.take<uint16_t>(nst);
+    static_assert(KPlain::OutS, "a forward alone makes no lo words of S for the output pass to read");
     if (bwd) { /* what only the backward reads: the output pass reads S's hi words (KPlain::OutS) */
         b.Sl = cv.take<uint16_t>(nst);
         b.Qgh = cv.take<uint16_t>(nk);

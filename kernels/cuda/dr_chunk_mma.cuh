@@ -36,9 +36,9 @@
  *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
  * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
- * head-gate qkwy and KDA's one-block-per-SM kernels 16 (they pass the thread count to the helpers); an M x N product (M in
- * {64, 128}) is split by warps (WT): M = 128, 8 warps: warp w takes rows 16w..16w+15, all N
- * columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2 (16 warps: (w/4)*N/4 .. + N/4). */
+ * one-block-per-SM kernels 16 (ONE_SM_NTH; they pass the thread count to the helpers); an M x N
+ * product (M in {64, 128}) is split by warps (WT): M = 128, 8 warps: warp w takes rows 16w..16w+15,
+ * all N columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2 (16 warps: (w/4)*N/4 .. + N/4). */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
 
@@ -78,6 +78,12 @@ __host__ __device__ __forceinline__ uint32_t pack_op2(float lo, float hi) {
 }
 
 constexpr int FNT = 256; /* threads per block */
+/* Threads of a block of the kernels that run one block per SM (200-224 KB of shared memory: the
+ * qkwy kernels of both families, KDA's prep and output pass): 16 warps.  Latency-bound at one
+ * block, they gain from four warps a scheduler instead of two, and each thread's accumulator tiles
+ * (WT<64, N, 16>) and the code unrolled over them are half those of 8 warps (128 registers
+ * suffice).  Measured against 8 warps: dr_chunk_kda.cuh (KDA), dr_chunk_mma_bwd.cu (qkwy). */
+constexpr int ONE_SM_NTH = 512;
 constexpr int FC = 64;   /* chunk */
 constexpr int PAD = 8;
 constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */

@@ -609,19 +609,16 @@ __global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K
     }
 }
 
-/* Threads of a qkwy block: 16 warps (each warp a 16 x K/4 tile of the 64 x K accumulators, so a
- * thread holds, and unrolls its loops over, half the elements it would in 8 warps; 128 registers,
- * four warps a scheduler).
- * H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu) at 16 warps, GDN fwd+bwd 2.45 -> 2.38 ms,
- * S2 2.65 -> 2.58 (session 9); delta_rule, which was 1 % slower at 16 then, takes them since its
- * V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2 2.387 -> 2.370. */
-constexpr int QK_NTH = 512;
-
-/* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of QK_NTH threads per (chunk, head) */
+/* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of ONE_SM_NTH threads (16 warps) per
+ * (chunk, head).  Against 8 warps, H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu), GDN
+ * fwd+bwd 2.45 -> 2.38 ms, S2 2.65 -> 2.58 (session 9); delta_rule, 1 % slower at 16 then, takes
+ * them since its V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2
+ * 2.387 -> 2.370. */
 template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
-    using Lay = QkSmem<K, V, QK_NTH / 32>;
+    using Lay = QkSmem<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
-    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, QK_NTH>), G.nchunks * G.HV, QK_NTH, (size_t)Lay::bytes, G, a);
+    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G,
+                      a);
 }
 
 template <int K, int V, int GATE>
