@@ -37,7 +37,7 @@ using fast::tile_bytes;
 using fast::WT;
 
 template <int K, int V> struct PrepL {
-    static constexpr int F32 = (64 * gstride(K) + 64 + 3 * 64 * LDF + K) * 4;
+    static constexpr int F32 = (64 * gstride(K) + 64 + 2 * 64 * LDF + K) * 4; /* G, beta, A, Y, R */
     static constexpr int RAW = 2 * tile_bytes(64, K) + tile_bytes(64, V);
     static constexpr int S1 = tri_scratch_bytes<K>();
     static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(NTH)
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF, *sR = sT + 64 * LDF;
+    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sR = sY + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
     unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(NTH)
     }
     bsync();
     static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
-    fast::tri_inv<NTH>(sA, sY, sT, L, 1);
+    fast::tri_inv<NTH>(sA, sY, L, 1);
     if (extras)
         for (int e = tid; e < L * 64; e += NTH) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */

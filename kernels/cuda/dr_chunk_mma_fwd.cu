@@ -2,7 +2,7 @@
  * in {64, 128}); the building blocks are in dr_chunk_mma.cuh.  Same math as the generic kernels
  * (dr_chunk_generic.cu), per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head):  A = diag(beta) strictly_lower(K K^T o Gamma)  [mma, exact]
- *          Ai = (I + A)^-1                                    [f32, blocked or substitution]
+ *          Ai = (I + A)^-1     [f32: diagonal blocks by substitution, merges on tensor cores]
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
  *   state  (block per sequence, head, tile of BV = 64 value columns; chunks in order; S in
  *          registers):
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
         });
     }
     bsync();
-    tri_inv(sA, sY, sT, L, blocked);
+    tri_inv(sA, sY, L, blocked);
     if (store_ai)
         for (int e = tid; e < L * 64; e += FNT) {
             int i = e / 64, j = e % 64;
