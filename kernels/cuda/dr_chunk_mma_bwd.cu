@@ -350,7 +350,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
         cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
         bsync();
-        /* S0 -> dS1 in place, with trace(S0^T dS1) */
+        /* S0 -> dS1 in place, with trace(S0^T dS1) (the head gate's; without a gate S0 is not read
+         * here, and no block sum is made: session 11, delta_rule qkwy) */
         float tr = 0.0f;
         { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
             constexpr int V8 = V / 8, IT = K * V8 / NTH, BT = IT < DSB ? IT : DSB;
@@ -368,16 +369,20 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 for (int u = 0; u < BT; u++) {
                     const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
                     uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
-                    const uint16_t *xh = (const uint16_t *)&dh[u], *xl = (const uint16_t *)&dl[u];
+                    if (HEAD) {
+                        uint16_t xh[8], xl[8]; /* (memcpy: no type punning through pointers) */
+                        memcpy(xh, &dh[u], 16), memcpy(xl, &dl[u], 16);
 #pragma unroll
-                    for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
-                        tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
+                        for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
+                            tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
+                    }
                     *(uint4 *)ph = dh[u];
                     *(uint4 *)pl = dl[u];
                 }
             }
         }
-        tr = block_sum<NW>(tr, scr);
+        if (HEAD) tr = block_sum<NW>(tr, scr); /* (its barriers show dS1 to the block) */
+        else bsync();
         /* B: dKd = V' dS1^T */
         mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
         /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
@@ -408,13 +413,21 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         float skf3 = 0.0f;
         {
             float rs[2] = {0.0f, 0.0f};
-            const float gl = sG[63];
+            /* the gate factors of this thread's two rows, km0 + g and + 8: two exponentials each
+             * instead of one an element */
+            float fq[2] = {scale, scale}, fk[2] = {1.0f, 1.0f};
+            if (HEAD)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const float gi = sG[km0 + gq + 8 * hh];
+                    fq[hh] = scale * expf(gi), fk[hh] = expf(sG[63] - gi);
+                }
             frag_each(dq, km0, kn0, [&](int i, int cc, float &x) {
-                x *= HEAD ? scale * expf(sG[i]) : scale;
+                x *= fq[(i - km0) >> 3];
                 if (partial) rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x;
             });
             frag_each(dk, km0, kn0, [&](int i, int cc, float &x) {
-                if (HEAD) x *= expf(gl - sG[i]);
+                if (HEAD) x *= fk[(i - km0) >> 3];
                 const float t = op2f(sK[i * (K + PAD) + cc]) * x;
                 skf3 += t;
                 if (partial) rs[(i - km0) >> 3] -= t;
