@@ -3,7 +3,8 @@
  * the head-gate prep (dr_chunk_mma_fwd.cu) and the per-channel-gate prep (dr_chunk_kda_mma_fwd.cu).
  *
  * Blocked (what both preps run): the 16 x 16 diagonal blocks by forward substitution on CUDA
- * cores, then the blocks below them, block row by block row, on tensor cores (tri_merge_row):
+ * cores, a lane a column in registers (tri_diag16), then the blocks below them, block row by
+ * block row, on tensor cores (tri_merge_row):
  * mma.sync m16n8k16 with f32 accumulation, every f32 operand split into hi + lo 16-bit words as in
  * the rest of the family (split2, dr_chunk_mma.cuh) and multiplied in three passes, hi hi + lo hi
  * + hi lo (about 16 significant bits with bf16 words, 22 with fp16: the W, U products that use the
@@ -125,47 +126,61 @@ template <int I0> __device__ __forceinline__ void tri_merge_row(const float *sA,
     bsync();
 }
 
+/* The four diagonal 16 x 16 blocks Y_BB = (I + A_BB)^-1 of the blocked inverse, by the first 64
+ * threads: a half warp a block, a lane a column c of Y_BB, held in registers and made row by row,
+ *   Y(i, c) = [i = c] - sum_{b0 <= j < i} A(i, j) Y(j, c)
+ * (A's row i is read by the 16 lanes at once: a broadcast).  No shuffles and no barrier: it was
+ * four threads a column with a shuffle sum and a __syncwarp at each of the 15 rows.  Rows and
+ * columns at or past L are zero. */
+__device__ __forceinline__ void tri_diag16(const float *sA, float *sY, int L) {
+    if (threadIdx.x >= 64) return;
+    const int cl = threadIdx.x & 15, b0 = 16 * (int)(threadIdx.x >> 4), c = b0 + cl;
+    const float *a = sA + b0 * TRI_LD + b0;
+    float y[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        float s = i == cl ? 1.0f : 0.0f;
+#pragma unroll
+        for (int j = 0; j < i; j++) s -= a[i * TRI_LD + j] * y[j];
+        y[i] = b0 + i < L && c < L ? s : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) sY[(b0 + i) * TRI_LD + c] = y[i];
+}
+
 /* (I + A)^-1 of the strictly lower L x L matrix sA into sY (zero on entry), ld TRI_LD (no scratch:
- * the merges run in registers).
- * Forward substitution by columns inside diagonal blocks of bs rows (bs = 16 blocked, else 64),
- * then, blocked, the blocks below the diagonal block row by block row (tri_merge_row):
- *   Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]). */
+ * the merges run in registers).  Blocked: the diagonal 16 x 16 blocks (tri_diag16), then the
+ * blocks below them block row by block row (tri_merge_row): Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]).
+ * Unblocked (the substitution variant): forward substitution by columns over the whole matrix,
+ * SUB threads (adjacent lanes) a column, each a SUB-th of every dot product. */
 template <int NTH = FNT>
 __device__ __forceinline__ void tri_inv(const float *sA, float *sY, int L, int blocked) {
     constexpr int SUB = NTH / FC; /* threads a column: 4 or 8 */
     static_assert(FC == 64 && (SUB == 4 || SUB == 8), "threads a column");
     static_assert(NTH / 32 >= 3, "the merges' warps");
-    const int tid = threadIdx.x, bs = blocked ? 16 : FC;
-    { /* diagonal blocks, SUB threads (adjacent lanes) a column, each a SUB-th of every dot
-       * product; the 32 / SUB columns of a warp lie in one block, so the row loop is the same for
-       * the whole warp (shuffles and __syncwarp in it are safe) */
-        const int col = tid / SUB, sub = tid % SUB;
-        const int b0 = col / bs * bs, i1 = b0 + bs < L ? b0 + bs : L;
-        if (sub == 0 && col < L) sY[col * TRI_LD + col] = 1.0f;
-        wsync();
-        for (int i = b0 + 1; i < i1; i++) {
-            float s = 0.0f;
-            if (blocked) { /* the block row before i, unrolled (Y_jc = 0 for j < c: the sum may start at b0) */
-#pragma unroll
-                for (int m = 0; m < 16 / SUB; m++) {
-                    const int j = b0 + sub + SUB * m;
-                    if (j < i) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
-                }
-            } else if (i > col) {
-                for (int j = col + sub; j < i; j += SUB) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
-            }
-#pragma unroll
-            for (int o = 1; o < SUB; o <<= 1) s += shfl_xor(s, o);
-            if (sub == 0 && i > col) sY[i * TRI_LD + col] = -s;
-            wsync();
-        }
-    }
-    bsync();
     if (blocked) {
+        tri_diag16(sA, sY, L);
+        bsync();
         if (L > 16) tri_merge_row<16>(sA, sY, L);
         if (L > 32) tri_merge_row<32>(sA, sY, L);
         if (L > 48) tri_merge_row<48>(sA, sY, L);
+        return;
     }
+    /* the columns of a warp are 32 / SUB adjacent ones: the row loop is the same for the whole
+     * warp (shuffles and __syncwarp in it are safe) */
+    const int tid = threadIdx.x, col = tid / SUB, sub = tid % SUB;
+    if (sub == 0 && col < L) sY[col * TRI_LD + col] = 1.0f;
+    wsync();
+    for (int i = 1; i < L; i++) {
+        float s = 0.0f;
+        if (i > col)
+            for (int j = col + sub; j < i; j += SUB) s += sA[i * TRI_LD + j] * sY[j * TRI_LD + col];
+#pragma unroll
+        for (int o = 1; o < SUB; o <<= 1) s += shfl_xor(s, o);
+        if (sub == 0 && i > col) sY[i * TRI_LD + col] = -s;
+        wsync();
+    }
+    bsync();
 }
 
 } // namespace DRC_FAST
