@@ -46,21 +46,29 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     float *sA = sm, *sY = sA + 64 * LDF, *sT = sY + 64 * LDF, *sG = sT + 64 * LDF, *sb = sG + 64;
     uint16_t *sK = (uint16_t *)(sb + 64), *sV = sK + 64 * (K + PAD);
     const Sp sAs{sV + 64 * (V + PAD), 64 * (64 + PAD)};
-    if (GATE == DG_GATE_HEAD && warp == 0) { /* G = cumsum(g) over the chunk: rows lane, 32 + lane */
-        const int lane = tid & 31;
-        const float x0 = lane < L ? g[(r0 + lane) * HV + hv] : 0.0f;
-        const float x1 = 32 + lane < L ? g[(r0 + 32 + lane) * HV + hv] : 0.0f;
-        const float s0 = warp_scan(x0, lane), s1 = warp_scan(x1, lane) + shfl_idx(s0, 31);
-        if (lane < L) b.Gc[(r0 + lane) * HV + hv] = s0;
-        if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv] = s1;
+    /* the gate (warp 0: rows lane, 32 + lane), its loads in flight beside those of v and k */
+    const int lane = tid & 31;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (GATE == DG_GATE_HEAD && warp == 0) {
+        if (lane < L) x0 = g[(r0 + lane) * HV + hv];
+        if (32 + lane < L) x1 = g[(r0 + 32 + lane) * HV + hv];
     }
     /* v by cp.async, in flight through K K^T and the inverse (waited for before U) */
     load_raw_async<64, V>(sV, v + (r0 * HV + hv) * V, (int64_t)HV * V, L);
     cp_async_commit();
     load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (GATE == DG_GATE_HEAD && warp == 0) { /* G = cumsum(g) over the chunk, to Gc and (rows >= L
+                                              * holding G_{L-1}, as load_gate_beta) to sG */
+        const float s0 = warp_scan(x0, lane), s1 = warp_scan(x1, lane) + shfl_idx(s0, 31);
+        const float last = L <= 32 ? shfl_idx(s0, L - 1) : shfl_idx(s1, L - 33);
+        if (lane < L) b.Gc[(r0 + lane) * HV + hv] = s0;
+        if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv] = s1;
+        sG[lane] = lane < L ? s0 : last, sG[32 + lane] = 32 + lane < L ? s1 : last;
+    } else if (GATE != DG_GATE_HEAD && tid < FC) {
+        sG[tid] = 0.0f;
+    }
+    if (tid < FC) sb[tid] = tid < L ? op2f(beta[(r0 + tid) * HV + hv]) : 0.0f;
     for (int e = tid; e < 64 * LDF; e += FNT) sY[e] = 0.0f;
-    bsync();
-    load_gate_beta<GATE>(G, r0, L, hv, b.Gc, beta, sG, sb);
     bsync();
     { /* A = diag(beta) strictly_lower(K K^T o Gamma) */
         using T = WT<64, 64>;
