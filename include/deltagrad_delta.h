@@ -55,6 +55,8 @@ typedef struct dg_delta_opts {
     /* CUDA, bf16 or fp16, chunked (on the tensor-core paths): the forward keeps its working set (the WY factors, the states entering
      * each chunk, V', the inverse; about 8 times the bytes of v for GDN at K=V=128) for the
      * backward, which then skips recomputing it (a third of GDN's fwd+bwd time at B8 T2048 H16).
+     * On every device the forward also keeps the results of the fused L2 norm (the normalised q, k
+     * and their 1/|x|) and of the fused gate, which the backward would otherwise make again.
      * Set this to recompute instead (FLA's way: less memory, slower backward).  Kept only when the
      * call records for autograd; the results are the same either way. */
     bool recompute_in_backward;

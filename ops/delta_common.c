@@ -272,8 +272,18 @@ static bool prep_check(dg_node *n, const dg_delta_slots *sl, dg_device dev, dg_d
     return true;
 }
 
+/* What the forward saves for the backward (node->saved) when it keeps its work (recording, and
+ * keep_forward): every slot, NULL where there is nothing: the chunked kernels' working set (CUDA,
+ * 16-bit storage, dr_chunk_cuda.h), and the fused preprocessing's results, so that the backward
+ * does not make them again: the normalised q, k and their 1/|x| (use_qk_l2norm_in_kernel), the
+ * gate (use_gate_in_kernel).  The backward then reads the same bits the forward used. */
+enum { SAVED_KEEP, SAVED_Q, SAVED_K, SAVED_RQ, SAVED_RK, SAVED_G, SAVED_N };
+
+static bool saved_work(const dg_node *n) { return n->n_saved == SAVED_N; }
+
 static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
+    const bool saved = saved_work(n); /* the backward of a forward that kept its work */
     const char *op = n->op->name;
     memset(p, 0, sizeof *p);
     p->dev = n->in[sl->q]->device;
@@ -295,7 +305,10 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
     p->s = (dg_dr_shape){.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
                          .cu_seqlens = cu ? dg_data_ptr(cu) : NULL, .N = cu ? cu->shape[0] - 1 : B,
                          .gate = at->gate, .scale = at->scale, .chunk = at->chunk};
-    if (at->l2norm_qk) {
+    if (at->l2norm_qk && saved) {
+        p->q = n->saved[SAVED_Q], p->k = n->saved[SAVED_K];
+        p->rq = n->saved[SAVED_RQ], p->rk = n->saved[SAVED_RK];
+    } else if (at->l2norm_qk) {
         const int64_t rows = B * T * H;
         p->q = dg_empty_like(p->qraw);
         p->k = dg_empty_like(p->kraw);
@@ -314,11 +327,15 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
         p->a = gin;
         p->A_log = contig(n->in[sl->A_log]);
         p->dt_bias = contig(n->in[sl->dt_bias]);
-        p->g = p->a && p->A_log ? dg_empty_like(p->a) : NULL;
-        if (!p->g) return -1;
-        if (dg_delta_k_gate_fwd(op, p->dev, p->st, B * T, HV, p->gate_c, DPTR(p->a), DPTR(p->A_log),
-                                DPTR(p->dt_bias), DPTR(p->g)))
-            return -1;
+        if (saved) {
+            p->g = n->saved[SAVED_G];
+        } else {
+            p->g = p->a && p->A_log ? dg_empty_like(p->a) : NULL;
+            if (!p->g) return -1;
+            if (dg_delta_k_gate_fwd(op, p->dev, p->st, B * T, HV, p->gate_c, DPTR(p->a), DPTR(p->A_log),
+                                    DPTR(p->dt_bias), DPTR(p->g)))
+                return -1;
+        }
     } else {
         p->g = gin;
     }
@@ -338,7 +355,8 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     /* the chunked kernels' working set, kept for the backward (node->saved[0]) where they can */
     dg_tensor *keep = NULL;
     int kept = 0;
-    if (n->recording && at->keep_forward) {
+    const bool save = n->recording && at->keep_forward;
+    if (save) {
         const int64_t bytes = dg_delta_k_kept_bytes(n->op->name, at->algorithm, s, p.dev, p.dt);
         if (bytes < 0) return -1;
         if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
@@ -346,7 +364,11 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     if (dg_delta_k_fwd(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
                        DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept))
         return -1;
-    if (kept) dg_save(n, keep);
+    if (save) {
+        dg_tensor *slot[SAVED_N] = {[SAVED_KEEP] = kept ? keep : NULL, [SAVED_G] = at->gate_in_kernel ? p.g : NULL};
+        if (at->l2norm_qk) slot[SAVED_Q] = p.q, slot[SAVED_K] = p.k, slot[SAVED_RQ] = p.rq, slot[SAVED_RK] = p.rk;
+        for (int i = 0; i < SAVED_N; i++) dg_save(n, slot[i]);
+    }
     n->out[0] = o;
     n->out[1] = hT;
     return 0;
@@ -373,7 +395,7 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dout = contig(gout[0]), *dhT = contig(gout[1]);
     if (!dout || !dhT) return -1;
     /* the forward's kept working set (chunked kernels only; the recurrent variant ignores it) */
-    const void *kept = n->n_saved > 0 && spec->algo == DG_DBWD_CHUNK ? dg_data_ptr(n->saved[0]) : NULL;
+    const void *kept = saved_work(n) && spec->algo == DG_DBWD_CHUNK ? DPTR(n->saved[SAVED_KEEP]) : NULL;
     if (dout->dtype != p.dt || dhT->dtype != p.st || dout->device != p.dev || dhT->device != p.dev) {
         dg_error("%s: output gradients %s %s on %s, %s %s on %s do not match the outputs (%s, %s on %s)", op,
                  dg_shp(dout), dg_dtype_name(dout->dtype), dg_device_name(dout->device), dg_shp(dhT),

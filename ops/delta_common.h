@@ -12,10 +12,11 @@
  *   use_qk_l2norm_in_kernel:  q <- l2norm(q), k <- l2norm(k) (eps 1e-6); backward through it
  *   use_gate_in_kernel:       g <- -exp(A_log) softplus(g + dt_bias); backward gives dg of the raw
  *                             a, dA_log, ddt_bias
- * Neither is saved: backward recomputes both (O(BTHK) work, no memory kept between passes).
- * The chunked kernels' own working set (W, U, states, V', the inverse) is kept from the forward for
- * the backward on CUDA with bf16 storage (keep_forward; dr_chunk_cuda.h), in node->saved[0], unless
- * opts->recompute_in_backward. */
+ * What the forward keeps for the backward (node->saved; delta_common.c, SAVED_*), unless
+ * opts->recompute_in_backward (then the backward makes all of it again, and nothing is kept between
+ * the passes): the results of both (the normalised q, k, their 1/|x|, the gate), and on CUDA with
+ * 16-bit storage the chunked kernels' own working set (W, U, states, V', the inverse;
+ * dr_chunk_cuda.h). */
 #ifndef DG_OPS_DELTA_COMMON_H
 #define DG_OPS_DELTA_COMMON_H
 
@@ -36,7 +37,7 @@ typedef struct dg_delta_attrs {
     int algorithm;     /* dg_delta_algorithm of the forward */
     bool l2norm_qk;
     bool gate_in_kernel;
-    bool keep_forward; /* keep the chunked kernels' working set for the backward where they can */
+    bool keep_forward; /* keep the forward's work for the backward (delta_common.c, SAVED_*) */
 } dg_delta_attrs;
 
 /* where each input lives in node->in (-1: the op has no such input) */

@@ -3,7 +3,8 @@
  *    autograd of the decomposition, and every backward variant with the chunked forward against the
  *    recurrent reference, on o, the final state and every gradient (1e-10 relative);
  *  - the gate fused into the op (use_gate_in_kernel) against the separate gate op; the L2 norm fused
- *    into the op against the same norm from primitives;
+ *    into the op against the same norm from primitives; the fusions' results kept from the forward
+ *    for the backward against made again there (the same bits);
  *  - f32 against f64;
  *  - the choice of backward variant: per call, by DG_BACKWARD, and by the algorithm;
  *  - the pieces (chunk_local_cumsum, chunk_scaled_dot_kkt, solve_tril) against a decomposition and
@@ -306,6 +307,49 @@ static void test_l2norm_fused_vs_separate(void **st) {
     dg_scope_end();
 }
 
+/* The forward keeps the fused preprocessing's results (the normalised q, k, their 1/|x|, the gate)
+ * for the backward unless recompute_in_backward (ops/delta_common.c, SAVED_*): both ways give the
+ * same bits, for every input's gradient, with both fusions on. */
+static void check_keep_vs_recompute(dg_delta_algorithm algo) {
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(5);
+    const int64_t B = 2, T = 19, H = 2, HV = 4, K = 6, V = 3;
+    dg_tensor *q = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -2, 2, &rng);
+    dg_tensor *k = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -2, 2, &rng);
+    dg_tensor *v = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *a = dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, -3, 2, &rng);
+    dg_tensor *beta = dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, 0.1, 0.9, &rng);
+    dg_tensor *A = dg_rand_range(DG_SHAPE(HV), DG_F64, -2, 0, &rng);
+    dg_tensor *b = dg_rand_range(DG_SHAPE(HV), DG_F64, -1, 0.5, &rng);
+    dg_tensor *w = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+    dg_tensor *xs[7] = {q, k, v, a, beta, A, b};
+    for (int i = 0; i < 7; i++) dg_set_requires_grad(xs[i], true);
+    dg_delta_opts o = {.algorithm = algo, .chunk_size = 16, .use_qk_l2norm_in_kernel = true,
+                       .use_gate_in_kernel = true, .A_log = A, .dt_bias = b};
+    dg_tensor *out[2], *g[2][7];
+    for (int r = 0; r < 2; r++) {
+        o.recompute_in_backward = r == 1;
+        out[r] = dg_gated_delta_rule(q, k, v, a, beta, &o, NULL);
+        assert_non_null(out[r]);
+        grads_of(dg_sum_all(dg_mul(out[r], w)), xs, 7, g[r]);
+    }
+    assert_true(dg_test_max_abs_diff(out[0], out[1]) == 0.0);
+    for (int i = 0; i < 7; i++) {
+        assert_non_null(g[0][i]);
+        assert_non_null(g[1][i]);
+        if (dg_test_max_abs_diff(g[0][i], g[1][i]) != 0.0)
+            fail_msg("gated_delta_rule %s: gradient of input %d differs between kept and recomputed "
+                     "preprocessing by %.3e", algo ? "recurrent" : "chunked", i, dg_test_max_abs_diff(g[0][i], g[1][i]));
+    }
+    dg_scope_end();
+}
+
+static void test_keep_vs_recompute(void **st) {
+    (void)st;
+    check_keep_vs_recompute(DG_DELTA_RECURRENT);
+    if (chunk_available()) check_keep_vs_recompute(DG_DELTA_CHUNKED);
+}
+
 /* ---- choosing the backward variant ------------------------------------------------------------- */
 
 /* Each op's variant table (ops/delta_common.h) is its registry entries: the same names in the same
@@ -579,6 +623,7 @@ int main(void) {
         cmocka_unit_test(test_f32_vs_f64),
         cmocka_unit_test(test_gate_fused_vs_separate),
         cmocka_unit_test(test_l2norm_fused_vs_separate),
+        cmocka_unit_test(test_keep_vs_recompute),
         cmocka_unit_test(test_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
