@@ -36,11 +36,14 @@ import subprocess
 import sys
 import time
 
-SHAPES = {"S1": (8, 2048, 16, 128), "S2": (2, 8192, 16, 128), "S3": (16, 4096, 8, 256)}
-DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16"}  # the table
+# B, T, H, K, V.  S1-S3: the table (the default); S4 (with --shapes S4): FLA's layer default
+# V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/dr_chunk_vsplit.cu)
+SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
+          "S4": (8, 2048, 16, 128, 256)}
+DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16"}
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
-         ("gated_delta_rule", "S3")]
+         ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4")]
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg"]
 
 
@@ -57,7 +60,7 @@ def parse():
     ap.add_argument("--work", default="/tmp/fla_side_by_side_inputs", help="folder for the input files")
     ap.add_argument("--shapes", default="S1,S2,S3")
     ap.add_argument("--dtype", choices=["bf16", "f16"], default=None,
-                    help="every case in this dtype (default: bf16 at S1, S2; fp16 at S3)")
+                    help="every case in this dtype (default: bf16 at S1, S2, S4; fp16 at S3)")
     ap.add_argument("--ops", default="gated_delta_rule,kda,delta_rule")
     ap.add_argument("--warmup", type=float, default=100, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=float, default=400, help="do_bench repetition time, ms")
@@ -191,8 +194,7 @@ def main():
     for ci, (op, shape) in enumerate(CASES):
         if shape not in want_shapes or op not in want_ops:
             continue
-        B, T, H, K = SHAPES[shape]
-        V = K
+        B, T, H, K, V = SHAPES[shape]
         dname = args.dtype or DTYPES[shape]
         dt = torch.float16 if dname == "f16" else torch.bfloat16
         row = {"op": op, "shape": shape, "B": B, "T": T, "H": H, "K": K, "V": V, "dtype": dname,

@@ -9,6 +9,8 @@
  *    fp16-rounded inputs, <= F16_TOL (6e-4, derived there) on the generic kernels and
  *    <= F16_MMA_TOL on the tensor-core ones (gate NONE or HEAD at their shapes), the two paths
  *    against each other, and KDA in fp16 the same bits as the generic path forced;
+ *  - value heads of V = 192, 256, 320 on the tensor-core kernels as 3, 2, 5 heads of 64 or 128
+ *    columns (kernels/cuda/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -292,9 +294,10 @@ static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
                                          {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
 
-/* whether fp16 calls of this case take the tensor-core kernels (dr_chunk_cuda.h) */
+/* whether fp16 calls of this case take the tensor-core kernels (dr_chunk_cuda.h; V = 192, 256 ...
+ * as heads of 64 or 128 columns) */
 static int f16_mma(const cfg *c) {
-    return c->gate != DG_GATE_CHANNEL && c->chunk == 64 && (c->K == 64 || c->K == 128) && (c->V == 64 || c->V == 128);
+    return c->gate != DG_GATE_CHANNEL && c->chunk == 64 && (c->K == 64 || c->K == 128) && c->V % 64 == 0;
 }
 
 /* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
@@ -404,6 +407,45 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
     (void)state;
     dg_test_require_cuda();
     for (size_t i = 0; i < 2; i++) paths_compare(&bf16_cases[i], S_BF16, "mma vs generic", 5e-3);
+}
+
+/* Value heads wider than the tensor-core kernels take (V = R Vs, Vs in {64, 128}: R heads of Vs
+ * columns on those kernels, kernels/cuda/dr_chunk_vsplit.cu): against the f64 recurrence, the
+ * first two against the generic kernels forced too, and the launches show that the split and the
+ * tensor-core kernels ran (not the generic ones). */
+static const cfg vsplit_cases[] = {
+    {"head, GVA, K=64, V=256 (2 x 128)", 2, 130, 1, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"none, varlen, K=64, V=192 (3 x 64)", 1, 150, 1, 1, 64, 192, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
+    {"channel, K=64, V=256 (2 x 128)", 1, 100, 1, 1, 64, 256, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+    {"head, K=128, V=320, some grads (5 x 64)", 1, 70, 1, 1, 128, 320, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 1},
+};
+
+static int launches_of(const dg_cuda_ktime *kt, int m, const char *name) {
+    for (int j = 0; j < m; j++)
+        if (!strcmp(kt[j].name, name)) return kt[j].launches;
+    return 0;
+}
+
+static void test_dr_chunk_vsplit(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    for (size_t i = 0; i < sizeof vsplit_cases / sizeof vsplit_cases[0]; i++) {
+        const cfg *c = &vsplit_cases[i];
+        for (int st = S_BF16; st <= S_F16; st++) {
+            if (st == S_F16 && c->gate == DG_GATE_CHANNEL) continue; /* (KDA in fp16: the generic kernels) */
+            dg_cuda_ktime kt[32];
+            int dropped = -1;
+            assert_int_equal(dg_cuda_ktime_begin(), 0);
+            run_case(c, st, 0);
+            const int m = dg_cuda_ktime_end(kt, 32, &dropped);
+            assert_int_equal(dropped, 0);
+            const char *prep = c->gate == DG_GATE_CHANNEL ? "dr_chunk kda prep" : "dr_chunk mma prep";
+            if (launches_of(kt, m, "dr_chunk vsplit") == 0 || launches_of(kt, m, prep) == 0)
+                fail_msg("%s %s: the split (%d launches) or %s (%d) did not run", c->name, st_names[st],
+                         launches_of(kt, m, "dr_chunk vsplit"), prep, launches_of(kt, m, prep));
+        }
+        if (i < 2) paths_compare(c, S_BF16, "split mma vs generic", 5e-3);
+    }
 }
 
 /* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
@@ -592,9 +634,13 @@ static void test_dr_chunk_sanitize(void **state) {
          * 64 value columns a block (dhu_bv), four chunks */
         {"sanitize: head, B2, H17, K=64, V=128 (mma)", 2, 200, 17, 17, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
+    /* a value head as three of 64 columns (dr_chunk_vsplit.cu: its moves around the kernels) */
+    static const cfg split = {"sanitize: head, GVA, varlen, K=64, V=192 (3 x 64)", 1, 140, 1, 2, 64, 192,
+                              DG_GATE_HEAD, 64, 3, {0, 70, 140}, 1, 1, 0};
     static const dg_dr_variant v000 = {0, 0, 0};
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
+    run_case(&split, S_BF16, 0);
     for (int i = 0; i < 4; i++) {
         for (int bf = 0; bf < 2; bf++) {
             if (!bf && i >= 2) continue;
@@ -668,6 +714,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_f32_variants),
         cmocka_unit_test(test_dr_chunk_bf16),
         cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
+        cmocka_unit_test(test_dr_chunk_vsplit),
         cmocka_unit_test(test_dr_chunk_bf16_unaligned),
         cmocka_unit_test(test_dr_chunk_bf16_long),
         cmocka_unit_test(test_dr_chunk_bf16_draws),

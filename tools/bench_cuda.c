@@ -3,7 +3,9 @@
  *   S1  B8  T2048 H16 K=V=128   bf16
  *   S2  B2  T8192 H16 K=V=128   bf16
  *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (as the issue's table; K = V = 256
- *                               takes the generic kernels: the tensor-core ones stop at 128)
+ *                               takes the generic kernels: the tensor-core ones stop at K = 128)
+ *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule only, with --shapes S4 only (FLA's layer
+ *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
  * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers).
@@ -330,11 +332,15 @@ out:
 /* ---- cases: generated at the issue's shapes, or read from a safetensors file ------------------------ */
 typedef struct shape_def {
     const char *name;
-    int64_t B, T, H, K;
+    int64_t B, T, H, K, V;
     dg_dtype dt;
+    bool by_default; /* run without --shapes */
 } shape_def;
-static const shape_def SHAPES[3] = {
-    {"S1", 8, 2048, 16, 128, DG_BF16}, {"S2", 2, 8192, 16, 128, DG_BF16}, {"S3", 16, 4096, 8, 256, DG_F16}};
+enum { NSHAPES = 4 };
+static const shape_def SHAPES[NSHAPES] = {{"S1", 8, 2048, 16, 128, 128, DG_BF16, true},
+                                          {"S2", 2, 8192, 16, 128, 128, DG_BF16, true},
+                                          {"S3", 16, 4096, 8, 256, 256, DG_F16, true},
+                                          {"S4", 8, 2048, 16, 128, 256, DG_BF16, false}};
 static const char *OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
 
 static dg_gate_kind gate_of(const char *op) {
@@ -350,7 +356,7 @@ static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H,
 static int case_random(bcase *c, const shape_def *d, dg_dtype dt) {
     memset(c, 0, sizeof *c);
     snprintf(c->label, sizeof c->label, "%s", d->name);
-    set_shape(c, "delta_rule", d->B, d->T, d->H, d->H, d->K, d->K);
+    set_shape(c, "delta_rule", d->B, d->T, d->H, d->H, d->K, d->V);
     c->dt = dt;
     c->q = dev_random(nqk(c), dt, R_NORMAL), c->k = dev_random(nqk(c), dt, R_NORMAL);
     c->v = dev_random(nvo(c), dt, R_NORMAL), c->dout = dev_random(nvo(c), dt, R_NORMAL);
@@ -677,10 +683,11 @@ static int run_case(bcase *c, const run_opts *o) {
 }
 
 static int usage(void) {
-    printf("usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3] [--dtype bf16|f16] [--inputs FILE]...\n"
+    printf("usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4] [--dtype bf16|f16] [--inputs FILE]...\n"
            "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
-           "OP: gated_delta_rule | kda | delta_rule (default: all; S3 runs gated_delta_rule only, as issue 6).\n"
+           "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
            "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
+           "(default: those three, as issue 6); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
            "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
            "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
            "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
@@ -691,7 +698,8 @@ static int usage(void) {
 int dg_bench_cuda(int argc, char **argv) {
     const char *only = NULL, *json = NULL, *inputs[32];
     int n_inputs = 0;
-    bool want_shape[3] = {true, true, true}, dump = false, ceilings = true;
+    bool want_shape[NSHAPES], dump = false, ceilings = true;
+    for (int s = 0; s < NSHAPES; s++) want_shape[s] = SHAPES[s].by_default;
     int dtype_all = -1; /* --dtype: every shape in it */
     run_opts o = {.max_reps = 50, .variants = true, .recurrent = true, .dump = NULL};
     for (int i = 1; i < argc; i++) {
@@ -699,7 +707,7 @@ int dg_bench_cuda(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
         else if (!strcmp(a, "--device") && v) i++;
         else if (!strcmp(a, "--shapes") && v) {
-            for (int s = 0; s < 3; s++) want_shape[s] = strstr(v, SHAPES[s].name) != NULL;
+            for (int s = 0; s < NSHAPES; s++) want_shape[s] = strstr(v, SHAPES[s].name) != NULL;
             i++;
         } else if (!strcmp(a, "--inputs") && v) {
             if (n_inputs == 32) {
@@ -782,7 +790,7 @@ int dg_bench_cuda(int argc, char **argv) {
             case_free(&c);
         }
     } else {
-        for (int si = 0; si < 3; si++) {
+        for (int si = 0; si < NSHAPES; si++) {
             if (!want_shape[si]) continue;
             bcase c;
             if (case_random(&c, &SHAPES[si], dtype_all >= 0 ? (dg_dtype)dtype_all : SHAPES[si].dt)) {
@@ -793,7 +801,7 @@ int dg_bench_cuda(int argc, char **argv) {
                 continue;
             }
             for (int oi = 0; oi < 3; oi++) {
-                if ((only && strcmp(only, OPS[oi])) || (si == 2 && oi != 0)) continue;
+                if ((only && strcmp(only, OPS[oi])) || (si >= 2 && oi != 0)) continue; /* S3, S4: GDN only */
                 if (case_set_op(&c, OPS[oi])) {
                     fails += report_failure(&c, "allocation");
                     continue;
@@ -805,7 +813,7 @@ int dg_bench_cuda(int argc, char **argv) {
             case_free(&c);
         }
         if (want_shape[2] && (!only || !strcmp(only, OPS[0])))
-            printf("S3 (K = V = 256) runs on the generic kernels: the tensor-core kernels take K, V <= 128\n");
+            printf("S3 (K = V = 256) runs on the generic kernels: the tensor-core kernels take K <= 128\n");
     }
     if (json && write_json(json, prop.name, prop.multiProcessorCount, drv, rtv)) fails++;
     dg_cuda_free(flush_buf);

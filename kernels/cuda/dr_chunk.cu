@@ -164,14 +164,111 @@ void plan_free(Plan *p) {
     p->tab_dev = nullptr;
 }
 
+/* ---- value heads wider than the tensor-core kernels take (dr_chunk_vsplit.cu) ---- */
+
+/* Whether a 16-bit shape (f16: fp16 words) takes a tensor-core path as it is */
+static bool mma_shape(const Geom &G, bool f16) {
+    return G.gate == DG_GATE_CHANNEL ? !f16 && kda_ok(G) : fast_ok(G);
+}
+
+/* The geometry of R heads of V / R columns for each value head */
+static Geom vsplit_geom(Geom G, int R) {
+    G.HV *= R, G.V /= R, G.grp = G.HV / G.H;
+    return G;
+}
+
+/* R > 1 where a head of V columns runs on the tensor-core kernels as R heads of Vs = 128 (else 64)
+ * columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the shape runs
+ * as it is (a tensor-core shape already, the generic kernels forced, or no split makes it one) */
+static int vsplit_ways(const Geom &G, bool f16) {
+    if (g_force_generic || mma_shape(G, f16)) return 1;
+    for (int Vs = 128; Vs >= 64; Vs -= 64) {
+        const int R = G.V / Vs;
+        if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && mma_shape(vsplit_geom(G, R), f16)) return R;
+    }
+    return 1;
+}
+
+static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
+    dg_dr_shape s2 = *s;
+    s2.HV *= R, s2.V /= R;
+    return s2;
+}
+
+static const char *const VS_WHO = "dr_chunk vsplit";
+
+template <typename T>
+static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v, const float *g,
+               const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr, int *kept = nullptr);
+template <typename T>
+static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k, const T *v,
+               const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv,
+               float *dg, T *dbeta, float *dh0, const void *kept = nullptr, const float *rq = nullptr,
+               const float *rk = nullptr);
+
+/* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
+ * the forward of the split shape (o is already in its layout), hT back */
+template <typename T>
+static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const T *q, const T *k, const T *v,
+                      const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept) {
+    const dg_dr_shape s2 = vsplit_shape(s, R);
+    const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
+    const int Vs = G.V / R;
+    T *beta2 = scratch<T>((size_t)(per_head * R));
+    float *g2 = g ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *h02 = h0 ? scratch<float>((size_t)nst) : nullptr, *hT2 = hT ? scratch<float>((size_t)nst) : nullptr;
+    int rc = -1;
+    if (beta2 && (!g || g2) && (!h0 || h02) && (!hT || hT2)) {
+        rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta, beta2);
+        if (!rc && g) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g, g2);
+        if (!rc && h0) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, h0, h02);
+        if (!rc) rc = fwd<T>(who, &s2, q, k, v, g2, beta2, h02, o, hT2, keep, kept);
+        if (!rc && hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, hT2, hT);
+    }
+    release(beta2), release(g2), release(h02), release(hT2);
+    return rc;
+}
+
+/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta, dg summed over them, dh0 back
+ * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout) */
+template <typename T>
+static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const dg_dr_variant *var,
+                      const T *q, const T *k, const T *v, const float *g, const T *beta, const float *h0,
+                      const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta, float *dh0,
+                      const void *kept, const float *rq, const float *rk) {
+    const dg_dr_shape s2 = vsplit_shape(s, R);
+    const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
+    const int Vs = G.V / R;
+    const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
+    T *beta2 = scratch<T>((size_t)(per_head * R)), *dbeta2 = dbeta ? scratch<T>((size_t)(per_head * R)) : nullptr;
+    float *g2 = g ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *dg2 = dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *h02 = h0 ? scratch<float>((size_t)nst) : nullptr, *dhT2 = dhT ? scratch<float>((size_t)nst) : nullptr;
+    float *dh02 = dh0 ? scratch<float>((size_t)nst) : nullptr;
+    int rc = -1;
+    if (beta2 && (!dbeta || dbeta2) && (!g || g2) && (!dg || dg2) && (!h0 || h02) && (!dhT || dhT2) && (!dh0 || dh02)) {
+        rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta, beta2);
+        if (!rc && g) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g, g2);
+        if (!rc && h0) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, h0, h02);
+        if (!rc && dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, dhT, dhT2);
+        if (!rc)
+            rc = bwd<T>(who, &s2, var, q, k, v, g2, beta2, h02, dout, dhT2, dq, dk, dv, dg2, dbeta2, dh02, kept, rq, rk);
+        if (!rc && dbeta) rc = vsplit_sum(VS_WHO, per_head, R, 1, fmt, dbeta2, dbeta);
+        if (!rc && dg) rc = vsplit_sum(VS_WHO, per_head, R, G.gs, VS_F32, dg2, dg);
+        if (!rc && dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, dh0);
+    }
+    release(beta2), release(dbeta2), release(g2), release(dg2), release(h02), release(dhT2), release(dh02);
+    return rc;
+}
+
 /* T: float (the generic kernels), uint16_t (bf16 bits) or f16bits (fp16 bits): the tensor-core
  * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
  * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
  * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
-               const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr,
-               int *kept = nullptr) {
+               const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep,
+               int *kept) {
     if (kept) *kept = 0;
     Plan p;
     if (s && q && k && v && beta && !o) { /* (plan_init names the other NULL pointers first) */
@@ -179,6 +276,11 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
         return -1;
     }
     if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(p.G, !is_bf16<T>::value) : 1; R > 1) {
+        const int rc = fwd_vsplit<T>(who, s, p.G, R, q, k, v, g, beta, h0, o, hT, keep, kept);
+        plan_free(&p);
+        return rc;
+    }
     Io<T> io;
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
@@ -203,7 +305,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
                const T *k, const T *v, const float *g, const T *beta, const float *h0,
                const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0, const void *kept = nullptr, const float *rq = nullptr, const float *rk = nullptr) {
+               float *dh0, const void *kept, const float *rq, const float *rk) {
     Plan p;
     if (dg && !g) {
         dg_error("%s: dg given but g is NULL", who);
@@ -214,6 +316,12 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
         return -1;
     }
     if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(p.G, !is_bf16<T>::value) : 1; R > 1) {
+        const int rc = bwd_vsplit<T>(who, s, p.G, R, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
+                                     dh0, kept, rq, rk);
+        plan_free(&p);
+        return rc;
+    }
     dg_dr_variant dv0 = {1, 1, 1};
     if (!var) var = &dv0;
     Io<T> io;
@@ -296,8 +404,9 @@ static int64_t kept_bytes(const char *who, const dg_dr_shape *s, bool f16) {
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
     if (drc::plan_init(who, s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true)) return -1;
     size_t n = 0;
+    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(p.G, f16)); /* (the shape the kernels run) */
     if (!drc::g_force_generic)
-        n = !f16 && drc::kda_ok(p.G) ? drc::kda_kept_bytes(p.G) : drc::fast_ok(p.G) ? drc::fast_kept_bytes(p.G) : 0;
+        n = !f16 && drc::kda_ok(G) ? drc::kda_kept_bytes(G) : drc::fast_ok(G) ? drc::fast_kept_bytes(G) : 0;
     drc::plan_free(&p);
     return (int64_t)n;
 }

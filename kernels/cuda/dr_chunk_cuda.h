@@ -18,9 +18,10 @@
  * Two implementations behind the same entry points:
  *  - generic: f32 arithmetic, every gate kind and chunk size (all f32 calls, and 16-bit calls
  *    that the fast path does not take);
- *  - tensor cores (bf16 calls, and fp16 calls with gate NONE or HEAD; chunk 64, K and V in
- *    {64, 128}, q, k, v, dout 16-byte aligned and o, dv 4-byte aligned; otherwise the generic
- *    kernels): the in-chunk products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
+ *  - tensor cores (bf16 calls, and fp16 calls with gate NONE or HEAD; chunk 64, K in {64, 128},
+ *    V a multiple of 64, q, k, v, dout 16-byte aligned and o, dv 4-byte aligned; otherwise the
+ *    generic kernels; a head of V other than 64 or 128 runs as V / 128 heads of 128 columns, or
+ *    V / 64 of 64, that share its key head: dr_chunk_vsplit.cu): the in-chunk products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
  *    fp16 calls) and f32 accumulation; operands that are not inputs (W, U, states, the triangular
  *    inverse) are split into two 16-bit terms (hi + lo) so that the products keep about 16 bits
  *    (fp16: about 22), except W and U (and V' with the head gate), which are plain 16-bit words as

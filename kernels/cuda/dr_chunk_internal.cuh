@@ -401,6 +401,15 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * paths that do not fold it into their stores (dr_chunk.cu; the emulation runs it on the host):
  * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
 int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
+/* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
+ * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
+ * R, inner] from src [outer, inner] (elt 2 or 4 bytes); sum: dst [outer, inner] = the sum over R of
+ * src [outer, R, inner] (fmt VS_BF16 / VS_F16 / VS_F32); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
+ * (to_split), else back.  who names the launches. */
+enum { VS_BF16, VS_F16, VS_F32 };
+int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
+int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const void *src, void *dst);
+int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
 /* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16
  * bits already are) */
 inline const Io<uint16_t> &io_bits(const Io<uint16_t> &io) { return io; }
