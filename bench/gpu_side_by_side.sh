@@ -19,8 +19,9 @@
 #       the next run skips most of the autotuning: FLA's first run autotunes for minutes).
 # Environment: BENCH_T (seconds for our benchmark, 100), SBS_T (seconds for the side by side, 190;
 # both keep the call under 5 minutes: with the Triton cache it needs about 3),
-# SBS_ARGS (extra arguments of fla_side_by_side.py, e.g. "--shapes S1"), SKIP_BENCH=1 (only the
-# side by side).
+# SBS_ARGS (extra arguments of fla_side_by_side.py, e.g. "--shapes S1"), BENCH_ARGS (extra arguments
+# of our benchmark, e.g. "--shapes S1,S2,S3,S4": S4, V = 2K, runs only when asked, in both),
+# SKIP_BENCH=1 (only the side by side).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(pwd)
@@ -75,7 +76,7 @@ cat "$OUT/bench_cuda.txt"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
     echo "== deltagrad bench --device cuda" | tee -a "$OUT/bench_cuda.txt"
-    timeout "${BENCH_T:-100}" "$bin" bench --device cuda --json "$OUT/bench_cuda.json" 2>&1 | tee -a "$OUT/bench_cuda.txt"
+    timeout "${BENCH_T:-100}" "$bin" bench --device cuda --json "$OUT/bench_cuda.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench_cuda.txt"
 fi
 
 echo "== FLA side by side"
