@@ -508,6 +508,10 @@ static void test_dr_chunk_bf16_draws(void **state) {
         {{"none, K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0}, 40},
         {{"head, K=V=128, T=130", 1, 130, 1, 1, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0}, 12},
         {{"none, K=V=128, T=130", 1, 130, 1, 1, 128, 128, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0}, 12},
+        /* two heads of V = 128 (dr_chunk_vsplit.cu): dbeta is their two bf16 words summed and
+         * rounded again */
+        {{"head, K=64, V=256, T=1 (split)", 3, 1, 1, 1, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0}, 40},
+        {{"none, K=64, V=256, T=1 (split)", 3, 1, 1, 1, 64, 256, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0}, 40},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const cfg *c = &cases[ci].c;

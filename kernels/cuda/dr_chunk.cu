@@ -204,7 +204,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k, const T *v,
                const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv,
                float *dg, T *dbeta, float *dh0, const void *kept = nullptr, const float *rq = nullptr,
-               const float *rk = nullptr);
+               const float *rk = nullptr, float *dbeta32 = nullptr);
 
 /* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
  * the forward of the split shape (o is already in its layout), hT back */
@@ -229,8 +229,10 @@ static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
     return rc;
 }
 
-/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta, dg summed over them, dh0 back
- * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout) */
+/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta (taken in f32 from the kernels,
+ * Io::dbeta32) and dg summed over them, dh0 back (dq, dk: the split shape's kernels sum over the
+ * value heads of a key head; dv is in its layout).  dbeta summed from the heads' 16-bit words,
+ * rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws (test_dr_chunk_bf16_draws). */
 template <typename T>
 static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const dg_dr_variant *var,
                       const T *q, const T *k, const T *v, const float *g, const T *beta, const float *h0,
@@ -240,7 +242,8 @@ static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
     const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
-    T *beta2 = scratch<T>((size_t)(per_head * R)), *dbeta2 = dbeta ? scratch<T>((size_t)(per_head * R)) : nullptr;
+    T *beta2 = scratch<T>((size_t)(per_head * R));
+    float *dbeta2 = dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
     float *g2 = g ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *dg2 = dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *h02 = h0 ? scratch<float>((size_t)nst) : nullptr, *dhT2 = dhT ? scratch<float>((size_t)nst) : nullptr;
@@ -252,7 +255,8 @@ static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
         if (!rc && h0) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, h0, h02);
         if (!rc && dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, dhT, dhT2);
         if (!rc)
-            rc = bwd<T>(who, &s2, var, q, k, v, g2, beta2, h02, dout, dhT2, dq, dk, dv, dg2, dbeta2, dh02, kept, rq, rk);
+            rc = bwd<T>(who, &s2, var, q, k, v, g2, beta2, h02, dout, dhT2, dq, dk, dv, dg2, nullptr, dh02, kept, rq, rk,
+                        dbeta2);
         if (!rc && dbeta) rc = vsplit_sum(VS_WHO, per_head, R, 1, fmt, dbeta2, dbeta);
         if (!rc && dg) rc = vsplit_sum(VS_WHO, per_head, R, G.gs, VS_F32, dg2, dg);
         if (!rc && dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, dh0);
@@ -305,7 +309,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
                const T *k, const T *v, const float *g, const T *beta, const float *h0,
                const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0, const void *kept, const float *rq, const float *rk) {
+               float *dh0, const void *kept, const float *rq, const float *rk, float *dbeta32) {
     Plan p;
     if (dg && !g) {
         dg_error("%s: dg given but g is NULL", who);
@@ -328,7 +332,7 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
-    io.rq = rq, io.rk = rk;
+    io.rq = rq, io.rk = rk, io.dbeta32 = dbeta32;
     int rc;
     const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
     if constexpr (sizeof(T) == 2) {

@@ -403,6 +403,7 @@ template <typename T> struct BwdArgs {
     float *dqv, *dkv; /* [rows,HV,K] */
     float *dWg, *dGg; /* unfused: [rows,HV,K], [rows,HV,gs] */
     T *dv, *dbeta;
+    float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
     int final_dg;
 };
@@ -645,7 +646,8 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
             s = warp_sum(s);
             if (lane == 0) dG[i * ldG] += s;
         }
-        if (lane == 0 && a.dbeta) stx(a.dbeta + p.ob + i * (int64_t)HV, sdb[i]);
+        if (lane == 0 && a.dbetaf) a.dbetaf[p.ob + i * (int64_t)HV] = sdb[i];
+        else if (lane == 0 && a.dbeta) stx(a.dbeta + p.ob + i * (int64_t)HV, sdb[i]);
     }
     bsync();
     /* dg = reverse cumsum of dG over the chunk */
@@ -781,7 +783,7 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
-        a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg;
+        a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
         rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k,
                         io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);

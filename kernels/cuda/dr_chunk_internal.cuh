@@ -347,6 +347,9 @@ template <typename T> struct Io {
      * dq, dk are then the gradients of the raw rows (the norm's backward applied: the tensor-core
      * head-gate kernels fold it into their stores, the other paths run it after) */
     const float *rq, *rk;
+    /* backward: NULL, or dbeta [rows, HV] in f32 instead of dbeta's words (the value-head split
+     * sums the heads' dbeta before its one rounding: dr_chunk_vsplit.cu) */
+    float *dbeta32;
 };
 
 /* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
@@ -404,11 +407,11 @@ int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 /* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
  * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
  * R, inner] from src [outer, inner] (elt 2 or 4 bytes); sum: dst [outer, inner] = the sum over R of
- * src [outer, R, inner] (fmt VS_BF16 / VS_F16 / VS_F32); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
+ * src [outer, R, inner] (f32), stored as fmt (VS_BF16 / VS_F16 / VS_F32); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
  * (to_split), else back.  who names the launches. */
 enum { VS_BF16, VS_F16, VS_F32 };
 int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
-int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const void *src, void *dst);
+int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const float *src, void *dst);
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
 /* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16
  * bits already are) */
@@ -421,7 +424,7 @@ inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     b.o = io.o ? &io.o->x : nullptr, b.dq = io.dq ? &io.dq->x : nullptr, b.dk = io.dk ? &io.dk->x : nullptr;
     b.dv = io.dv ? &io.dv->x : nullptr, b.dbeta = io.dbeta ? &io.dbeta->x : nullptr;
     b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
-    b.rq = io.rq, b.rk = io.rk;
+    b.rq = io.rq, b.rk = io.rk, b.dbeta32 = io.dbeta32;
     return b;
 }
 

@@ -315,6 +315,7 @@ struct QkArgs {
     uint16_t *dWh, *dWl; /* unfused: [rows, HV, K] */
     float *dGg, *dkp;    /* unfused: dG and the partial dk [rows, HV, K] */
     uint16_t *dv, *dbeta;
+    float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
 };
 
@@ -610,7 +611,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     fast::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
     fast::red_collect<NW>(red, sdB, true);
     bsync();
-    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
+    if (tid < L && a.dbetaf) a.dbetaf[ot + (int64_t)tid * HV] = sdB[tid];
+    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
     if (tid < K && a.dg) {
         float s = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
@@ -685,7 +687,7 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
-        a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg;
+        a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         rc = kept ? 0 : kda::prep_state(p, io, b, 2);
         if (!rc)
             rc = G.K == 64 ? (G.V == 64 ? kda::bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)

@@ -253,6 +253,7 @@ struct QkArgs {
     uint16_t *dWh, *dWl;      /* unfused: [rows, HV, K] */
     float *dGg;               /* unfused: [rows, HV] */
     uint16_t *dv, *dbeta;
+    float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
     int final_dg;
     const float *rq, *rk; /* with dq, dk direct: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
@@ -600,7 +601,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         if (a.dk) *(uint32_t *)(a.dk + off) = pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
-    if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
+    if (tid < L && a.dbetaf) a.dbetaf[ot + (int64_t)tid * HV] = sdB[tid];
+    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
     if (HEAD && tid == 0 && a.dg) {
         float acc = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
@@ -697,7 +699,7 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
         a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
-        a.dv = io.dv, a.dbeta = io.dbeta, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
+        a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
         a.rq = direct ? io.rq : nullptr, a.rk = direct ? io.rk : nullptr;
         rc = kept ? 0 : fast_prep_state(p, io, b, var.solve_tril_blocked);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
