@@ -19,7 +19,7 @@ scons -Q -j"$jobs" debug=1 cuda=0 build/debug/libdeltagrad.a >/dev/null
 out=build/emu
 mkdir -p "$out"
 cu=(dr_chunk dr_chunk_generic dr_chunk_mma_fwd dr_chunk_mma_bwd dr_chunk_mma_fwd_f16 dr_chunk_mma_bwd_f16
-    dr_chunk_kda_mma_fwd dr_chunk_kda_mma_bwd dr_chunk_vsplit)
+    dr_chunk_kda_mma_fwd dr_chunk_kda_mma_bwd dr_chunk_vsplit dr_chunk_heads)
 flags=(-std=c++17 -O2 -g -DDRC_EMU -DDG_HAVE_CUDA -I. -Iinclude -w)
 newest_header=$(ls -t kernels/cuda/*.cuh kernels/cuda/*.h core/*.h | head -1)
 objs=()

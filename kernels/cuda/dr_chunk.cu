@@ -342,7 +342,7 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
         rc = kda    ? kda_bwd(p, *var, io_bits(io), kept)
              : fast ? (f16 ? fast_h::bwd(p, *var, io_bits(io), kept) : fast::bwd(p, *var, io_bits(io), kept))
                     : generic_bwd<T>(p, *var, io);
-        if (!rc && !fast) rc = l2norm_bwd_after(p.G, f16, io_bits(io)); /* (fast: folded or run by fast::bwd) */
+        /* (the L2 norm's backward, io.rq / io.rk: each path applies it, dr_chunk_heads.cu) */
     } else {
         rc = generic_bwd<T>(p, *var, io);
     }

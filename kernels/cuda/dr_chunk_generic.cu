@@ -698,19 +698,6 @@ __global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
                      G.gs ? a.dGg + off * G.gs : nullptr, (int64_t)G.HV * G.gs, sm);
 }
 
-/* out[r, h, c] = sum_{m < grp} in[r, h*grp + m, c] */
-template <typename T>
-__global__ void __launch_bounds__(NT) k_gva(int64_t rows, int H, int grp, int K, const float *in, T *out) {
-    const int64_t n = rows * H * K;
-    for (int64_t e = blockIdx.x * (int64_t)NT + threadIdx.x; e < n; e += (int64_t)gridDim.x * NT) {
-        int64_t c = e % K, rh = e / K;
-        const float *s = in + rh * grp * K + c;
-        float acc = 0.0f;
-        for (int m = 0; m < grp; m++) acc += s[(int64_t)m * K];
-        stx(out + e, acc);
-    }
-}
-
 /* ---------------------------------------------------------------- host side */
 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
@@ -801,10 +788,10 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
             rc = DRC_LAUNCH("dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE>), G.nchunks * HV, NT, sd, G, a);
             if (!rc) rc = DRC_LAUNCH("dr_chunk wy", (k_bwd_wy<T, GATE>), G.nchunks * HV, NT, sw, G, a);
         }
-        const int64_t ng = rows * G.H * G.K;
-        const int64_t nb = ng / NT + 1 < 4096 ? ng / NT + 1 : 4096;
-        if (!rc && io.dq) rc = DRC_LAUNCH("dr_chunk gva", (k_gva<T>), nb, NT, 0, rows, G.H, G.grp, G.K, (const float *)dqv, io.dq);
-        if (!rc && io.dk) rc = DRC_LAUNCH("dr_chunk gva", (k_gva<T>), nb, NT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
+        /* summed over value heads, the L2 norm's backward with it (16-bit storage, io.rq / io.rk) */
+        const int fmt = sizeof(T) == 4 ? VS_F32 : is_bf16<T>::value ? VS_BF16 : VS_F16;
+        if (!rc && io.dq) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
+        if (!rc && io.dk) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);
     release(dSo), release(dVn), release(dqv), release(dkv), release(dWg), release(dGg);

@@ -400,8 +400,9 @@ namespace fast_h {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 } // namespace fast_h
-/* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for the
- * paths that do not fold it into their stores (dr_chunk.cu; the emulation runs it on the host):
+/* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
+ * path with one value head a key head, which stores dq, dk itself (the others fold it into their
+ * stores or into heads_sum; dr_chunk.cu; the emulation runs it on the host):
  * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
 int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 /* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
@@ -413,6 +414,12 @@ enum { VS_BF16, VS_F16, VS_F32 };
 int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
 int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const float *src, void *dst);
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
+/* dq or dk [rows, H, K] (words of fmt) from the per-value-head f32 gradients in [rows, H grp, K]:
+ * summed over each key head's grp value heads, then, where r (1/|x| [rows, H]) is given, the L2
+ * norm's backward with xn (the normalised rows, words of fmt), in f32 before one rounding
+ * (dr_chunk_heads.cu).  K <= 256. */
+int heads_sum(const char *who, int64_t rows, int H, int grp, int K, const float *in, const void *xn, const float *r,
+              int fmt, void *out);
 /* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16
  * bits already are) */
 inline const Io<uint16_t> &io_bits(const Io<uint16_t> &io) { return io; }

@@ -622,18 +622,6 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     }
 }
 
-/* out[r, h, c] = sum over the grp value heads of key head h of in[r, hv, c] (to bf16) */
-__global__ void __launch_bounds__(FNT) b_sum_heads(int64_t n, int grp, int K, const float *in, uint16_t *out) {
-    const int64_t stride = (int64_t)gridDim.x * FNT;
-    for (int64_t e = blockIdx.x * (int64_t)FNT + threadIdx.x; e < n; e += stride) {
-        const int64_t rh = e / K;
-        const float *p = in + rh * grp * K + e % K;
-        float s = 0.0f;
-        for (int m = 0; m < grp; m++) s += p[(int64_t)m * K];
-        out[e] = f2bf(s);
-    }
-}
-
 template <int K, int V, int MODE>
 int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkL<K, V, ONE_SM_NTH / 32>;
@@ -694,11 +682,10 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
                                         : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
                            : (G.V == 64 ? kda::bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
                                         : kda::bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
-        const int64_t ng = rows * G.H * G.K, nb = ng / kda::FNT + 1 < 4096 ? ng / kda::FNT + 1 : 4096;
-        if (!rc && dqv)
-            rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dqv, io.dq);
-        if (!rc && dkv)
-            rc = DRC_LAUNCH("dr_chunk kda heads", kda::b_sum_heads, nb, kda::FNT, 0, ng, G.grp, G.K, (const float *)dkv, io.dk);
+        /* the L2 norm's backward: with the sums over value heads, else on the stored dq, dk */
+        if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, VS_BF16, io.dq);
+        if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, VS_BF16, io.dk);
+        if (!rc && direct) rc = l2norm_bwd_after(G, false, io);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);

@@ -612,18 +612,6 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     }
 }
 
-/* out[r, h, c] = sum over the value heads of key head h of in[r, hv, c] (bf16) */
-__global__ void __launch_bounds__(FNT) b_gva(int64_t rows, int H, int grp, int K, const float *in, uint16_t *out) {
-    const int64_t n = rows * H * K;
-    for (int64_t e = blockIdx.x * (int64_t)FNT + threadIdx.x; e < n; e += (int64_t)gridDim.x * FNT) {
-        const int64_t cc = e % K, rh = e / K;
-        const float *s = in + rh * grp * K + cc;
-        float acc = 0.0f;
-        for (int m = 0; m < grp; m++) acc += s[(int64_t)m * K];
-        out[e] = f2op(acc);
-    }
-}
-
 /* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of ONE_SM_NTH threads (16 warps) per
  * (chunk, head).  Against 8 warps, H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu), GDN
  * fwd+bwd 2.45 -> 2.38 ms, S2 2.65 -> 2.58 (session 9); delta_rule, 1 % slower at 16 then, takes
@@ -703,12 +691,11 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         a.rq = direct ? io.rq : nullptr, a.rk = direct ? io.rk : nullptr;
         rc = kept ? 0 : fast_prep_state(p, io, b, var.solve_tril_blocked);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
-        const int64_t ng = rows * G.H * G.K, nb = ng / FNT + 1 < 4096 ? ng / FNT + 1 : 4096;
+        const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16; /* (the norm's backward with the sums) */
         if (!rc && io.dq && !direct)
-            rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dqv, io.dq);
+            rc = heads_sum("dr_chunk mma gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
         if (!rc && io.dk && !direct)
-            rc = DRC_LAUNCH("dr_chunk mma gva", b_gva, nb, FNT, 0, rows, G.H, G.grp, G.K, (const float *)dkv, io.dk);
-        if (!rc && !direct) rc = l2norm_bwd_after(G, DRC_OPERAND_F16, io); /* (the sums over value heads came first) */
+            rc = heads_sum("dr_chunk mma gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGg);
