@@ -206,26 +206,38 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
                float *dg, T *dbeta, float *dh0, const void *kept = nullptr, const float *rq = nullptr,
                const float *rk = nullptr, float *dbeta32 = nullptr);
 
+/* The inputs both directions take to the R heads: beta and g repeated, h0 to the split layout
+ * (each NULL where the call has none); make returns 0, or -1 with dg_error set */
+template <typename T> struct VsplitIn {
+    T *beta = nullptr;
+    float *g = nullptr, *h0 = nullptr;
+    int make(const Geom &G, int R, const T *beta_, const float *g_, const float *h0_) {
+        const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV;
+        beta = scratch<T>((size_t)(per_head * R));
+        g = g_ ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+        h0 = h0_ ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
+        if (!beta || (g_ && !g) || (h0_ && !h0)) return -1;
+        int rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta_, beta);
+        if (!rc && g_) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g_, g);
+        if (!rc && h0_) rc = vsplit_states(VS_WHO, true, NH, G.K, R, G.V / R, h0_, h0);
+        return rc;
+    }
+    ~VsplitIn() { release(beta), release(g), release(h0); }
+};
+
 /* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
  * the forward of the split shape (o is already in its layout), hT back */
 template <typename T>
 static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const T *q, const T *k, const T *v,
                       const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept) {
     const dg_dr_shape s2 = vsplit_shape(s, R);
-    const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
-    const int Vs = G.V / R;
-    T *beta2 = scratch<T>((size_t)(per_head * R));
-    float *g2 = g ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
-    float *h02 = h0 ? scratch<float>((size_t)nst) : nullptr, *hT2 = hT ? scratch<float>((size_t)nst) : nullptr;
-    int rc = -1;
-    if (beta2 && (!g || g2) && (!h0 || h02) && (!hT || hT2)) {
-        rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta, beta2);
-        if (!rc && g) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g, g2);
-        if (!rc && h0) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, h0, h02);
-        if (!rc) rc = fwd<T>(who, &s2, q, k, v, g2, beta2, h02, o, hT2, keep, kept);
-        if (!rc && hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, hT2, hT);
-    }
-    release(beta2), release(g2), release(h02), release(hT2);
+    const int64_t NH = G.N * G.HV;
+    VsplitIn<T> in;
+    float *hT2 = hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
+    int rc = hT && !hT2 ? -1 : in.make(G, R, beta, g, h0);
+    if (!rc) rc = fwd<T>(who, &s2, q, k, v, in.g, in.beta, in.h0, o, hT2, keep, kept);
+    if (!rc && hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, G.V / R, hT2, hT);
+    release(hT2);
     return rc;
 }
 
@@ -242,26 +254,19 @@ static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
     const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
-    T *beta2 = scratch<T>((size_t)(per_head * R));
+    VsplitIn<T> in;
     float *dbeta2 = dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
-    float *g2 = g ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *dg2 = dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
-    float *h02 = h0 ? scratch<float>((size_t)nst) : nullptr, *dhT2 = dhT ? scratch<float>((size_t)nst) : nullptr;
-    float *dh02 = dh0 ? scratch<float>((size_t)nst) : nullptr;
-    int rc = -1;
-    if (beta2 && (!dbeta || dbeta2) && (!g || g2) && (!dg || dg2) && (!h0 || h02) && (!dhT || dhT2) && (!dh0 || dh02)) {
-        rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta, beta2);
-        if (!rc && g) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g, g2);
-        if (!rc && h0) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, h0, h02);
-        if (!rc && dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, dhT, dhT2);
-        if (!rc)
-            rc = bwd<T>(who, &s2, var, q, k, v, g2, beta2, h02, dout, dhT2, dq, dk, dv, dg2, nullptr, dh02, kept, rq, rk,
-                        dbeta2);
-        if (!rc && dbeta) rc = vsplit_sum(VS_WHO, per_head, R, 1, fmt, dbeta2, dbeta);
-        if (!rc && dg) rc = vsplit_sum(VS_WHO, per_head, R, G.gs, VS_F32, dg2, dg);
-        if (!rc && dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, dh0);
-    }
-    release(beta2), release(dbeta2), release(g2), release(dg2), release(h02), release(dhT2), release(dh02);
+    float *dhT2 = dhT ? scratch<float>((size_t)nst) : nullptr, *dh02 = dh0 ? scratch<float>((size_t)nst) : nullptr;
+    int rc = (dbeta && !dbeta2) || (dg && !dg2) || (dhT && !dhT2) || (dh0 && !dh02) ? -1 : in.make(G, R, beta, g, h0);
+    if (!rc && dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, dhT, dhT2);
+    if (!rc)
+        rc = bwd<T>(who, &s2, var, q, k, v, in.g, in.beta, in.h0, dout, dhT2, dq, dk, dv, dg2, nullptr, dh02, kept, rq,
+                    rk, dbeta2);
+    if (!rc && dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, dbeta);
+    if (!rc && dg) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, dg);
+    if (!rc && dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, dh0);
+    release(dbeta2), release(dg2), release(dhT2), release(dh02);
     return rc;
 }
 

@@ -1,6 +1,7 @@
-/* dq, dk of a key head from its value heads (grouped values, HV = grp H; the value-head split of
- * dr_chunk_vsplit.cu makes such groups too), for every backward path that gives them per value
- * head in f32 (the tensor-core ones with grp > 1, KDA's, the generic kernels):
+/* Sums over groups of grp consecutive heads: dq, dk of a key head from its value heads (grouped
+ * values, HV = grp H; the value-head split of dr_chunk_vsplit.cu makes such groups too), for every
+ * backward path that gives them per value head in f32 (the tensor-core ones with grp > 1, KDA's,
+ * the generic kernels); and the split's dbeta, dg over the R heads of a value head (K = 1 or gs):
  *     out[r, h, :] = sum_{m < grp} in[r, h grp + m, :]                     (f32, m in order)
  * and where the L2 norm's backward is asked for (r given: q, k were normalised rows xn = x r):
  *     out[r, h, :] = r (s - xn (s . xn)),  s the sum above

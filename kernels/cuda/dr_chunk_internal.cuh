@@ -407,17 +407,16 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
 int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 /* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
  * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
- * R, inner] from src [outer, inner] (elt 2 or 4 bytes); sum: dst [outer, inner] = the sum over R of
- * src [outer, R, inner] (f32), stored as fmt (VS_BF16 / VS_F16 / VS_F32); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
- * (to_split), else back.  who names the launches. */
-enum { VS_BF16, VS_F16, VS_F32 };
+ * R, inner] from src [outer, inner] (elt 2 or 4 bytes); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
+ * (to_split), else back (the gradients' sums: heads_sum).  who names the launches. */
+enum { VS_BF16, VS_F16, VS_F32 }; /* words of an output: bf16, fp16, f32 */
 int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
-int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const float *src, void *dst);
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
-/* dq or dk [rows, H, K] (words of fmt) from the per-value-head f32 gradients in [rows, H grp, K]:
- * summed over each key head's grp value heads, then, where r (1/|x| [rows, H]) is given, the L2
- * norm's backward with xn (the normalised rows, words of fmt), in f32 before one rounding
- * (dr_chunk_heads.cu).  K <= 256. */
+/* out [rows, H, K] (words of fmt) from f32 per-head values in [rows, H grp, K], summed over each
+ * group of grp heads (dq, dk over the value heads of a key head; dbeta, dg over the split heads of a
+ * value head, dr_chunk_vsplit.cu), then, where r (1/|x| [rows, H]) is given, the L2 norm's backward
+ * with xn (the normalised rows, words of fmt), in f32 before one rounding (dr_chunk_heads.cu).
+ * K <= 256. */
 int heads_sum(const char *who, int64_t rows, int H, int grp, int K, const float *in, const void *xn, const float *r,
               int fmt, void *out);
 /* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16

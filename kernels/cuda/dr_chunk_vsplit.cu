@@ -15,7 +15,8 @@
  * norm's 1/|x| do not change.  What moves (each a pass over a small array, or over the states):
  *   beta [rows, HV], g [rows, HV, gs]      -> [rows, HV R, .]: each head's values repeated R times
  *   dbeta, dg [rows, HV R, .] (f32)        -> [rows, HV, .]: the R heads' gradients summed in f32,
- *                                             dbeta then rounded once to its 16-bit words
+ *                                             dbeta then rounded once to its 16-bit words (heads_sum,
+ *                                             dr_chunk_heads.cu: groups of R heads)
  *   h0, dhT [N, HV, K, V] = [NH, K, R, Vs] -> [NH, R, K, Vs] = [N, HV R, K, Vs], and hT, dh0 back */
 #include "kernels/cuda/dr_chunk_internal.cuh"
 
@@ -33,24 +34,6 @@ __global__ void __launch_bounds__(VS_NT) vs_repeat(int64_t outer, int R, int64_t
     for (int64_t e = blockIdx.x * (int64_t)VS_NT + threadIdx.x; e < n; e += (int64_t)gridDim.x * VS_NT) {
         const int64_t i = e % inner, o = e / inner / R;
         dst[e] = src[o * inner + i];
-    }
-}
-
-/* dst[o inner + i] = sum_j src[(o R + j) inner + i], in f32, in the order j = 0 .. R - 1, stored
- * as f32 or (E 16-bit) rounded once to fp16 (F16) or bf16 */
-template <typename E, bool F16>
-__device__ __forceinline__ void vs_st(E *p, float x) {
-    if constexpr (sizeof(E) == 4) *p = x;
-    else *p = F16 ? f2h(x) : f2bf(x);
-}
-template <typename E, bool F16>
-__global__ void __launch_bounds__(VS_NT) vs_sum(int64_t outer, int R, int64_t inner, const float *src, E *dst) {
-    const int64_t n = outer * inner;
-    for (int64_t e = blockIdx.x * (int64_t)VS_NT + threadIdx.x; e < n; e += (int64_t)gridDim.x * VS_NT) {
-        const int64_t i = e % inner, o = e / inner;
-        float acc = 0.0f;
-        for (int j = 0; j < R; j++) acc += src[(o * R + j) * inner + i];
-        vs_st<E, F16>(dst + e, acc);
     }
 }
 
@@ -78,15 +61,6 @@ int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t e
         return DRC_LAUNCH(who, vs_repeat<uint16_t>, grid, VS_NT, 0, outer, R, inner, (const uint16_t *)src,
                           (uint16_t *)dst);
     return DRC_LAUNCH(who, vs_repeat<float>, grid, VS_NT, 0, outer, R, inner, (const float *)src, (float *)dst);
-}
-
-int vsplit_sum(const char *who, int64_t outer, int R, int64_t inner, int fmt, const float *src, void *dst) {
-    const int64_t grid = vs_grid(outer * inner);
-    if (fmt == VS_BF16)
-        return DRC_LAUNCH(who, (vs_sum<uint16_t, false>), grid, VS_NT, 0, outer, R, inner, src, (uint16_t *)dst);
-    if (fmt == VS_F16)
-        return DRC_LAUNCH(who, (vs_sum<uint16_t, true>), grid, VS_NT, 0, outer, R, inner, src, (uint16_t *)dst);
-    return DRC_LAUNCH(who, (vs_sum<float, false>), grid, VS_NT, 0, outer, R, inner, src, (float *)dst);
 }
 
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst) {
