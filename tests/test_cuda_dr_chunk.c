@@ -637,9 +637,9 @@ static void test_dr_chunk_sanitize(void **state) {
         {"sanitize: none, K=128, V=64 (mma)", 1, 200, 1, 1, 128, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
         /* V = 128: two value tiles per block of the state and output passes */
         {"sanitize: head, B2, K=64, V=128 (mma)", 2, 80, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
-        /* more chains than the GPU has SMs (2 x 17 x 128 / 32 > 132): the backward state pass in
-         * 64 value columns a block (dhu_bv), four chunks */
-        {"sanitize: head, B2, H17, K=64, V=128 (mma)", 2, 200, 17, 17, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        /* as many chains as the GPU has SMs (2 x 33 x 128 / 64 >= 132): both state passes in 64
+         * value columns a block (state_bv, dhu_bv: U from device memory in f_state), four chunks */
+        {"sanitize: head, B2, H33, K=64, V=128 (mma)", 2, 200, 33, 33, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     /* a value head as three of 64 columns (dr_chunk_vsplit.cu: its moves around the kernels) */
     static const cfg split = {"sanitize: head, GVA, varlen, K=64, V=192 (3 x 64)", 1, 140, 1, 2, 64, 192,

@@ -324,14 +324,17 @@ __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, i
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
  * instruction, eight times as many store instructions) */
 template <int R, int Cc>
-__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
+__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s, int tid) {
     constexpr int V8 = Cc / 8, N = R * V8;
     static_assert(N % FNT == 0, "tile");
 #pragma unroll 4
     for (int it = 0; it < N / FNT; it++) {
-        const int e = threadIdx.x + it * FNT, r = e / V8, c = (e % V8) * 8;
+        const int e = tid + it * FNT, r = e / V8, c = (e % V8) * 8;
         *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
     }
+}
+template <int R, int Cc> __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
+    store_raw<R, Cc>(g, ldg, s, (int)threadIdx.x);
 }
 /* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */
 template <int R, int Cc, int NTH = FNT>

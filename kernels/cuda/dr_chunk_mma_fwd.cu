@@ -222,11 +222,12 @@ __global__ void __launch_bounds__(FNT, 2)
     seq_chunks(G, n, c0, c1);
     auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
         const Chunk x = chunk_at(G, cc);
-        load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L);
-        load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L);
+        const int t = BV == 64 ? tid_fresh() : (int)threadIdx.x; /* (BV = 64: see tid_fresh) */
+        load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L, t);
+        load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, t);
         if (PFU)
             load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
-                                   (int64_t)HV * V, x.L);
+                                   (int64_t)HV * V, x.L, t);
         load_gate_async<GATE>(G, x.r0, x.L, hv, b.Gc, sm + 64 * pair, (int)threadIdx.x);
         cp_async_commit();
     };
@@ -240,6 +241,22 @@ __global__ void __launch_bounds__(FNT, 2)
         const uint16_t *sU = sU0 + pair * 64 * (BV + PAD);
         const Sp sW{base + 2 * pair * T, PF ? 0 : T};
         uint16_t *sK = PF ? base + (2 * pair + 1) * T : base + 2 * T;
+        /* this thread's U pairs (U from device memory: loaded first, so that their latency passes
+         * under the barrier and S's stores; loaded just before W S, they were waited for after it:
+         * ncu, H100, S1, 9 % of the stall samples) */
+        const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+        typename UPair<PU>::type u[TV::NT][2];
+        if constexpr (!PFU) {
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
+                    if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
+                    else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
+                }
+        }
         if (PF) cp_async_wait_all(); /* this chunk's pair; the barrier below shows it to the block */
         else {
             load_sp<64, K, !PW>(sW, b.Wh + (r0 * HV + hv) * K, b.Wl + (r0 * HV + hv) * K, (int64_t)HV * K, L);
@@ -251,23 +268,26 @@ __global__ void __launch_bounds__(FNT, 2)
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PS>(sS, BV + PAD, r, j, x0, x1); });
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
-        store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        if (!PS && b.Sl) store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
-        { /* V' = U - W S;  shared: e^{G_last - G} o V'.  This thread's U pairs are loaded before
-           * the product: loaded between the V' stores, they would wait one after another (the
-           * compiler cannot move a load above a store that may alias it) */
-            const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-            typename UPair<PU>::type u[TV::NT][2];
+        {
+            /* BV = 64: the offsets made here, not kept live across the step (they were spilled and
+             * reloaded: see tid_fresh); BV = 32 has the registers, and a longer chain of steps
+             * (S2: 128) that the offsets' arithmetic would lengthen (H100, S2: fwd +12..16 us) */
+            const int t = BV == 64 ? tid_fresh() : (int)threadIdx.x;
+            store_raw<K, BV>(b.Sh + sb, V, sS.hi, t);
+            if (!PS && b.Sl) store_raw<K, BV>(b.Sl + sb, V, sS.lo(), t); /* (for the backward) */
+        }
+        { /* V' = U - W S;  shared: e^{G_last - G} o V'.  U prefetched into shared memory is read
+           * here, before the product (read between the V' stores, it would wait one load after
+           * another: the compiler cannot move a load above a store that may alias it) */
+            if constexpr (PFU) {
 #pragma unroll
-            for (int nt = 0; nt < TV::NT; nt++)
+                for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                    const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
-                    if constexpr (PFU) u[nt][hh] = *(const uint32_t *)(sU + i * (BV + PAD) + j); /* 0 past L */
-                    else if constexpr (PU) u[nt][hh] = i < L ? *(const uint32_t *)((const uint16_t *)b.U + off) : 0u;
-                    else u[nt][hh] = i < L ? *(const float2 *)(b.U + off) : make_float2(0.0f, 0.0f);
-                }
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                        u[nt][hh] = *(const uint32_t *)(sU + i * (BV + PAD) + j); /* 0 past L */
+                    }
+            }
             float acc[1][TV::NT][4];
             acc_zero(acc);
             mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
