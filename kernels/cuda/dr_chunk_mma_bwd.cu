@@ -27,25 +27,26 @@ namespace drc {
 namespace DRC_FAST {
 namespace {
 
-/* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them) */
+/* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them); sEg:
+ * e^{G_i} of the rows */
 template <int GATE, int BV>
-__device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const float *sG, float scale, int tid) {
+__device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const float *sEg, float scale, int tid) {
     for (int e = tid; e < 64 * BV; e += FNT) {
         const int i = e / BV, j = e % BV;
         float x = scale * op2f(sO[i * (BV + PAD) + j]);
-        if (GATE == DG_GATE_HEAD) x *= expf(sG[i]);
+        if (GATE == DG_GATE_HEAD) x *= sEg[i];
         split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
     }
 }
 
 /* b_dhu_ws's shared memory.  Two slots, a chunk each, filled by the maker and read by the chain:
- * the gate, q, k, dO and dVl (f32, in the accumulator fragments' order [warp][n tile][4][lane], so
+ * the gate G and the factors e^{G_i}, e^{G_last - G_i} of its rows, q, k, dO and dVl (f32, in the accumulator fragments' order [warp][n tile][4][lane], so
  * that the chain's warp w reads what the maker's warp w wrote, without bank conflicts); the
  * chain's W tiles (plain; NW = 2 where they fit, BV = 32: a step's in tile step & 1, loaded from the
  * step's start; else one, loaded once the step's first barrier shows the last step's W^T dV'
  * done), dS, X and -dV' (split); the maker's P (split); the mbarriers. */
 template <int K, int BV> struct DhuWsSmem {
-    static constexpr int G = 64 * 4, QK = 2 * tile_bytes(64, K), O = tile_bytes(64, BV), DVL = 64 * BV * 4;
+    static constexpr int G = 3 * 64 * 4, QK = 2 * tile_bytes(64, K), O = tile_bytes(64, BV), DVL = 64 * BV * 4;
     static constexpr int SLOT = G + QK + O + DVL;
     static constexpr int W = tile_bytes(64, K), DS = 2 * tile_bytes(K, BV), XN = 2 * tile_bytes(64, BV);
     static constexpr int P = 2 * tile_bytes(64, 64); /* the maker's */
@@ -91,9 +92,10 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     const int HV = G.HV, tid = threadIdx.x & (FNT - 1), warp = tid >> 5, lane = tid & 31;
     const int64_t n = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
-    /* slot s at sm + s SLOT: gate [64] f32, q, k [64][K + PAD], dO [64][BV + PAD], dVl */
+    /* slot s at sm + s SLOT: gate G [64] f32, e^{G_i} [64], e^{G_last - G_i} [64], q, k [64][K + PAD],
+     * dO [64][BV + PAD], dVl */
     struct Slot {
-        float *g;
+        float *g; /* (e^{G_i} at g + 64, e^{G_last - G_i} at g + 128) */
         uint16_t *q, *k, *o;
         float *dvl;
     };
@@ -151,6 +153,11 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int qq = 0; qq < 4; qq++) d[(nt * 4 + qq) * 32 + lane] = a1[0][nt][qq];
+            if (GATE == DG_GATE_HEAD && tid < 64) { /* the chain's gate factors (made once a row here, not
+                                                     * per element in the chain's step) */
+                S.g[64 + tid] = expf(S.g[tid]);
+                S.g[128 + tid] = expf(S.g[63] - S.g[tid]);
+            }
             mbar_arrive(full + s); /* slot s is filled, as far as this thread goes */
         }
         return;
@@ -192,23 +199,23 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             float a2[1][TV::NT][4];
             acc_zero(a2);
             mma_rs<1, TV::NT, false, true>(a2, S.k, K + PAD, vm0, sdS, BV + PAD, vn0, K);
-            const float gl = S.g[63], *d = S.dvl + warp * DVL_WARP;
+            const float *d = S.dvl + warp * DVL_WARP;
             const int g = lane >> 2, t = lane & 3;
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + g + 8 * hh, j = vn0 + nt * 8 + 2 * t;
-                    const float e = GATE == DG_GATE_HEAD ? expf(gl - S.g[i]) : 1.0f;
+                    const float e = GATE == DG_GATE_HEAD ? S.g[128 + i] : 1.0f;
                     const float x0 = d[(nt * 4 + 2 * hh) * 32 + lane] + e * a2[0][nt][2 * hh];
                     const float x1 = d[(nt * 4 + 2 * hh + 1) * 32 + lane] + e * a2[0][nt][2 * hh + 1];
                     if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
                     nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
                 }
         }
-        dhu_make_x<GATE, BV>(sX, S.o, S.g, scale, tid);
+        dhu_make_x<GATE, BV>(sX, S.o, S.g + 64, scale, tid);
         if (GATE == DG_GATE_HEAD) {
-            const float e = expf(S.g[63]);
+            const float e = S.g[64 + 63];
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= e; });
         }
         nsync(B_CHAIN, FNT);
