@@ -358,10 +358,19 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
         cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
         bsync();
-        /* S0 -> dS1 in place, with trace(S0^T dS1) (the head gate's; without a gate S0 is not read
-         * here, and no block sum is made: session 11, delta_rule qkwy) */
+        /* S0 -> dS1 in place.  The head gate's trace(S0^T dS1) needs both, so it loads dS1 into
+         * registers, adds the trace and stores it over S0, then B; without a gate (no trace: session
+         * 11) dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
+         * (ncu, H100, delta_rule S1: 5 % of qkwy's stall samples were those loads' wait) */
         float tr = 0.0f;
-        { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
+        const auto phase_b = [&] { /* B: dKd = V' dS1^T */
+            mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
+        };
+        if (!HEAD) {
+            load_raw_async<K, V, NTH>(sS.hi, a.dSh + sbase, V, K);
+            load_raw_async<K, V, NTH>(sS.lo(), a.dSl + sbase, V, K);
+            cp_async_commit();
+        } else { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
             constexpr int V8 = V / 8, IT = K * V8 / NTH, BT = IT < DSB ? IT : DSB;
             static_assert(K * V8 % NTH == 0 && IT % BT == 0, "tile");
 #pragma unroll 1
@@ -377,22 +386,18 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 for (int u = 0; u < BT; u++) {
                     const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
                     uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
-                    if (HEAD) {
-                        uint16_t xh[8], xl[8]; /* (memcpy: no type punning through pointers) */
-                        memcpy(xh, &dh[u], 16), memcpy(xl, &dl[u], 16);
+                    uint16_t xh[8], xl[8]; /* (memcpy: no type punning through pointers) */
+                    memcpy(xh, &dh[u], 16), memcpy(xl, &dl[u], 16);
 #pragma unroll
-                        for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
-                            tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
-                    }
+                    for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
+                        tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
                     *(uint4 *)ph = dh[u];
                     *(uint4 *)pl = dl[u];
                 }
             }
+            tr = block_sum<NW>(tr, scr); /* (its barriers show dS1 to the block) */
+            phase_b();
         }
-        if (HEAD) tr = block_sum<NW>(tr, scr); /* (its barriers show dS1 to the block) */
-        else bsync();
-        /* B: dKd = V' dS1^T */
-        mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
         /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
         {
             float dp[1][TP::NT][4], pp[1][TP::NT][4];
@@ -416,6 +421,11 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 red_rows_put(redg, pm0, rs);
                 red_cols_put<TP::NT>(redg, pn0, cs);
             }
+        }
+        if (!HEAD) {
+            cp_async_wait_all(); /* dS1 (the barrier shows it to the block) */
+            bsync();
+            phase_b();
         }
         /* dq = scale e^G o dQg (+ partial dG term);  dk = e^{G_last - G} o dKd (f3) */
         float skf3 = 0.0f;
