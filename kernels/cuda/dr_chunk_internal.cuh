@@ -173,6 +173,7 @@ __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
 __forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
+__forceinline__ void cp_async_wait_1() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
 #else
 #define DRC_SMEM(type, name)                                                                       \
@@ -257,6 +258,8 @@ __device__ __forceinline__ void cp_async4(void *s, const void *g) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* every group of this thread's copies but the most recently committed one complete */
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 /* threadIdx.x, read again where it is used (volatile asm: not hoisted out of a loop), so that
  * offsets derived from it are made where needed instead of being kept live across a loop's body:
  * f_state kept store_raw's, spilled them (64 bytes at 128 registers) and waited on their reload

@@ -356,13 +356,17 @@ __global__ void __launch_bounds__(FNT, 2)
     uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (OB + PAD);
     const Sp sP{sVn + 64 * (OB + PAD), 64 * 72};
     const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-    /* S and V' by cp.async, in flight while P is made (waited for after it) */
+    /* by cp.async, all in flight at once: Q, K (waited for before P), then S and V' (in flight
+     * while P is made, waited for after it).  Q and K loaded through registers were two round
+     * trips to memory, one after the other */
+    load_raw_async<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    load_raw_async<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    cp_async_commit();
     load_raw_async<K, OB>(sS, b.Sh + sb, V, K);
     load_raw_async<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     cp_async_commit();
-    load_raw<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    load_raw<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+    cp_async_wait_1(); /* Q, K */
     bsync();
     const float scale = G.scale;
     { /* P = scale lower_incl(Q K^T o Gamma) */
