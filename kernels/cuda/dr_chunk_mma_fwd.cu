@@ -220,9 +220,14 @@ __global__ void __launch_bounds__(FNT, 2)
     frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
+    /* this thread's index for the tile copies of a step.  BV = 64: read where used, so that the
+     * offsets made from it are not kept live across the step (they were spilled and reloaded: see
+     * tid_fresh); BV = 32 has the registers, and a longer chain of steps (S2: 128) that the
+     * offsets' arithmetic would lengthen (H100, S2: fwd +12..16 us) */
+    const auto copy_tid = [] { return BV == 64 ? tid_fresh() : (int)threadIdx.x; };
     auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
         const Chunk x = chunk_at(G, cc);
-        const int t = BV == 64 ? tid_fresh() : (int)threadIdx.x; /* (BV = 64: see tid_fresh) */
+        const int t = copy_tid();
         load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L, t);
         load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, t);
         if (PFU)
@@ -269,10 +274,7 @@ __global__ void __launch_bounds__(FNT, 2)
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
         {
-            /* BV = 64: the offsets made here, not kept live across the step (they were spilled and
-             * reloaded: see tid_fresh); BV = 32 has the registers, and a longer chain of steps
-             * (S2: 128) that the offsets' arithmetic would lengthen (H100, S2: fwd +12..16 us) */
-            const int t = BV == 64 ? tid_fresh() : (int)threadIdx.x;
+            const int t = copy_tid();
             store_raw<K, BV>(b.Sh + sb, V, sS.hi, t);
             if (!PS && b.Sl) store_raw<K, BV>(b.Sl + sb, V, sS.lo(), t); /* (for the backward) */
         }
