@@ -281,7 +281,9 @@ enum { SAVED_KEEP, SAVED_Q, SAVED_K, SAVED_RQ, SAVED_RK, SAVED_G, SAVED_N };
 
 static bool saved_work(const dg_node *n) { return n->n_saved == SAVED_N; }
 
-static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
+/* norm: run the L2 norm of q, k here (use_qk_l2norm_in_kernel); false: only make room for its
+ * results (p->q, p->k, p->rq, p->rk), the forward's kernels fill them (dg_delta_k_fwd_l2) */
+static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     const bool saved = saved_work(n); /* the backward of a forward that kept its work */
     const char *op = n->op->name;
@@ -315,8 +317,8 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
         p->rq = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
         p->rk = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
         if (!p->q || !p->k || !p->rq || !p->rk) return -1;
-        if (dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->qraw), DPTR(p->q), DPTR(p->rq)) ||
-            dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->kraw), DPTR(p->k), DPTR(p->rk)))
+        if (norm && (dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->qraw), DPTR(p->q), DPTR(p->rq)) ||
+                     dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->kraw), DPTR(p->k), DPTR(p->rk))))
             return -1;
     } else {
         p->q = p->qraw;
@@ -347,7 +349,7 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p) {
 int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     prep p;
-    if (prep_inputs(n, sl, &p) != 0) return -1;
+    if (prep_inputs(n, sl, &p, false) != 0) return -1;
     const dg_dr_shape *s = &p.s;
     dg_tensor *o = dg_empty_on(DG_SHAPE(s->B, s->T, s->HV, s->V), p.dt, p.dev);
     dg_tensor *hT = dg_empty_on(DG_SHAPE(s->N, s->HV, s->K, s->V), p.st, p.dev);
@@ -361,8 +363,9 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
         if (bytes < 0) return -1;
         if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
     }
-    if (dg_delta_k_fwd(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                       DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept))
+    const dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk)}; /* p.q, p.k: the normalised rows, made here */
+    if (dg_delta_k_fwd_l2(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
+                          DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept, at->l2norm_qk ? &l2 : NULL))
         return -1;
     if (save) {
         dg_tensor *slot[SAVED_N] = {[SAVED_KEEP] = kept ? keep : NULL, [SAVED_G] = at->gate_in_kernel ? p.g : NULL};
@@ -383,7 +386,7 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     const char *op = n->op->name;
     prep p;
-    if (prep_inputs(n, sl, &p) != 0) return -1;
+    if (prep_inputs(n, sl, &p, true) != 0) return -1;
     const dg_dr_shape *s = &p.s;
     bool *ng = n->needs_grad;
     const bool want_g = sl->g >= 0 && ng[sl->g];

@@ -106,6 +106,17 @@ int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
                    const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, void *o, void *hT, void *keep, int *kept);
+/* The same with the L2 norm of q, k in it (use_qk_l2norm_in_kernel) where l2 is non-NULL: q and k
+ * then receive the normalised rows of l2->qraw, l2->kraw, and l2->rq, l2->rk their 1/|x| (dtype of
+ * the gates) -- by the forward's own kernels where they take the norm in their loads (CUDA,
+ * 16-bit, chunked: dg_cuda_dr_chunk_fwd_l2_*), else by dg_delta_k_l2norm_fwd first. */
+typedef struct dg_delta_l2 {
+    const void *qraw, *kraw;
+    void *rq, *rk;
+} dg_delta_l2;
+int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
+                      void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,
+                      void *keep, int *kept, const dg_delta_l2 *l2);
 /* rq, rk (NULL, or both; f32 [rows]): q, k are the in-op L2-normalised rows and these their 1/|x|.
  * Where the kernels take the norm's backward with them (CUDA, 16-bit, chunked: kernels/cuda/
  * dr_chunk_cuda.h) dq, dk come back as the gradients of the raw rows and *l2_done is set; else

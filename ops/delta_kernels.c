@@ -113,6 +113,26 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
     return kernel_status(op, what, rc, dev);
 }
 
+int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
+                      void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,
+                      void *keep, int *kept, const dg_delta_l2 *l2) {
+    if (!l2) return dg_delta_k_fwd(op, algorithm, s, dev, dt, q, k, v, g, beta, h0, o, hT, keep, kept);
+    if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
+#ifdef DG_HAVE_CUDA
+    if (dev == DG_CUDA && dg_delta_storage16(dt) && algorithm != DG_DELTA_RECURRENT) {
+        if (kept) *kept = 0;
+        const int rc = (dt == DG_F16 ? dg_cuda_dr_chunk_fwd_l2_f16 : dg_cuda_dr_chunk_fwd_l2_bf16)(
+            s, l2->qraw, l2->kraw, v, g, beta, h0, o, hT, keep, kept, DG_DELTA_L2NORM_EPS, q, k, l2->rq, l2->rk);
+        return kernel_status(op, "chunked forward", rc, dev);
+    }
+#endif
+    const int64_t rows = s->B * s->T * s->H;
+    if (dg_delta_k_l2norm_fwd(op, dev, dt, rows, s->K, l2->qraw, q, l2->rq) ||
+        dg_delta_k_l2norm_fwd(op, dev, dt, rows, s->K, l2->kraw, k, l2->rk))
+        return -1;
+    return dg_delta_k_fwd(op, algorithm, s, dev, dt, q, k, v, g, beta, h0, o, hT, keep, kept);
+}
+
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,

@@ -622,6 +622,112 @@ static void test_dr_chunk_l2_fold(void **state) {
         }
 }
 
+/* A device buffer's bytes back on the host (caller frees) */
+static void *dget(const void *dev, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    if (bytes) assert_int_equal(dg_cuda_memcpy(h, dev, bytes, 1), 0);
+    return h;
+}
+
+/* The forward with the L2 norm in it (dg_cuda_dr_chunk_fwd_l2_*): where the tensor-core kernels
+ * normalise k and q as they load them, every output -- o, hT, the normalised q and k, their 1/|x|,
+ * the kept working set -- is bit for bit that of the norm's kernel run first (the entry point with
+ * dg_cuda_dr_chunk_l2_fuse(0): dg_cuda_dr_l2norm_*_fwd, then the forward), bf16 and fp16, with
+ * grouped value heads (one value head writes a key head's rows), cu_seqlens with an empty sequence
+ * and partial chunks, h0, the value split, and the paths that always run the norm first (KDA, the
+ * generic kernels at chunk 32).  The normalised rows are also checked against the host: 1/|x| to
+ * 1e-6 and each value to one rounding. */
+static void test_dr_chunk_l2_fused(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const cfg cases[] = {
+        {"l2 fused: head, GVA, K=V=128, h0 (mma)", 1, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0},
+        {"l2 fused: none, GVA, varlen, K=V=64 (mma)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 4, {0, 70, 70, 200}, 0, 0, 0},
+        {"l2 fused: head, B2, K=128, V=64 (mma)", 2, 90, 1, 1, 128, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0},
+        {"l2 fused: head, K=64, V=256 (split)", 1, 100, 2, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 0, 0, 0},
+        {"l2 fused: channel, K=V=64 (kda: norm first)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0},
+        {"l2 fused: head, C32, K=64 (generic: norm first)", 1, 70, 1, 1, 64, 48, DG_GATE_HEAD, 32, 0, {0}, 0, 0, 0},
+    };
+    const double eps = 1e-6;
+    for (int st = S_BF16; st <= S_F16; st++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const cfg *c = &cases[ci];
+            data d;
+            make(c, st, &d);
+            for (int64_t i = 0; i < d.nq; i++) d.k[i] = stored(st, 3.0 * d.k[i]); /* raw rows, |k| = 3 */
+            const int64_t nr = c->B * c->T * c->H;
+            void *q = dput_as(d.q, d.nq, st), *k = dput_as(d.k, d.nq, st), *v = dput_as(d.v, d.nv, st);
+            void *beta = dput_as(d.beta, d.nb, st);
+            float *g = dput_as(d.g, d.ng, 0), *h0 = dput_as(d.h0, d.nh, 0);
+            const int64_t kb = st == S_BF16 ? dg_cuda_dr_chunk_kept_bytes(&d.s) : dg_cuda_dr_chunk_kept_bytes_f16(&d.s);
+            assert_true(kb >= 0);
+            /* [0]: fused, [1]: the norm's kernel first, [2]: fused without qn, rq, rk, keep */
+            void *o[3], *qn[3], *kn[3], *keep[3];
+            float *hT[3], *rq[3], *rk[3];
+            int kept[3] = {0, 0, 0};
+            for (int r = 0; r < 3; r++) {
+                o[r] = dput(NULL, d.nv, 2), hT[r] = dput(NULL, d.nh, 4), kn[r] = dput(NULL, d.nq, 2);
+                qn[r] = r < 2 ? dput(NULL, d.nq, 2) : NULL;
+                rq[r] = r < 2 ? dput(NULL, nr, 4) : NULL, rk[r] = r < 2 ? dput(NULL, nr, 4) : NULL;
+                keep[r] = r < 2 && kb > 0 ? dput(NULL, kb, 1) : NULL;
+                const int fuse = dg_cuda_dr_chunk_l2_fuse(r != 1);
+                const int rc = (st == S_BF16 ? dg_cuda_dr_chunk_fwd_l2_bf16 : dg_cuda_dr_chunk_fwd_l2_f16)(
+                    &d.s, q, k, v, g, beta, h0, o[r], hT[r], keep[r], keep[r] ? &kept[r] : NULL, eps, qn[r], kn[r],
+                    rq[r], rk[r]);
+                dg_cuda_dr_chunk_l2_fuse(fuse);
+                if (rc) fail_msg("%s (%s), run %d: %s", c->name, st_names[st], r, dg_last_error());
+            }
+            assert_int_equal(dg_cuda_synchronize(), 0);
+            assert_int_equal(kept[0], kept[1]);
+            struct { const char *name; void *const *p; size_t bytes; int runs; } out[] = {
+                {"o", o, (size_t)d.nv * 2, 3}, {"hT", (void *const *)hT, (size_t)d.nh * 4, 3},
+                {"kn", kn, (size_t)d.nq * 2, 3}, {"qn", qn, (size_t)d.nq * 2, 2},
+                {"rq", (void *const *)rq, (size_t)nr * 4, 2}, {"rk", (void *const *)rk, (size_t)nr * 4, 2},
+                {"keep", keep, (size_t)kb, kb > 0 ? 2 : 0},
+            };
+            for (size_t a = 0; a < sizeof out / sizeof out[0]; a++) {
+                if (out[a].runs == 0) continue;
+                void *ref = dget(out[a].p[1], out[a].bytes);
+                for (int r = 0; r < out[a].runs; r += r == 0 ? 2 : 1) {
+                    void *got = dget(out[a].p[r], out[a].bytes);
+                    if (memcmp(got, ref, out[a].bytes))
+                        fail_msg("%s (%s): %s of run %d differs from the norm's kernel first", c->name, st_names[st],
+                                 out[a].name, r);
+                    free(got);
+                }
+                free(ref);
+            }
+            /* the normalised rows against the host */
+            uint16_t *hq = dget(qn[0], (size_t)d.nq * 2), *hk = dget(kn[0], (size_t)d.nq * 2);
+            float *hrq = dget(rq[0], (size_t)nr * 4), *hrk = dget(rk[0], (size_t)nr * 4);
+            for (int w = 0; w < 2; w++) {
+                const double *x = w ? d.k : d.q;
+                const uint16_t *y = w ? hk : hq;
+                const float *rr = w ? hrk : hrq;
+                for (int64_t i = 0; i < nr; i++) {
+                    double n2 = 0;
+                    for (int64_t cc = 0; cc < c->K; cc++) n2 += x[i * c->K + cc] * x[i * c->K + cc];
+                    const double r = 1.0 / sqrt(n2 + eps);
+                    if (fabs(rr[i] - r) > 1e-6 * r) fail_msg("%s: 1/|x| of row %lld: %g, host %g", c->name, (long long)i, rr[i], r);
+                    for (int64_t cc = 0; cc < c->K; cc++) {
+                        const double want = x[i * c->K + cc] * r, got = from16(st, y[i * c->K + cc]);
+                        /* one rounding (a unit in the last place: rsqrtf's own error too), fp16's
+                         * subnormals below 2^-14 to 2^-25 */
+                        if (fabs(got - want) > (st == S_BF16 ? 0x1p-8 : 0x1p-11) * fabs(want) + (st == S_F16 ? 0x1p-25 : 0))
+                            fail_msg("%s (%s): %s[%lld, %lld] = %g, host %g", c->name, st_names[st], w ? "kn" : "qn",
+                                     (long long)i, (long long)cc, got, want);
+                    }
+                }
+            }
+            free(hq), free(hk), free(hrq), free(hrk);
+            for (int r = 0; r < 3; r++)
+                dg_cuda_free(o[r]), dg_cuda_free(hT[r]), dg_cuda_free(qn[r]), dg_cuda_free(kn[r]), dg_cuda_free(rq[r]),
+                    dg_cuda_free(rk[r]), dg_cuda_free(keep[r]);
+            dg_cuda_free(q), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta), dg_cuda_free(g), dg_cuda_free(h0);
+            data_free(&d);
+        }
+}
+
 /* small shapes through every kernel (generic and tensor-core, fused and unfused, both inverses,
  * both dg variants): the test to run under compute-sanitizer */
 static void test_dr_chunk_sanitize(void **state) {
@@ -702,6 +808,19 @@ static void test_dr_chunk_bad_input(void **state) {
         if (!strstr(dg_last_error(), bad[i].msg) || !strstr(dg_last_error(), "dr_chunk_fwd_f16"))
             fail_msg("f16 case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
     }
+    uint16_t *u = (uint16_t *)p;
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_bf16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, 1e-6, u + 16, NULL,
+                                                  NULL, NULL), -1);
+    assert_true(strstr(dg_last_error(), "kn") != NULL && strstr(dg_last_error(), "fwd_l2_bf16") != NULL);
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_f16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, 1e-6, u, u + 16,
+                                                 NULL, NULL), -1);
+    assert_true(strstr(dg_last_error(), "qn overlaps") != NULL);
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_bf16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, -1.0, u + 24,
+                                                  u + 16, NULL, NULL), -1);
+    assert_true(strstr(dg_last_error(), "eps") != NULL);
     dg_clear_error();
     assert_int_equal(dg_cuda_dr_chunk_bwd_f32(&ok, NULL, p, p, p, NULL, p, NULL, p, NULL, p, p, p, p, p, NULL), -1);
     assert_true(strstr(dg_last_error(), "dg") != NULL);
@@ -728,6 +847,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_f16),
         cmocka_unit_test(test_dr_chunk_f16_paths),
         cmocka_unit_test(test_dr_chunk_l2_fold),
+        cmocka_unit_test(test_dr_chunk_l2_fused),
         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);

@@ -12,9 +12,11 @@
  *
  * What one timed call is.  The kernels are called through the ops' kernel dispatch
  * (ops/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
- * way the ops call them with use_qk_l2norm_in_kernel: the raw q and k are L2-normalised by a separate kernel
- * first (the chunk entry points take normalised q, k), so every time below includes the norm:
- *   fwd     = l2norm(q), l2norm(k), chunk forward (o; no final state)
+ * way the ops call them with use_qk_l2norm_in_kernel, so every time below includes the L2 norm of
+ * the raw q and k: the tensor-core forward of gate NONE and HEAD takes it in its loads
+ * (dg_cuda_dr_chunk_fwd_l2_*, session 14), the other paths run the norm's kernel first (the row
+ * "as default, norm kernel first" times that for the tensor-core paths too):
+ *   fwd     = chunk forward with the norm (o; no final state)
  *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg), given 1/|q|, 1/|k|, so that its
  *             dq, dk are those of the raw q, k: the head-gate tensor-core kernels apply the norm's
  *             backward as they store dq, dk, the others run its kernel after (session 5; before,
@@ -80,6 +82,7 @@ int dg_bench_cuda(int argc, char **argv) {
 #include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dr_chunk_cuda.h"
 #include "models/safetensors.h"
 #include "ops/delta_common.h"
 
@@ -198,13 +201,13 @@ typedef enum { W_FWD, W_FWDBWD, W_NORM } what_t;
 
 static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     const dg_dr_shape *s = &c->s;
-    if (norm_fwd(c)) return -1;
-    if (w == W_NORM) return norm_bwd(c);
+    if (w == W_NORM) return norm_fwd(c) || norm_bwd(c) ? -1 : 0;
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
     int kept = 0;
-    int rc = dg_delta_k_fwd(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn, c->kn,
-                            c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept);
+    const dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk};
+    int rc = dg_delta_k_fwd_l2(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn,
+                               c->kn, c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept, &l2);
     if (rc || w == W_FWD) return rc;
     /* as the ops call them: the 16-bit chunked kernels take the norm's backward with them (dq, dk of
      * the raw rows); the recurrent ones give dqn, dkn, and the norm's backward follows */
@@ -650,6 +653,20 @@ static int run_case(bcase *c, const run_opts *o) {
             fails += report_failure(c, "recompute");
         } else {
             print_rec(rk);
+        }
+    }
+    if (o->variants && c->keep) { /* the same default variant, the norm's kernel before the forward */
+        rec *rn = new_rec(c, "chunk", "norm_first", "as default, norm kernel first");
+        if (!rn) return fails + 1;
+        const int fuse = dg_cuda_dr_chunk_l2_fuse(0);
+        rn->fwd_ms = time_median(c, W_FWD, &dflt, false, o->max_reps, &rn->fwd_n);
+        rn->fb_ms = time_median(c, W_FWDBWD, &dflt, false, o->max_reps, &rn->fb_n);
+        dg_cuda_dr_chunk_l2_fuse(fuse);
+        if (isnan(rn->fb_ms) || isnan(rn->fwd_ms)) {
+            n_recs--;
+            fails += report_failure(c, "norm kernel first");
+        } else {
+            print_rec(rn);
         }
     }
     const dg_delta_variant *vs[8];

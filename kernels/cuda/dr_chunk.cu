@@ -4,6 +4,7 @@
  * per-channel gates). */
 #include "kernels/cuda/dr_chunk_internal.cuh"
 #include "kernels/cuda/dr_chunk_kda.cuh"
+#include "kernels/cuda/dr_chunk_l2norm.cuh"
 #ifndef DRC_EMU
 #include "kernels/cuda/dr_pieces_cuda.h"
 #endif
@@ -11,6 +12,7 @@
 namespace drc {
 
 static int g_force_generic = 0;
+static int g_l2_fuse = 1; /* the L2 norm in the tensor-core forward (dg_cuda_dr_chunk_l2_fuse) */
 
 /* the tensor-core kernels load q, k, v, dout as 16-byte vectors and store o, dv in pairs */
 static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
@@ -197,9 +199,17 @@ static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
 
 static const char *const VS_WHO = "dr_chunk vsplit";
 
+/* The forward's L2 norm of q, k (dg_cuda_dr_chunk_fwd_l2_*): q, k raw; the normalised rows to q
+ * (may be NULL) and k, their 1/|x| to rq, rk (may be NULL) */
+template <typename T> struct L2Req {
+    T *q, *k;
+    float *rq, *rk;
+    float eps;
+};
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v, const float *g,
-               const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr, int *kept = nullptr);
+               const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr, int *kept = nullptr,
+               const L2Req<T> *l2 = nullptr);
 template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k, const T *v,
                const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv,
@@ -229,13 +239,14 @@ template <typename T> struct VsplitIn {
  * the forward of the split shape (o is already in its layout), hT back */
 template <typename T>
 static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const T *q, const T *k, const T *v,
-                      const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept) {
+                      const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept,
+                      const L2Req<T> *l2) {
     const dg_dr_shape s2 = vsplit_shape(s, R);
     const int64_t NH = G.N * G.HV;
     VsplitIn<T> in;
     float *hT2 = hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
     int rc = hT && !hT2 ? -1 : in.make(G, R, beta, g, h0);
-    if (!rc) rc = fwd<T>(who, &s2, q, k, v, in.g, in.beta, in.h0, o, hT2, keep, kept);
+    if (!rc) rc = fwd<T>(who, &s2, q, k, v, in.g, in.beta, in.h0, o, hT2, keep, kept, l2); /* (q, k: key heads, as they are) */
     if (!rc && hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, G.V / R, hT2, hT);
     release(hT2);
     return rc;
@@ -274,10 +285,54 @@ static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
  * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
  * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
  * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
+#ifdef DRC_EMU
+/* The host emulation has no dr_pieces.cu: the norm's rows there go through l2norm_row, which makes
+ * the bits of the norm's kernel (dr_l2norm_row.cuh) */
+template <int K, bool F16>
+__global__ void l2norm_rows_emu(int64_t n, const uint16_t *x, float eps, uint16_t *y, float *r) {
+    const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row < n) l2norm_row<K, F16>(x + row * K, nullptr, y + row * K, r ? r + row : nullptr, eps);
+}
+#endif
+
+/* y = the rows of x normalised, r their 1/|x| (may be NULL): the norm's own kernel */
+template <typename T> static int l2norm_rows(const Geom &G, const T *x, float eps, T *y, float *r) {
+    constexpr bool f16 = !is_bf16<T>::value;
+    const int64_t n = G.rows * G.H;
+    const uint16_t *xb = (const uint16_t *)x;
+    uint16_t *yb = (uint16_t *)y;
+#ifdef DRC_EMU
+    if (G.K != 64 && G.K != 128) {
+        dg_error("dr_chunk l2norm (emulation): K = %d (64 or 128 only)", G.K);
+        return -1;
+    }
+    const int64_t nb = (n + 7) / 8;
+    return G.K == 64 ? DRC_LAUNCH("dr_chunk l2norm", (l2norm_rows_emu<64, f16>), nb, 256, 0, n, xb, eps, yb, r)
+                     : DRC_LAUNCH("dr_chunk l2norm", (l2norm_rows_emu<128, f16>), nb, 256, 0, n, xb, eps, yb, r);
+#else
+    return f16 ? dg_cuda_dr_l2norm_f16_fwd(n, G.K, xb, eps, yb, r) : dg_cuda_dr_l2norm_bf16_fwd(n, G.K, xb, eps, yb, r);
+#endif
+}
+
+/* The forward with the L2 norm where the tensor-core kernels (gate NONE / HEAD) take it in their
+ * loads; elsewhere (KDA, the generic kernels, g_l2_fuse off) the norm's kernel first, then the
+ * forward of the normalised rows.  Both give the same bits (dr_chunk_l2norm.cuh). */
+template <typename T>
+static int fwd_l2_first(const char *who, const dg_dr_shape *s, const Plan &p, const T *q, const T *k, const T *v,
+                        const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept,
+                        const L2Req<T> &l2) {
+    T *qn = l2.q ? l2.q : scratch<T>((size_t)(p.G.rows * p.G.H * p.G.K));
+    int rc = qn ? l2norm_rows<T>(p.G, q, l2.eps, qn, l2.rq) : -1;
+    if (!rc) rc = l2norm_rows<T>(p.G, k, l2.eps, l2.k, l2.rk);
+    if (!rc) rc = fwd<T>(who, s, qn, l2.k, v, g, beta, h0, o, hT, keep, kept);
+    if (!l2.q) release(qn);
+    return rc;
+}
+
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
                const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep,
-               int *kept) {
+               int *kept, const L2Req<T> *l2) {
     if (kept) *kept = 0;
     Plan p;
     if (s && q && k && v && beta && !o) { /* (plan_init names the other NULL pointers first) */
@@ -286,7 +341,7 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     }
     if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
     if (const int R = sizeof(T) == 2 ? vsplit_ways(p.G, !is_bf16<T>::value) : 1; R > 1) {
-        const int rc = fwd_vsplit<T>(who, s, p.G, R, q, k, v, g, beta, h0, o, hT, keep, kept);
+        const int rc = fwd_vsplit<T>(who, s, p.G, R, q, k, v, g, beta, h0, o, hT, keep, kept, l2);
         plan_free(&p);
         return rc;
     }
@@ -299,6 +354,12 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
         constexpr bool f16 = !is_bf16<T>::value; /* fp16: the head-gate kernels' fp16 build; KDA generic */
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
         const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al; /* per-channel gate: dr_chunk_kda*.cu */
+        if (l2 && !(fast && g_l2_fuse && aligned(l2->k, 16) && aligned(l2->q, 16))) {
+            rc = fwd_l2_first<T>(who, s, p, q, k, v, g, beta, h0, o, hT, keep, kept, *l2);
+            plan_free(&p);
+            return rc;
+        }
+        if (l2) io.l2q = l2->q, io.l2k = l2->k, io.l2rq = l2->rq, io.l2rk = l2->rk, io.l2eps = l2->eps;
         rc = kda    ? kda_fwd(p, io_bits(io), keep)
              : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
                     : generic_fwd<T>(p, io);
@@ -484,6 +545,57 @@ int dg_cuda_dr_chunk_force_generic(int on) {
     int old = drc::g_force_generic;
     drc::g_force_generic = on ? 1 : 0;
     return old;
+}
+
+int dg_cuda_dr_chunk_l2_fuse(int on) {
+    int old = drc::g_l2_fuse;
+    drc::g_l2_fuse = on ? 1 : 0;
+    return old;
+}
+
+} // extern "C"
+
+namespace drc {
+/* the checks of the _l2 entry points (keep optional), then fwd with the norm */
+template <typename T>
+static int fwd_l2_entry(const char *who, const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                        const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT, void *keep,
+                        int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
+    if (kept) *kept = 0;
+    if (keep && !keep_ok(who, keep, kept)) return -1;
+    if (!kn) {
+        dg_error("%s: kn (the normalised k) is NULL", who);
+        return -1;
+    }
+    if (!(eps >= 0.0) || !(eps < 1e30)) {
+        dg_error("%s: eps = %g (need a finite eps >= 0)", who, eps);
+        return -1;
+    }
+    if ((qn && (qn == q || qn == k)) || kn == q || kn == k) {
+        dg_error("%s: %s overlaps q or k (the raw rows are read as the normalised ones are written)", who,
+                 qn && (qn == q || qn == k) ? "qn" : "kn");
+        return -1;
+    }
+    typedef const T *P;
+    const L2Req<T> l2{(T *)qn, (T *)kn, rq, rk, (float)eps};
+    return fwd<T>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (T *)o, hT, keep, kept, &l2);
+}
+} // namespace drc
+
+extern "C" {
+
+int dg_cuda_dr_chunk_fwd_l2_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
+                                 void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
+    return drc::fwd_l2_entry<uint16_t>("cuda dr_chunk_fwd_l2_bf16", s, q, k, v, g, beta, h0, o, hT, keep, kept, eps,
+                                       qn, kn, rq, rk);
+}
+
+int dg_cuda_dr_chunk_fwd_l2_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
+                                void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
+    return drc::fwd_l2_entry<drc::f16bits>("cuda dr_chunk_fwd_l2_f16", s, q, k, v, g, beta, h0, o, hT, keep, kept,
+                                           eps, qn, kn, rq, rk);
 }
 
 } // extern "C"

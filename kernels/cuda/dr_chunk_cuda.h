@@ -122,6 +122,25 @@ int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *va
  * generic kernels.  Returns the previous setting.  Not thread-safe; set it between calls. */
 int dg_cuda_dr_chunk_force_generic(int on);
 
+/* The forward with the L2 norm of q and k in it (use_qk_l2norm_in_kernel): q, k are the raw rows
+ * [B, T, H, K]; the forward runs on their L2-normalised rows x / sqrt(|x|^2 + eps), writes those of
+ * k to kn (required) and of q to qn, and their f32 1/sqrt(|x|^2 + eps) [B*T*H] to rk, rq (qn, rq,
+ * rk may be NULL: not wanted) -- what the backward (_kept with rq, rk) takes.  keep / kept as
+ * _keep's, or NULL (nothing kept).  The results are bit for bit those of
+ * dg_cuda_dr_l2norm_bf16_fwd (f16) on q and k followed by the forward (_keep) of the normalised
+ * rows: the tensor-core kernels of gate NONE and HEAD normalise k and q as they load them (no pass
+ * of its own over q, k: ~0.09 ms less at S1 on the H100), the other paths run the norm's kernel
+ * first.  qn, kn must not be q or k. */
+int dg_cuda_dr_chunk_fwd_l2_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
+                                 void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk);
+int dg_cuda_dr_chunk_fwd_l2_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
+                                void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk);
+/* Whether those fuse the norm where they can (1, the default) or always run its kernel first (0;
+ * tests and benchmarks compare the two).  Returns the previous setting; set it between calls. */
+int dg_cuda_dr_chunk_l2_fuse(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #include <functional>
 #include <vector>
@@ -47,6 +48,8 @@ struct alignas(8) float2 {
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
+/* CUDA's reciprocal square root (the device's is within 2 ulp; here correctly rounded 1/sqrt) */
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 extern "C" void drc_emu_switch(void **save_sp, void *load_sp);
 #ifndef DRC_EMU_SWITCH_DEFINED

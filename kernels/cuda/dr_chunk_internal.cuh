@@ -363,6 +363,12 @@ template <typename T> struct Io {
     /* backward: NULL, or dbeta [rows, HV] in f32 instead of dbeta's words (the value-head split
      * sums the heads' dbeta before its one rounding: dr_chunk_vsplit.cu) */
     float *dbeta32;
+    /* forward with the L2 norm in it (dr_chunk_l2norm.cuh): l2k NULL, or q and k are raw rows and
+     * the kernels normalise them: the normalised rows of k go to l2k (the later kernels read them
+     * there) and those of q to l2q, their 1/|x| [rows, H] to l2rk, l2rq (each of these three may be
+     * NULL: not wanted); l2eps the norm's eps */
+    T *l2q, *l2k;
+    float *l2rq, *l2rk, l2eps;
 };
 
 /* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
@@ -444,6 +450,8 @@ inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     b.dv = io.dv ? &io.dv->x : nullptr, b.dbeta = io.dbeta ? &io.dbeta->x : nullptr;
     b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
     b.rq = io.rq, b.rk = io.rk, b.dbeta32 = io.dbeta32;
+    b.l2q = io.l2q ? &io.l2q->x : nullptr, b.l2k = io.l2k ? &io.l2k->x : nullptr;
+    b.l2rq = io.l2rq, b.l2rk = io.l2rk, b.l2eps = io.l2eps;
     return b;
 }
 

@@ -13,7 +13,10 @@
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
  * W, U and V' are plain bf16 (Plain<GATE>, dr_chunk_mma.cuh: for both gates since session 10; U
  * instead of f32): one word stored, one mma pass less for each of them in every product.
- * Also the recompute of the backward (prep with Ai stored, the state pass without hT). */
+ * Also the recompute of the backward (prep with Ai stored, the state pass without hT).
+ * With the L2 norm in the forward (Io::l2k), prep normalises the raw k as it loads it and out the
+ * raw q (dr_chunk_l2norm.cuh); the state pass and out read the normalised k that prep wrote. */
+#include "kernels/cuda/dr_chunk_l2norm.cuh"
 #include "kernels/cuda/dr_chunk_mma.cuh"
 #include "kernels/cuda/dr_chunk_tri_inv.cuh"
 
@@ -22,6 +25,28 @@ namespace DRC_FAST {
 namespace {
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
+
+/* A kernel's part of the L2 norm in the forward: on, the rows it loads (k in prep, q in out) are
+ * raw and it normalises them; the normalised rows [rows, H, K] and their 1/|x| [rows, H] go to y
+ * and r where non-NULL, from the first value head of each key head only */
+struct L2Rows {
+    uint16_t *y;
+    float *r;
+    float eps;
+    int on;
+};
+
+/* rows r0 .. r0 + L - 1 of the tile at s (row stride K + PAD), key head h, normalised in place
+ * (between barriers: the caller's before, this one's after) where l2.on */
+template <int K>
+__device__ __forceinline__ void l2norm_tile_on(const L2Rows &l2, const Geom &G, uint16_t *s, int64_t r0, int L, int hv) {
+    if (!l2.on) return;
+    const int h = hv / G.grp;
+    const bool w = hv % G.grp == 0;
+    l2norm_tile<K, DRC_OPERAND_F16 != 0, FNT>(s, K + PAD, L, l2.eps, w && l2.y ? l2.y + (r0 * G.H + h) * K : nullptr,
+                                             (int64_t)G.H * K, w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
+    bsync();
+}
 
 static_assert(LDF == TRI_LD, "the layout of tri_inv (dr_chunk_tri_inv.cuh)");
 
@@ -34,7 +59,7 @@ template <int K, int V> struct PrepSmem {
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory allows two at K = V = 128) */
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
-           FastBufs b, int blocked, int store_ai) {
+           FastBufs b, int blocked, int store_ai, L2Rows l2) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
@@ -70,6 +95,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     if (tid < FC) sb[tid] = tid < L ? op2f(beta[(r0 + tid) * HV + hv]) : 0.0f;
     for (int e = tid; e < 64 * LDF; e += FNT) sY[e] = 0.0f;
     bsync();
+    l2norm_tile_on<K>(l2, G, sK, r0, L, hv);
     { /* A = diag(beta) strictly_lower(K K^T o Gamma) */
         using T = WT<64, 64>;
         float acc[1][T::NT][4];
@@ -344,7 +370,7 @@ template <int V> constexpr int out_cols() { return V; }
 
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2)
-    f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o) {
+    f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o, L2Rows l2) {
     DRC_SMEM(float, sm);
     constexpr int OB = out_cols<V>(), NVT = V / OB;
     const int HV = G.HV, warp = threadIdx.x >> 5;
@@ -370,6 +396,7 @@ __global__ void __launch_bounds__(FNT, 2)
     load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
     cp_async_wait_1(); /* Q, K */
     bsync();
+    l2norm_tile_on<K>(v0 == 0 ? l2 : L2Rows{nullptr, nullptr, l2.eps, l2.on}, G, sQ, r0, L, hv); /* (one writes) */
     const float scale = G.scale;
     { /* P = scale lower_incl(Q K^T o Gamma) */
         using T = WT<64, 64>;
@@ -410,20 +437,22 @@ int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int b
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
-                        b.Ai ? 1 : 0);
+                        b.Ai ? 1 : 0, L2Rows{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr});
+    const uint16_t *kn = io.l2k ? io.l2k : io.k; /* what the later kernels read */
     if (!rc && state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
-                        (size_t)(state_smem<K, GATE, 32>()), G, io.k, b, io.h0, io.hT);
+                        (size_t)(state_smem<K, GATE, 32>()), G, kn, b, io.h0, io.hT);
     else if (!rc)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
-                        (size_t)(state_smem<K, GATE, BV>()), G, io.k, b, io.h0, io.hT);
+                        (size_t)(state_smem<K, GATE, BV>()), G, kn, b, io.h0, io.hT);
     return rc;
 }
 
 template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b) {
     const Geom &G = p.G;
     return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / out_cols<V>()), FNT,
-                      (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q, io.k, b, io.o);
+                      (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q, io.l2k ? io.l2k : io.k, b, io.o,
+                      L2Rows{io.l2q, io.l2rq, io.l2eps, io.l2k != nullptr});
 }
 
 } // namespace

@@ -10,6 +10,7 @@
  *          r = 1/sqrt(sum x^2 + eps), y = x r, rounded once to H;
  *          dx = r (dy - x r^2 sum(dy x)).
  * cumsum:  one thread per (chunk, head, channel), walking the chunk's rows in order. */
+#include "kernels/cuda/dr_l2norm_row.cuh"
 #include "kernels/cuda/dr_pieces_chunks.cuh"
 #include "kernels/cuda/nn_util.h"
 
@@ -135,45 +136,45 @@ __global__ void l2norm16_bwd_kernel(int64_t N, int64_t D, const H *x, const floa
     }
 }
 
-/* The same for rows of D = 128 NV (NV = 1, 2, 4; 8-byte aligned): lane l holds the four values at
- * 128 j + 4 l, j < NV, loaded and stored as one 8-byte vector each, so that a row is one coalesced
- * request per 128 values and is read once (the loops above load 2-byte values one at a time and
- * read x twice).  The sum of squares adds each lane's values first, then across the warp. */
-template <typename H> __device__ __forceinline__ void ld4(const H *p, float v[4]) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+/* The same for rows of D = 32 E NV values (E = 4: D = 128, 256, 512; E = 2: D = 64; 2 E-byte
+ * aligned): lane l holds the E values at 32 E j + E l, j < NV, loaded and stored as one 2 E-byte
+ * vector each, so that a row is one coalesced request per 32 E values and is read once (the loops
+ * above load 2-byte values one at a time and read x twice).  r: l2_rnorm (dr_l2norm_row.cuh), the
+ * lane's values in the order j, then i -- the chunk kernels that normalise as they load
+ * (dr_chunk_l2norm.cuh) hold the same values in the same order, so they make the same bits. */
+template <int E> struct VecE;
+template <> struct VecE<4> { using type = uint2; };
+template <> struct VecE<2> { using type = uint32_t; };
+template <typename H, int E> __device__ __forceinline__ void ld4(const H *p, float *v) {
+    const typename VecE<E>::type u = *reinterpret_cast<const typename VecE<E>::type *>(p);
     const H *h = reinterpret_cast<const H *>(&u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = ld16(h + i);
+    for (int i = 0; i < E; i++) v[i] = ld16(h + i);
 }
-template <typename H> __device__ __forceinline__ void st4(H *p, const float v[4]) {
-    uint2 u;
+template <typename H, int E> __device__ __forceinline__ void st4(H *p, const float *v) {
+    typename VecE<E>::type u;
     H *h = reinterpret_cast<H *>(&u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) st16(h + i, v[i]);
-    *reinterpret_cast<uint2 *>(p) = u;
+    for (int i = 0; i < E; i++) st16(h + i, v[i]);
+    *reinterpret_cast<typename VecE<E>::type *>(p) = u;
 }
+__device__ __forceinline__ float xor_shfl(float x, int off) { return __shfl_xor_sync(0xffffffffu, x, off); }
 
-template <typename H, int NV>
+template <typename H, int NV, int E = 4>
 __global__ void l2norm16_fwd_vec_kernel(int64_t N, const H *x, float eps, H *y, float *rstd) {
-    constexpr int D = 128 * NV;
+    constexpr int D = 32 * E * NV;
     const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
     for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
-        const int64_t o = row * D + 4 * lane;
-        float v[NV][4], ss = 0;
+        const int64_t o = row * D + E * lane;
+        float v[NV * E];
 #pragma unroll
-        for (int j = 0; j < NV; j++) {
-            ld4(x + o + 128 * j, v[j]);
-#pragma unroll
-            for (int i = 0; i < 4; i++) ss += v[j][i] * v[j][i];
-        }
-        const float r = rsqrtf(warp_sum(ss) + eps);
+        for (int j = 0; j < NV; j++) ld4<H, E>(x + o + 32 * E * j, v + E * j);
+        const float r = l2_rnorm(v, eps, xor_shfl);
         if (rstd && lane == 0) rstd[row] = r;
 #pragma unroll
-        for (int j = 0; j < NV; j++) {
+        for (int i = 0; i < NV * E; i++) v[i] *= r;
 #pragma unroll
-            for (int i = 0; i < 4; i++) v[j][i] *= r;
-            st4(y + o + 128 * j, v[j]);
-        }
+        for (int j = 0; j < NV; j++) st4<H, E>(y + o + 32 * E * j, v + E * j);
     }
 }
 
@@ -186,8 +187,8 @@ __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd
         float xv[NV][4], gv[NV][4], dot = 0;
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            ld4(x + o + 128 * j, xv[j]);
-            ld4(dy + o + 128 * j, gv[j]);
+            ld4<H, 4>(x + o + 128 * j, xv[j]);
+            ld4<H, 4>(dy + o + 128 * j, gv[j]);
 #pragma unroll
             for (int i = 0; i < 4; i++) dot += gv[j][i] * xv[j][i];
         }
@@ -196,17 +197,18 @@ __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd
         for (int j = 0; j < NV; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) gv[j][i] = r * (gv[j][i] - xv[j][i] * c);
-            st4(dx + o + 128 * j, gv[j]);
+            st4<H, 4>(dx + o + 128 * j, gv[j]);
         }
     }
 }
 
-/* NV of the vector kernels for rows of D values at these pointers, or 0 (the scalar kernels) */
+/* NV of the vector kernels (E = 4) for rows of D values at these pointers, -1 for D = 64 (the
+ * forward's E = 2 kernel), or 0 (the scalar kernels) */
 static int l2norm_nv(int64_t D, const void *a, const void *b, const void *c = nullptr, const void *d = nullptr) {
     const void *p[4] = {a, b, c, d};
     for (int i = 0; i < 4; i++)
         if (p[i] && ((uintptr_t)p[i] & 7)) return 0;
-    return D == 128 ? 1 : D == 256 ? 2 : D == 512 ? 4 : 0;
+    return D == 64 ? -1 : D == 128 ? 1 : D == 256 ? 2 : D == 512 ? 4 : 0;
 }
 
 /* the entry points: the caller's uint16_t bits read as H; who names the entry point in messages */
@@ -223,7 +225,8 @@ int l2norm16_fwd(const char *who, int64_t N, int64_t D, const uint16_t *x, doubl
     const H *xh = (const H *)x;
     H *yh = (H *)y;
     const float e = (float)eps;
-    if (nv == 1) l2norm16_fwd_vec_kernel<H, 1><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
+    if (nv < 0) l2norm16_fwd_vec_kernel<H, 1, 2><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
+    else if (nv == 1) l2norm16_fwd_vec_kernel<H, 1><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
     else if (nv == 2) l2norm16_fwd_vec_kernel<H, 2><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
     else if (nv == 4) l2norm16_fwd_vec_kernel<H, 4><<<grid, kNnThreads, 0, st>>>(N, xh, e, yh, rstd);
     else l2norm16_fwd_kernel<H><<<grid, kNnThreads, 0, st>>>(N, D, xh, e, yh, rstd);
