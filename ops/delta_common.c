@@ -363,7 +363,8 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
         if (bytes < 0) return -1;
         if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
     }
-    const dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk)}; /* p.q, p.k: the normalised rows, made here */
+    /* p.q, p.k: the normalised rows, made here (q only where the backward will read it) */
+    const dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk), save};
     if (dg_delta_k_fwd_l2(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
                           DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept, at->l2norm_qk ? &l2 : NULL))
         return -1;

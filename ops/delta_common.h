@@ -109,10 +109,13 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
 /* The same with the L2 norm of q, k in it (use_qk_l2norm_in_kernel) where l2 is non-NULL: q and k
  * then receive the normalised rows of l2->qraw, l2->kraw, and l2->rq, l2->rk their 1/|x| (dtype of
  * the gates) -- by the forward's own kernels where they take the norm in their loads (CUDA,
- * 16-bit, chunked: dg_cuda_dr_chunk_fwd_l2_*), else by dg_delta_k_l2norm_fwd first. */
+ * 16-bit, chunked: dg_cuda_dr_chunk_fwd_l2_*), else by dg_delta_k_l2norm_fwd first.  for_bwd 0:
+ * nothing will read q, rq, rk after the call (a forward that does not record): the fused kernels
+ * then do not write them (k is read by the forward's own later kernels: always written). */
 typedef struct dg_delta_l2 {
     const void *qraw, *kraw;
     void *rq, *rk;
+    int for_bwd;
 } dg_delta_l2;
 int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
                       void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,

@@ -122,7 +122,8 @@ int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_de
     if (dev == DG_CUDA && dg_delta_storage16(dt) && algorithm != DG_DELTA_RECURRENT) {
         if (kept) *kept = 0;
         const int rc = (dt == DG_F16 ? dg_cuda_dr_chunk_fwd_l2_f16 : dg_cuda_dr_chunk_fwd_l2_bf16)(
-            s, l2->qraw, l2->kraw, v, g, beta, h0, o, hT, keep, kept, DG_DELTA_L2NORM_EPS, q, k, l2->rq, l2->rk);
+            s, l2->qraw, l2->kraw, v, g, beta, h0, o, hT, keep, kept, DG_DELTA_L2NORM_EPS, l2->for_bwd ? q : NULL, k,
+            l2->for_bwd ? l2->rq : NULL, l2->for_bwd ? l2->rk : NULL);
         return kernel_status(op, "chunked forward", rc, dev);
     }
 #endif

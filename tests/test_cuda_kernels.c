@@ -734,21 +734,21 @@ static void test_dr_recurrent_bf16(void **state) {
 }
 
 /* The 16-bit L2 norm of the delta ops (dr_pieces_cuda.h), bf16 and f16, rows of D = 32, 200 (the
- * scalar kernels), 128, 256, 512 (the 8-byte vector kernels) and 128 at an address 2 bytes off (the
- * scalar ones again): y and dx against the f64 formulas on the same 16-bit x, dy; relative error
+ * scalar kernels), 128, 256, 512 (the 8-byte vector kernels), 64 (the forward's 4-byte vector
+ * kernel; its backward the scalar one) and 128 at an address 2 bytes off (the scalar ones again): y and dx against the f64 formulas on the same 16-bit x, dy; relative error
  * norm <= u + 1e-5 (u = 2^-8 bf16, 2^-11 f16: each output is rounded once, the arithmetic is
  * f32), r against f64 <= 1e-5. */
 static void test_dr_l2norm16(void **state) {
     (void)state;
     REQUIRE_GPU();
-    static const int64_t Ds[6] = {32, 200, 128, 256, 512, 128};
+    static const int64_t Ds[7] = {32, 200, 128, 256, 512, 64, 128};
     const int64_t N = 37;
     const double eps = 1e-6;
     for (int f16 = 0; f16 < 2; f16++) {
         const dg_dtype dt = f16 ? DG_F16 : DG_BF16;
         const double tol = (f16 ? 1.0 / 2048 : 1.0 / 256) + 1e-5;
-        for (int di = 0; di < 6; di++) {
-            const int64_t D = Ds[di], n = N * D, off = di == 5 ? 1 : 0;
+        for (int di = 0; di < 7; di++) {
+            const int64_t D = Ds[di], n = N * D, off = di == 6 ? 1 : 0;
             double *x = rnd(n + off, -1, 1), *dy = rnd(n + off, -1, 1);
             uint16_t *dx16 = dput_as(x, n + off, dt), *ddy = dput_as(dy, n + off, dt);
             double *xs = dget_d(dx16, n + off, dt), *dys = dget_d(ddy, n + off, dt); /* the rounded values */

@@ -205,7 +205,7 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
     int kept = 0;
-    const dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk};
+    const dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk, w == W_FWDBWD}; /* (a forward alone: q not written) */
     int rc = dg_delta_k_fwd_l2(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn,
                                c->kn, c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept, &l2);
     if (rc || w == W_FWD) return rc;
@@ -655,7 +655,8 @@ static int run_case(bcase *c, const run_opts *o) {
             print_rec(rk);
         }
     }
-    if (o->variants && c->keep) { /* the same default variant, the norm's kernel before the forward */
+    if (o->variants && c->keep && c->s.gate != DG_GATE_CHANNEL) { /* the default variant, the norm's kernel
+                                                                    * first (KDA always runs it first) */
         rec *rn = new_rec(c, "chunk", "norm_first", "as default, norm kernel first");
         if (!rn) return fails + 1;
         const int fuse = dg_cuda_dr_chunk_l2_fuse(0);
