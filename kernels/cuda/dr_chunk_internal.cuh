@@ -55,17 +55,20 @@ struct Chunk {
     int L;
 };
 
-__host__ __device__ __forceinline__ Chunk chunk_at(const Geom &G, int64_t c) {
+/* chunk j of batch row n (batched: no cu_seqlens) */
+__host__ __device__ __forceinline__ Chunk chunk_in_row(const Geom &G, int64_t n, int64_t j) {
     Chunk ch;
-    if (G.tab) {
-        ch.r0 = G.tab[c];
-        ch.L = (int)G.tab[G.nchunks + c];
-    } else {
-        int64_t n = c / G.cps, j = c % G.cps;
-        ch.r0 = n * G.T + j * G.C;
-        int64_t rem = G.T - j * G.C;
-        ch.L = rem < G.C ? (int)rem : G.C;
-    }
+    ch.r0 = n * G.T + j * G.C;
+    const int64_t rem = G.T - j * G.C;
+    ch.L = rem < G.C ? (int)rem : G.C;
+    return ch;
+}
+
+__host__ __device__ __forceinline__ Chunk chunk_at(const Geom &G, int64_t c) {
+    if (!G.tab) return chunk_in_row(G, c / G.cps, c % G.cps);
+    Chunk ch;
+    ch.r0 = G.tab[c];
+    ch.L = (int)G.tab[G.nchunks + c];
     return ch;
 }
 
@@ -78,6 +81,14 @@ __host__ __device__ __forceinline__ void seq_chunks(const Geom &G, int64_t n, in
         c0 = n * G.cps;
         c1 = c0 + G.cps;
     }
+}
+
+/* chunk c of sequence n, whose first chunk is c0 (seq_chunks): chunk_at without its 64-bit
+ * division.  The state passes step through a sequence's chunks one after another (128 steps at
+ * S2); chunk_at's c / cps and c % cps on every step were ~10 % of f_state's stall samples there
+ * (ncu source counters, H100, delta_rule S2) */
+__host__ __device__ __forceinline__ Chunk seq_chunk(const Geom &G, int64_t n, int64_t c0, int64_t c) {
+    return G.tab ? chunk_at(G, c) : chunk_in_row(G, n, c - c0);
 }
 
 /* ---- scalars ---- */

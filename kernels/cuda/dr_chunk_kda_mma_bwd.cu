@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(FNT, 2)
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's set */
-        const Chunk x = chunk_at(G, cc);
+        const Chunk x = seq_chunk(G, n, c0, cc);
         const int64_t xo = x.r0 * HV + hv;
         fast::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
         fast::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(FNT, 2)
     };
     if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
-        const Chunk ch = chunk_at(G, c);
+        const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
         const int st = PF ? (int)((c1 - 1 - c) & 1) : 0;

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
-        const Chunk x = chunk_at(G, cc);
+        const Chunk x = seq_chunk(G, n, c0, cc);
         const int64_t xo = x.r0 * HV + hv;
         uint16_t *t = (uint16_t *)(base + st * Lay::SET);
         fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     };
     if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
-        const Chunk ch = chunk_at(G, c);
+        const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
         const int64_t ot = ch.r0 * HV + hv;
         const int st = PF ? (int)((c - c0) & 1) : 0;

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
         for (int64_t c = c1 - 1; c >= c0; c--) {
             const int step = (int)(c1 - 1 - c), s = step & 1, u = step >> 1;
-            const Chunk x = chunk_at(G, c);
+            const Chunk x = seq_chunk(G, n, c0, c);
             const Slot S = slot(s);
             const int64_t ot = x.r0 * HV + hv;
             if (u > 0) mbar_wait(empty + s, (u - 1) & 1); /* the chain is done with chunk c + 2 */
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const int step = (int)(c1 - 1 - c), s = step & 1;
-        const Chunk ch = chunk_at(G, c);
+        const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
         const Slot S = slot(s);

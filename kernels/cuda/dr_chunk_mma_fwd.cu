@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(FNT, 2)
      * offsets' arithmetic would lengthen (H100, S2: fwd +12..16 us) */
     const auto copy_tid = [] { return BV == 64 ? tid_fresh() : (int)threadIdx.x; };
     auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
-        const Chunk x = chunk_at(G, cc);
+        const Chunk x = seq_chunk(G, n, c0, cc);
         const int t = copy_tid();
         load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L, t);
         load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, t);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(FNT, 2)
     };
     if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
-        const Chunk ch = chunk_at(G, c);
+        const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
         const int pair = PF ? (int)((c - c0) & 1) : 0;
