@@ -185,12 +185,6 @@ __forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
 __forceinline__ void cp_async_wait_1() {}
-/* the bulk copies likewise: at once, so the fence and the waits have nothing to do */
-__forceinline__ void fence_async_smem() {}
-__forceinline__ void bulk_store(void *g, const void *s, int bytes) { memcpy(g, s, (size_t)bytes); }
-__forceinline__ void bulk_commit() {}
-__forceinline__ void bulk_wait_read() {}
-__forceinline__ void bulk_wait_all() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
 #else
 #define DRC_SMEM(type, name)                                                                       \
@@ -277,25 +271,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 /* every group of this thread's copies but the most recently committed one complete */
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-/* Bulk copies from shared to global memory (cp.async.bulk, sm_90: the copy engine reads shared
- * memory and writes global memory while the thread goes on), for the stores of a chain of steps
- * that should not wait on them.  The rules (PTX ISA, the async proxy):
- *   fence_async_smem  each thread that wrote the shared memory a bulk copy will read runs it after
- *                     its writes and before the barrier that precedes the copy;
- *   bulk_store        bytes (a multiple of 16) from s (shared, 16-byte aligned) to g (global,
- *                     16-byte aligned), issued by one thread; bulk_commit closes its group;
- *   bulk_wait_read    this thread's committed copies have read their shared memory: it may be
- *                     written again (after a barrier, by the other threads);
- *   bulk_wait_all     and have written global memory (before the block exits). */
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_store(void *g, const void *s, int bytes) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(g), "r"(a), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 /* threadIdx.x, read again where it is used (volatile asm: not hoisted out of a loop), so that
  * offsets derived from it are made where needed instead of being kept live across a loop's body:
  * f_state kept store_raw's, spilled them (64 bytes at 128 registers) and waited on their reload

@@ -333,20 +333,6 @@ __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16
         *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
     }
 }
-/* the first nrow rows of a split (or, SPLIT false, plain: hi only) tile [..][Cc] in shared memory
- * (row stride Cc + PAD) to global rows gh, gl with stride ldg, by bulk copies (bulk_store: a row a
- * copy, off the issuing threads' path), issued by NTH threads (tid among them) and committed.  The
- * writers of the tile ran fence_async_smem before the barrier that precedes this; the issuers
- * wait (bulk_wait_read) before a barrier that precedes the tile's next writes, and bulk_wait_all
- * before the block exits. */
-template <int Cc, bool SPLIT, int NTH = FNT>
-__device__ __forceinline__ void store_sp_bulk(uint16_t *gh, uint16_t *gl, int64_t ldg, Sp s, int nrow, int tid) {
-    static_assert(Cc % 8 == 0 && PAD % 8 == 0, "rows of 16-byte multiples");
-    for (int r = tid; r < nrow; r += NTH) bulk_store(gh + r * ldg, s.hi + r * (Cc + PAD), Cc * 2);
-    if (SPLIT)
-        for (int r = tid; r < nrow; r += NTH) bulk_store(gl + r * ldg, s.lo() + r * (Cc + PAD), Cc * 2);
-    bulk_commit();
-}
 template <int R, int Cc> __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
     store_raw<R, Cc>(g, ldg, s, (int)threadIdx.x);
 }

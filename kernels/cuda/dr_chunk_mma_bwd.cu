@@ -52,9 +52,7 @@ template <int K, int BV> struct DhuWsSmem {
     static constexpr int P = 2 * tile_bytes(64, 64); /* the maker's */
     static constexpr int MB = 4 * 8; /* mbarriers: slot s filled (2), slot s free again (2) */
     static constexpr int NW = 2 * SLOT + 2 * W + DS + 2 * XN + P + MB <= SMEM_MAX ? 2 : 1;
-    /* dV' (split) staged for its bulk copy out, where it fits beside two W tiles (BV = 32) */
-    static constexpr int VS = NW == 2 && 2 * SLOT + 2 * W + DS + 3 * XN + P + MB <= SMEM_MAX ? XN : 0;
-    static constexpr int CHAIN = NW * W + DS + 2 * XN + VS; /* the chain's: W, dS, X, -dV', dV' */
+    static constexpr int CHAIN = NW * W + DS + 2 * XN; /* the chain's: W, dS, X, -dV' */
     static constexpr int bytes = 2 * SLOT + CHAIN + P + MB;
 };
 
@@ -170,8 +168,6 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     const Sp sdS{(uint16_t *)(own + NW * L_::W), K * (BV + PAD)};
     const Sp sX{(uint16_t *)(own + NW * L_::W + L_::DS), 64 * (BV + PAD)};
     const Sp sN{(uint16_t *)(own + NW * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
-    constexpr bool VST = L_::VS > 0; /* dV' out by bulk copies from sV, else pair by pair */
-    const Sp sV{(uint16_t *)(own + NW * L_::W + L_::DS + 2 * L_::XN), 64 * (BV + PAD)};
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
     float dS[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
@@ -191,16 +187,13 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         mbar_wait(full + s, (step >> 1) & 1); /* the slot is filled */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, BV + PAD, r, j, x0, x1); });
-        fence_async_smem(); /* (for the bulk copies of dS below) */
         nsync(B_CHAIN, FNT);
         if (NW == 1) { /* the one tile: the barrier above shows the last step's W^T dV' done */
             load_raw_async<64, K>(w, wg, (int64_t)HV * K, L);
             cp_async_commit();
         }
-        /* dS out by bulk copies: the copy engine reads sdS while the chain goes on (a row a copy;
-         * stored by the chain's threads, its loads and stores were ~5 % of the chain's stall
-         * samples, ncu, H100, delta_rule S2); waited for before the step's last barrier */
-        store_sp_bulk<BV, true>(dSh + sb, dSl + sb, V, sdS, K, tid);
+        store_raw<K, BV>(dSh + sb, V, sdS.hi);
+        store_raw<K, BV>(dSl + sb, V, sdS.lo());
         float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
         {                       /* dV' = dVl + e^{G_last - G} o (K dS), stored */
             float a2[1][TV::NT][4];
@@ -216,11 +209,9 @@ __global__ void __launch_bounds__(2 * FNT, 1)
                     const float e = GATE == DG_GATE_HEAD ? S.g[128 + i] : 1.0f;
                     const float x0 = d[(nt * 4 + 2 * hh) * 32 + lane] + e * a2[0][nt][2 * hh];
                     const float x1 = d[(nt * 4 + 2 * hh + 1) * 32 + lane] + e * a2[0][nt][2 * hh + 1];
-                    if (VST) put_split2(sV, BV + PAD, i, j, x0, x1);
-                    else if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
+                    if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
                     nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
                 }
-            if (VST) fence_async_smem();
         }
         dhu_make_x<GATE, BV>(sX, S.o, S.g + 64, scale, tid);
         if (GATE == DG_GATE_HEAD) {
@@ -228,18 +219,13 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= e; });
         }
         nsync(B_CHAIN, FNT);
-        if (VST) /* dV' out (its L rows) by bulk copies, as dS */
-            store_sp_bulk<BV, true>(dVh + (r0 * HV + hv) * V + v0, dVl + (r0 * HV + hv) * V + v0, (int64_t)HV * V,
-                                    sV, L, tid);
         mma_rs<1, TS::NT, true, true>(dS, S.q, K + PAD, sm0, sX, BV + PAD, sn0, 64); /* + Q^T X */
         mbar_arrive(empty + s); /* this thread's last read of the slot */
         cp_async_wait_all();    /* W */
         frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
-        bulk_wait_read(); /* sdS and sV are written again after the barrier below */
         nsync(B_CHAIN, FNT);
         mma_p<1, TS::NT, true, true, false, true>(dS, Sp{w, 0}, K + PAD, sm0, sN, BV + PAD, sn0, 64); /* - W^T dV' */
     }
-    bulk_wait_all();
     if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
 }
 

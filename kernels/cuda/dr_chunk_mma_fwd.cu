@@ -297,15 +297,13 @@ __global__ void __launch_bounds__(FNT, 2)
         /* the state entering the chunk: split (or plain), into shared memory and out */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<!PS>(sS, BV + PAD, r, j, x0, x1); });
-        fence_async_smem(); /* (for the bulk copies of S below) */
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
-        /* S out by bulk copies (a row a copy; the lo words for the backward only): the copy engine
-         * reads sS while the step goes on (stored by the block's threads, their loads and stores
-         * waited on the chain: ncu, H100, delta_rule S2, ~5 % of the stall samples); waited for
-         * before sS is written again */
-        if (!PS && b.Sl) store_sp_bulk<BV, true>(b.Sh + sb, b.Sl + sb, V, sS, K, copy_tid());
-        else store_sp_bulk<BV, false>(b.Sh + sb, nullptr, V, sS, K, copy_tid());
+        {
+            const int t = copy_tid();
+            store_raw<K, BV>(b.Sh + sb, V, sS.hi, t);
+            if (!PS && b.Sl) store_raw<K, BV>(b.Sl + sb, V, sS.lo(), t); /* (for the backward) */
+        }
         { /* V' = U - W S;  shared: e^{G_last - G} o V'.  U prefetched into shared memory is read
            * here, before the product (read between the V' stores, it would wait one load after
            * another: the compiler cannot move a load above a store that may alias it) */
@@ -329,10 +327,7 @@ __global__ void __launch_bounds__(FNT, 2)
             float acc[1][TV::NT][4];
             acc_zero(acc);
             mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
-            if (VNS) {
-                bulk_wait_read(); /* S's copies out are past their reads too */
-                bsync();          /* every warp is past its reads of S: V' takes its place */
-            }
+            if (VNS) bsync(); /* every warp is past its reads of S: V' takes its place */
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
@@ -356,10 +351,8 @@ __global__ void __launch_bounds__(FNT, 2)
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
         mma_p<1, TS::NT, true, true, false, !PV>(S, Sp{sK, 0}, K + PAD, sm0, sVn, BV + PAD, sn0, 64);
-        if (!VNS) bulk_wait_read(); /* sS is written again after the barrier below */
         bsync();
     }
-    bulk_wait_all();
     if (hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
