@@ -312,13 +312,11 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm)
         p->rq = n->saved[SAVED_RQ], p->rk = n->saved[SAVED_RK];
     } else if (at->l2norm_qk) {
         const int64_t rows = B * T * H;
-        /* (no q where the forward's kernels normalise it as they load it and do not write it) */
-        const bool no_q = !norm && dg_delta_k_l2_in_kernels(at->algorithm, p->dev, p->dt);
-        p->q = no_q ? NULL : dg_empty_like(p->qraw);
+        p->q = dg_empty_like(p->qraw);
         p->k = dg_empty_like(p->kraw);
         p->rq = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
         p->rk = dg_empty_on(DG_SHAPE(rows), p->st, p->dev);
-        if ((!no_q && !p->q) || !p->k || !p->rq || !p->rk) return -1;
+        if (!p->q || !p->k || !p->rq || !p->rk) return -1;
         if (norm && (dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->qraw), DPTR(p->q), DPTR(p->rq)) ||
                      dg_delta_k_l2norm_fwd(op, p->dev, p->dt, rows, K, DPTR(p->kraw), DPTR(p->k), DPTR(p->rk))))
             return -1;
@@ -365,16 +363,14 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
         if (bytes < 0) return -1;
         if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
     }
-    /* p.q, p.k: the normalised rows, made here (q where the kernels do not make it as they load it:
-     * l2.q_written) */
-    dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk), save, 0};
+    /* p.q, p.k: the normalised rows, made here (q only where the backward will read it) */
+    const dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk), save};
     if (dg_delta_k_fwd_l2(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
                           DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept, at->l2norm_qk ? &l2 : NULL))
         return -1;
     if (save) {
         dg_tensor *slot[SAVED_N] = {[SAVED_KEEP] = kept ? keep : NULL, [SAVED_G] = at->gate_in_kernel ? p.g : NULL};
-        if (at->l2norm_qk) /* (SAVED_Q NULL: the backward takes the raw q with 1/|q|) */
-            slot[SAVED_Q] = l2.q_written ? p.q : NULL, slot[SAVED_K] = p.k, slot[SAVED_RQ] = p.rq, slot[SAVED_RK] = p.rk;
+        if (at->l2norm_qk) slot[SAVED_Q] = p.q, slot[SAVED_K] = p.k, slot[SAVED_RQ] = p.rq, slot[SAVED_RK] = p.rk;
         for (int i = 0; i < SAVED_N; i++) dg_save(n, slot[i]);
     }
     n->out[0] = o;
@@ -411,29 +407,14 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
                  dg_device_name(p.dev));
         return -1;
     }
-    /* a forward whose kernels normalised q as they loaded it saved 1/|q| but not the rows: the
-     * 16-bit chunked kernels take the raw q and do the same again (q_raw); any other backward gets
-     * the rows made first by the norm's kernel (the same bits) */
-    int q_raw = 0;
-    if (at->l2norm_qk && !p.q) {
-        if (spec->algo == DG_DBWD_CHUNK && dg_delta_k_l2_in_kernels(at->algorithm, p.dev, p.dt)) {
-            q_raw = 1;
-        } else {
-            const int64_t rows = s->B * s->T * s->H;
-            dg_tensor *r = dg_empty_on(DG_SHAPE(rows), p.st, p.dev);
-            p.q = dg_empty_like(p.qraw);
-            if (!r || !p.q || dg_delta_k_l2norm_fwd(op, p.dev, p.dt, rows, s->K, DPTR(p.qraw), DPTR(p.q), DPTR(r)))
-                return -1;
-        }
-    }
-    dg_tensor *dq = maybe_empty(ng[sl->q], p.qraw), *dk = maybe_empty(ng[sl->k], p.k);
+    dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
     int l2_done = 0; /* the kernels took the norm's backward with them (CUDA, 16-bit, chunked) */
-    if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(q_raw ? p.qraw : p.q),
-                       DPTR(p.k), DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq),
-                       DPTR(dk), DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept, at->l2norm_qk ? DPTR(p.rq) : NULL,
-                       at->l2norm_qk ? DPTR(p.rk) : NULL, q_raw, &l2_done))
+    if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k),
+                       DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
+                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept, at->l2norm_qk ? DPTR(p.rq) : NULL,
+                       at->l2norm_qk ? DPTR(p.rk) : NULL, &l2_done))
         return -1;
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
     if (at->l2norm_qk && !l2_done) {

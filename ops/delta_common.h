@@ -106,34 +106,28 @@ int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *
 int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
                    const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, void *o, void *hT, void *keep, int *kept);
-/* The same with the L2 norm of q, k in it (use_qk_l2norm_in_kernel) where l2 is non-NULL: k then
- * receives the normalised rows of l2->kraw, q those of l2->qraw where l2->q_written comes back 1,
- * and with for_bwd l2->rq, l2->rk their 1/|x| (dtype of the gates).  CUDA, 16-bit, chunked: the
- * forward's own kernels take the norm in their loads (dg_cuda_dr_chunk_fwd_l2_*) and q is not
- * written (q_written 0: the backward takes the raw q with rq, dg_delta_k_bwd's q_raw); elsewhere
- * dg_delta_k_l2norm_fwd runs first and q is written.  for_bwd 0: nothing reads rq, rk after the
- * call (a forward that does not record), and the fused kernels do not write them. */
-/* whether dg_delta_k_fwd_l2 takes the norm in the forward's kernels (and leaves q unwritten) */
-bool dg_delta_k_l2_in_kernels(int algorithm, dg_device dev, dg_dtype dt);
+/* The same with the L2 norm of q, k in it (use_qk_l2norm_in_kernel) where l2 is non-NULL: q and k
+ * then receive the normalised rows of l2->qraw, l2->kraw, and l2->rq, l2->rk their 1/|x| (dtype of
+ * the gates) -- by the forward's own kernels where they take the norm in their loads (CUDA,
+ * 16-bit, chunked: dg_cuda_dr_chunk_fwd_l2_*), else by dg_delta_k_l2norm_fwd first.  for_bwd 0:
+ * nothing will read q, rq, rk after the call (a forward that does not record): the fused kernels
+ * then do not write them (k is read by the forward's own later kernels: always written). */
 typedef struct dg_delta_l2 {
     const void *qraw, *kraw;
     void *rq, *rk;
     int for_bwd;
-    int q_written; /* out */
 } dg_delta_l2;
 int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
                       void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,
-                      void *keep, int *kept, dg_delta_l2 *l2);
-/* rq, rk (NULL, or both; f32 [rows]): q, k are the in-op L2-normalised rows and these their 1/|x|;
- * with q_raw, q holds the raw rows instead (after dg_delta_k_fwd_l2 with q_written 0: CUDA,
- * 16-bit, chunked only: dg_cuda_dr_chunk_bwd_l2_*).
+                      void *keep, int *kept, const dg_delta_l2 *l2);
+/* rq, rk (NULL, or both; f32 [rows]): q, k are the in-op L2-normalised rows and these their 1/|x|.
  * Where the kernels take the norm's backward with them (CUDA, 16-bit, chunked: kernels/cuda/
  * dr_chunk_cuda.h) dq, dk come back as the gradients of the raw rows and *l2_done is set; else
  * they are those of the normalised rows and the caller runs dg_delta_k_l2norm_bwd. */
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int q_raw, int *l2_done);
+                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int *l2_done);
 int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
                           void *y, void *r);
 int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,

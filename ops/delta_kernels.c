@@ -113,32 +113,21 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
     return kernel_status(op, what, rc, dev);
 }
 
-bool dg_delta_k_l2_in_kernels(int algorithm, dg_device dev, dg_dtype dt) {
-#ifdef DG_HAVE_CUDA
-    return dev == DG_CUDA && dg_delta_storage16(dt) && algorithm != DG_DELTA_RECURRENT;
-#else
-    (void)algorithm, (void)dev, (void)dt;
-    return false;
-#endif
-}
-
 int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
                       void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,
-                      void *keep, int *kept, dg_delta_l2 *l2) {
+                      void *keep, int *kept, const dg_delta_l2 *l2) {
     if (!l2) return dg_delta_k_fwd(op, algorithm, s, dev, dt, q, k, v, g, beta, h0, o, hT, keep, kept);
     if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
 #ifdef DG_HAVE_CUDA
-    if (dg_delta_k_l2_in_kernels(algorithm, dev, dt)) {
+    if (dev == DG_CUDA && dg_delta_storage16(dt) && algorithm != DG_DELTA_RECURRENT) {
         if (kept) *kept = 0;
-        l2->q_written = 0;
         const int rc = (dt == DG_F16 ? dg_cuda_dr_chunk_fwd_l2_f16 : dg_cuda_dr_chunk_fwd_l2_bf16)(
-            s, l2->qraw, l2->kraw, v, g, beta, h0, o, hT, keep, kept, DG_DELTA_L2NORM_EPS, NULL, k,
+            s, l2->qraw, l2->kraw, v, g, beta, h0, o, hT, keep, kept, DG_DELTA_L2NORM_EPS, l2->for_bwd ? q : NULL, k,
             l2->for_bwd ? l2->rq : NULL, l2->for_bwd ? l2->rk : NULL);
         return kernel_status(op, "chunked forward", rc, dev);
     }
 #endif
     const int64_t rows = s->B * s->T * s->H;
-    l2->q_written = 1;
     if (dg_delta_k_l2norm_fwd(op, dev, dt, rows, s->K, l2->qraw, q, l2->rq) ||
         dg_delta_k_l2norm_fwd(op, dev, dt, rows, s->K, l2->kraw, k, l2->rk))
         return -1;
@@ -148,38 +137,26 @@ int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_de
 int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
                    dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
                    const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int q_raw, int *l2_done) {
+                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int *l2_done) {
     const char *what = recurrent ? "recurrent backward" : "chunked backward";
     int rc;
     (void)kept, (void)rq, (void)rk; /* used with CUDA only */
     if (l2_done) *l2_done = 0;
     if (!dg_delta_dtype_ok(op, dev, dt)) return -1;
-    if (q_raw && dev != DG_CUDA) {
-        dg_error("%s: %s with the raw q (q_raw) is for the CUDA 16-bit chunked kernels only", op, what);
-        return -1;
-    }
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
         const bool l2 = rq && rk && dt != DG_F32 && !recurrent; /* the 16-bit chunked kernels apply the norm */
-        if (q_raw && !l2) {
-            dg_error("%s: %s with the raw q (q_raw) needs the 16-bit chunked kernels and rq, rk", op, what);
-            return -1;
-        }
         if (dt == DG_F32)
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f32(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                            : dg_cuda_dr_chunk_bwd_f32(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                       dh0);
         else if (dt == DG_F16)
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_f16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
-                 : q_raw   ? dg_cuda_dr_chunk_bwd_l2_f16(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
-                                                         dh0, kept, rq, rk)
                            : dg_cuda_dr_chunk_bwd_f16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
                                                            dbeta, dh0, kept, l2 ? rq : NULL, l2 ? rk : NULL);
         else
             rc = recurrent ? dg_cuda_dr_recurrent_bwd_bf16(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
                                                            dh0)
-                 : q_raw ? dg_cuda_dr_chunk_bwd_l2_bf16(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0,
-                                                        kept, rq, rk)
                            : dg_cuda_dr_chunk_bwd_bf16_kept(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
                                                             dbeta, dh0, kept, l2 ? rq : NULL, l2 ? rk : NULL);
         if (l2_done) *l2_done = l2;

@@ -14,10 +14,8 @@
  * (ops/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
  * way the ops call them with use_qk_l2norm_in_kernel, so every time below includes the L2 norm of
  * the raw q and k: the tensor-core forward of gate NONE and HEAD takes it in its loads
- * (dg_cuda_dr_chunk_fwd_l2_*, session 14: q, k normalised as they are loaded; the forward writes
- * the normalised k for its own later kernels, the backward normalises q again as it loads it), the
- * other paths run the norm's kernel first (the row "as default, norm kernel first" times that, the
- * way before session 14, for the tensor-core paths too):
+ * (dg_cuda_dr_chunk_fwd_l2_*, session 14), the other paths run the norm's kernel first (the row
+ * "as default, norm kernel first" times that for the tensor-core paths too):
  *   fwd     = chunk forward with the norm (o; no final state)
  *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg), given 1/|q|, 1/|k|, so that its
  *             dq, dk are those of the raw q, k: the head-gate tensor-core kernels apply the norm's
@@ -84,6 +82,7 @@ int dg_bench_cuda(int argc, char **argv) {
 #include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/dr_chunk_cuda.h"
 #include "models/safetensors.h"
 #include "ops/delta_common.h"
 
@@ -148,7 +147,6 @@ typedef struct bcase {
     float *rq, *rk, *dg;
     void *keep;     /* the forward's working set kept for the backward (NULL: none for this shape) */
     bool keep_off;  /* time the recomputing backward instead */
-    bool norm_first; /* the norm's kernel before the forward, the normalised q to the backward (before session 14) */
 } bcase;
 
 static void case_free_work(bcase *c) {
@@ -207,22 +205,16 @@ static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
     int kept = 0;
-    const int alg = recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED;
-    dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk, w == W_FWDBWD, 1}; /* (a forward alone: rq, rk not written) */
-    int rc = c->norm_first ? norm_fwd(c) : 0;
-    if (!rc)
-        rc = c->norm_first ? dg_delta_k_fwd(c->op, alg, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->o,
-                                            NULL, keep, &kept)
-                           : dg_delta_k_fwd_l2(c->op, alg, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL,
-                                               c->o, NULL, keep, &kept, &l2);
+    const dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk, w == W_FWDBWD}; /* (a forward alone: q not written) */
+    int rc = dg_delta_k_fwd_l2(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn,
+                               c->kn, c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept, &l2);
     if (rc || w == W_FWD) return rc;
     /* as the ops call them: the 16-bit chunked kernels take the norm's backward with them (dq, dk of
-     * the raw rows), and the raw q where the forward did not write its normalised rows; the
-     * recurrent ones give dqn, dkn, and the norm's backward follows */
+     * the raw rows); the recurrent ones give dqn, dkn, and the norm's backward follows */
     int l2_done = 0;
-    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, c->dt, l2.q_written ? c->qn : c->q, c->kn, c->v, c->g,
-                        c->beta, NULL, c->dout, NULL, recurrent ? c->dqn : c->dq, recurrent ? c->dkn : c->dk, c->dv,
-                        c->dg, c->dbeta, NULL, kept ? keep : NULL, c->rq, c->rk, !l2.q_written, &l2_done);
+    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
+                        NULL, recurrent ? c->dqn : c->dq, recurrent ? c->dkn : c->dk, c->dv, c->dg, c->dbeta, NULL,
+                        kept ? keep : NULL, c->rq, c->rk, &l2_done);
     if (rc || l2_done) return rc;
     if (!recurrent) {
         dg_error("bench: the chunked backward did not apply the L2 norm's backward");
@@ -667,10 +659,10 @@ static int run_case(bcase *c, const run_opts *o) {
                                                                     * first (KDA always runs it first) */
         rec *rn = new_rec(c, "chunk", "norm_first", "as default, norm kernel first");
         if (!rn) return fails + 1;
-        c->norm_first = true;
+        const int fuse = dg_cuda_dr_chunk_l2_fuse(0);
         rn->fwd_ms = time_median(c, W_FWD, &dflt, false, o->max_reps, &rn->fwd_n);
         rn->fb_ms = time_median(c, W_FWDBWD, &dflt, false, o->max_reps, &rn->fb_n);
-        c->norm_first = false;
+        dg_cuda_dr_chunk_l2_fuse(fuse);
         if (isnan(rn->fb_ms) || isnan(rn->fwd_ms)) {
             n_recs--;
             fails += report_failure(c, "norm kernel first");

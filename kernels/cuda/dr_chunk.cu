@@ -214,7 +214,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k, const T *v,
                const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv,
                float *dg, T *dbeta, float *dh0, const void *kept = nullptr, const float *rq = nullptr,
-               const float *rk = nullptr, float *dbeta32 = nullptr, bool qraw = false);
+               const float *rk = nullptr, float *dbeta32 = nullptr);
 
 /* The inputs both directions take to the R heads: beta and g repeated, h0 to the split layout
  * (each NULL where the call has none); make returns 0, or -1 with dg_error set */
@@ -375,7 +375,7 @@ template <typename T>
 static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
                const T *k, const T *v, const float *g, const T *beta, const float *h0,
                const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0, const void *kept, const float *rq, const float *rk, float *dbeta32, bool qraw) {
+               float *dh0, const void *kept, const float *rq, const float *rk, float *dbeta32) {
     Plan p;
     if (dg && !g) {
         dg_error("%s: dg given but g is NULL", who);
@@ -398,18 +398,13 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
     memset(&io, 0, sizeof io);
     io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
     io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
-    io.rq = rq, io.rk = rk, io.dbeta32 = dbeta32, io.qraw = qraw;
+    io.rq = rq, io.rk = rk, io.dbeta32 = dbeta32;
     int rc;
     const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value;
         const bool fast = !g_force_generic && fast_ok(p.G) && al;
         const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al;
-        if (qraw && !(fast && p.G.grp == 1 && rq)) { /* (bwd_qraw decides so that this cannot happen) */
-            dg_error("%s: internal: raw q on a path that does not normalise it", who);
-            plan_free(&p);
-            return -1;
-        }
         rc = kda    ? kda_bwd(p, *var, io_bits(io), kept)
              : fast ? (f16 ? fast_h::bwd(p, *var, io_bits(io), kept) : fast::bwd(p, *var, io_bits(io), kept))
                     : generic_bwd<T>(p, *var, io);
@@ -418,48 +413,6 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
         rc = generic_bwd<T>(p, *var, io);
     }
     plan_free(&p);
-    return rc;
-}
-
-/* q's normalised rows from the raw ones and 1/|q|, y = round(x r_row), for the paths that read
- * them from memory (bwd_qraw): the product and rounding of the forward's (dr_chunk_l2norm.cuh) */
-template <bool F16> __global__ void l2scale_rows(int64_t n, int K, const uint16_t *x, const float *r, uint16_t *y) {
-    const int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x;
-    if (e >= n * K) return;
-    const float ri = r[e / K];
-    y[e] = F16 ? f2h(h2f(x[e]) * ri) : f2bf(bf2f(x[e]) * ri);
-}
-
-/* The backward of a forward that normalised q as it loaded it and kept only 1/|q| (the _l2 entry
- * points): q raw, k normalised, rq required.  The head-gate tensor-core kernels with one value
- * head a key head normalise q as they load it (Io::qraw); every other path gets the normalised
- * rows made first (l2scale_rows; g_l2_fuse off: always), then the backward of bwd: the same bits
- * either way. */
-template <typename T>
-static int bwd_qraw(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k,
-                    const T *v, const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq,
-                    T *dk, T *dv, float *dg, T *dbeta, float *dh0, const void *kept, const float *rq, const float *rk) {
-    if (!rq || !rk) {
-        dg_error("%s: %s is NULL (the raw q's rows are normalised with rq; rk goes with it)", who, !rq ? "rq" : "rk");
-        return -1;
-    }
-    Plan p;
-    if (plan_init(who, s, q, k, v, g, beta, &p, true)) return -1; /* (the shape: bwd checks the rest) */
-    const Geom G = p.G;
-    plan_free(&p);
-    constexpr bool f16 = !is_bf16<T>::value;
-    const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
-    if (g_l2_fuse && !g_force_generic && vsplit_ways(G, f16) == 1 && fast_ok(G) && al && G.grp == 1)
-        return bwd<T>(who, s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0, kept, rq, rk, nullptr,
-                      true);
-    const int64_t n = G.rows * G.H;
-    T *qn = q ? scratch<T>((size_t)(n * G.K)) : nullptr;
-    int rc = q && !qn ? -1 : 0;
-    if (!rc && q)
-        rc = DRC_LAUNCH("dr_chunk l2scale", (l2scale_rows<f16>), (n * G.K + 255) / 256, 256, 0, n, G.K,
-                        (const uint16_t *)q, rq, (uint16_t *)qn);
-    if (!rc) rc = bwd<T>(who, s, var, qn, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0, kept, rq, rk);
-    release(qn);
     return rc;
 }
 
@@ -586,26 +539,6 @@ int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var
     typedef drc::f16bits *W;
     return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16_kept", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
                                   (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept, rq, rk);
-}
-
-int dg_cuda_dr_chunk_bwd_l2_bf16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta, const float *h0,
-                                 const uint16_t *dout, const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                 float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                 const float *rk) {
-    return drc::bwd_qraw<uint16_t>("cuda dr_chunk_bwd_l2_bf16", s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv,
-                                   dg, dbeta, dh0, kept, rq, rk);
-}
-
-int dg_cuda_dr_chunk_bwd_l2_f16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q, const uint16_t *k,
-                                const uint16_t *v, const float *g, const uint16_t *beta, const float *h0,
-                                const uint16_t *dout, const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                const float *rk) {
-    typedef const drc::f16bits *P;
-    typedef drc::f16bits *W;
-    return drc::bwd_qraw<drc::f16bits>("cuda dr_chunk_bwd_l2_f16", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0, (P)dout,
-                                       dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept, rq, rk);
 }
 
 int dg_cuda_dr_chunk_force_generic(int on) {

@@ -137,25 +137,8 @@ int dg_cuda_dr_chunk_fwd_l2_bf16(const dg_dr_shape *s, const uint16_t *q, const 
 int dg_cuda_dr_chunk_fwd_l2_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
                                 void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk);
-/* The backward of such a forward that was not asked for qn: q holds the raw rows (as given to the
- * forward), k the normalised ones (kn), rq and rk (required) the forward's.  The results are bit
- * for bit those of _bwd_*_kept on qn = round(q rq), which is what the forward's kernels and the
- * norm's kernel make: the head-gate tensor-core kernels with one value head a key head normalise
- * q so as they load it (no qn written by the forward, none read here: ~0.03 ms less at S1 on the
- * H100), the other paths make qn first. */
-int dg_cuda_dr_chunk_bwd_l2_bf16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta, const float *h0,
-                                 const uint16_t *dout, const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                 float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                 const float *rk);
-int dg_cuda_dr_chunk_bwd_l2_f16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q, const uint16_t *k,
-                                const uint16_t *v, const float *g, const uint16_t *beta, const float *h0,
-                                const uint16_t *dout, const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                const float *rk);
 /* Whether those fuse the norm where they can (1, the default) or always run its kernel first (0;
- * in the backward, make qn first; tests and benchmarks compare the two).  Returns the previous
- * setting; set it between calls. */
+ * tests and benchmarks compare the two).  Returns the previous setting; set it between calls. */
 int dg_cuda_dr_chunk_l2_fuse(int on);
 
 #ifdef __cplusplus

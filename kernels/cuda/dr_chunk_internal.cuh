@@ -380,10 +380,6 @@ template <typename T> struct Io {
      * NULL: not wanted); l2eps the norm's eps */
     T *l2q, *l2k;
     float *l2rq, *l2rk, l2eps;
-    /* backward: q holds the raw rows and the normalised ones are round(q rq) (rq given), made where
-     * q is loaded (dr_chunk_l2norm.cuh, l2scale_tile): the forward that normalised q as it loaded
-     * it wrote only rq, not the rows */
-    bool qraw;
 };
 
 /* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
@@ -466,7 +462,7 @@ inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
     b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
     b.rq = io.rq, b.rk = io.rk, b.dbeta32 = io.dbeta32;
     b.l2q = io.l2q ? &io.l2q->x : nullptr, b.l2k = io.l2k ? &io.l2k->x : nullptr;
-    b.l2rq = io.l2rq, b.l2rk = io.l2rk, b.l2eps = io.l2eps, b.qraw = io.qraw;
+    b.l2rq = io.l2rq, b.l2rk = io.l2rk, b.l2eps = io.l2eps;
     return b;
 }
 

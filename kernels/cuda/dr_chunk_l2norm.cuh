@@ -63,25 +63,6 @@ __device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float ep
     }
 }
 
-/* The normalised rows again from the raw ones and their 1/|x| (the backward of a forward that
- * normalised q as it loaded it and kept only r: Io::qraw): the first L rows of a shared-memory tile
- * [64][K] (row stride ld), x <- round(x r_i), r_i = r[i ldr], by NTH threads (tid among them), 8
- * values a thread at a time.  The same product rounded the same way as l2norm_row's y (and the
- * norm's kernel's): the same bits.  Barriers before and after are the caller's. */
-template <int K, bool F16, int NTH>
-__device__ __forceinline__ void l2scale_tile(uint16_t *s, int ld, int L, const float *r, int64_t ldr, int tid) {
-    constexpr int V8 = K / 8;
-    for (int e = tid; e < L * V8; e += NTH) {
-        const int i = e / V8, c = (e % V8) * 8;
-        const float ri = r[i * ldr];
-        Row16<8> *p = (Row16<8> *)(s + i * ld + c);
-        Row16<8> u = *p;
-#pragma unroll
-        for (int w = 0; w < 8; w++) u.h[w] = F16 ? f2h(h2f(u.h[w]) * ri) : f2bf(bf2f(u.h[w]) * ri);
-        *p = u;
-    }
-}
-
 } // namespace drc
 
 #endif

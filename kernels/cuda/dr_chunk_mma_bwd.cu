@@ -21,7 +21,6 @@
  * dW stay split. */
 #include <type_traits>
 
-#include "kernels/cuda/dr_chunk_l2norm.cuh"
 #include "kernels/cuda/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -84,7 +83,7 @@ template <int K, int BV> struct DhuWsSmem {
 template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(2 * FNT, 1)
     b_dhu_ws(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
-             float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl, const float *qr) {
+             float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     static_assert(Plain<GATE>::W, "the chain loads W plain");
     using L_ = DhuWsSmem<K, BV>;
     enum { B_CHAIN = 1, B_MAKER = 2 };
@@ -134,10 +133,6 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             cp_async_commit();
             cp_async_wait_all();
             nsync(B_MAKER, FNT); /* the slot is in; every maker warp is done with the last P */
-            if (qr) { /* q raw (Io::qraw): its normalised rows, round(q r) */
-                l2scale_tile<K, DRC_OPERAND_F16 != 0, FNT>(S.q, K + PAD, x.L, qr + x.r0 * G.H + h, G.H, tid);
-                nsync(B_MAKER, FNT);
-            }
             { /* P (stored [m][i]) */
                 float acc[1][TP::NT][4];
                 acc_zero(acc);
@@ -269,7 +264,6 @@ struct QkArgs {
     float *dg;
     int final_dg;
     const float *rq, *rk; /* with dq, dk direct: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
-    const float *qr;      /* q raw (Io::qraw): its 1/|x| [rows, H], the rows normalised as loaded; else NULL */
 };
 
 /* The L2 norm's backward folded into the store of dq or dk (acc: this thread's accumulator tile of
@@ -364,10 +358,6 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
         cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
         bsync();
-        if (a.qr) { /* q raw (Io::qraw): its normalised rows, round(q r) */
-            l2scale_tile<K, DRC_OPERAND_F16 != 0, NTH>(sQ, K + PAD, L, a.qr + r0 * G.H + h, G.H, tid);
-            bsync();
-        }
         /* S0 -> dS1 in place.  The head gate's trace(S0^T dS1) needs both, so it loads dS1 into
          * registers, adds the trace and stores it over S0, then B; without a gate (no trace: session
          * 11) dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
@@ -660,7 +650,7 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
         constexpr int C = decltype(bv)::value;
         return DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>), G.N * G.HV * (V / C), 2 * FNT,
                           (size_t)(DhuWsSmem<K, C>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
-                          (uint16_t *)a.dVh, (uint16_t *)a.dVl, a.qr);
+                          (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };
     int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
     if (!rc && var.kda_fused) rc = qkwy_launch<K, V, GATE, 0>("dr_chunk mma qkwy", G, a);
@@ -716,7 +706,6 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg, a.final_dg = var.gdn_dg_from_final;
         a.rq = direct ? io.rq : nullptr, a.rk = direct ? io.rk : nullptr;
-        a.qr = io.qraw ? io.rq : nullptr; /* (dr.cu hands q raw only where q is read here alone: grp 1) */
         rc = kept ? 0 : fast_prep_state(p, io, b, var.solve_tril_blocked);
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
         const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16; /* (the norm's backward with the sums) */
