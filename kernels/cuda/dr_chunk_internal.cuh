@@ -186,7 +186,6 @@ __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
 __forceinline__ void cp_async_wait_1() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
-__forceinline__ void griddep_start() {} /* (blocks run one after the other here) */
 #else
 #define DRC_SMEM(type, name)                                                                       \
     extern __shared__ float4 drc_smem_[];                                                          \
@@ -281,16 +280,6 @@ __device__ __forceinline__ int tid_fresh() {
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
     return t;
 }
-/* Programmatic dependent launch (sm_90), for kernels launched with DRC_LAUNCH_PDL: the first thing
- * such a kernel does.  launch_dependents: the next kernel in the stream may begin to launch once
- * every block of this one has passed here (its blocks take the multiprocessors this grid's tail
- * leaves free, and wait); wait: this block waits until the previous kernel in the stream has
- * completed and its memory is visible -- so nothing of this kernel touches global memory before
- * its predecessor is done, and what it saves is the launch gap between dependent kernels. */
-__device__ __forceinline__ void griddep_start() {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
 #endif
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -328,16 +317,14 @@ inline int zero(void *p, size_t n) {
     (dg_cuda_ktime_mark((name), 0),                                                                \
      drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), \
      dg_cuda_ktime_mark((name), 1), 0)
-#define DRC_LAUNCH_PDL DRC_LAUNCH
 #else
 template <typename T> T *scratch(size_t n) { return dg_cuda_scratch<T>(n ? n : 1); }
 inline void release(void *p) { dg_cuda_free(p); }
 inline int upload(void *dst, const void *src, size_t n) { return dg_cuda_memcpy(dst, src, n, 0); }
 inline int zero(void *p, size_t n) { return dg_cuda_memset0(p, n); }
 
-/* pdl: with programmatic dependent launch (DRC_LAUNCH_PDL: the kernel starts with griddep_start) */
 template <typename... P, typename... A>
-int launch(const char *name, bool pdl, void (*kern)(P...), int64_t grid, int nt, size_t smem, A... args) {
+int launch(const char *name, void (*kern)(P...), int64_t grid, int nt, size_t smem, A... args) {
     if (grid <= 0) return 0;
     if (grid > 0x7fffffff) {
         dg_error("%s: grid of %lld blocks is too large", name, (long long)grid);
@@ -353,24 +340,12 @@ int launch(const char *name, bool pdl, void (*kern)(P...), int64_t grid, int nt,
     }
     const bool timed = dg_cuda_ktime_on(); /* a benchmark's per-kernel times (kernel_timer.cu) */
     if (timed) dg_cuda_ktime_mark(name, 0);
-    if (pdl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3((unsigned)nt), cfg.dynamicSmemBytes = smem;
-        cfg.stream = dg_cuda_stream();
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        DG_CU_TRY(cudaLaunchKernelEx(&cfg, kern, ((P)args)...));
-    } else {
-        kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
-    }
+    kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
     const int rc = DG_LAUNCHED(name);
     if (timed) dg_cuda_ktime_mark(name, 1);
     return rc;
 }
-#define DRC_LAUNCH(name, kern, grid, nt, smem, ...) drc::launch(name, false, kern, grid, nt, smem, __VA_ARGS__)
-#define DRC_LAUNCH_PDL(name, kern, grid, nt, smem, ...) drc::launch(name, true, kern, grid, nt, smem, __VA_ARGS__)
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...) drc::launch(name, kern, grid, nt, smem, __VA_ARGS__)
 #endif
 
 /* Validated shapes and the chunk table (host side of a call). */

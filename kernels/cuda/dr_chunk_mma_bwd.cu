@@ -84,7 +84,6 @@ template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(2 * FNT, 1)
     b_dhu_ws(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
              float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
-    griddep_start();
     static_assert(Plain<GATE>::W, "the chain loads W plain");
     using L_ = DhuWsSmem<K, BV>;
     enum { B_CHAIN = 1, B_MAKER = 2 };
@@ -291,7 +290,6 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
 /* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
 template <int K, int V, int GATE, int MODE, int NTH>
 __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
-    griddep_start();
     constexpr int NW = NTH / 32;
     static_assert(NW <= 16, "block_sum's scratch");
     using S_ = QkSmem<K, V, NW>;
@@ -639,7 +637,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
 template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkSmem<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
-    return DRC_LAUNCH_PDL(name, (b_qkwy<K, V, GATE, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G,
+    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G,
                       a);
 }
 
@@ -650,7 +648,7 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
     const Geom &G = p.G;
     const auto dhu = [&](auto bv) { /* bv: std::integral_constant of the value columns a block */
         constexpr int C = decltype(bv)::value;
-        return DRC_LAUNCH_PDL("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>), G.N * G.HV * (V / C), 2 * FNT,
+        return DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>), G.N * G.HV * (V / C), 2 * FNT,
                           (size_t)(DhuWsSmem<K, C>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
                           (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };

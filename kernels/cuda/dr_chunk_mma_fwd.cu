@@ -60,7 +60,6 @@ template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory allows two at K = V = 128) */
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
            FastBufs b, int blocked, int store_ai, L2Rows l2) {
-    griddep_start();
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
@@ -226,7 +225,6 @@ template <int K, int GATE, int BV> constexpr int state_smem() {
 template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(FNT, 2)
     f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
-    griddep_start();
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
     constexpr bool PF = state_prefetch<GATE, BV>(), PFU = state_prefetch_u<GATE, BV>(), VNS = state_vn_in_s<GATE, BV>();
     DRC_SMEM(float, sm);
@@ -373,7 +371,6 @@ template <int V> constexpr int out_cols() { return V; }
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o, L2Rows l2) {
-    griddep_start();
     DRC_SMEM(float, sm);
     constexpr int OB = out_cols<V>(), NVT = V / OB;
     const int HV = G.HV, warp = threadIdx.x >> 5;
@@ -438,22 +435,22 @@ int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int b
                       state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 && OutSmem<K, out_cols<V>()>::bytes + 1024 <= SMEM_MAX / 2,
                   "shared memory (the state pass and out: two blocks per SM)");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH_PDL("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
+    int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
                         (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
                         b.Ai ? 1 : 0, L2Rows{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr});
     const uint16_t *kn = io.l2k ? io.l2k : io.k; /* what the later kernels read */
     if (!rc && state_bv(G) == 32)
-        rc = DRC_LAUNCH_PDL("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
+        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
                         (size_t)(state_smem<K, GATE, 32>()), G, kn, b, io.h0, io.hT);
     else if (!rc)
-        rc = DRC_LAUNCH_PDL("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
+        rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, BV>), G.N * G.HV * (V / BV), FNT,
                         (size_t)(state_smem<K, GATE, BV>()), G, kn, b, io.h0, io.hT);
     return rc;
 }
 
 template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b) {
     const Geom &G = p.G;
-    return DRC_LAUNCH_PDL("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / out_cols<V>()), FNT,
+    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / out_cols<V>()), FNT,
                       (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q, io.l2k ? io.l2k : io.k, b, io.o,
                       L2Rows{io.l2q, io.l2rq, io.l2eps, io.l2k != nullptr});
 }
