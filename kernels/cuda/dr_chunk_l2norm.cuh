@@ -44,10 +44,10 @@ __device__ __forceinline__ void l2norm_row(const uint16_t *x, uint16_t *ys, uint
 
 /* The rows of a shared-memory tile [64][K] (row stride ld) normalised in place by the block's NTH
  * threads, 64 / (NTH / 32) rows a warp, all of a warp's rows at once (unrolled, no branch: their
- * loads, shuffles and square roots overlap).  Rows >= L must hold zeros (the loads zero-fill
- * them): they stay zeros.  Where non-NULL, rows i < L also go to yg + i ldg (8 bytes a lane) and
- * their r to rg[i ldr] (the caller passes NULLs in the blocks that should not write: another
- * value head of the same key head writes the same rows).
+ * loads, shuffles and square roots overlap; one row after the other, f_prep and f_out waited
+ * ~1.3 us a block).  Rows >= L must hold zeros (the loads zero-fill them): they stay zeros.  With
+ * yg non-NULL rows i < L also go to yg + i ldg and r to rg[i ldr] (the caller passes NULLs in the
+ * blocks that should not write: another value head of the same key head writes the same rows).
  * The caller puts barriers before (the tile loaded) and after. */
 template <int K, bool F16, int NTH>
 __device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float eps, uint16_t *yg, int64_t ldg,
@@ -58,7 +58,8 @@ __device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float ep
     for (int j = 0; j < RW; j++) {
         const int i = w + j * (NTH / 32);
         uint16_t *row = s + i * ld;
-        l2norm_row<K, F16>(row, row, yg && i < L ? yg + i * ldg : nullptr, rg && i < L ? rg + i * ldr : nullptr, eps);
+        const bool out = yg && i < L;
+        l2norm_row<K, F16>(row, row, out ? yg + i * ldg : nullptr, out && rg ? rg + i * ldr : nullptr, eps);
     }
 }
 

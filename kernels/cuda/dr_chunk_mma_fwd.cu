@@ -37,27 +37,15 @@ struct L2Rows {
 };
 
 /* rows r0 .. r0 + L - 1 of the tile at s (row stride K + PAD), key head h, normalised in place
- * (between barriers: the caller's before, this one's after) where l2.on; 1/|x| stored here, the
- * rows by l2norm_rows_out at the block's end */
+ * (between barriers: the caller's before, this one's after) where l2.on */
 template <int K>
 __device__ __forceinline__ void l2norm_tile_on(const L2Rows &l2, const Geom &G, uint16_t *s, int64_t r0, int L, int hv) {
     if (!l2.on) return;
+    const int h = hv / G.grp;
     const bool w = hv % G.grp == 0;
-    l2norm_tile<K, DRC_OPERAND_F16 != 0, FNT>(s, K + PAD, L, l2.eps, nullptr, 0,
-                                             w && l2.r ? l2.r + r0 * G.H + hv / G.grp : nullptr, G.H);
+    l2norm_tile<K, DRC_OPERAND_F16 != 0, FNT>(s, K + PAD, L, l2.eps, w && l2.y ? l2.y + (r0 * G.H + h) * K : nullptr,
+                                             (int64_t)G.H * K, w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
     bsync();
-}
-/* the normalised rows of that tile to l2.y, as 16-byte vectors, once the block is done with its
- * products (stored from the pass itself, 8 bytes a lane, they went out among the block's loads) */
-template <int K>
-__device__ __forceinline__ void l2norm_rows_out(const L2Rows &l2, const Geom &G, const uint16_t *s, int64_t r0, int L,
-                                                int hv) {
-    if (!l2.on || !l2.y || hv % G.grp) return;
-    uint16_t *y = l2.y + (r0 * G.H + hv / G.grp) * K;
-    for (int e = threadIdx.x; e < L * (K / 8); e += FNT) {
-        const int r = e / (K / 8), c8 = (e % (K / 8)) * 8;
-        *(uint4 *)(y + (int64_t)r * G.H * K + c8) = *(const uint4 *)(s + r * (K + PAD) + c8);
-    }
 }
 
 static_assert(LDF == TRI_LD, "the layout of tri_inv (dr_chunk_tri_inv.cuh)");
@@ -205,7 +193,6 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
                 *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
         }
     }
-    l2norm_rows_out<K>(l2, G, sK, r0, L, hv); /* (sK: read only since its normalisation) */
 }
 
 /* a pair (col, col+1) of U as f_state holds it: f32, or two bf16 when plain (converted where used) */
@@ -440,7 +427,6 @@ __global__ void __launch_bounds__(FNT, 2)
             if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
         });
     }
-    if (v0 == 0) l2norm_rows_out<K>(l2, G, sQ, r0, L, hv); /* (sQ: read only since its normalisation) */
 }
 
 template <int K, int V, int GATE>
