@@ -168,6 +168,12 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     const Sp sdS{(uint16_t *)(own + NW * L_::W), K * (BV + PAD)};
     const Sp sX{(uint16_t *)(own + NW * L_::W + L_::DS), 64 * (BV + PAD)};
     const Sp sN{(uint16_t *)(own + NW * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
+    /* dV' to memory: at 64 columns (S1) from -dV' in sN at the step's end, 16-byte rows with the
+     * sign bits flipped back (split2 is odd: the values put_pair_global would store, a lo word of
+     * exactly zero coming back as -0);
+     * at 32 (S2, 128 steps a chain) pair by pair from the fragments, which was faster there
+     * (session 13: S2 dhu 0.586 -> 0.618 with the rows) */
+    constexpr bool DV_ROWS = BV == 64;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
     float dS[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
                     const float e = GATE == DG_GATE_HEAD ? S.g[128 + i] : 1.0f;
                     const float x0 = d[(nt * 4 + 2 * hh) * 32 + lane] + e * a2[0][nt][2 * hh];
                     const float x1 = d[(nt * 4 + 2 * hh + 1) * 32 + lane] + e * a2[0][nt][2 * hh + 1];
-                    if (i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
+                    if (!DV_ROWS && i < L) put_pair_global<true>(dVh, dVl, ((r0 + i) * HV + hv) * V + v0 + j, x0, x1);
                     nv[0][nt][2 * hh] = -x0, nv[0][nt][2 * hh + 1] = -x1;
                 }
         }
@@ -225,6 +231,16 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         nsync(B_CHAIN, FNT);
         mma_p<1, TS::NT, true, true, false, true>(dS, Sp{w, 0}, K + PAD, sm0, sN, BV + PAD, sn0, 64); /* - W^T dV' */
+        if (DV_ROWS) /* (sN is written again after two barriers of the next step) */
+            for (int e = tid; e < L * (BV / 8); e += FNT) {
+                const int r = e / (BV / 8), c8 = (e % (BV / 8)) * 8;
+                const int64_t go = ((r0 + r) * HV + hv) * V + v0 + c8;
+                uint4 h = *(const uint4 *)(sN.hi + r * (BV + PAD) + c8), l = *(const uint4 *)(sN.lo() + r * (BV + PAD) + c8);
+                h.x ^= 0x80008000u, h.y ^= 0x80008000u, h.z ^= 0x80008000u, h.w ^= 0x80008000u;
+                l.x ^= 0x80008000u, l.y ^= 0x80008000u, l.z ^= 0x80008000u, l.w ^= 0x80008000u;
+                *(uint4 *)(dVh + go) = h;
+                *(uint4 *)(dVl + go) = l;
+            }
     }
     if (dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
 }
