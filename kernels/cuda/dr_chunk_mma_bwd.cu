@@ -170,16 +170,11 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     const Sp sN{(uint16_t *)(own + NW * L_::W + L_::DS + L_::XN), 64 * (BV + PAD)};
     /* dV' to memory: at 64 columns (S1) from -dV' in sN at the step's end, 16-byte rows with the
      * sign bits flipped back (split2 is odd: the values put_pair_global would store, a lo word of
-     * exactly zero coming back as -0);
-     * at 32 (S2, 128 steps a chain) pair by pair from the fragments, which was faster there
-     * (session 13: S2 dhu 0.586 -> 0.618 with the rows) */
-#ifndef DRC_DV_ROWS32
-#define DRC_DV_ROWS32 0
-#endif
-#ifndef DRC_DS_LATE
-#define DRC_DS_LATE 0
-#endif
-    constexpr bool DV_ROWS = BV == 64 || DRC_DV_ROWS32;
+     * exactly zero coming back as -0): off the chain's path between K dS and the next barrier
+     * (H100, S1: dhu 0.418 -> 0.379 ms).  At 32 (S2, 128 steps a chain) pair by pair from the
+     * fragments: the rows there were no faster (session 14: GDN S2 2.41-2.44 -> 2.45-2.46;
+     * session 13, placed mid-step: slower), nor was dS stored after Q^T X instead */
+    constexpr bool DV_ROWS = BV == 64;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
     float dS[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
@@ -204,10 +199,8 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             load_raw_async<64, K>(w, wg, (int64_t)HV * K, L);
             cp_async_commit();
         }
-        if (!DRC_DS_LATE) {
-            store_raw<K, BV>(dSh + sb, V, sdS.hi);
-            store_raw<K, BV>(dSl + sb, V, sdS.lo());
-        }
+        store_raw<K, BV>(dSh + sb, V, sdS.hi);
+        store_raw<K, BV>(dSl + sb, V, sdS.lo());
         float nv[1][TV::NT][4]; /* -dV' (this thread's fragment) */
         {                       /* dV' = dVl + e^{G_last - G} o (K dS), stored */
             float a2[1][TV::NT][4];
@@ -235,10 +228,6 @@ __global__ void __launch_bounds__(2 * FNT, 1)
         nsync(B_CHAIN, FNT);
         mma_rs<1, TS::NT, true, true>(dS, S.q, K + PAD, sm0, sX, BV + PAD, sn0, 64); /* + Q^T X */
         mbar_arrive(empty + s); /* this thread's last read of the slot */
-        if (DRC_DS_LATE) { /* (sdS is written again after the next barrier's successor) */
-            store_raw<K, BV>(dSh + sb, V, sdS.hi);
-            store_raw<K, BV>(dSl + sb, V, sdS.lo());
-        }
         cp_async_wait_all();    /* W */
         frag_pairs(nv, vm0, vn0, [&](int i, int j, float x0, float x1) { put_split2(sN, BV + PAD, i, j, x0, x1); });
         nsync(B_CHAIN, FNT);
