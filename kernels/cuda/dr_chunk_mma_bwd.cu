@@ -66,8 +66,9 @@ template <int K, int BV> struct DhuWsSmem {
  *   chain (warps 0-7), per chunk c in reverse, the dependent recurrence:
  *        dV' = dVl + e^{G_last - G} o (K dS);   dS <- e^{G_last} dS + Q^T X - W^T dV',
  *        X = scale e^G o dO
- * The chain loads W itself (cp.async, waited for before W^T dV'), stores dV' before it makes X,
- * and so waits for no load and makes no P: three barriers of its 256 threads a step against
+ * The chain loads W itself (cp.async, waited for before W^T dV'), stores dV' (at 32 columns before
+ * it makes X; at 64 as rows after the step's last product, DV_ROWS below), and so waits for no
+ * load and makes no P: three barriers of its 256 threads a step against
  * b_dhu's six of the whole block.  H100, head gate (ncu): S2 725 us against b_dhu's 940; S1 (64
  * columns, 256 blocks in two waves) 549 against b_dhu's 591 at two blocks per SM (32 columns at
  * S1, 512 blocks in four waves, were slower: delta_rule 705 against 510).  Measured at S2 and
