@@ -89,6 +89,13 @@ static void *dput(const void *host, int64_t n, size_t esz) {
     if (!host) free(p);
     return d;
 }
+/* A device buffer's bytes back on the host (caller frees) */
+static void *dget(const void *dev, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    if (bytes) assert_int_equal(dg_cuda_memcpy(h, dev, bytes, 1), 0);
+    return h;
+}
+
 /* device copy of a double array as f32 (S_F32), bf16 bits (S_BF16) or fp16 bits (S_F16) */
 static void *dput_as(const double *x, int64_t n, int st) {
     if (!x) return NULL;
@@ -620,13 +627,6 @@ static void test_dr_chunk_l2_fold(void **state) {
             check(what, &got, &ref, st == S_BF16 ? 5e-3 : f16_mma(c) ? F16_MMA_TOL : F16_TOL);
             res_free(&ref), res_free(&got), data_free(&d);
         }
-}
-
-/* A device buffer's bytes back on the host (caller frees) */
-static void *dget(const void *dev, size_t bytes) {
-    void *h = malloc(bytes ? bytes : 1);
-    if (bytes) assert_int_equal(dg_cuda_memcpy(h, dev, bytes, 1), 0);
-    return h;
 }
 
 /* The forward with the L2 norm in it (dg_cuda_dr_chunk_fwd_l2_*): where the tensor-core kernels

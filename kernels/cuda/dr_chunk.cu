@@ -281,10 +281,6 @@ static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
     return rc;
 }
 
-/* T: float (the generic kernels), uint16_t (bf16 bits) or f16bits (fp16 bits): the tensor-core
- * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
- * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
- * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing) */
 #ifdef DRC_EMU
 /* The host emulation has no dr_pieces.cu: the norm's rows there go through l2norm_row, which makes
  * the bits of the norm's kernel (dr_l2norm_row.cuh) */
@@ -329,6 +325,11 @@ static int fwd_l2_first(const char *who, const dg_dr_shape *s, const Plan &p, co
     return rc;
 }
 
+/* T: float (the generic kernels), uint16_t (bf16 bits) or f16bits (fp16 bits): the tensor-core
+ * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
+ * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
+ * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing);
+ * l2 (16-bit only; may be NULL): q, k are raw rows, normalised here (L2Req) */
 template <typename T>
 static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
                const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep,

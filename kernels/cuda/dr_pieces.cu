@@ -145,13 +145,13 @@ __global__ void l2norm16_bwd_kernel(int64_t N, int64_t D, const H *x, const floa
 template <int E> struct VecE;
 template <> struct VecE<4> { using type = uint2; };
 template <> struct VecE<2> { using type = uint32_t; };
-template <typename H, int E> __device__ __forceinline__ void ld4(const H *p, float *v) {
+template <typename H, int E> __device__ __forceinline__ void ld_vec(const H *p, float *v) {
     const typename VecE<E>::type u = *reinterpret_cast<const typename VecE<E>::type *>(p);
     const H *h = reinterpret_cast<const H *>(&u);
 #pragma unroll
     for (int i = 0; i < E; i++) v[i] = ld16(h + i);
 }
-template <typename H, int E> __device__ __forceinline__ void st4(H *p, const float *v) {
+template <typename H, int E> __device__ __forceinline__ void st_vec(H *p, const float *v) {
     typename VecE<E>::type u;
     H *h = reinterpret_cast<H *>(&u);
 #pragma unroll
@@ -168,13 +168,13 @@ __global__ void l2norm16_fwd_vec_kernel(int64_t N, const H *x, float eps, H *y, 
         const int64_t o = row * D + E * lane;
         float v[NV * E];
 #pragma unroll
-        for (int j = 0; j < NV; j++) ld4<H, E>(x + o + 32 * E * j, v + E * j);
+        for (int j = 0; j < NV; j++) ld_vec<H, E>(x + o + 32 * E * j, v + E * j);
         const float r = l2_rnorm(v, eps, xor_shfl);
         if (rstd && lane == 0) rstd[row] = r;
 #pragma unroll
         for (int i = 0; i < NV * E; i++) v[i] *= r;
 #pragma unroll
-        for (int j = 0; j < NV; j++) st4<H, E>(y + o + 32 * E * j, v + E * j);
+        for (int j = 0; j < NV; j++) st_vec<H, E>(y + o + 32 * E * j, v + E * j);
     }
 }
 
@@ -187,8 +187,8 @@ __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd
         float xv[NV][4], gv[NV][4], dot = 0;
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            ld4<H, 4>(x + o + 128 * j, xv[j]);
-            ld4<H, 4>(dy + o + 128 * j, gv[j]);
+            ld_vec<H, 4>(x + o + 128 * j, xv[j]);
+            ld_vec<H, 4>(dy + o + 128 * j, gv[j]);
 #pragma unroll
             for (int i = 0; i < 4; i++) dot += gv[j][i] * xv[j][i];
         }
@@ -197,7 +197,7 @@ __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd
         for (int j = 0; j < NV; j++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) gv[j][i] = r * (gv[j][i] - xv[j][i] * c);
-            st4<H, 4>(dx + o + 128 * j, gv[j]);
+            st_vec<H, 4>(dx + o + 128 * j, gv[j]);
         }
     }
 }
