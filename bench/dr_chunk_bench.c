@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "kernels/cpu/delta_rule.h"
+#include "kernels/cpu/delta/delta_rule.h"
 
 static double now(void) {
     struct timespec t;

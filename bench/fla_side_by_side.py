@@ -37,7 +37,7 @@ import sys
 import time
 
 # B, T, H, K, V.  S1-S3: the table (the default); S4 (with --shapes S4): FLA's layer default
-# V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/dr_chunk_vsplit.cu)
+# V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu)
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256)}
 DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16"}

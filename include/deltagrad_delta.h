@@ -16,7 +16,7 @@
  * dtypes: f32 or f64 on the CPU; on CUDA f32, or 16-bit storage -- q, k, v, beta (and o and their
  * gradients) bf16 or f16, all four the same, with g, the states, A_log and dt_bias f32 (f32
  * arithmetic inside; tensor cores with 16-bit operands where the shape allows, f32 accumulation).
- * kda in f16 runs the generic kernels (kernels/cuda/dr_chunk_cuda.h says why). */
+ * kda in f16 runs the generic kernels (kernels/cuda/delta/dr_chunk_cuda.h says why). */
 #ifndef DELTAGRAD_DELTA_H
 #define DELTAGRAD_DELTA_H
 

@@ -11,6 +11,6 @@ DG_OP(reshape) DG_OP(permute) DG_OP(slice) DG_OP(expand) DG_OP(cat) DG_OP(contig
 /* network pieces (ops/nn_*.c) */
 DG_OP(linear) DG_OP(embedding) DG_OP(rms_norm) DG_OP(gated_rms_norm) DG_OP(l2norm) DG_OP(conv1d)
 DG_OP(swiglu) DG_OP(cross_entropy)
-/* the delta-rule family (ops/delta_*.c, ops/gate.c, ops/chunk_*.c) */
+/* the delta-rule family (ops/delta/) */
 DG_OP(delta_rule) DG_OP(gated_delta_rule) DG_OP(kda) DG_OP(gdn_gate) DG_OP(kda_gate)
 DG_OP(chunk_local_cumsum) DG_OP(chunk_scaled_dot_kkt) DG_OP(solve_tril)

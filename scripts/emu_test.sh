@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a chunked-kernel CUDA test program on the CPU, the kernels executed by the host emulation
-# (kernels/cuda/dr_chunk_emu.h: every CUDA thread a fiber, barriers, warp collectives, ldmatrix
+# (kernels/cuda/delta/dr_chunk_emu.h: every CUDA thread a fiber, barriers, warp collectives, ldmatrix
 # and mma.sync emulated; shared memory and scratch filled with NaN before use, so a read of
 # anything unwritten shows up).  For debugging kernels without a GPU; slow (minutes for the
 # whole program): select tests by name with DG_TEST_FILTER.
@@ -21,16 +21,16 @@ mkdir -p "$out"
 cu=(dr_chunk dr_chunk_generic dr_chunk_mma_fwd dr_chunk_mma_bwd dr_chunk_mma_fwd_f16 dr_chunk_mma_bwd_f16
     dr_chunk_kda_mma_fwd dr_chunk_kda_mma_bwd dr_chunk_vsplit dr_chunk_heads)
 flags=(-std=c++17 -O2 -g -DDRC_EMU -DDG_HAVE_CUDA -I. -Iinclude -w)
-newest_header=$(ls -t kernels/cuda/*.cuh kernels/cuda/*.h core/*.h | head -1)
+newest_header=$(ls -t kernels/cuda/delta/*.cuh kernels/cuda/delta/*.h kernels/cuda/*.h core/*.h | head -1)
 objs=()
 pids=()
 for f in "${cu[@]}"; do
   o=$out/$f.o
   objs+=("$o")
-  if [ ! -f "$o" ] || [ "kernels/cuda/$f.cu" -nt "$o" ] || [ "$newest_header" -nt "$o" ] ||
-     { [[ $f == *_f16 ]] && [ "kernels/cuda/${f%_f16}.cu" -nt "$o" ]; }; then
+  if [ ! -f "$o" ] || [ "kernels/cuda/delta/$f.cu" -nt "$o" ] || [ "$newest_header" -nt "$o" ] ||
+     { [[ $f == *_f16 ]] && [ "kernels/cuda/delta/${f%_f16}.cu" -nt "$o" ]; }; then
     echo "emu_test: g++ kernels/cuda/$f.cu"
-    g++ -x c++ "${flags[@]}" -c "kernels/cuda/$f.cu" -o "$o" &
+    g++ -x c++ "${flags[@]}" -c "kernels/cuda/delta/$f.cu" -o "$o" &
     pids+=($!)
     if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
   fi

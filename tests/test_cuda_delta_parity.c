@@ -19,7 +19,7 @@
  * larger shapes.  Every test skips where no GPU is present. */
 #include "tests/support/cuda_parity.h"
 
-#include "ops/delta_common.h"
+#include "ops/delta/delta_common.h"
 
 static const char *const family[] = {"delta_rule", "gated_delta_rule",     "kda",       "gdn_gate",          "kda_gate",
                                      "chunk_local_cumsum", "chunk_scaled_dot_kkt", "solve_tril"};

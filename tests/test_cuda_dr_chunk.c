@@ -1,5 +1,5 @@
-/* The chunked delta-rule CUDA kernels (kernels/cuda/dr_chunk_cuda.h) against the CPU kernels on
- * the same random inputs (kernels/cpu/delta_rule.h):
+/* The chunked delta-rule CUDA kernels (kernels/cuda/delta/dr_chunk_cuda.h) against the CPU kernels on
+ * the same random inputs (kernels/cpu/delta/delta_rule.h):
  *  - f32: forward (o, hT) and every gradient against the f64 recurrence, relative error norm
  *    ||x - ref|| / ||ref|| <= 1e-5; the CPU f32 chunked kernel's own error is printed beside it;
  *  - bf16 storage (q, k, v, beta, o, dout and their gradients; f32 gates and states): against the
@@ -10,7 +10,7 @@
  *    <= F16_MMA_TOL on the tensor-core ones (gate NONE or HEAD at their shapes), the two paths
  *    against each other, and KDA in fp16 the same bits as the generic path forced;
  *  - value heads of V = 192, 256, 320 on the tensor-core kernels as 3, 2, 5 heads of 64 or 128
- *    columns (kernels/cuda/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
+ *    columns (kernels/cuda/delta/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -39,9 +39,9 @@
 #ifdef DG_HAVE_CUDA
 #include "core/f16.h"
 #include "core/internal.h"
-#include "kernels/cpu/delta_rule.h"
+#include "kernels/cpu/delta/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/dr_chunk_cuda.h"
+#include "kernels/cuda/delta/dr_chunk_cuda.h"
 
 /* ---- host helpers ---- */
 static uint64_t rs = 0x2545F4914F6CDD1Dull;
@@ -417,7 +417,7 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
 }
 
 /* Value heads wider than the tensor-core kernels take (V = R Vs, Vs in {64, 128}: R heads of Vs
- * columns on those kernels, kernels/cuda/dr_chunk_vsplit.cu): against the f64 recurrence, the
+ * columns on those kernels, kernels/cuda/delta/dr_chunk_vsplit.cu): against the f64 recurrence, the
  * first two against the generic kernels forced too, and the launches show that the split and the
  * tensor-core kernels ran (not the generic ones). */
 static const cfg vsplit_cases[] = {

@@ -1,6 +1,6 @@
-/* The kda tensor-core path of the chunked delta-rule CUDA kernels (kernels/cuda/dr_chunk_kda.cuh:
+/* The kda tensor-core path of the chunked delta-rule CUDA kernels (kernels/cuda/delta/dr_chunk_kda.cuh:
  * per-channel gate, bf16 storage, chunk 64, K and V in {64, 128}) against the f64 recurrence of
- * the CPU kernels (kernels/cpu/delta_rule.h) on the same bf16-rounded inputs:
+ * the CPU kernels (kernels/cpu/delta/delta_rule.h) on the same bf16-rounded inputs:
  *  - output, final state and every gradient: relative error norm ||x - ref|| / ||ref|| <= 5e-3;
  *  - the fused backward (var 111) and the unfused one (var 101) both against the reference and
  *    against each other; the tensor-core path against the generic kernels (force_generic);
@@ -29,9 +29,9 @@
 
 #ifdef DG_HAVE_CUDA
 #include "core/internal.h"
-#include "kernels/cpu/delta_rule.h"
+#include "kernels/cpu/delta/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/dr_chunk_cuda.h"
+#include "kernels/cuda/delta/dr_chunk_cuda.h"
 
 static uint64_t seed = 0x9E3779B97F4A7C15ull;
 static double unif(double lo, double hi) { return lo + (hi - lo) * dg_test_xorshift(&seed); }

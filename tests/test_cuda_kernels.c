@@ -7,7 +7,7 @@
  *    relative error norm <= 1e-5 in f32 (1e-12 in f64);
  *  - the delta-rule recurrence, forward and every gradient, each gate kind, grouped value heads,
  *    varlen with an empty sequence, h0/hT present or absent, K up to 200, several recompute
- *    stretches: against the CPU kernels (kernels/cpu/dr_recurrent*.c) in f64 and f32, relative
+ *    stretches: against the CPU kernels (kernels/cpu/delta/dr_recurrent*.c) in f64 and f32, relative
  *    error norm <= 1e-4; bf16 storage against the f64 CPU kernel on the same rounded inputs,
  *    <= 5e-3 for bf16 outputs; the backward run twice gives identical bits;
  *  - the delta ops' 16-bit L2 norm (bf16, f16; scalar and vector kernels) against f64.
@@ -30,9 +30,9 @@
 #ifdef DG_HAVE_CUDA
 #include "core/f16.h"
 #include "core/internal.h"
-#include "kernels/cpu/delta_rule.h"
+#include "kernels/cpu/delta/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/dr_pieces_cuda.h"
+#include "kernels/cuda/delta/dr_pieces_cuda.h"
 
 /* ---- host helpers ---- */
 static uint64_t rs = 0x9E3779B97F4A7C15ull;

@@ -12,7 +12,7 @@
  *  - bad inputs: each a NULL result and a message naming op, argument and shapes. */
 #include "tests/support/test_support.h"
 
-#include "ops/delta_common.h"
+#include "ops/delta/delta_common.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -308,7 +308,7 @@ static void test_l2norm_fused_vs_separate(void **st) {
 }
 
 /* The forward keeps the fused preprocessing's results (the normalised q, k, their 1/|x|, the gate)
- * for the backward unless recompute_in_backward (ops/delta_common.c, SAVED_*): both ways give the
+ * for the backward unless recompute_in_backward (ops/delta/delta_common.c, SAVED_*): both ways give the
  * same bits, for every input's gradient, with both fusions on. */
 static void check_keep_vs_recompute(dg_delta_algorithm algo) {
     dg_scope_begin();
@@ -352,7 +352,7 @@ static void test_keep_vs_recompute(void **st) {
 
 /* ---- choosing the backward variant ------------------------------------------------------------- */
 
-/* Each op's variant table (ops/delta_common.h) is its registry entries: the same names in the same
+/* Each op's variant table (ops/delta/delta_common.h) is its registry entries: the same names in the same
  * order, specs whose algorithm matches the name (recurrent last), a CUDA default that is a chunked
  * variant; the benchmark times from the table, the ops run the registry. */
 static void test_variant_tables(void **state) {

@@ -1,4 +1,4 @@
-/* The chunked (WY-form) delta-rule kernels (kernels/cpu/dr_chunk_*.c) and their pieces
+/* The chunked (WY-form) delta-rule kernels (kernels/cpu/delta/dr_chunk_*.c) and their pieces
  * (kernels/cpu/chunk_pieces_*.c), on raw arrays:
  *  - f64 forward and every gradient against a naive token-by-token recurrence with a hand-derived
  *    backward written independently here (relative error <= 1e-10), for each gate kind, grouped
@@ -24,8 +24,8 @@
 
 #include "deltagrad.h"
 #include "tests/support/test_support.h"
-#include "kernels/cpu/chunk_pieces.h"
-#include "kernels/cpu/delta_rule.h"
+#include "kernels/cpu/delta/chunk_pieces.h"
+#include "kernels/cpu/delta/delta_rule.h"
 
 /* ---- deterministic generator ---- */
 static uint64_t rs = 0x9E3779B97F4A7C15ull;

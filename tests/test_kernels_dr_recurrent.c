@@ -1,5 +1,5 @@
-/* The token-by-token delta-rule kernels (kernels/cpu/dr_recurrent*.c) and the gate kernels
- * (kernels/cpu/gate.c) on raw arrays:
+/* The token-by-token delta-rule kernels (kernels/cpu/delta/dr_recurrent*.c) and the gate kernels
+ * (kernels/cpu/delta/gate.c) on raw arrays:
  *  - the forward against a naive matrix-form recurrence written independently here;
  *  - every gradient of the hand-written backward against central finite differences in f64, for
  *    each gate kind, grouped value heads, varlen (with an empty sequence), h0/hT present or not, T=1,
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu/delta_rule.h"
-#include "kernels/cpu/gate.h"
+#include "kernels/cpu/delta/delta_rule.h"
+#include "kernels/cpu/delta/gate.h"
 #include "tests/support/test_support.h"
 
 /* ---- small deterministic generator (independent of the runtime) ---- */

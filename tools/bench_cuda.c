@@ -11,7 +11,7 @@
  * that FLA and these kernels run on the same numbers).
  *
  * What one timed call is.  The kernels are called through the ops' kernel dispatch
- * (ops/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
+ * (ops/delta/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
  * way the ops call them with use_qk_l2norm_in_kernel, so every time below includes the L2 norm of
  * the raw q and k: the tensor-core forward of gate NONE and HEAD takes it in its loads
  * (dg_cuda_dr_chunk_fwd_l2_*, session 14), the other paths run the norm's kernel first (the row
@@ -24,7 +24,7 @@
  *             record for autograd, the forward keeps its working set (W, U, the states, V', the
  *             inverse; dr_chunk_cuda.h) for the backward, which then does not recompute it; the
  *             row "recompute in bwd" times the other way (FLA's: the backward recomputes)
- * Norm and kernels are called through the ops' own dispatch (ops/delta_kernels.c: the 16-bit row
+ * Norm and kernels are called through the ops' own dispatch (ops/delta/delta_kernels.c: the 16-bit row
  * kernel of the norm, the chunked or recurrent entry points).  The norm's own fwd+bwd time is
  * printed beside each case.
  *
@@ -82,9 +82,9 @@ int dg_bench_cuda(int argc, char **argv) {
 #include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/dr_chunk_cuda.h"
+#include "kernels/cuda/delta/dr_chunk_cuda.h"
 #include "models/safetensors.h"
-#include "ops/delta_common.h"
+#include "ops/delta/delta_common.h"
 
 cudaStream_t dg_cuda_stream(void); /* kernels/cuda/runtime.cu */
 
@@ -492,7 +492,7 @@ static rec recs[MAX_RECS];
 static int n_recs;
 static double ceil_tflops = NAN, ceil_gbs = NAN;
 
-/* the op's backward variants as its op file declares them (ops/delta_common.h: the registry's
+/* the op's backward variants as its op file declares them (ops/delta/delta_common.h: the registry's
  * entries run the same specs): the default on CUDA, and the other chunked ones */
 static const dg_delta_variant *default_variant(const char *op) {
     const dg_delta_variants *t = dg_delta_variants_of(op);

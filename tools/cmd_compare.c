@@ -12,7 +12,7 @@
  * gradients flow in through both outputs.  For each gradient: max abs error and relative error
  * norm ||x - ref|| / ||ref||; per path: forward and backward milliseconds and peak host memory. */
 #include "autograd/autograd.h"
-#include "ops/delta_common.h"
+#include "ops/delta/delta_common.h"
 #include "tools/commands.h"
 
 #ifdef DG_HAVE_CUDA

@@ -24,7 +24,7 @@
 extern "C" {
 #endif
 
-#include "kernels/cpu/delta_rule.h" /* dg_dr_shape, dg_gate_kind (C declarations) */
+#include "kernels/cpu/delta/delta_rule.h" /* dg_dr_shape, dg_gate_kind (C declarations) */
 
 /* ---- runtime (runtime.cu); the allocation hooks themselves are declared in core/internal.h ---- */
 int dg_cuda_init(void);        /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
@@ -128,7 +128,7 @@ int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int6
                  int64_t stride_c, int64_t batch);
 
 /* ---- the delta-rule family, token-by-token recurrence (dr_recurrent.cu) ---------------------- */
-/* Same semantics and layout as the CPU kernels in kernels/cpu/delta_rule.h (read it first):
+/* Same semantics and layout as the CPU kernels in kernels/cpu/delta/delta_rule.h (read it first):
  * q, k [B,T,H,K]; v, o [B,T,HV,V]; beta [B,T,HV]; g NULL | [B,T,HV] | [B,T,HV,K] after s->gate;
  * h0, hT [N,HV,K,V]; value head hv reads query/key head hv / (HV/H).  Every pointer is a device
  * pointer except s->cu_seqlens, which is the same host array the CPU kernels take (it is

@@ -1,6 +1,0 @@
-/* The chunked (WY-form) delta-rule kernels in float: dg_dr_chunk_fwd_f32, dg_dr_chunk_bwd_f32
- * (declared in delta_rule.h).  The bodies are written once in dr_chunk_*_impl.h. */
-#define DR_F32 1
-#include "kernels/cpu/dr_chunk_math.h"
-#include "kernels/cpu/dr_chunk_fwd_impl.h"
-#include "kernels/cpu/dr_chunk_bwd_impl.h"

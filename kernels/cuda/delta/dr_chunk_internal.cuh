@@ -1,0 +1,471 @@
+/* Internal to the chunked delta-rule CUDA kernels (dr_chunk*.cu): the chunk geometry, scalar and
+ * warp-level helpers (bf16 conversions, ldmatrix, mma.sync), scratch and launch helpers.  C++.
+ *
+ * Storage types T of q, k, v, beta, o and their gradients: float; uint16_t holding bf16 bits; f16bits
+ * holding IEEE binary16 bits (fp16).  The kernels read and write them through ldx / stx only, which
+ * convert to and from f32 (every kernel computes in f32).
+ *
+ * Built two ways: for the GPU by nvcc (the library), or, with DRC_EMU defined, as plain C++ for the
+ * host emulation in dr_chunk_emu.h (kernels run as host threads; see there), which lets the
+ * kernels be tested on a machine without a GPU.
+ *
+ * Chunks (as in kernels/cpu/delta/chunk_pieces.h): each sequence is cut into chunks of C rows (16, 32,
+ * 64) from its start; the last may be partial (L < C rows).  Without cu_seqlens sequence n is batch
+ * row n and has cps = ceil(T / C) chunks; with cu_seqlens a table (row0, len per chunk; first chunk
+ * per sequence) is built on the host and copied to the device once per call.  A "row" is the
+ * flattened token index b*T + t of the [B,T,...] arrays. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DRC_EMU
+#include "kernels/cuda/delta/dr_chunk_emu.h"
+extern "C" {
+#include "core/internal.h"
+#include "kernels/cpu/delta/delta_rule.h"
+#include "kernels/cuda/cuda_kernels.h" /* the per-kernel timer's marks (tests/emu/cuda_runtime_host.c) */
+}
+#else
+#include "kernels/cuda/cuda_util.h"
+#endif
+#include "kernels/cuda/delta/dr_chunk_cuda.h"
+#include "core/f16.h"
+
+namespace drc {
+
+/* ---- geometry ---- */
+struct Geom {
+    int64_t T;        /* tokens per batch row (the total when cu_seqlens) */
+    int64_t N;        /* sequences */
+    int64_t nchunks;  /* chunks over all sequences */
+    int64_t rows;     /* B*T */
+    int H, HV, grp, K, V, C, gs; /* grp = HV/H; gs = gate values per token and head: 0, 1, K */
+    int gate;         /* dg_gate_kind */
+    int cps;          /* chunks per sequence (batched) */
+    float scale;
+    const int64_t *tab; /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk */
+};
+
+struct Chunk {
+    int64_t r0;
+    int L;
+};
+
+/* chunk j of batch row n (batched: no cu_seqlens) */
+__host__ __device__ __forceinline__ Chunk chunk_in_row(const Geom &G, int64_t n, int64_t j) {
+    Chunk ch;
+    ch.r0 = n * G.T + j * G.C;
+    const int64_t rem = G.T - j * G.C;
+    ch.L = rem < G.C ? (int)rem : G.C;
+    return ch;
+}
+
+__host__ __device__ __forceinline__ Chunk chunk_at(const Geom &G, int64_t c) {
+    if (!G.tab) return chunk_in_row(G, c / G.cps, c % G.cps);
+    Chunk ch;
+    ch.r0 = G.tab[c];
+    ch.L = (int)G.tab[G.nchunks + c];
+    return ch;
+}
+
+/* chunks [c0, c1) of sequence n */
+__host__ __device__ __forceinline__ void seq_chunks(const Geom &G, int64_t n, int64_t &c0, int64_t &c1) {
+    if (G.tab) {
+        c0 = G.tab[2 * G.nchunks + n];
+        c1 = G.tab[2 * G.nchunks + n + 1];
+    } else {
+        c0 = n * G.cps;
+        c1 = c0 + G.cps;
+    }
+}
+
+/* chunk c of sequence n, whose first chunk is c0 (seq_chunks): chunk_at without its 64-bit
+ * division.  The state passes step through a sequence's chunks one after another (128 steps at
+ * S2); chunk_at's c / cps and c % cps on every step were ~10 % of f_state's stall samples there
+ * (ncu source counters, H100, delta_rule S2) */
+__host__ __device__ __forceinline__ Chunk seq_chunk(const Geom &G, int64_t n, int64_t c0, int64_t c) {
+    return G.tab ? chunk_at(G, c) : chunk_in_row(G, n, c - c0);
+}
+
+/* ---- scalars ---- */
+__host__ __device__ __forceinline__ float bf2f(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float((uint32_t)h << 16);
+#else
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+/* round to nearest even (NaN stays NaN) */
+__host__ __device__ __forceinline__ uint16_t f2bf(float f) {
+#if defined(__CUDA_ARCH__)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+/* fp16 storage: IEEE binary16 bits (1 sign, 5 exponent, 10 fraction bits; core/f16.h), wrapped in a
+ * type of its own so that overloads and templates tell it from bf16 bits (uint16_t).  Same size and
+ * alignment as the uint16_t arrays the C entry points take. */
+struct f16bits {
+    uint16_t x;
+};
+/* exact */
+__host__ __device__ __forceinline__ float h2f(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(h));
+#else
+    return dg_f16_to_f32(h);
+#endif
+}
+/* round to nearest even, subnormals kept, |f| >= 65520 to inf, NaN stays NaN */
+__host__ __device__ __forceinline__ uint16_t f2h(float f) {
+#if defined(__CUDA_ARCH__)
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return dg_f16_from_f32(f);
+#endif
+}
+
+/* storage types: float, uint16_t holding bf16 bits, f16bits holding fp16 bits */
+__host__ __device__ __forceinline__ float ldx(const float *p) { return *p; }
+__host__ __device__ __forceinline__ float ldx(const uint16_t *p) { return bf2f(*p); }
+__host__ __device__ __forceinline__ float ldx(const f16bits *p) { return h2f(p->x); }
+__host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
+__host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
+__host__ __device__ __forceinline__ void stx(f16bits *p, float v) { p->x = f2h(v); }
+/* bf16 storage (the tensor-core paths of every gate kind; fp16 has KDA's generic only) */
+template <typename T> struct is_bf16 {
+    static constexpr bool value = false;
+};
+template <> struct is_bf16<uint16_t> {
+    static constexpr bool value = true;
+};
+
+/* ---- block and warp primitives ---- */
+#ifdef DRC_EMU
+#define DRC_SMEM(type, name) type *name = reinterpret_cast<type *>(drc_emu::g_launch->smem.data())
+__forceinline__ void bsync() { drc_emu::syncthreads(); }
+__forceinline__ bool bsync_or(int p) { return drc_emu::syncthreads_or(p) != 0; }
+__forceinline__ void wsync() { drc_emu::syncwarp(); }
+__forceinline__ void nsync(int id, int n) { drc_emu::named_sync(id, n); }
+__forceinline__ void mbar_init(uint64_t *b, int count) { drc_emu::mbar_init(b, count); }
+__forceinline__ void mbar_arrive(uint64_t *b) { drc_emu::mbar_arrive(b); }
+__forceinline__ void mbar_wait(uint64_t *b, int parity) { drc_emu::mbar_wait(b, parity); }
+__forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_emu::lane() ^ off); }
+__forceinline__ float shfl_idx(float v, int src) { return drc_emu::shfl(v, src); }
+__forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, false); }
+__forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, true); }
+__forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    drc_emu::mma16816(c, a, b);
+}
+__forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    drc_emu::mma16816_f16(c, a, b);
+}
+/* the emulation copies at once (a later wait has nothing to wait for) */
+__forceinline__ void cp_async16(void *s, const void *g, bool valid) {
+    if (valid) memcpy(s, g, 16);
+    else memset(s, 0, 16);
+}
+__forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
+__forceinline__ void cp_async_commit() {}
+__forceinline__ void cp_async_wait_all() {}
+__forceinline__ void cp_async_wait_1() {}
+__forceinline__ int tid_fresh() { return (int)threadIdx.x; }
+#else
+#define DRC_SMEM(type, name)                                                                       \
+    extern __shared__ float4 drc_smem_[];                                                          \
+    type *name = reinterpret_cast<type *>(drc_smem_)
+__device__ __forceinline__ void bsync() { __syncthreads(); }
+/* bsync, returning whether any thread of the block passed p != 0 */
+__device__ __forceinline__ bool bsync_or(int p) { return __syncthreads_or(p) != 0; }
+__device__ __forceinline__ void wsync() { __syncwarp(); }
+/* Named barriers, for blocks whose warps work as groups: the n threads (a multiple of 32, whole
+ * warps) of one group wait at barrier id (1..15; 0 is bsync's) until all n have arrived, all at
+ * the same nsync (bar.sync is .aligned).  Shared-memory writes before it are visible after it. */
+__device__ __forceinline__ void nsync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* mbarriers, for one group of threads handing shared memory to another (producer / consumer):
+ * an 8-byte word of shared memory, set up by one thread (mbar_init: count arrivals complete a
+ * phase; then a bsync before any use).  mbar_arrive counts this thread in (release: its earlier
+ * shared-memory accesses, cp.async copies it has waited for included, happen before what a
+ * waiter does after its wait); mbar_wait(b, p) returns once the phase of parity p has completed
+ * (acquire): phase 0 completes with the first count arrivals, phase 1 with the next, and so on. */
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(b)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ float shfl_xor(float v, int off) {
+    return __shfl_xor_sync(0xffffffffu, v, off);
+}
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+    return __shfl_sync(0xffffffffu, v, src);
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* the same with IEEE fp16 operands (f32 accumulation) */
+__device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+);
+ * valid false: the 16 bytes are zero-filled and g is not read.  The copies of a thread complete
+ * at its cp_async_wait_all; a barrier after it makes them visible to the block. */
+__device__ __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* 4 bytes, as cp_async16 (always read) */
+__device__ __forceinline__ void cp_async4(void *s, const void *g) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* every group of this thread's copies but the most recently committed one complete */
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+/* threadIdx.x, read again where it is used (volatile asm: not hoisted out of a loop), so that
+ * offsets derived from it are made where needed instead of being kept live across a loop's body:
+ * f_state kept store_raw's, spilled them (64 bytes at 128 registers) and waited on their reload
+ * from local memory every chunk step (ncu: 12 % of its stall samples, H100, S1) */
+__device__ __forceinline__ int tid_fresh() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+#endif
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int off = 16; off > 0; off >>= 1) x += shfl_xor(x, off);
+    return x;
+}
+/* inclusive prefix sum over the lanes of a warp (every lane calls it) */
+__device__ __forceinline__ float warp_scan(float x, int lane) {
+    for (int d = 1; d < 32; d <<= 1) {
+        const float y = shfl_idx(x, lane >= d ? lane - d : lane);
+        if (lane >= d) x += y;
+    }
+    return x;
+}
+
+/* ---- host side: scratch, copies, launches ---- */
+#ifdef DRC_EMU
+template <typename T> T *scratch(size_t n) {
+    size_t bytes = (n ? n : 1) * sizeof(T);
+    void *p = malloc(bytes);
+    if (p) memset(p, 0xff, bytes); /* NaN: reads of unwritten scratch show */
+    else dg_error("emu: out of memory");
+    return (T *)p;
+}
+inline void release(void *p) { free(p); }
+inline int upload(void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+    return 0;
+}
+inline int zero(void *p, size_t n) {
+    memset(p, 0, n);
+    return 0;
+}
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...)                                                \
+    (dg_cuda_ktime_mark((name), 0),                                                                \
+     drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), \
+     dg_cuda_ktime_mark((name), 1), 0)
+#else
+template <typename T> T *scratch(size_t n) { return dg_cuda_scratch<T>(n ? n : 1); }
+inline void release(void *p) { dg_cuda_free(p); }
+inline int upload(void *dst, const void *src, size_t n) { return dg_cuda_memcpy(dst, src, n, 0); }
+inline int zero(void *p, size_t n) { return dg_cuda_memset0(p, n); }
+
+template <typename... P, typename... A>
+int launch(const char *name, void (*kern)(P...), int64_t grid, int nt, size_t smem, A... args) {
+    if (grid <= 0) return 0;
+    if (grid > 0x7fffffff) {
+        dg_error("%s: grid of %lld blocks is too large", name, (long long)grid);
+        return -1;
+    }
+    /* more than 48 KB of shared memory: raise the block's limit, and ask for the largest shared
+     * memory carveout so that two blocks of up to ~113 KB share a multiprocessor (the default
+     * carveout may leave room for only one) */
+    if (smem > 48 * 1024) {
+        DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared));
+    }
+    const bool timed = dg_cuda_ktime_on(); /* a benchmark's per-kernel times (kernel_timer.cu) */
+    if (timed) dg_cuda_ktime_mark(name, 0);
+    kern<<<(unsigned)grid, nt, smem, dg_cuda_stream()>>>(args...);
+    const int rc = DG_LAUNCHED(name);
+    if (timed) dg_cuda_ktime_mark(name, 1);
+    return rc;
+}
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...) drc::launch(name, kern, grid, nt, smem, __VA_ARGS__)
+#endif
+
+/* Validated shapes and the chunk table (host side of a call). */
+struct Plan {
+    Geom G;
+    int64_t *tab_dev; /* owned scratch or NULL */
+};
+/* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1.
+ * shape_only: the shape's checks and geometry alone (G.nchunks included) -- no pointers checked,
+ * no chunk table made on the device (G.tab NULL): for sizes, not for launches. */
+int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
+              const void *g, const void *beta, Plan *p, bool shape_only = false);
+void plan_free(Plan *p);
+
+/* Pointers of one call; T = float, uint16_t (bf16 bits) or f16bits (fp16 bits) for q, k, v, beta, o
+ * and their gradients; gates and states are float. */
+template <typename T> struct Io {
+    const T *q, *k, *v, *beta, *dout;
+    const float *g, *h0, *dhT;
+    T *o, *dq, *dk, *dv, *dbeta;
+    float *hT, *dg, *dh0;
+    /* backward, 16-bit storage: NULL, or q, k are L2-normalised rows and these their 1/|x| [rows, H];
+     * dq, dk are then the gradients of the raw rows (the norm's backward applied: the tensor-core
+     * head-gate kernels fold it into their stores, the other paths run it after) */
+    const float *rq, *rk;
+    /* backward: NULL, or dbeta [rows, HV] in f32 instead of dbeta's words (the value-head split
+     * sums the heads' dbeta before its one rounding: dr_chunk_vsplit.cu) */
+    float *dbeta32;
+    /* forward with the L2 norm in it (dr_chunk_l2norm.cuh): l2k NULL, or q and k are raw rows and
+     * the kernels normalise them: the normalised rows of k go to l2k (the later kernels read them
+     * there) and those of q to l2q, their 1/|x| [rows, H] to l2rk, l2rq (each of these three may be
+     * NULL: not wanted); l2eps the norm's eps */
+    T *l2q, *l2k;
+    float *l2rq, *l2rk, l2eps;
+};
+
+/* Buffers of one call carved out of one allocation, each at a multiple of 256 bytes from its start.  With base NULL
+ * it only counts (off is then the size): the same sequence of takes first sizes, then places. */
+struct Carve {
+    char *base;
+    size_t off;
+    template <typename T> T *take(int64_t n) {
+        T *p = base ? reinterpret_cast<T *>(base + off) : nullptr;
+        off += ((size_t)n * sizeof(T) + 255) & ~(size_t)255;
+        return p;
+    }
+};
+/* place(cv) lays a call's buffers out in cv; the bytes it takes */
+template <class F> size_t carve_bytes(F place) {
+    Carve cv{nullptr, 0};
+    place(cv);
+    return cv.off;
+}
+/* place(cv) into `given` when it is set (a kept working set), else into new scratch, which is
+ * returned for the caller to release (NULL, with *ok false, when it cannot be had) */
+template <class F> char *carve_into(void *given, F place, bool *ok) {
+    char *own = given ? nullptr : scratch<char>(carve_bytes(place));
+    *ok = given || own;
+    Carve cv{given ? (char *)given : own, 0};
+    if (*ok) place(cv);
+    return own;
+}
+
+/* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
+template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
+template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
+/* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): 16-bit storage, gate NONE or HEAD, C = 64, K and
+ * V in {64, 128}; fast_ok says whether a shape qualifies.  Two builds of the same kernels
+ * (dr_chunk_mma.cuh, DRC_OPERAND_F16): fast:: takes bf16 bits, fast_h:: fp16 bits (the f16bits of
+ * the caller passed as uint16_t: io_bits) */
+bool fast_ok(const Geom &G);
+/* The forward's working set (the gate's cumsum, W, U, V', the states, the inverse) can be kept for
+ * the backward (dr_chunk_cuda.h, dg_cuda_dr_chunk_kept_bytes): *_kept_bytes is its size; the
+ * forward given `keep` (that many bytes) fills it, the backward given it as `kept` skips the
+ * recompute (prep and the state pass).  keep / kept NULL: each call makes its own. */
+size_t fast_kept_bytes(const Geom &G);
+namespace fast {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace fast
+namespace fast_h {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace fast_h
+/* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
+ * path with one value head a key head, which stores dq, dk itself (the others fold it into their
+ * stores or into heads_sum; dr_chunk.cu; the emulation runs it on the host):
+ * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
+int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
+/* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
+ * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
+ * R, inner] from src [outer, inner] (elt 2 or 4 bytes); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
+ * (to_split), else back (the gradients' sums: heads_sum).  who names the launches. */
+enum { VS_BF16, VS_F16, VS_F32 }; /* words of an output: bf16, fp16, f32 */
+int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
+int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
+/* out [rows, H, K] (words of fmt) from f32 per-head values in [rows, H grp, K], summed over each
+ * group of grp heads (dq, dk over the value heads of a key head; dbeta, dg over the split heads of a
+ * value head, dr_chunk_vsplit.cu), then, where r (1/|x| [rows, H]) is given, the L2 norm's backward
+ * with xn (the normalised rows, words of fmt), in f32 before one rounding (dr_chunk_heads.cu).
+ * K <= 256. */
+int heads_sum(const char *who, int64_t rows, int H, int grp, int K, const float *in, const void *xn, const float *r,
+              int fmt, void *out);
+/* the same pointers as 16-bit words (the tensor-core kernels of both formats take them so; bf16
+ * bits already are) */
+inline const Io<uint16_t> &io_bits(const Io<uint16_t> &io) { return io; }
+inline Io<uint16_t> io_bits(const Io<f16bits> &io) {
+    Io<uint16_t> b;
+    b.q = &io.q->x, b.k = &io.k->x, b.v = &io.v->x, b.beta = &io.beta->x;
+    b.dout = io.dout ? &io.dout->x : nullptr;
+    b.g = io.g, b.h0 = io.h0, b.dhT = io.dhT;
+    b.o = io.o ? &io.o->x : nullptr, b.dq = io.dq ? &io.dq->x : nullptr, b.dk = io.dk ? &io.dk->x : nullptr;
+    b.dv = io.dv ? &io.dv->x : nullptr, b.dbeta = io.dbeta ? &io.dbeta->x : nullptr;
+    b.hT = io.hT, b.dg = io.dg, b.dh0 = io.dh0;
+    b.rq = io.rq, b.rk = io.rk, b.dbeta32 = io.dbeta32;
+    b.l2q = io.l2q ? &io.l2q->x : nullptr, b.l2k = io.l2k ? &io.l2k->x : nullptr;
+    b.l2rq = io.l2rq, b.l2rk = io.l2rk, b.l2eps = io.l2eps;
+    return b;
+}
+
+} // namespace drc
+
+#endif

@@ -1,0 +1,431 @@
+/* The tensor-core kda forward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
+ * Tiles and warp products from dr_chunk_mma.cuh, the gated in-chunk product from dr_chunk_kda.cuh.
+ * Same math as the generic kernels (dr_chunk_generic.cu), per chunk of L <= 64 rows and value head
+ * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
+ *   prep  (block per chunk, head):
+ *         A  = diag(beta) strictly_lower(M),  M_ij = sum_c k_ic k_jc e^{G_ic - G_jc}  [gated_tri]
+ *         Ai = (I + A)^-1                  [f32, blocks of 16: dr_chunk_tri_inv.cuh]
+ *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
+ *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
+ *         for the backward (extras >= 1) also: Ai, Mkk = strictly_lower(M) (f32); and when the
+ *         backward recomputes (extras = 2) P = scale lower_incl(M') and Qg = scale Q o e^G
+ *         (split), for dr_chunk_kda_mma_bwd.cu, which a kept forward has the output pass store
+ *         instead (it makes both anyway)
+ *   state (block per sequence, head, tile of 64 value columns; chunks in order; S in registers):
+ *         V' = U - W S                                     [mma, W and S split]
+ *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
+ *         stores S entering each chunk and V', split
+ *   out   (block per chunk, head):
+ *         O = scale (Q o e^G) S + P V',  P = scale lower_incl(M'),
+ *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
+ *         a forward that keeps its working set also stores P and Qg here (prep's extras = 1)
+ * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
+ * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
+ * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu, session 4: wide form, plain W, U, Kd,
+ * V'): prep 1.03 ms, state 0.25, out 0.59 (0.67 when it also stores P, Qg for the backward);
+ * forward 1.98 ms by CUDA events (session 3: 3.9 ms; FLA 1.19 ms).  prep and out run one block
+ * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; both in blocks of
+ * 16 warps since session 9 (ONE_SM_NTH; H100, ncu: prep 0.88 ms, state 0.28, out 0.56). */
+#include "kernels/cuda/delta/dr_chunk_kda.cuh"
+#include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
+
+namespace drc {
+namespace kda {
+namespace {
+
+using fast::tile_bytes;
+using fast::WT;
+
+template <int K, int V> struct PrepL {
+    static constexpr int F32 = (64 * gstride(K) + 64 + 2 * 64 * LDF + K) * 4; /* G, beta, A, Y, R */
+    static constexpr int RAW = 2 * tile_bytes(64, K) + tile_bytes(64, V);
+    static constexpr int S1 = tri_scratch_bytes<K>();
+    static constexpr int S2 = 2 * tile_bytes(64, 64) + 2 * tile_bytes(64, K);
+    static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
+};
+
+template <int K, int V, int NTH>
+__global__ void __launch_bounds__(NTH)
+    kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
+       Bufs b, int extras) {
+    using Lay = PrepL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    constexpr int GS = gstride(K);
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sR = sY + 64 * LDF;
+    unsigned char *B8 = (unsigned char *)sm;
+    uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
+    unsigned char *scr = B8 + Lay::F32 + Lay::RAW;
+    const Sp sAi{(uint16_t *)scr, 64 * 72};
+    const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
+
+    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
+    if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    /* v by cp.async, in flight through the gated products and the inverse (waited for before U) */
+    fast::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
+    cp_async_commit();
+    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (extras == 2) fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    bsync();
+    const int narrow = gate_scan<K>(sG, sR);
+    const Gate gt{sG, sR, !bsync_or(narrow)};
+    if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
+    if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
+        gated_tri<K, false, NTH>(sQ, sK, gt, sY, scr);
+        bsync();
+        for (int e = tid; e < L * 64; e += NTH) {
+            const int i = e >> 6, j = e & 63;
+            uint16_t hh, ll;
+            fast::split2(G.scale * sY[i * LDF + j], hh, ll);
+            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = hh, b.Pl[(ot + (int64_t)i * HV) * 64 + j] = ll;
+        }
+        for (int e = tid; e < L * K; e += NTH) {
+            const int i = e / K, cc = e % K;
+            uint16_t hh, ll;
+            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+        bsync();
+    }
+    gated_tri<K, true, NTH>(sK, sK, gt, sA, scr);
+    bsync();
+    if (extras)
+        for (int e = tid; e < L * 64; e += NTH) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
+    for (int e = tid; e < 64 * 64; e += NTH) {
+        sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
+        sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
+    }
+    bsync();
+    static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
+    fast::tri_inv<NTH>(sA, sY, L, 1);
+    if (extras)
+        for (int e = tid; e < L * 64; e += NTH) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
+    /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
+    for (int e = tid; e < 64 * 64; e += NTH) {
+        const int i = e >> 6, j = e & 63;
+        fast::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    }
+    for (int e = tid; e < 64 * K; e += NTH) {
+        const int i = e / K, cc = e % K;
+        const float kv = bf2f(sK[i * LK + cc]);
+        fast::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        if (i < L) { /* Kd = K o e^{Gl - G} */
+            uint16_t hh, ll;
+            fast::split2(kv * kexp(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
+            b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+    }
+    cp_async_wait_all(); /* v */
+    bsync();
+    { /* W = Ai' (K o e^G) */
+        using T = WT<64, K, NTH / 32>;
+        float acc[1][T::NT][4];
+        fast::acc_zero(acc);
+        const int m0 = T::m0(warp), n0 = T::n0(warp);
+        fast::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
+        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i < L) fast::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+        });
+    }
+    { /* U = Ai' V */
+        using T = WT<64, V, NTH / 32>;
+        float acc[1][T::NT][4];
+        fast::acc_zero(acc);
+        const int m0 = T::m0(warp), n0 = T::n0(warp);
+        fast::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
+        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i >= L) return;
+            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+            else *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
+        });
+    }
+}
+
+/* Whether ks prefetches (cp.async) the next chunk's W, Kd, U and Gl into a second set of tiles
+ * while it works on this one, as the head-gate state pass (dr_chunk_mma_fwd.cu, state_prefetch):
+ * with 32 value columns a block (S2), W, Kd and U plain */
+template <int BV> constexpr bool ks_prefetch() { return BV == 32 && KPlain::W && KPlain::Kd && KPlain::U; }
+
+/* W, then Kd, share one split tile, so that two blocks fit on a multiprocessor; with the prefetch
+ * two sets of (Gl, W, Kd, U), still two blocks per SM at BV = 32 */
+template <int K, int BV, bool PF = false> struct StateL {
+    static constexpr int SET = 2 * tile_bytes(64, K) + tile_bytes(64, BV); /* PF: W, Kd, U */
+    static constexpr int bytes = PF ? 2 * K * 4 + 2 * SET + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV)
+                                    : K * 4 + 2 * tile_bytes(64, K) + 2 * tile_bytes(K, BV) + 2 * tile_bytes(64, BV);
+};
+
+/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
+ * 32): the columns of S and V' are independent, so V = 128 runs as two (or four) blocks per
+ * (sequence, head) (256 blocks at S1 instead of 128, two per multiprocessor; 128 of 32 columns
+ * at S2), as the head-gate state pass (dr_chunk_mma_fwd.cu) */
+template <int K, int V, int BV>
+__global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, float *hT) {
+    constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
+    constexpr bool PF = ks_prefetch<BV>();
+    using Lay = StateL<K, BV, PF>;
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
+    /* Gl [K] (PF: two), then W / Kd split (PF: two sets of plain W, Kd, U), S split, V' split */
+    unsigned char *base = (unsigned char *)(sm + (PF ? 2 * K : K));
+    const Sp sS{(uint16_t *)(base + (PF ? 2 * Lay::SET : 2 * tile_bytes(64, K))), K * LB};
+    const Sp sVn{sS.hi + 2 * K * LB, 64 * LB};
+    using TS = WT<K, BV>;
+    using TV = WT<64, BV>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    float S[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
+    fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
+        const Chunk x = seq_chunk(G, n, c0, cc);
+        const int64_t xo = x.r0 * HV + hv;
+        uint16_t *t = (uint16_t *)(base + st * Lay::SET);
+        fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
+        fast::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0, (int64_t)HV * V, x.L);
+        if (tid < K / 4) cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+        cp_async_commit();
+    };
+    if (PF && c0 < c1) issue(c0, 0);
+    for (int64_t c = c0; c < c1; c++) {
+        const Chunk ch = seq_chunk(G, n, c0, c);
+        const int L = ch.L;
+        const int64_t ot = ch.r0 * HV + hv;
+        const int st = PF ? (int)((c - c0) & 1) : 0;
+        float *sGl = sm + st * K;
+        uint16_t *set = (uint16_t *)(base + st * Lay::SET);
+        const Sp sX{set, 64 * LK}; /* W, then Kd (PF: W; Kd in the next tile) */
+        const uint16_t *sU = set + 2 * 64 * LK; /* PF */
+        if (PF) cp_async_wait_all(); /* this chunk's set; the barrier below shows it to the block */
+        else {
+            if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+            else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+            if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+        }
+        /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
+        const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+        fast::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
+        bsync();
+        if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
+        fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
+        if (b.Sl) fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
+        { /* V' = U - W S; this thread's U pairs are loaded before the product */
+            float2 u[TV::NT][2];
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    const int64_t off = (ot + (int64_t)i * HV) * V + v0 + j;
+                    if (i >= L) u[nt][hh] = make_float2(0.0f, 0.0f);
+                    else if (PF) {
+                        const uint32_t w = *(const uint32_t *)(sU + i * LB + j);
+                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                    } else if (KPlain::U) {
+                        const uint32_t w = *(const uint32_t *)((const uint16_t *)b.U + off);
+                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                    } else u[nt][hh] = *(const float2 *)(b.U + off);
+                }
+            float acc[1][TV::NT][4];
+            fast::acc_zero(acc);
+            fast::mma_p<1, TV::NT, false, true, !KPlain::W, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    float y0 = 0.0f, y1 = 0.0f;
+                    if (i < L) {
+                        y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
+                        fast::put_pair_global<!KPlain::Vn>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
+                    }
+                    fast::put_sp2<!KPlain::Vn>(sVn, LB, i, j, y0, y1);
+                }
+        }
+        bsync();
+        const Sp sKd = PF ? Sp{set + 64 * LK, 0} : sX; /* PF: prefetched with W */
+        if (!PF && KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
+        else if (!PF) fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        /* S <- diag(e^{Gl}) S + Kd^T V' */
+        fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
+        bsync();
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sKd, LK, sm0, sVn, LB, sn0, 64);
+        bsync();
+    }
+    if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
+}
+
+template <int K, int V> struct OutL {
+    static constexpr int F32 = (64 * gstride(K) + 64 * LDF + K) * 4;
+    static constexpr int QK = 2 * tile_bytes(64, K); /* q, k raw; later Q o e^G split */
+    static constexpr int P = 2 * tile_bytes(64, 64);
+    static constexpr int S1 = tri_scratch_bytes<K>();
+    static constexpr int S2 = 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
+    static constexpr int bytes = F32 + QK + P + (S1 > S2 ? S1 : S2);
+};
+
+/* block per (chunk, value head) */
+template <int K, int V, int NTH>
+__global__ void __launch_bounds__(NTH)
+    ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o, int keep) {
+    using Lay = OutL<K, V>;
+    constexpr int LK = K + PAD, LV = V + PAD;
+    constexpr int GS = gstride(K);
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    const float scale = G.scale;
+    float *sG = sm, *sA = sG + 64 * GS, *sR = sA + 64 * LDF;
+    unsigned char *B8 = (unsigned char *)sm;
+    uint16_t *sQ = (uint16_t *)(B8 + Lay::F32), *sK = sQ + 64 * LK;
+    const Sp sQg{sQ, 64 * LK};
+    const Sp sP{(uint16_t *)(B8 + Lay::F32 + Lay::QK), 64 * 72};
+    unsigned char *scr = B8 + Lay::F32 + Lay::QK + Lay::P;
+    const Sp sS{(uint16_t *)scr, K * LV};
+    const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
+
+    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
+    fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    bsync();
+    const int narrow = gate_scan<K>(sG, sR);
+    const Gate gt{sG, sR, !bsync_or(narrow)};
+    gated_tri<K, false, NTH>(sQ, sK, gt, sA, scr);
+    bsync();
+    /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
+     * are split */
+    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
+    fast::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
+    fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    cp_async_commit();
+    /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
+     * recomputes (the same values, bit for bit) */
+    for (int e = tid; e < 64 * 64; e += NTH) {
+        const int i = e >> 6, j = e & 63;
+        fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
+        if (keep && i < L)
+            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j], b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
+    }
+    for (int e = tid; e < 64 * K; e += NTH) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
+        const int i = e / K, cc = e % K;
+        const float qv = bf2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
+        if (keep && i < L) {
+            uint16_t hh, ll;
+            fast::split2(scale * qv * eg, hh, ll);
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
+            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        }
+        fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
+    }
+    cp_async_wait_all(); /* S, V' */
+    bsync();
+    using T = WT<64, V, NTH / 32>;
+    float acc[1][T::NT][4];
+    fast::acc_zero(acc);
+    const int m0 = T::m0(warp), n0 = T::n0(warp);
+    fast::mma_p<1, T::NT, false, true, true, !KPlain::OutS>(acc, sQg, LK, m0, sS, LV, n0, K);
+    fast::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
+    fast::mma_p<1, T::NT, false, true, true, !KPlain::Vn>(acc, sP, 72, m0, sVn, LV, n0, 64);
+    fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+    });
+}
+
+template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
+    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
+                      StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2, "shared memory");
+    const Geom &G = p.G;
+    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(PrepL<K, V>::bytes),
+                        G, io.q, io.k, io.v, io.g, io.beta, b, extras);
+    if (!rc && fast::state_bv(G) == 32)
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G,
+                        b, io.h0, io.hT);
+    else if (!rc)
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(StateL<K, 64>::bytes), G,
+                        b, io.h0, io.hT);
+    return rc;
+}
+
+template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
+    static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    const Geom &G = p.G;
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(OutL<K, V>::bytes), G,
+                      io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
+}
+
+} // namespace
+
+int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
+    const Geom &G = p.G;
+    return G.K == 64 ? (G.V == 64 ? prep_state_t<64, 64>(p, io, b, extras) : prep_state_t<64, 128>(p, io, b, extras))
+                     : (G.V == 64 ? prep_state_t<128, 64>(p, io, b, extras) : prep_state_t<128, 128>(p, io, b, extras));
+}
+
+} // namespace kda
+
+bool kda_ok(const Geom &G) {
+    return G.C == 64 && G.gate == DG_GATE_CHANNEL && (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
+}
+
+namespace kda {
+void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
+    const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
+    const int64_t n64 = G.rows * G.HV * 64;
+    memset(&b, 0, sizeof b); /* plain operands keep NULL lo pointers */
+    b.Wh = cv.take<uint16_t>(nk);
+    if (!KPlain::W) b.Wl = cv.take<uint16_t>(nk);
+    b.Kdh = cv.take<uint16_t>(nk);
+    if (!KPlain::Kd) b.Kdl = cv.take<uint16_t>(nk);
+    b.U = cv.take<float>(KPlain::U ? (nv + 1) / 2 : nv);
+    b.Gl = cv.take<float>(G.nchunks * G.HV * G.K);
+    b.Vnh = cv.take<uint16_t>(nv);
+    if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
+    b.Sh = cv.take<uint16_t>(nst);
+    static_assert(KPlain::OutS, "a forward alone makes no lo words of S for the output pass to read");
+    if (bwd) { /* what only the backward reads: the output pass reads S's hi words (KPlain::OutS) */
+        b.Sl = cv.take<uint16_t>(nst);
+        b.Qgh = cv.take<uint16_t>(nk);
+        if (!KPlain::Qg) b.Qgl = cv.take<uint16_t>(nk);
+        b.Ai = cv.take<float>(n64), b.Mkk = cv.take<float>(n64);
+        b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
+    }
+}
+} // namespace kda
+
+size_t kda_kept_bytes(const Geom &G) {
+    kda::Bufs b;
+    return carve_bytes([&](Carve &cv) { kda::carve(G, cv, b, true); });
+}
+
+/* keep: the backward's working set is made (prep with its extras) into keep and left there */
+int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
+    const Geom &G = p.G;
+    const bool bwd = keep != nullptr;
+    kda::Bufs b;
+    bool ok;
+    char *own = carve_into(keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
+    if (!ok) return -1;
+    int rc = kda::prep_state(p, io, b, bwd ? 1 : 0);
+    if (!rc)
+        rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b, bwd) : kda::out_t<64, 128>(p, io, b, bwd))
+                       : (G.V == 64 ? kda::out_t<128, 64>(p, io, b, bwd) : kda::out_t<128, 128>(p, io, b, bwd));
+    release(own);
+    return rc;
+}
+
+} // namespace drc

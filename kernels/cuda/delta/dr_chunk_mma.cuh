@@ -1,0 +1,470 @@
+/* Tensor-core building blocks of the fast chunked delta-rule kernels (dr_chunk_mma_*.cu): shared
+ * memory tiles of bf16, warp-level tile products on mma.sync m16n8k16 (bf16 operands, f32
+ * accumulation), the fragment layout of the accumulators, row and column reductions, and the
+ * buffers that pass between the kernels.
+ *
+ * Precision.  bf16 inputs (q, k, v, dO) enter the products as they are (exact).  A computed f32
+ * operand X (W, U, states, the inverse, V', gated products) is split into two bf16 tiles,
+ * X = hi + lo with hi = bf16(X), lo = bf16(X - hi) (about 16 significant bits together); a product
+ * of two split operands takes three mma passes (hi hi + lo hi + hi lo), of a split and a plain one
+ * two.  So the chunked algebra keeps close to f32 accuracy while running on bf16 tensor cores.
+ *
+ * Plain-bf16 intermediates (as flash-linear-attention stores them): a compile-time choice per
+ * gate and operand, Plain<GATE> below.  A plain operand is stored as its hi word only (no lo array
+ * written or read; half the bytes) and enters its products in one mma pass less.  What decides
+ * it is the relative error norm ||x - ref|| / ||ref|| against the f64 reference (the test's bound
+ * for bf16 is 5e-3), measured in the CPU emulator (DRC_EMU), q and k L2-normalised, h0 and dhT
+ * present; docs/PERF_KERNELS.md has the tables.  Worst over o, hT, dq, dk, dv, dg, dbeta, dh0:
+ *   - HEAD gate, W, U, V' plain: <= 2.5e-3 at K = V = 128, T = 512 and 2048 (split: <= 1.7e-3);
+ *     3.3e-3 (dk) in the worst of 100 random draws of the smallest case (B 3, T 1, K 64, V 128;
+ *     split: 1.9e-3).  U is then bf16, in the first half of its f32 buffer.
+ *   - S stays split: with S plain too, dbeta reached 1.0e-2 (over the bound) and dg 4e-3 in one
+ *     of 30 draws of that small case (T = 512, 2048: <= 2.5e-3, which alone had looked safe).
+ *   - GATE NONE, W and U plain (session 3, on the H100, tests/test_cuda_dr_chunk.c): <= 3.2e-3 (o)
+ *     at T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases; delta_rule S1
+ *     fwd+bwd 3.02 -> 2.70 ms.  V' plain too since session 10 (H100, test_cuda_dr_chunk): o 3.8e-3
+ *     at T = 8192 (V' split: 3.2e-3), worst of 40 random T = 1 draws 2.9e-3 (dk, dbeta; split: the
+ *     same), of 12 T = 130 draws 2.9e-3 (dk; split 2.6e-3); delta_rule fwd+bwd S1 2.341 -> 2.235 ms,
+ *     S2 2.506 -> 2.387 (the state pass stores half the V' bytes and its K^T V' takes one mma pass
+ *     less, as do the backward's products with V').  FLA's own delta_rule is 5.4e-3 from ours on
+ *     the side by side's inputs (docs/PERF.md).
+ *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta; dS alone
+ *     plain fails test_dr_chunk_bf16_draws (worst of 40 random T = 1 draws, session 7): dg 5.9e-3
+ *     with the head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
+ *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
+ *     still drive the recurrence and the backward): o 1.7e-3 -> 2.5e-3 without a gate.
+ *
+ * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
+ * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
+ * one-block-per-SM kernels 16 (ONE_SM_NTH; they pass the thread count to the helpers); an M x N
+ * product (M in {64, 128}) is split by warps (WT): M = 128, 8 warps: warp w takes rows 16w..16w+15,
+ * all N columns; M = 64: rows 16(w%4).., columns (w/4)*N/2 .. + N/2 (16 warps: (w/4)*N/4 .. + N/4). */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_MMA_CUH
+
+#include "kernels/cuda/delta/dr_chunk_internal.cuh"
+
+/* The 16-bit operand format: bf16 (the default), or IEEE fp16 where DRC_OPERAND_F16 is defined to 1
+ * before this header (dr_chunk_mma_fwd_f16.cu, dr_chunk_mma_bwd_f16.cu compile the head-gate kernels
+ * a second time so).  Every 16-bit word of those kernels -- the inputs, the outputs, the hi and lo
+ * words of the split operands, the plain intermediates -- is then fp16, and the products run on
+ * mma.sync ... f16.f16 with f32 accumulation.  The two builds live in namespaces of their own:
+ * DRC_FAST is drc::fast (bf16) or drc::fast_h (fp16). */
+#ifndef DRC_OPERAND_F16
+#define DRC_OPERAND_F16 0
+#endif
+#if DRC_OPERAND_F16
+#define DRC_FAST fast_h
+#else
+#define DRC_FAST fast
+#endif
+
+namespace drc {
+namespace DRC_FAST {
+
+/* ---- the operand format's scalars and product ---- */
+#if DRC_OPERAND_F16
+__host__ __device__ __forceinline__ float op2f(uint16_t h) { return h2f(h); }
+__host__ __device__ __forceinline__ uint16_t f2op(float f) { return f2h(f); }
+__forceinline__ __device__ void mma_op(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_f16(c, a, b); }
+#else
+__host__ __device__ __forceinline__ float op2f(uint16_t h) { return bf2f(h); }
+__host__ __device__ __forceinline__ uint16_t f2op(float f) { return f2bf(f); }
+__forceinline__ __device__ void mma_op(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816(c, a, b); }
+#endif
+/* two values into one 32-bit word, lo in the low half */
+__host__ __device__ __forceinline__ uint32_t pack_op2(float lo, float hi) {
+    return (uint32_t)f2op(lo) | ((uint32_t)f2op(hi) << 16);
+}
+
+constexpr int FNT = 256; /* threads per block */
+/* Threads of a block of the kernels that run one block per SM (200-224 KB of shared memory: the
+ * qkwy kernels of both families, KDA's prep and output pass): 16 warps.  Latency-bound at one
+ * block, they gain from four warps a scheduler instead of two, and each thread's accumulator tiles
+ * (WT<64, N, 16>) and the code unrolled over them are half those of 8 warps (128 registers
+ * suffice).  Measured against 8 warps: dr_chunk_kda.cuh (KDA), dr_chunk_mma_bwd.cu (qkwy). */
+constexpr int ONE_SM_NTH = 512;
+constexpr int FC = 64;   /* chunk */
+constexpr int PAD = 8;
+constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
+/* value columns per block of the forward passes (f_out, f_state by default): V = 128 runs as two
+ * blocks per (sequence, head), so that the 128 (S1) sequence-heads fill two blocks per
+ * multiprocessor */
+constexpr int BV = 64;
+
+/* multiprocessors of the device (132, an H100 SXM, in the emulation or when it cannot be asked) */
+inline int64_t sm_count() {
+#ifdef DRC_EMU
+    return 132;
+#else
+    return dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 132;
+#endif
+}
+
+/* Value columns per block of the state passes (their BV template argument): 64, or 32 when the
+ * blocks of 64 columns would leave multiprocessors idle.  The passes are chains of dependent
+ * chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks of 64
+ * columns for 132 SMs) 32 columns give twice the chains, each half the work a step.  H100: S2
+ * GDN fwd+bwd 3.94 -> 3.38 ms, delta_rule 4.34 -> 3.49; at S1 (256 blocks of 64) 32 columns were
+ * slower (2.77 -> 2.97 ms: the W, K loads of a step are repeated by four blocks instead of two). */
+inline int state_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sm_count() ? 32 : 64; }
+
+/* Value columns of a block of the backward state passes (b_dhu_ws, KDA's b_dhu): 32 when the
+ * blocks of 32 columns all fit on the GPU at once (S2), else 64.  b_dhu_ws runs one block of 512
+ * threads per SM at either; KDA's b_dhu prefetches at 32 (one block per SM), else two per SM. */
+inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sm_count() ? 32 : 64; }
+
+/* bytes of a tile of R rows and Cc columns (bf16) */
+__host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }
+
+/* ---- warp tile products ----
+ * acc[MT][NT] += A (16 MT x kdim) * B (kdim x 8 NT) for this warp's tile at (m0, n0).
+ * A(m, k) = A[m*lda + k] (A_KM false) or A[k*lda + m] (A_KM true: A stored transposed);
+ * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true). */
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
+                                        const uint16_t *B, int ldb, int n0, int kdim) {
+    static_assert(NT % 2 == 0, "n tiles in pairs");
+    const int lane = threadIdx.x & 31;
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (!A_KM)
+                ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+            else
+                ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 +
+                                     ((lane >> 3) & 1) * 8);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            uint32_t r[4];
+            if (!B_KN)
+                ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 +
+                               ((lane >> 3) & 1) * 8);
+            else
+                ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 +
+                                 (lane >> 4) * 8);
+            b[nt][0] = r[0], b[nt][1] = r[1], b[nt + 1][0] = r[2], b[nt + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_op(acc[mt][nt], a[mt], b[nt]);
+    }
+}
+
+/* a split tile: hi and lo parts, lo at a fixed element offset from hi */
+struct Sp {
+    uint16_t *hi;
+    int lo_off; /* elements */
+    __device__ __forceinline__ uint16_t *lo() const { return hi + lo_off; }
+};
+
+/* split x split: three passes; split x raw, raw x split: two */
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
+                                       int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+}
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0,
+                                       const uint16_t *B, int ldb, int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B, ldb, n0, kdim);
+}
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
+                                       Sp B, int ldb, int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.lo(), ldb, n0, kdim);
+}
+
+/* any of the above by flags: AS (BS) = A (B) is split, else only its hi part is read (a raw tile
+ * is Sp{ptr, 0}).  Passes: hi hi, then lo hi if AS, then hi lo if BS (the order of mma_ss). */
+template <int MT, int NT, bool A_KM, bool B_KN, bool AS, bool BS>
+__device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
+                                      int n0, int kdim) {
+    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
+    if (AS) mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
+    if (BS) mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+}
+
+/* Which computed operands are plain bf16 (one word, see the top of this file), wherever they are
+ * stored, loaded or multiplied */
+template <int GATE> struct Plain { /* (the same for both gates since session 10) */
+    static constexpr bool W = true, U = true, Vn = true, S = false;
+};
+
+/* warp tiling of an M x N output (M in {64, 128}) over NW warps (8: a block of FNT threads; 16:
+ * the blocks of 512 of the qkwy kernels and KDA's prep and output pass): warp w takes the rows 16 (w mod M/16) .. + 15 and the S-th part
+ * of the columns, S = w div (M/16), of NW / (M/16) parts (NT tiles of 8 columns each) */
+template <int M, int N, int NW = FNT / 32> struct WT {
+    static constexpr int MW = M / 16, NS = NW / MW; /* warps down the rows, parts of the columns */
+    static_assert(NW % MW == 0 && N % (16 * NS) == 0, "warp tiling");
+    static constexpr int NT = N / (8 * NS);
+    __device__ __forceinline__ static int m0(int w) { return 16 * (w % MW); }
+    __device__ __forceinline__ static int n0(int w) { return (w / MW) * (N / NS); }
+};
+
+template <int NT> __device__ __forceinline__ void acc_zero(float (&acc)[1][NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[0][nt][q] = 0.0f;
+}
+
+/* f(row, col, value&) over this thread's accumulator elements (one m tile) */
+template <int NT, class F>
+__device__ __forceinline__ void frag_each(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), acc[0][nt][q]);
+}
+
+/* ---- splitting, stores ---- */
+__device__ __forceinline__ void split2(float x, uint16_t &h, uint16_t &l) {
+    h = f2op(x);
+    l = f2op(x - op2f(h));
+}
+/* the pair (row, col), (row, col+1) of an accumulator into a split tile */
+__device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float x0, float x1) {
+    uint16_t h0, l0, h1, l1;
+    split2(x0, h0, l0);
+    split2(x1, h1, l1);
+    *(uint32_t *)(t.hi + row * ld + col) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(t.lo() + row * ld + col) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+/* the same, SPLIT false: the hi words only (plain bf16; t.lo() is not touched) */
+template <bool SPLIT>
+__device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0, float x1) {
+    if (SPLIT) put_split2(t, ld, row, col, x0, x1);
+    else *(uint32_t *)(t.hi + row * ld + col) = pack_op2(x0, x1);
+}
+/* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at
+ * (m0, n0) (the mma.sync m16n8 layout: rows g and g + 8, columns 2t, 2t + 1 of each n tile) */
+template <int NT, class F>
+__device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+
+/* the pair x0, x1 to global memory at off: split into hi (gh) and lo (gl) bf16 words, or, SPLIT
+ * false, the hi words only (gl is not written) */
+template <bool SPLIT>
+__device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
+                                                float x1) {
+    if (!SPLIT) {
+        *(uint32_t *)(gh + off) = pack_op2(x0, x1);
+        return;
+    }
+    uint16_t h0, l0, h1, l1;
+    split2(x0, h0, l0);
+    split2(x1, h1, l1);
+    *(uint32_t *)(gh + off) = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+/* split x into the accumulator-shaped tile: f(row, col) gives the value */
+template <int NT, class F>
+__device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = m0 + g + 8 * h, col = n0 + nt * 8 + 2 * tq;
+            put_split2(t, ld, row, col, f(row, col, nt, 2 * h), f(row, col + 1, nt, 2 * h + 1));
+        }
+}
+
+/* ---- loads into shared memory (16-byte vectors; rows >= nrow are zero) ----
+ * raw tile [R][Cc] from global rows with stride ldg (elements).  Every load of the thread is
+ * issued before the first store (a fixed, unrolled trip count), so that their latencies overlap. */
+template <int R, int Cc, int NTH = FNT>
+__device__ __forceinline__ void load_raw(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + NTH - 1) / NTH;
+    uint4 x[IT];
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = threadIdx.x + it * NTH, r = e / V8, c = (e % V8) * 8;
+        x[it] = make_uint4(0, 0, 0, 0);
+        if ((N % NTH == 0 || e < N) && r < nrow) x[it] = *(const uint4 *)(g + r * ldg + c);
+    }
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = threadIdx.x + it * NTH, r = e / V8, c = (e % V8) * 8;
+        if (N % NTH == 0 || e < N) *(uint4 *)(s + r * (Cc + PAD) + c) = x[it];
+    }
+}
+/* load_raw by cp.async: the copies are only issued (rows >= nrow zero-filled); the caller commits,
+ * waits (cp_async_wait_all) and puts a barrier before the tile is read.  tid: the thread's index
+ * among the NTH threads that load the tile (a group of warps of a larger block: see b_dhu_ws) */
+template <int R, int Cc, int NTH = FNT>
+__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow, int tid) {
+    constexpr int V8 = Cc / 8, N = R * V8, IT = (N + NTH - 1) / NTH;
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int e = tid + it * NTH, r = e / V8, c = (e % V8) * 8;
+        if (N % NTH == 0 || e < N) cp_async16(s + r * (Cc + PAD) + c, r < nrow ? g + r * ldg + c : g, r < nrow);
+    }
+}
+template <int R, int Cc, int NTH = FNT>
+__device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
+    load_raw_async<R, Cc, NTH>(s, g, ldg, nrow, (int)threadIdx.x);
+}
+/* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors:
+ * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
+ * instruction, eight times as many store instructions) */
+template <int R, int Cc>
+__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s, int tid) {
+    constexpr int V8 = Cc / 8, N = R * V8;
+    static_assert(N % FNT == 0, "tile");
+#pragma unroll 4
+    for (int it = 0; it < N / FNT; it++) {
+        const int e = tid + it * FNT, r = e / V8, c = (e % V8) * 8;
+        *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
+    }
+}
+template <int R, int Cc> __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
+    store_raw<R, Cc>(g, ldg, s, (int)threadIdx.x);
+}
+/* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */
+template <int R, int Cc, int NTH = FNT>
+__device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg,
+                                           int nrow) {
+    load_raw<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    load_raw<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
+}
+
+/* the same, SPLIT false: the hi part only (s.lo() is left as it was, gl is not read) */
+template <int R, int Cc, bool SPLIT, int NTH = FNT>
+__device__ __forceinline__ void load_sp(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
+    load_raw<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
+}
+/* load_sp by cp.async (only issued: the caller commits, waits and puts a barrier before reading) */
+template <int R, int Cc, bool SPLIT, int NTH = FNT>
+__device__ __forceinline__ void load_sp_async(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
+    load_raw_async<R, Cc, NTH>(s.hi, gh, ldg, nrow);
+    if (SPLIT) load_raw_async<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
+}
+
+/* ---- reductions over the accumulator tile (deterministic: fixed order) ----
+ * red is [warps][64] floats in shared memory, zero on entry to each round. */
+/* The warp's slot is read-modified-written by different lanes in the two functions below (rows:
+ * lanes with t = 0; columns: lanes with g = 0), so a put starts with __syncwarp(): a shuffle
+ * converges the lanes but does not order their shared-memory accesses (racecheck found the hazard
+ * between a row put and a column put of one warp, b_qkwy with the head gate). */
+/* rows: rs[h] is this thread's sum for row m0 + g + 8h; adds across the quad and writes the
+ * warp's slot */
+__device__ __forceinline__ void red_rows_put(float *red, int m0, float (&rs)[2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    wsync();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float x = rs[h];
+        x += shfl_xor(x, 1);
+        x += shfl_xor(x, 2);
+        if (t == 0) red[warp * 64 + m0 + g + 8 * h] += x;
+    }
+}
+/* columns: cs[nt][j] is this thread's sum for column n0 + 8nt + 2t + j (over its rows) */
+template <int NT>
+__device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT][2]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    wsync();
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float x = cs[nt][j];
+            x += shfl_xor(x, 4);
+            x += shfl_xor(x, 8);
+            x += shfl_xor(x, 16);
+            if (g == 0) red[warp * 64 + n0 + nt * 8 + 2 * t + j] += x;
+        }
+}
+/* after a barrier: dst[i] (+)= sum over warps of red[w][i], i < 64; red zeroed again.  The caller
+ * puts a barrier after it before red or dst are used again. */
+template <int NW = FNT / 32>
+__device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
+    const int i = threadIdx.x;
+    if (i < 64) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            s += red[w * 64 + i];
+            red[w * 64 + i] = 0.0f;
+        }
+        dst[i] = add ? dst[i] + s : s;
+    }
+}
+
+/* sum over the block of NW warps of one value per thread (after which every thread has it);
+ * scratch: NW floats */
+template <int NW = FNT / 32>
+__device__ __forceinline__ float block_sum(float x, float *scr) {
+    x = warp_sum(x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scr[warp] = x;
+    bsync();
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) s += scr[w];
+    bsync();
+    return s;
+}
+
+/* the chunk's gate G (cumulative, rows >= L hold G_{L-1} so that G_i - G_j <= 0 for j <= i)
+ * and beta (0 past L) into shared memory; GATE NONE: G = 0 */
+template <int GATE>
+__device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L, int hv,
+                                               const float *Gc, const uint16_t *beta, float *sG,
+                                               float *sb) {
+    const int i = threadIdx.x;
+    if (i < FC) {
+        int ii = i < L ? i : L - 1;
+        sG[i] = GATE == DG_GATE_HEAD ? Gc[(r0 + ii) * G.HV + hv] : 0.0f;
+        if (sb) sb[i] = i < L ? op2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
+    }
+}
+/* load_gate_beta's gate by cp.async, HEAD only (GATE NONE: nothing; the gate is not read), by the
+ * thread tid of the group that loads it; the caller commits and waits */
+template <int GATE>
+__device__ __forceinline__ void load_gate_async(const Geom &G, int64_t r0, int L, int hv, const float *Gc, float *sG,
+                                                int tid) {
+    if (GATE == DG_GATE_HEAD && tid < FC) cp_async4(sG + tid, Gc + (r0 + (tid < L ? tid : L - 1)) * G.HV + hv);
+}
+
+/* Buffers of the fast path, per call.  Layouts: [rows, HV, .] per token and value head; states
+ * [nchunks, HV, K, V]; hi/lo pairs of bf16 for the split operands. */
+struct FastBufs {
+    float *Gc;              /* [rows, HV] cumulative gate (HEAD only) */
+    uint16_t *Wh, *Wl;      /* [rows, HV, K] */
+    float *U;               /* [rows, HV, V] */
+    uint16_t *Vnh, *Vnl;    /* [rows, HV, V]  V' */
+    uint16_t *Sh, *Sl;      /* [nchunks, HV, K, V]  state entering each chunk (Sl: backward only) */
+    float *Ai;              /* [rows, HV, 64] (I + A)^-1, backward only */
+};
+
+/* b's buffers carved from cv (dr_chunk_internal.cuh); for_bwd: with what only the backward reads,
+ * Ai and the lo words of S (the backward's, and a forward's that keeps its working set for the
+ * backward); without them Ai and Sl are NULL and the state pass stores S's hi words only, all the
+ * output pass reads (a forward alone: 134 MB less written at S1) */
+void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool for_bwd);
+/* launches prep and the state pass into b (allocated by the caller); Ai stored when b.Ai is set,
+ * hT written when io.hT is */
+int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked);
+
+} // namespace DRC_FAST
+} // namespace drc
+
+#endif
