@@ -42,6 +42,10 @@ int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_t
         fprintf(stderr, "deltagrad: op %s exceeds the node limits\n", def->name);
         abort();
     }
+    if (variant < 0 || variant >= dg_op_variant_count(def)) {
+        variant = dg_op_default_variant(def);
+        if (variant < 0) return -1; /* DG_BACKWARD names no such op or variant */
+    }
     dg_node *n = calloc(1, sizeof *n);
     if (!n) {
         dg_error("%s: out of host memory for the autograd node", def->name);
@@ -60,7 +64,7 @@ int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_t
     }
     record = record && dg_grad_enabled();
     n->recording = record;
-    n->variant = variant >= 0 && variant < dg_op_variant_count(def) ? variant : dg_op_default_variant(def);
+    n->variant = variant;
 
     /* forward: grad mode off, temporaries in a scope of their own */
     dg_no_grad_begin();

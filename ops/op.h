@@ -94,8 +94,15 @@ const dg_op_def *dg_op_at(int i);
 const dg_op_def *dg_op_find(const char *name);
 int dg_op_variant_count(const dg_op_def *def);
 int dg_op_variant_find(const dg_op_def *def, const char *name); /* -1 if absent */
-/* The variant DG_BACKWARD names for this op ("op:variant,op2:variant"), else 0.  A per-call
- * choice (variant >= 0) wins. */
+/* The index of def's variant called name, or -1 with the error "<who>: backward variant '<name>'
+ * does not exist (variants: ...)". */
+int dg_op_variant_lookup(const dg_op_def *def, const char *name, const char *who);
+/* What DG_BACKWARD ("op:variant,op2:variant") says for def: the variant's index when it names
+ * def, -1 when it does not, -2 with the error set when any of its entries is malformed or names an
+ * op or a variant that does not exist (the message lists the valid names). */
+int dg_op_env_variant(const dg_op_def *def);
+/* The variant to run when the call names none: DG_BACKWARD's for this op, else 0; -1 with the
+ * error set when DG_BACKWARD is wrong.  A per-call choice (variant >= 0) wins. */
 int dg_op_default_variant(const dg_op_def *def);
 
 /* Runs the op.  in has def->n_in entries (optional ones NULL), out receives def->n_out tensors

@@ -3,6 +3,7 @@
  * test_registry asserts that every op named here is present, so a missing one fails CI. */
 #include "ops/op.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,24 +77,69 @@ int dg_op_variant_find(const dg_op_def *def, const char *name) {
     return -1;
 }
 
-/* DG_BACKWARD="gated_delta_rule:unfused,kda:unfused" */
-int dg_op_default_variant(const dg_op_def *def) {
+/* The valid variant names of def, ", "-separated, into buf. */
+static void variant_names(const dg_op_def *def, char *buf, size_t cap) {
+    buf[0] = 0;
+    for (int i = 0; i < dg_op_variant_count(def); i++) {
+        strncat(buf, i ? ", " : "", cap - strlen(buf) - 1);
+        strncat(buf, def->bwd[i].name, cap - strlen(buf) - 1);
+    }
+}
+
+int dg_op_variant_lookup(const dg_op_def *def, const char *name, const char *who) {
+    int v = dg_op_variant_find(def, name);
+    if (v >= 0) return v;
+    char names[256];
+    variant_names(def, names, sizeof names);
+    dg_error("%s: backward variant '%s' does not exist (variants: %s)", who, name, names);
+    return -1;
+}
+
+/* DG_BACKWARD="gated_delta_rule:dg_partial,kda:unfused": every entry is checked, not only this
+ * op's, so a misspelling anywhere in the variable is reported by the first op that runs. */
+int dg_op_env_variant(const dg_op_def *def) {
     const char *env = getenv("DG_BACKWARD");
-    if (!env || !*env) return 0;
-    size_t nl = strlen(def->name);
-    for (const char *p = env; p && *p;) {
+    if (!env || !*env) return -1;
+    int found = -1;
+    for (const char *p = env; p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len > nl + 1 && strncmp(p, def->name, nl) == 0 && p[nl] == ':') {
-            char vname[64];
-            size_t vl = len - nl - 1;
-            if (vl >= sizeof vname) vl = sizeof vname - 1;
-            memcpy(vname, p + nl + 1, vl);
-            vname[vl] = 0;
-            int v = dg_op_variant_find(def, vname);
-            if (v >= 0) return v;
+        char entry[128];
+        if (len >= sizeof entry) {
+            dg_error("DG_BACKWARD: entry '%.*s...' is too long (expected op:variant)", 40, p);
+            return -2;
         }
+        memcpy(entry, p, len);
+        entry[len] = 0;
         p = end ? end + 1 : NULL;
+        if (!*entry) continue; /* "a:b," or ",,": empty entries are harmless */
+        char *colon = strchr(entry, ':');
+        if (!colon) {
+            dg_error("DG_BACKWARD: entry '%s' is not op:variant (e.g. DG_BACKWARD=kda:unfused)", entry);
+            return -2;
+        }
+        *colon = 0;
+        const dg_op_def *op = dg_op_find(entry);
+        if (!op) {
+            char names[1024] = "";
+            for (int i = 0; i < dg_op_count(); i++)
+                if (dg_op_variant_count(dg_op_at(i)) > 1) {
+                    strncat(names, names[0] ? ", " : "", sizeof names - strlen(names) - 1);
+                    strncat(names, dg_op_at(i)->name, sizeof names - strlen(names) - 1);
+                }
+            dg_error("DG_BACKWARD: no op named '%s' (ops with backward variants: %s)", entry, names);
+            return -2;
+        }
+        char who[160];
+        snprintf(who, sizeof who, "DG_BACKWARD: %s", op->name);
+        int v = dg_op_variant_lookup(op, colon + 1, who);
+        if (v < 0) return -2;
+        if (op == def) found = v;
     }
-    return 0;
+    return found;
+}
+
+int dg_op_default_variant(const dg_op_def *def) {
+    int v = dg_op_env_variant(def);
+    return v == -2 ? -1 : v < 0 ? 0 : v;
 }

@@ -39,11 +39,39 @@ static void test_backward_env_selects_variant(void **state) {
         int nv = dg_op_variant_count(d);
         if (nv < 2) continue;
         char env[128];
-        snprintf(env, sizeof env, "other:x,%s:%s", d->name, d->bwd[nv - 1].name);
+        snprintf(env, sizeof env, "add:default,%s:%s", d->name, d->bwd[nv - 1].name);
         setenv("DG_BACKWARD", env, 1);
         assert_int_equal(dg_op_default_variant(d), nv - 1);
+        assert_int_equal(dg_op_default_variant(dg_op_find("mul")), 0); /* not named: the default */
     }
     unsetenv("DG_BACKWARD");
+}
+
+/* A misspelled op or variant in DG_BACKWARD is an error naming the valid choices, for every op
+ * (not a silent fall-back to the default), and dg_apply refuses to run. */
+static void test_backward_env_misspelled(void **state) {
+    const dg_op_def *kda = dg_op_find("kda"), *mul = dg_op_find("mul");
+    assert_non_null(kda);
+    setenv("DG_BACKWARD", "kda:nosuch", 1);
+    assert_int_equal(dg_op_env_variant(kda), -2);
+    assert_non_null(strstr(dg_last_error(), "DG_BACKWARD: kda: backward variant 'nosuch' does not exist"));
+    assert_non_null(strstr(dg_last_error(), kda->bwd[0].name));
+    assert_int_equal(dg_op_default_variant(mul), -1); /* another op fails too */
+    dg_scope_begin();
+    dg_tensor *a = dg_ones(DG_SHAPE(2), DG_F32);
+    assert_null(dg_mul(a, a));
+    dg_scope_end();
+    setenv("DG_BACKWARD", "kdaa:fused", 1);
+    assert_int_equal(dg_op_env_variant(mul), -2);
+    assert_non_null(strstr(dg_last_error(), "no op named 'kdaa'"));
+    assert_non_null(strstr(dg_last_error(), "gated_delta_rule"));
+    setenv("DG_BACKWARD", "kda", 1);
+    assert_int_equal(dg_op_env_variant(mul), -2);
+    assert_non_null(strstr(dg_last_error(), "not op:variant"));
+    setenv("DG_BACKWARD", "kda:unfused,", 1);
+    assert_int_equal(dg_op_env_variant(kda), dg_op_variant_find(kda, "unfused"));
+    unsetenv("DG_BACKWARD");
+    dg_clear_error();
 }
 
 int main(void) {
@@ -52,6 +80,7 @@ int main(void) {
         cmocka_unit_test(test_every_op_has_sampler_and_tolerances),
         cmocka_unit_test(test_gradcheck_every_op),
         cmocka_unit_test(test_backward_env_selects_variant),
+        cmocka_unit_test(test_backward_env_misspelled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

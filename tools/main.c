@@ -1,4 +1,6 @@
 /* deltagrad: train, generate, eval, gradcheck, compare, bench, ops. */
+#include "deltagrad.h"
+#include "ops/op.h"
 #include "tools/commands.h"
 
 #include <stdio.h>
@@ -28,6 +30,12 @@ int main(int argc, char **argv) {
             if (cmds[i].fn) printf("  %-10s %s\n", cmds[i].name, cmds[i].help);
         printf("\n`deltagrad COMMAND --help` lists a command's options.\n");
         return 0;
+    }
+    /* DG_BACKWARD is checked once, before any command runs: a misspelled op or variant would
+     * otherwise surface only when (and if) that op is applied with no explicit variant. */
+    if (dg_op_count() > 0 && dg_op_env_variant(dg_op_at(0)) == -2) {
+        fprintf(stderr, "deltagrad: %s\n", dg_last_error());
+        return 2;
     }
     for (int i = 0; i < n; i++)
         if (strcmp(sub, cmds[i].name) == 0) {

@@ -455,20 +455,6 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
 
 /* ---- the typed entry points' body -------------------------------------------------------------- */
 
-/* Does DG_BACKWARD name a variant for this op? */
-static bool env_names_op(const dg_op_def *def) {
-    const char *env = getenv("DG_BACKWARD");
-    if (!env) return false;
-    const size_t nl = strlen(def->name);
-    for (const char *p = env; *p;) {
-        if (strncmp(p, def->name, nl) == 0 && p[nl] == ':') return true;
-        const char *c = strchr(p, ',');
-        if (!c) break;
-        p = c + 1;
-    }
-    return false;
-}
-
 int dg_delta_recurrent_variant(const dg_op_def *def) { return dg_op_variant_find(def, "recurrent"); }
 
 dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, const char *cuda_default,
@@ -482,20 +468,17 @@ dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate
     if (!dg_delta_validate(def->name, gate, q, k, v, g, beta, opts, &at, &N)) return NULL;
     int variant = -1;
     if (opts->backward) {
-        variant = dg_op_variant_find(def, opts->backward);
-        if (variant < 0) {
-            char names[160] = "";
-            for (int i = 0; i < dg_op_variant_count(def); i++) {
-                strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-                strncat(names, def->bwd[i].name, sizeof names - strlen(names) - 1);
-            }
-            dg_error("%s: backward variant '%s' does not exist (variants: %s)", def->name, opts->backward, names);
-            return NULL;
-        }
-    } else if (at.algorithm == DG_DELTA_RECURRENT && !env_names_op(def)) {
-        variant = dg_delta_recurrent_variant(def);
-    } else if (cuda_default && q->device == DG_CUDA && !env_names_op(def)) {
-        variant = dg_op_variant_find(def, cuda_default);
+        variant = dg_op_variant_lookup(def, opts->backward, def->name);
+        if (variant < 0) return NULL;
+    } else {
+        const int env = dg_op_env_variant(def);
+        if (env == -2) return NULL;
+        if (env >= 0)
+            variant = env;
+        else if (at.algorithm == DG_DELTA_RECURRENT)
+            variant = dg_delta_recurrent_variant(def);
+        else if (cuda_default && q->device == DG_CUDA)
+            variant = dg_op_variant_find(def, cuda_default);
     }
     dg_tensor *in[DG_MAX_IO] = {0};
     in[sl->q] = q;
