@@ -14,6 +14,7 @@
  * "vs cpu f64". */
 #include "autograd/autograd.h"
 #include "tools/commands.h"
+#include "tools/parse_args.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -232,13 +233,16 @@ static int gradcheck_op_cuda(const dg_op_def *def, uint64_t seed, dg_gradcheck_r
 }
 
 int dg_cmd_gradcheck(int argc, char **argv) {
+    static const char *const devices[] = {"cpu", "cuda"};
     uint64_t seed = 1;
     bool cuda = false;
     int n_ops = 0;
-    const char **ops = calloc((size_t)argc + 1, sizeof *ops);
+    const dg_op_def **ops = calloc((size_t)(argc + dg_op_count()) + 1, sizeof *ops);
     if (!ops) return 1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        const char *a = argv[i], *v;
+        int k;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: deltagrad gradcheck [--seed N] [--device cpu|cuda] [OP ...]\n"
                    "Checks every backward variant of every registered op (or those named) in f64 against\n"
                    "central finite differences, on each op's samples with contiguous and strided inputs.\n"
@@ -248,16 +252,18 @@ int dg_cmd_gradcheck(int argc, char **argv) {
             free(ops);
             return 0;
         }
-        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-            const char *d = argv[++i];
-            if (strcmp(d, "cuda") == 0) cuda = true;
-            else if (strcmp(d, "cpu") != 0) {
-                fprintf(stderr, "gradcheck: --device %s: expected cpu or cuda\n", d);
-                free(ops);
-                return 2;
-            }
-        } else ops[n_ops++] = argv[i];
+        int bad = 0;
+        if (strcmp(a, "--seed") == 0)
+            bad = !(v = dg_arg_value("gradcheck", argc, argv, &i)) || dg_arg_u64("gradcheck", a, v, &seed) != 0;
+        else if (strcmp(a, "--device") == 0) {
+            bad = !(v = dg_arg_value("gradcheck", argc, argv, &i)) || (k = dg_arg_choice("gradcheck", a, v, devices, 2)) < 0;
+            if (!bad) cuda = k == 1;
+        } else if (a[0] == '-') bad = dg_arg_unknown("gradcheck", a) != 0;
+        else bad = !(ops[n_ops++] = dg_arg_op("gradcheck", a, false));
+        if (bad) {
+            free(ops);
+            return 2;
+        }
     }
     if (cuda && !dg_cuda_available()) {
         fprintf(stderr, "gradcheck: --device cuda: no usable CUDA device (%s)\n",
@@ -265,40 +271,16 @@ int dg_cmd_gradcheck(int argc, char **argv) {
         free(ops);
         return 2;
     }
-    dg_gradcheck_report rep = {0};
-    int unknown = 0;
     if (n_ops == 0)
-        for (int i = 0; i < dg_op_count(); i++) {
-            if (cuda) gradcheck_op_cuda(dg_op_at(i), seed, &rep);
-            else dg_gradcheck_op(dg_op_at(i), seed, &rep);
-        }
+        for (int i = 0; i < dg_op_count(); i++) ops[n_ops++] = dg_op_at(i);
+    dg_gradcheck_report rep = {0};
     for (int i = 0; i < n_ops; i++) {
-        const dg_op_def *def = dg_op_find(ops[i]);
-        if (!def) {
-            fprintf(stderr, "gradcheck: no op named '%s' (deltagrad ops lists them)\n", ops[i]);
-            unknown++;
-            continue;
-        }
-        if (cuda) gradcheck_op_cuda(def, seed, &rep);
-        else dg_gradcheck_op(def, seed, &rep);
+        if (cuda) gradcheck_op_cuda(ops[i], seed, &rep);
+        else dg_gradcheck_op(ops[i], seed, &rep);
     }
     dg_gradcheck_print(&rep, stdout);
-    int bad = rep.n_failed || unknown;
+    int bad = rep.n_failed != 0;
     dg_gradcheck_report_free(&rep);
     free(ops);
     return bad ? 1 : 0;
-}
-
-int dg_cmd_ops(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    for (int i = 0; i < dg_op_count(); i++) {
-        const dg_op_def *d = dg_op_at(i);
-        printf("%-22s in:", d->name);
-        for (int k = 0; k < d->n_in && d->in_names[k]; k++) printf(" %s", d->in_names[k]);
-        printf("  backward:");
-        for (int v = 0; v < dg_op_variant_count(d); v++) printf(" %s", d->bwd[v].name);
-        printf("%s\n", d->decompose ? "  (+decomposition)" : "");
-    }
-    return 0;
 }

@@ -1,9 +1,9 @@
-/* The subcommands of `deltagrad`.  Each lives in its own tools/cmd_*.c; the references are weak so
- * that a command appears as soon as its file is in the build. */
+/* The subcommands of `deltagrad`, each in its own tools/cmd_*.c: argv[0] is the command's name;
+ * each returns the process exit status (0 ok, 1 a check or run failed, 2 bad arguments). */
 #ifndef DG_TOOLS_COMMANDS_H
 #define DG_TOOLS_COMMANDS_H
 
-#define DG_COMMAND(name) int dg_cmd_##name(int argc, char **argv) __attribute__((weak));
+#define DG_COMMAND(name) int dg_cmd_##name(int argc, char **argv);
 DG_COMMAND(train)
 DG_COMMAND(generate)
 DG_COMMAND(eval)
