@@ -49,6 +49,9 @@ static void test_compare_solve_tril(void **state) {
     expect(&r, 0, "tolerance: ||x-ref||/||ref|| <= 0.0001");
     assert_int_equal(count(r.out, "  ok\n"), 2); /* blocked and subst */
     assert_null(strstr(r.out, "FAIL"));
+    run(&r, NULL, "compare solve_tril --paths subst --dtype f64");
+    expect(&r, 0, "tolerance: ||x-ref||/||ref|| <= 1e-06");
+    assert_int_equal(count(r.out, "  ok\n"), 1);
 }
 
 static void test_compare_delta_rule_at_sizes(void **state) {
@@ -96,6 +99,8 @@ static void test_misspelled_ops(void **state) {
     expect(&r, 2, "no op named 'nosuch'");
     run(&r, NULL, "bench nosuch");
     expect(&r, 2, "no op named 'nosuch'");
+    run(&r, NULL, "compare kda --paths fused,nosuch");
+    expect(&r, 2, "kda has no path 'nosuch' here (paths: fused unfused subst recurrent decomposition)");
     run(&r, "DG_BACKWARD=kda:nosuch", "compare kda");
     expect(&r, 2, "backward variant 'nosuch' does not exist (variants: fused, unfused, subst, recurrent)");
 }

@@ -35,6 +35,7 @@ typedef struct cfg {
     uint64_t seed;
     int64_t reps, warmup;
     bool json, skip_decomposition;
+    const char *only; /* --paths: the comma-separated paths to run (NULL: all) */
 } cfg;
 
 enum { P_VARIANT, P_DECOMPOSE, P_GATE_SEPARATE };
@@ -238,16 +239,39 @@ static path reference_path(const dg_op_def *def) {
     return p;
 }
 
+/* whether path name is in the comma-separated list */
+static bool in_list(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == 0)) return true;
+    return false;
+}
+
+/* The paths of the run: all, or those of --paths (-1 after a message when one is not a path). */
 static int list_paths(const cfg *c, path *ps) {
-    int n = 0;
+    path all[DG_MAX_IO];
+    int n_all = 0, n = 0;
     for (int v = 0; v < dg_op_variant_count(c->def); v++) {
-        ps[n] = (path){P_VARIANT, v, ""};
-        snprintf(ps[n++].name, sizeof ps[0].name, "%s", c->def->bwd[v].name);
+        all[n_all] = (path){P_VARIANT, v, ""};
+        snprintf(all[n_all++].name, sizeof all[0].name, "%s", c->def->bwd[v].name);
     }
     /* the primitive ops have no 16-bit forms */
     if (c->def->decompose && !is_16bit(c->dtype) && !c->skip_decomposition)
-        ps[n++] = (path){P_DECOMPOSE, 0, "decomposition"};
-    if (c->sized && c->sz.gate_in_kernel) ps[n++] = (path){P_GATE_SEPARATE, 0, "gate_separate"};
+        all[n_all++] = (path){P_DECOMPOSE, 0, "decomposition"};
+    if (c->sized && c->sz.gate_in_kernel) all[n_all++] = (path){P_GATE_SEPARATE, 0, "gate_separate"};
+    for (int i = 0; i < n_all; i++)
+        if (!c->only || in_list(c->only, all[i].name)) ps[n++] = all[i];
+    for (const char *p = c->only; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        const size_t len = strchr(p, ',') ? (size_t)(strchr(p, ',') - p) : strlen(p);
+        bool known = false;
+        for (int i = 0; i < n_all; i++) known |= strlen(all[i].name) == len && strncmp(all[i].name, p, len) == 0;
+        if (!known) {
+            fprintf(stderr, "compare: --paths: %s has no path '%.*s' here (paths:", c->def->name, (int)len, p);
+            for (int i = 0; i < n_all; i++) fprintf(stderr, " %s", all[i].name);
+            fprintf(stderr, ")\n");
+            return -1;
+        }
+    }
     return n;
 }
 
@@ -393,7 +417,7 @@ static void print_json(const cfg *c, const row *r, int n, int n_cases) {
 
 static const char usage[] =
     "usage: deltagrad compare OP [--dtype f32|f64|bf16|f16] [--device cpu|cuda] [--seed 0]\n"
-    "                            [--reps 1] [--warmup 2] [--json]\n"
+    "                            [--reps 1] [--warmup 2] [--paths NAME,...] [--json]\n"
     "       delta_rule, gated_delta_rule, kda also: [--B 2] [--T 128] [--H 2] [--HV 4] [--K 32] [--V 32]\n"
     "                            [--chunk 16|32|64] [--gate-in-kernel] [--varlen] [--samples]\n"
     "OP: any op with more than one backward variant (`deltagrad ops` lists them).  Runs every backward\n"
@@ -402,7 +426,8 @@ static const char usage[] =
     "against an f64 reference on the CPU on the same inputs, with a verdict against the dtype's\n"
     "tolerance (printed in the header); exits 1 when any path fails.  Inputs: the op's sampler (every\n"
     "sample), or for the delta ops the sizes (default; --samples takes the sampler's).  --varlen packs\n"
-    "3 sequences (B = 1).  Times: best of --reps after --warmup untimed runs.\n"
+    "3 sequences (B = 1).  --paths runs only the paths named (variants, decomposition, gate_separate).\n"
+    "Times: best of --reps after --warmup untimed runs.\n"
     "--device cuda runs every path on the GPU (f32, or for the delta ops at sizes --dtype bf16 / f16:\n"
     "16-bit q, k, v, beta with f32 gates and states) against the same CPU f64 reference.\n";
 
@@ -459,6 +484,9 @@ static int parse(int argc, char **argv, cfg *c) {
         } else if (strcmp(a, "--gate-in-kernel") == 0) c->sz.gate_in_kernel = size_flag = true;
         else if (strcmp(a, "--varlen") == 0) c->sz.varlen = size_flag = true;
         else if (strcmp(a, "--samples") == 0) samples = true;
+        else if (strcmp(a, "--paths") == 0) {
+            if (!(c->only = dg_arg_value("compare", argc, argv, &i))) return -1;
+        }
         else if (strcmp(a, "--json") == 0) c->json = true;
         else if (a[0] != '-' && !op) op = a;
         else return dg_arg_unknown("compare", a);
@@ -528,6 +556,7 @@ int dg_cmd_compare(int argc, char **argv) {
     if (check_memory(&c) != 0) return 2;
     path ps[DG_MAX_IO];
     const int n_paths = list_paths(&c, ps);
+    if (n_paths < 0) return 2;
     row rows[DG_MAX_IO] = {0};
     for (int p = 0; p < n_paths; p++) rows[p].p = ps[p];
     int n_cases = 0, rc = 0;
