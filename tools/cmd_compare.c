@@ -49,7 +49,7 @@ typedef struct cmp_case {
     char label[96];
     dg_tensor *in[DG_MAX_IO]; /* f64 on the host, already rounded through the run's dtype */
     bool diff[DG_MAX_IO];
-    unsigned char attrs[DG_ATTR_BYTES];
+    _Alignas(16) unsigned char attrs[DG_ATTR_BYTES]; /* read as the op's attribute struct */
     bool has_attrs;          /* the attribute struct is known (needed by the decomposition) */
     dg_tensor *w[DG_MAX_IO]; /* output weights W_j, f64 */
     dg_tensor *ref_out[DG_MAX_IO], *ref_grad[DG_MAX_IO];
