@@ -257,7 +257,7 @@ static const char usage[] =
 
 /* 0, 1 (--help printed), or -1 after a message */
 static int parse(int argc, char **argv, cfg *c) {
-    static const char *const devices[] = {"cpu"}, *const dtypes[] = {"f32", "f64"};
+    static const char *const devices[] = {"cpu", "cuda"}, *const dtypes[] = {"f32", "f64"};
     *c = (cfg){.B = {1, 4}, .T = {256, 1024, 4096}, .K = {64, 128}, .nB = 2, .nT = 3, .nK = 2, .reps = 3,
                .warmup = 2, .dtype = DG_F32};
     const char *op = NULL;
@@ -285,7 +285,7 @@ static int parse(int argc, char **argv, cfg *c) {
             c->dtype = k ? DG_F64 : DG_F32;
             dtype_flag = true;
         } else if (strcmp(a, "--device") == 0) {
-            if (!(v = dg_arg_value("bench", argc, argv, &i)) || dg_arg_choice("bench", a, v, devices, 1) < 0) return -1;
+            if (!(v = dg_arg_value("bench", argc, argv, &i)) || dg_arg_choice("bench", a, v, devices, 2) < 0) return -1;
         } else if (strcmp(a, "--markdown") == 0) c->markdown = true;
         else if (strcmp(a, "--no-recurrent") == 0) c->no_recurrent = size_flag = true;
         else if (strcmp(a, "--samples") == 0) samples = true;

@@ -119,8 +119,9 @@ static int run_path(const cfg *c, cmp_case *cs, const path *p, dg_dtype dt, dg_d
     dg_tensor *x[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
     for (int k = 0; k < def->n_in; k++) {
         if (!cs->in[k]) continue;
-        dg_dtype want = dt == DG_F64 || !dg_dtype_is_float(cs->in[k]->dtype) ? cs->in[k]->dtype : input_dtype(c, k);
-        x[k] = dg_clone(dg_to_device(dg_to_dtype(cs->in[k], want), dev));
+        /* integer inputs (cu_seqlens) stay on the host, where the ops read them */
+        if (!dg_dtype_is_float(cs->in[k]->dtype)) x[k] = cs->in[k];
+        else x[k] = dg_clone(dg_to_device(dg_to_dtype(cs->in[k], dt == DG_F64 ? DG_F64 : input_dtype(c, k)), dev));
         if (!x[k]) return -1;
         if (cs->diff[k]) dg_set_requires_grad(x[k], true);
     }
