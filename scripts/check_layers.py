@@ -118,7 +118,9 @@ def main():
                 if key not in seen_cycles:
                     seen_cycles.add(key)
                     errors.append('cycle: ' + ' -> '.join(cyc) + '\n    ' + '\n    '.join(
-                        '%s includes %s' % u for x, y in zip(cyc, cyc[1:]) for u in edges[(x, y)]))
+                        '%s includes %s%s' % (edges[(x, y)][0] + (' (and %d more)' % (len(edges[(x, y)]) - 1)
+                                                                  if len(edges[(x, y)]) > 1 else '',))
+                        for x, y in zip(cyc, cyc[1:])))
             elif m not in state:
                 visit(m)
         stack.pop()
