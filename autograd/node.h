@@ -46,11 +46,11 @@ typedef struct dg_node {
 } dg_node;
 
 /* forward: read node->in and node->attrs, set node->out[0..n_out) (new references, owned by the
- * node until dg_apply hands them out).  Returns 0, or -1 with dg_error set. */
+ * node until dg_apply_variant hands them out).  Returns 0, or -1 with dg_error set. */
 typedef int (*dg_forward_fn)(dg_node *n);
 /* backward: gout[i] is the gradient of output i (never NULL: absent ones are zeros; always
- * contiguous); set gin[i]
- * for each input with n->needs_grad[i] (a tensor of the input's shape; NULL means zero).
+ * contiguous); set gin[i] for each input with n->needs_grad[i] (a tensor of the input's shape;
+ * NULL means zero).
  * Runs with grad mode off; the tensors it makes live in a scope the engine closes. */
 typedef int (*dg_backward_fn)(dg_node *n, dg_tensor *const *gout, dg_tensor **gin);
 /* decompose: the same function as the op, built from primitive ops under autograd. */
