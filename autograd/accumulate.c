@@ -1,7 +1,7 @@
 #include "autograd/autograd.h"
 #include "kernels/cpu/elementwise.h"
 #ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_kernels.h"
 #endif
 
 #ifdef DG_HAVE_CUDA
@@ -12,7 +12,7 @@
 static int accumulate_device(dg_tensor *dst, const dg_tensor *src) {
     bool fl = dst->dtype == DG_F32 || dst->dtype == DG_F64;
     if (fl && dg_is_contiguous(dst))
-        return dg_cuda_binary(dst->dtype, DG_CUDA_BIN_ADD, dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
+        return dg_cuda_binary(dst->dtype, DG_BIN_ADD, dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
                               dg_data_ptr(src), src->stride, dg_data_ptr(dst));
     if (!fl && dst->dtype != DG_BF16 && dst->dtype != DG_F16) {
         dg_error("accumulate: gradients of dtype %s are not supported", dg_dtype_name(dst->dtype));
@@ -24,7 +24,7 @@ static int accumulate_device(dg_tensor *dst, const dg_tensor *src) {
     dg_tensor *acc = dg_empty_on(dst->ndim, dst->shape, wide, DG_CUDA);
     dg_tensor *s = dg_empty_on(src->ndim, src->shape, wide, DG_CUDA);
     if (acc && s && dg_copy_(acc, dst) == 0 && dg_copy_(s, src) == 0 &&
-        dg_cuda_binary(wide, DG_CUDA_BIN_ADD, acc->ndim, acc->shape, dg_data_ptr(acc), acc->stride, dg_data_ptr(s),
+        dg_cuda_binary(wide, DG_BIN_ADD, acc->ndim, acc->shape, dg_data_ptr(acc), acc->stride, dg_data_ptr(s),
                        s->stride, dg_data_ptr(acc)) == 0)
         rc = dg_copy_(dst, acc);
     dg_scope_end();

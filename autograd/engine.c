@@ -1,7 +1,7 @@
-/* The tape: dg_apply records one node per op application; dg_backward walks the recorded nodes in
- * reverse creation order (a valid reverse topological order, since a node's inputs were all made
- * before it), handing each node the gradients of its outputs and accumulating the gradients it
- * returns into the producers of its inputs, or into .grad of leaf tensors.
+/* The tape: dg_apply_variant records one node per op application; dg_backward walks the recorded
+ * nodes in reverse creation order (a valid reverse topological order, since a node's inputs were
+ * all made before it), handing each node the gradients of its outputs and accumulating the
+ * gradients it returns into the producers of its inputs, or into .grad of leaf tensors.
  *
  * Ownership: an output holds its node; a node holds its inputs and detached copies of what it
  * saved.  Nothing points from a node to its outputs, so there are no cycles and the whole graph
@@ -37,14 +37,22 @@ static void record_output_meta(dg_node *n, int i, const dg_tensor *t) {
     n->out_device[i] = t->device;
 }
 
-int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant) {
+int dg_op_variant_count(const dg_op_def *def) {
+    int n = 0;
+    while (n < DG_MAX_VARIANTS && def->bwd[n].fn) n++;
+    return n;
+}
+
+int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out,
+                     int variant) {
     if (def->attrs_size > DG_ATTR_BYTES || def->n_in > DG_MAX_IO || def->n_out > DG_MAX_IO) {
         fprintf(stderr, "deltagrad: op %s exceeds the node limits\n", def->name);
         abort();
     }
     if (variant < 0 || variant >= dg_op_variant_count(def)) {
-        variant = dg_op_default_variant(def);
-        if (variant < 0) return -1; /* DG_BACKWARD names no such op or variant */
+        dg_error("%s: backward variant %d does not exist (the op has %d)", def->name, variant,
+                 dg_op_variant_count(def));
+        return -1;
     }
     dg_node *n = calloc(1, sizeof *n);
     if (!n) {
@@ -121,11 +129,6 @@ int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_t
     }
     if (!record) free(n);
     return 0;
-}
-
-dg_tensor *dg_apply1(const dg_op_def *def, const void *attrs, dg_tensor *const *in) {
-    dg_tensor *out[DG_MAX_IO] = {0};
-    return dg_apply(def, attrs, in, out, -1) == 0 ? out[0] : NULL;
 }
 
 void dg_set_requires_grad(dg_tensor *t, bool on) {
@@ -263,8 +266,9 @@ int dg_backward(dg_tensor *loss, dg_tensor *grad) {
         dg_tensor *gout[DG_MAX_IO] = {0}, *gin[DG_MAX_IO] = {0};
         for (int i = 0; i < n->n_out && rc == 0; i++) {
             /* backward functions may assume contiguous incoming gradients */
-            gout[i] = n->grad_acc[i] ? dg_contiguous(n->grad_acc[i])
-                                      : dg_zeros_on(n->out_ndim[i], n->out_shape[i], n->out_dtype[i], n->out_device[i]);
+            dg_tensor *g = n->grad_acc[i];
+            if (!g) gout[i] = dg_zeros_on(n->out_ndim[i], n->out_shape[i], n->out_dtype[i], n->out_device[i]);
+            else gout[i] = dg_is_contiguous(g) ? dg_autorelease(dg_retain(g)) : dg_clone(g);
             if (!gout[i]) rc = -1;
         }
         const dg_backward_variant *bv = &n->op->bwd[n->variant];

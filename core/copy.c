@@ -5,7 +5,6 @@
 #include <string.h>
 
 #ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.h"
 
 /* ---- copies that touch the device ----
  * device -> device, one dtype: one strided copy kernel (any strides on both sides, 0 included);

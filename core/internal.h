@@ -31,14 +31,8 @@ int dg_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int 
 /* ---- memory accounting (storage.c) ---- */
 void dg_mem_account(dg_device d, int64_t delta);
 
-/* ---- CUDA hooks (kernels/cuda, present only when compiled with it) ---- */
-#ifdef DG_HAVE_CUDA
-void *dg_cuda_malloc(size_t n);
-void dg_cuda_free(void *p);
-int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
-int dg_cuda_memset0(void *p, size_t n);
-int dg_cuda_device_count(void);
-#endif
+/* ---- what core needs of the CUDA backend (defined in kernels/cuda when compiled with it) ---- */
+#include "core/device.h"
 
 /* ---- element loads and stores of any dtype (tensor.c) ---- */
 double dg_load_as_double(const void *p, dg_dtype dt);

@@ -3,21 +3,17 @@
 
 #include "models/infra_common.h"
 #include "models/safetensors.h"
+#include "ops/optim_step.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/nn_cuda.h"
-#endif
-
-/* Parameters on the device (f32, contiguous) keep their moments on the device; the update runs in
- * kernels/cuda/nn_optim.cu with the same arithmetic as the loop below (bit-identical results), the
- * gradient norm sums each device gradient there (in double, a fixed order per tensor) and adds the
- * per-tensor sums in parameter order.  Host parameters take exactly the CPU code they always did. */
+/* Parameters on the device (f32, contiguous) keep their moments on the device.  The arithmetic
+ * runs where the tensors are, through ops/optim_step.h: the update is the same bit for bit on
+ * either device, and the gradient norm sums each device gradient there (in double, a fixed order
+ * per tensor) and adds the per-tensor sums in parameter order. */
 
 #define ADAMW_FORMAT "deltagrad.adamw.v1"
 
@@ -162,31 +158,14 @@ int dg_adamw_step(dg_adamw *opt, double lr) {
     const double b1 = opt->cfg.beta1, b2 = opt->cfg.beta2;
     const double bc1 = 1.0 - pow(b1, (double)opt->step), bc2 = 1.0 - pow(b2, (double)opt->step);
     /* the scalars are computed once in double and used as f32, as PyTorch does */
-    const float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), eps = (float)opt->cfg.eps;
-    const float fb1 = (float)b1, fb2 = (float)b2, c1 = (float)(1.0 - b1), c2 = (float)(1.0 - b2);
+    dg_adamw_coefs c = {.step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2), .eps = (float)opt->cfg.eps,
+                        .b1 = (float)b1, .b2 = (float)b2, .c1 = (float)(1.0 - b1), .c2 = (float)(1.0 - b2)};
     for (int i = 0; i < opt->n; i++) {
         dg_tensor *pt = opt->params[i];
         if (!pt->grad) continue;
-        float *p = dgm_data(pt), *m = dgm_data(opt->m[i]), *v = dgm_data(opt->v[i]);
-        const float *g = dgm_data(pt->grad);
-        const float shrink = opt->decay[i] ? (float)(1.0 - lr * opt->cfg.weight_decay) : 1.0f;
-        const int64_t ne = dg_numel(pt);
-        if (pt->device == DG_CUDA) {
-#ifdef DG_HAVE_CUDA
-            /* a failure here is a device fault (the arguments were checked above) */
-            if (dg_cuda_adamw_f32(ne, p, g, m, v, shrink, step_size, bc2_sqrt, eps, fb1, fb2, c1, c2)) return -1;
-#endif
-            continue;
-        }
-#pragma omp parallel for schedule(static) if (ne >= (1 << 16))
-        for (int64_t j = 0; j < ne; j++) {
-            float gj = g[j];
-            float mj = fb1 * m[j] + c1 * gj;
-            float vj = fb2 * v[j] + c2 * gj * gj;
-            m[j] = mj;
-            v[j] = vj;
-            p[j] = p[j] * shrink - step_size * mj / (sqrtf(vj) / bc2_sqrt + eps);
-        }
+        c.shrink = opt->decay[i] ? (float)(1.0 - lr * opt->cfg.weight_decay) : 1.0f;
+        /* a failure here is a device fault (the arguments were checked above) */
+        if (dg_adamw_update_(pt, pt->grad, opt->m[i], opt->v[i], &c)) return -1;
     }
     return 0;
 }
@@ -202,73 +181,25 @@ void dg_adamw_zero_grad(dg_adamw *opt) {
     }
 }
 
-/* param's gradient when it is a contiguous CUDA tensor (summed on the device), else NULL */
-static const dg_tensor *cuda_grad(const dg_tensor *param) {
+/* The gradients the norm counts: contiguous ones, f32 or f64 on the host, and on the device
+ * (where another dtype is an error of the sum); NULL for the others. */
+static const dg_tensor *counted_grad(const dg_tensor *param) {
     const dg_tensor *g = param ? param->grad : NULL;
-    return g && g->device == DG_CUDA && dg_is_contiguous(g) ? g : NULL;
-}
-
-/* the device gradients' sums of squares, all in one call (one synchronisation per step, not one
- * per parameter); dev_ss[i] for parameter i (0 for the others).  0, or -1 with the error set. */
-static int device_sumsq(int n, dg_tensor *const *params, double *dev_ss) {
-#ifdef DG_HAVE_CUDA
-    int cnt = 0;
-    for (int i = 0; i < n; i++) cnt += cuda_grad(params[i]) != NULL;
-    if (cnt == 0) return 0;
-    dg_dtype *dt = malloc(sizeof *dt * (size_t)cnt);
-    int64_t *ne = malloc(sizeof *ne * (size_t)cnt);
-    const void **x = malloc(sizeof *x * (size_t)cnt);
-    double *ss = malloc(sizeof *ss * (size_t)cnt);
-    int rc = -1;
-    if (dt && ne && x && ss) {
-        int k = 0;
-        for (int i = 0; i < n; i++) {
-            const dg_tensor *g = cuda_grad(params[i]);
-            if (g) dt[k] = g->dtype, ne[k] = dg_numel(g), x[k++] = dg_data_ptr(g);
-        }
-        rc = dg_cuda_sumsq_many(cnt, dt, ne, x, ss);
-        for (int i = 0, j = 0; rc == 0 && i < n; i++)
-            if (cuda_grad(params[i])) dev_ss[i] = ss[j++];
-    } else {
-        dg_error("grad_norm: out of host memory for %d device gradients", cnt);
-    }
-    free(dt), free(ne), free(x), free(ss);
-    return rc;
-#else
-    (void)n, (void)params, (void)dev_ss;
-    return 0;
-#endif
+    if (!g || !dg_is_contiguous(g)) return NULL;
+    return g->device == DG_CUDA || g->dtype == DG_F32 || g->dtype == DG_F64 ? g : NULL;
 }
 
 double dg_grad_norm(int n, dg_tensor *const *params) {
-    double ss = 0;
-    double *dev_ss = n > 0 ? calloc((size_t)n, sizeof *dev_ss) : NULL;
-    if (n > 0 && !dev_ss) {
+    const dg_tensor **g = n > 0 ? calloc((size_t)n, sizeof *g) : NULL;
+    if (n > 0 && !g) {
         dg_error("grad_norm: out of host memory for %d parameters", n);
         return NAN;
     }
-    if (device_sumsq(n, params, dev_ss)) {
-        free(dev_ss);
-        return NAN; /* error set */
-    }
-    for (int i = 0; i < n; i++) {
-        const dg_tensor *g = params[i] ? params[i]->grad : NULL;
-        if (cuda_grad(params[i])) { /* summed in parameter order, as before */
-            ss += dev_ss[i];
-            continue;
-        }
-        if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
-        int64_t ne = dg_numel(g);
-        if (g->dtype == DG_F32) {
-            const float *x = dgm_data(g);
-            for (int64_t j = 0; j < ne; j++) ss += (double)x[j] * x[j];
-        } else if (g->dtype == DG_F64) {
-            const double *x = dgm_data(g);
-            for (int64_t j = 0; j < ne; j++) ss += x[j] * x[j];
-        }
-    }
-    free(dev_ss);
-    return sqrt(ss);
+    for (int i = 0; i < n; i++) g[i] = counted_grad(params[i]);
+    double ss = 0;
+    int rc = dg_sumsq_accumulate(n, g, &ss);
+    free(g);
+    return rc ? NAN : sqrt(ss); /* error set */
 }
 
 double dg_clip_grad_norm(int n, dg_tensor *const *params, double max_norm) {
@@ -276,24 +207,8 @@ double dg_clip_grad_norm(int n, dg_tensor *const *params, double max_norm) {
     if (!(max_norm > 0) || !isfinite(norm) || norm <= max_norm) return norm;
     double coef = max_norm / (norm + 1e-6);
     for (int i = 0; i < n; i++) {
-        dg_tensor *g = params[i] ? params[i]->grad : NULL;
-#ifdef DG_HAVE_CUDA
-        /* the same product as below: (float)coef times x, rounded once */
-        if (g && g->device == DG_CUDA && dg_is_contiguous(g)) {
-            double c = g->dtype == DG_F32 ? (double)(float)coef : coef;
-            dg_cuda_unary(g->dtype, DG_UN_MUL_SCALAR, dg_numel(g), dg_data_ptr(g), dg_data_ptr(g), c);
-            continue;
-        }
-#endif
-        if (!g || g->device != DG_CPU || !dg_is_contiguous(g)) continue;
-        int64_t ne = dg_numel(g);
-        if (g->dtype == DG_F32) {
-            float *x = dgm_data(g), c = (float)coef;
-            for (int64_t j = 0; j < ne; j++) x[j] *= c;
-        } else if (g->dtype == DG_F64) {
-            double *x = dgm_data(g);
-            for (int64_t j = 0; j < ne; j++) x[j] *= coef;
-        }
+        dg_tensor *g = (dg_tensor *)counted_grad(params[i]);
+        if (g) dg_scale_(g, coef);
     }
     return norm;
 }

@@ -8,10 +8,6 @@
 #include "models/metrics.h"
 #include "models/safetensors.h"
 
-#ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
-
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>

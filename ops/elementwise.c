@@ -11,7 +11,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "ops/op.h"
 #ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h" /* the CUDA kernels, f32/f64 on the device */
+#include "kernels/cuda/cuda_kernels.h" /* the CUDA kernels, f32/f64 on the device */
 #endif
 
 #include <string.h>
@@ -34,7 +34,7 @@ static int binary_forward(dg_node *n) {
     if (!xe || !ye || !out) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_binary(x->dtype, dg_cuda_binary_of((dg_binary_op)a->op), nd, shape, dg_data_ptr(xe), xe->stride,
+        if (dg_cuda_binary(x->dtype, (dg_binary_op)a->op, nd, shape, dg_data_ptr(xe), xe->stride,
                            dg_data_ptr(ye), ye->stride, dg_data_ptr(out)))
             return -1;
         if (a->op == DG_BIN_DIV) dg_save(n, out);
@@ -68,6 +68,7 @@ static int binary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
         gx = n->needs_grad[0] ? dg_div(g, y) : NULL;
         gy = n->needs_grad[1] ? dg_neg(dg_div(dg_mul(g, n->saved[0]), y)) : NULL;
         break;
+    default: break;
     }
     if (n->needs_grad[0]) gin[0] = dg_sum_to_shape(gx, x->ndim, x->shape);
     if (n->needs_grad[1]) gin[1] = dg_sum_to_shape(gy, y->ndim, y->shape);
@@ -132,7 +133,7 @@ static int unary_forward(dg_node *n) {
     if (!y) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary(x->dtype, dg_cuda_unary_of((dg_unary_op)a->op), dg_numel(x), dg_data_ptr(x), dg_data_ptr(y),
+        if (dg_cuda_unary(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y),
                           a->s))
             return -1;
 #else
@@ -154,7 +155,7 @@ static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     if (!dx) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary_bwd(x->dtype, dg_cuda_unary_of((dg_unary_op)a->op), dg_numel(x), dg_data_ptr(x),
+        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x),
                               dg_data_ptr(y), dg_data_ptr(g), dg_data_ptr(dx), a->s))
             return -1;
 #endif

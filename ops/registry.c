@@ -1,15 +1,13 @@
-/* The registry: every op, listed once.  Each op file defines `const dg_op_def dg_op_<name>`.
- * The references are weak so that the tree links while ops are added in parallel; the test
- * test_registry asserts that every op named here is present, so a missing one fails CI. */
+/* The registry: every op, listed once in ops/registry_list.h.  Each op file defines
+ * `const dg_op_def dg_op_<name>`; the table below references every one, so every op is linked
+ * into any program that uses the registry (a listed op that is not built is a link error).
+ * Also here: the choice of backward variant (a call's own, DG_BACKWARD's, else 0) and dg_apply,
+ * which makes that choice and hands the op to the autograd engine. */
 #include "ops/op.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define DG_OP(name) extern const dg_op_def dg_op_##name __attribute__((weak));
-#include "ops/registry_list.h"
-#undef DG_OP
 
 static const dg_op_def *const all_ops[] = {
 #define DG_OP(name) &dg_op_##name,
@@ -17,58 +15,16 @@ static const dg_op_def *const all_ops[] = {
 #undef DG_OP
 };
 
-static const char *const all_names[] = {
-#define DG_OP(name) #name,
-#include "ops/registry_list.h"
-#undef DG_OP
-};
+#define N_OPS ((int)(sizeof(all_ops) / sizeof(all_ops[0])))
 
-#define N_LISTED ((int)(sizeof(all_ops) / sizeof(all_ops[0])))
+int dg_op_count(void) { return N_OPS; }
 
-static const dg_op_def *present[N_LISTED];
-static int n_present = -1;
-
-static void collect(void) {
-    if (n_present >= 0) return;
-    int n = 0;
-    for (int i = 0; i < N_LISTED; i++)
-        if (all_ops[i]) present[n++] = all_ops[i];
-    n_present = n;
-}
-
-int dg_op_count(void) {
-    collect();
-    return n_present;
-}
-
-const dg_op_def *dg_op_at(int i) {
-    collect();
-    return i >= 0 && i < n_present ? present[i] : NULL;
-}
+const dg_op_def *dg_op_at(int i) { return i >= 0 && i < N_OPS ? all_ops[i] : NULL; }
 
 const dg_op_def *dg_op_find(const char *name) {
-    collect();
-    for (int i = 0; i < n_present; i++)
-        if (strcmp(present[i]->name, name) == 0) return present[i];
+    for (int i = 0; i < N_OPS; i++)
+        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
     return NULL;
-}
-
-/* Names listed in the registry whose definition is missing from the build ("" if none). */
-const char *dg_op_missing(void) {
-    static char buf[1024];
-    buf[0] = 0;
-    for (int i = 0; i < N_LISTED; i++)
-        if (!all_ops[i] && strlen(buf) + strlen(all_names[i]) + 2 < sizeof buf) {
-            strcat(buf, all_names[i]);
-            strcat(buf, " ");
-        }
-    return buf;
-}
-
-int dg_op_variant_count(const dg_op_def *def) {
-    int n = 0;
-    while (n < 6 && def->bwd[n].fn) n++;
-    return n;
 }
 
 int dg_op_variant_find(const dg_op_def *def, const char *name) {
@@ -142,4 +98,17 @@ int dg_op_env_variant(const dg_op_def *def) {
 int dg_op_default_variant(const dg_op_def *def) {
     int v = dg_op_env_variant(def);
     return v == -2 ? -1 : v < 0 ? 0 : v;
+}
+
+int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant) {
+    if (variant < 0 || variant >= dg_op_variant_count(def)) {
+        variant = dg_op_default_variant(def);
+        if (variant < 0) return -1; /* DG_BACKWARD names no such op or variant */
+    }
+    return dg_apply_variant(def, attrs, in, out, variant);
+}
+
+dg_tensor *dg_apply1(const dg_op_def *def, const void *attrs, dg_tensor *const *in) {
+    dg_tensor *out[DG_MAX_IO] = {0};
+    return dg_apply(def, attrs, in, out, -1) == 0 ? out[0] : NULL;
 }

@@ -2,7 +2,7 @@
  * backward, flat memory over many iterations. */
 #include "tests/support/test_support.h"
 
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -97,14 +97,6 @@ static double compare(const result *a, const result *b, const char *what, double
     return worst;
 }
 
-#pragma weak dg_dr_chunk_fwd_f32
-#pragma weak dg_dr_chunk_fwd_f64
-#pragma weak dg_dr_chunk_bwd_f32
-#pragma weak dg_dr_chunk_bwd_f64
-static bool chunk_available(void) {
-    return dg_dr_chunk_fwd_f64 && dg_dr_chunk_bwd_f64 && dg_dr_chunk_fwd_f32 && dg_dr_chunk_bwd_f32;
-}
-
 static const char *const family[3] = {"delta_rule", "gated_delta_rule", "kda"};
 
 /* recurrent (forward + backward) against the decomposition's autograd, every sample */
@@ -140,10 +132,6 @@ static void test_recurrent_vs_decomposition(void **st) {
 /* every backward variant, with the chunked forward, against the recurrent reference */
 static void test_chunked_variants_vs_recurrent(void **st) {
     (void)st;
-    if (!chunk_available()) {
-        print_message("  the chunked kernels are not linked into this build: skipped\n");
-        skip();
-    }
     for (int f = 0; f < 3; f++) {
         const dg_op_def *def = dg_op_find(family[f]);
         const int rec = dg_op_variant_find(def, "recurrent");
@@ -189,7 +177,6 @@ static void test_f32_vs_f64(void **st) {
         assert_true(def->sample(1, DG_F64, 5, &s));
         dg_scope_end();
         for (int algo = 0; algo < 2; algo++) {
-            if (algo == DG_DELTA_CHUNKED && !chunk_available()) continue;
             dg_delta_attrs at;
             memcpy(&at, s.attrs, sizeof at);
             at.algorithm = algo;
@@ -269,10 +256,8 @@ static void test_gate_fused_vs_separate(void **st) {
     (void)st;
     check_gate_fused(false, DG_DELTA_RECURRENT);
     check_gate_fused(true, DG_DELTA_RECURRENT);
-    if (chunk_available()) {
-        check_gate_fused(false, DG_DELTA_CHUNKED);
-        check_gate_fused(true, DG_DELTA_CHUNKED);
-    }
+    check_gate_fused(false, DG_DELTA_CHUNKED);
+    check_gate_fused(true, DG_DELTA_CHUNKED);
 }
 
 static dg_tensor *l2n(dg_tensor *x) {
@@ -347,7 +332,7 @@ static void check_keep_vs_recompute(dg_delta_algorithm algo) {
 static void test_keep_vs_recompute(void **st) {
     (void)st;
     check_keep_vs_recompute(DG_DELTA_RECURRENT);
-    if (chunk_available()) check_keep_vs_recompute(DG_DELTA_CHUNKED);
+    check_keep_vs_recompute(DG_DELTA_CHUNKED);
 }
 
 /* ---- choosing the backward variant ------------------------------------------------------------- */
@@ -410,18 +395,16 @@ static void test_variant_selection(void **st) {
     assert_int_equal(out->node->variant, dg_op_variant_find(def, "recurrent"));
     unsetenv("DG_BACKWARD");
     /* the chunked algorithm defaults to bwd[0] */
-    if (chunk_available()) {
-        o.backward = NULL;
-        o.algorithm = DG_DELTA_CHUNKED;
-        out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
-        assert_int_equal(out->node->variant, 0);
-        /* kda on the CPU: fused (bwd[0]; its CUDA default, unfused, is tested in test_cuda_delta_parity.c) */
-        dg_tensor *gk = dg_rand_range(DG_SHAPE(1, 4, 1, 3), DG_F64, -1, -0.1, &rng);
-        out = dg_kda(q, q, v, gk, beta, &o, NULL);
-        assert_non_null(out);
-        assert_int_equal(out->node->variant, dg_op_variant_find(dg_op_find("kda"), "fused"));
-        assert_int_equal(out->node->variant, 0);
-    }
+    o.backward = NULL;
+    o.algorithm = DG_DELTA_CHUNKED;
+    out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
+    assert_int_equal(out->node->variant, 0);
+    /* kda on the CPU: fused (bwd[0]; its CUDA default, unfused, is tested in test_cuda_delta_parity.c) */
+    dg_tensor *gk = dg_rand_range(DG_SHAPE(1, 4, 1, 3), DG_F64, -1, -0.1, &rng);
+    out = dg_kda(q, q, v, gk, beta, &o, NULL);
+    assert_non_null(out);
+    assert_int_equal(out->node->variant, dg_op_variant_find(dg_op_find("kda"), "fused"));
+    assert_int_equal(out->node->variant, 0);
     /* an unknown name is an error that lists the variants */
     o.backward = "fast";
     assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));

@@ -3,7 +3,7 @@
  * rejection of damaged checkpoints, decoding with carried state against full re-runs, flat memory. */
 #include "tests/model_infra_common.h"
 
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 #include "core/internal.h"
 #include "models/checkpoint.h"
 #include "models/generate.h"

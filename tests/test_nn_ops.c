@@ -3,7 +3,7 @@
  * enough to take the threaded kernel paths.  (Gradcheck of the samples is test_registry's.) */
 #include "tests/support/test_support.h"
 
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 #include "kernels/cpu/nn.h"
 #include "ops/op.h"
 

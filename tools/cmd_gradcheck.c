@@ -12,7 +12,7 @@
  * the device and its output and gradients are compared with the CPU f64 run on the same inputs
  * (the op's f32 tolerances, element by element: |gpu - cpu| <= atol + rtol |cpu|); those rows say
  * "vs cpu f64". */
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 #include "tools/commands.h"
 #include "tools/parse_args.h"
 

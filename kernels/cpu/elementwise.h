@@ -4,12 +4,7 @@
 
 #include <stdint.h>
 
-typedef enum {
-    DG_UN_NEG, DG_UN_ADD_SCALAR, DG_UN_MUL_SCALAR, DG_UN_POW_SCALAR, DG_UN_EXP, DG_UN_LOG,
-    DG_UN_SQRT, DG_UN_RSQRT, DG_UN_SIGMOID, DG_UN_LOGSIGMOID, DG_UN_SILU, DG_UN_SOFTPLUS, DG_UN_TANH
-} dg_unary_op;
-
-typedef enum { DG_BIN_ADD, DG_BIN_SUB, DG_BIN_MUL, DG_BIN_DIV } dg_binary_op;
+#include "kernels/elementwise_op.h"
 
 /* Strided n-d operand: element i (multi-index) at p[sum idx[d] * stride[d]]. */
 typedef struct dg_strided {

@@ -89,6 +89,7 @@ void CAT(dg_cpu_binary_, SFX)(dg_binary_op op, int ndim, const int64_t *shape, d
         case DG_BIN_SUB: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] - y[i * bs]; break;
         case DG_BIN_MUL: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] * y[i * bs]; break;
         case DG_BIN_DIV: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] / y[i * bs]; break;
+        default: break;
         }
     }
 }

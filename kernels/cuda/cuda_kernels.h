@@ -24,11 +24,12 @@
 extern "C" {
 #endif
 
+#include "core/device.h"                   /* memory, transfers, fill, strided copy, cast */
 #include "kernels/cpu/delta/delta_rule.h" /* dg_dr_shape, dg_gate_kind (C declarations) */
+#include "kernels/elementwise_op.h"       /* dg_unary_op, dg_binary_op */
 
-/* ---- runtime (runtime.cu); the allocation hooks themselves are declared in core/internal.h ---- */
+/* ---- runtime (runtime.cu); memory, transfers and dg_cuda_synchronize are in core/device.h ---- */
 int dg_cuda_init(void);        /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
-int dg_cuda_synchronize(void); /* waits for the stream; reports a failure of queued work */
 int dg_cuda_sm_count(void);    /* multiprocessors of the device (0 without one) */
 
 /* ---- per-kernel times (kernel_timer.cu), for benchmarks ----
@@ -61,23 +62,6 @@ static inline int dg_cuda_ktime_add(dg_cuda_ktime *out, int m, int max, const ch
 }
 
 /* ---- elementwise (elementwise.cu); dt is DG_F32 or DG_F64 unless said otherwise ---------------- */
-typedef enum {
-    DG_UN_EXP,        /* y = exp(x) */
-    DG_UN_LOG,        /* y = log(x) */
-    DG_UN_SQRT,       /* y = sqrt(x) */
-    DG_UN_RSQRT,      /* y = 1 / sqrt(x) */
-    DG_UN_SIGMOID,    /* y = 1 / (1 + exp(-x)) */
-    DG_UN_LOGSIGMOID, /* y = log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)) */
-    DG_UN_SILU,       /* y = x sigmoid(x) */
-    DG_UN_SOFTPLUS,   /* y = log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)) */
-    DG_UN_TANH,       /* y = tanh(x) */
-    DG_UN_NEG,        /* y = -x */
-    DG_UN_ADD_SCALAR, /* y = x + a */
-    DG_UN_MUL_SCALAR, /* y = a x */
-    DG_UN_POW_SCALAR, /* y = x^a */
-    DG_UN_COUNT
-} dg_unary_op;
-
 /* y[i] = f(x[i]) for n contiguous elements (y may alias x). */
 int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y, double a);
 /* gx[i] = gy[i] f'(x[i]) (gx may alias gy).  x may be NULL where f' is a function of the output
@@ -86,26 +70,13 @@ int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y
 int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y,
                       const void *gy, void *gx, double a);
 
-typedef enum { DG_BIN_ADD, DG_BIN_SUB, DG_BIN_MUL, DG_BIN_DIV, DG_BIN_COUNT } dg_binary_op;
-
 /* out[idx] = a[idx . astride] (op) b[idx . bstride] over the ndim-d (0..6) index space `shape`;
  * out is contiguous of that shape.  Broadcasting is a stride of 0. */
 int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a,
                    const int64_t *astride, const void *b, const int64_t *bstride, void *out);
 
-/* p[0..n) = value.  dt: f32, f64, bf16, f16, i32, i64. */
-int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value);
-
-/* dst[idx . dst_stride] = src[idx . src_stride] over `shape` (ndim 0..6), elements of elem_size
- * bytes (1, 2, 4 or 8); dst_stride NULL means contiguous; src_stride NULL means contiguous.
- * dst must not overlap src. */
-int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst,
-                         const int64_t *dst_stride, const void *src, const int64_t *src_stride);
-
-/* dst[i] = (dst_dt) src[i] for n contiguous elements; f32, f64, bf16, f16, i32, i64 (bf16 and f16
- * round to nearest even, f16 once from f64 as core/f16.h; floats to integers truncate toward
- * zero). */
-int dg_cuda_cast(int64_t n, dg_dtype dst_dt, void *dst, dg_dtype src_dt, const void *src);
+/* dg_cuda_fill, dg_cuda_copy_strided and dg_cuda_cast (also here) are declared in core/device.h:
+ * core's copies call them. */
 
 /* ---- reductions (reduce.cu) ---------------------------------------------------------------- */
 /* out = alpha * sum of x over the dims whose bit is set in reduce_mask (bit d: dim d).  x is the

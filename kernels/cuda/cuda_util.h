@@ -21,7 +21,7 @@
 #include <cuda_runtime.h>
 
 #ifndef DG_HAVE_CUDA
-#define DG_HAVE_CUDA 1 /* the hooks in core/internal.h are declared under this */
+#define DG_HAVE_CUDA 1 /* the C headers shared with ops test it (nn_dispatch.h) */
 #endif
 
 extern "C" {

@@ -84,8 +84,8 @@ int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *log
                               const void *dloss, const int64_t *count, void *dlogits);
 
 /* ---- optimiser (nn_optim.cu) ------------------------------------------------------------------ */
-/* One AdamW update of n f32 elements, with the scalars of models/optim.c and its arithmetic in
- * its order, each operation rounded once (no fused multiply-add), so the result equals the CPU
+/* One AdamW update of n f32 elements, with the scalars of models/optim.c and the arithmetic of
+ * kernels/cpu/optim.c in its order, each operation rounded once (no fused multiply-add), so the result equals the CPU
  * update bit for bit:
  *   m = b1 m + c1 g;  v = b2 v + (c2 g) g;  p = p shrink - (step_size m) / (sqrt(v) / bc2_sqrt + eps) */
 int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink,

@@ -19,13 +19,6 @@
 #include "kernels/cuda/nn_cuda.h"
 #endif
 
-/* The CPU chunked kernels are optional in a build: until they are linked in, the chunked
- * algorithm reports that it is missing instead of failing the link. */
-#pragma weak dg_dr_chunk_fwd_f32
-#pragma weak dg_dr_chunk_fwd_f64
-#pragma weak dg_dr_chunk_bwd_f32
-#pragma weak dg_dr_chunk_bwd_f64
-
 static int kernel_status(const char *op, const char *what, int rc, dg_device dev) {
     if (rc == 0) return 0;
     if (dev == DG_CUDA) return -1; /* the device entry points set their own message */
@@ -34,14 +27,6 @@ static int kernel_status(const char *op, const char *what, int rc, dg_device dev
     else
         dg_error("%s: the %s kernel rejected its arguments (code %d)", op, what, rc);
     return -1;
-}
-
-static bool chunk_kernels_present(const char *op) {
-    if (dg_dr_chunk_fwd_f32 && dg_dr_chunk_fwd_f64 && dg_dr_chunk_bwd_f32 && dg_dr_chunk_bwd_f64) return true;
-    dg_error("%s: the chunked algorithm is not built into this library (kernels/cpu/delta/dr_chunk*.c); use "
-             "algorithm = DG_DELTA_RECURRENT",
-             op);
-    return false;
 }
 
 bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt) {
@@ -106,7 +91,6 @@ int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_devic
         rc = dt == DG_F32 ? dg_dr_recurrent_fwd_f32(s, q, k, v, g, beta, h0, o, hT)
                           : dg_dr_recurrent_fwd_f64(s, q, k, v, g, beta, h0, o, hT);
     } else {
-        if (!chunk_kernels_present(op)) return -1;
         rc = dt == DG_F32 ? dg_dr_chunk_fwd_f32(s, q, k, v, g, beta, h0, o, hT)
                           : dg_dr_chunk_fwd_f64(s, q, k, v, g, beta, h0, o, hT);
     }
@@ -167,7 +151,6 @@ int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, cons
         rc = dt == DG_F32 ? dg_dr_recurrent_bwd_f32(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                           : dg_dr_recurrent_bwd_f64(s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0);
     } else {
-        if (!chunk_kernels_present(op)) return -1;
         rc = dt == DG_F32 ? dg_dr_chunk_bwd_f32(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0)
                           : dg_dr_chunk_bwd_f64(s, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0);
     }

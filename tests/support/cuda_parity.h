@@ -12,7 +12,7 @@
 
 #include "tests/support/test_support.h"
 
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 
 #include <math.h>
 #include <stdlib.h>

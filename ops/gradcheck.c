@@ -7,7 +7,7 @@
  * is compared with central differences (L(x + e) - L(x - e)) / 2e: element by element for inputs
  * of up to 256 elements, along 6 random directions u (dL/dx . u) for larger ones.  A row fails
  * when |fd - analytic| > atol + rtol |fd| (the op's f64 tolerances). */
-#include "autograd/autograd.h"
+#include "ops/gradcheck.h"
 
 #include <math.h>
 #include <stdlib.h>
