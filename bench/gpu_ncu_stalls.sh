@@ -9,7 +9,7 @@
 # bench/ncu_stalls.py's summary.  Writes to $OUT (default: a new temporary folder, printed):
 # KERNEL.csv (feed it to bench/ncu_stalls.py again with --lines or --range), KERNEL.txt, the logs.
 # About a minute.  ENV_SETUP: a shell file sourced first (e.g. one that puts nvcc and ncu on the PATH).
-# docs/PERF.md, "Profiling", says how to read the summary.
+# docs/PERF.md, "Per kernel: ncu", says how to read the summary.
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,12p "$0"; exit 2; }
 kernel=$1 op=${2:-gated_delta_rule} shape=${3:-S1}
