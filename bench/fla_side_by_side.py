@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""flash-linear-attention (FLA) and deltagrad's CUDA kernels side by side, on the same inputs
-(issue 6, item 4).
+"""flash-linear-attention (FLA) and deltagrad's CUDA kernels side by side, on the same inputs.
 
 For each case (op x shape) this script draws the inputs on the GPU with torch, writes them to a
 safetensors file, times FLA's chunk_gated_delta_rule / chunk_kda / chunk_delta_rule on them with
@@ -13,7 +12,7 @@ with FLA's (relative difference ||ours - FLA|| / ||FLA||: two 16-bit implementat
 FLA ms, ours ms, FLA / ours, forward and forward+backward.
 
 Inputs (as FLA's own benchmark registry draws them): q, k, v, do ~ N(0,1) [B,T,H,K];
-beta = sigmoid(N(0,1)) [B,T,H], all five bf16 at S1 and S2 and fp16 at S3 (the issue's dtypes;
+beta = sigmoid(N(0,1)) [B,T,H], all five bf16 at S1 and S2 and fp16 at S3 (the default dtypes;
 --dtype bf16|f16 puts every case in one); g = max(logsigmoid(N(0,1)), -5) f32, [B,T,H]
 (gated_delta_rule) or [B,T,H,K] (kda).  fwd is timed under torch.no_grad(); fwd+bwd is the forward
 with q, k, v, g, beta requiring grad, then o.backward(do), gradients reset to None between calls.
@@ -34,9 +33,10 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
-# B, T, H, K, V.  S1-S3: the issue's table (the default); S4 (with --shapes S4): FLA's layer default
+# B, T, H, K, V.  S1-S3: the reference shapes (the default); S4 (with --shapes S4): FLA's layer default
 # V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu)
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256)}
@@ -56,8 +56,9 @@ def parse():
     ap.add_argument("--deltagrad", default=None, help="the deltagrad binary (default: .gpu-bench/deltagrad, "
                     "else build/release/deltagrad)")
     ap.add_argument("--fla", default="third_party_fla", help="folder holding FLA's fla/ package")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fla_side_by_side"), help="results folder")
-    ap.add_argument("--work", default="/tmp/fla_side_by_side_inputs", help="folder for the input files")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="results folder (default: $OUT, else a new "
+                    "temporary folder)")
+    ap.add_argument("--work", default=None, help="folder for the input files (default: a new temporary folder)")
     ap.add_argument("--shapes", default="S1,S2,S3")
     ap.add_argument("--dtype", choices=["bf16", "f16"], default=None,
                     help="every case in this dtype (default: bf16 at S1, S2, S4; fp16 at S3)")
@@ -83,8 +84,13 @@ def rel(a, b):
 
 def main():
     args = parse()
+    if not args.out:
+        args.out = tempfile.mkdtemp(prefix="fla_side_by_side_")
+    if not args.work:
+        args.work = tempfile.mkdtemp(prefix="fla_side_by_side_inputs_")
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
+    log(f"results in {args.out}, inputs in {args.work}")
     fla_dir = os.path.abspath(args.fla)
     if not os.path.isdir(os.path.join(fla_dir, "fla")):
         sys.exit(f"fla_side_by_side: no fla/ package under {fla_dir} (bash bench/gpu_side_by_side.sh prepare)")

@@ -1,27 +1,28 @@
 #!/bin/bash
-# The GPU benchmark of issue 6 in one command: `deltagrad bench --device cuda` (our kernels at
-# S1/S2/S3 with every backward variant, the recurrent reference, the GEMM and copy ceilings), then
+# The GPU benchmark in one command: `deltagrad bench --device cuda` (our kernels at S1/S2/S3 with
+# every backward variant, the recurrent reference, the GEMM and copy ceilings), then
 # bench/fla_side_by_side.py (FLA 0.5.2 and ours on the same inputs, one table).  docs/PERF.md shows
 # the results and says how to read them.
 #
-#   bash bench/gpu_side_by_side.sh prepare
+#   FLA_GIT=PATH bash bench/gpu_side_by_side.sh prepare
 #       on the build machine: builds build/release/deltagrad (scons cuda=1), copies it stripped with
-#       this script and the Python one into .gpu-bench/ (never committed), and extracts FLA's fla/
-#       folder at tag v0.5.2 into third_party_fla/ (git-ignored) from FLA_GIT (a clone or bare
-#       mirror of fla-org/flash-linear-attention; default: the workplace mirror, else a clone from
-#       GitHub).
-#   bash .gpu-bench/gpu_side_by_side.sh            (on the GPU machine, from the repository root)
-#       e.g. run(command="bash .gpu-bench/gpu_side_by_side.sh",
-#                carry=[".devkit", ".gpu-bench", "third_party_fla"], timeout_s=600)
-#       Writes to $OUT (default /tmp/gpu_side_by_side): bench_cuda.txt (versions first), bench_cuda.json,
-#       side_by_side.txt, side_by_side.json, side_by_side.md, and triton_cache.tgz.NN (Triton's
-#       compiled kernels and autotuning results in parts of 15 MiB; copy them into .gpu-bench/ and
-#       the next run skips most of the autotuning: FLA's first run autotunes for minutes).
+#       this script and the Python one into .gpu-bench/ (git-ignored), and extracts FLA's fla/
+#       folder at tag v0.5.2 into third_party_fla/ (git-ignored) from FLA_GIT, a clone or bare
+#       mirror of https://github.com/fla-org/flash-linear-attention (needed only while
+#       third_party_fla/ is missing; FLA_GIT=clone clones it from GitHub into a temporary folder).
+#   bash .gpu-bench/gpu_side_by_side.sh            (on the GPU machine, from the repository root,
+#                                                   with .gpu-bench/ and third_party_fla/ copied there)
+#       Writes to $OUT (default: a new temporary folder, printed): bench_cuda.txt (versions first),
+#       bench_cuda.json, side_by_side.txt, side_by_side.json, side_by_side.md, and
+#       triton_cache.tgz.NN (Triton's compiled kernels and autotuning results in parts of 15 MiB;
+#       copy them into .gpu-bench/ and the next run skips most of the autotuning: FLA's first run
+#       autotunes for minutes).
 # Environment: BENCH_T (seconds for our benchmark, 100), SBS_T (seconds for the side by side, 190;
 # both keep the call under 5 minutes: with the Triton cache it needs about 3),
 # SBS_ARGS (extra arguments of fla_side_by_side.py, e.g. "--shapes S1"), BENCH_ARGS (extra arguments
 # of our benchmark, e.g. "--shapes S1,S2,S3,S4": S4, V = 2K, runs only when asked, in both),
-# SKIP_BENCH=1 (only the side by side).
+# SKIP_BENCH=1 (only the side by side), ENV_SETUP (a shell file sourced first, e.g. one that puts
+# nvcc, python3 and torch on the PATH), TRITON_CACHE_DIR (default: a new temporary folder).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(pwd)
@@ -35,10 +36,17 @@ if [ "${1:-}" = prepare ]; then
     echo "$(git log -1 --format='%h %cd %s' --date=iso-strict | cut -c1-120)$(git diff --quiet HEAD -- . || echo ' (+ uncommitted changes)')" \
         > .gpu-bench/BUILD_INFO
     if [ ! -f third_party_fla/fla/__init__.py ]; then
-        src=${FLA_GIT:-/work/.mirror/fla-org+flash-linear-attention/repo}
-        if [ ! -d "$src" ]; then
+        src=${FLA_GIT:-}
+        if [ -z "$src" ]; then
+            echo "error: third_party_fla/ is missing and FLA_GIT is not set: set FLA_GIT to a clone or bare" >&2
+            echo "mirror of https://github.com/fla-org/flash-linear-attention, or FLA_GIT=clone to clone it" >&2
+            exit 2
+        elif [ "$src" = clone ]; then
             src=$(mktemp -d)/fla
             git clone --quiet --bare https://github.com/fla-org/flash-linear-attention "$src"
+        elif [ ! -d "$src" ]; then
+            echo "error: FLA_GIT=$src is not a folder (a clone or bare mirror of fla-org/flash-linear-attention)" >&2
+            exit 2
         fi
         mkdir -p third_party_fla
         git --git-dir="$src" archive v0.5.2 fla | tar -x -C third_party_fla/
@@ -48,16 +56,21 @@ if [ "${1:-}" = prepare ]; then
     exit 0
 fi
 
-source .devkit/setup-on-device >/dev/null 2>&1
-OUT=${OUT:-/tmp/gpu_side_by_side}
+if [ -n "${ENV_SETUP:-}" ]; then
+    [ -f "$ENV_SETUP" ] || { echo "error: ENV_SETUP=$ENV_SETUP is not a file" >&2; exit 2; }
+    source "$ENV_SETUP" >/dev/null 2>&1
+fi
+[ -d third_party_fla/fla ] || { echo "error: no third_party_fla/fla here: run 'bash bench/gpu_side_by_side.sh prepare' first" >&2; exit 2; }
+OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+echo "results in $OUT"
 bin=.gpu-bench/deltagrad
 [ -x "$bin" ] || bin=build/release/deltagrad
 if [ ! -x "$bin" ]; then
     echo "no deltagrad binary: building it here (scons -j16 cuda=1, a minute or two)"
     timeout 300 scons -j16 cuda=1 build/release/deltagrad >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 fi
-export TRITON_CACHE_DIR=/tmp/triton_cache
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
 mkdir -p "$TRITON_CACHE_DIR"
 # the cache comes back in parts of < 16 MiB (the device tool's limit on a returned file)
 if ls .gpu-bench/triton_cache.tgz.* >/dev/null 2>&1; then

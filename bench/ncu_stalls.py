@@ -18,7 +18,7 @@ warp-specialised kernel, e.g. b_dhu_ws's chain), by the last .cu line seen in ad
 
     python3 bench/ncu_stalls.py f_state.csv [--top 25] [--lines] [--range 161:240]
 
-docs/PERF_KERNELS.md ("Session 13") shows how the CSV is made and what it found.
+bench/gpu_ncu_stalls.sh makes the CSV; docs/PERF.md ("Per kernel: ncu") says how to read it.
 """
 import argparse
 import collections

@@ -1,4 +1,4 @@
-/* The README's example: fit y = 3x - 1 with a linear model, by hand-written gradient descent. */
+/* examples/quickstart.c: fit y = 3x - 1 with a linear model, by hand-written gradient descent. */
 #include <stdio.h>
 
 #include "deltagrad.h"

@@ -92,8 +92,11 @@ dg_tensor *dg_empty_like(const dg_tensor *t);
 dg_tensor *dg_zeros_like(const dg_tensor *t);
 dg_tensor *dg_empty_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev);
 dg_tensor *dg_zeros_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev);
-/* shorthand: DG_SHAPE(2, 3) expands to the (ndim, shape) pair */
+/* shorthand: DG_SHAPE(2, 3) expands to the (ndim, shape) pair (left unformatted: clang-format
+ * would split its compound literal) */
+/* clang-format off */
 #define DG_SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+/* clang-format on */
 
 /* ---- random numbers: Philox 4x32-10, counter based (CPU and CUDA draw the same numbers) -------- */
 typedef struct dg_rng {

@@ -86,9 +86,9 @@ static void test_cuda_refused_without_gpu(void **state) {
 /* The same run on both devices, step by step: the loss and the gradient norm of every step agree
  * within f32 rounding (cuBLAS and the CUDA kernels sum in other orders than OpenBLAS and the CPU
  * kernels; the parameters start identical, the host initialises both).  The limit, 1e-4
- * relative, is the parity limit of the delta-rule family (issue 5); AdamW's first steps move each
- * element by about lr * sign(g), so a rounding difference stays a rounding difference unless a
- * gradient element is within rounding of zero. */
+ * relative, is the f32 parity limit of the delta-rule family (tests/test_cuda_delta_parity.c);
+ * AdamW's first steps move each element by about lr * sign(g), so a rounding difference stays a
+ * rounding difference unless a gradient element is within rounding of zero. */
 static void test_cuda_loss_curve_matches_cpu(void **state) {
     dg_test_require_cuda();
     const int K = 8;
