@@ -141,8 +141,7 @@ static void test_recurrent_vs_decomposition(void **st) {
 static void test_chunked_variants_vs_recurrent(void **st) {
     (void)st;
     if (!chunk_available()) {
-        print_message("  the chunked kernels are not linked into this build: skipped\n");
-        skip();
+        dg_test_skip("the chunked kernels are not linked into this build");
     }
     for (int f = 0; f < 3; f++) {
         const dg_op_def *def = dg_op_find(family[f]);
