@@ -3,7 +3,7 @@
 # defines functions and calls `run_case NAME`; the output follows cmocka's line format so that the
 # runner counts them with the rest.
 set -u
-: "${DG_BIN:?run through scons test, which sets DG_BIN}"
+: "${DG_BIN:?run through scons test, which sets DG_BIN, DG_BUILD_DIR and DG_ROOT}"
 export DG_NO_REEXEC=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dg-cli.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
@@ -13,9 +13,11 @@ _failures=0
 TINY=(--layers 1 --hidden-size 32 --heads 2 --head-dim 16 --vocab-size 64 --seq-len 64 --kv-pairs 4
       --batch 4 --eval-examples 16 --threads 1 --device cpu)
 
+# fail MESSAGE: ends the case (each runs in a subshell) as failed.  Every check in a case ends in
+# `|| fail ...`: errexit does not apply inside a function run as part of a condition.
 fail() {
     echo "  $*"
-    return 1
+    exit 1
 }
 
 # run_case NAME: runs the function NAME in a subshell (its own working directory under $TMP).
@@ -24,7 +26,7 @@ run_case() {
     echo "[ RUN      ] $name"
     mkdir -p "$TMP/$name"
     local rc=0
-    (cd "$TMP/$name" && set -e && "$name") || rc=$?
+    (cd "$TMP/$name" && "$name") || rc=$?
     if [ $rc -eq 0 ]; then
         echo "[       OK ] $name"
     elif [ $rc -eq 77 ]; then
