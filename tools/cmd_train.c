@@ -11,12 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile int interrupted;
+/* SIGINT (Ctrl-C) and SIGTERM (schedulers, `docker stop`, `kill`) end the run after the current step,
+ * with a checkpoint, and the process exits 128 + the signal's number (130, 143) as a shell reports a
+ * killed command, so that a script can tell an interrupted run from a finished one.  A second signal
+ * kills at once. */
+static volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
-    signal(SIGINT, SIG_DFL); /* a second Ctrl-C kills at once */
+static void on_stop_signal(int sig) {
+    interrupted = sig;
+    signal(sig, SIG_DFL);
 }
 
 /* Process settings that training needs and that only take effect when the process starts (libgomp
@@ -122,10 +125,15 @@ int dg_cmd_train(int argc, char **argv) {
                 t->resumed ? " (resumed)" : "");
         if (t->resumed) fprintf(stderr, "resuming at step %lld\n", (long long)t->step);
     }
-    signal(SIGINT, on_sigint);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
     int rc = dg_trainer_run(t);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (rc) dg_cmd_say_error("train");
+    int64_t step_done = t->step;
+    char out_dir[sizeof t->tc.out_dir];
+    snprintf(out_dir, sizeof out_dir, "%s", t->tc.out_dir);
     if (t->profile && t->profiled_steps > 0 && !o.quiet) {
         double n = (double)t->profiled_steps;
         double tot = t->t_data + t->t_fwd + t->t_bwd + t->t_opt;
@@ -133,5 +141,11 @@ int dg_cmd_train(int argc, char **argv) {
                 t->t_data / n, t->t_fwd / n, t->t_bwd / n, t->t_opt / n, tot / n);
     }
     dg_trainer_free(t);
-    return rc ? 1 : 0;
+    if (rc) return 1;
+    if (interrupted) {
+        fprintf(stderr, "train: interrupted by %s at step %lld, checkpoint saved in %s (exit status %d)\n",
+                interrupted == SIGINT ? "SIGINT" : "SIGTERM", (long long)step_done, out_dir, 128 + (int)interrupted);
+        return 128 + (int)interrupted;
+    }
+    return 0;
 }
