@@ -417,14 +417,15 @@ static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
     if (mkdir_p(tc->out_dir)) return -1;
-    if (t->step >= tc->steps) { /* a finished run resumed: nothing to train, say where it stands */
+    bool at_target = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !isnan(t->best_acc) &&
+                     t->best_acc >= tc->target_acc;
+    if (t->step >= tc->steps || at_target) { /* a finished run resumed: nothing to train, say where it stands */
         double el, ea;
         if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
-        if (!t->quiet)
-            fprintf(stderr, "the run in %s is complete (step %lld of %lld; raise --steps to train further): eval loss "
-                            "%.4f, %s %.2f%%\n",
-                    tc->out_dir, (long long)t->step, (long long)tc->steps, el,
-                    tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
+        fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n",
+                tc->out_dir, (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
+                at_target ? "a higher --target-acc trains further" : "raise --steps to train further", el,
+                tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
         return 0;
     }
     char csv_path[1100], svg_path[1100];
@@ -446,9 +447,20 @@ int dg_trainer_run(dg_trainer *t) {
     do {                                                                                           \
         if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__);                                      \
     } while (0)
+    int64_t nonfinite_streak = 0;
     while (t->step < tc->steps && !stop) {
         double loss, gn;
         if (dg_trainer_step(t, &loss, &gn)) {
+            rc = -1;
+            break;
+        }
+        /* a step with a non-finite loss or gradient makes no update; a run of them is a divergence,
+         * which ends the run as an error before a checkpoint of its weights is written */
+        nonfinite_streak = isfinite(loss) && isfinite(gn) ? 0 : nonfinite_streak + 1;
+        if (nonfinite_streak >= DG_DIVERGED_STEPS) {
+            dg_error("train: the run diverged: the loss or the gradient was not finite for the last %d steps (step "
+                     "%lld: loss %g, gradient norm %g); lower --lr (%g); the last checkpoint, if any, is in %s",
+                     DG_DIVERGED_STEPS, (long long)t->step, loss, gn, tc->lr, tc->out_dir);
             rc = -1;
             break;
         }
@@ -482,6 +494,12 @@ int dg_trainer_run(dg_trainer *t) {
                     rc = -1;
                     break;
                 }
+            }
+            if (!isfinite(el)) {
+                dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last checkpoint, if any, "
+                         "is in %s", el, (long long)t->step, tc->lr, tc->out_dir);
+                rc = -1;
+                break;
             }
             int64_t n_done = n_eval > 0 ? n_eval : tc->task == DG_TASK_MQAR ? t->heldout->n : -1;
             row[C_EVAL_LOSS] = el;
@@ -518,7 +536,7 @@ int dg_trainer_run(dg_trainer *t) {
     if (!t->quiet) dg_progress_finish(&pr);
     dg_csv_close(csv);
     if (rc == 0 && dg_chart_from_csv(csv_path, svg_path, title)) rc = -1;
-    if (rc == 0 && !t->quiet) {
+    if (rc == 0) { /* the result line, --quiet or not */
         double total = t->elapsed_before;
         if (reached)
             fprintf(stderr, "reached %.2f%% held-out query accuracy (target %.0f%%) at step %lld after %.1f s of "

@@ -58,6 +58,25 @@ static void tune_process(int argc, char **argv) {
     free(args);
 }
 
+/* A new run whose output directory already holds one: refused, naming the three ways on, unless
+ * --overwrite (then the old run's files are removed).  0 to go on, -1 refused (message printed). */
+static int refuse_existing_run(const char *dir, bool overwrite) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, DG_CKPT_MODEL_FILE);
+    if (access(path, F_OK) != 0) return 0;
+    if (overwrite) {
+        if (dg_ckpt_remove_run(dir) == 0) return 0;
+        dg_cmd_say_error("train");
+        return -1;
+    }
+    int64_t step = -1;
+    if (dg_ckpt_read_meta(dir, &(dg_model_config){0}, NULL, &step, NULL)) dg_clear_error();
+    fprintf(stderr, "train: %s already holds a run", dir);
+    if (step >= 0) fprintf(stderr, " (checkpoint at step %lld)", (long long)step);
+    fprintf(stderr, ": --resume %s continues it, --overwrite starts over in it, --out DIR trains elsewhere\n", dir);
+    return -1;
+}
+
 int dg_cmd_train(int argc, char **argv) {
     tune_process(argc, argv);
     bool help;
@@ -86,6 +105,11 @@ int dg_cmd_train(int argc, char **argv) {
         o.tc.device = dg_cuda_available() ? DG_CUDA : DG_CPU;
     if (!resume && !o.out_given)
         snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "runs/%s-%s", dg_task_name(o.tc.task), dg_mixer_name(o.mc.mixer));
+    if (resume && o.overwrite) {
+        fprintf(stderr, "train: --resume continues the run in %s and --overwrite starts it over: give one\n", resume);
+        return 2;
+    }
+    if (!resume && refuse_existing_run(o.tc.out_dir, o.overwrite)) return 2;
     if (o.tc.task == DG_TASK_TEXT && !o.model_given) o.mc.vocab_size = 256;
     if (o.tc.task == DG_TASK_TEXT && o.tc.data[0]) { /* stored absolute: eval and resume work from anywhere */
         char *abs = realpath(o.tc.data, NULL);
