@@ -13,12 +13,17 @@ typedef struct dg_csv {
     FILE *f;
     char *path;
     int ncols;
+    /* a resumed log: steps 1..resume_step that have no row (a log cut short or edited), and the
+     * first such range; 0 when the log is whole */
+    int64_t missing_steps, missing_from, missing_to;
 } dg_csv;
 
 /* resume_step < 0: a new file (an existing one is replaced).  resume_step >= 0: continue an
  * existing log: its header must equal cols; rows whose first column (the step) is <= resume_step
  * are kept, later rows and a torn last line (a run killed after its last checkpoint) are dropped
- * (the file is rewritten atomically), and new rows are appended.  A missing file starts fresh.
+ * (the file is rewritten atomically), and new rows are appended.  Steps up to resume_step with no
+ * row are counted in missing_steps (the first range in missing_from..missing_to) so that the caller
+ * can say the log has a gap.  A missing file starts fresh (all of 1..resume_step missing).
  * NULL with dg_error on failure. */
 dg_csv *dg_csv_open(const char *path, int ncols, const char *const *cols, int64_t resume_step);
 /* Appends one row of ncols values and flushes.  0, or -1 with dg_error. */

@@ -2,6 +2,7 @@
 #include "models/trainer.h"
 
 #include "core/internal.h"
+#include "models/atomic_file.h"
 #include "models/chart.h"
 #include "models/checkpoint.h"
 #include "models/infra_common.h"
@@ -417,6 +418,12 @@ static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
     if (mkdir_p(tc->out_dir)) return -1;
+    /* temporary files of a run killed while it wrote a checkpoint (models/atomic_file.h) */
+    int stale = dg_atomic_remove_stale(tc->out_dir);
+    if (stale < 0) return -1;
+    if (stale > 0 && !t->quiet)
+        fprintf(stderr, "removed %d temporary file%s left in %s by a killed run\n", stale, stale > 1 ? "s" : "",
+                tc->out_dir);
     bool at_target = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !isnan(t->best_acc) &&
                      t->best_acc >= tc->target_acc;
     if (t->step >= tc->steps || at_target) { /* a finished run resumed: nothing to train, say where it stands */
@@ -433,6 +440,12 @@ int dg_trainer_run(dg_trainer *t) {
     snprintf(svg_path, sizeof svg_path, "%s/metrics.svg", tc->out_dir);
     dg_csv *csv = dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1);
     if (!csv) return -1;
+    if (csv->missing_steps > 0)
+        fprintf(stderr, "note: %s has no rows for %lld of the %lld steps before this resume (first gap: steps "
+                        "%lld-%lld): the log was cut short or edited; the rows go on from step %lld and the chart "
+                        "joins across the gap\n",
+                csv_path, (long long)csv->missing_steps, (long long)t->step, (long long)csv->missing_from,
+                (long long)csv->missing_to, (long long)t->step + 1);
     char title[256];
     snprintf(title, sizeof title, "%s on %s (%lld layers, d=%lld)", dg_mixer_name(t->lm->cfg.mixer),
              dg_task_name(tc->task), (long long)t->lm->cfg.num_hidden_layers, (long long)t->lm->cfg.hidden_size);

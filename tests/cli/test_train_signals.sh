@@ -1,5 +1,6 @@
 # SIGTERM (schedulers, docker stop) and SIGINT (Ctrl-C) end training with a checkpoint and exit
-# 128 + the signal (143, 130), as a shell reports a killed command; the run resumes from it.
+# 128 + the signal (143, 130), as a shell reports a killed command; the run resumes from it, removing
+# a killed writer's temporary files and reporting a metrics log cut short.
 . "$(dirname "$0")/lib.sh"
 
 # stop_with SIGNAL STATUS: a long tiny run, stopped by SIGNAL once it has made a few steps
@@ -20,8 +21,16 @@ stop_with() {
     ls run/optimizer-*.safetensors >/dev/null || fail "no optimizer state after SIG$1"
     local step
     step=$(ls run/optimizer-*.safetensors | sed 's/.*optimizer-0*\([0-9]*\)\.safetensors/\1/')
+    # what a kill in the middle of a checkpoint leaves (a dead writer's temporary file), and a log
+    # cut short after its second row: the resume removes the one and reports the other
+    local dead; dead=$(sh -c 'echo $$')
+    touch "run/.model.safetensors.tmp-$dead-0"
+    head -3 run/metrics.csv >m && mv m run/metrics.csv
     "$DG_BIN" train --resume run --steps $((step + 2)) >resume.log 2>&1 || fail "resume failed: $(cat resume.log)"
     grep -q "finished $((step + 2)) steps" resume.log || fail "the resumed run did not finish: $(cat resume.log)"
+    [ ! -e "run/.model.safetensors.tmp-$dead-0" ] || fail "the killed writer's temporary file is still there"
+    grep -q "removed 1 temporary file" resume.log || fail "no line about the removed temporary file"
+    grep -q "has no rows for $((step - 2)) of the $step steps" resume.log || fail "the gap in metrics.csv went unreported"
 }
 
 sigterm_checkpoints_and_exits_143() { stop_with TERM 143; }
