@@ -331,7 +331,7 @@ void dg_progress_update_at(dg_progress *p, int64_t step, double loss, double acc
         fprintf(p->f, "step %lld/%lld loss %.4f", (long long)step, (long long)p->total_steps, loss);
         if (isfinite(acc)) fprintf(p->f, " acc %.4f", acc);
         if (isfinite(tok_per_s)) fprintf(p->f, " tok/s %.0f", tok_per_s);
-        fprintf(p->f, " elapsed %s eta %s\n", el_s, eta_s);
+        fprintf(p->f, " elapsed %s eta%s %s\n", el_s, p->may_stop_early ? "<=" : "", eta_s);
         fflush(p->f);
         return;
     }
@@ -346,7 +346,8 @@ void dg_progress_update_at(dg_progress *p, int64_t step, double loss, double acc
         si(tok_per_s, tps, sizeof tps);
         k += snprintf(tail + k, sizeof tail - (size_t)k, " | %s tok/s", tps);
     }
-    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s", last ? "took" : "ETA", last ? el_s : eta_s);
+    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s", last ? "took" : p->may_stop_early ? "at most" : "ETA",
+             last ? el_s : eta_s);
     char head[64];
     int pct = p->total_steps > 0 ? (int)(100 * step / p->total_steps) : 100;
     snprintf(head, sizeof head, "step %lld/%lld", (long long)step, (long long)p->total_steps);

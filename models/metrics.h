@@ -48,7 +48,9 @@ int dg_csv_column(const dg_csv_table *t, const char *name); /* index, or -1 */
  *   step 120/1000 [#####.......] 12% | loss 1.2345 | acc 45.6% | 12.3k tok/s | ETA 1m23s
  * Otherwise (a pipe, a file, TERM=dumb): a plain line every log_every steps and at the last step:
  *   step 120/1000 loss 1.2345 acc 0.4560 tok/s 12345 elapsed 10s eta 1m23s
- * ETA = elapsed / (steps done since start) * (steps left). */
+ * ETA = elapsed / (steps done since start) * (steps left).  When the run may stop before its last
+ * step (an accuracy target), that is an upper bound and is shown as such: "| at most 1m23s" on a
+ * terminal, "eta<= 1m23s" in plain lines. */
 typedef enum { DG_PROGRESS_AUTO, DG_PROGRESS_TTY, DG_PROGRESS_PLAIN } dg_progress_mode;
 
 typedef struct dg_progress {
@@ -57,6 +59,7 @@ typedef struct dg_progress {
     int64_t start_step, total_steps, log_every;
     double t_start, t_last_draw;
     bool line_open; /* a \r line is on screen */
+    bool may_stop_early; /* the ETA (to total_steps) is an upper bound */
     int columns;    /* terminal width */
 } dg_progress;
 

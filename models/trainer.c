@@ -460,6 +460,12 @@ int dg_trainer_run(dg_trainer *t) {
     do {                                                                                           \
         if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__);                                      \
     } while (0)
+    if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && tc->eval_every > 0) {
+        pr.may_stop_early = true; /* the ETA is to the last step: an upper bound */
+        SAY("the time shown is an upper bound, to step %lld: it stops sooner if an evaluation "
+            "(every %lld steps) reaches %.0f%% held-out accuracy", (long long)tc->steps, (long long)tc->eval_every,
+            100 * tc->target_acc);
+    }
     int64_t nonfinite_streak = 0;
     while (t->step < tc->steps && !stop) {
         double loss, gn;

@@ -356,7 +356,28 @@ static void test_progress(void **state) {
     assert_non_null(strstr(out, "] 100% | loss 2.0000 | acc 25.0% | 25k tok/s | took 2s\033[K"));
     assert_non_null(strstr(out, "| ETA "));
     assert_non_null(strstr(out, "\r\033[Kcheckpoint\n"));
+    assert_null(strstr(out, "at most"));
     for (char *q = strtok(out, "\r\n"); q; q = strtok(NULL, "\r\n")) assert_true(strlen(q) < 120 + 4);
+    free(out);
+
+    /* a run that may stop early (an accuracy target): the time to the last step is shown as a bound */
+    f = tmpfile();
+    dg_progress_init(&p, f, DG_PROGRESS_TTY, 0, 100, 10);
+    p.may_stop_early = true;
+    t0 = p.t_start;
+    dg_progress_update_at(&p, 10, 2.0, 0.5, 1e4, t0 + 1.0);
+    dg_progress_finish(&p);
+    out = capture(f);
+    assert_non_null(strstr(out, "| at most 9s\033[K"));
+    assert_null(strstr(out, "ETA"));
+    free(out);
+    f = tmpfile();
+    dg_progress_init(&p, f, DG_PROGRESS_PLAIN, 0, 100, 10);
+    p.may_stop_early = true;
+    t0 = p.t_start;
+    dg_progress_update_at(&p, 10, 2.0, 0.5, 1e4, t0 + 1.0);
+    out = capture(f);
+    assert_non_null(strstr(out, " elapsed 1s eta<= 9s\n"));
     free(out);
 }
 
