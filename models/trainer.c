@@ -6,6 +6,7 @@
 #include "models/chart.h"
 #include "models/checkpoint.h"
 #include "models/infra_common.h"
+#include "models/memory_estimate.h"
 #include "models/metrics.h"
 #include "models/safetensors.h"
 
@@ -120,6 +121,22 @@ static int check_device(dg_device dev, const char *who) {
     return -1;
 }
 
+/* A run on the host that cannot fit in the memory left is refused before it allocates anything
+ * (the machine would otherwise swap or be out of memory, with no message).  A GPU run is not checked
+ * here: the device allocator reports its own out-of-memory error. */
+static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
+    if (tc->device != DG_CPU) return 0;
+    double need = dg_train_memory_estimate(mc, tc), avail = dg_memory_available();
+    if (avail < 0 || need <= avail) return 0;
+    char n_s[32], a_s[32];
+    dg_error("train: this run needs about %s of memory and %s is available: %lld sequences of %lld tokens a step "
+             "through %lld layers of width %lld; lower --batch or --seq-len",
+             dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s), (long long)tc->batch,
+             (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
+             (long long)mc->num_hidden_layers, (long long)mc->hidden_size);
+    return -1;
+}
+
 dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     if (dg_train_config_validate(tc)) return NULL;
     if (check_device(tc->device, "eval")) return NULL;
@@ -196,6 +213,7 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
         dg_error("train: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)mc.vocab_size);
         goto fail;
     }
+    if (check_memory(&mc, tc)) goto fail;
     if (tc->threads > 0) {
         omp_set_num_threads(tc->threads);
         openblas_set_num_threads(tc->threads);

@@ -85,7 +85,18 @@ eval_of_a_fifo_does_not_hang() {
     [ $rc -eq 1 ] && grep -q "FIFO" out || fail "exit status $rc, no message naming the FIFO"
 }
 
+run_too_big_is_refused() {
+    local rc=0
+    timeout 60 "$DG_BIN" train --batch 1000000000 --out run >out 2>&1 || rc=$?
+    cat out
+    [ $rc -eq 1 ] && grep -q "lower --batch or --seq-len" out || fail "exit status $rc"
+    rc=0
+    timeout 60 "$DG_BIN" train --seq-len 1000000000 --out run >out 2>&1 || rc=$?
+    [ $rc -eq 1 ] && grep -q "this run needs about" out || fail "--seq-len: exit status $rc, $(cat out)"
+}
+
 run_case eval_unknown_option
+run_case run_too_big_is_refused
 run_case diverging_run_fails
 run_case nan_weights_refused
 run_case quiet_keeps_the_result_line
