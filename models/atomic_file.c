@@ -3,7 +3,10 @@
 
 #include "core/internal.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -58,6 +61,42 @@ int dg_atomic_open(dg_atomic_file *af, const char *path, const char *what) {
         return -1;
     }
     return 0;
+}
+
+/* ".NAME.tmp-PID-N": the PID, or -1 for any other name */
+static long stale_pid(const char *name) {
+    const char *t = name[0] == '.' ? strstr(name, ".tmp-") : NULL;
+    if (!t || t == name) return -1;
+    char *end;
+    long pid = strtol(t + 5, &end, 10);
+    if (pid <= 0 || *end != '-' || !end[1]) return -1;
+    for (const char *p = end + 1; *p; p++)
+        if (*p < '0' || *p > '9') return -1;
+    return pid;
+}
+
+int dg_atomic_remove_stale(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        dg_error("cannot read the directory '%s': %s", dir, strerror(errno));
+        return -1;
+    }
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = stale_pid(e->d_name);
+        if (pid < 0) continue;
+        bool gone = pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+        if (!gone) continue;
+        size_t n = strlen(dir) + strlen(e->d_name) + 2;
+        char *path = malloc(n);
+        if (!path) continue;
+        snprintf(path, n, "%s/%s", dir, e->d_name);
+        removed += unlink(path) == 0;
+        free(path);
+    }
+    closedir(d);
+    return removed;
 }
 
 void dg_atomic_abort(dg_atomic_file *af) {

@@ -21,6 +21,12 @@ int dg_atomic_commit(dg_atomic_file *af, const char *what);
 /* Gives up: closes and removes the temporary file.  Safe on a zeroed or already closed struct. */
 void dg_atomic_abort(dg_atomic_file *af);
 
+/* Removes the temporary files ".NAME.tmp-PID-N" in dir that a killed process left behind: those of a
+ * PID that no longer runs, or of this process's PID (a previous process's, since this one has none
+ * open when it calls this).  Another live process's are kept.  Other files are never touched.
+ * Returns the number removed, or -1 with dg_error if dir cannot be read. */
+int dg_atomic_remove_stale(const char *dir);
+
 /* fsync of the directory holding path (so that a rename in it is durable).  0 or -1. */
 int dg_fsync_parent_dir(const char *path);
 

@@ -4,10 +4,12 @@
 
 #include "core/internal.h"
 #include "models/atomic_file.h"
+#include "models/open_regular.h"
 #include "models/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -103,6 +105,40 @@ int dg_ckpt_save(const char *dir, const dg_lm *lm, const dg_adamw *opt, int64_t 
 
 /* ---- loading --------------------------------------------------------------------------------- */
 
+/* NaN and infinite elements of a parameter just loaded (host, contiguous, f32 or f64). */
+static int64_t count_nonfinite(const dg_tensor *p) {
+    int64_t n = dg_numel(p), bad = 0;
+    if (p->device != DG_CPU || !dg_is_contiguous(p)) return 0;
+    const char *base = (const char *)p->storage->data + (size_t)p->offset * dg_dtype_size(p->dtype);
+    if (p->dtype == DG_F32)
+        for (int64_t i = 0; i < n; i++) bad += !isfinite(((const float *)base)[i]);
+    else if (p->dtype == DG_F64)
+        for (int64_t i = 0; i < n; i++) bad += !isfinite(((const double *)base)[i]);
+    return bad;
+}
+
+/* Removes the files of a run from DIR: the checkpoint (model.safetensors, config.json, every
+ * optimizer-*.safetensors) and the metrics (metrics.csv, metrics.svg); nothing else. */
+int dg_ckpt_remove_run(const char *dir) {
+    static const char *const names[] = {DG_CKPT_MODEL_FILE, "config.json", "metrics.csv", "metrics.svg"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char *p = join(dir, names[i]);
+        if (!p) {
+            dg_error("checkpoint: out of memory");
+            return -1;
+        }
+        int r = unlink(p);
+        if (r != 0 && errno != ENOENT) {
+            dg_error("checkpoint: cannot remove '%s': %s", p, strerror(errno));
+            free(p);
+            return -1;
+        }
+        free(p);
+    }
+    remove_old_optimizer_files(dir, -1);
+    return 0;
+}
+
 int dg_ckpt_load_params(const char *path, dg_lm *lm) {
     dg_st_file *f = dg_st_read(path);
     if (!f) return -1;
@@ -135,6 +171,12 @@ int dg_ckpt_load_params(const char *path, dg_lm *lm) {
         int r = dg_copy_(p, t->dtype == p->dtype ? t : dg_to_dtype(t, p->dtype));
         dg_scope_end();
         if (r) goto out;
+        int64_t bad = count_nonfinite(p);
+        if (bad) { /* a well-formed file of a diverged run: every loss computed from it would be NaN */
+            dg_error("checkpoint: '%s': parameter \"%s\" holds %lld NaN or infinite values (the run that wrote it "
+                     "diverged); use an earlier checkpoint", path, p->name, (long long)bad);
+            goto out;
+        }
     }
     rc = 0;
 out:
@@ -143,7 +185,7 @@ out:
 }
 
 static char *read_text_file(const char *path) {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = dg_fopen_regular(path, "checkpoint");
     if (!fp) return NULL;
     char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -203,7 +245,10 @@ int dg_ckpt_read_meta(const char *src, dg_model_config *mc, char **train_json, i
         free(cj);
         free(dir);
         if (!cfg_json) {
-            dg_error("checkpoint: '%s' has no \"config\" metadata and no readable config.json beside it", path);
+            char why[512];
+            snprintf(why, sizeof why, "%s", dg_last_error());
+            dg_error_force("checkpoint: '%s' has no \"config\" metadata and no readable config.json beside it (%s)",
+                           path, why[0] ? why : "out of memory");
             goto out;
         }
     }

@@ -57,7 +57,11 @@ void dg_ckpt_model_free(dg_ckpt_model *m);
 int dg_ckpt_read_meta(const char *dir_or_file, dg_model_config *mc, char **train_json, int64_t *step,
                       char **path);
 
-/* Copies the parameters of a model file into lm (names and shapes must match exactly).  0 or -1. */
+/* Removes the run in DIR: model.safetensors, config.json, optimizer-*.safetensors, metrics.csv and
+ * metrics.svg (other files are left).  0, or -1 with dg_error. */
+int dg_ckpt_remove_run(const char *dir);
+/* Copies the parameters of a model file into lm (names and shapes must match exactly; a NaN or an
+ * infinity in a parameter is an error).  0 or -1. */
 int dg_ckpt_load_params(const char *path, dg_lm *lm);
 
 #endif

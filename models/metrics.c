@@ -61,8 +61,19 @@ static char *header_line(int ncols, const char *const *cols) {
     return h;
 }
 
-/* Rewrites path with its header and the rows of step <= resume_step; 0 or -1. */
-static int truncate_log(const char *path, const char *header, int64_t resume_step) {
+/* Counts the steps in (prev, step) as missing in c. */
+static void note_gap(dg_csv *c, int64_t prev, int64_t step) {
+    if (step <= prev + 1) return;
+    if (c->missing_steps == 0) {
+        c->missing_from = prev + 1;
+        c->missing_to = step - 1;
+    }
+    c->missing_steps += step - 1 - prev;
+}
+
+/* Rewrites path with its header and the rows of step <= resume_step, noting the steps without a
+ * row in c; 0 or -1. */
+static int truncate_log(dg_csv *c, const char *path, const char *header, int64_t resume_step) {
     size_t len;
     char *text = slurp(path, &len);
     if (!text) {
@@ -84,15 +95,22 @@ static int truncate_log(const char *path, const char *header, int64_t resume_ste
         return -1;
     }
     fwrite(text, 1, hl + 1, af.f);
+    int64_t prev = 0; /* the last step with a row */
     for (char *line = text + hl + 1; *line;) {
         char *nl = strchr(line, '\n');
         if (!nl) break; /* torn last line */
         char *end;
         double step = strtod(line, &end);
-        if (end != line && (*end == ',' || end == nl) && step <= (double)resume_step)
+        if (end != line && (*end == ',' || end == nl) && step <= (double)resume_step) {
             fwrite(line, 1, (size_t)(nl - line) + 1, af.f);
+            if (step > (double)prev && step == (double)(int64_t)step) {
+                note_gap(c, prev, (int64_t)step);
+                prev = (int64_t)step;
+            }
+        }
         line = nl + 1;
     }
+    note_gap(c, prev, resume_step + 1);
     free(text);
     return dg_atomic_commit(&af, "metrics");
 }
@@ -116,7 +134,8 @@ dg_csv *dg_csv_open(const char *path, int ncols, const char *const *cols, int64_
     }
     c->ncols = ncols;
     bool resume = resume_step >= 0 && access(path, F_OK) == 0;
-    if (resume && truncate_log(path, header, resume_step)) goto fail;
+    if (resume && truncate_log(c, path, header, resume_step)) goto fail;
+    if (!resume && resume_step > 0) note_gap(c, 0, resume_step + 1); /* the log is gone */
     c->f = fopen(path, resume ? "ab" : "wb");
     if (!c->f) {
         dg_error("metrics: cannot open '%s' for writing: %s", path, strerror(errno));
@@ -312,7 +331,7 @@ void dg_progress_update_at(dg_progress *p, int64_t step, double loss, double acc
         fprintf(p->f, "step %lld/%lld loss %.4f", (long long)step, (long long)p->total_steps, loss);
         if (isfinite(acc)) fprintf(p->f, " acc %.4f", acc);
         if (isfinite(tok_per_s)) fprintf(p->f, " tok/s %.0f", tok_per_s);
-        fprintf(p->f, " elapsed %s eta %s\n", el_s, eta_s);
+        fprintf(p->f, " elapsed %s eta%s %s\n", el_s, p->may_stop_early ? "<=" : "", eta_s);
         fflush(p->f);
         return;
     }
@@ -327,7 +346,8 @@ void dg_progress_update_at(dg_progress *p, int64_t step, double loss, double acc
         si(tok_per_s, tps, sizeof tps);
         k += snprintf(tail + k, sizeof tail - (size_t)k, " | %s tok/s", tps);
     }
-    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s", last ? "took" : "ETA", last ? el_s : eta_s);
+    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s", last ? "took" : p->may_stop_early ? "at most" : "ETA",
+             last ? el_s : eta_s);
     char head[64];
     int pct = p->total_steps > 0 ? (int)(100 * step / p->total_steps) : 100;
     snprintf(head, sizeof head, "step %lld/%lld", (long long)step, (long long)p->total_steps);

@@ -13,12 +13,17 @@ typedef struct dg_csv {
     FILE *f;
     char *path;
     int ncols;
+    /* a resumed log: steps 1..resume_step that have no row (a log cut short or edited), and the
+     * first such range; 0 when the log is whole */
+    int64_t missing_steps, missing_from, missing_to;
 } dg_csv;
 
 /* resume_step < 0: a new file (an existing one is replaced).  resume_step >= 0: continue an
  * existing log: its header must equal cols; rows whose first column (the step) is <= resume_step
  * are kept, later rows and a torn last line (a run killed after its last checkpoint) are dropped
- * (the file is rewritten atomically), and new rows are appended.  A missing file starts fresh.
+ * (the file is rewritten atomically), and new rows are appended.  Steps up to resume_step with no
+ * row are counted in missing_steps (the first range in missing_from..missing_to) so that the caller
+ * can say the log has a gap.  A missing file starts fresh (all of 1..resume_step missing).
  * NULL with dg_error on failure. */
 dg_csv *dg_csv_open(const char *path, int ncols, const char *const *cols, int64_t resume_step);
 /* Appends one row of ncols values and flushes.  0, or -1 with dg_error. */
@@ -43,7 +48,9 @@ int dg_csv_column(const dg_csv_table *t, const char *name); /* index, or -1 */
  *   step 120/1000 [#####.......] 12% | loss 1.2345 | acc 45.6% | 12.3k tok/s | ETA 1m23s
  * Otherwise (a pipe, a file, TERM=dumb): a plain line every log_every steps and at the last step:
  *   step 120/1000 loss 1.2345 acc 0.4560 tok/s 12345 elapsed 10s eta 1m23s
- * ETA = elapsed / (steps done since start) * (steps left). */
+ * ETA = elapsed / (steps done since start) * (steps left).  When the run may stop before its last
+ * step (an accuracy target), that is an upper bound and is shown as such: "| at most 1m23s" on a
+ * terminal, "eta<= 1m23s" in plain lines. */
 typedef enum { DG_PROGRESS_AUTO, DG_PROGRESS_TTY, DG_PROGRESS_PLAIN } dg_progress_mode;
 
 typedef struct dg_progress {
@@ -52,6 +59,7 @@ typedef struct dg_progress {
     int64_t start_step, total_steps, log_every;
     double t_start, t_last_draw;
     bool line_open; /* a \r line is on screen */
+    bool may_stop_early; /* the ETA (to total_steps) is an upper bound */
     int columns;    /* terminal width */
 } dg_progress;
 

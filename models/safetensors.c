@@ -4,6 +4,7 @@
 #include "models/atomic_file.h"
 #include "models/infra_common.h"
 #include "models/json.h"
+#include "models/open_regular.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -341,14 +342,11 @@ dg_st_file *dg_st_read(const char *path) {
     dg_json *root = NULL;
     char *header = NULL;
     entry *ents = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        dg_error("safetensors: cannot open '%s': %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE *fp = dg_fopen_regular(path, "safetensors"); /* a FIFO or a device is refused, not waited on */
+    if (!fp) return NULL;
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        dg_error("safetensors: '%s' is not a regular file", path);
+    if (fstat(fileno(fp), &st) != 0) {
+        dg_error("safetensors: cannot stat '%s': %s", path, strerror(errno));
         goto fail;
     }
     uint64_t fsize = (uint64_t)st.st_size;

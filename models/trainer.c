@@ -2,9 +2,11 @@
 #include "models/trainer.h"
 
 #include "core/internal.h"
+#include "models/atomic_file.h"
 #include "models/chart.h"
 #include "models/checkpoint.h"
 #include "models/infra_common.h"
+#include "models/memory_estimate.h"
 #include "models/metrics.h"
 #include "models/safetensors.h"
 
@@ -115,6 +117,22 @@ static int check_device(dg_device dev, const char *who) {
     return -1;
 }
 
+/* A run on the host that cannot fit in the memory left is refused before it allocates anything
+ * (the machine would otherwise swap or be out of memory, with no message).  A GPU run is not checked
+ * here: the device allocator reports its own out-of-memory error. */
+static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
+    if (tc->device != DG_CPU) return 0;
+    double need = dg_train_memory_estimate(mc, tc), avail = dg_memory_available();
+    if (avail < 0 || need <= avail) return 0;
+    char n_s[32], a_s[32];
+    dg_error("train: this run needs about %s of memory and %s is available: %lld sequences of %lld tokens a step "
+             "through %lld layers of width %lld; lower --batch or --seq-len",
+             dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s), (long long)tc->batch,
+             (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
+             (long long)mc->num_hidden_layers, (long long)mc->hidden_size);
+    return -1;
+}
+
 dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     if (dg_train_config_validate(tc)) return NULL;
     if (check_device(tc->device, "eval")) return NULL;
@@ -191,6 +209,7 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
         dg_error("train: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)mc.vocab_size);
         goto fail;
     }
+    if (check_memory(&mc, tc)) goto fail;
     if (tc->threads > 0) {
         omp_set_num_threads(tc->threads);
         openblas_set_num_threads(tc->threads);
@@ -413,14 +432,21 @@ static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
     if (mkdir_p(tc->out_dir)) return -1;
-    if (t->step >= tc->steps) { /* a finished run resumed: nothing to train, say where it stands */
+    /* temporary files of a run killed while it wrote a checkpoint (models/atomic_file.h) */
+    int stale = dg_atomic_remove_stale(tc->out_dir);
+    if (stale < 0) return -1;
+    if (stale > 0 && !t->quiet)
+        fprintf(stderr, "removed %d temporary file%s left in %s by a killed run\n", stale, stale > 1 ? "s" : "",
+                tc->out_dir);
+    bool at_target = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !isnan(t->best_acc) &&
+                     t->best_acc >= tc->target_acc;
+    if (t->step >= tc->steps || at_target) { /* a finished run resumed: nothing to train, say where it stands */
         double el, ea;
         if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
-        if (!t->quiet)
-            fprintf(stderr, "the run in %s is complete (step %lld of %lld; raise --steps to train further): eval loss "
-                            "%.4f, %s %.2f%%\n",
-                    tc->out_dir, (long long)t->step, (long long)tc->steps, el,
-                    tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
+        fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n",
+                tc->out_dir, (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
+                at_target ? "a higher --target-acc trains further" : "raise --steps to train further", el,
+                tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
         return 0;
     }
     char csv_path[1100], svg_path[1100];
@@ -428,6 +454,12 @@ int dg_trainer_run(dg_trainer *t) {
     snprintf(svg_path, sizeof svg_path, "%s/metrics.svg", tc->out_dir);
     dg_csv *csv = dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1);
     if (!csv) return -1;
+    if (csv->missing_steps > 0)
+        fprintf(stderr, "note: %s has no rows for %lld of the %lld steps before this resume (first gap: steps "
+                        "%lld-%lld): the log was cut short or edited; the rows go on from step %lld and the chart "
+                        "joins across the gap\n",
+                csv_path, (long long)csv->missing_steps, (long long)t->step, (long long)csv->missing_from,
+                (long long)csv->missing_to, (long long)t->step + 1);
     char title[256];
     snprintf(title, sizeof title, "%s on %s (%lld layers, d=%lld)", dg_mixer_name(t->lm->cfg.mixer),
              dg_task_name(tc->task), (long long)t->lm->cfg.num_hidden_layers, (long long)t->lm->cfg.hidden_size);
@@ -442,9 +474,26 @@ int dg_trainer_run(dg_trainer *t) {
     do {                                                                                           \
         if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__);                                      \
     } while (0)
+    if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && tc->eval_every > 0) {
+        pr.may_stop_early = true; /* the ETA is to the last step: an upper bound */
+        SAY("the time shown is an upper bound, to step %lld: it stops sooner if an evaluation "
+            "(every %lld steps) reaches %.0f%% held-out accuracy", (long long)tc->steps, (long long)tc->eval_every,
+            100 * tc->target_acc);
+    }
+    int64_t nonfinite_streak = 0;
     while (t->step < tc->steps && !stop) {
         double loss, gn;
         if (dg_trainer_step(t, &loss, &gn)) {
+            rc = -1;
+            break;
+        }
+        /* a step with a non-finite loss or gradient makes no update; a run of them is a divergence,
+         * which ends the run as an error before a checkpoint of its weights is written */
+        nonfinite_streak = isfinite(loss) && isfinite(gn) ? 0 : nonfinite_streak + 1;
+        if (nonfinite_streak >= DG_DIVERGED_STEPS) {
+            dg_error("train: the run diverged: the loss or the gradient was not finite for the last %d steps (step "
+                     "%lld: loss %g, gradient norm %g); lower --lr (%g); the last checkpoint, if any, is in %s",
+                     DG_DIVERGED_STEPS, (long long)t->step, loss, gn, tc->lr, tc->out_dir);
             rc = -1;
             break;
         }
@@ -478,6 +527,12 @@ int dg_trainer_run(dg_trainer *t) {
                     rc = -1;
                     break;
                 }
+            }
+            if (!isfinite(el)) {
+                dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last checkpoint, if any, "
+                         "is in %s", el, (long long)t->step, tc->lr, tc->out_dir);
+                rc = -1;
+                break;
             }
             int64_t n_done = n_eval > 0 ? n_eval : tc->task == DG_TASK_MQAR ? t->heldout->n : -1;
             row[C_EVAL_LOSS] = el;
@@ -514,7 +569,7 @@ int dg_trainer_run(dg_trainer *t) {
     if (!t->quiet) dg_progress_finish(&pr);
     dg_csv_close(csv);
     if (rc == 0 && dg_chart_from_csv(csv_path, svg_path, title)) rc = -1;
-    if (rc == 0 && !t->quiet) {
+    if (rc == 0) { /* the result line, --quiet or not */
         double total = t->elapsed_before;
         if (reached)
             fprintf(stderr, "reached %.2f%% held-out query accuracy (target %.0f%%) at step %lld after %.1f s of "

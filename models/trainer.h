@@ -18,6 +18,11 @@
 #include "models/text_data.h"
 #include "models/train_config.h"
 
+#include <signal.h>
+
+/* Consecutive steps with a non-finite loss or gradient after which the run counts as diverged. */
+#define DG_DIVERGED_STEPS 10
+
 typedef struct dg_trainer {
     dg_train_config tc;
     char *train_json;       /* tc as JSON (stored in checkpoints) */
@@ -34,8 +39,8 @@ typedef struct dg_trainer {
     bool resumed;
     /* run-time controls, not part of the run's identity */
     int64_t stop_at;        /* > 0: save and return after this step (as if killed right after a save) */
-    volatile int *interrupt;/* set (e.g. by SIGINT): save and return after the current step */
-    bool quiet;             /* no progress display (tests) */
+    volatile sig_atomic_t *interrupt; /* set (by SIGINT, SIGTERM): save and return after the current step */
+    bool quiet;             /* no progress display (the final result line is still printed) */
     bool profile;           /* time the phases of each step (DG_PROFILE=1) */
     double t_data, t_fwd, t_bwd, t_opt; /* seconds per phase when profiling */
     int64_t profiled_steps;

@@ -6,4 +6,4 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$root/scripts/setup.sh" "$@"
 cd "$root"
-scons -Q -j"$(nproc 2>/dev/null || echo 2)" "$@" test
+scons -Q -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)" "$@" test

@@ -46,7 +46,7 @@ static double *rnd(int64_t n, double lo, double hi) {
 static int gpu(void) { return dg_cuda_device_count() > 0; }
 #define REQUIRE_GPU()                                                                              \
     do {                                                                                           \
-        if (!gpu()) skip();                                                                        \
+        if (!gpu()) dg_test_skip("needs a GPU: no CUDA device is visible");                       \
     } while (0)
 
 /* device buffer of n elements of esz bytes, filled from host (or poisoned with NaN bytes 0xff) */

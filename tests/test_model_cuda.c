@@ -72,7 +72,7 @@ static double params_rel_err(const dg_lm *a, const dg_lm *b) {
 
 /* without a GPU, --device cuda is refused with a message saying why */
 static void test_cuda_refused_without_gpu(void **state) {
-    if (dg_cuda_available()) skip();
+    if (dg_cuda_available()) dg_test_skip("checks the refusal without a GPU, and a GPU is present");
     dg_train_config tc = tiny_run(tmp_path("refused"), DG_CUDA);
     dg_model_config mc = tiny_model();
     assert_null(dg_trainer_open(&tc, &mc, NULL));

@@ -3,12 +3,15 @@
  * progress display. */
 #include "tests/model_infra_common.h"
 
+#include "models/atomic_file.h"
 #include "models/chart.h"
 #include "models/metrics.h"
 #include "models/optim.h"
 #include "models/safetensors.h"
 
 #include <math.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- AdamW, clipping, schedule ------------------------------------------------------------- */
 
@@ -211,6 +214,7 @@ static void test_metrics_csv_and_chart(void **state) {
     fclose(f);
     c = dg_csv_open(path, 5, cols, 200);
     assert_non_null(c);
+    assert_int_equal(c->missing_steps, 0); /* rows 1..200 all there */
     assert_int_equal(dg_csv_row(c, (double[]){201, 0.25, 0.5, NAN, NAN}), 0);
     dg_csv_close(c);
     dg_csv_table *t = dg_csv_read(path);
@@ -261,6 +265,56 @@ static char *capture(FILE *f) {
     return s;
 }
 
+/* a log cut short (or with rows taken out) is resumed with its gap counted, not silently */
+static void test_metrics_gap_detected(void **state) {
+    const char *path = tmp_path("gap.csv");
+    const char *cols[2] = {"step", "loss"};
+    FILE *f = fopen(path, "wb");
+    fputs("step,loss\n1,4\n2,3.5\n3,3\n5,2.5\n", f); /* step 4 missing, and 6..8 cut off */
+    fclose(f);
+    dg_csv *c = dg_csv_open(path, 2, cols, 8);
+    assert_non_null(c);
+    assert_int_equal(c->missing_steps, 4);
+    assert_int_equal(c->missing_from, 4);
+    assert_int_equal(c->missing_to, 4);
+    dg_csv_close(c);
+    /* the log gone altogether: every step before the resume is missing */
+    unlink(path);
+    c = dg_csv_open(path, 2, cols, 8);
+    assert_non_null(c);
+    assert_int_equal(c->missing_steps, 8);
+    assert_int_equal(c->missing_from, 1);
+    assert_int_equal(c->missing_to, 8);
+    dg_csv_close(c);
+}
+
+/* temporary files of killed writers are removed; a live process's and other files are kept */
+static void test_stale_tmp_removed(void **state) {
+    const char *dir = tmp_path("stale");
+    mkdir(dir, 0777);
+    char dead[600], mine[600], live[600], other[600], odd[600];
+    pid_t child = fork(); /* a PID that is certainly gone: a child that has exited and been reaped */
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(dead, sizeof dead, "%s/.model.safetensors.tmp-%ld-0", dir, (long)child);
+    snprintf(mine, sizeof mine, "%s/.config.json.tmp-%ld-3", dir, (long)getpid());
+    snprintf(live, sizeof live, "%s/.metrics.csv.tmp-%ld-1", dir, (long)getppid());
+    snprintf(other, sizeof other, "%s/notes.tmp-1-1", dir);
+    snprintf(odd, sizeof odd, "%s/.x.tmp-12-a", dir);
+    const char *all[] = {dead, mine, live, other, odd};
+    for (int i = 0; i < 5; i++) fclose(fopen(all[i], "wb"));
+    assert_int_equal(dg_atomic_remove_stale(dir), 2);
+    assert_int_equal(access(dead, F_OK), -1);
+    assert_int_equal(access(mine, F_OK), -1);
+    assert_int_equal(access(live, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+    assert_int_equal(access(odd, F_OK), 0);
+    for (int i = 0; i < 5; i++) unlink(all[i]);
+    rmdir(dir);
+    assert_int_equal(dg_atomic_remove_stale(dir), -1);
+    assert_error_contains("cannot read the directory");
+}
+
 static void test_progress(void **state) {
     char buf[32];
     assert_string_equal(dg_format_duration(5.2, buf, sizeof buf), "5s");
@@ -302,7 +356,28 @@ static void test_progress(void **state) {
     assert_non_null(strstr(out, "] 100% | loss 2.0000 | acc 25.0% | 25k tok/s | took 2s\033[K"));
     assert_non_null(strstr(out, "| ETA "));
     assert_non_null(strstr(out, "\r\033[Kcheckpoint\n"));
+    assert_null(strstr(out, "at most"));
     for (char *q = strtok(out, "\r\n"); q; q = strtok(NULL, "\r\n")) assert_true(strlen(q) < 120 + 4);
+    free(out);
+
+    /* a run that may stop early (an accuracy target): the time to the last step is shown as a bound */
+    f = tmpfile();
+    dg_progress_init(&p, f, DG_PROGRESS_TTY, 0, 100, 10);
+    p.may_stop_early = true;
+    t0 = p.t_start;
+    dg_progress_update_at(&p, 10, 2.0, 0.5, 1e4, t0 + 1.0);
+    dg_progress_finish(&p);
+    out = capture(f);
+    assert_non_null(strstr(out, "| at most 9s\033[K"));
+    assert_null(strstr(out, "ETA"));
+    free(out);
+    f = tmpfile();
+    dg_progress_init(&p, f, DG_PROGRESS_PLAIN, 0, 100, 10);
+    p.may_stop_early = true;
+    t0 = p.t_start;
+    dg_progress_update_at(&p, 10, 2.0, 0.5, 1e4, t0 + 1.0);
+    out = capture(f);
+    assert_non_null(strstr(out, " elapsed 1s eta<= 9s\n"));
     free(out);
 }
 
@@ -314,6 +389,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_lr_schedule, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_adamw_state_round_trip, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_metrics_csv_and_chart, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_gap_detected, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_stale_tmp_removed, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_progress, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -36,6 +36,13 @@ int dg_cmd_eval(int argc, char **argv) {
             recurrent = true;
             continue;
         }
+        static const char *const with_value[] = {"--ckpt", "--data", "--examples", "--batch", "--threads", "--device"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) {
+            fprintf(stderr, "eval: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
         if (!v) {
             fprintf(stderr, "eval: %s needs a value (see --help)\n", a);
             return 2;
@@ -90,7 +97,10 @@ int dg_cmd_eval(int argc, char **argv) {
     }
     double loss, acc;
     int rc = dg_trainer_eval(t, tc.task == DG_TASK_TEXT ? examples : 0, &loss, &acc);
-    if (rc) {
+    if (rc == 0 && !isfinite(loss)) {
+        fprintf(stderr, "eval: the loss on %s is %g: the model's outputs are not finite\n", ckpt, loss);
+        rc = -1;
+    } else if (rc) {
         dg_cmd_say_error("eval");
     } else if (tc.task == DG_TASK_MQAR) {
         printf("checkpoint %s (step %lld): MQAR held-out (%lld examples, seq_len %lld, %lld kv pairs): loss %.4f, "

@@ -11,12 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile int interrupted;
+/* SIGINT (Ctrl-C) and SIGTERM (schedulers, `docker stop`, `kill`) end the run after the current step,
+ * with a checkpoint, and the process exits 128 + the signal's number (130, 143) as a shell reports a
+ * killed command, so that a script can tell an interrupted run from a finished one.  A second signal
+ * kills at once. */
+static volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig) {
-    (void)sig;
-    interrupted = 1;
-    signal(SIGINT, SIG_DFL); /* a second Ctrl-C kills at once */
+static void on_stop_signal(int sig) {
+    interrupted = sig;
+    signal(sig, SIG_DFL);
 }
 
 /* Process settings that training needs and that only take effect when the process starts (libgomp
@@ -55,6 +58,25 @@ static void tune_process(int argc, char **argv) {
     free(args);
 }
 
+/* A new run whose output directory already holds one: refused, naming the three ways on, unless
+ * --overwrite (then the old run's files are removed).  0 to go on, -1 refused (message printed). */
+static int refuse_existing_run(const char *dir, bool overwrite) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, DG_CKPT_MODEL_FILE);
+    if (access(path, F_OK) != 0) return 0;
+    if (overwrite) {
+        if (dg_ckpt_remove_run(dir) == 0) return 0;
+        dg_cmd_say_error("train");
+        return -1;
+    }
+    int64_t step = -1;
+    if (dg_ckpt_read_meta(dir, &(dg_model_config){0}, NULL, &step, NULL)) dg_clear_error();
+    fprintf(stderr, "train: %s already holds a run", dir);
+    if (step >= 0) fprintf(stderr, " (checkpoint at step %lld)", (long long)step);
+    fprintf(stderr, ": --resume %s continues it, --overwrite starts over in it, --out DIR trains elsewhere\n", dir);
+    return -1;
+}
+
 int dg_cmd_train(int argc, char **argv) {
     tune_process(argc, argv);
     bool help;
@@ -83,6 +105,11 @@ int dg_cmd_train(int argc, char **argv) {
         o.tc.device = dg_cuda_available() ? DG_CUDA : DG_CPU;
     if (!resume && !o.out_given)
         snprintf(o.tc.out_dir, sizeof o.tc.out_dir, "runs/%s-%s", dg_task_name(o.tc.task), dg_mixer_name(o.mc.mixer));
+    if (resume && o.overwrite) {
+        fprintf(stderr, "train: --resume continues the run in %s and --overwrite starts it over: give one\n", resume);
+        return 2;
+    }
+    if (!resume && refuse_existing_run(o.tc.out_dir, o.overwrite)) return 2;
     if (o.tc.task == DG_TASK_TEXT && !o.model_given) o.mc.vocab_size = 256;
     if (o.tc.task == DG_TASK_TEXT && o.tc.data[0]) { /* stored absolute: eval and resume work from anywhere */
         char *abs = realpath(o.tc.data, NULL);
@@ -122,10 +149,15 @@ int dg_cmd_train(int argc, char **argv) {
                 t->resumed ? " (resumed)" : "");
         if (t->resumed) fprintf(stderr, "resuming at step %lld\n", (long long)t->step);
     }
-    signal(SIGINT, on_sigint);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
     int rc = dg_trainer_run(t);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (rc) dg_cmd_say_error("train");
+    int64_t step_done = t->step;
+    char out_dir[sizeof t->tc.out_dir];
+    snprintf(out_dir, sizeof out_dir, "%s", t->tc.out_dir);
     if (t->profile && t->profiled_steps > 0 && !o.quiet) {
         double n = (double)t->profiled_steps;
         double tot = t->t_data + t->t_fwd + t->t_bwd + t->t_opt;
@@ -133,5 +165,11 @@ int dg_cmd_train(int argc, char **argv) {
                 t->t_data / n, t->t_fwd / n, t->t_bwd / n, t->t_opt / n, tot / n);
     }
     dg_trainer_free(t);
-    return rc ? 1 : 0;
+    if (rc) return 1;
+    if (interrupted) {
+        fprintf(stderr, "train: interrupted by %s at step %lld, checkpoint saved in %s (exit status %d)\n",
+                interrupted == SIGINT ? "SIGINT" : "SIGTERM", (long long)step_done, out_dir, 128 + (int)interrupted);
+        return 128 + (int)interrupted;
+    }
+    return 0;
 }

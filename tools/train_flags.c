@@ -83,7 +83,9 @@ static const flag flags[] = {
     {"resume", T_STR, OP(resume), sizeof(((dg_train_opts *)0)->resume), "run",
      "continue the run checkpointed in DIR (its settings; options given here override them)", false},
     {"stop-at", T_I64, OP(stop_at), 0, "run", "checkpoint and stop after this step (0: no)", false},
-    {"quiet", T_BOOL, OP(quiet), 0, "run", "no progress display", false},
+    {"overwrite", T_BOOL, OP(overwrite), 0, "run",
+     "start over in --out when it already holds a run (its checkpoints and metrics are removed)", false},
+    {"quiet", T_BOOL, OP(quiet), 0, "run", "no progress display (the result line is still printed)", false},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 

@@ -13,6 +13,7 @@ typedef struct dg_train_opts {
     char resume[1024];
     int64_t stop_at;
     bool quiet;
+    bool overwrite;  /* replace the run already in the output directory */
     bool out_given;  /* --out was on the command line */
     bool model_given;/* some model option was on the command line */
     bool device_given;/* --device was on the command line */

@@ -46,8 +46,18 @@ double dg_test_xorshift(uint64_t *state) {
     return (double)(s >> 11) / 9007199254740992.0;
 }
 
+void dg_test_skip(const char *why) {
+    print_message("  skipped: %s\n", why);
+    skip();
+}
+
 void dg_test_require_cuda(void) {
-    if (!dg_cuda_available()) skip();
+    if (dg_cuda_available()) return;
+#ifdef DG_HAVE_CUDA
+    dg_test_skip("needs a GPU: no CUDA device is visible");
+#else
+    dg_test_skip("needs the CUDA backend: this build has none (built with cuda=0, or cuda=auto without nvcc or a GPU)");
+#endif
 }
 
 void dg_test_apply_filter(void) {
@@ -57,7 +67,8 @@ void dg_test_apply_filter(void) {
 
 static void test_no_cuda_backend(void **state) {
     (void)state;
-    skip();
+    dg_test_skip("the whole program needs the CUDA backend: this build has none (built with cuda=0, or cuda=auto "
+                 "without nvcc or a GPU)");
 }
 
 int dg_test_main_without_cuda(void) {

@@ -30,7 +30,10 @@ double dg_test_rel_err_norm(const double *a, const double *ref, int64_t n);
  * own state and seed. */
 double dg_test_xorshift(uint64_t *state);
 
-/* Skips the test when no GPU is present. */
+/* Skips the running test, saying why: prints "  skipped: WHY" (which `scons test` collects into
+ * its summary), then cmocka's skip().  Every skip in the tests goes through here. */
+void dg_test_skip(const char *why);
+/* Skips the test when no GPU is present (the reason says whether the build or the machine lacks it). */
 void dg_test_require_cuda(void);
 
 /* cmocka_run_group_tests with the environment's DG_TEST_FILTER (a cmocka test-name pattern)

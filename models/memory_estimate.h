@@ -1,0 +1,25 @@
+/* How much memory a training run needs, estimated before anything is allocated, and how much the
+ * machine can give, so that `train --batch 1000000000` is refused with a message instead of running
+ * the machine out of memory. */
+#ifndef DG_MODELS_MEMORY_ESTIMATE_H
+#define DG_MODELS_MEMORY_ESTIMATE_H
+
+#include "models/model_config.h"
+#include "models/train_config.h"
+
+/* Bytes a training run of mc and tc holds at its peak: the parameters with their gradients and
+ * AdamW's two moments, the activations a step saves for its backward pass (per token and layer: the
+ * projections, the MLP, the chunked delta rule's per-chunk states and chunk-local matrices; per
+ * token: the logits), and the held-out set.  Computed in double, so absurd sizes do not overflow.
+ * Fitted to dg_peak_bytes on the CPU: within 15% of it for the default model and for small GDN and
+ * KDA models, chunked or recurrent (tests/test_model_memory.c checks it). */
+double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config *tc);
+
+/* Bytes this process may still allocate: MemAvailable of /proc/meminfo, lowered to what the cgroup's
+ * limit leaves (containers); -1 when unknown. */
+double dg_memory_available(void);
+
+/* "1.5 GB", "230 MB", "12.0 TB" */
+char *dg_format_bytes(double bytes, char *buf, size_t n);
+
+#endif
