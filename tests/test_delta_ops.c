@@ -619,13 +619,14 @@ static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kin
  * the generic kernels otherwise), and a misspelled or mismatched row is an error. */
 static void test_backend_table(void **state) {
     (void)state;
-    const uintptr_t al = 256, odd = 258;
+    const uintptr_t al = 256;
     assert_string_equal(picked(DG_CPU, DG_F64, DG_DELTA_CHUNKED, DG_GATE_HEAD, 16, 16, 16, al, false), "cpu_chunk");
     assert_string_equal(picked(DG_CPU, DG_F32, DG_DELTA_RECURRENT, DG_GATE_NONE, 16, 16, 16, al, false),
                         "cpu_recurrent");
     assert_string_equal(picked(DG_CPU, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 16, 16, 16, al, false), "");
 #ifdef DG_HAVE_CUDA
-    static const struct {
+    const uintptr_t odd = 258; /* not 16-byte aligned */
+    const struct {
         dg_dtype dt;
         int algorithm;
         dg_gate_kind gate;

@@ -1,8 +1,8 @@
 /* deltagrad bench --device cuda: the chunked delta-rule kernels (gated_delta_rule, kda, delta_rule)
- * on the GPU at the shapes of issue 6, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
+ * on the GPU at the benchmark shapes, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
  *   S1  B8  T2048 H16 K=V=128   bf16
  *   S2  B2  T8192 H16 K=V=128   bf16
- *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (as the issue's table; K = V = 256
+ *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (K = V = 256
  *                               takes the generic kernels: the tensor-core ones stop at K = 128)
  *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule only, with --shapes S4 only (FLA's layer
  *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
@@ -402,7 +402,7 @@ static int usage(void) {
            "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
            "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
            "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
-           "(default: those three, as issue 6); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
+           "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
            "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
            "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
            "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"

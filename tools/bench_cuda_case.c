@@ -177,7 +177,7 @@ double bench_bytes_bwd(const bcase *c) {
 }
 
 
-/* ---- cases: generated at the shapes, or read from a safetensors file ------------------------ */
+/* ---- cases: generated at the benchmark shapes, or read from a safetensors file ------------------------ */
 static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V) {
     const dg_delta_gate *gt = dg_delta_gate_of_op(op);
     snprintf(c->op, sizeof c->op, "%s", op);

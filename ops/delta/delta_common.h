@@ -1,6 +1,6 @@
 /* Shared machinery of the delta_rule, gated_delta_rule and kda ops: attributes, input slots,
- * argument validation, the forward and backward that dispatch to the CPU kernels, the decomposition
- * into primitive ops and the samplers.  Each op file (delta_rule.c, gated_delta_rule.c, kda.c) holds
+ * argument validation, the forward and backward that run the call on the backend table
+ * (delta_backends.h), the decomposition into primitive ops and the samplers.  Each op file (delta_rule.c, gated_delta_rule.c, kda.c) holds
  * only its dg_op_def, its variants and its typed entry point.
  *
  * Inputs of every op of the family, in this order (delta_rule has no g, A_log, dt_bias slots):
