@@ -49,8 +49,9 @@ typedef struct dg_delta_opts {
      * default).  delta_rule: "chunk", "subst", "recurrent".  gated_delta_rule: "dg_final" (dg from
      * the final dq, dk), "dg_partial" (dg accumulated through partial terms), "subst" (dg_final with
      * forward substitution in the WY inverse), "recurrent".  kda: "fused" (dw never
-     * stored; the chunked default on the CPU), "unfused" (the chunked default on CUDA), "subst",
-     * "recurrent".  With algorithm = RECURRENT the default is "recurrent". */
+     * stored; the chunked default), "unfused" (dw stored between two passes), "subst",
+     * "recurrent".  With algorithm = RECURRENT the default is "recurrent".  A name that is not
+     * one of these is an error that lists them. */
     const char *backward;
     /* CUDA, bf16 or fp16, chunked (on the tensor-core paths): the forward keeps its working set (the WY factors, the states entering
      * each chunk, V', the inverse; about 8 times the bytes of v for GDN at K=V=128) for the

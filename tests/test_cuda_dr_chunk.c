@@ -37,265 +37,7 @@
 #include "tests/support/test_support.h"
 
 #ifdef DG_HAVE_CUDA
-#include "core/f16.h"
-#include "core/internal.h"
-#include "kernels/cpu/delta/delta_rule.h"
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/delta/dr_chunk_cuda.h"
-
-/* ---- host helpers ---- */
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static double urand(void) { return dg_test_xorshift(&rs); }
-static double *rnd(int64_t n, double lo, double hi) {
-    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * urand();
-    return x;
-}
-
-/* Storage of q, k, v, beta, o, dout and their gradients in a run (gates and states are f32). */
-enum { S_F32, S_BF16, S_F16 };
-static const char *const st_names[3] = {"f32", "bf16", "f16"};
-static uint16_t to16(int st, double x) { return st == S_BF16 ? dg_bf16_from_f32((float)x) : dg_f16_from_f64(x); }
-static double from16(int st, uint16_t h) { return st == S_BF16 ? dg_bf16_to_f32(h) : dg_f16_to_f64(h); }
-/* x as the device holds it in storage st */
-static double stored(int st, double x) { return st == S_F32 ? (float)x : from16(st, to16(st, x)); }
-
-/* Bound on ||x - ref|| / ||ref|| for fp16 storage.  The inputs are exact (the reference gets the
- * same fp16 values) and the generic kernels compute in f32, whose error e32 is <= 1e-5 here (the
- * f32 tests, same shapes and kernels).  Each fp16 output and gradient is then rounded once to
- * nearest: |fl(x) - x| <= u |x| with u = 2^-11 = 4.88e-4 (fp16 keeps 11 significant bits) for
- * every normal x, so ||fl(x) - ref|| <= u ||x|| + ||x - ref|| <= u (1 + e32) + e32 = 4.98e-4 of
- * ||ref|| (subnormal results, below 6.1e-5, err by at most 2^-25 each: nothing in these norms).
- * 6e-4 is that plus a margin; two roundings of the same value, or bf16 bits read as fp16, can
- * exceed it.  Typical values are u / sqrt(3)-like, about 2e-4 (the rounding errors are spread
- * uniformly).  Two fp16 runs of different variants differ by at most twice that bound. */
-#define F16_TOL 6e-4
-/* The same on the tensor-core path (fp16 build of the head-gate kernels): the structure and the
- * plain / split choices of bf16 (whose bound is 5e-3), every intermediate rounding now 2^-11
- * instead of 2^-8 relative: 5e-3 / 8 = 6.25e-4, plus the rounding of each fp16 result (4.9e-4,
- * above), 1.1e-3. */
-#define F16_MMA_TOL 1.1e-3
-
-/* device buffer of n elements of esz bytes, from host, or poisoned with 0xff (NaN) */
-static void *dput(const void *host, int64_t n, size_t esz) {
-    void *d = dg_cuda_malloc((size_t)(n ? n : 1) * esz);
-    assert_non_null(d);
-    void *p = (void *)host;
-    if (!host) {
-        p = malloc((size_t)(n ? n : 1) * esz);
-        memset(p, 0xff, (size_t)(n ? n : 1) * esz);
-    }
-    if (n) assert_int_equal(dg_cuda_memcpy(d, p, (size_t)n * esz, 0), 0);
-    if (!host) free(p);
-    return d;
-}
-/* A device buffer's bytes back on the host (caller frees) */
-static void *dget(const void *dev, size_t bytes) {
-    void *h = malloc(bytes ? bytes : 1);
-    if (bytes) assert_int_equal(dg_cuda_memcpy(h, dev, bytes, 1), 0);
-    return h;
-}
-
-/* device copy of a double array as f32 (S_F32), bf16 bits (S_BF16) or fp16 bits (S_F16) */
-static void *dput_as(const double *x, int64_t n, int st) {
-    if (!x) return NULL;
-    void *h = malloc((size_t)(n ? n : 1) * 4);
-    for (int64_t i = 0; i < n; i++) {
-        if (st != S_F32) ((uint16_t *)h)[i] = to16(st, x[i]);
-        else ((float *)h)[i] = (float)x[i];
-    }
-    void *d = dput(h, n, st != S_F32 ? 2 : 4);
-    free(h);
-    return d;
-}
-
-/* ---- cases ---- */
-typedef struct cfg {
-    const char *name;
-    int64_t B, T, H, HV, K, V;
-    dg_gate_kind gate;
-    int chunk;
-    int ncu; /* 0, or the N+1 entries of cu */
-    int64_t cu[8];
-    int h0, dhT, some_grads; /* some_grads: only dk, dbeta, dh0 (and dg) are asked for */
-} cfg;
-
-typedef struct data { /* host inputs, already rounded to what the device holds */
-    dg_dr_shape s;
-    int64_t nq, nv, nb, ng, nh;
-    double *q, *k, *v, *g, *beta, *h0, *dout, *dhT;
-    double *rq, *rk; /* NULL, or 1/|x| per row [B*T*H] (16-bit only): the backward then gives dq, dk
-                      * of the raw rows (the L2 norm's backward taken with it) */
-} data;
-
-static void make(const cfg *c, int st, data *d) {
-    memset(d, 0, sizeof *d);
-    d->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate, .scale = 1.0 / sqrt((double)c->K), .chunk = c->chunk};
-    const int64_t BT = c->B * c->T;
-    d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
-    d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;
-    d->nh = d->s.N * c->HV * c->K * c->V;
-    d->q = rnd(d->nq, -1, 1), d->k = rnd(d->nq, -1, 1), d->v = rnd(d->nv, -1, 1);
-    d->beta = rnd(d->nb, 0.1, 0.9), d->dout = rnd(d->nv, -1, 1);
-    /* per-channel decays vary more than per-head ones */
-    d->g = d->ng ? rnd(d->ng, c->gate == DG_GATE_CHANNEL ? -1.5 : -0.8, -0.02) : NULL;
-    d->h0 = c->h0 ? rnd(d->nh, -1, 1) : NULL;
-    d->dhT = c->dhT ? rnd(d->nh, -1, 1) : NULL;
-    for (int64_t r = 0; r < BT * c->H; r++) { /* unit keys, as the layers feed them */
-        double n2 = 0;
-        for (int64_t i = 0; i < c->K; i++) n2 += d->k[r * c->K + i] * d->k[r * c->K + i];
-        for (int64_t i = 0; i < c->K; i++) d->k[r * c->K + i] /= sqrt(n2);
-    }
-    double *lo[5] = {d->q, d->k, d->v, d->beta, d->dout};
-    int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
-    for (int a = 0; a < 5; a++)
-        for (int64_t i = 0; i < nlo[a]; i++)
-            lo[a][i] = stored(st, lo[a][i]);
-    double *hi[3] = {d->g, d->h0, d->dhT};
-    int64_t nhi[3] = {d->ng, d->nh, d->nh};
-    for (int a = 0; a < 3; a++)
-        for (int64_t i = 0; hi[a] && i < nhi[a]; i++) hi[a][i] = (float)hi[a][i];
-}
-
-static void data_free(data *d) {
-    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout),
-        free(d->dhT), free(d->rq), free(d->rk);
-}
-
-enum { R_O, R_HT, R_DQ, R_DK, R_DV, R_DG, R_DB, R_DH0, R_N };
-static const char *const r_names[R_N] = {"o", "hT", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
-typedef struct res {
-    double *x[R_N];
-    int64_t n[R_N];
-} res;
-
-static void res_alloc(const cfg *c, const data *d, res *r) {
-    int64_t n[R_N] = {d->nv, d->nh, d->nq, d->nq, d->nv, d->ng, d->nb, d->nh};
-    int want[R_N] = {1, 1, !c->some_grads, 1, !c->some_grads, d->ng > 0, 1, d->h0 != NULL};
-    for (int i = 0; i < R_N; i++) {
-        r->n[i] = want[i] ? n[i] : 0;
-        r->x[i] = want[i] ? calloc((size_t)(n[i] ? n[i] : 1), sizeof(double)) : NULL;
-    }
-}
-static void res_free(res *r) {
-    for (int i = 0; i < R_N; i++) free(r->x[i]);
-}
-
-/* the f64 recurrence: the reference */
-static void ref_f64(const data *d, res *r) {
-    assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0,
-                                             r->x[R_O], r->x[R_HT]), 0);
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout,
-                                             d->dhT, r->x[R_DQ], r->x[R_DK], r->x[R_DV], r->x[R_DG],
-                                             r->x[R_DB], r->x[R_DH0]), 0);
-}
-
-/* the CPU f32 chunked kernel (for comparison of its error with ours) */
-static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
-    const double *in[8] = {d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout, d->dhT};
-    int64_t nin[8] = {d->nq, d->nq, d->nv, d->ng, d->nb, d->nh, d->nv, d->nh};
-    float *fi[8], *fo[R_N];
-    for (int a = 0; a < 8; a++) {
-        fi[a] = in[a] ? malloc(sizeof(float) * (size_t)(nin[a] ? nin[a] : 1)) : NULL;
-        for (int64_t i = 0; fi[a] && i < nin[a]; i++) fi[a][i] = (float)in[a][i];
-    }
-    for (int a = 0; a < R_N; a++)
-        fo[a] = r->x[a] ? malloc(sizeof(float) * (size_t)(r->n[a] ? r->n[a] : 1)) : NULL;
-    assert_int_equal(dg_dr_chunk_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fo[R_O],
-                                         fo[R_HT]), 0);
-    assert_int_equal(dg_dr_chunk_bwd_f32(&d->s, var, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6],
-                                         fi[7], fo[R_DQ], fo[R_DK], fo[R_DV], fo[R_DG], fo[R_DB],
-                                         fo[R_DH0]), 0);
-    for (int a = 0; a < R_N; a++) {
-        for (int64_t i = 0; fo[a] && i < r->n[a]; i++) r->x[a][i] = fo[a][i];
-        free(fo[a]);
-    }
-    for (int a = 0; a < 8; a++) free(fi[a]);
-}
-
-/* the CUDA kernels with storage st for q k v beta o dout and their gradients.  Forward and
- * backward run twice and must give the same bits; with 16-bit storage on the tensor-core paths the
- * second forward keeps its working set (dg_cuda_dr_chunk_fwd_bf16_keep / _f16_keep) and the second backward runs from
- * it instead of recomputing it. */
-static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
-    const int bf16 = st == S_BF16, f16 = st == S_F16;
-    const size_t lo = st != S_F32 ? 2 : 4;
-    const size_t esz[R_N] = {lo, 4, lo, lo, lo, 4, lo, 4};
-    void *q = dput_as(d->q, d->nq, st), *k = dput_as(d->k, d->nq, st),
-         *v = dput_as(d->v, d->nv, st), *beta = dput_as(d->beta, d->nb, st),
-         *dout = dput_as(d->dout, d->nv, st);
-    float *g = dput_as(d->g, d->ng, 0), *h0 = dput_as(d->h0, d->nh, 0), *dhT = dput_as(d->dhT, d->nh, 0);
-    const int64_t nr = d->s.B * d->s.T * d->s.H;
-    float *rq = d->rq ? dput_as(d->rq, nr, 0) : NULL, *rk = d->rk ? dput_as(d->rk, nr, 0) : NULL;
-    void *o[R_N], *o2[R_N];
-    for (int a = 0; a < R_N; a++) {
-        o[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
-        o2[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
-    }
-    const int64_t keep_bytes = bf16 ? dg_cuda_dr_chunk_kept_bytes(&d->s) : f16 ? dg_cuda_dr_chunk_kept_bytes_f16(&d->s) : 0;
-    if (keep_bytes < 0) fail_msg("kept_bytes failed: %s", dg_last_error());
-    void *keep = keep_bytes > 0 ? dput(NULL, keep_bytes, 1) : NULL;
-    int kept = 0;
-    for (int rep = 0; rep < 2; rep++) {
-        void **w = rep ? o2 : o;
-        int rc = f16 && rep && keep ? dg_cuda_dr_chunk_fwd_f16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
-                 : f16  ? dg_cuda_dr_chunk_fwd_f16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
-                 : !bf16 ? dg_cuda_dr_chunk_fwd_f32(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT])
-                 : rep && keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT], keep, &kept)
-                               : dg_cuda_dr_chunk_fwd_bf16(&d->s, q, k, v, g, beta, h0, w[R_O], w[R_HT]);
-        if (rc) fail_msg("forward failed: %s", dg_last_error());
-    }
-    if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
-    for (int rep = 0; rep < 2; rep++) {
-        void **w = rep ? o2 : o;
-        int rc = f16 ? dg_cuda_dr_chunk_bwd_f16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
-                                                     w[R_DV], w[R_DG], w[R_DB], w[R_DH0], rep ? keep : NULL, rq, rk)
-                 : bf16 ? dg_cuda_dr_chunk_bwd_bf16_kept(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
-                                                       w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0],
-                                                       rep ? keep : NULL, rq, rk)
-                      : dg_cuda_dr_chunk_bwd_f32(&d->s, var, q, k, v, g, beta, h0, dout, dhT, w[R_DQ],
-                                                 w[R_DK], w[R_DV], w[R_DG], w[R_DB], w[R_DH0]);
-        if (rc) fail_msg("backward failed: %s", dg_last_error());
-    }
-    assert_int_equal(dg_cuda_synchronize(), 0);
-    for (int a = 0; a < R_N; a++) {
-        if (!o[a]) continue;
-        size_t bytes = (size_t)r->n[a] * esz[a];
-        void *h1 = malloc(bytes ? bytes : 1), *h2 = malloc(bytes ? bytes : 1);
-        assert_int_equal(dg_cuda_memcpy(h1, o[a], bytes, 1), 0);
-        for (int64_t i = 0; i < r->n[a]; i++)
-            r->x[a][i] = esz[a] == 2 ? from16(st, ((uint16_t *)h1)[i]) : ((float *)h1)[i];
-        if (o2[a]) {
-            assert_int_equal(dg_cuda_memcpy(h2, o2[a], bytes, 1), 0);
-            if (memcmp(h1, h2, bytes))
-                fail_msg("%s differs between two runs%s", r_names[a],
-                         keep ? " (the second from the forward's kept working set)" : "");
-        }
-        free(h1), free(h2);
-        dg_cuda_free(o[a]), dg_cuda_free(o2[a]);
-    }
-    dg_cuda_free(q), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta), dg_cuda_free(dout);
-    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(dhT), dg_cuda_free(keep);
-    dg_cuda_free(rq), dg_cuda_free(rk);
-}
-
-/* every result within tol of the reference; prints the errors */
-static void check(const char *what, const res *got, const res *ref, double tol) {
-    char msg[512];
-    int off = snprintf(msg, sizeof msg, "  %-44s", what);
-    int bad = -1;
-    double worst = 0;
-    for (int a = 0; a < R_N; a++) {
-        if (!ref->x[a]) continue;
-        double e = dg_test_rel_err_norm(got->x[a], ref->x[a], ref->n[a]);
-        off += snprintf(msg + off, sizeof msg - (size_t)off, " %s %.1e", r_names[a], e);
-        if (!(e <= tol) && bad < 0) bad = a, worst = e;
-    }
-    printf("%s\n", msg);
-    if (bad >= 0) fail_msg("%s: %s relative error %.3e > %.0e", what, r_names[bad], worst, tol);
-}
+#include "tests/dr_chunk_cases.h"
 
 static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
@@ -400,9 +142,9 @@ static void paths_compare(const cfg *c, int st, const char *what_kind, double to
     res fast, gen;
     res_alloc(c, &d, &fast), res_alloc(c, &d, &gen);
     run_gpu(&d, st, &var_default, &fast);
-    int old = dg_cuda_dr_chunk_force_generic(1);
+    g_force_generic = true;
     run_gpu(&d, st, &var_default, &gen);
-    dg_cuda_dr_chunk_force_generic(old);
+    g_force_generic = false;
     char what[160];
     snprintf(what, sizeof what, "%s: %s %s", c->name, st_names[st], what_kind);
     check(what, &fast, &gen, tol);
@@ -471,7 +213,10 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
     float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
-    assert_int_equal(dg_cuda_dr_chunk_fwd_bf16(&d.s, q1 + 1, k, v, g, beta, h0, o1 + 1, hT), 0);
+    dg_delta_call call = {.op = "test", .s = d.s, .dtype = DG_BF16, .device = DG_CUDA, .q = q1 + 1, .k = k, .v = v,
+                          .g = g, .beta = beta, .h0 = h0, .o = o1 + 1, .hT = hT};
+    assert_int_equal(drc_family_of(&call), DG_DRC_GENERIC);
+    assert_int_equal(drc_fwd(&call), 0);
     assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
     for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_bf16_to_f32(ho[i + 1]);
     float *hh = malloc(sizeof(float) * (size_t)d.nh);
@@ -629,10 +374,10 @@ static void test_dr_chunk_l2_fold(void **state) {
         }
 }
 
-/* The forward with the L2 norm in it (dg_cuda_dr_chunk_fwd_l2_*): where the tensor-core kernels
- * normalise k and q as they load them, every output -- o, hT, the normalised q and k, their 1/|x|,
- * the kept working set -- is bit for bit that of the norm's kernel run first (the entry point with
- * dg_cuda_dr_chunk_l2_fuse(0): dg_cuda_dr_l2norm_*_fwd, then the forward), bf16 and fp16, with
+/* The forward with the L2 norm in it (the call's l2): where the tensor-core kernels normalise k and
+ * q as they load them, every output -- o, hT, the normalised q and k, their 1/|x|, the kept working
+ * set -- is bit for bit that of the norm's kernel run first (the call's l2_norm_first:
+ * dg_cuda_dr_l2norm_*_fwd, then the forward), bf16 and fp16, with
  * grouped value heads (one value head writes a key head's rows), cu_seqlens with an empty sequence
  * and partial chunks, h0, the value split, and the paths that always run the norm first (KDA, the
  * generic kernels at chunk 32).  The normalised rows are also checked against the host: 1/|x| to
@@ -659,22 +404,23 @@ static void test_dr_chunk_l2_fused(void **state) {
             void *q = dput_as(d.q, d.nq, st), *k = dput_as(d.k, d.nq, st), *v = dput_as(d.v, d.nv, st);
             void *beta = dput_as(d.beta, d.nb, st);
             float *g = dput_as(d.g, d.ng, 0), *h0 = dput_as(d.h0, d.nh, 0);
-            const int64_t kb = st == S_BF16 ? dg_cuda_dr_chunk_kept_bytes(&d.s) : dg_cuda_dr_chunk_kept_bytes_f16(&d.s);
+            dg_delta_call fc = {.op = "test", .s = d.s, .dtype = st == S_BF16 ? DG_BF16 : DG_F16, .device = DG_CUDA,
+                                .v = v, .g = g, .beta = beta, .h0 = h0, .l2 = {.on = true, .qraw = q, .kraw = k}};
+            const int64_t kb = drc_kept_bytes(&fc);
             assert_true(kb >= 0);
             /* [0]: fused, [1]: the norm's kernel first, [2]: fused without qn, rq, rk, keep */
             void *o[3], *qn[3], *kn[3], *keep[3];
             float *hT[3], *rq[3], *rk[3];
-            int kept[3] = {0, 0, 0};
+            bool kept[3] = {false, false, false};
             for (int r = 0; r < 3; r++) {
                 o[r] = dput(NULL, d.nv, 2), hT[r] = dput(NULL, d.nh, 4), kn[r] = dput(NULL, d.nq, 2);
                 qn[r] = r < 2 ? dput(NULL, d.nq, 2) : NULL;
                 rq[r] = r < 2 ? dput(NULL, nr, 4) : NULL, rk[r] = r < 2 ? dput(NULL, nr, 4) : NULL;
                 keep[r] = r < 2 && kb > 0 ? dput(NULL, kb, 1) : NULL;
-                const int fuse = dg_cuda_dr_chunk_l2_fuse(r != 1);
-                const int rc = (st == S_BF16 ? dg_cuda_dr_chunk_fwd_l2_bf16 : dg_cuda_dr_chunk_fwd_l2_f16)(
-                    &d.s, q, k, v, g, beta, h0, o[r], hT[r], keep[r], keep[r] ? &kept[r] : NULL, eps, qn[r], kn[r],
-                    rq[r], rk[r]);
-                dg_cuda_dr_chunk_l2_fuse(fuse);
+                fc.q = qn[r], fc.k = kn[r], fc.o = o[r], fc.hT = hT[r], fc.keep = keep[r];
+                fc.l2.rq = rq[r], fc.l2.rk = rk[r], fc.l2.for_bwd = r < 2, fc.l2_norm_first = r == 1;
+                const int rc = drc_fwd(&fc);
+                kept[r] = fc.kept;
                 if (rc) fail_msg("%s (%s), run %d: %s", c->name, st_names[st], r, dg_last_error());
             }
             assert_int_equal(dg_cuda_synchronize(), 0);
@@ -793,43 +539,56 @@ static void test_dr_chunk_bad_input(void **state) {
     bad[5].s.chunk = 48, bad[5].msg = "chunk";
     bad[6].s.T = -1, bad[6].msg = "T = -1";
     for (int i = 0; i < 7; i++) {
+        dg_delta_call c = {.op = "test", .s = bad[i].s, .dtype = DG_F32, .device = DG_CUDA, .q = p, .k = p, .v = p,
+                           .beta = p, .o = p};
         dg_clear_error();
-        assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&bad[i].s, p, p, p, NULL, p, NULL, p, NULL), -1);
+        assert_int_equal(drc_fwd(&c), -1);
         if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        dg_delta_call cb = {.op = "test", .s = bad[i].s, .dtype = DG_BF16, .device = DG_CUDA, .q = p, .k = p,
+                            .v = p, .beta = p, .dout = p};
         dg_clear_error();
-        assert_int_equal(dg_cuda_dr_chunk_bwd_bf16(&bad[i].s, NULL, (uint16_t *)p, (uint16_t *)p,
-                                                   (uint16_t *)p, NULL, (uint16_t *)p, NULL,
-                                                   (uint16_t *)p, NULL, NULL, NULL, NULL, NULL,
-                                                   NULL, NULL), -1);
+        assert_int_equal(drc_bwd(&cb), -1);
         if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        c.dtype = DG_F16;
         dg_clear_error();
-        assert_int_equal(dg_cuda_dr_chunk_fwd_f16(&bad[i].s, (uint16_t *)p, (uint16_t *)p, (uint16_t *)p, NULL,
-                                                  (uint16_t *)p, NULL, (uint16_t *)p, NULL), -1);
+        assert_int_equal(drc_fwd(&c), -1);
         if (!strstr(dg_last_error(), bad[i].msg) || !strstr(dg_last_error(), "dr_chunk_fwd_f16"))
             fail_msg("f16 case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
     }
     uint16_t *u = (uint16_t *)p;
+    /* the L2 norm: the normalised k is required, and neither normalised row may be a raw one */
+    dg_delta_call l2 = {.op = "test", .s = ok, .dtype = DG_BF16, .device = DG_CUDA, .q = u + 16, .v = u, .beta = u,
+                        .o = u, .l2 = {.on = true, .qraw = u, .kraw = u + 8, .for_bwd = true}};
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_bf16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, 1e-6, u + 16, NULL,
-                                                  NULL, NULL), -1);
-    assert_true(strstr(dg_last_error(), "kn") != NULL && strstr(dg_last_error(), "fwd_l2_bf16") != NULL);
+    assert_int_equal(drc_fwd(&l2), -1);
+    assert_true(strstr(dg_last_error(), "normalised rows") != NULL && strstr(dg_last_error(), "fwd_bf16") != NULL);
+    l2.dtype = DG_F16, l2.q = u, l2.k = u + 16;
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_f16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, 1e-6, u, u + 16,
-                                                 NULL, NULL), -1);
-    assert_true(strstr(dg_last_error(), "qn overlaps") != NULL);
+    assert_int_equal(drc_fwd(&l2), -1);
+    assert_true(strstr(dg_last_error(), "q overlaps") != NULL);
+    /* f32 calls take no fused norm (the backend runs the norm's kernel first) */
+    l2.dtype = DG_F32, l2.q = u + 24;
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_fwd_l2_bf16(&ok, u, u + 8, u, NULL, u, NULL, u, NULL, NULL, NULL, -1.0, u + 24,
-                                                  u + 16, NULL, NULL), -1);
-    assert_true(strstr(dg_last_error(), "eps") != NULL);
+    assert_int_equal(drc_fwd(&l2), -1);
+    assert_true(strstr(dg_last_error(), "L2 norm") != NULL);
+    dg_delta_call c = {.op = "test", .s = ok, .dtype = DG_F32, .device = DG_CUDA, .q = p, .k = p, .v = p, .beta = p,
+                       .dout = p, .dq = p, .dk = p, .dv = p, .dg = p, .dbeta = p};
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_bwd_f32(&ok, NULL, p, p, p, NULL, p, NULL, p, NULL, p, p, p, p, p, NULL), -1);
+    assert_int_equal(drc_bwd(&c), -1);
     assert_true(strstr(dg_last_error(), "dg") != NULL);
+    dg_delta_call f = {.op = "test", .s = ok, .dtype = DG_F32, .device = DG_CUDA, .k = p, .v = p, .beta = p, .o = p};
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&ok, NULL, p, p, NULL, p, NULL, p, NULL), -1);
+    assert_int_equal(drc_fwd(&f), -1);
     assert_true(strstr(dg_last_error(), "q is NULL") != NULL);
+    f.q = p, f.o = NULL;
     dg_clear_error();
-    assert_int_equal(dg_cuda_dr_chunk_fwd_f32(&ok, p, p, p, NULL, p, NULL, NULL, NULL), -1);
+    assert_int_equal(drc_fwd(&f), -1);
     assert_true(strstr(dg_last_error(), "o is NULL") != NULL);
+    /* a family forced on a call it does not take */
+    f.o = p;
+    dg_clear_error();
+    assert_int_equal(dg_cuda_dr_chunk_fwd(DG_DRC_MMA, &f), -1);
+    assert_true(strstr(dg_last_error(), "do not take this call") != NULL);
     dg_clear_error();
 }
 

@@ -31,7 +31,9 @@
 #include "core/internal.h"
 #include "kernels/cpu/delta/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/delta/dr_chunk_cuda.h"
+#include "tests/dr_chunk_call.h"
+
+static bool g_force_generic; /* run_dev's calls take the generic kernels */
 
 static uint64_t seed = 0x9E3779B97F4A7C15ull;
 static double unif(double lo, double hi) { return lo + (hi - lo) * dg_test_xorshift(&seed); }
@@ -141,7 +143,8 @@ static void from_dev(double *y, const void *d, int64_t n, int bf16) {
 }
 
 /* forward and backward twice (same bits required) with variant v; the second forward keeps its
- * working set (dg_cuda_dr_chunk_fwd_bf16_keep) and the second backward runs from it */
+ * working set (the call's keep) and the second backward runs from it; g_force_generic: the generic
+ * kernels */
 static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
     void *x[X_N], *y[Y_N], *y2[Y_N];
     for (int a = 0; a < X_N; a++) x[a] = p->x[a] ? to_dev(p->x[a], p->nx[a], x_bf16[a]) : NULL;
@@ -149,23 +152,24 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
         y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
         y2[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
     }
-    const int64_t keep_bytes = dg_cuda_dr_chunk_kept_bytes(&p->s);
+    const dg_delta_call base = {.op = "test", .s = p->s, .dtype = DG_BF16, .device = DG_CUDA, .bwd = drc_flags(v),
+                                .q = x[X_Q], .k = x[X_K], .v = x[X_V], .g = x[X_G], .beta = x[X_B], .h0 = x[X_H0],
+                                .dout = x[X_DO], .dhT = x[X_DHT], .force_generic = g_force_generic};
+    dg_delta_call f1 = base, f2 = base;
+    f1.o = y[Y_O], f1.hT = y[Y_HT], f2.o = y2[Y_O], f2.hT = y2[Y_HT];
+    const int64_t keep_bytes = drc_kept_bytes(&f1);
     if (keep_bytes < 0) fail_msg("kept_bytes failed: %s", dg_last_error());
     void *keep = keep_bytes > 0 ? dg_cuda_malloc((size_t)keep_bytes) : NULL;
     if (keep_bytes > 0 && !keep) fail_msg("%s", dg_last_error());
-    int kept = 0;
-    if (dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y[Y_O], y[Y_HT]) ||
-        (keep ? dg_cuda_dr_chunk_fwd_bf16_keep(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y2[Y_O],
-                                               y2[Y_HT], keep, &kept)
-              : dg_cuda_dr_chunk_fwd_bf16(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], y2[Y_O], y2[Y_HT])))
-        fail_msg("forward failed: %s", dg_last_error());
-    if (keep && !kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
+    f2.keep = keep;
+    if (drc_fwd(&f1) || drc_fwd(&f2)) fail_msg("forward failed: %s", dg_last_error());
+    if (keep && !f2.kept) fail_msg("kept_bytes is %lld but the forward kept nothing", (long long)keep_bytes);
     for (int rep = 0; rep < 2; rep++) {
         void **w = rep ? y2 : y;
-        if (dg_cuda_dr_chunk_bwd_bf16_kept(&p->s, v, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
-                                           x[X_DO], x[X_DHT], w[Y_DQ], w[Y_DK], w[Y_DV], w[Y_DG], w[Y_DB],
-                                           w[Y_DH0], rep ? keep : NULL, NULL, NULL))
-            fail_msg("backward failed: %s", dg_last_error());
+        dg_delta_call b = base;
+        b.dq = w[Y_DQ], b.dk = w[Y_DK], b.dv = w[Y_DV], b.dg = w[Y_DG], b.dbeta = w[Y_DB], b.dh0 = w[Y_DH0];
+        b.keep = rep ? keep : NULL, b.kept = rep && keep;
+        if (drc_bwd(&b)) fail_msg("backward failed: %s", dg_last_error());
     }
     assert_int_equal(dg_cuda_synchronize(), 0);
     for (int a = 0; a < Y_N; a++) {
@@ -225,9 +229,9 @@ static void run_kcase(const kcase *c, int against_generic) {
     if (against_generic) {
         outs gen;
         outs_alloc(&p, &gen);
-        const int old = dg_cuda_dr_chunk_force_generic(1);
+        g_force_generic = true;
         run_dev(&p, &v_fused, &gen);
-        dg_cuda_dr_chunk_force_generic(old);
+        g_force_generic = false;
         compare("  ... against the generic kernels", &p, &fu, &gen, 5e-3);
         outs_free(&gen);
     }

@@ -338,8 +338,8 @@ static void test_keep_vs_recompute(void **st) {
 /* ---- choosing the backward variant ------------------------------------------------------------- */
 
 /* Each op's variant table (ops/delta/delta_common.h) is its registry entries: the same names in the same
- * order, specs whose algorithm matches the name (recurrent last), a CUDA default that is a chunked
- * variant; the benchmark times from the table, the ops run the registry. */
+ * order, specs whose algorithm matches the name (recurrent last), a default (bwd[0]) that is a chunked
+ * variant with every flag at its default; the benchmark times from the table, the ops run the registry. */
 static void test_variant_tables(void **state) {
     (void)state;
     const char *ops[] = {"delta_rule", "gated_delta_rule", "kda"};
@@ -354,12 +354,13 @@ static void test_variant_tables(void **state) {
         for (int i = 0; i < n; i++) {
             assert_string_equal(t->v[i].name, def->bwd[i].name);
             assert_non_null(t->v[i].desc);
-            assert_int_equal(t->v[i].spec.algo == DG_DBWD_RECURRENT, !strcmp(t->v[i].name, "recurrent"));
+            assert_int_equal(t->v[i].spec.algo == DG_DELTA_RECURRENT, !strcmp(t->v[i].name, "recurrent"));
         }
-        assert_true(t->cuda_default >= 0 && t->cuda_default < n);
-        assert_int_equal(t->v[t->cuda_default].spec.algo, DG_DBWD_CHUNK);
+        const dg_delta_bwd_flags f = t->v[0].spec.flags;
+        assert_int_equal(t->v[0].spec.algo, DG_DELTA_CHUNKED);
+        assert_false(f.dg_from_partials || f.dw_stored || f.tril_substitution);
     }
-    assert_string_equal(dg_delta_variants_of("kda")->v[dg_delta_variants_of("kda")->cuda_default].name, "fused");
+    assert_string_equal(dg_delta_variants_of("kda")->v[0].name, "fused");
     assert_null(dg_delta_variants_of("matmul"));
     assert_null(dg_delta_variants_of(NULL));
 }
@@ -399,7 +400,7 @@ static void test_variant_selection(void **st) {
     o.algorithm = DG_DELTA_CHUNKED;
     out = dg_gated_delta_rule(q, q, v, g, beta, &o, NULL);
     assert_int_equal(out->node->variant, 0);
-    /* kda on the CPU: fused (bwd[0]; its CUDA default, unfused, is tested in test_cuda_delta_parity.c) */
+    /* kda: fused (bwd[0]), on every device */
     dg_tensor *gk = dg_rand_range(DG_SHAPE(1, 4, 1, 3), DG_F64, -1, -0.1, &rng);
     out = dg_kda(q, q, v, gk, beta, &o, NULL);
     assert_non_null(out);
@@ -596,6 +597,93 @@ static void test_pieces(void **st) {
     dg_scope_end();
 }
 
+/* ---- the backend table (ops/delta/delta_backends.c) ---------------------------------------------- */
+
+/* the row dg_delta_pick takes for a call of this kind (pointers are never dereferenced: accepts()
+ * reads shapes, dtypes and alignment only), or "" when none does */
+static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kind gate, int64_t K, int64_t V,
+                          int chunk, uintptr_t qaddr, bool force_generic) {
+    dg_delta_call c = {.op = "test", .dtype = dt, .device = dev, .algorithm = algorithm,
+                       .s = {.B = 1, .T = 70, .H = 2, .HV = 2, .K = K, .V = V, .N = 1, .gate = gate, .scale = 0.5,
+                             .chunk = chunk},
+                       .q = (const void *)qaddr, .k = (const void *)(uintptr_t)512, .v = (const void *)(uintptr_t)768,
+                       .beta = (const void *)(uintptr_t)1024, .o = (void *)(uintptr_t)1280,
+                       .force_generic = force_generic};
+    const dg_delta_backend *b = dg_delta_pick(&c);
+    dg_clear_error();
+    return b ? b->name : "";
+}
+
+/* Which row takes which call: the choice the kernels made before there was a table (tensor cores
+ * for 16-bit chunk-64 calls of K, V in {64, 128} or V a multiple of 64, aligned; KDA's in bf16 only;
+ * the generic kernels otherwise), and a misspelled or mismatched row is an error. */
+static void test_backend_table(void **state) {
+    (void)state;
+    const uintptr_t al = 256;
+    assert_string_equal(picked(DG_CPU, DG_F64, DG_DELTA_CHUNKED, DG_GATE_HEAD, 16, 16, 16, al, false), "cpu_chunk");
+    assert_string_equal(picked(DG_CPU, DG_F32, DG_DELTA_RECURRENT, DG_GATE_NONE, 16, 16, 16, al, false),
+                        "cpu_recurrent");
+    assert_string_equal(picked(DG_CPU, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 16, 16, 16, al, false), "");
+#ifdef DG_HAVE_CUDA
+    const uintptr_t odd = 258; /* not 16-byte aligned */
+    const struct {
+        dg_dtype dt;
+        int algorithm;
+        dg_gate_kind gate;
+        int64_t K, V;
+        int chunk;
+        uintptr_t q;
+        bool force_generic;
+        const char *row;
+    } cases[] = {
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_chunk_mma"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_NONE, 64, 64, 64, al, false, "cuda_chunk_mma"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_chunk_mma"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 256, 64, al, false, "cuda_chunk_mma"}, /* split heads */
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_kda_mma"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 64, 192, 64, al, false, "cuda_chunk_kda_mma"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 32, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, odd, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, true, "cuda_chunk_generic"},
+        {DG_F32, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_RECURRENT, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_recurrent"},
+        {DG_F64, DG_DELTA_CHUNKED, DG_GATE_HEAD, 16, 16, 16, al, false, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = picked(DG_CUDA, cases[i].dt, cases[i].algorithm, cases[i].gate, cases[i].K, cases[i].V,
+                                 cases[i].chunk, cases[i].q, cases[i].force_generic);
+        if (strcmp(got, cases[i].row))
+            fail_msg("case %zu (%s K=%lld V=%lld chunk %d): row '%s', expected '%s'", i, dg_dtype_name(cases[i].dt),
+                     (long long)cases[i].K, (long long)cases[i].V, cases[i].chunk, got, cases[i].row);
+    }
+#endif
+    /* a misspelled row is an error that lists the rows */
+    dg_clear_error();
+    assert_null(dg_delta_backend_named("cuda_chunk_nosuch"));
+    assert_non_null(strstr(dg_last_error(), "cuda_chunk_nosuch"));
+    assert_non_null(strstr(dg_last_error(), "cpu_chunk"));
+    dg_clear_error();
+    assert_null(dg_delta_backend_named(NULL));
+    dg_clear_error();
+    for (int i = 0; i < dg_delta_backend_count(); i++)
+        assert_ptr_equal(dg_delta_backend_named(dg_delta_backend_at(i)->name), dg_delta_backend_at(i));
+    assert_null(dg_delta_backend_at(dg_delta_backend_count()));
+    /* a row forced on a call it does not take is an error, before any kernel runs */
+    const dg_delta_backend *rec = dg_delta_backend_named("cpu_recurrent");
+    assert_non_null(rec);
+    dg_delta_call c = {.op = "test", .dtype = DG_F64, .device = DG_CPU, .algorithm = DG_DELTA_CHUNKED,
+                       .s = {.B = 1, .T = 4, .H = 1, .HV = 1, .K = 2, .V = 2, .N = 1, .scale = 1, .chunk = 16}};
+    assert_int_equal(dg_delta_fwd(rec, &c), -1);
+    assert_non_null(strstr(dg_last_error(), "cpu_recurrent does not take this call"));
+    dg_clear_error();
+    assert_int_equal(dg_delta_bwd(rec, &c), -1);
+    dg_clear_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs),
@@ -608,6 +696,7 @@ int main(void) {
         cmocka_unit_test(test_l2norm_fused_vs_separate),
         cmocka_unit_test(test_keep_vs_recompute),
         cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_backend_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

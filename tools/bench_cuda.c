@@ -1,8 +1,8 @@
 /* deltagrad bench --device cuda: the chunked delta-rule kernels (gated_delta_rule, kda, delta_rule)
- * on the GPU at the shapes of issue 6, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
+ * on the GPU at the benchmark shapes, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
  *   S1  B8  T2048 H16 K=V=128   bf16
  *   S2  B2  T8192 H16 K=V=128   bf16
- *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (as the issue's table; K = V = 256
+ *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (K = V = 256
  *                               takes the generic kernels: the tensor-core ones stop at K = 128)
  *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule only, with --shapes S4 only (FLA's layer
  *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
@@ -10,23 +10,21 @@
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers).
  *
- * What one timed call is.  The kernels are called through the ops' kernel dispatch
- * (ops/delta/delta_kernels.c: dr_chunk_cuda.h's chunked or cuda_kernels.h's recurrent entry points) the
- * way the ops call them with use_qk_l2norm_in_kernel, so every time below includes the L2 norm of
- * the raw q and k: the tensor-core forward of gate NONE and HEAD takes it in its loads
- * (dg_cuda_dr_chunk_fwd_l2_*, session 14), the other paths run the norm's kernel first (the row
- * "as default, norm kernel first" times that for the tensor-core paths too):
+ * What one timed call is.  The kernels are called through the family's backend table
+ * (ops/delta/delta_backends.c: the first row that accepts the call) the way the ops call them with
+ * use_qk_l2norm_in_kernel, so every time below includes the L2 norm of the raw q and k: the
+ * tensor-core forward of gate NONE and HEAD takes it in its loads, the other paths run the norm's
+ * kernel first (the row "as default, norm kernel first" times that for the tensor-core paths too,
+ * the call's l2_norm_first):
  *   fwd     = chunk forward with the norm (o; no final state)
  *   fwd+bwd = fwd, then chunk backward (dq, dk, dv, dbeta, dg), given 1/|q|, 1/|k|, so that its
  *             dq, dk are those of the raw q, k: the head-gate tensor-core kernels apply the norm's
- *             backward as they store dq, dk, the others run its kernel after (session 5; before,
- *             the norm's backward always ran after, over q, k, dq, dk).  As the ops do when they
+ *             backward as they store dq, dk, the others run its kernel after.  As the ops do when they
  *             record for autograd, the forward keeps its working set (W, U, the states, V', the
  *             inverse; dr_chunk_cuda.h) for the backward, which then does not recompute it; the
  *             row "recompute in bwd" times the other way (FLA's: the backward recomputes)
- * Norm and kernels are called through the ops' own dispatch (ops/delta/delta_kernels.c: the 16-bit row
- * kernel of the norm, the chunked or recurrent entry points).  The norm's own fwd+bwd time is
- * printed beside each case.
+ * The norm's own fwd+bwd time (ops/delta/delta_kernels.c: the 16-bit row kernel of the norm) is
+ * printed beside each case.  The cases, their data and the counting are in bench_cuda_case.c.
  *
  * Timing: CUDA events around each call on the library's stream; 2 warm-up calls, then
  * max(5, min(reps, 300 ms / one call)) timed calls, the median reported; before every timed call a
@@ -78,150 +76,14 @@ int dg_bench_cuda(int argc, char **argv) {
 
 #include <cuda_runtime_api.h>
 
-#include "core/bf16.h"
-#include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/delta/dr_chunk_cuda.h"
-#include "models/safetensors.h"
-#include "ops/delta/delta_common.h"
+#include "tools/bench_cuda_case.h"
 
 cudaStream_t dg_cuda_stream(void); /* kernels/cuda/runtime.cu */
 
 #define FLUSH_BYTES ((size_t)256 << 20)
 #define MAX_REPS 200
-
-/* ---- host random numbers (xorshift64*) ---------------------------------------------------------- */
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double urand(void) {
-    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-    return ((rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
-}
-/* mean 0, variance 1: the sum of two uniforms, rescaled (triangular; enough for timing data, and
- * fast: S3 draws half a billion values) */
-static float nrand(void) { return (float)((urand() + urand() - 1.0) * 2.449489742783178); }
-static float logsigmoidf(float x) { return fminf(x, 0.0f) - log1pf(expf(-fabsf(x))); }
-
-typedef enum { R_NORMAL, R_SIGMOID, R_LOGSIGMOID } rand_kind;
-
-/* a device array of n random values of dtype dt: bf16 or fp16 bits, or f32 */
-static void *dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
-    if (dt != DG_F32 && dt != DG_BF16 && dt != DG_F16) {
-        dg_error("bench: random values of dtype %s (only f32, bf16, f16)", dg_dtype_name(dt));
-        return NULL;
-    }
-    size_t es = dg_dtype_size(dt);
-    void *h = malloc((size_t)n * es), *d = dg_cuda_malloc((size_t)n * es);
-    if (!h || !d) {
-        free(h);
-        dg_cuda_free(d);
-        if (!h) dg_error("bench: out of host memory (%lld values)", (long long)n);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        float x = nrand();
-        if (kind == R_SIGMOID) x = 1.0f / (1.0f + expf(-x));
-        else if (kind == R_LOGSIGMOID) x = fmaxf(logsigmoidf(x), -5.0f);
-        if (dt == DG_BF16) ((uint16_t *)h)[i] = dg_bf16_from_f32(x);
-        else if (dt == DG_F16) ((uint16_t *)h)[i] = dg_f16_from_f32(x);
-        else ((float *)h)[i] = x;
-    }
-    int rc = dg_cuda_memcpy(d, h, (size_t)n * es, 0);
-    free(h);
-    if (rc) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-
-/* ---- one benchmark case: shape, device arrays ---------------------------------------------------- */
-typedef struct bcase {
-    char label[64], op[24];
-    dg_dr_shape s;
-    int64_t G;                                  /* gate values per token and value head: 0, 1, K */
-    dg_dtype dt;                                /* of q, k, v, beta, dout, o and the gradients: bf16 or f16 */
-    uint16_t *q, *k, *v, *beta, *dout;          /* raw inputs (16-bit words) */
-    float *g;                                   /* per-token log decay, NULL for delta_rule */
-    uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
-    float *rq, *rk, *dg;
-    void *keep;     /* the forward's working set kept for the backward (NULL: none for this shape) */
-    bool keep_off;  /* time the recomputing backward instead */
-} bcase;
-
-static void case_free_work(bcase *c) {
-    void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk,
-                 c->dg, c->keep};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
-    c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
-    c->rq = c->rk = c->dg = NULL;
-    c->keep = NULL;
-}
-static void case_free(bcase *c) {
-    case_free_work(c);
-    void *p[] = {c->q, c->k, c->v, c->beta, c->dout, c->g};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
-    c->q = c->k = c->v = c->beta = c->dout = NULL;
-    c->g = NULL;
-}
-
-static int64_t nqk(const bcase *c) { return c->s.B * c->s.T * c->s.H * c->s.K; }
-static int64_t nvo(const bcase *c) { return c->s.B * c->s.T * c->s.HV * c->s.V; }
-static int64_t nbt(const bcase *c) { return c->s.B * c->s.T * c->s.HV; }
-
-/* outputs and gradients (inputs already there) */
-static int case_alloc_work(bcase *c) {
-    size_t q2 = (size_t)nqk(c) * 2, v2 = (size_t)nvo(c) * 2, b2 = (size_t)nbt(c) * 2;
-    size_t rows4 = (size_t)(c->s.B * c->s.T * c->s.H) * 4;
-    c->qn = dg_cuda_malloc(q2), c->kn = dg_cuda_malloc(q2), c->dqn = dg_cuda_malloc(q2);
-    c->dkn = dg_cuda_malloc(q2), c->dq = dg_cuda_malloc(q2), c->dk = dg_cuda_malloc(q2);
-    c->o = dg_cuda_malloc(v2), c->dv = dg_cuda_malloc(v2), c->dbeta = dg_cuda_malloc(b2);
-    c->rq = dg_cuda_malloc(rows4), c->rk = dg_cuda_malloc(rows4);
-    bool ok = c->qn && c->kn && c->dqn && c->dkn && c->dq && c->dk && c->o && c->dv && c->dbeta && c->rq && c->rk;
-    if (c->G) ok = ok && (c->dg = dg_cuda_malloc((size_t)nbt(c) * c->G * 4));
-    const int64_t kb = dg_delta_k_kept_bytes(c->op, DG_DELTA_CHUNKED, &c->s, DG_CUDA, c->dt);
-    if (kb < 0) return -1;
-    if (kb > 0) ok = ok && (c->keep = dg_cuda_malloc((size_t)kb));
-    return ok ? 0 : -1;
-}
-
-/* ---- the timed bodies ---- */
-static int norm_fwd(bcase *c) {
-    int64_t rows = c->s.B * c->s.T * c->s.H;
-    if (dg_delta_k_l2norm_fwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->q, c->qn, c->rq)) return -1;
-    return dg_delta_k_l2norm_fwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->k, c->kn, c->rk);
-}
-static int norm_bwd(bcase *c) {
-    int64_t rows = c->s.B * c->s.T * c->s.H;
-    if (dg_delta_k_l2norm_bwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->q, c->rq, c->dqn, c->dq)) return -1;
-    return dg_delta_k_l2norm_bwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->k, c->rk, c->dkn, c->dk);
-}
-
-typedef enum { W_FWD, W_FWDBWD, W_NORM } what_t;
-
-static int body(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
-    const dg_dr_shape *s = &c->s;
-    if (w == W_NORM) return norm_fwd(c) || norm_bwd(c) ? -1 : 0;
-    /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
-    void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
-    int kept = 0;
-    const dg_delta_l2 l2 = {c->q, c->k, c->rq, c->rk, w == W_FWDBWD}; /* (a forward alone: q not written) */
-    int rc = dg_delta_k_fwd_l2(c->op, recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, s, DG_CUDA, c->dt, c->qn,
-                               c->kn, c->v, c->g, c->beta, NULL, c->o, NULL, keep, &kept, &l2);
-    if (rc || w == W_FWD) return rc;
-    /* as the ops call them: the 16-bit chunked kernels take the norm's backward with them (dq, dk of
-     * the raw rows); the recurrent ones give dqn, dkn, and the norm's backward follows */
-    int l2_done = 0;
-    rc = dg_delta_k_bwd(c->op, recurrent, var, s, DG_CUDA, c->dt, c->qn, c->kn, c->v, c->g, c->beta, NULL, c->dout,
-                        NULL, recurrent ? c->dqn : c->dq, recurrent ? c->dkn : c->dk, c->dv, c->dg, c->dbeta, NULL,
-                        kept ? keep : NULL, c->rq, c->rk, &l2_done);
-    if (rc || l2_done) return rc;
-    if (!recurrent) {
-        dg_error("bench: the chunked backward did not apply the L2 norm's backward");
-        return -1;
-    }
-    return norm_bwd(c);
-}
 
 /* ---- timing ---------------------------------------------------------------------------------------- */
 static cudaEvent_t ev0, ev1;
@@ -237,10 +99,10 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 /* one call between events, L2 flushed before; milliseconds or NAN (dg_error set) */
-static double timed_once(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent) {
+static double timed_once(bcase *c, bench_what w, const dg_delta_bwd_flags *var, bool recurrent) {
     if (dg_cuda_memset0(flush_buf, FLUSH_BYTES)) return NAN;
     if (cu_check(cudaEventRecord(ev0, dg_cuda_stream()), "cudaEventRecord")) return NAN;
-    if (body(c, w, var, recurrent)) return NAN;
+    if (bench_body(c, w, var, recurrent)) return NAN;
     if (cu_check(cudaEventRecord(ev1, dg_cuda_stream()), "cudaEventRecord")) return NAN;
     if (cu_check(cudaEventSynchronize(ev1), "the timed kernels (cudaEventSynchronize)")) return NAN;
     float ms = 0;
@@ -248,10 +110,10 @@ static double timed_once(bcase *c, what_t w, const dg_dr_variant *var, bool recu
     return ms;
 }
 /* median of the timed calls after 2 warm-ups; *n gets their number */
-static double time_median(bcase *c, what_t w, const dg_dr_variant *var, bool recurrent, int max_reps, int *n) {
+static double time_median(bcase *c, bench_what w, const dg_delta_bwd_flags *var, bool recurrent, int max_reps, int *n) {
     *n = 0;
     for (int i = 0; i < 2; i++)
-        if (body(c, w, var, recurrent)) return NAN;
+        if (bench_body(c, w, var, recurrent)) return NAN;
     if (dg_cuda_synchronize()) return NAN;
     double t[MAX_REPS];
     t[0] = timed_once(c, w, var, recurrent);
@@ -265,31 +127,11 @@ static double time_median(bcase *c, what_t w, const dg_dr_variant *var, bool rec
     return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
 }
 
-/* ---- counting (see the file comment) ---------------------------------------------------------------- */
-static double n_chunks(const dg_dr_shape *s) { return (double)s->B * s->HV * ceil((double)s->T / s->chunk); }
-static double flops_fwd(const dg_dr_shape *s) {
-    double C = s->chunk, K = s->K, V = s->V;
-    return n_chunks(s) * (5 * C * C * K + 4 * C * C * V + 6 * C * K * V);
-}
-static double flops_bwd(const dg_dr_shape *s) {
-    double C = s->chunk, K = s->K, V = s->V;
-    return n_chunks(s) * (17 * C * C * K + 10 * C * C * V + 16 * C * K * V + 4 * C * C * C);
-}
-static double bytes_fwd(const bcase *c) {
-    const dg_dr_shape *s = &c->s;
-    double K = s->K, V = s->V, G = (double)c->G;
-    return (double)s->B * s->T * (s->H * (2 * K + 2 * K) + s->HV * (2 * V + 2 + 4 * G + 2 * V));
-}
-static double bytes_bwd(const bcase *c) {
-    const dg_dr_shape *s = &c->s;
-    double K = s->K, V = s->V, G = (double)c->G;
-    return (double)s->B * s->T * (s->H * (4 * K + 4 * K) + s->HV * (2 * V + 2 * V + 2 + 4 * G + 2 * V + 2 + 4 * G));
-}
 
 /* ---- ceilings -------------------------------------------------------------------------------------- */
 static double gemm_tflops(void) {
     const int64_t n = 8192;
-    void *a = dev_random(n * n, DG_BF16, R_NORMAL), *b = dev_random(n * n, DG_BF16, R_NORMAL);
+    void *a = bench_dev_random(n * n, DG_BF16, R_NORMAL), *b = bench_dev_random(n * n, DG_BF16, R_NORMAL);
     void *cc = dg_cuda_malloc((size_t)(n * n * 2));
     double res = NAN, t[10];
     if (!a || !b || !cc) goto out;
@@ -332,151 +174,6 @@ out:
     return res;
 }
 
-/* ---- cases: generated at the issue's shapes, or read from a safetensors file ------------------------ */
-typedef struct shape_def {
-    const char *name;
-    int64_t B, T, H, K, V;
-    dg_dtype dt;
-    bool by_default; /* run without --shapes */
-} shape_def;
-enum { NSHAPES = 4 };
-static const shape_def SHAPES[NSHAPES] = {{"S1", 8, 2048, 16, 128, 128, DG_BF16, true},
-                                          {"S2", 2, 8192, 16, 128, 128, DG_BF16, true},
-                                          {"S3", 16, 4096, 8, 256, 256, DG_F16, true},
-                                          {"S4", 8, 2048, 16, 128, 256, DG_BF16, false}};
-static const char *OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
-
-static dg_gate_kind gate_of(const char *op) {
-    return !strcmp(op, "kda") ? DG_GATE_CHANNEL : !strcmp(op, "gated_delta_rule") ? DG_GATE_HEAD : DG_GATE_NONE;
-}
-static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V) {
-    snprintf(c->op, sizeof c->op, "%s", op);
-    c->s = (dg_dr_shape){.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .cu_seqlens = NULL, .N = B,
-                         .gate = gate_of(op), .scale = 1.0 / sqrt((double)K), .chunk = 64};
-    c->G = c->s.gate == DG_GATE_CHANNEL ? K : c->s.gate == DG_GATE_HEAD ? 1 : 0;
-}
-/* random q, k, v, dout ~ N(0,1), beta = sigmoid(N(0,1)) (dtype dt), shared by the ops of a shape */
-static int case_random(bcase *c, const shape_def *d, dg_dtype dt) {
-    memset(c, 0, sizeof *c);
-    snprintf(c->label, sizeof c->label, "%s", d->name);
-    set_shape(c, "delta_rule", d->B, d->T, d->H, d->H, d->K, d->V);
-    c->dt = dt;
-    c->q = dev_random(nqk(c), dt, R_NORMAL), c->k = dev_random(nqk(c), dt, R_NORMAL);
-    c->v = dev_random(nvo(c), dt, R_NORMAL), c->dout = dev_random(nvo(c), dt, R_NORMAL);
-    c->beta = dev_random(nbt(c), dt, R_SIGMOID);
-    return c->q && c->k && c->v && c->dout && c->beta ? 0 : -1;
-}
-/* the op's gate: g = max(logsigmoid(N(0,1)), -5), f32, per head or per channel (FLA's benchmark draws) */
-static int case_set_op(bcase *c, const char *op) {
-    case_free_work(c);
-    dg_cuda_free(c->g);
-    c->g = NULL;
-    set_shape(c, op, c->s.B, c->s.T, c->s.H, c->s.HV, c->s.K, c->s.V);
-    if (c->G && !(c->g = dev_random(nbt(c) * c->G, DG_F32, R_LOGSIGMOID))) return -1;
-    return case_alloc_work(c);
-}
-
-static const dg_tensor *st_need(const dg_st_file *f, const char *name, dg_dtype dt, int ndim, bool optional) {
-    const dg_tensor *t = dg_st_get(f, name);
-    if (!t) {
-        if (!optional) dg_error("bench: --inputs '%s': tensor '%s' is missing", f->path, name);
-        return NULL;
-    }
-    if (t->dtype != dt || (ndim && t->ndim != ndim)) {
-        dg_error("bench: --inputs '%s': tensor '%s' is %s %s, expected %s with %d dims", f->path, name,
-                 dg_st_dtype_name(t->dtype), dg_shp(t), dg_st_dtype_name(dt), ndim);
-        return NULL;
-    }
-    return t;
-}
-static void *upload(const dg_tensor *t) {
-    size_t n = (size_t)dg_numel(t) * dg_dtype_size(t->dtype);
-    void *d = dg_cuda_malloc(n);
-    if (d && dg_cuda_memcpy(d, dg_data_ptr(t), n, 0)) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-/* q, k [B,T,H,K], v, do [B,T,HV,V], beta [B,T,HV] bf16 or f16 (all five the same); g f32 [B,T,HV] (gated_delta_rule) or
- * [B,T,HV,K] (kda) or absent (delta_rule); metadata "op" (checked against g) and "label" */
-static int case_from_file(bcase *c, const char *path) {
-    memset(c, 0, sizeof *c);
-    dg_st_file *f = dg_st_read(path);
-    if (!f) return -1;
-    int rc = -1;
-    const dg_tensor *q0 = dg_st_get(f, "q");
-    const dg_dtype dt = q0 && q0->dtype == DG_F16 ? DG_F16 : DG_BF16;
-    const dg_tensor *q = st_need(f, "q", dt, 4, false), *k = st_need(f, "k", dt, 4, false);
-    const dg_tensor *v = st_need(f, "v", dt, 4, false), *dout = st_need(f, "do", dt, 4, false);
-    const dg_tensor *beta = st_need(f, "beta", dt, 3, false), *g = st_need(f, "g", DG_F32, 0, true);
-    if (!q || !k || !v || !dout || !beta || dg_has_error()) goto out;
-    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3], HV = v->shape[2], V = v->shape[3];
-    const char *op = g ? (g->ndim == 3 ? "gated_delta_rule" : "kda") : "delta_rule";
-    const char *mop = dg_st_meta(f, "op");
-    bool bad = memcmp(k->shape, q->shape, sizeof(int64_t) * 4) || v->shape[0] != B || v->shape[1] != T ||
-               memcmp(dout->shape, v->shape, sizeof(int64_t) * 4) || beta->shape[0] != B || beta->shape[1] != T ||
-               beta->shape[2] != HV || (g && (g->ndim < 3 || g->ndim > 4 || g->shape[0] != B || g->shape[1] != T ||
-                                             g->shape[2] != HV || (g->ndim == 4 && g->shape[3] != K)));
-    if (bad) {
-        dg_error("bench: --inputs '%s': shapes do not fit q [B,T,H,K] %s, k %s, v [B,T,HV,V] %s, do %s, beta "
-                 "[B,T,HV] %s, g [B,T,HV] or [B,T,HV,K] %s",
-                 path, dg_shp(q), dg_shp(k), dg_shp(v), dg_shp(dout), dg_shp(beta), g ? dg_shp(g) : "absent");
-        goto out;
-    }
-    if (mop && strcmp(mop, op)) {
-        dg_error("bench: --inputs '%s': metadata op '%s' does not fit g %s (that is %s)", path, mop,
-                 g ? dg_shp(g) : "absent", op);
-        goto out;
-    }
-    const char *lab = dg_st_meta(f, "label"), *base = strrchr(path, '/');
-    snprintf(c->label, sizeof c->label, "%s", lab ? lab : base ? base + 1 : path);
-    set_shape(c, op, B, T, H, HV, K, V);
-    c->dt = dt;
-    c->q = upload(q), c->k = upload(k), c->v = upload(v), c->dout = upload(dout), c->beta = upload(beta);
-    if (g) c->g = upload(g);
-    if (!c->q || !c->k || !c->v || !c->dout || !c->beta || (g && !c->g) || case_alloc_work(c)) goto out;
-    rc = 0;
-out:
-    dg_st_free(f);
-    return rc;
-}
-
-/* o, dq, dk, dv, dbeta (the case's 16-bit dtype) and dg (f32) of the last call, to PATH (safetensors) */
-static int dump_outputs(const bcase *c, const char *path) {
-    const dg_dr_shape *s = &c->s;
-    dg_scope_begin();
-    const int64_t sq[4] = {s->B, s->T, s->H, s->K}, sv[4] = {s->B, s->T, s->HV, s->V}, sb[3] = {s->B, s->T, s->HV};
-    const int64_t sg[4] = {s->B, s->T, s->HV, s->K};
-    const char *names[6] = {"o", "dq", "dk", "dv", "dbeta", "dg"};
-    const void *src[6] = {c->o, c->dq, c->dk, c->dv, c->dbeta, c->dg};
-    dg_tensor *t[6] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt), dg_empty(4, sq, c->dt),
-                       dg_empty(4, sv, c->dt), dg_empty(3, sb, c->dt),
-                       c->G ? dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32) : NULL};
-    int n = c->G ? 6 : 5, rc = 0;
-    for (int i = 0; i < n && rc == 0; i++)
-        rc = !t[i] ? -1 : dg_cuda_memcpy(dg_data_ptr(t[i]), src[i], (size_t)dg_numel(t[i]) * (i == 5 ? 4 : 2), 1);
-    if (rc == 0) rc = dg_st_write(path, n, names, t, 0, NULL, NULL);
-    dg_scope_end();
-    return rc;
-}
-/* 16-bit values that are inf or NaN (all exponent bits set) among o, dq, dk, dv of the last call
- * (-1 on a failed copy) */
-static int64_t nonfinite(const bcase *c) {
-    const uint16_t *a[4] = {c->o, c->dq, c->dk, c->dv};
-    const uint16_t ex = c->dt == DG_F16 ? 0x7c00u : 0x7f80u;
-    int64_t n[4] = {nvo(c), nqk(c), nqk(c), nvo(c)}, bad = 0;
-    for (int i = 0; i < 4; i++) {
-        uint16_t *h = malloc((size_t)n[i] * 2);
-        if (!h || dg_cuda_memcpy(h, a[i], (size_t)n[i] * 2, 1)) {
-            free(h);
-            return -1;
-        }
-        for (int64_t j = 0; j < n[i]; j++) bad += (h[j] & ex) == ex;
-        free(h);
-    }
-    return bad;
-}
 
 /* ---- results ------------------------------------------------------------------------------------------ */
 typedef struct rec {
@@ -493,23 +190,23 @@ static int n_recs;
 static double ceil_tflops = NAN, ceil_gbs = NAN;
 
 /* the op's backward variants as its op file declares them (ops/delta/delta_common.h: the registry's
- * entries run the same specs): the default on CUDA, and the other chunked ones */
+ * entries run the same specs): the default (bwd[0]), and the other chunked ones */
 static const dg_delta_variant *default_variant(const char *op) {
     const dg_delta_variants *t = dg_delta_variants_of(op);
-    return t ? &t->v[t->cuda_default] : NULL;
+    return t ? &t->v[0] : NULL;
 }
 /* the token-by-token variant (its row times the recurrent kernels, forward and backward) */
 static const dg_delta_variant *recurrent_variant(const char *op) {
     const dg_delta_variants *t = dg_delta_variants_of(op);
     for (int i = 0; t && i < t->n; i++)
-        if (t->v[i].spec.algo == DG_DBWD_RECURRENT) return &t->v[i];
+        if (t->v[i].spec.algo == DG_DELTA_RECURRENT) return &t->v[i];
     return NULL;
 }
 static int other_variants(const char *op, const dg_delta_variant **out) {
     const dg_delta_variants *t = dg_delta_variants_of(op);
     int n = 0;
     for (int i = 0; t && i < t->n; i++)
-        if (i != t->cuda_default && t->v[i].spec.algo == DG_DBWD_CHUNK) out[n++] = &t->v[i];
+        if (i != 0 && t->v[i].spec.algo == DG_DELTA_CHUNKED) out[n++] = &t->v[i];
     return n;
 }
 
@@ -577,8 +274,8 @@ static rec *new_rec(const bcase *c, const char *kernel, const char *tag, const c
     r->dt = c->dt;
     r->B = c->s.B, r->T = c->s.T, r->H = c->s.H, r->HV = c->s.HV, r->K = c->s.K, r->V = c->s.V;
     r->fwd_ms = r->fb_ms = r->norm_ms = NAN;
-    r->flops_f = flops_fwd(&c->s), r->flops_fb = r->flops_f + flops_bwd(&c->s);
-    r->bytes_f = bytes_fwd(c), r->bytes_fb = r->bytes_f + bytes_bwd(c);
+    r->flops_f = bench_flops_fwd(&c->s), r->flops_fb = r->flops_f + bench_flops_bwd(&c->s);
+    r->bytes_f = bench_bytes_fwd(c), r->bytes_fb = r->bytes_f + bench_bytes_bwd(c);
     r->nonfinite = -2;
     return r;
 }
@@ -594,11 +291,11 @@ static int report_failure(const bcase *c, const char *what) {
  * L2 warm), on a line of their own below the variant's: a fused kernel beside the pair it replaces
  * (kda: qkwy against dqkwg + wy, as seed 000 reports them).  Returns the number of failures. */
 enum { KT_CALLS = 5, KT_NAMES = 16 };
-static int print_kernels(bcase *c, const dg_dr_variant *var, double fb_ms) {
+static int print_kernels(bcase *c, const dg_delta_bwd_flags *var, double fb_ms) {
     if (fb_ms > 50.0) return 0; /* not for the generic kernels' slow shapes (S3: 560 ms a call) */
     dg_cuda_ktime kt[KT_NAMES];
     int dropped = 0, rc = dg_cuda_ktime_begin();
-    for (int i = 0; i < KT_CALLS && !rc; i++) rc = body(c, W_FWDBWD, var, false);
+    for (int i = 0; i < KT_CALLS && !rc; i++) rc = bench_body(c, W_FWDBWD, var, false);
     const int m = dg_cuda_ktime_end(kt, KT_NAMES, &dropped); /* stops the timer in any case */
     if (rc || m < 0) return report_failure(c, "kernel times");
     printf("  kernels, ms a call:");
@@ -624,7 +321,7 @@ static int run_case(bcase *c, const run_opts *o) {
         dg_error("bench: %s has no backward variants (not a delta-rule op)", c->op);
         return report_failure(c, "chunk default");
     }
-    const dg_dr_variant dflt = dv->spec.var;
+    const dg_delta_bwd_flags dflt = dv->spec.flags;
     int fails = 0;
     rec *r = new_rec(c, "chunk", "default", dv->desc);
     if (!r) return 1;
@@ -636,9 +333,9 @@ static int run_case(bcase *c, const run_opts *o) {
     }
     int nn;
     r->norm_ms = time_median(c, W_NORM, &dflt, false, o->max_reps, &nn);
-    if (body(c, W_FWDBWD, &dflt, false) || dg_cuda_synchronize()) return report_failure(c, "chunk default");
-    r->nonfinite = nonfinite(c);
-    if (o->dump && dump_outputs(c, o->dump)) fails += report_failure(c, "writing the outputs");
+    if (bench_body(c, W_FWDBWD, &dflt, false) || dg_cuda_synchronize()) return report_failure(c, "chunk default");
+    r->nonfinite = bench_nonfinite(c);
+    if (o->dump && bench_dump_outputs(c, o->dump)) fails += report_failure(c, "writing the outputs");
     print_rec(r);
     if (o->variants) fails += print_kernels(c, &dflt, r->fb_ms);
     if (o->variants && c->keep) { /* the same default variant, the backward recomputing the working set */
@@ -655,14 +352,14 @@ static int run_case(bcase *c, const run_opts *o) {
             print_rec(rk);
         }
     }
-    if (o->variants && c->keep && c->s.gate != DG_GATE_CHANNEL) { /* the default variant, the norm's kernel
+    if (o->variants && c->keep && !dg_delta_gate_of(c->s.gate)->per_channel) { /* the default variant, the norm's kernel
                                                                     * first (KDA always runs it first) */
         rec *rn = new_rec(c, "chunk", "norm_first", "as default, norm kernel first");
         if (!rn) return fails + 1;
-        const int fuse = dg_cuda_dr_chunk_l2_fuse(0);
+        c->norm_first = true;
         rn->fwd_ms = time_median(c, W_FWD, &dflt, false, o->max_reps, &rn->fwd_n);
         rn->fb_ms = time_median(c, W_FWDBWD, &dflt, false, o->max_reps, &rn->fb_n);
-        dg_cuda_dr_chunk_l2_fuse(fuse);
+        c->norm_first = false;
         if (isnan(rn->fb_ms) || isnan(rn->fwd_ms)) {
             n_recs--;
             fails += report_failure(c, "norm kernel first");
@@ -676,14 +373,14 @@ static int run_case(bcase *c, const run_opts *o) {
         rec *rv = new_rec(c, "chunk", vs[i]->name, vs[i]->desc);
         if (!rv) return fails + 1;
         rv->fwd_ms = r->fwd_ms, rv->fwd_n = r->fwd_n; /* the forward has no variants */
-        rv->fb_ms = time_median(c, W_FWDBWD, &vs[i]->spec.var, false, o->max_reps, &rv->fb_n);
+        rv->fb_ms = time_median(c, W_FWDBWD, &vs[i]->spec.flags, false, o->max_reps, &rv->fb_n);
         if (isnan(rv->fb_ms)) {
             n_recs--;
             fails += report_failure(c, vs[i]->name);
             continue;
         }
         print_rec(rv);
-        fails += print_kernels(c, &vs[i]->spec.var, rv->fb_ms);
+        fails += print_kernels(c, &vs[i]->spec.flags, rv->fb_ms);
     }
     const dg_delta_variant *rec_var = o->recurrent ? recurrent_variant(c->op) : NULL;
     if (rec_var) {
@@ -705,7 +402,7 @@ static int usage(void) {
            "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
            "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
            "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
-           "(default: those three, as issue 6); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
+           "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
            "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
            "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
            "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
@@ -716,8 +413,8 @@ static int usage(void) {
 int dg_bench_cuda(int argc, char **argv) {
     const char *only = NULL, *json = NULL, *inputs[32];
     int n_inputs = 0;
-    bool want_shape[NSHAPES], dump = false, ceilings = true;
-    for (int s = 0; s < NSHAPES; s++) want_shape[s] = SHAPES[s].by_default;
+    bool want_shape[BENCH_NSHAPES], dump = false, ceilings = true;
+    for (int s = 0; s < BENCH_NSHAPES; s++) want_shape[s] = BENCH_SHAPES[s].by_default;
     int dtype_all = -1; /* --dtype: every shape in it */
     run_opts o = {.max_reps = 50, .variants = true, .recurrent = true, .dump = NULL};
     for (int i = 1; i < argc; i++) {
@@ -725,7 +422,7 @@ int dg_bench_cuda(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
         else if (!strcmp(a, "--device") && v) i++;
         else if (!strcmp(a, "--shapes") && v) {
-            for (int s = 0; s < NSHAPES; s++) want_shape[s] = strstr(v, SHAPES[s].name) != NULL;
+            for (int s = 0; s < BENCH_NSHAPES; s++) want_shape[s] = strstr(v, BENCH_SHAPES[s].name) != NULL;
             i++;
         } else if (!strcmp(a, "--inputs") && v) {
             if (n_inputs == 32) {
@@ -754,7 +451,7 @@ int dg_bench_cuda(int argc, char **argv) {
             return 2;
         }
     }
-    if (only && strcmp(only, OPS[0]) && strcmp(only, OPS[1]) && strcmp(only, OPS[2])) {
+    if (only && strcmp(only, BENCH_OPS[0]) && strcmp(only, BENCH_OPS[1]) && strcmp(only, BENCH_OPS[2])) {
         fprintf(stderr, "bench: OP must be gated_delta_rule, kda or delta_rule (got %s)\n", only);
         return 2;
     }
@@ -792,10 +489,10 @@ int dg_bench_cuda(int argc, char **argv) {
     if (n_inputs) {
         for (int i = 0; i < n_inputs; i++) {
             bcase c;
-            if (case_from_file(&c, inputs[i])) {
+            if (bench_case_from_file(&c, inputs[i])) {
                 printf("--inputs %s: %s\n", inputs[i], dg_last_error());
                 dg_clear_error();
-                case_free(&c);
+                bench_case_free(&c);
                 fails++;
                 continue;
             }
@@ -805,22 +502,22 @@ int dg_bench_cuda(int argc, char **argv) {
             oi.dump = dump ? dpath : NULL;
             oi.recurrent = false;
             if (!only || !strcmp(only, c.op)) fails += run_case(&c, &oi);
-            case_free(&c);
+            bench_case_free(&c);
         }
     } else {
-        for (int si = 0; si < NSHAPES; si++) {
+        for (int si = 0; si < BENCH_NSHAPES; si++) {
             if (!want_shape[si]) continue;
             bcase c;
-            if (case_random(&c, &SHAPES[si], dtype_all >= 0 ? (dg_dtype)dtype_all : SHAPES[si].dt)) {
-                printf("%s: %s\n", SHAPES[si].name, dg_last_error());
+            if (bench_case_random(&c, &BENCH_SHAPES[si], dtype_all >= 0 ? (dg_dtype)dtype_all : BENCH_SHAPES[si].dt)) {
+                printf("%s: %s\n", BENCH_SHAPES[si].name, dg_last_error());
                 dg_clear_error();
-                case_free(&c);
+                bench_case_free(&c);
                 fails++;
                 continue;
             }
             for (int oi = 0; oi < 3; oi++) {
-                if ((only && strcmp(only, OPS[oi])) || (si >= 2 && oi != 0)) continue; /* S3, S4: GDN only */
-                if (case_set_op(&c, OPS[oi])) {
+                if ((only && strcmp(only, BENCH_OPS[oi])) || (si >= 2 && oi != 0)) continue; /* S3, S4: GDN only */
+                if (bench_case_set_op(&c, BENCH_OPS[oi])) {
                     fails += report_failure(&c, "allocation");
                     continue;
                 }
@@ -828,9 +525,9 @@ int dg_bench_cuda(int argc, char **argv) {
                 ro.recurrent = o.recurrent && si == 0;
                 fails += run_case(&c, &ro);
             }
-            case_free(&c);
+            bench_case_free(&c);
         }
-        if (want_shape[2] && (!only || !strcmp(only, OPS[0])))
+        if (want_shape[2] && (!only || !strcmp(only, BENCH_OPS[0])))
             printf("S3 (K = V = 256) runs on the generic kernels: the tensor-core kernels take K <= 128\n");
     }
     if (json && write_json(json, prop.name, prop.multiProcessorCount, drv, rtv)) fails++;

@@ -1,5 +1,5 @@
 /* `deltagrad bench --device cuda` (tools/bench_cuda.c): the chunked delta-rule CUDA kernels at
- * the shapes of issue 6, timed with CUDA events, next to ceilings measured in the same run. */
+ * the benchmark shapes (S1..S4), timed with CUDA events, next to ceilings measured in the same run. */
 #ifndef DG_TOOLS_BENCH_CUDA_H
 #define DG_TOOLS_BENCH_CUDA_H
 

@@ -1,6 +1,7 @@
 /* The delta-rule family's shared op machinery (see delta_common.h): validation of the typed entry
  * points, and the forward and backward that prepare contiguous inputs, apply the fused L2 norm and
- * gate, and call the recurrent or chunked kernels on the inputs' device (delta_kernels.c). */
+ * gate, describe the call (dg_delta_call) and run it on the first backend that accepts it
+ * (delta_backends.c). */
 #include "ops/delta/delta_common.h"
 
 #include <math.h>
@@ -13,11 +14,8 @@ const dg_delta_slots dg_delta_slots_gated = {.q = 0, .k = 1, .v = 2, .g = 3, .be
                                              .A_log = 6, .dt_bias = 7, .cu = 8, .n_in = 9};
 
 const dg_delta_variants *dg_delta_variants_of(const char *op) {
-    if (!op) return NULL;
-    if (!strcmp(op, "delta_rule")) return &dg_delta_rule_variants;
-    if (!strcmp(op, "gated_delta_rule")) return &dg_gated_delta_rule_variants;
-    if (!strcmp(op, "kda")) return &dg_kda_variants;
-    return NULL;
+    const dg_delta_gate *gt = dg_delta_gate_of_op(op);
+    return gt ? gt->variants : NULL;
 }
 
 /* ---- validation ------------------------------------------------------------------------------ */
@@ -122,10 +120,15 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
                        int64_t *N) {
     static const dg_delta_opts defaults = {0};
     if (!opts) opts = &defaults;
+    const dg_delta_gate *gt = dg_delta_gate_of(gate);
+    if (!gt) {
+        dg_error("%s: unknown gate kind %d", op, (int)gate);
+        return false;
+    }
     if (!check_q(op, q)) return false;
     if (!check_other(op, "k", k, q) || !check_other(op, "v", v, q) || !check_other(op, "beta", beta, q))
         return false;
-    if (gate != DG_GATE_NONE && !check_state(op, "g", g, q)) return false;
+    if (gt->gated && !check_state(op, "g", g, q)) return false;
     if (!dg_check_ndim(op, "q", q, 4) || !dg_check_ndim(op, "v", v, 4)) return false;
     if (!dg_same_shape(k, q)) {
         dg_error("%s: k has shape %s but q has %s", op, dg_shp(k), dg_shp(q));
@@ -153,13 +156,12 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
                  dg_shape_text(3, bshape), dg_shp(q), dg_shp(v));
         return false;
     }
-    if (gate != DG_GATE_NONE) {
+    if (gt->gated) {
         const int64_t gshape[4] = {B, T, HV, K};
-        const int gnd = gate == DG_GATE_HEAD ? 3 : 4;
+        const int gnd = dg_delta_gate_ndim(gt);
         if (!same_shape4(g, gnd, gshape)) {
             dg_error("%s: g has shape %s but %s = %s is required (q %s, v %s)", op, dg_shp(g),
-                     gate == DG_GATE_HEAD ? "[B,T,HV]" : "[B,T,HV,K]", dg_shape_text(gnd, gshape),
-                     dg_shp(q), dg_shp(v));
+                     dg_delta_gate_shape_text(gt), dg_shape_text(gnd, gshape), dg_shp(q), dg_shp(v));
             return false;
         }
     }
@@ -179,7 +181,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
         return false;
     }
     if (opts->use_gate_in_kernel) {
-        if (gate == DG_GATE_NONE) {
+        if (!gt->gate_op) {
             dg_error("%s: use_gate_in_kernel is set but %s has no gate", op, op);
             return false;
         }
@@ -194,10 +196,10 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
         }
         if (opts->dt_bias) {
             if (!check_state(op, "dt_bias", opts->dt_bias, q)) return false;
-            const int64_t dshape[1] = {gate == DG_GATE_HEAD ? HV : HV * K};
+            const int64_t dshape[1] = {HV * dg_delta_gate_width(gt, K)};
             if (!same_shape4(opts->dt_bias, 1, dshape)) {
                 dg_error("%s: dt_bias has shape %s but %s = %s is required (q %s, v %s)", op,
-                         dg_shp(opts->dt_bias), gate == DG_GATE_HEAD ? "[HV]" : "[HV*K]",
+                         dg_shp(opts->dt_bias), gt->per_channel ? "[HV*K]" : "[HV]",
                          dg_shape_text(1, dshape), dg_shp(q), dg_shp(v));
                 return false;
             }
@@ -243,7 +245,7 @@ typedef struct prep {
     dg_tensor *v, *beta, *h0;
     dg_tensor *g;           /* the log decay the kernel reads */
     dg_tensor *a, *A_log, *dt_bias; /* gate_in_kernel: raw a (the g input) and the parameters */
-    int64_t gate_c;         /* channels of the gate: 1 (GDN) or K (KDA) */
+    int64_t gate_c;         /* gate values per token and value head: 0, 1 (GDN) or K (KDA) */
 } prep;
 
 #define DPTR(t) ((t) ? dg_data_ptr(t) : NULL)
@@ -324,7 +326,7 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm)
         p->q = p->qraw;
         p->k = p->kraw;
     }
-    p->gate_c = at->gate == DG_GATE_CHANNEL ? K : 1;
+    p->gate_c = dg_delta_gate_width(dg_delta_gate_of(at->gate), K);
     if (at->gate_in_kernel) {
         p->a = gin;
         p->A_log = contig(n->in[sl->A_log]);
@@ -354,20 +356,25 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     dg_tensor *o = dg_empty_on(DG_SHAPE(s->B, s->T, s->HV, s->V), p.dt, p.dev);
     dg_tensor *hT = dg_empty_on(DG_SHAPE(s->N, s->HV, s->K, s->V), p.st, p.dev);
     if (!o || !hT) return -1;
-    /* the chunked kernels' working set, kept for the backward (node->saved[0]) where they can */
-    dg_tensor *keep = NULL;
-    int kept = 0;
     const bool save = n->recording && at->keep_forward;
+    /* p.q, p.k: the normalised rows, made by the call (q only where the backward will read it) */
+    dg_delta_call c = {.op = n->op->name, .s = p.s, .dtype = p.dt, .device = p.dev, .algorithm = at->algorithm,
+                       .q = DPTR(p.q), .k = DPTR(p.k), .v = DPTR(p.v), .g = DPTR(p.g), .beta = DPTR(p.beta),
+                       .h0 = DPTR(p.h0), .o = DPTR(o), .hT = DPTR(hT),
+                       .l2 = {.on = at->l2norm_qk, .qraw = DPTR(p.qraw), .kraw = DPTR(p.kraw), .rq = DPTR(p.rq),
+                              .rk = DPTR(p.rk), .for_bwd = save}};
+    const dg_delta_backend *b = dg_delta_pick(&c);
+    if (!b) return -1;
+    /* the kernels' working set, kept for the backward (node->saved[SAVED_KEEP]) where they can */
+    dg_tensor *keep = NULL;
     if (save) {
-        const int64_t bytes = dg_delta_k_kept_bytes(n->op->name, at->algorithm, s, p.dev, p.dt);
+        const int64_t bytes = dg_delta_kept_bytes(b, &c);
         if (bytes < 0) return -1;
         if (bytes > 0 && !(keep = dg_empty_on(DG_SHAPE((bytes + 3) / 4), DG_I32, p.dev))) return -1;
+        c.keep = DPTR(keep);
     }
-    /* p.q, p.k: the normalised rows, made here (q only where the backward will read it) */
-    const dg_delta_l2 l2 = {DPTR(p.qraw), DPTR(p.kraw), DPTR(p.rq), DPTR(p.rk), save};
-    if (dg_delta_k_fwd_l2(n->op->name, at->algorithm, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k), DPTR(p.v), DPTR(p.g),
-                          DPTR(p.beta), DPTR(p.h0), DPTR(o), DPTR(hT), DPTR(keep), &kept, at->l2norm_qk ? &l2 : NULL))
-        return -1;
+    if (dg_delta_fwd(b, &c)) return -1;
+    const bool kept = c.kept;
     if (save) {
         dg_tensor *slot[SAVED_N] = {[SAVED_KEEP] = kept ? keep : NULL, [SAVED_G] = at->gate_in_kernel ? p.g : NULL};
         if (at->l2norm_qk) slot[SAVED_Q] = p.q, slot[SAVED_K] = p.k, slot[SAVED_RQ] = p.rq, slot[SAVED_RK] = p.rk;
@@ -395,11 +402,11 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     const bool want_dt = at->gate_in_kernel && sl->dt_bias >= 0 && n->in[sl->dt_bias] && ng[sl->dt_bias];
     const bool want_h0 = n->in[sl->h0] && ng[sl->h0];
     /* the kernel's dg is needed for the raw a as well as for A_log and dt_bias */
-    const bool kern_dg = at->gate != DG_GATE_NONE && (want_g || want_A || want_dt);
+    const bool kern_dg = dg_delta_gate_of(at->gate)->gated && (want_g || want_A || want_dt);
     dg_tensor *dout = contig(gout[0]), *dhT = contig(gout[1]);
     if (!dout || !dhT) return -1;
     /* the forward's kept working set (chunked kernels only; the recurrent variant ignores it) */
-    const void *kept = saved_work(n) && spec->algo == DG_DBWD_CHUNK ? DPTR(n->saved[SAVED_KEEP]) : NULL;
+    void *kept = saved_work(n) && spec->algo == DG_DELTA_CHUNKED ? DPTR(n->saved[SAVED_KEEP]) : NULL;
     if (dout->dtype != p.dt || dhT->dtype != p.st || dout->device != p.dev || dhT->device != p.dev) {
         dg_error("%s: output gradients %s %s on %s, %s %s on %s do not match the outputs (%s, %s on %s)", op,
                  dg_shp(dout), dg_dtype_name(dout->dtype), dg_device_name(dout->device), dg_shp(dhT),
@@ -410,14 +417,16 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
-    int l2_done = 0; /* the kernels took the norm's backward with them (CUDA, 16-bit, chunked) */
-    if (dg_delta_k_bwd(op, spec->algo == DG_DBWD_RECURRENT, &spec->var, s, p.dev, p.dt, DPTR(p.q), DPTR(p.k),
-                       DPTR(p.v), DPTR(p.g), DPTR(p.beta), DPTR(p.h0), DPTR(dout), DPTR(dhT), DPTR(dq), DPTR(dk),
-                       DPTR(dv), DPTR(dg), DPTR(dbeta), DPTR(dh0), kept, at->l2norm_qk ? DPTR(p.rq) : NULL,
-                       at->l2norm_qk ? DPTR(p.rk) : NULL, &l2_done))
-        return -1;
+    dg_delta_call c = {.op = op, .s = p.s, .dtype = p.dt, .device = p.dev, .algorithm = spec->algo,
+                       .bwd = spec->flags, .q = DPTR(p.q), .k = DPTR(p.k), .v = DPTR(p.v), .g = DPTR(p.g),
+                       .beta = DPTR(p.beta), .h0 = DPTR(p.h0), .dout = DPTR(dout), .dhT = DPTR(dhT),
+                       .dq = DPTR(dq), .dk = DPTR(dk), .dv = DPTR(dv), .dg = DPTR(dg), .dbeta = DPTR(dbeta),
+                       .dh0 = DPTR(dh0), .keep = kept, .kept = kept != NULL,
+                       .l2 = {.on = at->l2norm_qk, .rq = DPTR(p.rq), .rk = DPTR(p.rk)}};
+    if (dg_delta_bwd(NULL, &c)) return -1;
+    /* (the 16-bit CUDA chunked kernels took the norm's backward with them: c.l2_done) */
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
-    if (at->l2norm_qk && !l2_done) {
+    if (at->l2norm_qk && !c.l2_done) {
         const int64_t rows = s->B * s->T * s->H;
         dg_tensor *dqr = maybe_empty(dq != NULL, p.qraw), *dkr = maybe_empty(dk != NULL, p.kraw);
         if ((dq && !dqr) || (dk && !dkr)) return -1;
@@ -457,9 +466,9 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
 
 int dg_delta_recurrent_variant(const dg_op_def *def) { return dg_op_variant_find(def, "recurrent"); }
 
-dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, const char *cuda_default,
-                         dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
-                         const dg_delta_opts *opts, dg_tensor **final_state) {
+dg_tensor *dg_delta_run_op(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, dg_tensor *q,
+                           dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts,
+                           dg_tensor **final_state) {
     static const dg_delta_opts defaults = {0};
     if (final_state) *final_state = NULL;
     if (!opts) opts = &defaults;
@@ -477,8 +486,6 @@ dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate
             variant = env;
         else if (at.algorithm == DG_DELTA_RECURRENT)
             variant = dg_delta_recurrent_variant(def);
-        else if (cuda_default && q->device == DG_CUDA)
-            variant = dg_op_variant_find(def, cuda_default);
     }
     dg_tensor *in[DG_MAX_IO] = {0};
     in[sl->q] = q;

@@ -1,6 +1,6 @@
 /* Shared machinery of the delta_rule, gated_delta_rule and kda ops: attributes, input slots,
- * argument validation, the forward and backward that dispatch to the CPU kernels, the decomposition
- * into primitive ops and the samplers.  Each op file (delta_rule.c, gated_delta_rule.c, kda.c) holds
+ * argument validation, the forward and backward that run the call on the backend table
+ * (delta_backends.h), the decomposition into primitive ops and the samplers.  Each op file (delta_rule.c, gated_delta_rule.c, kda.c) holds
  * only its dg_op_def, its variants and its typed entry point.
  *
  * Inputs of every op of the family, in this order (delta_rule has no g, A_log, dt_bias slots):
@@ -21,14 +21,11 @@
 #define DG_OPS_DELTA_COMMON_H
 
 #include "deltagrad_delta.h"
-#include "kernels/cpu/delta/delta_rule.h"
+#include "kernels/cpu/delta/delta_call.h"
+#include "ops/delta/delta_backends.h"
+#include "ops/delta/delta_gate.h"
+#include "ops/delta/delta_kernels.h"
 #include "ops/op.h"
-
-/* backward algorithms a variant can pick */
-typedef enum {
-    DG_DBWD_CHUNK = 0,     /* dg_dr_chunk_bwd with the variant flags below */
-    DG_DBWD_RECURRENT = 1, /* dg_dr_recurrent_bwd */
-} dg_delta_bwd_algo;
 
 typedef struct dg_delta_attrs {
     dg_gate_kind gate; /* fixed by the op */
@@ -48,10 +45,11 @@ typedef struct dg_delta_slots {
 extern const dg_delta_slots dg_delta_slots_plain; /* delta_rule */
 extern const dg_delta_slots dg_delta_slots_gated; /* gated_delta_rule, kda */
 
-/* A backward variant of the family: which algorithm and which flags of the chunked kernel. */
+/* A backward variant of the family: the algorithm of the backward (DG_DELTA_CHUNKED or
+ * DG_DELTA_RECURRENT, whatever the forward ran) and the flags of the chunked kernels. */
 typedef struct dg_delta_bwd_spec {
-    dg_delta_bwd_algo algo;
-    dg_dr_variant var;
+    dg_delta_algorithm algo;
+    dg_delta_bwd_flags flags;
 } dg_delta_bwd_spec;
 
 int dg_delta_forward(dg_node *n, const dg_delta_slots *sl);
@@ -60,14 +58,13 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
 
 /* The typed entry points' common body: validates, fills the attributes and the input array, picks
  * the variant and applies the op.  g is NULL for delta_rule.  The variant: opts->backward, else
- * DG_BACKWARD, else the recurrent one for the recurrent algorithm, else cuda_default (a variant
- * name, or NULL) for CUDA tensors, else bwd[0]: an op whose variants rank differently on the two
- * devices names its CUDA default here (none does now: kda's was the unfused one until session 9). */
-dg_tensor *dg_delta_call(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, const char *cuda_default,
-                         dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
-                         const dg_delta_opts *opts, dg_tensor **final_state);
+ * DG_BACKWARD (a misspelled name is an error either way: ops/op.h), else the recurrent one for the
+ * recurrent algorithm, else bwd[0]. */
+dg_tensor *dg_delta_run_op(const dg_op_def *def, const dg_delta_slots *sl, dg_gate_kind gate, dg_tensor *q,
+                           dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts,
+                           dg_tensor **final_state);
 
-/* Validation alone (used by dg_delta_call; exposed for the tests).  Returns false with the error
+/* Validation alone (used by dg_delta_run_op; exposed for the tests).  Returns false with the error
  * set.  On success fills *at, and *N with the number of sequences. */
 bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v,
                        dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at,
@@ -89,64 +86,15 @@ int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_d
 /* Index of the "recurrent" variant of def (for algorithm = RECURRENT). */
 int dg_delta_recurrent_variant(const dg_op_def *def);
 
-#define DG_DELTA_L2NORM_EPS 1e-6
-
-/* ---- kernel calls by device and dtype (delta_kernels.c) ----
- * dtypes: CPU f32 / f64; CUDA f32, or 16-bit storage, bf16 or fp16 (q, k, v, beta, o and their
- * gradients bf16 / f16; g, h0, hT, A_log, dt_bias and their gradients f32; the L2 norm's r f32).  Pointers are of the
- * device given (cu_seqlens in s is always a host array).  Each returns 0, or -1 with dg_error set. */
-bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt); /* false + message when refused */
-/* a 16-bit storage dtype (bf16 or f16): q, k, v, beta and o in it, gates and states f32 */
-static inline bool dg_delta_storage16(dg_dtype dt) { return dt == DG_BF16 || dt == DG_F16; }
-/* The forward's working set kept for the backward (CUDA bf16 chunked only: dr_chunk_cuda.h): the
- * bytes it takes for this shape (0: nothing is kept here, -1: error).  dg_delta_k_fwd with keep
- * (that many bytes of device memory, 16-byte aligned) sets *kept when it filled it;
- * dg_delta_k_bwd with kept (or NULL) then skips the recompute.  keep NULL: kept may be NULL. */
-int64_t dg_delta_k_kept_bytes(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt);
-int dg_delta_k_fwd(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt,
-                   const void *q, const void *k, const void *v, const void *g, const void *beta,
-                   const void *h0, void *o, void *hT, void *keep, int *kept);
-/* The same with the L2 norm of q, k in it (use_qk_l2norm_in_kernel) where l2 is non-NULL: q and k
- * then receive the normalised rows of l2->qraw, l2->kraw, and l2->rq, l2->rk their 1/|x| (dtype of
- * the gates) -- by the forward's own kernels where they take the norm in their loads (CUDA,
- * 16-bit, chunked: dg_cuda_dr_chunk_fwd_l2_*), else by dg_delta_k_l2norm_fwd first.  for_bwd 0:
- * nothing will read q, rq, rk after the call (a forward that does not record): the fused kernels
- * then do not write them (k is read by the forward's own later kernels: always written). */
-typedef struct dg_delta_l2 {
-    const void *qraw, *kraw;
-    void *rq, *rk;
-    int for_bwd;
-} dg_delta_l2;
-int dg_delta_k_fwd_l2(const char *op, int algorithm, const dg_dr_shape *s, dg_device dev, dg_dtype dt, void *q,
-                      void *k, const void *v, const void *g, const void *beta, const void *h0, void *o, void *hT,
-                      void *keep, int *kept, const dg_delta_l2 *l2);
-/* rq, rk (NULL, or both; f32 [rows]): q, k are the in-op L2-normalised rows and these their 1/|x|.
- * Where the kernels take the norm's backward with them (CUDA, 16-bit, chunked: kernels/cuda/
- * dr_chunk_cuda.h) dq, dk come back as the gradients of the raw rows and *l2_done is set; else
- * they are those of the normalised rows and the caller runs dg_delta_k_l2norm_bwd. */
-int dg_delta_k_bwd(const char *op, int recurrent, const dg_dr_variant *var, const dg_dr_shape *s, dg_device dev,
-                   dg_dtype dt, const void *q, const void *k, const void *v, const void *g, const void *beta,
-                   const void *h0, const void *dout, const void *dhT, void *dq, void *dk, void *dv, void *dg,
-                   void *dbeta, void *dh0, const void *kept, const void *rq, const void *rk, int *l2_done);
-int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
-                          void *y, void *r);
-int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
-                          const void *r, const void *dy, void *dx);
-/* the gate: dt is the gate's dtype (f32 or f64; f32 with bf16 / f16 storage) */
-int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, void *g);
-int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, const void *dg, void *da,
-                        void *dA_log, void *ddt_bias);
-
-/* A backward variant of an op of the family as its op file declares it: the registry's name (the
- * op's dg_op_def.bwd entry of that name runs spec), a line for the benchmarks, and the spec.  Each
- * op file keeps its variants in one table, in the order of its registry entries (bwd[0] first, the
- * registry's default); tools/bench_cuda.c times the chunked ones from the same table, so that the
- * benchmark's rows are the ops' own variants (tests/test_delta_ops.c checks that the names agree). */
-#define DG_DELTA_CHUNK_SPEC(DG_FINAL, FUSED, BLOCKED)                                               \
-    {DG_DBWD_CHUNK, {.gdn_dg_from_final = DG_FINAL, .kda_fused = FUSED, .solve_tril_blocked = BLOCKED}}
-#define DG_DELTA_RECURRENT_SPEC {DG_DBWD_RECURRENT, {.gdn_dg_from_final = 1, .kda_fused = 1, .solve_tril_blocked = 1}}
+/* A backward variant of an op of the family: its name (the registry's: DG_BACKWARD, opts->backward),
+ * a line for the benchmarks, and its spec.  Each op file lists its variants once, as an X-macro
+ * X(name, desc, spec) (bwd[0] first, the registry's default), from which DG_DELTA_VARIANTS makes
+ * both its dg_op_def.bwd entries and its dg_delta_variants table (tools/bench_cuda.c times the
+ * chunked ones from that table: the benchmark's rows are the ops' own variants). */
+#define DG_DELTA_CHUNK_SPEC(DG_FROM_PARTIALS, DW_STORED, TRIL_SUBSTITUTION)                              \
+    {DG_DELTA_CHUNKED, {.dg_from_partials = DG_FROM_PARTIALS, .dw_stored = DW_STORED,                    \
+                        .tril_substitution = TRIL_SUBSTITUTION}}
+#define DG_DELTA_RECURRENT_SPEC {DG_DELTA_RECURRENT, {0}}
 
 typedef struct dg_delta_variant {
     const char *name, *desc;
@@ -156,19 +104,28 @@ typedef struct dg_delta_variant {
 typedef struct dg_delta_variants {
     const dg_delta_variant *v;
     int n;
-    int cuda_default; /* v[cuda_default]: the chunked default on CUDA (0: the registry's default) */
 } dg_delta_variants;
 
 extern const dg_delta_variants dg_delta_rule_variants, dg_gated_delta_rule_variants, dg_kda_variants;
 /* the table of the op named op ("delta_rule", "gated_delta_rule", "kda"), or NULL */
 const dg_delta_variants *dg_delta_variants_of(const char *op);
 
-/* Defines `static int NAME(dg_node *, gout, gin)`: the backward variant TABLE[I] of an op whose
- * inputs sit at SLOTS. */
-#define DG_DELTA_BWD_VARIANT(NAME, SLOTS, TABLE, I)                                                 \
-    static int NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                          \
-        return dg_delta_backward(n, SLOTS, &(TABLE)[I].spec, gout, gin);                            \
+/* In an op file whose inputs sit at the slots SL (a macro of the file) and whose variants are the
+ * X-macro LIST:
+ *   DG_DELTA_VARIANTS(LIST, TABLE) defines `static int bwd_<name>(dg_node *, gout, gin)` for
+ *     each variant and `const dg_delta_variants TABLE`;
+ *   .bwd = {LIST(DG_DELTA_BWD_ENTRY)} fills the dg_op_def's backward entries. */
+#define DG_DELTA_BWD_FN_(NAME, DESC, SPEC)                                                          \
+    static int bwd_##NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                    \
+        static const dg_delta_bwd_spec spec = SPEC;                                                 \
+        return dg_delta_backward(n, SL, &spec, gout, gin);                             \
     }
+#define DG_DELTA_VARIANT_ROW_(NAME, DESC, SPEC) {#NAME, DESC, SPEC},
+#define DG_DELTA_BWD_ENTRY(NAME, DESC, SPEC) {#NAME, bwd_##NAME},
+#define DG_DELTA_VARIANTS(LIST, TABLE)                                                       \
+    static const dg_delta_variant TABLE##_v_[] = {LIST(DG_DELTA_VARIANT_ROW_)};                     \
+    const dg_delta_variants TABLE = {TABLE##_v_, (int)(sizeof TABLE##_v_ / sizeof TABLE##_v_[0])};  \
+    LIST(DG_DELTA_BWD_FN_)
 
 /* gradcheck / comparison tolerances of the family (f64: finite differences; f32: against f64) */
 #define DG_DELTA_TOLERANCES .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-3

@@ -43,13 +43,11 @@ static dg_tensor *run_group(const dg_delta_attrs *at, dg_tensor *q, dg_tensor *k
                             dg_tensor *g, dg_tensor *beta, dg_tensor *S, int64_t t0, int64_t t1,
                             dg_tensor **os, int *n_os) {
     const int64_t Bn = q->shape[0], HV = q->shape[2], K = q->shape[3], V = v->shape[3];
+    const dg_delta_gate *gt = dg_delta_gate_of(at->gate);
     for (int64_t t = t0; t < t1 && S; t++) {
         dg_tensor *qt = token(q, t, K), *kt = token(k, t, K), *vt = token(v, t, V);
         dg_tensor *bt = dg_reshape(dg_slice(beta, 1, t, t + 1), DG_SHAPE(Bn, HV, 1, 1));
-        if (at->gate == DG_GATE_HEAD)
-            S = dg_mul(S, dg_exp(dg_reshape(dg_slice(g, 1, t, t + 1), DG_SHAPE(Bn, HV, 1, 1))));
-        else if (at->gate == DG_GATE_CHANNEL)
-            S = dg_mul(S, dg_exp(dg_reshape(dg_slice(g, 1, t, t + 1), DG_SHAPE(Bn, HV, K, 1))));
+        if (g) S = dg_delta_gate_decay(gt, S, dg_slice(g, 1, t, t + 1));
         dg_tensor *p = dg_matmul(kt, S);
         dg_tensor *u = dg_mul(bt, dg_sub(vt, p));
         S = dg_add(S, dg_matmul_t(kt, u, true, false));
@@ -74,7 +72,7 @@ int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *c
     if (at->gate_in_kernel) {
         /* g = -exp(A_log) softplus(a + dt_bias); A_log [HV] broadcast over tokens (and channels) */
         dg_tensor *A = in[sl->A_log], *bias = in[sl->dt_bias], *x = g;
-        if (at->gate == DG_GATE_CHANNEL) {
+        if (dg_delta_gate_of(at->gate)->per_channel) {
             A = dg_reshape(A, DG_SHAPE(HV, 1));
             if (bias) bias = dg_reshape(bias, DG_SHAPE(HV, K));
         }
@@ -83,7 +81,7 @@ int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *c
     }
     q = repeat_heads(q, HV / H);
     k = repeat_heads(k, HV / H);
-    if (!q || !k || (at->gate != DG_GATE_NONE && !g)) return -1;
+    if (!q || !k || (dg_delta_gate_of(at->gate)->gated && !g)) return -1;
 
     const int64_t N = cu ? cu->shape[0] - 1 : 1; /* groups */
     int64_t *c = NULL;

@@ -6,21 +6,17 @@
  *   chunk      chunked (WY form), blocked inverses in (I + A)^-1
  *   subst      chunked with forward substitution
  *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT)
- * The chunked ones take the fused structure (flag kda_fused = 1), as gated_delta_rule's. */
+ * The chunked ones keep dW on chip (dw_stored = 0), as gated_delta_rule's. */
 #include "ops/delta/delta_common.h"
 
 #define SL (&dg_delta_slots_plain)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-static const dg_delta_variant variants[] = {
-    {"chunk", "solve_tril blocked", DG_DELTA_CHUNK_SPEC(1, 1, 1)},
-    {"subst", "solve_tril substitution", DG_DELTA_CHUNK_SPEC(1, 1, 0)},
-    {"recurrent", "token by token (reference)", DG_DELTA_RECURRENT_SPEC},
-};
-const dg_delta_variants dg_delta_rule_variants = {variants, 3, 0};
-DG_DELTA_BWD_VARIANT(bwd_chunk, SL, variants, 0)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, variants, 1)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, variants, 2)
+#define VARIANTS(X)                                                                                 \
+    X(chunk, "solve_tril blocked", DG_DELTA_CHUNK_SPEC(0, 0, 0))                                   \
+    X(subst, "solve_tril substitution", DG_DELTA_CHUNK_SPEC(0, 0, 1))                              \
+    X(recurrent, "token by token (reference)", DG_DELTA_RECURRENT_SPEC)
+DG_DELTA_VARIANTS(VARIANTS, dg_delta_rule_variants)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }
@@ -33,10 +29,10 @@ const dg_op_def dg_op_delta_rule = {
     .in_names = {"q", "k", "v", "beta", "initial_state", "cu_seqlens"},
     .out_names = {"o", "final_state"},
     .attrs_size = sizeof(dg_delta_attrs), .forward = forward,
-    .bwd = {{"chunk", bwd_chunk}, {"subst", bwd_subst}, {"recurrent", bwd_recurrent}},
+    .bwd = {VARIANTS(DG_DELTA_BWD_ENTRY)},
     .decompose = decompose, .sample = sample, DG_DELTA_TOLERANCES};
 
 dg_tensor *dg_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                          const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_delta_rule, SL, DG_GATE_NONE, NULL, q, k, v, NULL, beta, opts, final_state);
+    return dg_delta_run_op(&dg_op_delta_rule, SL, DG_GATE_NONE, q, k, v, NULL, beta, opts, final_state);
 }

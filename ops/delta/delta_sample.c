@@ -43,9 +43,10 @@ static const sample_cfg cfgs[] = {
 int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_dtype dt,
                     uint64_t seed, dg_sample *s) {
     /* the index-th config that applies to this op */
+    const dg_delta_gate *gt = dg_delta_gate_of(gate);
     const sample_cfg *c = NULL;
-    for (int i = 0, seen = 0; i < N_CFGS; i++) {
-        if (cfgs[i].gated_only && gate == DG_GATE_NONE) continue;
+    for (int i = 0, seen = 0; gt && i < N_CFGS; i++) {
+        if (cfgs[i].gated_only && !gt->gated) continue;
         if (seen++ == index) {
             c = &cfgs[i];
             break;
@@ -64,20 +65,17 @@ int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_d
     dg_sample_set(s, sl->k, k, true);
     dg_sample_set(s, sl->v, v, true);
     dg_sample_set(s, sl->beta, beta, true);
-    if (gate != DG_GATE_NONE) {
-        dg_tensor *g;
-        double lo = c->gate_in_kernel ? -2.0 : -0.5, hi = c->gate_in_kernel ? 2.0 : -0.01;
-        if (gate == DG_GATE_HEAD)
-            g = dg_rand_range(DG_SHAPE(B, T, HV), dt, lo, hi, &rng);
-        else
-            g = dg_rand_range(DG_SHAPE(B, T, HV, K), dt, lo, hi, &rng);
+    if (gt->gated) {
+        const double lo = c->gate_in_kernel ? -2.0 : -0.5, hi = c->gate_in_kernel ? 2.0 : -0.01;
+        dg_tensor *g = gt->per_channel ? dg_rand_range(DG_SHAPE(B, T, HV, K), dt, lo, hi, &rng)
+                                       : dg_rand_range(DG_SHAPE(B, T, HV), dt, lo, hi, &rng);
         dg_sample_set(s, sl->g, g, true);
         if (c->gate_in_kernel) {
             /* -exp(A_log) softplus(a + b) with A_log in (-2.5, -1), a + b in (-3, 1.5): decays in
              * about (-0.4, -0.004) per token */
             dg_sample_set(s, sl->A_log, dg_rand_range(DG_SHAPE(HV), dt, -2.5, -1.0, &rng), true);
             if (c->dt_bias) {
-                const int64_t nb = gate == DG_GATE_HEAD ? HV : HV * K;
+                const int64_t nb = HV * dg_delta_gate_width(gt, K);
                 dg_sample_set(s, sl->dt_bias, dg_rand_range(DG_SHAPE(nb), dt, -1.0, -0.5, &rng), true);
             }
         }

@@ -8,25 +8,19 @@
  *   dg_partial  chunked; dg accumulated through the partial terms of every piece
  *   subst       dg_final with forward substitution instead of blocked inverses in (I + A)^-1
  *   recurrent   token by token (the default when the forward ran with algorithm = RECURRENT)
- * The chunked ones take the fused structure (flag kda_fused = 1: the inter-chunk and WY backward in
- * one pass, dW kept per chunk; on CUDA the fused qkwy kernel), the faster on both devices and the
- * one deltagrad bench --device cuda times (docs/DESIGN.md, session 6). */
+ * The chunked ones take the fused structure (dw_stored = 0: the inter-chunk and WY backward in one
+ * pass, dW kept per chunk; on CUDA the fused qkwy kernel), the faster on both devices. */
 #include "ops/delta/delta_common.h"
 
 #define SL (&dg_delta_slots_gated)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-static const dg_delta_variant variants[] = {
-    {"dg_final", "dg from final dq,dk; blocked", DG_DELTA_CHUNK_SPEC(1, 1, 1)},
-    {"dg_partial", "dg from partial terms", DG_DELTA_CHUNK_SPEC(0, 1, 1)},
-    {"subst", "solve_tril substitution", DG_DELTA_CHUNK_SPEC(1, 1, 0)},
-    {"recurrent", "token by token (reference)", DG_DELTA_RECURRENT_SPEC},
-};
-const dg_delta_variants dg_gated_delta_rule_variants = {variants, 4, 0};
-DG_DELTA_BWD_VARIANT(bwd_dg_final, SL, variants, 0)
-DG_DELTA_BWD_VARIANT(bwd_dg_partial, SL, variants, 1)
-DG_DELTA_BWD_VARIANT(bwd_subst, SL, variants, 2)
-DG_DELTA_BWD_VARIANT(bwd_recurrent, SL, variants, 3)
+#define VARIANTS(X)                                                                                 \
+    X(dg_final, "dg from final dq,dk; blocked", DG_DELTA_CHUNK_SPEC(0, 0, 0))                       \
+    X(dg_partial, "dg from partial terms", DG_DELTA_CHUNK_SPEC(1, 0, 0))                            \
+    X(subst, "solve_tril substitution", DG_DELTA_CHUNK_SPEC(0, 0, 1))                               \
+    X(recurrent, "token by token (reference)", DG_DELTA_RECURRENT_SPEC)
+DG_DELTA_VARIANTS(VARIANTS, dg_gated_delta_rule_variants)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     return dg_delta_decompose(SL, attrs, in, out);
 }
@@ -39,11 +33,10 @@ const dg_op_def dg_op_gated_delta_rule = {
     .in_names = {"q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens"},
     .out_names = {"o", "final_state"},
     .attrs_size = sizeof(dg_delta_attrs), .forward = forward,
-    .bwd = {{"dg_final", bwd_dg_final}, {"dg_partial", bwd_dg_partial}, {"subst", bwd_subst},
-            {"recurrent", bwd_recurrent}},
+    .bwd = {VARIANTS(DG_DELTA_BWD_ENTRY)},
     .decompose = decompose, .sample = sample, DG_DELTA_TOLERANCES};
 
 dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                                dg_tensor *beta, const dg_delta_opts *opts, dg_tensor **final_state) {
-    return dg_delta_call(&dg_op_gated_delta_rule, SL, DG_GATE_HEAD, NULL, q, k, v, g, beta, opts, final_state);
+    return dg_delta_run_op(&dg_op_gated_delta_rule, SL, DG_GATE_HEAD, q, k, v, g, beta, opts, final_state);
 }

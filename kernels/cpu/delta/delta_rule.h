@@ -30,10 +30,13 @@ typedef struct dg_dr_shape {
     int chunk;                 /* 16, 32 or 64 (chunked kernels only) */
 } dg_dr_shape;
 
-/* Backward variants of the chunked kernels (see ALGORITHMS.md and the seeds). */
+/* Backward variants of the chunked kernels in the kernels' own form (see ALGORITHMS.md and the
+ * seeds); callers name them through dg_delta_bwd_flags (delta_call.h, dg_delta_bwd_variant), whose
+ * zero is this struct's {1, 1, 1}. */
 typedef struct dg_dr_variant {
-    int gdn_dg_from_final;     /* GDN: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
-    int kda_fused;             /* KDA: 1 = inter-chunk + WY backward fused, dw never stored (seeds 000, 003) */
+    int gdn_dg_from_final;     /* head gate only: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
+    int kda_fused;             /* every gate (named for KDA, where it began): 1 = inter-chunk + WY backward in one
+                                * pass, dw never stored (seeds 000, 003); 0 = two passes, dw stored */
     int solve_tril_blocked;    /* 1 = 16x16 diagonal inverses merged (seed 004); 0 = forward substitution */
 } dg_dr_variant;
 

@@ -1,7 +1,9 @@
-/* Entry points of the chunked delta-rule CUDA kernels (dr_chunk_cuda.h): argument checks, the
- * chunk plan, and the choice between the generic kernels (dr_chunk_generic.cu) and the tensor-core
- * kernels (dr_chunk_mma_fwd.cu / _bwd.cu for gate none or head, dr_chunk_kda_mma_fwd.cu / _bwd.cu for
- * per-channel gates). */
+/* Entry points of the chunked delta-rule CUDA kernels (dr_chunk_cuda.h): which calls each kernel
+ * family accepts, argument checks, the chunk plan, the value-head split and the fused L2 norm around
+ * the families' kernels: the generic ones (dr_chunk_generic.cu), the tensor-core ones of gate none or
+ * head (dr_chunk_mma_fwd.cu / _bwd.cu) and of the per-channel gate (dr_chunk_kda_mma_fwd.cu / _bwd.cu).
+ * The choice between the families is not made here: the backend table (ops/delta/delta_backends.c)
+ * runs the first row whose accepts() takes the call. */
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 #include "kernels/cuda/delta/dr_chunk_l2norm.cuh"
@@ -10,9 +12,6 @@
 #endif
 
 namespace drc {
-
-static int g_force_generic = 0;
-static int g_l2_fuse = 1; /* the L2 norm in the tensor-core forward (dg_cuda_dr_chunk_l2_fuse) */
 
 /* the tensor-core kernels load q, k, v, dout as 16-byte vectors and store o, dv in pairs */
 static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
@@ -168,10 +167,16 @@ void plan_free(Plan *p) {
 
 /* ---- value heads wider than the tensor-core kernels take (dr_chunk_vsplit.cu) ---- */
 
-/* Whether a 16-bit shape (f16: fp16 words) takes a tensor-core path as it is */
-static bool mma_shape(const Geom &G, bool f16) {
-    return G.gate == DG_GATE_CHANNEL ? !f16 && kda_ok(G) : fast_ok(G);
+/* ---- the kernel families ---- */
+
+/* Whether a 16-bit shape (f16: fp16 words) takes family fam's tensor-core kernels as it is */
+static bool family_shape(dg_drc_family fam, const Geom &G, bool f16) {
+    if (fam == DG_DRC_KDA_MMA) return !f16 && kda_ok(G);
+    if (fam == DG_DRC_MMA) return fast_ok(G);
+    return false;
 }
+
+/* ---- value heads wider than the tensor-core kernels take (dr_chunk_vsplit.cu) ---- */
 
 /* The geometry of R heads of V / R columns for each value head */
 static Geom vsplit_geom(Geom G, int R) {
@@ -179,14 +184,15 @@ static Geom vsplit_geom(Geom G, int R) {
     return G;
 }
 
-/* R > 1 where a head of V columns runs on the tensor-core kernels as R heads of Vs = 128 (else 64)
- * columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the shape runs
- * as it is (a tensor-core shape already, the generic kernels forced, or no split makes it one) */
-static int vsplit_ways(const Geom &G, bool f16) {
-    if (g_force_generic || mma_shape(G, f16)) return 1;
+/* R > 1 where a head of V columns runs on the tensor-core kernels of fam as R heads of Vs = 128
+ * (else 64) columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the
+ * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one) */
+static int vsplit_ways(dg_drc_family fam, const Geom &G, bool f16) {
+    if (fam == DG_DRC_GENERIC || family_shape(fam, G, f16)) return 1;
     for (int Vs = 128; Vs >= 64; Vs -= 64) {
         const int R = G.V / Vs;
-        if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && mma_shape(vsplit_geom(G, R), f16)) return R;
+        if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && family_shape(fam, vsplit_geom(G, R), f16))
+            return R;
     }
     return 1;
 }
@@ -199,22 +205,29 @@ static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
 
 static const char *const VS_WHO = "dr_chunk vsplit";
 
-/* The forward's L2 norm of q, k (dg_cuda_dr_chunk_fwd_l2_*): q, k raw; the normalised rows to q
- * (may be NULL) and k, their 1/|x| to rq, rk (may be NULL) */
+/* How one call runs: the name in messages, its shape, the kernel family the backend row chose and
+ * whether the tensor-core forward may take the L2 norm in its loads */
+struct Run {
+    const char *who;
+    const dg_dr_shape *s;
+    dg_drc_family fam;
+    bool l2_fuse;
+};
+
+/* The forward's L2 norm of q, k: io.q, io.k raw; the normalised rows to q (may be NULL) and k, their
+ * 1/|x| to rq, rk (may be NULL) */
 template <typename T> struct L2Req {
     T *q, *k;
     float *rq, *rk;
     float eps;
 };
+/* io: the forward's pointers (q, k, v, g, beta, h0, o, hT); keep / kept: the working set (keep may
+ * be NULL, kept always given); l2 NULL, or the norm of io.q, io.k */
 template <typename T>
-static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v, const float *g,
-               const T *beta, const float *h0, T *o, float *hT, void *keep = nullptr, int *kept = nullptr,
-               const L2Req<T> *l2 = nullptr);
-template <typename T>
-static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q, const T *k, const T *v,
-               const float *g, const T *beta, const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv,
-               float *dg, T *dbeta, float *dh0, const void *kept = nullptr, const float *rq = nullptr,
-               const float *rk = nullptr, float *dbeta32 = nullptr);
+static int fwd(const Run &r, const Io<T> &io, void *keep, bool *kept, const L2Req<T> *l2 = nullptr);
+/* io: the backward's pointers (the forward's inputs, dout, dhT, the gradients; rq, rk and dbeta32
+ * as Io says); kept: a kept forward's working set, or NULL */
+template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, const Io<T> &io, const void *kept);
 
 /* The inputs both directions take to the R heads: beta and g repeated, h0 to the split layout
  * (each NULL where the call has none); make returns 0, or -1 with dg_error set */
@@ -238,16 +251,19 @@ template <typename T> struct VsplitIn {
 /* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
  * the forward of the split shape (o is already in its layout), hT back */
 template <typename T>
-static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const T *q, const T *k, const T *v,
-                      const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept,
+static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void *keep, bool *kept,
                       const L2Req<T> *l2) {
-    const dg_dr_shape s2 = vsplit_shape(s, R);
+    const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t NH = G.N * G.HV;
     VsplitIn<T> in;
-    float *hT2 = hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
-    int rc = hT && !hT2 ? -1 : in.make(G, R, beta, g, h0);
-    if (!rc) rc = fwd<T>(who, &s2, q, k, v, in.g, in.beta, in.h0, o, hT2, keep, kept, l2); /* (q, k: key heads, as they are) */
-    if (!rc && hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, G.V / R, hT2, hT);
+    float *hT2 = io.hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
+    int rc = io.hT && !hT2 ? -1 : in.make(G, R, io.beta, io.g, io.h0);
+    Run r2 = r;
+    r2.s = &s2;
+    Io<T> io2 = io; /* (q, k: key heads, as they are) */
+    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.hT = hT2;
+    if (!rc) rc = fwd<T>(r2, io2, keep, kept, l2);
+    if (!rc && io.hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, G.V / R, hT2, io.hT);
     release(hT2);
     return rc;
 }
@@ -257,26 +273,29 @@ static int fwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int 
  * value heads of a key head; dv is in its layout).  dbeta summed from the heads' 16-bit words,
  * rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws (test_dr_chunk_bf16_draws). */
 template <typename T>
-static int bwd_vsplit(const char *who, const dg_dr_shape *s, const Geom &G, int R, const dg_dr_variant *var,
-                      const T *q, const T *k, const T *v, const float *g, const T *beta, const float *h0,
-                      const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta, float *dh0,
-                      const void *kept, const float *rq, const float *rk) {
-    const dg_dr_shape s2 = vsplit_shape(s, R);
+static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &var, const Io<T> &io,
+                      const void *kept) {
+    const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
     VsplitIn<T> in;
-    float *dbeta2 = dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
-    float *dg2 = dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
-    float *dhT2 = dhT ? scratch<float>((size_t)nst) : nullptr, *dh02 = dh0 ? scratch<float>((size_t)nst) : nullptr;
-    int rc = (dbeta && !dbeta2) || (dg && !dg2) || (dhT && !dhT2) || (dh0 && !dh02) ? -1 : in.make(G, R, beta, g, h0);
-    if (!rc && dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, dhT, dhT2);
-    if (!rc)
-        rc = bwd<T>(who, &s2, var, q, k, v, in.g, in.beta, in.h0, dout, dhT2, dq, dk, dv, dg2, nullptr, dh02, kept, rq,
-                    rk, dbeta2);
-    if (!rc && dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, dbeta);
-    if (!rc && dg) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, dg);
-    if (!rc && dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, dh0);
+    float *dbeta2 = io.dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
+    float *dg2 = io.dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr, *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
+    int rc = (io.dbeta && !dbeta2) || (io.dg && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
+                 ? -1
+                 : in.make(G, R, io.beta, io.g, io.h0);
+    if (!rc && io.dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, io.dhT, dhT2);
+    Run r2 = r;
+    r2.s = &s2;
+    Io<T> io2 = io;
+    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.dhT = dhT2;
+    io2.dg = dg2, io2.dbeta = nullptr, io2.dbeta32 = dbeta2, io2.dh0 = dh02;
+    if (!rc) rc = bwd<T>(r2, var, io2, kept);
+    if (!rc && io.dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);
+    if (!rc && io.dg) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, io.dg);
+    if (!rc && io.dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, io.dh0);
     release(dbeta2), release(dg2), release(dhT2), release(dh02);
     return rc;
 }
@@ -311,52 +330,46 @@ template <typename T> static int l2norm_rows(const Geom &G, const T *x, float ep
 }
 
 /* The forward with the L2 norm where the tensor-core kernels (gate NONE / HEAD) take it in their
- * loads; elsewhere (KDA, the generic kernels, g_l2_fuse off) the norm's kernel first, then the
+ * loads; elsewhere (KDA, the generic kernels, l2_norm_first) the norm's kernel first, then the
  * forward of the normalised rows.  Both give the same bits (dr_chunk_l2norm.cuh). */
 template <typename T>
-static int fwd_l2_first(const char *who, const dg_dr_shape *s, const Plan &p, const T *q, const T *k, const T *v,
-                        const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep, int *kept,
-                        const L2Req<T> &l2) {
+static int fwd_l2_first(const Run &r, const Plan &p, const Io<T> &io, void *keep, bool *kept, const L2Req<T> &l2) {
     T *qn = l2.q ? l2.q : scratch<T>((size_t)(p.G.rows * p.G.H * p.G.K));
-    int rc = qn ? l2norm_rows<T>(p.G, q, l2.eps, qn, l2.rq) : -1;
-    if (!rc) rc = l2norm_rows<T>(p.G, k, l2.eps, l2.k, l2.rk);
-    if (!rc) rc = fwd<T>(who, s, qn, l2.k, v, g, beta, h0, o, hT, keep, kept);
+    int rc = qn ? l2norm_rows<T>(p.G, io.q, l2.eps, qn, l2.rq) : -1;
+    if (!rc) rc = l2norm_rows<T>(p.G, io.k, l2.eps, l2.k, l2.rk);
+    Io<T> io2 = io;
+    io2.q = qn, io2.k = l2.k;
+    if (!rc) rc = fwd<T>(r, io2, keep, kept);
     if (!l2.q) release(qn);
     return rc;
 }
 
 /* T: float (the generic kernels), uint16_t (bf16 bits) or f16bits (fp16 bits): the tensor-core
- * paths where the shape and alignment allow (fp16: gate NONE or HEAD only, fast_h).
- * keep (16-bit storage only; may be NULL): device memory of kept_bytes(s) bytes for the working set, *kept
- * set to whether it was filled (the tensor-core paths fill it, the generic path keeps nothing);
- * l2 (16-bit only; may be NULL): q, k are raw rows, normalised here (L2Req) */
+ * kernels of r.fam (the backend row checked that they take the call: dg_cuda_dr_chunk_accepts).
+ * keep (16-bit storage only; may be NULL): device memory of the family's kept bytes for the working
+ * set, *kept set to whether it was filled (the tensor-core families fill it, the generic kernels
+ * keep nothing); l2 (16-bit only; may be NULL): io.q, io.k are raw rows, normalised here (L2Req) */
 template <typename T>
-static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
-               const float *g, const T *beta, const float *h0, T *o, float *hT, void *keep,
-               int *kept, const L2Req<T> *l2) {
-    if (kept) *kept = 0;
+static int fwd(const Run &r, const Io<T> &io_in, void *keep, bool *kept, const L2Req<T> *l2) {
+    *kept = false;
     Plan p;
-    if (s && q && k && v && beta && !o) { /* (plan_init names the other NULL pointers first) */
-        dg_error("%s: o is NULL", who);
+    if (r.s && io_in.q && io_in.k && io_in.v && io_in.beta && !io_in.o) { /* (plan_init names the other NULL pointers first) */
+        dg_error("%s: o is NULL", r.who);
         return -1;
     }
-    if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
-    if (const int R = sizeof(T) == 2 ? vsplit_ways(p.G, !is_bf16<T>::value) : 1; R > 1) {
-        const int rc = fwd_vsplit<T>(who, s, p.G, R, q, k, v, g, beta, h0, o, hT, keep, kept, l2);
+    if (plan_init(r.who, r.s, io_in.q, io_in.k, io_in.v, io_in.g, io_in.beta, &p)) return -1;
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G, !is_bf16<T>::value) : 1; R > 1) {
+        const int rc = fwd_vsplit<T>(r, p.G, R, io_in, keep, kept, l2);
         plan_free(&p);
         return rc;
     }
-    Io<T> io;
-    memset(&io, 0, sizeof io);
-    io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.o = o, io.hT = hT;
+    Io<T> io = io_in;
     int rc;
-    const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(o, 4);
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value; /* fp16: the head-gate kernels' fp16 build; KDA generic */
-        const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al; /* per-channel gate: dr_chunk_kda*.cu */
-        if (l2 && !(fast && g_l2_fuse && aligned(l2->k, 16) && aligned(l2->q, 16))) {
-            rc = fwd_l2_first<T>(who, s, p, q, k, v, g, beta, h0, o, hT, keep, kept, *l2);
+        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA;
+        if (l2 && !(fast && r.l2_fuse)) {
+            rc = fwd_l2_first<T>(r, p, io, keep, kept, *l2);
             plan_free(&p);
             return rc;
         }
@@ -364,7 +377,7 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
         rc = kda    ? kda_fwd(p, io_bits(io), keep)
              : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
                     : generic_fwd<T>(p, io);
-        if (!rc && kept) *kept = keep && (kda || fast);
+        if (!rc) *kept = keep && (kda || fast);
     } else {
         rc = generic_fwd<T>(p, io);
     }
@@ -372,48 +385,165 @@ static int fwd(const char *who, const dg_dr_shape *s, const T *q, const T *k, co
     return rc;
 }
 
-template <typename T>
-static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, const T *q,
-               const T *k, const T *v, const float *g, const T *beta, const float *h0,
-               const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta,
-               float *dh0, const void *kept, const float *rq, const float *rk, float *dbeta32) {
+template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     Plan p;
-    if (dg && !g) {
-        dg_error("%s: dg given but g is NULL", who);
+    if (io.dg && !io.g) {
+        dg_error("%s: dg given but g is NULL", r.who);
         return -1;
     }
-    if (s && q && k && v && beta && !dout) {
-        dg_error("%s: dout is NULL", who);
+    if (r.s && io.q && io.k && io.v && io.beta && !io.dout) {
+        dg_error("%s: dout is NULL", r.who);
         return -1;
     }
-    if (plan_init(who, s, q, k, v, g, beta, &p)) return -1;
-    if (const int R = sizeof(T) == 2 ? vsplit_ways(p.G, !is_bf16<T>::value) : 1; R > 1) {
-        const int rc = bwd_vsplit<T>(who, s, p.G, R, var, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
-                                     dh0, kept, rq, rk);
+    if (plan_init(r.who, r.s, io.q, io.k, io.v, io.g, io.beta, &p)) return -1;
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G, !is_bf16<T>::value) : 1; R > 1) {
+        const int rc = bwd_vsplit<T>(r, p.G, R, var, io, kept);
         plan_free(&p);
         return rc;
     }
-    dg_dr_variant dv0 = {1, 1, 1};
-    if (!var) var = &dv0;
-    Io<T> io;
-    memset(&io, 0, sizeof io);
-    io.q = q, io.k = k, io.v = v, io.g = g, io.beta = beta, io.h0 = h0, io.dout = dout;
-    io.dhT = dhT, io.dq = dq, io.dk = dk, io.dv = dv, io.dg = dg, io.dbeta = dbeta, io.dh0 = dh0;
-    io.rq = rq, io.rk = rk, io.dbeta32 = dbeta32;
     int rc;
-    const bool al = aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(dout, 16) && aligned(dv, 4);
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value;
-        const bool fast = !g_force_generic && fast_ok(p.G) && al;
-        const bool kda = !f16 && !g_force_generic && kda_ok(p.G) && al;
-        rc = kda    ? kda_bwd(p, *var, io_bits(io), kept)
-             : fast ? (f16 ? fast_h::bwd(p, *var, io_bits(io), kept) : fast::bwd(p, *var, io_bits(io), kept))
-                    : generic_bwd<T>(p, *var, io);
+        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA;
+        rc = kda    ? kda_bwd(p, var, io_bits(io), kept)
+             : fast ? (f16 ? fast_h::bwd(p, var, io_bits(io), kept) : fast::bwd(p, var, io_bits(io), kept))
+                    : generic_bwd<T>(p, var, io);
         /* (the L2 norm's backward, io.rq / io.rk: each path applies it, dr_chunk_heads.cu) */
     } else {
-        rc = generic_bwd<T>(p, *var, io);
+        rc = generic_bwd<T>(p, var, io);
     }
     plan_free(&p);
+    return rc;
+}
+
+/* ---- the entry points on the call descriptor ---- */
+
+static const char *family_name(dg_drc_family fam) {
+    return fam == DG_DRC_MMA ? "tensor cores" : fam == DG_DRC_KDA_MMA ? "kda tensor cores" : "generic";
+}
+
+/* the tensor-core kernels load q, k, v, dout (and the norm's raw and normalised rows) as 16-byte
+ * vectors and store o, dv in pairs: every such pointer of the call that is given */
+static bool call_aligned(const dg_delta_call *c) {
+    const void *a16[] = {c->q, c->k, c->v, c->dout, c->l2.on ? c->l2.qraw : nullptr, c->l2.on ? c->l2.kraw : nullptr};
+    for (const void *p : a16)
+        if (!aligned(p, 16)) return false;
+    return aligned(c->o, 4) && aligned(c->dv, 4);
+}
+
+/* The geometry the families' shape tests read, from the shape alone (unchecked: a shape the kernels
+ * refuse is refused with its message by the call itself) */
+static Geom loose_geom(const dg_dr_shape &s) {
+    Geom G;
+    memset(&G, 0, sizeof G);
+    G.H = (int)s.H, G.HV = (int)s.HV, G.grp = s.H > 0 ? (int)(s.HV / s.H) : 0;
+    G.K = (int)s.K, G.V = (int)s.V, G.C = s.chunk, G.gate = (int)s.gate;
+    return G;
+}
+
+static bool accepts(dg_drc_family fam, const dg_delta_call *c) {
+    if (c->device != DG_CUDA || c->algorithm != DG_DELTA_CHUNKED) return false;
+    if (c->dtype != DG_F32 && c->dtype != DG_BF16 && c->dtype != DG_F16) return false;
+    if (fam == DG_DRC_GENERIC) return true;
+    const bool f16 = c->dtype == DG_F16;
+    if (c->dtype == DG_F32 || c->force_generic || c->s.K > 256 || c->s.V > (1 << 20) || c->s.H < 1) return false;
+    const Geom G = loose_geom(c->s);
+    return (family_shape(fam, G, f16) || vsplit_ways(fam, G, f16) > 1) && call_aligned(c);
+}
+
+/* names of the entry points by dtype, for messages */
+static const char *who_of(const dg_delta_call *c, bool bwd) {
+    if (c->dtype == DG_F32) return bwd ? "cuda dr_chunk_bwd_f32" : "cuda dr_chunk_fwd_f32";
+    if (c->dtype == DG_F16) return bwd ? "cuda dr_chunk_bwd_f16" : "cuda dr_chunk_fwd_f16";
+    return bwd ? "cuda dr_chunk_bwd_bf16" : "cuda dr_chunk_fwd_bf16";
+}
+
+/* the call is one this family takes (a named row may be forced on any call) */
+static bool check_family(dg_drc_family fam, const dg_delta_call *c, const char *who) {
+    if (fam != DG_DRC_GENERIC && fam != DG_DRC_MMA && fam != DG_DRC_KDA_MMA) {
+        dg_error("%s: unknown kernel family %d", who, (int)fam);
+        return false;
+    }
+    if (c->device != DG_CUDA || (c->dtype != DG_F32 && c->dtype != DG_BF16 && c->dtype != DG_F16)) {
+        dg_error("%s: a %s call on %s (these kernels take f32, bf16 or f16 on cuda)", who, dg_dtype_name(c->dtype),
+                 dg_device_name(c->device));
+        return false;
+    }
+    if (!accepts(fam, c)) {
+        dg_error("%s: the %s kernels do not take this call (%s, gate %d, chunk %d, K = %lld, V = %lld%s%s)", who,
+                 family_name(fam), dg_dtype_name(c->dtype), (int)c->s.gate, c->s.chunk, (long long)c->s.K,
+                 (long long)c->s.V, call_aligned(c) ? "" : ", pointers not 16-byte aligned",
+                 c->force_generic ? ", force_generic set" : "");
+        return false;
+    }
+    return true;
+}
+
+/* keep, where given, must be 16-byte aligned (the kernels load and store its buffers as 16-byte
+ * vectors) */
+static bool keep_ok(const char *who, const void *keep) {
+    if (keep && ((uintptr_t)keep & 15) != 0) {
+        dg_error("%s: keep %p is not 16-byte aligned", who, keep);
+        return false;
+    }
+    return true;
+}
+
+template <typename T> static int fwd_call(dg_drc_family fam, dg_delta_call *c) {
+    const char *who = who_of(c, false);
+    c->kept = false;
+    if (!check_family(fam, c, who) || !keep_ok(who, c->keep)) return -1;
+    const Run r{who, &c->s, fam, !c->l2_norm_first};
+    typedef const T *P;
+    Io<T> io;
+    memset(&io, 0, sizeof io);
+    io.v = (P)c->v, io.g = (const float *)c->g, io.beta = (P)c->beta, io.h0 = (const float *)c->h0;
+    io.o = (T *)c->o, io.hT = (float *)c->hT;
+    void *keep = sizeof(T) == 2 ? c->keep : nullptr;
+    if (sizeof(T) == 2 && c->l2.on) {
+        /* q, k of the call receive the normalised rows of l2.qraw, l2.kraw */
+        T *qn = c->l2.for_bwd ? (T *)c->q : nullptr, *kn = (T *)c->k;
+        if (!kn) {
+            dg_error("%s: k (the normalised rows of the L2 norm) is NULL", who);
+            return -1;
+        }
+        if ((qn && ((const void *)qn == c->l2.qraw || (const void *)qn == c->l2.kraw)) ||
+            (const void *)kn == c->l2.qraw || (const void *)kn == c->l2.kraw) {
+            dg_error("%s: %s overlaps the raw q or k (the raw rows are read as the normalised ones are written)", who,
+                     qn && ((const void *)qn == c->l2.qraw || (const void *)qn == c->l2.kraw) ? "q" : "k");
+            return -1;
+        }
+        io.q = (P)c->l2.qraw, io.k = (P)c->l2.kraw;
+        const L2Req<T> l2{qn, kn, c->l2.for_bwd ? (float *)c->l2.rq : nullptr,
+                          c->l2.for_bwd ? (float *)c->l2.rk : nullptr, (float)DG_DELTA_L2NORM_EPS};
+        return fwd<T>(r, io, keep, &c->kept, &l2);
+    }
+    if (c->l2.on) {
+        dg_error("%s: the f32 kernels do not take the L2 norm in their loads (run the norm's kernel first)", who);
+        return -1;
+    }
+    io.q = (P)c->q, io.k = (P)c->k;
+    return fwd<T>(r, io, keep, &c->kept);
+}
+
+template <typename T> static int bwd_call(dg_drc_family fam, dg_delta_call *c) {
+    const char *who = who_of(c, true);
+    c->l2_done = false;
+    if (!check_family(fam, c, who)) return -1;
+    const Run r{who, &c->s, fam, !c->l2_norm_first};
+    typedef const T *P;
+    Io<T> io;
+    memset(&io, 0, sizeof io);
+    io.q = (P)c->q, io.k = (P)c->k, io.v = (P)c->v, io.g = (const float *)c->g, io.beta = (P)c->beta;
+    io.h0 = (const float *)c->h0, io.dout = (P)c->dout, io.dhT = (const float *)c->dhT;
+    io.dq = (T *)c->dq, io.dk = (T *)c->dk, io.dv = (T *)c->dv, io.dg = (float *)c->dg, io.dbeta = (T *)c->dbeta;
+    io.dh0 = (float *)c->dh0;
+    /* the 16-bit kernels take the norm's backward with them */
+    const bool l2 = sizeof(T) == 2 && c->l2.on && c->l2.rq && c->l2.rk;
+    if (l2) io.rq = (const float *)c->l2.rq, io.rk = (const float *)c->l2.rk;
+    const void *kept = sizeof(T) == 2 && c->kept ? c->keep : nullptr;
+    const int rc = bwd<T>(r, dg_delta_bwd_variant(c->bwd), io, kept);
+    c->l2_done = !rc && l2;
     return rc;
 }
 
@@ -421,182 +551,38 @@ static int bwd(const char *who, const dg_dr_shape *s, const dg_dr_variant *var, 
 
 extern "C" {
 
-int dg_cuda_dr_chunk_fwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v,
-                             const float *g, const float *beta, const float *h0, float *o,
-                             float *hT) {
-    return drc::fwd<float>("cuda dr_chunk_fwd_f32", s, q, k, v, g, beta, h0, o, hT);
-}
+bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c) { return drc::accepts(fam, c); }
 
-int dg_cuda_dr_chunk_bwd_f32(const dg_dr_shape *s, const dg_dr_variant *var, const float *q,
-                             const float *k, const float *v, const float *g, const float *beta,
-                             const float *h0, const float *dout, const float *dhT, float *dq,
-                             float *dk, float *dv, float *dg, float *dbeta, float *dh0) {
-    return drc::bwd<float>("cuda dr_chunk_bwd_f32", s, var, q, k, v, g, beta, h0, dout, dhT, dq,
-                           dk, dv, dg, dbeta, dh0);
-}
-
-int dg_cuda_dr_chunk_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                              const uint16_t *v, const float *g, const uint16_t *beta,
-                              const float *h0, uint16_t *o, float *hT) {
-    return drc::fwd<uint16_t>("cuda dr_chunk_fwd_bf16", s, q, k, v, g, beta, h0, o, hT);
-}
-
-int dg_cuda_dr_chunk_bwd_bf16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
-                              const uint16_t *k, const uint16_t *v, const float *g,
-                              const uint16_t *beta, const float *h0, const uint16_t *dout,
-                              const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                              float *dg, uint16_t *dbeta, float *dh0) {
-    return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16", s, var, q, k, v, g, beta, h0, dout, dhT,
-                              dq, dk, dv, dg, dbeta, dh0);
-}
-
-/* fp16: the same kernels instantiated for f16bits (the generic path, f32 arithmetic) */
-int dg_cuda_dr_chunk_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                             const uint16_t *v, const float *g, const uint16_t *beta,
-                             const float *h0, uint16_t *o, float *hT) {
-    typedef const drc::f16bits *P;
-    return drc::fwd<drc::f16bits>("cuda dr_chunk_fwd_f16", s, (P)q, (P)k, (P)v, g, (P)beta, h0,
-                                  (drc::f16bits *)o, hT);
-}
-
-int dg_cuda_dr_chunk_bwd_f16(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
-                             const uint16_t *k, const uint16_t *v, const float *g,
-                             const uint16_t *beta, const float *h0, const uint16_t *dout,
-                             const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                             float *dg, uint16_t *dbeta, float *dh0) {
-    typedef const drc::f16bits *P;
-    typedef drc::f16bits *W;
-    return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
-                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0);
-}
-
-/* f16 = the fp16 calls' (no KDA tensor-core path) */
-static int64_t kept_bytes(const char *who, const dg_dr_shape *s, bool f16) {
+int64_t dg_cuda_dr_chunk_kept_bytes(dg_drc_family fam, const dg_delta_call *c) {
+    if (!drc::accepts(fam, c) || c->dtype == DG_F32 || fam == DG_DRC_GENERIC) return 0;
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
-    if (drc::plan_init(who, s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true)) return -1;
-    size_t n = 0;
-    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(p.G, f16)); /* (the shape the kernels run) */
-    if (!drc::g_force_generic)
-        n = !f16 && drc::kda_ok(G) ? drc::kda_kept_bytes(G) : drc::fast_ok(G) ? drc::fast_kept_bytes(G) : 0;
+    if (drc::plan_init("cuda dr_chunk_kept_bytes", &c->s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
+        return -1;
+    const bool f16 = c->dtype == DG_F16;
+    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(fam, p.G, f16)); /* (the shape the kernels run) */
+    const size_t n = fam == DG_DRC_KDA_MMA ? drc::kda_kept_bytes(G) : drc::fast_kept_bytes(G);
     drc::plan_free(&p);
     return (int64_t)n;
 }
 
-int64_t dg_cuda_dr_chunk_kept_bytes(const dg_dr_shape *s) {
-    return kept_bytes("cuda dr_chunk_kept_bytes", s, false);
-}
-
-int64_t dg_cuda_dr_chunk_kept_bytes_f16(const dg_dr_shape *s) {
-    return kept_bytes("cuda dr_chunk_kept_bytes_f16", s, true);
-}
-
-/* keep must be given and 16-byte aligned (the kernels load and store its buffers as 16-byte vectors) */
-static bool keep_ok(const char *who, const void *keep, const int *kept) {
-    if (!keep || !kept) {
-        dg_error("%s: %s is NULL", who, !keep ? "keep" : "kept");
-        return false;
-    }
-    if (((uintptr_t)keep & 15) != 0) {
-        dg_error("%s: keep %p is not 16-byte aligned", who, keep);
-        return false;
-    }
-    return true;
-}
-
-int dg_cuda_dr_chunk_fwd_bf16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                   const uint16_t *v, const float *g, const uint16_t *beta,
-                                   const float *h0, uint16_t *o, float *hT, void *keep, int *kept) {
-    const char *who = "cuda dr_chunk_fwd_bf16_keep";
-    if (!keep_ok(who, keep, kept)) return -1;
-    return drc::fwd<uint16_t>(who, s, q, k, v, g, beta, h0, o, hT, keep, kept);
-}
-
-int dg_cuda_dr_chunk_bwd_bf16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
-                                   const uint16_t *k, const uint16_t *v, const float *g,
-                                   const uint16_t *beta, const float *h0, const uint16_t *dout,
-                                   const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                   float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                   const float *rk) {
-    return drc::bwd<uint16_t>("cuda dr_chunk_bwd_bf16_kept", s, var, q, k, v, g, beta, h0, dout, dhT,
-                              dq, dk, dv, dg, dbeta, dh0, kept, rq, rk);
-}
-
-int dg_cuda_dr_chunk_fwd_f16_keep(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                  const uint16_t *v, const float *g, const uint16_t *beta,
-                                  const float *h0, uint16_t *o, float *hT, void *keep, int *kept) {
-    const char *who = "cuda dr_chunk_fwd_f16_keep";
-    if (!keep_ok(who, keep, kept)) return -1;
-    typedef const drc::f16bits *P;
-    return drc::fwd<drc::f16bits>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (drc::f16bits *)o, hT, keep, kept);
-}
-
-int dg_cuda_dr_chunk_bwd_f16_kept(const dg_dr_shape *s, const dg_dr_variant *var, const uint16_t *q,
-                                  const uint16_t *k, const uint16_t *v, const float *g,
-                                  const uint16_t *beta, const float *h0, const uint16_t *dout,
-                                  const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv,
-                                  float *dg, uint16_t *dbeta, float *dh0, const void *kept, const float *rq,
-                                  const float *rk) {
-    typedef const drc::f16bits *P;
-    typedef drc::f16bits *W;
-    return drc::bwd<drc::f16bits>("cuda dr_chunk_bwd_f16_kept", s, var, (P)q, (P)k, (P)v, g, (P)beta, h0,
-                                  (P)dout, dhT, (W)dq, (W)dk, (W)dv, dg, (W)dbeta, dh0, kept, rq, rk);
-}
-
-int dg_cuda_dr_chunk_force_generic(int on) {
-    int old = drc::g_force_generic;
-    drc::g_force_generic = on ? 1 : 0;
-    return old;
-}
-
-int dg_cuda_dr_chunk_l2_fuse(int on) {
-    int old = drc::g_l2_fuse;
-    drc::g_l2_fuse = on ? 1 : 0;
-    return old;
-}
-
-} // extern "C"
-
-namespace drc {
-/* the checks of the _l2 entry points (keep optional), then fwd with the norm */
-template <typename T>
-static int fwd_l2_entry(const char *who, const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                        const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT, void *keep,
-                        int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
-    if (kept) *kept = 0;
-    if (keep && !keep_ok(who, keep, kept)) return -1;
-    if (!kn) {
-        dg_error("%s: kn (the normalised k) is NULL", who);
+int dg_cuda_dr_chunk_fwd(dg_drc_family fam, dg_delta_call *c) {
+    if (!c) {
+        dg_error("cuda dr_chunk_fwd: the call is NULL");
         return -1;
     }
-    if (!(eps >= 0.0) || !(eps < 1e30)) {
-        dg_error("%s: eps = %g (need a finite eps >= 0)", who, eps);
-        return -1;
-    }
-    if ((qn && (qn == q || qn == k)) || kn == q || kn == k) {
-        dg_error("%s: %s overlaps q or k (the raw rows are read as the normalised ones are written)", who,
-                 qn && (qn == q || qn == k) ? "qn" : "kn");
-        return -1;
-    }
-    typedef const T *P;
-    const L2Req<T> l2{(T *)qn, (T *)kn, rq, rk, (float)eps};
-    return fwd<T>(who, s, (P)q, (P)k, (P)v, g, (P)beta, h0, (T *)o, hT, keep, kept, &l2);
-}
-} // namespace drc
-
-extern "C" {
-
-int dg_cuda_dr_chunk_fwd_l2_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
-                                 void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
-    return drc::fwd_l2_entry<uint16_t>("cuda dr_chunk_fwd_l2_bf16", s, q, k, v, g, beta, h0, o, hT, keep, kept, eps,
-                                       qn, kn, rq, rk);
+    if (c->dtype == DG_F16) return drc::fwd_call<drc::f16bits>(fam, c);
+    if (c->dtype == DG_BF16) return drc::fwd_call<uint16_t>(fam, c);
+    return drc::fwd_call<float>(fam, c);
 }
 
-int dg_cuda_dr_chunk_fwd_l2_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT,
-                                void *keep, int *kept, double eps, uint16_t *qn, uint16_t *kn, float *rq, float *rk) {
-    return drc::fwd_l2_entry<drc::f16bits>("cuda dr_chunk_fwd_l2_f16", s, q, k, v, g, beta, h0, o, hT, keep, kept,
-                                           eps, qn, kn, rq, rk);
+int dg_cuda_dr_chunk_bwd(dg_drc_family fam, dg_delta_call *c) {
+    if (!c) {
+        dg_error("cuda dr_chunk_bwd: the call is NULL");
+        return -1;
+    }
+    if (c->dtype == DG_F16) return drc::bwd_call<drc::f16bits>(fam, c);
+    if (c->dtype == DG_BF16) return drc::bwd_call<uint16_t>(fam, c);
+    return drc::bwd_call<float>(fam, c);
 }
 
 } // extern "C"

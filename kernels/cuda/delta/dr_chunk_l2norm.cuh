@@ -1,5 +1,5 @@
-/* The L2 norm of q and k inside the chunked forward (use_qk_l2norm_in_kernel; dr_chunk_cuda.h,
- * dg_cuda_dr_chunk_fwd_l2_*): the tensor-core forward normalises the rows as it loads them,
+/* The L2 norm of q and k inside the chunked forward (use_qk_l2norm_in_kernel; dr_chunk_cuda.h, the
+ * call's l2): the tensor-core forward normalises the rows as it loads them,
  * k in f_prep, q in f_out, instead of a pass of its own over q and k before it (which read q, k
  * and wrote them again: ~95 us of GDN's 2.25 ms fwd+bwd at S1, H100).  Each writes the
  * normalised rows and their 1/|x| out for the later kernels and the backward.
