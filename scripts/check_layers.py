@@ -12,7 +12,7 @@ Bottom to top (a folder may include its own layer and any layer below it, never 
     ops       the typed entry points and the op registry (dg_op_def lives in autograd/node.h)
     models    layers, the language model, the optimiser, training (through ops, never kernels)
     tools     the deltagrad command
-    tests, examples, bench: above everything; they may include any folder
+    tests, examples, bench, fuzz: above everything; they may include any folder
 
 Besides the order, a few skips are refused (models go through ops, not to the kernels), and the
 graph of folders (subfolders counted apart: ops and ops/delta are two nodes) must have no cycle.
@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 LAYERS = ['include', 'core', 'kernels', 'autograd', 'ops', 'models', 'tools']
-TOP = {'tests', 'examples', 'bench'}
+TOP = {'tests', 'examples', 'bench', 'fuzz'}
 # (from layer, to layer) pairs refused even though they point downward
 REFUSED_SKIPS = {('models', 'kernels'): 'models reach the kernels through ops'}
 SUBLAYER_ORDER = {'kernels': ['kernels/cpu', 'kernels/cuda']}  # cuda may use cpu's declarations
