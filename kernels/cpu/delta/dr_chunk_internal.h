@@ -32,9 +32,6 @@ typedef struct dg_drc_plan {
 int dg_drc_plan_init(dg_drc_plan *p, const dg_dr_shape *s, const char *what, int need);
 void dg_drc_plan_free(dg_drc_plan *p);
 
-/* Which sequence owns chunk c (binary search in seq_chunk). */
-int64_t dg_drc_chunk_seq(const dg_drc_plan *p, int64_t c);
-
 /* ---- templating: a body file is included once per precision with DR_REAL = float or double ---- */
 #define DR_CAT2_(a, b) a##_##b
 #define DR_CAT2(a, b) DR_CAT2_(a, b)

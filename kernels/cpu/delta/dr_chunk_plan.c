@@ -99,15 +99,3 @@ void dg_drc_plan_free(dg_drc_plan *p) {
     free(p->seq_chunk);
     memset(p, 0, sizeof *p);
 }
-
-int64_t dg_drc_chunk_seq(const dg_drc_plan *p, int64_t c) {
-    int64_t lo = 0, hi = p->nseq - 1;
-    while (lo < hi) { /* last n with seq_chunk[n] <= c */
-        int64_t mid = (lo + hi + 1) / 2;
-        if (p->seq_chunk[mid] <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
