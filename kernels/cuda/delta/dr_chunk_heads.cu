@@ -6,10 +6,10 @@
  * and where the L2 norm's backward is asked for (r given: q, k were normalised rows xn = x r):
  *     out[r, h, :] = r (s - xn (s . xn)),  s the sum above
  * both in f32 before the one rounding to the output's words.  (Rounding the sum first and applying
- * the norm's backward to the rounded words, as the paths did before session 12, rounds twice, and
- * s - xn (s . xn) cancels where s lies along xn: 3.8e-3 from f64 in dq of a KDA head of V = 192
- * as three split heads, 2.9e-3 so; 2.9e-3 -> 2.5e-3 in a GVA head of the tensor-core kernels, 2.5e-3
- * -> 1.7e-3 on the generic kernels; test_dr_chunk_l2_fold.)  A warp a row of K <= 256: lane l
+ * the norm's backward to the rounded words rounds twice, and s - xn (s . xn) cancels where s lies
+ * along xn: dq of a KDA head of V = 192 as three split heads is 3.8e-3 from f64 that way, 2.9e-3
+ * this way; a GVA head of the tensor-core kernels 2.9e-3 against 2.5e-3, the generic kernels 2.5e-3
+ * against 1.7e-3; test_dr_chunk_l2_fold.)  A warp a row of K <= 256: lane l
  * holds columns l + 32 j. */
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 
