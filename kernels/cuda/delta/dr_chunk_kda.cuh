@@ -4,7 +4,7 @@
  *
  * Shapes taken: bf16 storage, gate CHANNEL, chunk 64, K and V in {64, 128}; q, k, v (and dout)
  * 16-byte aligned, o 4-byte aligned (checked by the caller); everything else goes to the generic
- * kernels (dr_chunk_generic.cu).
+ * kernels (dr_chunk_generic.cuh).
  *
  * The gate.  g [rows, HV, K] is the per-token, per-channel log decay; G is its cumulative sum
  * inside the chunk (G_i = g_0 + ... + g_i, rows past the chunk's length L hold G_{L-1}).  The

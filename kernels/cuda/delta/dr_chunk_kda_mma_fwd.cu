@@ -1,6 +1,6 @@
 /* The tensor-core kda forward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
  * Tiles and warp products from dr_chunk_mma.cuh, the gated in-chunk product from dr_chunk_kda.cuh.
- * Same math as the generic kernels (dr_chunk_generic.cu), per chunk of L <= 64 rows and value head
+ * Same math as the generic kernels (dr_chunk_generic.cuh), per chunk of L <= 64 rows and value head
  * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
  *   prep  (block per chunk, head):
  *         A  = diag(beta) strictly_lower(M),  M_ij = sum_c k_ic k_jc e^{G_ic - G_jc}  [gated_tri]

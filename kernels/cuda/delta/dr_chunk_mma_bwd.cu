@@ -1,7 +1,7 @@
 /* The tensor-core chunked delta-rule backward (bf16 storage, gate NONE or HEAD, chunk 64, K and
  * V in {64, 128}); building blocks in dr_chunk_mma.cuh, the recompute of W, U, the states and V'
  * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
- * (dr_chunk_generic.cu, after kernels/cpu/delta/dr_chunk_bwd_impl.h):
+ * (dr_chunk_generic.cuh, after kernels/cpu/delta/dr_chunk_bwd_impl.h):
  *   dhu    (b_dhu_ws: block per sequence, head, tile of 32 or 64 value columns; chunks in
  *          reverse; dS in registers of one group of warps, P^T dO and the loads made ahead of
  *          it by a second group):

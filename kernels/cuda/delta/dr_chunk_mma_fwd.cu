@@ -1,6 +1,6 @@
 /* The tensor-core chunked delta-rule forward (bf16 storage, gate NONE or HEAD, chunk 64, K and V
  * in {64, 128}); the building blocks are in dr_chunk_mma.cuh.  Same math as the generic kernels
- * (dr_chunk_generic.cu), per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
+ * (dr_chunk_generic.cuh), per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head):  A = diag(beta) strictly_lower(K K^T o Gamma)  [mma, exact]
  *          Ai = (I + A)^-1     [f32: diagonal blocks by substitution, merges on tensor cores]
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
