@@ -1,6 +1,6 @@
 /* The few CUDA runtime entry points (core/internal.h) that the chunked-kernel test programs call
  * directly, on host memory, for their build against the host emulation of the kernels
- * (kernels/cuda/delta/dr_chunk_emu.h; scripts/emu_test.sh builds and runs it).  "Device" memory is host
+ * (kernels/cuda/delta/dr_chunk_emu.h; `scons test-emu` builds and runs them).  "Device" memory is host
  * memory there: the emulated kernels read and write it directly, so a copy is a memcpy whatever
  * its direction, and the emulator reports one device.  Never part of the library build. */
 #include <stdlib.h>

@@ -409,7 +409,7 @@ template <class F> char *carve_into(void *given, F place, bool *ok) {
     return own;
 }
 
-/* the generic path (dr_chunk_generic.cu): f32 arithmetic, every gate and chunk size */
+/* the generic path (dr_chunk_generic.cuh, _fwd.cu, _bwd.cu): f32 arithmetic, every gate and chunk size */
 template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
 template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
 /* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): 16-bit storage, gate NONE or HEAD, C = 64, K and

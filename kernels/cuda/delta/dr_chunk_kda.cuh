@@ -4,7 +4,7 @@
  *
  * Shapes taken: bf16 storage, gate CHANNEL, chunk 64, K and V in {64, 128}; q, k, v (and dout)
  * 16-byte aligned, o 4-byte aligned (checked by the caller); everything else goes to the generic
- * kernels (dr_chunk_generic.cu).
+ * kernels (dr_chunk_generic.cuh).
  *
  * The gate.  g [rows, HV, K] is the per-token, per-channel log decay; G is its cumulative sum
  * inside the chunk (G_i = g_0 + ... + g_i, rows past the chunk's length L hold G_{L-1}).  The
@@ -66,10 +66,9 @@ using fast::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
 /* The KDA kernels that run one block per SM (prep kp, output ko, the qkwy kernels) have
- * ONE_SM_NTH threads (dr_chunk_mma.cuh).  Measured against 8 warps (ncu, S1; docs/PERF_KERNELS.md,
- * session 9): H100 kp 1.032 -> 0.883 ms, ko 0.687 -> 0.559; H200 qkwy fused 3.30 -> 1.98 (its 206 KB
- * of code at 8 warps did not stay in the instruction cache: "no instruction" stalls 43k -> 0.5k
- * cycles a warp; 135 KB at 16), dqkwg 1.48 -> 1.26, wy 1.37 -> 1.21.  The state passes (ks, b_dhu)
+ * ONE_SM_NTH threads (dr_chunk_mma.cuh): against 8 warps (ncu, S1) kp, ko, dqkwg and wy take 12-19 %
+ * less time, the fused qkwy 40 % less (its 206 KB of code at 8 warps did not stay in the instruction
+ * cache, and its warps stalled on instruction fetch; 135 KB at 16).  The state passes (ks, b_dhu)
  * keep FNT. */
 /* Row stride (floats) of the cumulative gate tile sG [64][gstride(K)] in shared memory: K + 8,
  * not K.  The kernels read it in the mma accumulator layout, where the lanes of one access sit

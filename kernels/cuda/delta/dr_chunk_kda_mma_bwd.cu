@@ -27,15 +27,14 @@
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
  * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
- * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel was the slower of the two: its
- * 206 KB of straight-line code, each instruction run about once per block, did not stay in the
- * instruction cache, and its warps waited for instructions (ncu: 43k cycles a warp, against
+ * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel is the slower of the two: its
+ * 206 KB of straight-line code, each instruction run about once per block, does not stay in the
+ * instruction cache, and its warps wait for instructions (ncu: 43k cycles a warp, against
  * 0.6k-0.7k for each unfused half of 112-114 KB).  With 16 warps each thread's accumulator tiles
- * are half as wide, and so is the code unrolled over them (135 KB): measured on an H200 at S1
- * (B8 T2048 H16 K=V=128, ncu), fused 1.98 ms against dqkwg + wy 1.26 + 1.21 = 2.47 (20 % less:
- * the dW, dk, dG round trip and the second gate load and scan are gone); with dU in flight during
- * part A (QkL::PFU), H100: fused 1.90 ms against 1.23 + 1.16 (21 % less), fwd+bwd 4.14 ms fused,
- * 4.57 unfused (docs/PERF_KERNELS.md, session 9). */
+ * are half as wide, and so is the code unrolled over them (135 KB), and the fused kernel takes
+ * about 20 % less time than dqkwg + wy (ncu, H100 and H200, S1 = B8 T2048 H16 K=V=128: the dW,
+ * dk, dG round trip and the second gate load and scan are gone; dU is in flight during part A,
+ * QkL::PFU); fwd+bwd about 10 % less. */
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 
 namespace drc {

@@ -1,6 +1,6 @@
 /* The tensor-core kda forward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
  * Tiles and warp products from dr_chunk_mma.cuh, the gated in-chunk product from dr_chunk_kda.cuh.
- * Same math as the generic kernels (dr_chunk_generic.cu), per chunk of L <= 64 rows and value head
+ * Same math as the generic kernels (dr_chunk_generic.cuh), per chunk of L <= 64 rows and value head
  * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
  *   prep  (block per chunk, head):
  *         A  = diag(beta) strictly_lower(M),  M_ij = sum_c k_ic k_jc e^{G_ic - G_jc}  [gated_tri]
@@ -21,11 +21,10 @@
  *         a forward that keeps its working set also stores P and Qg here (prep's extras = 1)
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
- * Measured (H100 80GB HBM3, S1 = B8 T2048 H16 K=V=128, ncu, session 4: wide form, plain W, U, Kd,
- * V'): prep 1.03 ms, state 0.25, out 0.59 (0.67 when it also stores P, Qg for the backward);
- * forward 1.98 ms by CUDA events (session 3: 3.9 ms; FLA 1.19 ms).  prep and out run one block
- * per multiprocessor (about 220 KB and 200 KB of shared memory): latency-bound; both in blocks of
- * 16 warps since session 9 (ONE_SM_NTH; H100, ncu: prep 0.88 ms, state 0.28, out 0.56). */
+ * prep and out run one block per multiprocessor (about 220 KB and 200 KB of shared memory) and are
+ * latency-bound, so their blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that
+ * gains); prep takes the most time of the three (ncu, H100, S1 = B8 T2048 H16 K=V=128: about 3x
+ * the state pass, 1.6x out). */
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 

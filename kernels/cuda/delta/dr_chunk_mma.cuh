@@ -20,19 +20,19 @@
  *     split: 1.9e-3).  U is then bf16, in the first half of its f32 buffer.
  *   - S stays split: with S plain too, dbeta reached 1.0e-2 (over the bound) and dg 4e-3 in one
  *     of 30 draws of that small case (T = 512, 2048: <= 2.5e-3, which alone had looked safe).
- *   - GATE NONE, W and U plain (session 3, on the H100, tests/test_cuda_dr_chunk.c): <= 3.2e-3 (o)
- *     at T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases; delta_rule S1
- *     fwd+bwd 3.02 -> 2.70 ms.  V' plain too since session 10 (H100, test_cuda_dr_chunk): o 3.8e-3
- *     at T = 8192 (V' split: 3.2e-3), worst of 40 random T = 1 draws 2.9e-3 (dk, dbeta; split: the
- *     same), of 12 T = 130 draws 2.9e-3 (dk; split 2.6e-3); delta_rule fwd+bwd S1 2.341 -> 2.235 ms,
- *     S2 2.506 -> 2.387 (the state pass stores half the V' bytes and its K^T V' takes one mma pass
- *     less, as do the backward's products with V').  FLA's own delta_rule is 5.4e-3 from ours on
- *     the side by side's inputs (docs/PERF.md).
+ *   - GATE NONE, W and U plain (on the H100, tests/test_cuda_dr_chunk.c): <= 3.2e-3 (o) at
+ *     T = 8192, K = V = 128 (split: 2.5e-3); <= 2.9e-3 in the small cases; delta_rule S1 fwd+bwd
+ *     11 % faster.  V' plain too (H100, test_cuda_dr_chunk): o 3.8e-3 at T = 8192 (V' split:
+ *     3.2e-3), worst of 40 random T = 1 draws 2.9e-3 (dk, dbeta; split: the same), of 12 T = 130
+ *     draws 2.9e-3 (dk; split 2.6e-3); delta_rule fwd+bwd 5 % faster at S1 and S2 (the state pass
+ *     stores half the V' bytes and its K^T V' takes one mma pass less, as do the backward's
+ *     products with V').  FLA's own delta_rule is 5.4e-3 from ours on the side by side's inputs
+ *     (docs/PERF.md).
  *   - dS, dV', Ai, dW stay split for both gates: plain dS and dV' gave 3.4e-3 in dbeta; dS alone
- *     plain fails test_dr_chunk_bf16_draws (worst of 40 random T = 1 draws, session 7): dg 5.9e-3
- *     with the head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
+ *     plain fails test_dr_chunk_bf16_draws (worst of 40 random T = 1 draws): dg 5.9e-3 with the
+ *     head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
  *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
- *     still drive the recurrence and the backward): o 1.7e-3 -> 2.5e-3 without a gate.
+ *     still drive the recurrence and the backward): o 2.5e-3 against 1.7e-3 split, without a gate.
  *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
  * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
@@ -104,9 +104,9 @@ inline int64_t sm_count() {
 /* Value columns per block of the state passes (their BV template argument): 64, or 32 when the
  * blocks of 64 columns would leave multiprocessors idle.  The passes are chains of dependent
  * chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks of 64
- * columns for 132 SMs) 32 columns give twice the chains, each half the work a step.  H100: S2
- * GDN fwd+bwd 3.94 -> 3.38 ms, delta_rule 4.34 -> 3.49; at S1 (256 blocks of 64) 32 columns were
- * slower (2.77 -> 2.97 ms: the W, K loads of a step are repeated by four blocks instead of two). */
+ * columns for 132 SMs) 32 columns give twice the chains, each half the work a step (H100, S2:
+ * GDN fwd+bwd 14 % faster, delta_rule 20 %).  At S1 (256 blocks of 64) 32 columns are 7 % slower:
+ * the W, K loads of a step are repeated by four blocks instead of two. */
 inline int state_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sm_count() ? 32 : 64; }
 
 /* Value columns of a block of the backward state passes (b_dhu_ws, KDA's b_dhu): 32 when the
@@ -194,7 +194,7 @@ __device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, in
 
 /* Which computed operands are plain bf16 (one word, see the top of this file), wherever they are
  * stored, loaded or multiplied */
-template <int GATE> struct Plain { /* (the same for both gates since session 10) */
+template <int GATE> struct Plain { /* (the same for both gates) */
     static constexpr bool W = true, U = true, Vn = true, S = false;
 };
 

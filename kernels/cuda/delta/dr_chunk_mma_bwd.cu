@@ -1,7 +1,7 @@
 /* The tensor-core chunked delta-rule backward (bf16 storage, gate NONE or HEAD, chunk 64, K and
  * V in {64, 128}); building blocks in dr_chunk_mma.cuh, the recompute of W, U, the states and V'
  * in dr_chunk_mma_fwd.cu.  Same math and the same variants as the generic backward
- * (dr_chunk_generic.cu, after kernels/cpu/delta/dr_chunk_bwd_impl.h):
+ * (dr_chunk_generic.cuh, after kernels/cpu/delta/dr_chunk_bwd_impl.h):
  *   dhu    (b_dhu_ws: block per sequence, head, tile of 32 or 64 value columns; chunks in
  *          reverse; dS in registers of one group of warps, P^T dO and the loads made ahead of
  *          it by a second group):
@@ -16,7 +16,7 @@
  *          dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dg = reverse cumsum of dG
  *   kda_fused = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
  *   the partial dk and dG through global memory.
- * W and V' come plain bf16 (Plain<GATE>, dr_chunk_mma.cuh; without a gate too since session 10):
+ * W and V' come plain bf16 for both gates (Plain<GATE>, dr_chunk_mma.cuh):
  * their lo arrays are not read and the products with them take one mma pass less; S, dS, dV', Ai,
  * dW stay split. */
 #include <type_traits>
@@ -58,8 +58,8 @@ template <int K, int BV> struct DhuWsSmem {
 
 /* The backward state pass, block per (sequence, value head, tile of BV value columns v0 ..; BV =
  * dhu_bv: 32 when all blocks fit on the GPU at once, S2, else 64, S1), one block of 512 threads
- * per SM, its intra-chunk part made by a second group of warps.  Same outputs, bit for bit, as the
- * single-group kernel it replaced (b_dhu until session 8: the same products in the same order).
+ * per SM, its intra-chunk part made by a second group of warps.  Same outputs, bit for bit, as a
+ * single group of warps doing all of it (the same products in the same order).
  *   maker (warps 8-15), up to two chunks ahead of the chain: loads chunk c's q, k, dO and gate
  *        into a slot and makes dVl = P^T dO, P = scale lower(Q K^T o Gamma): nothing of it
  *        depends on dS
@@ -68,14 +68,12 @@ template <int K, int BV> struct DhuWsSmem {
  *        X = scale e^G o dO
  * The chain loads W itself (cp.async, waited for before W^T dV'), stores dV' (at 32 columns before
  * it makes X; at 64 as rows after the step's last product, DV_ROWS below), and so waits for no
- * load and makes no P: three barriers of its 256 threads a step against
- * b_dhu's six of the whole block.  H100, head gate (ncu): S2 725 us against b_dhu's 940; S1 (64
- * columns, 256 blocks in two waves) 549 against b_dhu's 591 at two blocks per SM (32 columns at
- * S1, 512 blocks in four waves, were slower: delta_rule 705 against 510).  Measured at S2 and
- * dropped: W loaded by the maker (whose loads are waited for at once), 860 us; the chain's step
- * in two barriers (Q^T X before dV' is stored), 815 us; X made by the maker, slower still; one
- * mbarrier arrival a warp (after __syncwarp) instead of one a thread, no faster, and the race
- * check no longer follows it.
+ * load and makes no P: three barriers of its 256 threads a step, against six of the whole block
+ * for a single group (H100, head gate, ncu: 23 % less time at S2, 7 % at S1 with 64 columns, 256
+ * blocks in two waves; 32 columns at S1, 512 blocks in four waves, are slower).  Slower at S2:
+ * W loaded by the maker (whose loads are waited for at once), the chain's step in two barriers
+ * (Q^T X before dV' is stored), X made by the maker; one mbarrier arrival a warp (after
+ * __syncwarp) instead of one a thread is no faster, and the race check does not follow it.
  * Hand-over by mbarriers (the sanitizer's race check follows them; a bar.arrive / bar.sync pair
  * across the groups it does not): full[s] completes a phase when the maker's 256 threads have
  * filled slot s, empty[s] when the chain's 256 threads have read it for the last time; the u-th
@@ -172,9 +170,9 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     /* dV' to memory: at 64 columns (S1) from -dV' in sN at the step's end, 16-byte rows with the
      * sign bits flipped back (split2 is odd: the values put_pair_global would store, a lo word of
      * exactly zero coming back as -0): off the chain's path between K dS and the next barrier
-     * (H100, S1: dhu 0.418 -> 0.379 ms).  At 32 (S2, 128 steps a chain) pair by pair from the
-     * fragments: the rows there were no faster (session 14: GDN S2 2.41-2.44 -> 2.45-2.46;
-     * session 13, placed mid-step: slower), nor was dS stored after Q^T X instead */
+     * (H100, S1: 9 % less time in dhu).  At 32 (S2, 128 steps a chain) pair by pair from the
+     * fragments: rows there are no faster at the step's end and slower mid-step, nor is storing
+     * dS after Q^T X instead any faster */
     constexpr bool DV_ROWS = BV == 64;
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp);
     float dS[1][TS::NT][4];
@@ -377,8 +375,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
         bsync();
         /* S0 -> dS1 in place.  The head gate's trace(S0^T dS1) needs both, so it loads dS1 into
-         * registers, adds the trace and stores it over S0, then B; without a gate (no trace: session
-         * 11) dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
+         * registers, adds the trace and stores it over S0, then B; without a gate (no trace)
+         * dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
          * (ncu, H100, delta_rule S1: 5 % of qkwy's stall samples were those loads' wait) */
         float tr = 0.0f;
         const auto phase_b = [&] { /* B: dKd = V' dS1^T */
@@ -648,10 +646,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
 }
 
 /* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of ONE_SM_NTH threads (16 warps) per
- * (chunk, head).  Against 8 warps, H100 S1: fused head-gate qkwy 1.406 -> 1.323 ms (ncu), GDN
- * fwd+bwd 2.45 -> 2.38 ms, S2 2.65 -> 2.58 (session 9); delta_rule, 1 % slower at 16 then, takes
- * them since its V' is plain (session 10): qkwy 1.012 -> 0.99 ms, fwd+bwd S1 2.244 -> 2.207, S2
- * 2.387 -> 2.370. */
+ * (chunk, head).  Against 8 warps (H100, S1, ncu): the fused head-gate qkwy takes 6 % less time,
+ * GDN's fwd+bwd 3 % less at S1 and S2; delta_rule's qkwy 2 % less, its fwd+bwd under 2 %. */
 template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkSmem<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");

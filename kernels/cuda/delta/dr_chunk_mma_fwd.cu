@@ -1,6 +1,6 @@
 /* The tensor-core chunked delta-rule forward (bf16 storage, gate NONE or HEAD, chunk 64, K and V
  * in {64, 128}); the building blocks are in dr_chunk_mma.cuh.  Same math as the generic kernels
- * (dr_chunk_generic.cu), per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
+ * (dr_chunk_generic.cuh), per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head):  A = diag(beta) strictly_lower(K K^T o Gamma)  [mma, exact]
  *          Ai = (I + A)^-1     [f32: diagonal blocks by substitution, merges on tensor cores]
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
@@ -11,7 +11,7 @@
  *          stores S (entering each chunk, split) and V'
  *   out    (block per chunk, head, all V value columns):  O = scale e^G o (Q S) + P V',
  *          P = scale lower_incl(Q K^T o Gamma)                 [mma; P split, S and V' hi only]
- * W, U and V' are plain bf16 (Plain<GATE>, dr_chunk_mma.cuh: for both gates since session 10; U
+ * W, U and V' are plain bf16 (Plain<GATE>, dr_chunk_mma.cuh: for both gates; U
  * instead of f32): one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT).
  * With the L2 norm in the forward (Io::l2k), prep normalises the raw k as it loads it and out the
@@ -205,7 +205,7 @@ template <> struct UPair<true> { using type = uint32_t; };
  * steps one after another per block) U is prefetched too (state_prefetch_u), and two sets still
  * leave two blocks per SM.  With 64 (S1) the second set fits beside two blocks per SM only with V'
  * in S's place (state_vn_in_s: one barrier more a step) and U loaded from device memory into
- * registers as without the prefetch.  H100, S2: W and K prefetched: GDN fwd 1.307 -> 1.261 ms. */
+ * registers as without the prefetch.  H100, S2: W and K prefetched, GDN's forward takes 3.5 % less. */
 template <int GATE, int BV> constexpr bool state_prefetch() { return (BV == 32 || BV == 64) && Plain<GATE>::W && Plain<GATE>::U; }
 template <int GATE, int BV> constexpr bool state_prefetch_u() { return BV == 32 && state_prefetch<GATE, BV>(); }
 template <int GATE, int BV> constexpr bool state_vn_in_s() { return BV == 64 && state_prefetch<GATE, BV>(); }
@@ -247,9 +247,9 @@ __global__ void __launch_bounds__(FNT, 2)
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     /* this thread's index for the tile copies of a step.  BV = 64: read where used, so that the
-     * offsets made from it are not kept live across the step (they were spilled and reloaded: see
-     * tid_fresh); BV = 32 has the registers, and a longer chain of steps (S2: 128) that the
-     * offsets' arithmetic would lengthen (H100, S2: fwd +12..16 us) */
+     * offsets made from it are not kept live across the step (kept live, they are spilled and
+     * reloaded: see tid_fresh); BV = 32 has the registers, and a longer chain of steps (S2: 128)
+     * that the offsets' arithmetic would lengthen (H100, S2: about 1 % of the forward) */
     const auto copy_tid = [] { return BV == 64 ? tid_fresh() : (int)threadIdx.x; };
     auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
         const Chunk x = seq_chunk(G, n, c0, cc);
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(FNT, 2)
         const Sp sW{base + 2 * pair * T, PF ? 0 : T};
         uint16_t *sK = PF ? base + (2 * pair + 1) * T : base + 2 * T;
         /* this thread's U pairs (U from device memory: loaded first, so that their latency passes
-         * under the barrier and S's stores; loaded just before W S, they were waited for after it:
+         * under the barrier and S's stores; loaded just before W S, they are waited for after it:
          * ncu, H100, S1, 9 % of the stall samples) */
         const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
         typename UPair<PU>::type u[TV::NT][2];
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(FNT, 2)
                     }
             }
             /* the gate factors of this thread's two rows, e^{G_last - G_i}, made before the product
-             * (read after it, sG waited behind the barrier and the exponentials were made per
+             * (read after it, sG waits behind the barrier and the exponentials are made per
              * element: ncu, H100, S1, 8 % of f_state's stall samples on those loads) */
             float eg[2] = {1.0f, 1.0f};
             if (GATE == DG_GATE_HEAD) {
@@ -361,7 +361,7 @@ template <int K, int OB> struct OutSmem { /* OB: the value columns of a block */
                                  tile_bytes(64, OB) + 2 * tile_bytes(64, 64);
 };
 
-/* block per (chunk, value head, tile of OB value columns; out_cols: all of them since session 6,
+/* block per (chunk, value head, tile of OB value columns; out_cols: all of them, so that
  * each block loads Q, K and makes P once: with S and V' plain two blocks of V = 128 columns still
  * fit on a multiprocessor).  S and V' enter as their hi words only, for both gates
  * (dr_chunk_mma.cuh: o 2.5e-3 against 1.7e-3 split; the lo arrays, where written, are for the
@@ -472,8 +472,8 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool for_bwd) {
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     /* plain operands (Plain<GATE>) get no lo array (their lo pointer aliases the hi one, and no
-     * kernel touches it) and plain U is bf16: 0.74 -> 0.54 GB at S1 with the head gate (and
-     * without a gate since V' is plain there too, session 10) */
+     * kernel touches it) and plain U is bf16: 0.54 GB at S1 with the head gate against 0.74 with
+     * every operand split (and as much without a gate, where V' is plain too) */
     const bool head = G.gate == DG_GATE_HEAD;
     const bool pw = head ? Plain<DG_GATE_HEAD>::W : Plain<DG_GATE_NONE>::W;
     const bool pu = head ? Plain<DG_GATE_HEAD>::U : Plain<DG_GATE_NONE>::U;

@@ -11,10 +11,10 @@
  * inverse take it as such split words anyway; in the emulator, unit keys, beta < 2, keys up to
  * strongly correlated: ||Y - Y_f64|| / ||Y_f64|| <= 1.7e-5 bf16, 4e-7 fp16, 3.5e-7 the f32 merges
  * before).  The fragments are built straight from the f32 matrices in shared memory (scalar
- * loads, split in registers: no 16-bit copies of A or Y).  The merges had been scalar f32 dot
- * products, two shared loads an FMA: ~5k warp-level loads a block, ~80 of the head-gate prep's
- * ~310 us (H100, 4096 blocks); now 208 warp-level loads (4-way bank conflicts: a fragment's
- * elements (g, 2t) lie in bank g + 2t), 48 stores and 96 mma a block.
+ * loads, split in registers: no 16-bit copies of A or Y).  As scalar f32 dot products, two shared
+ * loads an FMA, the merges would take ~5k warp-level loads a block, about a quarter of the
+ * head-gate prep's time (H100, 4096 blocks); as mma they take 208 warp-level loads (4-way bank
+ * conflicts: a fragment's elements (g, 2t) lie in bank g + 2t), 48 stores and 96 mma a block.
  * Unblocked (blocked = 0): substitution over the whole matrix, CUDA cores only. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_TRI_INV_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_TRI_INV_CUH

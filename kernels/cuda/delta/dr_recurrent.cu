@@ -33,9 +33,9 @@
  * Storage of q, k, v, beta, o and their gradients: f32, bf16 or fp16 (__half), f32 arithmetic.
  *
  * Speed (H200, B8 T2048 H=HV=16 K=V=128, head gate, f32): forward 5.1 ms, backward 26.6 ms (bf16
- * storage: 5.4 / 27.8 ms); latency bound, one dependent chain of 2048 steps per block.  A version
- * that loaded the next token's inputs during the current step was slower (6.9 / 39 ms: more
- * registers, fewer resident blocks).  The chunked kernels are the fast path. */
+ * storage: 5.4 / 27.8 ms); latency bound, one dependent chain of 2048 steps per block.  Loading
+ * the next token's inputs during the current step is slower (6.9 / 39 ms: more registers, fewer
+ * resident blocks).  The chunked kernels are the fast path. */
 #include "kernels/cuda/cuda_util.h"
 
 #include <math.h>

@@ -1,0 +1,279 @@
+/* The generic chunked delta-rule kernels: f32 arithmetic on f32, bf16 or fp16 storage, every gate kind
+ * (NONE, HEAD, CHANNEL), chunk 16/32/64, any V, K <= 256.  The math is that of the CPU kernels
+ * (kernels/cpu/delta/dr_chunk_fwd_impl.h, dr_chunk_bwd_impl.h), with FLA's structure of parallel and
+ * sequential stages.  Per chunk of L rows (value head hv, key head h = hv / (HV/H)), G the
+ * chunk-local cumulative gate and Gamma(i,j) = exp(G_i - G_j) for i >= j (per channel c for
+ * CHANNEL gates, where it goes inside the sums over c; every exponent is <= 0, so nothing
+ * overflows however strong the decay):
+ *   Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk,  Ai = (I + A)^-1
+ *   W = Ai diag(beta) (exp(G) o K),   U = Ai diag(beta) V,   P = scale lower_incl(Q K^T o Gamma)
+ *   state pass: V' = U - W S;  S <- exp(G_last) S + (exp(G_last - G) o K)^T V'
+ *   output:     O = scale (exp(G) o Q) S_in + P V'
+ * Kernels (one launch each):
+ *   prep    block per (chunk, hv):           G, Mkk, A, Ai, W, U, P       (parallel over chunks)
+ *   state   block per (seq, hv, V tile):      V', the chunk states S_in   (sequential in chunks)
+ *   out     block per (chunk, hv, V tile):    O                            (parallel)
+ *   dhu     block per (seq, hv, V tile):      dV', dS (reverse)           (sequential)
+ *   dqkwg   block per (chunk, hv):            dq, dk, dW, dG of the output and state terms
+ *   wy      block per (chunk, hv):            WY backward: dk, dv, dbeta, dG; dg = rev cumsum dG
+ *           (kda_fused: dqkwg and wy in one kernel, dW and dG in shared memory; otherwise two
+ *            kernels with dW and dG in global scratch)
+ *   gva     dq, dk summed over the value heads of each key head, stored in the storage type.
+ * Scratch (f32): G [rows,HV,gs]; W [rows,HV,K]; U/V' [rows,HV,V]; P, Ai, Mkk [rows,HV,C];
+ * states S_in and dS_out [nchunks,HV,K,V]; dV' [rows,HV,V]; per value head dq, dk [rows,HV,K];
+ * unfused: dW [rows,HV,K], dG [rows,HV,gs].
+ * This header holds what the forward and the backward share: the gate factors, the per-chunk
+ * pointers, prep and the state pass (both run them; the backward to recompute).  The forward
+ * (out) is dr_chunk_generic_fwd.cu, the backward (dhu, dqkwg, wy, gva) dr_chunk_generic_bwd.cu.
+ * Everything here is in an unnamed namespace: each of the two files has its own copy. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_GENERIC_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_GENERIC_CUH
+
+#include "kernels/cuda/delta/dr_chunk_internal.cuh"
+
+namespace drc {
+namespace {
+
+constexpr int NT = 256; /* threads of every generic kernel */
+constexpr int NW = NT / 32;
+
+/* exp(G_i - G_j) of channel c (G rows with their gate values), exp(G_i), for each gate kind */
+template <int GATE>
+__device__ __forceinline__ float gam(const float *Gi, const float *Gj, int c) {
+    if (GATE == DG_GATE_NONE) return 1.0f;
+    if (GATE == DG_GATE_HEAD) return expf(Gi[0] - Gj[0]);
+    return expf(Gi[c] - Gj[c]);
+}
+template <int GATE> __device__ __forceinline__ float gexp(const float *Gi, int c) {
+    if (GATE == DG_GATE_NONE) return 1.0f;
+    if (GATE == DG_GATE_HEAD) return expf(Gi[0]);
+    return expf(Gi[c]);
+}
+
+/* Per (chunk, value head) pointers. */
+template <typename T> struct CP {
+    int64_t r0;
+    int L, hv, h;
+    int64_t ldq, ldv, ldg, ldc, ldk; /* H*K, HV*V, HV*gs, HV*C, HV*K */
+    int64_t oq, ov, og, oc, ok, ob;  /* offsets of row r0 in q/k, v, G, [.,C], [.,K], beta */
+};
+template <typename T> __device__ __forceinline__ CP<T> cp_at(const Geom &G, int64_t c, int hv) {
+    CP<T> p;
+    Chunk ch = chunk_at(G, c);
+    p.r0 = ch.r0, p.L = ch.L, p.hv = hv, p.h = hv / G.grp;
+    p.ldq = (int64_t)G.H * G.K, p.ldv = (int64_t)G.HV * G.V, p.ldg = (int64_t)G.HV * G.gs;
+    p.ldc = (int64_t)G.HV * G.C, p.ldk = (int64_t)G.HV * G.K;
+    p.oq = (p.r0 * G.H + p.h) * G.K;
+    p.ov = (p.r0 * G.HV + hv) * G.V;
+    p.og = (p.r0 * G.HV + hv) * G.gs;
+    p.oc = (p.r0 * G.HV + hv) * G.C;
+    p.ok = (p.r0 * G.HV + hv) * G.K;
+    p.ob = p.r0 * G.HV + hv;
+    return p;
+}
+
+/* ---------------------------------------------------------------- prep (forward, and backward
+ * recompute): cumsum -> Gc; Mkk, A; Ai; W, U; P.  Smem: b[C], Gh[C], A, Y, Tmp [C*C]. */
+template <typename T, int GATE>
+__global__ void __launch_bounds__(NT)
+    k_prep(Geom G, const T *q, const T *k, const T *v, const float *g, const T *beta, float *Gc,
+           float *W, float *U, float *P, float *Ai_out, float *Mkk_out, int blocked) {
+    DRC_SMEM(float, sm);
+    const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const CP<T> p = cp_at<T>(G, blockIdx.x / HV, (int)(blockIdx.x % HV));
+    const int L = p.L;
+    float *sb = sm, *sh = sb + C, *sA = sh + C, *sY = sA + C * C, *sT = sY + C * C;
+    const T *kc = k + p.oq, *qc = q + p.oq, *vc = v + p.ov;
+    float *Gcc = GATE != DG_GATE_NONE ? Gc + p.og : nullptr;
+    /* G = chunk-local cumsum of g */
+    if (GATE != DG_GATE_NONE)
+        for (int j = tid; j < G.gs; j += NT) {
+            float a = 0.0f;
+            for (int i = 0; i < L; i++) {
+                a += g[p.og + i * p.ldg + j];
+                Gcc[i * p.ldg + j] = a;
+            }
+        }
+    for (int i = tid; i < C; i += NT) sb[i] = i < L ? ldx(beta + p.ob + i * (int64_t)HV) : 0.0f;
+    bsync();
+    for (int i = tid; i < C; i += NT) sh[i] = GATE == DG_GATE_HEAD && i < L ? Gcc[i * p.ldg] : 0.0f;
+    /* Mkk_ij = sum_c k_ic k_jc Gamma(i,j,c) (j < i);  A = diag(beta) Mkk */
+    for (int e = tid; e < C * C; e += NT) {
+        int i = e / C, j = e % C;
+        float m = 0.0f;
+        if (j < i && i < L) {
+            const T *ki = kc + i * p.ldq, *kj = kc + j * p.ldq;
+            if (GATE == DG_GATE_CHANNEL) {
+                const float *Gi = Gcc + i * p.ldg, *Gj = Gcc + j * p.ldg;
+                for (int c = 0; c < K; c++) m += ldx(ki + c) * ldx(kj + c) * expf(Gi[c] - Gj[c]);
+            } else {
+                for (int c = 0; c < K; c++) m += ldx(ki + c) * ldx(kj + c);
+                if (GATE == DG_GATE_HEAD) m *= expf(Gcc[i * p.ldg] - Gcc[j * p.ldg]);
+            }
+            if (Mkk_out) Mkk_out[p.oc + i * p.ldc + j] = m;
+        }
+        sA[e] = sb[i] * m;
+        sY[e] = 0.0f;
+    }
+    bsync();
+    /* Y = (I + A)^-1: forward substitution by columns, Y_ic = delta_ic - sum_{c<=j<i} A_ij Y_jc,
+     * either over the whole chunk or inside each 16 x 16 diagonal block (blocked) */
+    const int bs = blocked ? 16 : C;
+    const int nb = (L + bs - 1) / bs;
+    for (int t = tid; t < nb * bs; t += NT) {
+        int b0 = t / bs * bs, col = t;
+        if (col >= L) continue;
+        int i1 = b0 + bs < L ? b0 + bs : L;
+        sY[col * C + col] = 1.0f;
+        for (int i = col + 1; i < i1; i++) {
+            float s = 0.0f;
+            for (int j = col; j < i; j++) s += sA[i * C + j] * sY[j * C + col];
+            sY[i * C + col] = -s;
+        }
+    }
+    bsync();
+    /* blocked: block rows I = 1.. in order: Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]) for J < I */
+    for (int i0 = bs; blocked && i0 < L; i0 += bs) {
+        int i1 = i0 + bs < L ? i0 + bs : L;
+        for (int e = tid; e < (i1 - i0) * i0; e += NT) {
+            int i = i0 + e / i0, c = e % i0;
+            float s = 0.0f;
+            for (int m = c; m < i0; m++) s += sA[i * C + m] * sY[m * C + c];
+            sT[i * C + c] = s;
+        }
+        bsync();
+        for (int e = tid; e < (i1 - i0) * i0; e += NT) {
+            int i = i0 + e / i0, c = e % i0;
+            float s = 0.0f;
+            for (int m = i0; m <= i; m++) s += sY[i * C + m] * sT[m * C + c];
+            sY[i * C + c] = -s;
+        }
+        bsync();
+    }
+    if (Ai_out)
+        for (int e = tid; e < L * C; e += NT) {
+            int i = e / C, j = e % C;
+            if (j <= i) Ai_out[p.oc + i * p.ldc + j] = sY[i * C + j];
+        }
+    /* W_ic = sum_{j<=i} Y_ij beta_j exp(G_jc) k_jc;  U_iv = sum_{j<=i} Y_ij beta_j v_jv */
+    for (int e = tid; e < L * K; e += NT) {
+        int i = e / K, c = e % K;
+        float s = 0.0f;
+        for (int j = 0; j <= i; j++) {
+            float kb = sb[j] * ldx(kc + j * p.ldq + c);
+            if (GATE == DG_GATE_HEAD) kb *= expf(sh[j]);
+            if (GATE == DG_GATE_CHANNEL) kb *= expf(Gcc[j * p.ldg + c]);
+            s += sY[i * C + j] * kb;
+        }
+        W[p.ok + i * p.ldk + c] = s;
+    }
+    for (int e = tid; e < L * V; e += NT) {
+        int i = e / V, c = e % V;
+        float s = 0.0f;
+        for (int j = 0; j <= i; j++) s += sY[i * C + j] * (sb[j] * ldx(vc + j * p.ldv + c));
+        U[p.ov + i * p.ldv + c] = s;
+    }
+    /* P_ij = scale sum_c q_ic k_jc Gamma(i,j,c), j <= i */
+    for (int e = tid; e < L * L; e += NT) {
+        int i = e / L, j = e % L;
+        if (j > i) continue;
+        const T *qi = qc + i * p.ldq, *kj = kc + j * p.ldq;
+        float m = 0.0f;
+        if (GATE == DG_GATE_CHANNEL) {
+            const float *Gi = Gcc + i * p.ldg, *Gj = Gcc + j * p.ldg;
+            for (int c = 0; c < K; c++) m += ldx(qi + c) * ldx(kj + c) * expf(Gi[c] - Gj[c]);
+        } else {
+            for (int c = 0; c < K; c++) m += ldx(qi + c) * ldx(kj + c);
+            if (GATE == DG_GATE_HEAD) m *= expf(sh[i] - sh[j]);
+        }
+        P[p.oc + i * p.ldc + j] = G.scale * m;
+    }
+}
+
+/* Decay of state row r over chunk (rows 0..L-1): exp(G_last,r) */
+template <int GATE> __device__ __forceinline__ float last_decay(const float *Gl, int r) {
+    return gexp<GATE>(Gl, r);
+}
+
+/* ---------------------------------------------------------------- state pass, block per
+ * (sequence n, value head hv, V tile of BV columns).  UV holds U on entry and V' on exit.
+ * Smem: S [K*BV], X [C*K], Vn [C*BV], dec [K]. */
+template <typename T, int GATE>
+__global__ void __launch_bounds__(NT)
+    k_state(Geom G, int BV, const T *k, const float *Gc, const float *W, float *UV,
+            const float *h0, float *hT, float *Hst) {
+    DRC_SMEM(float, sm);
+    const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const int NVT = (V + BV - 1) / BV;
+    const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);
+    const int64_t n = blockIdx.x / NVT / HV;
+    const int j0 = vt * BV, nbv = V - j0 < BV ? V - j0 : BV;
+    float *sS = sm, *sX = sS + K * BV, *sV = sX + C * K, *sdec = sV + C * BV;
+    const int64_t hb = (n * HV + hv) * (int64_t)K * V + j0;
+    for (int e = tid; e < K * BV; e += NT) {
+        int r = e / BV, j = e % BV;
+        sS[e] = h0 && j < nbv ? h0[hb + (int64_t)r * V + j] : 0.0f;
+    }
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    bsync();
+    for (int64_t c = c0; c < c1; c++) {
+        const CP<T> p = cp_at<T>(G, c, hv);
+        const int L = p.L;
+        if (Hst) {
+            const int64_t sb = (c * HV + hv) * (int64_t)K * V + j0;
+            for (int e = tid; e < K * BV; e += NT) {
+                int r = e / BV, j = e % BV;
+                if (j < nbv) Hst[sb + (int64_t)r * V + j] = sS[e];
+            }
+        }
+        for (int e = tid; e < L * K; e += NT) sX[e] = W[p.ok + (e / K) * p.ldk + e % K];
+        bsync();
+        /* V' = U - W S */
+        for (int e = tid; e < L * BV; e += NT) {
+            int i = e / BV, j = e % BV;
+            if (j >= nbv) {
+                sV[e] = 0.0f;
+                continue;
+            }
+            float s = 0.0f;
+            for (int r = 0; r < K; r++) s += sX[i * K + r] * sS[r * BV + j];
+            float *u = UV + p.ov + i * p.ldv + j0 + j;
+            s = *u - s;
+            *u = s;
+            sV[e] = s;
+        }
+        bsync();
+        /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
+        const float *Gl = GATE != DG_GATE_NONE ? Gc + p.og + (L - 1) * p.ldg : nullptr;
+        for (int e = tid; e < L * K; e += NT) {
+            int i = e / K, r = e % K;
+            float kk = ldx(k + p.oq + i * p.ldq + r);
+            if (GATE != DG_GATE_NONE) kk *= gam<GATE>(Gl, Gc + p.og + i * p.ldg, r);
+            sX[e] = kk;
+        }
+        for (int r = tid; r < K; r += NT) sdec[r] = last_decay<GATE>(Gl, r);
+        bsync();
+        for (int e = tid; e < K * BV; e += NT) {
+            int r = e / BV, j = e % BV;
+            float s = sdec[r] * sS[e];
+            for (int i = 0; i < L; i++) s += sX[i * K + r] * sV[i * BV + j];
+            sS[e] = s;
+        }
+        bsync();
+    }
+    if (hT)
+        for (int e = tid; e < K * BV; e += NT) {
+            int r = e / BV, j = e % BV;
+            if (j < nbv) hT[hb + (int64_t)r * V + j] = sS[e];
+        }
+}
+
+int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
+/* (the largest shared-memory request, the fused backward at K = 256 and C = 64, is 196864 bytes,
+ * under the 232448 a block may have on sm_90; plan_init rejects K > 256) */
+
+} // namespace
+} // namespace drc
+
+#endif
