@@ -45,7 +45,7 @@
  *            (recompute W, U and the states; dv local (K Q^T) dO; the state gradient recurrence
  *            Q^T dO, K dS, W^T dv; dq, dk, dw inter-chunk; the WY backward A^T dw, A^T du,
  *            dw (beta K)^T, du (beta V)^T, dA K, dA^T K and dA = -T^T dA T^T: 4 C^3)
- *   as bench/dr_chunk_bench.c ("dense").  Bytes: the compulsory traffic, each input read once
+ *   (every product counted dense).  Bytes: the compulsory traffic, each input read once
  *   and each output written once per pass (bf16 / fp16 2 bytes, f32 4; G = 0, 1 or K gate values per
  *   token and value head for delta_rule, gated_delta_rule, kda):
  *   forward  B T (H (2K + 2K) + HV (2V + 2 + 4G + 2V))                     q, k, v, beta, g; o

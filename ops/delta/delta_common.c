@@ -284,7 +284,7 @@ enum { SAVED_KEEP, SAVED_Q, SAVED_K, SAVED_RQ, SAVED_RK, SAVED_G, SAVED_N };
 static bool saved_work(const dg_node *n) { return n->n_saved == SAVED_N; }
 
 /* norm: run the L2 norm of q, k here (use_qk_l2norm_in_kernel); false: only make room for its
- * results (p->q, p->k, p->rq, p->rk), the forward's kernels fill them (dg_delta_k_fwd_l2) */
+ * results (p->q, p->k, p->rq, p->rk), the forward fills them (dg_delta_call.l2) */
 static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     const bool saved = saved_work(n); /* the backward of a forward that kept its work */

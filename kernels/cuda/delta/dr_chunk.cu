@@ -1,6 +1,6 @@
 /* Entry points of the chunked delta-rule CUDA kernels (dr_chunk_cuda.h): which calls each kernel
  * family accepts, argument checks, the chunk plan, the value-head split and the fused L2 norm around
- * the families' kernels: the generic ones (dr_chunk_generic.cu), the tensor-core ones of gate none or
+ * the families' kernels: the generic ones (dr_chunk_generic_fwd.cu, dr_chunk_generic_bwd.cu), the tensor-core ones of gate none or
  * head (dr_chunk_mma_fwd.cu / _bwd.cu) and of the per-channel gate (dr_chunk_kda_mma_fwd.cu / _bwd.cu).
  * The choice between the families is not made here: the backend table (ops/delta/delta_backends.c)
  * runs the first row whose accepts() takes the call. */
