@@ -43,8 +43,7 @@ int dg_op_variant_count(const dg_op_def *def) {
     return n;
 }
 
-int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out,
-                     int variant) {
+int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant) {
     if (def->attrs_size > DG_ATTR_BYTES || def->n_in > DG_MAX_IO || def->n_out > DG_MAX_IO) {
         fprintf(stderr, "deltagrad: op %s exceeds the node limits\n", def->name);
         abort();
@@ -93,8 +92,7 @@ int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *
             const char *bad = dg_first_nonfinite(n->out[i]);
             if (bad) {
                 dg_error("anomaly: op %s produced %s in output %d '%s' %s; inputs: %s", def->name, bad, i,
-                         def->out_names[i] ? def->out_names[i] : "out", dg_shp(n->out[i]),
-                         dg_node_inputs_text(n));
+                         def->out_names[i] ? def->out_names[i] : "out", dg_shp(n->out[i]), dg_node_inputs_text(n));
                 rc = -1;
             }
         }

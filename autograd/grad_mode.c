@@ -51,7 +51,6 @@ const char *dg_node_inputs_text(const dg_node *n) {
     buf[0] = 0;
     for (int i = 0; i < n->n_in && len < sizeof buf - 64; i++)
         len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s %s", i ? ", " : "",
-                                n->op->in_names[i] ? n->op->in_names[i] : "?",
-                                n->in[i] ? dg_shp(n->in[i]) : "(none)");
+                                n->op->in_names[i] ? n->op->in_names[i] : "?", n->in[i] ? dg_shp(n->in[i]) : "(none)");
     return buf;
 }

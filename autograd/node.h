@@ -26,12 +26,12 @@ typedef struct dg_op_def dg_op_def;
 typedef struct dg_node {
     const dg_op_def *op;
     int refcount;
-    uint64_t seq;                   /* creation order: a topological order of the tape */
+    uint64_t seq;                       /* creation order: a topological order of the tape */
     unsigned char attrs[DG_ATTR_BYTES]; /* the op's attribute struct, copied */
     int n_in, n_out;
-    dg_tensor *in[DG_MAX_IO];       /* retained; optional inputs may be NULL */
-    bool needs_grad[DG_MAX_IO];     /* which inputs the backward must produce a gradient for */
-    dg_tensor *out[DG_MAX_IO];      /* during forward only: the new outputs (not owned after) */
+    dg_tensor *in[DG_MAX_IO];   /* retained; optional inputs may be NULL */
+    bool needs_grad[DG_MAX_IO]; /* which inputs the backward must produce a gradient for */
+    dg_tensor *out[DG_MAX_IO];  /* during forward only: the new outputs (not owned after) */
     /* metadata of the outputs, so that absent output gradients can be made as zeros */
     int out_ndim[DG_MAX_IO];
     int64_t out_shape[DG_MAX_IO][DG_MAX_DIMS];
@@ -83,7 +83,7 @@ struct dg_op_def {
     dg_decompose_fn decompose;
     dg_sample_fn sample;
     double atol_f64, rtol_f64, atol_f32, rtol_f32; /* gradcheck / comparison tolerances */
-    bool is_view;               /* outputs share the first input's storage */
+    bool is_view;                                  /* outputs share the first input's storage */
 };
 
 /* The number of backward variants of def (its bwd entries before the first {NULL}). */
@@ -92,8 +92,7 @@ int dg_op_variant_count(const dg_op_def *def);
 /* Runs def on in (def->n_in entries, optional ones NULL) with backward variant `variant`
  * (0 <= variant < dg_op_variant_count(def)); out receives def->n_out tensors (autoreleased).
  * Records a node when grad mode is on and an input requires grad.  Returns 0 or -1. */
-int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out,
-                     int variant);
+int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant);
 
 /* for forward functions */
 void dg_save(dg_node *n, dg_tensor *t); /* keeps a detached reference for backward */

@@ -15,8 +15,8 @@
  *   the strided copy kernel) with contiguous temporaries where needed. */
 
 static int strided_d2d(dg_tensor *dst, const dg_tensor *src) {
-    return dg_cuda_copy_strided(dg_dtype_size(dst->dtype), dst->ndim, dst->shape, dg_data_ptr(dst),
-                                dst->stride, dg_data_ptr(src), src->stride);
+    return dg_cuda_copy_strided(dg_dtype_size(dst->dtype), dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
+                                dg_data_ptr(src), src->stride);
 }
 
 /* a contiguous device tensor of src's values and dtype (src itself, or a copy in the scope) */
@@ -29,8 +29,7 @@ static const dg_tensor *device_contiguous(const dg_tensor *src) {
 static int copy_involving_device(dg_tensor *dst, const dg_tensor *src) {
     size_t bytes = (size_t)dg_numel(dst) * dg_dtype_size(dst->dtype);
     bool contiguous = dg_is_contiguous(dst) && dg_is_contiguous(src);
-    if (src->device == DG_CUDA && dst->device == DG_CUDA && src->dtype == dst->dtype)
-        return strided_d2d(dst, src);
+    if (src->device == DG_CUDA && dst->device == DG_CUDA && src->dtype == dst->dtype) return strided_d2d(dst, src);
     if (src->dtype == dst->dtype && contiguous)
         return dg_cuda_memcpy(dg_data_ptr(dst), dg_data_ptr(src), bytes, src->device == DG_CPU ? 0 : 1);
     int rc = -1;
@@ -58,26 +57,26 @@ static int copy_involving_device(dg_tensor *dst, const dg_tensor *src) {
 #endif
 
 /* Same-dtype strided copy: the innermost dim runs as a typed loop, outer dims by multi-index. */
-#define STRIDED_COPY(T)                                                                            \
-    static void copy_##T(const dg_tensor *dst, const dg_tensor *src) {                             \
-        int nd = dst->ndim;                                                                        \
-        int64_t inner = nd ? dst->shape[nd - 1] : 1, ds = nd ? dst->stride[nd - 1] : 1,            \
-                ss = nd ? src->stride[nd - 1] : 1;                                                 \
-        int64_t idx[DG_MAX_DIMS] = {0};                                                            \
-        T *dbase = (T *)dst->storage->data;                                                        \
-        const T *sbase = (const T *)src->storage->data;                                            \
-        do {                                                                                       \
-            int64_t doff = dst->offset, soff = src->offset;                                        \
-            for (int d = 0; d < nd - 1; d++) {                                                     \
-                doff += idx[d] * dst->stride[d];                                                   \
-                soff += idx[d] * src->stride[d];                                                   \
-            }                                                                                      \
-            T *dp = dbase + doff;                                                                  \
-            const T *sp = sbase + soff;                                                            \
-            if (ds == 1 && ss == 1) memcpy(dp, sp, (size_t)inner * sizeof(T));                    \
-            else                                                                                   \
-                for (int64_t i = 0; i < inner; i++) dp[i * ds] = sp[i * ss];                       \
-        } while (nd > 1 && dg_next_index(nd - 1, dst->shape, idx));                               \
+#define STRIDED_COPY(T)                                                                 \
+    static void copy_##T(const dg_tensor *dst, const dg_tensor *src) {                  \
+        int nd = dst->ndim;                                                             \
+        int64_t inner = nd ? dst->shape[nd - 1] : 1, ds = nd ? dst->stride[nd - 1] : 1, \
+                ss = nd ? src->stride[nd - 1] : 1;                                      \
+        int64_t idx[DG_MAX_DIMS] = {0};                                                 \
+        T *dbase = (T *)dst->storage->data;                                             \
+        const T *sbase = (const T *)src->storage->data;                                 \
+        do {                                                                            \
+            int64_t doff = dst->offset, soff = src->offset;                             \
+            for (int d = 0; d < nd - 1; d++) {                                          \
+                doff += idx[d] * dst->stride[d];                                        \
+                soff += idx[d] * src->stride[d];                                        \
+            }                                                                           \
+            T *dp = dbase + doff;                                                       \
+            const T *sp = sbase + soff;                                                 \
+            if (ds == 1 && ss == 1) memcpy(dp, sp, (size_t)inner * sizeof(T));          \
+            else                                                                        \
+                for (int64_t i = 0; i < inner; i++) dp[i * ds] = sp[i * ss];            \
+        } while (nd > 1 && dg_next_index(nd - 1, dst->shape, idx));                     \
     }
 typedef uint16_t u16;
 STRIDED_COPY(float)

@@ -33,8 +33,8 @@ int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value);
 /* dst[idx . dst_stride] = src[idx . src_stride] over `shape` (ndim 0..6), elements of elem_size
  * bytes (1, 2, 4 or 8); dst_stride NULL means contiguous; src_stride NULL means contiguous.
  * dst must not overlap src. */
-int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst,
-                         const int64_t *dst_stride, const void *src, const int64_t *src_stride);
+int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst, const int64_t *dst_stride,
+                         const void *src, const int64_t *src_stride);
 
 /* dst[i] = (dst_dt) src[i] for n contiguous elements; f32, f64, bf16, f16, i32, i64 (bf16 and f16
  * round to nearest even, f16 once from f64 as core/f16.h; floats to integers truncate toward

@@ -42,7 +42,7 @@ static inline uint16_t dg_f16_from_f64(double d) {
     const uint64_t a = u & 0x7fffffffffffffffull;
     if (a > 0x7ff0000000000000ull) /* NaN: quiet, keep the top 9 fraction bits */
         return (uint16_t)(sign | 0x7e00u | ((a >> 42) & 0x1ffu));
-    const int e = (int)(a >> 52) - 1023; /* |d| in [2^e, 2^(e+1)) for normal f64 */
+    const int e = (int)(a >> 52) - 1023;            /* |d| in [2^e, 2^(e+1)) for normal f64 */
     if (e >= 16) return (uint16_t)(sign | 0x7c00u); /* >= 2^16 (and inf) */
     if (e < -25) return sign;                       /* < 2^-25: below half the smallest subnormal */
     /* m = the 53-bit significand; keep 11 bits (normal result, e >= -14) or fewer (subnormal:

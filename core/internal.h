@@ -15,13 +15,12 @@ const char *dg_shp(const dg_tensor *t);
 const char *dg_shape_text(int ndim, const int64_t *shape);
 
 /* ---- tensors ---- */
-dg_tensor *dg_tensor_alloc_header(void);                 /* refcount 1, no storage */
+dg_tensor *dg_tensor_alloc_header(void);                  /* refcount 1, no storage */
 dg_storage *dg_storage_new(size_t nbytes, dg_device dev); /* refcount 1, zero-filled */
 void dg_storage_release(dg_storage *s);
 void dg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* A view of t's storage with the given geometry; no autograd link; autoreleased. */
-dg_tensor *dg_make_view(dg_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
-                        int64_t offset);
+dg_tensor *dg_make_view(dg_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 dg_tensor *dg_autorelease(dg_tensor *t); /* hands the caller's reference to the innermost scope */
 /* Element pointer on the host for index idx. */
 void *dg_elem_ptr(const dg_tensor *t, const int64_t *idx);

@@ -57,8 +57,8 @@ double dg_rng_uniform(dg_rng *rng) {
 }
 
 /* kind 0: uniform [lo,hi); kind 1: normal (Box-Muller on lane pairs) */
-static dg_tensor *draw(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng, int kind, double lo,
-                       double hi, const char *op) {
+static dg_tensor *draw(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng, int kind, double lo, double hi,
+                       const char *op) {
     if (!dg_dtype_is_float(dt)) {
         dg_error("%s: dtype %s is not a float dtype", op, dg_dtype_name(dt));
         return NULL;

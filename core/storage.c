@@ -12,8 +12,7 @@ static _Atomic int64_t live[2], peak[2];
 void dg_mem_account(dg_device d, int64_t delta) {
     int64_t now = atomic_fetch_add(&live[d], delta) + delta;
     int64_t p = atomic_load(&peak[d]);
-    while (now > p && !atomic_compare_exchange_weak(&peak[d], &p, now)) {
-    }
+    while (now > p && !atomic_compare_exchange_weak(&peak[d], &p, now)) {}
 }
 
 size_t dg_live_bytes(dg_device d) { return (size_t)atomic_load(&live[d]); }

@@ -129,9 +129,7 @@ dg_tensor *dg_zeros(int ndim, const int64_t *shape, dg_dtype dt) { return dg_emp
 dg_tensor *dg_zeros_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev) {
     return dg_empty_on(ndim, shape, dt, dev);
 }
-dg_tensor *dg_empty_like(const dg_tensor *t) {
-    return t ? dg_empty_on(t->ndim, t->shape, t->dtype, t->device) : NULL;
-}
+dg_tensor *dg_empty_like(const dg_tensor *t) { return t ? dg_empty_on(t->ndim, t->shape, t->dtype, t->device) : NULL; }
 dg_tensor *dg_zeros_like(const dg_tensor *t) { return dg_empty_like(t); }
 
 dg_tensor *dg_full(int ndim, const int64_t *shape, dg_dtype dt, double value) {
@@ -160,8 +158,7 @@ dg_tensor *dg_from_data(int ndim, const int64_t *shape, dg_dtype dt, const void 
     return t;
 }
 
-dg_tensor *dg_make_view(dg_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
-                        int64_t offset) {
+dg_tensor *dg_make_view(dg_tensor *t, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset) {
     dg_tensor *v = dg_tensor_alloc_header();
     if (!v) return NULL;
     v->dtype = t->dtype;
@@ -271,8 +268,7 @@ void dg_print(const dg_tensor *t, FILE *f) {
                 for (int c = 0; c < closes; c++) fputc(']', f);
                 fputs(",\n ", f);
                 for (int c = 0; c < closes; c++) fputc('[', f);
-            } else
-                fputs(", ", f);
+            } else fputs(", ", f);
         }
         if (shown == 64) {
             fputs("...", f);

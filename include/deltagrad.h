@@ -49,14 +49,14 @@ typedef struct dg_tensor {
     dg_storage *storage;
     int refcount;
     bool requires_grad;
-    struct dg_tensor *grad;   /* accumulated gradient of a leaf (owned) */
-    struct dg_node *node;     /* the autograd node that produced it (owned reference) */
-    int out_index;            /* which output of that node */
-    char *name;               /* parameters carry their checkpoint name */
+    struct dg_tensor *grad; /* accumulated gradient of a leaf (owned) */
+    struct dg_node *node;   /* the autograd node that produced it (owned reference) */
+    int out_index;          /* which output of that node */
+    char *name;             /* parameters carry their checkpoint name */
 } dg_tensor;
 
 /* ---- errors ---------------------------------------------------------------------------------- */
-const char *dg_last_error(void);     /* "" when none */
+const char *dg_last_error(void); /* "" when none */
 void dg_clear_error(void);
 bool dg_has_error(void);
 
@@ -64,7 +64,7 @@ bool dg_has_error(void);
 size_t dg_dtype_size(dg_dtype dt);
 const char *dg_dtype_name(dg_dtype dt);
 bool dg_dtype_is_float(dg_dtype dt);
-bool dg_cuda_available(void);        /* compiled with CUDA and a GPU is present */
+bool dg_cuda_available(void); /* compiled with CUDA and a GPU is present */
 const char *dg_device_name(dg_device d);
 
 /* ---- lifetime ---------------------------------------------------------------------------------- */
@@ -73,11 +73,11 @@ void dg_release(dg_tensor *t);
 void dg_scope_begin(void);
 void dg_scope_end(void);
 dg_tensor *dg_scope_return(dg_tensor *t); /* ends the scope, t survives into the enclosing one */
-dg_tensor *dg_keep(dg_tensor *t); /* t survives its scope; you own one reference to dg_release
+dg_tensor *dg_keep(dg_tensor *t);         /* t survives its scope; you own one reference to dg_release
                                    * (with no scope open you own it already: a no-op) */
 int dg_scope_depth(void);
-size_t dg_live_tensors(void);             /* tensor headers alive (for leak tests) */
-size_t dg_live_bytes(dg_device d);        /* storage bytes alive on a device */
+size_t dg_live_tensors(void);      /* tensor headers alive (for leak tests) */
+size_t dg_live_bytes(dg_device d); /* storage bytes alive on a device */
 size_t dg_peak_bytes(dg_device d);
 void dg_reset_peak_bytes(dg_device d);
 
@@ -104,10 +104,10 @@ typedef struct dg_rng {
     uint64_t counter; /* blocks of 4 numbers consumed so far */
 } dg_rng;
 dg_rng dg_rng_new(uint64_t seed);
-void dg_manual_seed(uint64_t seed);  /* the process-wide generator used when rng is NULL */
+void dg_manual_seed(uint64_t seed); /* the process-wide generator used when rng is NULL */
 dg_rng *dg_default_rng(void);
 uint32_t dg_rng_u32(dg_rng *rng);
-double dg_rng_uniform(dg_rng *rng); /* [0, 1) */
+double dg_rng_uniform(dg_rng *rng);                                            /* [0, 1) */
 dg_tensor *dg_rand(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng);  /* U[0,1) */
 dg_tensor *dg_randn(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng); /* N(0,1) */
 dg_tensor *dg_rand_range(int ndim, const int64_t *shape, dg_dtype dt, double lo, double hi, dg_rng *rng);
@@ -118,15 +118,15 @@ bool dg_is_contiguous(const dg_tensor *t);
 bool dg_same_shape(const dg_tensor *a, const dg_tensor *b);
 double dg_get(const dg_tensor *t, const int64_t *idx); /* any dtype, read as double */
 void dg_set(dg_tensor *t, const int64_t *idx, double v);
-double dg_item(const dg_tensor *t);                    /* a one-element tensor */
-void *dg_data_ptr(const dg_tensor *t);                 /* address of element 0 (host tensors) */
-int dg_copy_to_host(const dg_tensor *t, void *dst);    /* contiguous copy of all elements, t's dtype */
-dg_tensor *dg_contiguous(dg_tensor *t);                /* t itself (retained into scope) if already */
-dg_tensor *dg_to_dtype(dg_tensor *t, dg_dtype dt);     /* differentiable between float dtypes */
+double dg_item(const dg_tensor *t);                 /* a one-element tensor */
+void *dg_data_ptr(const dg_tensor *t);              /* address of element 0 (host tensors) */
+int dg_copy_to_host(const dg_tensor *t, void *dst); /* contiguous copy of all elements, t's dtype */
+dg_tensor *dg_contiguous(dg_tensor *t);             /* t itself (retained into scope) if already */
+dg_tensor *dg_to_dtype(dg_tensor *t, dg_dtype dt);  /* differentiable between float dtypes */
 dg_tensor *dg_to_device(dg_tensor *t, dg_device dev);
-dg_tensor *dg_clone(dg_tensor *t);                     /* contiguous copy, no autograd link */
-dg_tensor *dg_detach(dg_tensor *t);                    /* same storage, no autograd link */
-int dg_copy_(dg_tensor *dst, const dg_tensor *src);    /* in place, same shape; no autograd */
+dg_tensor *dg_clone(dg_tensor *t);                  /* contiguous copy, no autograd link */
+dg_tensor *dg_detach(dg_tensor *t);                 /* same storage, no autograd link */
+int dg_copy_(dg_tensor *dst, const dg_tensor *src); /* in place, same shape; no autograd */
 int dg_fill_(dg_tensor *t, double value);
 char *dg_shape_str(const dg_tensor *t, char *buf, size_t n); /* "[2,64,4,32]" */
 void dg_print(const dg_tensor *t, FILE *f);
@@ -178,14 +178,14 @@ dg_tensor *dg_slice(dg_tensor *a, int dim, int64_t start, int64_t stop); /* step
 dg_tensor *dg_expand(dg_tensor *a, int ndim, const int64_t *shape);
 dg_tensor *dg_cat(int n, dg_tensor *const *ts, int dim);
 /* network pieces */
-dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b);        /* x [...,in], w [out,in] */
-dg_tensor *dg_embedding(dg_tensor *weight, dg_tensor *ids);            /* weight [V,D], ids i64 */
-dg_tensor *dg_rms_norm(dg_tensor *x, dg_tensor *w, double eps);        /* w may be NULL */
+dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b); /* x [...,in], w [out,in] */
+dg_tensor *dg_embedding(dg_tensor *weight, dg_tensor *ids);     /* weight [V,D], ids i64 */
+dg_tensor *dg_rms_norm(dg_tensor *x, dg_tensor *w, double eps); /* w may be NULL */
 dg_tensor *dg_gated_rms_norm(dg_tensor *x, dg_tensor *z, dg_tensor *w, double eps);
-dg_tensor *dg_l2norm(dg_tensor *x, double eps);                        /* over the last dim */
+dg_tensor *dg_l2norm(dg_tensor *x, double eps); /* over the last dim */
 /* x [B,T,D], w [D,W] (W = 1..8), bias [D] or NULL: y_t = sum_j w[:,j] x_{t-W+1+j} (+ b), silu */
 dg_tensor *dg_conv1d(dg_tensor *x, dg_tensor *w, dg_tensor *bias, bool silu);
-dg_tensor *dg_swiglu(dg_tensor *gate, dg_tensor *up);                  /* silu(gate) * up */
+dg_tensor *dg_swiglu(dg_tensor *gate, dg_tensor *up); /* silu(gate) * up */
 /* logits [N,C] (or [...,C]), targets i64 [N] (or [...]); mean over targets != ignore_index */
 dg_tensor *dg_cross_entropy(dg_tensor *logits, dg_tensor *targets, int64_t ignore_index);
 

@@ -33,18 +33,18 @@ typedef enum {
 
 /* Options of delta_rule, gated_delta_rule and kda.  Zero-initialised = the defaults. */
 typedef struct dg_delta_opts {
-    double scale;                /* 0: 1/sqrt(K) */
-    dg_tensor *initial_state;    /* [N,HV,K,V] or NULL (zeros) */
-    bool output_final_state;     /* return the final state through *final_state */
-    int chunk_size;              /* 16, 32 or 64; 0 = 64 */
+    double scale;             /* 0: 1/sqrt(K) */
+    dg_tensor *initial_state; /* [N,HV,K,V] or NULL (zeros) */
+    bool output_final_state;  /* return the final state through *final_state */
+    int chunk_size;           /* 16, 32 or 64; 0 = 64 */
     dg_delta_algorithm algorithm;
-    bool use_qk_l2norm_in_kernel;/* q, k <- q/sqrt(|q|^2+1e-6), k likewise, inside the op */
+    bool use_qk_l2norm_in_kernel; /* q, k <- q/sqrt(|q|^2+1e-6), k likewise, inside the op */
     /* The gate inside the op (FLA's use_gate_in_kernel): g is then the raw `a` and the decay is
      * -exp(A_log) * softplus(a + dt_bias); gated_delta_rule and kda only.
      * A_log [HV]; dt_bias [HV] (GDN) or [HV*K] (KDA), or NULL. */
     bool use_gate_in_kernel;
     dg_tensor *A_log, *dt_bias;
-    dg_tensor *cu_seqlens;       /* i64 [N+1]: 0 = c_0 <= c_1 <= ... <= c_N = T, with B = 1 */
+    dg_tensor *cu_seqlens; /* i64 [N+1]: 0 = c_0 <= c_1 <= ... <= c_N = T, with B = 1 */
     /* Backward variant by name for this call (NULL: DG_BACKWARD=op:variant, else the algorithm's
      * default).  delta_rule: "chunk", "subst", "recurrent".  gated_delta_rule: "dg_final" (dg from
      * the final dq, dk), "dg_partial" (dg accumulated through partial terms), "subst" (dg_final with
@@ -66,12 +66,12 @@ typedef struct dg_delta_opts {
 /* Each returns o [B,T,HV,V] (NULL on error, with dg_last_error() naming op, argument and shapes)
  * and, when opts->output_final_state and final_state is not NULL, the final state [N,HV,K,V] in
  * *final_state (same ownership as o: the innermost scope).  opts may be NULL. */
-dg_tensor *dg_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                         const dg_delta_opts *opts, dg_tensor **final_state);
-dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
-                               dg_tensor *beta, const dg_delta_opts *opts, dg_tensor **final_state);
-dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
-                  const dg_delta_opts *opts, dg_tensor **final_state);
+dg_tensor *dg_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta, const dg_delta_opts *opts,
+                         dg_tensor **final_state);
+dg_tensor *dg_gated_delta_rule(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
+                               const dg_delta_opts *opts, dg_tensor **final_state);
+dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts,
+                  dg_tensor **final_state);
 
 /* Gates: g = -exp(A_log) * softplus(a + dt_bias) (softplus(x) = x above 20).
  * gdn_gate: a [B,T,HV], A_log [HV], dt_bias [HV] or NULL -> g [B,T,HV].

@@ -19,7 +19,7 @@
 #define BOTTOM 56
 
 static const char *const colors[DG_CHART_MAX_SERIES] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                                       "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+                                                        "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 
 static void xml_text(FILE *f, const char *s) {
     for (; s && *s; s++) {
@@ -114,8 +114,10 @@ int dg_chart_svg(const char *path, const char *title, const char *xlabel, int n_
     dg_atomic_file af;
     if (dg_atomic_open(&af, path, "chart")) return -1;
     FILE *f = af.f;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n", W, height, W, height);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n",
+            W, height, W, height);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(f, "<text x=\"%d\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">", W / 2);
     xml_text(f, title ? title : "training");
@@ -140,12 +142,10 @@ int dg_chart_svg(const char *path, const char *title, const char *xlabel, int n_
         if (pn->fixed_range && pn->y_hi > pn->y_lo) {
             log_y = false;
             linear_axis(&ya, pn->y_lo, pn->y_hi, 6);
-        } else if (log_y)
-            log_axis(&ya, ypos, ymx);
-        else
-            linear_axis(&ya, ymn, ymx, 6);
-#define MAPX(v) (LEFT + ((v) - xa.lo) / (xa.hi - xa.lo) * pw)
-#define MAPY(v) (bottom - ((v) - ya.lo) / (ya.hi - ya.lo) * PANEL_H)
+        } else if (log_y) log_axis(&ya, ypos, ymx);
+        else linear_axis(&ya, ymn, ymx, 6);
+#define MAPX(v) (LEFT + ((v)-xa.lo) / (xa.hi - xa.lo) * pw)
+#define MAPY(v) (bottom - ((v)-ya.lo) / (ya.hi - ya.lo) * PANEL_H)
         /* frame, grid, ticks */
         fprintf(f, "<g>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", LEFT,
                 top, pw, PANEL_H);
@@ -205,8 +205,10 @@ int dg_chart_svg(const char *path, const char *title, const char *xlabel, int n_
         fputs("</svg>\n", f);
         /* legend, top right inside the frame, on a white box so lines under it do not hide it */
         if (ns > 0)
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"white\" fill-opacity=\"0.85\" "
-                       "stroke=\"#ccc\"/>\n", LEFT + pw - 158, top + 6, 150, 18 * ns + 4);
+            fprintf(f,
+                    "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"white\" fill-opacity=\"0.85\" "
+                    "stroke=\"#ccc\"/>\n",
+                    LEFT + pw - 158, top + 6, 150, 18 * ns + 4);
         for (int s = 0; s < ns; s++) {
             int ly = top + 16 + 18 * s, lx = LEFT + pw - 150;
             fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"3\"/>\n", lx,
@@ -236,8 +238,8 @@ int dg_chart_from_csv(const char *csv_path, const char *svg_path, const char *ti
     for (int c = 0; c < t->ncols; c++) {
         dg_chart_panel *p = strstr(t->cols[c], "loss") ? &panels[0] : strstr(t->cols[c], "acc") ? &panels[1] : NULL;
         if (!p || p->n_series == DG_CHART_MAX_SERIES) continue;
-        p->series[p->n_series++] = (dg_chart_series){.label = t->cols[c], .n = t->nrows, .x = t->data + xc,
-                                                     .y = t->data + c, .stride = t->ncols};
+        p->series[p->n_series++] = (dg_chart_series){
+            .label = t->cols[c], .n = t->nrows, .x = t->data + xc, .y = t->data + c, .stride = t->ncols};
     }
     bool unit = true; /* accuracies all in [0, 1]: show the whole range */
     for (int s = 0; s < panels[1].n_series; s++)

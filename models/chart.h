@@ -22,14 +22,13 @@ typedef struct dg_chart_panel {
     const char *ylabel;
     int n_series;
     dg_chart_series series[DG_CHART_MAX_SERIES];
-    int log_y; /* 1 log10, 0 linear, -1 automatic (log when all > 0 and max/min > 30) */
+    int log_y;        /* 1 log10, 0 linear, -1 automatic (log when all > 0 and max/min > 30) */
     bool fixed_range; /* linear axis over exactly [y_lo, y_hi] (e.g. accuracy 0..1) */
     double y_lo, y_hi;
 } dg_chart_panel;
 
 /* 0, or -1 with dg_error. */
-int dg_chart_svg(const char *path, const char *title, const char *xlabel, int n_panels,
-                 const dg_chart_panel *panels);
+int dg_chart_svg(const char *path, const char *title, const char *xlabel, int n_panels, const dg_chart_panel *panels);
 
 /* The chart of a metrics CSV (models/metrics.h): x = the column "step"; a loss panel with every
  * column whose name contains "loss" (automatic log scale) and an accuracy panel with every column

@@ -174,7 +174,8 @@ int dg_ckpt_load_params(const char *path, dg_lm *lm) {
         int64_t bad = count_nonfinite(p);
         if (bad) { /* a well-formed file of a diverged run: every loss computed from it would be NaN */
             dg_error("checkpoint: '%s': parameter \"%s\" holds %lld NaN or infinite values (the run that wrote it "
-                     "diverged); use an earlier checkpoint", path, p->name, (long long)bad);
+                     "diverged); use an earlier checkpoint",
+                     path, p->name, (long long)bad);
             goto out;
         }
     }

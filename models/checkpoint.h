@@ -41,9 +41,9 @@ int dg_ckpt_save(const char *dir, const dg_lm *lm, const dg_adamw *opt, int64_t 
 /* A loaded model file. */
 typedef struct dg_ckpt_model {
     dg_lm *lm;
-    int64_t step;      /* -1 when the file has no deltagrad.step (e.g. written by PyTorch) */
-    char *train_json;  /* NULL when absent */
-    char *path;        /* the model file read */
+    int64_t step;     /* -1 when the file has no deltagrad.step (e.g. written by PyTorch) */
+    char *train_json; /* NULL when absent */
+    char *path;       /* the model file read */
 } dg_ckpt_model;
 
 /* Reads a model from DIR (DIR/model.safetensors) or from a .safetensors file.  The model config comes
@@ -54,8 +54,7 @@ void dg_ckpt_model_free(dg_ckpt_model *m);
 /* Only the metadata of DIR/model.safetensors (or of that file): the model config, the run's settings
  * (malloc'ed JSON or NULL), the step (-1 if absent) and the path read (malloc'ed); any of the
  * outputs may be NULL.  The whole file is validated.  0, or -1 with dg_error. */
-int dg_ckpt_read_meta(const char *dir_or_file, dg_model_config *mc, char **train_json, int64_t *step,
-                      char **path);
+int dg_ckpt_read_meta(const char *dir_or_file, dg_model_config *mc, char **train_json, int64_t *step, char **path);
 
 /* Removes the run in DIR: model.safetensors, config.json, optimizer-*.safetensors, metrics.csv and
  * metrics.svg (other files are left).  0, or -1 with dg_error. */

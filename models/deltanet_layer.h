@@ -24,8 +24,8 @@ typedef struct dg_deltanet_layer {
     dg_tensor *g_proj, *o_norm, *o_proj;
 } dg_deltanet_layer;
 
-int dg_deltanet_layer_init(dg_deltanet_layer *l, const dg_model_config *cfg, const char *prefix,
-                           dg_param_list *pl, dg_rng *rng);
+int dg_deltanet_layer_init(dg_deltanet_layer *l, const dg_model_config *cfg, const char *prefix, dg_param_list *pl,
+                           dg_rng *rng);
 /* x [B,T,D] -> y [B,T,D]; cache as dg_gdn_layer_forward (models/gdn_layer.h); rows (i64 [n] flat
  * positions, or NULL): the output only at those positions, [n,D]. */
 dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, const dg_mixer_opts *opts,

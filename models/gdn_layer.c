@@ -6,8 +6,7 @@
 
 #include <string.h>
 
-int dg_gdn_layer_init(dg_gdn_layer *l, const dg_model_config *c, const char *pre, dg_param_list *pl,
-                      dg_rng *rng) {
+int dg_gdn_layer_init(dg_gdn_layer *l, const dg_model_config *c, const char *pre, dg_param_list *pl, dg_rng *rng) {
     memset(l, 0, sizeof *l);
     l->cfg = *c;
     int64_t D = c->hidden_size, HV = dg_model_num_v_heads(c), KD = dg_model_key_dim(c);
@@ -37,18 +36,17 @@ int dg_gdn_layer_init(dg_gdn_layer *l, const dg_model_config *c, const char *pre
     l->o_proj = dg_param_addf(pl, DG_SHAPE(D, VD), "%so_proj.weight", pre);
     if (!l->o_norm || !l->o_proj) return -1;
 
-    dg_tensor *normal[] = {l->q_proj, l->k_proj, l->v_proj, l->a_proj, l->b_proj, l->conv_w[0], l->conv_w[1],
-                           l->conv_w[2], l->g_proj, l->o_proj};
+    dg_tensor *normal[] = {l->q_proj,    l->k_proj,    l->v_proj,    l->a_proj, l->b_proj,
+                           l->conv_w[0], l->conv_w[1], l->conv_w[2], l->g_proj, l->o_proj};
     for (size_t i = 0; i < sizeof normal / sizeof normal[0]; i++)
         if (normal[i] && dg_init_normal(normal[i], std, rng)) return -1;
-    if (dg_init_log_uniform_A(l->A_log, 0.0, 16.0, rng) || dg_init_dt_bias(l->dt_bias, rng) ||
-        dg_init_ones(l->o_norm))
+    if (dg_init_log_uniform_A(l->A_log, 0.0, 16.0, rng) || dg_init_dt_bias(l->dt_bias, rng) || dg_init_ones(l->o_norm))
         return -1;
     return 0;
 }
 
-dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mixer_opts *mo,
-                                dg_mixer_cache *cache, dg_tensor *rows) {
+dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mixer_opts *mo, dg_mixer_cache *cache,
+                                dg_tensor *rows) {
     const dg_model_config *c = &l->cfg;
     if (!x) return NULL;
     int64_t B = x->shape[0], T = x->shape[1], H = c->num_heads, K = c->head_dim;
@@ -56,9 +54,9 @@ dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mi
     dg_tensor *q, *k, *v;
     dg_tensor *proj[3] = {l->q_proj, l->k_proj, l->v_proj};
     if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, cache, &q, &k, &v)) return NULL;
-    dg_tensor *beta = dg_sigmoid(dg_linear(x, l->b_proj, NULL));            /* [B,T,HV] */
+    dg_tensor *beta = dg_sigmoid(dg_linear(x, l->b_proj, NULL)); /* [B,T,HV] */
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
-    dg_tensor *a = dg_linear(x, l->a_proj, NULL);                           /* [B,T,HV] */
+    dg_tensor *a = dg_linear(x, l->a_proj, NULL); /* [B,T,HV] */
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
         .backward = mo ? mo->backward : NULL,

@@ -34,13 +34,12 @@ typedef struct dg_gdn_layer {
 } dg_gdn_layer;
 
 /* Registers the parameters under prefix in pl and initialises them from rng.  0, or -1. */
-int dg_gdn_layer_init(dg_gdn_layer *l, const dg_model_config *cfg, const char *prefix, dg_param_list *pl,
-                      dg_rng *rng);
+int dg_gdn_layer_init(dg_gdn_layer *l, const dg_model_config *cfg, const char *prefix, dg_param_list *pl, dg_rng *rng);
 /* x [B,T,D] -> y [B,T,D].  cache NULL: a whole sequence from a zero state (training, scoring);
  * otherwise decoding continues from the cache, which is updated.
  * rows (i64 [n] flat positions b*T + t, or NULL): the output only at those positions, [n,D] (the
  * recurrence still runs over every position). */
-dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mixer_opts *opts,
-                                dg_mixer_cache *cache, dg_tensor *rows);
+dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mixer_opts *opts, dg_mixer_cache *cache,
+                                dg_tensor *rows);
 
 #endif

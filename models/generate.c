@@ -61,12 +61,11 @@ static int last_row(dg_tensor *logits, double *row) {
     return 0;
 }
 
-int64_t dg_generate(const dg_lm *lm, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
-                    const dg_sample_opts *o, dg_rng *rng, int64_t *out, double *logits_out,
-                    void (*on_token)(int64_t, void *), void *ctx) {
+int64_t dg_generate(const dg_lm *lm, const int64_t *prompt, int64_t n_prompt, int64_t max_new, const dg_sample_opts *o,
+                    dg_rng *rng, int64_t *out, double *logits_out, void (*on_token)(int64_t, void *), void *ctx) {
     if (n_prompt < 1 || max_new < 0) {
-        dg_error("generate: the prompt has %lld tokens (at least 1 is needed) and max_new is %lld",
-                 (long long)n_prompt, (long long)max_new);
+        dg_error("generate: the prompt has %lld tokens (at least 1 is needed) and max_new is %lld", (long long)n_prompt,
+                 (long long)max_new);
         return -1;
     }
     int64_t V = lm->cfg.vocab_size;

@@ -22,8 +22,8 @@ int64_t dg_sample_token(const double *logits, int64_t V, const dg_sample_opts *o
  * (max_new of them); logits_out, if not NULL, receives the logits [max_new, V] each token was drawn
  * from (as double).  on_token, if not NULL, is called after each token (streaming).  Returns the
  * number of tokens made, or -1 with dg_error. */
-int64_t dg_generate(const dg_lm *lm, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
-                    const dg_sample_opts *o, dg_rng *rng, int64_t *out, double *logits_out,
-                    void (*on_token)(int64_t token, void *ctx), void *ctx);
+int64_t dg_generate(const dg_lm *lm, const int64_t *prompt, int64_t n_prompt, int64_t max_new, const dg_sample_opts *o,
+                    dg_rng *rng, int64_t *out, double *logits_out, void (*on_token)(int64_t token, void *ctx),
+                    void *ctx);
 
 #endif

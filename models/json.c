@@ -129,7 +129,10 @@ static int hex4(parser *p, uint32_t *v) {
     uint32_t x = 0;
     for (int i = 0; i < 4; i++) {
         unsigned char c = p->s[p->pos + (size_t)i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) {
             p->pos += (size_t)i;
             fail(p, "bad hex digit in \\u escape");
@@ -436,8 +439,14 @@ static int parse_value(parser *p, dg_json *out, int depth) {
         out->type = DG_JSON_STRING;
         out->string = parse_string(p);
         return out->string ? 0 : -1;
-    case 't': out->type = DG_JSON_BOOL; out->boolean = true; return literal(p, "true");
-    case 'f': out->type = DG_JSON_BOOL; out->boolean = false; return literal(p, "false");
+    case 't':
+        out->type = DG_JSON_BOOL;
+        out->boolean = true;
+        return literal(p, "true");
+    case 'f':
+        out->type = DG_JSON_BOOL;
+        out->boolean = false;
+        return literal(p, "false");
     case 'n': out->type = DG_JSON_NULL; return literal(p, "null");
     default:
         if (c == '-' || (c >= '0' && c <= '9')) return parse_number(p, out);

@@ -19,13 +19,13 @@ typedef enum { DG_JSON_NULL, DG_JSON_BOOL, DG_JSON_NUMBER, DG_JSON_STRING, DG_JS
 typedef struct dg_json {
     dg_json_type type;
     bool boolean;
-    double number;           /* every number */
-    bool is_int;             /* written without fraction or exponent and fits in int64 */
-    int64_t integer;         /* valid when is_int */
-    char *string;            /* DG_JSON_STRING: NUL-terminated UTF-8 */
-    int n;                   /* array items or object members */
-    char **keys;             /* object member names (n of them), in file order */
-    struct dg_json *items;   /* n children, in file order */
+    double number;         /* every number */
+    bool is_int;           /* written without fraction or exponent and fits in int64 */
+    int64_t integer;       /* valid when is_int */
+    char *string;          /* DG_JSON_STRING: NUL-terminated UTF-8 */
+    int n;                 /* array items or object members */
+    char **keys;           /* object member names (n of them), in file order */
+    struct dg_json *items; /* n children, in file order */
 } dg_json;
 
 /* Parses text[0..len).  Returns the root (free it with dg_json_free), or NULL with a message in

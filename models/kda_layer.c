@@ -6,8 +6,7 @@
 
 #include <string.h>
 
-int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *c, const char *pre, dg_param_list *pl,
-                      dg_rng *rng) {
+int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *c, const char *pre, dg_param_list *pl, dg_rng *rng) {
     memset(l, 0, sizeof *l);
     l->cfg = *c;
     int64_t D = c->hidden_size, HV = dg_model_num_v_heads(c), K = c->head_dim, KD = dg_model_key_dim(c);
@@ -39,18 +38,17 @@ int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *c, const char *pre
     if (!l->f_proj0 || !l->f_proj1 || !l->b_proj || !l->g_proj0 || !l->g_proj1 || !l->g_bias || !l->o_norm ||
         !l->o_proj)
         return -1;
-    dg_tensor *normal[] = {l->q_proj,  l->k_proj, l->v_proj,  l->conv_w[0], l->conv_w[1], l->conv_w[2],
+    dg_tensor *normal[] = {l->q_proj,  l->k_proj,  l->v_proj, l->conv_w[0], l->conv_w[1], l->conv_w[2],
                            l->f_proj0, l->f_proj1, l->b_proj, l->g_proj0,   l->g_proj1,   l->o_proj};
     for (size_t i = 0; i < sizeof normal / sizeof normal[0]; i++)
         if (normal[i] && dg_init_normal(normal[i], c->initializer_range, rng)) return -1;
-    if (dg_init_log_uniform_A(l->A_log, 1.0, 16.0, rng) || dg_init_dt_bias(l->dt_bias, rng) ||
-        dg_init_ones(l->o_norm))
+    if (dg_init_log_uniform_A(l->A_log, 1.0, 16.0, rng) || dg_init_dt_bias(l->dt_bias, rng) || dg_init_ones(l->o_norm))
         return -1;
     return 0;
 }
 
-dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mixer_opts *mo,
-                                dg_mixer_cache *cache, dg_tensor *rows) {
+dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mixer_opts *mo, dg_mixer_cache *cache,
+                                dg_tensor *rows) {
     const dg_model_config *c = &l->cfg;
     if (!x) return NULL;
     int64_t B = x->shape[0], T = x->shape[1], H = c->num_heads, K = c->head_dim;

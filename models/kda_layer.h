@@ -31,11 +31,10 @@ typedef struct dg_kda_layer {
     dg_tensor *o_norm, *o_proj;
 } dg_kda_layer;
 
-int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *cfg, const char *prefix, dg_param_list *pl,
-                      dg_rng *rng);
+int dg_kda_layer_init(dg_kda_layer *l, const dg_model_config *cfg, const char *prefix, dg_param_list *pl, dg_rng *rng);
 /* x [B,T,D] -> y [B,T,D]; cache as dg_gdn_layer_forward (models/gdn_layer.h); rows (i64 [n] flat
  * positions, or NULL): the output only at those positions, [n,D]. */
-dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mixer_opts *opts,
-                                dg_mixer_cache *cache, dg_tensor *rows);
+dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mixer_opts *opts, dg_mixer_cache *cache,
+                                dg_tensor *rows);
 
 #endif

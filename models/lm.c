@@ -16,7 +16,7 @@ static int block_init(dg_lm *lm, int L, dg_rng *rng) {
     snprintf(pre, sizeof pre, "model.layers.%d.attn.", L);
     /* FLA's block creates attn_norm, attn, mlp_norm, mlp in this order */
     if (!(b->attn_norm = dg_param_addf(pl, DG_SHAPE(D), "model.layers.%d.attn_norm.weight", L))) return -1;
-    int rc = c->mixer == DG_MIXER_GDN ? dg_gdn_layer_init(&b->attn.gdn, c, pre, pl, rng)
+    int rc = c->mixer == DG_MIXER_GDN   ? dg_gdn_layer_init(&b->attn.gdn, c, pre, pl, rng)
              : c->mixer == DG_MIXER_KDA ? dg_kda_layer_init(&b->attn.kda, c, pre, pl, rng)
                                         : dg_deltanet_layer_init(&b->attn.deltanet, c, pre, pl, rng);
     if (rc) return -1;
@@ -117,8 +117,7 @@ static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_c
 static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg_tensor *rows) {
     if (!ids) return NULL;
     if (ids->ndim != 2 || ids->dtype != DG_I64) {
-        dg_error("lm: ids has shape %s and dtype %s but i64 [B,T] is required", dg_shp(ids),
-                 dg_dtype_name(ids->dtype));
+        dg_error("lm: ids has shape %s and dtype %s but i64 [B,T] is required", dg_shp(ids), dg_dtype_name(ids->dtype));
         return NULL;
     }
     if (cache && cache->n_layers != lm->cfg.num_hidden_layers) {
@@ -133,11 +132,12 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
     for (int L = 0; L < c->num_hidden_layers && h; L++) {
         const dg_lm_block *b = &lm->blocks[L];
         dg_tensor *r = L == c->num_hidden_layers - 1 ? rows : NULL;
-        dg_tensor *m = mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL, r);
+        dg_tensor *m =
+            mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL, r);
         h = dg_add(dg_mixer_rows(h, r), m);
         dg_tensor *x = dg_rms_norm(h, b->mlp_norm, c->norm_eps);
-        dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, b->gate_proj, NULL), dg_linear(x, b->up_proj, NULL)),
-                                 b->down_proj, NULL);
+        dg_tensor *y =
+            dg_linear(dg_swiglu(dg_linear(x, b->gate_proj, NULL), dg_linear(x, b->up_proj, NULL)), b->down_proj, NULL);
         h = dg_add(h, y);
     }
     h = dg_rms_norm(h, lm->norm, c->norm_eps);

@@ -72,7 +72,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
                                dg_tensor **targets_out);
 /* Mean cross-entropy over the positions whose target is not ignore_index (a one-element tensor).
  * If logits_out is not NULL it receives the scored logits and targets_out their targets. */
-dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore_index,
-                      dg_tensor **logits_out, dg_tensor **targets_out);
+dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore_index, dg_tensor **logits_out,
+                      dg_tensor **targets_out);
 
 #endif

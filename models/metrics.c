@@ -302,8 +302,7 @@ void dg_progress_init(dg_progress *p, FILE *f, dg_progress_mode mode, int64_t st
     if (mode == DG_PROGRESS_AUTO) {
         const char *term = getenv("TERM");
         p->tty = isatty(fileno(p->f)) && !(term && !strcmp(term, "dumb"));
-    } else
-        p->tty = mode == DG_PROGRESS_TTY;
+    } else p->tty = mode == DG_PROGRESS_TTY;
     p->start_step = start_step;
     p->total_steps = total_steps;
     p->log_every = log_every > 0 ? log_every : 1;
@@ -346,7 +345,10 @@ void dg_progress_update_at(dg_progress *p, int64_t step, double loss, double acc
         si(tok_per_s, tps, sizeof tps);
         k += snprintf(tail + k, sizeof tail - (size_t)k, " | %s tok/s", tps);
     }
-    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s", last ? "took" : p->may_stop_early ? "at most" : "ETA",
+    snprintf(tail + k, sizeof tail - (size_t)k, " | %s %s",
+             last                ? "took"
+             : p->may_stop_early ? "at most"
+                                 : "ETA",
              last ? el_s : eta_s);
     char head[64];
     int pct = p->total_steps > 0 ? (int)(100 * step / p->total_steps) : 100;

@@ -58,9 +58,9 @@ typedef struct dg_progress {
     bool tty;
     int64_t start_step, total_steps, log_every;
     double t_start, t_last_draw;
-    bool line_open; /* a \r line is on screen */
+    bool line_open;      /* a \r line is on screen */
     bool may_stop_early; /* the ETA (to total_steps) is an upper bound */
-    int columns;    /* terminal width */
+    int columns;         /* terminal width */
 } dg_progress;
 
 void dg_progress_init(dg_progress *p, FILE *f, dg_progress_mode mode, int64_t start_step, int64_t total_steps,

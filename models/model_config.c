@@ -34,9 +34,7 @@ dg_model_config dg_model_default_config(void) {
 
 static const char *const mixer_names[] = {"gdn", "kda", "deltanet"};
 
-const char *dg_mixer_name(dg_mixer_kind k) {
-    return (unsigned)k < 3 ? mixer_names[k] : "?";
-}
+const char *dg_mixer_name(dg_mixer_kind k) { return (unsigned)k < 3 ? mixer_names[k] : "?"; }
 
 int dg_mixer_parse(const char *s, dg_mixer_kind *out) {
     for (int i = 0; i < 3; i++)
@@ -64,12 +62,12 @@ int64_t dg_model_intermediate_size(const dg_model_config *c) {
 }
 
 int dg_model_config_validate(const dg_model_config *c) {
-#define NEED(cond, ...)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            dg_error("model config: " __VA_ARGS__);                                                \
-            return -1;                                                                             \
-        }                                                                                          \
+#define NEED(cond, ...)                             \
+    do {                                            \
+        if (!(cond)) {                              \
+            dg_error("model config: " __VA_ARGS__); \
+            return -1;                              \
+        }                                           \
     } while (0)
     NEED((unsigned)c->mixer < 3, "mixer %d is not gdn, kda or deltanet", (int)c->mixer);
     NEED(c->vocab_size >= 2 && c->vocab_size <= (1 << 24), "vocab_size %lld is not in [2, 2^24]",
@@ -111,8 +109,9 @@ static const char *model_type(dg_mixer_kind k) {
     return k == DG_MIXER_GDN ? "gated_deltanet" : k == DG_MIXER_KDA ? "kda" : "delta_net";
 }
 static const char *architecture(dg_mixer_kind k) {
-    return k == DG_MIXER_GDN ? "GatedDeltaNetForCausalLM" : k == DG_MIXER_KDA ? "KDAForCausalLM"
-                                                                                : "DeltaNetForCausalLM";
+    return k == DG_MIXER_GDN   ? "GatedDeltaNetForCausalLM"
+           : k == DG_MIXER_KDA ? "KDAForCausalLM"
+                               : "DeltaNetForCausalLM";
 }
 
 char *dg_model_config_to_json(const dg_model_config *c) {
@@ -132,8 +131,9 @@ char *dg_model_config_to_json(const dg_model_config *c) {
             (long long)c->num_heads);
     if (c->mixer == DG_MIXER_DELTANET) {
         /* FLA's DeltaNet sizes its heads from expand_k / expand_v relative to hidden_size */
-        fprintf(f, "\"expand_k\": %.17g, \"expand_v\": %.17g, \"head_dim\": %lld, \"use_beta\": true, "
-                   "\"qk_activation\": \"silu\", \"qk_norm\": \"l2\", ",
+        fprintf(f,
+                "\"expand_k\": %.17g, \"expand_v\": %.17g, \"head_dim\": %lld, \"use_beta\": true, "
+                "\"qk_activation\": \"silu\", \"qk_norm\": \"l2\", ",
                 (double)dg_model_key_dim(c) / (double)c->hidden_size,
                 (double)dg_model_value_dim(c) / (double)c->hidden_size, (long long)c->head_dim);
     } else {
@@ -146,9 +146,10 @@ char *dg_model_config_to_json(const dg_model_config *c) {
             tf[c->use_short_conv], (long long)c->conv_size, tf[c->conv_bias], tf[c->allow_neg_eigval]);
     fprintf(f, "\"norm_eps\": %.17g, \"hidden_ratio\": %.17g, \"intermediate_size\": %lld, \"hidden_act\": \"swish\", ",
             c->norm_eps, c->hidden_ratio, (long long)dg_model_intermediate_size(c));
-    fprintf(f, "\"tie_word_embeddings\": %s, \"initializer_range\": %.17g, \"attn_mode\": \"chunk\", "
-               "\"attn\": null, \"fuse_norm\": false, \"fuse_swiglu\": false, \"fuse_cross_entropy\": false, "
-               "\"torch_dtype\": \"float32\"}",
+    fprintf(f,
+            "\"tie_word_embeddings\": %s, \"initializer_range\": %.17g, \"attn_mode\": \"chunk\", "
+            "\"attn\": null, \"fuse_norm\": false, \"fuse_swiglu\": false, \"fuse_cross_entropy\": false, "
+            "\"torch_dtype\": \"float32\"}",
             tf[c->tie_word_embeddings], c->initializer_range);
     if (fclose(f) != 0) {
         free(buf);
@@ -231,11 +232,10 @@ int dg_model_config_from_json(const char *json, dg_model_config *out) {
         }
     }
     if (get_int(root, "num_v_heads", &c.num_v_heads) < 0 || get_int(root, "conv_size", &c.conv_size) < 0 ||
-        get_int(root, "intermediate_size", &c.intermediate_size) < 0 ||
-        get_num(root, "norm_eps", &c.norm_eps) < 0 || get_num(root, "hidden_ratio", &c.hidden_ratio) < 0 ||
-        get_num(root, "initializer_range", &c.initializer_range) < 0 ||
-        get_bool(root, "use_gate", &c.use_gate) < 0 || get_bool(root, "use_short_conv", &c.use_short_conv) < 0 ||
-        get_bool(root, "conv_bias", &c.conv_bias) < 0 ||
+        get_int(root, "intermediate_size", &c.intermediate_size) < 0 || get_num(root, "norm_eps", &c.norm_eps) < 0 ||
+        get_num(root, "hidden_ratio", &c.hidden_ratio) < 0 ||
+        get_num(root, "initializer_range", &c.initializer_range) < 0 || get_bool(root, "use_gate", &c.use_gate) < 0 ||
+        get_bool(root, "use_short_conv", &c.use_short_conv) < 0 || get_bool(root, "conv_bias", &c.conv_bias) < 0 ||
         get_bool(root, "allow_neg_eigval", &c.allow_neg_eigval) < 0 ||
         get_bool(root, "tie_word_embeddings", &c.tie_word_embeddings) < 0)
         goto done;
@@ -267,21 +267,25 @@ done:
 }
 
 bool dg_model_config_equal(const dg_model_config *a, const dg_model_config *b, char *why, size_t n) {
-#define CMP_I(f)                                                                                   \
-    if ((int64_t)(a->f) != (int64_t)(b->f)) {                                                      \
-        snprintf(why, n, #f " %lld vs %lld", (long long)(a->f), (long long)(b->f));                \
-        return false;                                                                              \
+#define CMP_I(f)                                                                    \
+    if ((int64_t)(a->f) != (int64_t)(b->f)) {                                       \
+        snprintf(why, n, #f " %lld vs %lld", (long long)(a->f), (long long)(b->f)); \
+        return false;                                                               \
     }
-#define CMP_D(f)                                                                                   \
-    if (a->f != b->f) {                                                                            \
-        snprintf(why, n, #f " %g vs %g", a->f, b->f);                                              \
-        return false;                                                                              \
+#define CMP_D(f)                                      \
+    if (a->f != b->f) {                               \
+        snprintf(why, n, #f " %g vs %g", a->f, b->f); \
+        return false;                                 \
     }
     if (a->mixer != b->mixer) {
         snprintf(why, n, "mixer %s vs %s", dg_mixer_name(a->mixer), dg_mixer_name(b->mixer));
         return false;
     }
-    CMP_I(vocab_size) CMP_I(hidden_size) CMP_I(num_hidden_layers) CMP_I(num_heads) CMP_I(head_dim)
+    CMP_I(vocab_size)
+    CMP_I(hidden_size)
+    CMP_I(num_hidden_layers)
+    CMP_I(num_heads)
+    CMP_I(head_dim)
     if (dg_model_num_v_heads(a) != dg_model_num_v_heads(b)) {
         snprintf(why, n, "num_v_heads %lld vs %lld", (long long)dg_model_num_v_heads(a),
                  (long long)dg_model_num_v_heads(b));
@@ -293,7 +297,10 @@ bool dg_model_config_equal(const dg_model_config *a, const dg_model_config *b, c
         return false;
     }
     if (a->mixer != DG_MIXER_KDA) CMP_I(use_gate)
-    CMP_I(use_short_conv) CMP_I(conv_size) CMP_I(conv_bias) CMP_I(allow_neg_eigval)
+    CMP_I(use_short_conv)
+    CMP_I(conv_size)
+    CMP_I(conv_bias)
+    CMP_I(allow_neg_eigval)
     CMP_D(norm_eps)
     if (dg_model_intermediate_size(a) != dg_model_intermediate_size(b)) {
         snprintf(why, n, "intermediate_size %lld vs %lld", (long long)dg_model_intermediate_size(a),

@@ -23,16 +23,16 @@ typedef struct dg_model_config {
     int64_t hidden_size;
     int64_t num_hidden_layers;
     int64_t num_heads;
-    int64_t head_dim;      /* head_k_dim */
-    int64_t num_v_heads;   /* 0: num_heads (GVA when larger; GDN and KDA only) */
-    double expand_v;       /* head_v_dim = head_dim * expand_v */
-    bool use_gate;         /* GDN, DeltaNet: output gate g_proj + gated RMSNorm (KDA always gates) */
+    int64_t head_dim;    /* head_k_dim */
+    int64_t num_v_heads; /* 0: num_heads (GVA when larger; GDN and KDA only) */
+    double expand_v;     /* head_v_dim = head_dim * expand_v */
+    bool use_gate;       /* GDN, DeltaNet: output gate g_proj + gated RMSNorm (KDA always gates) */
     bool use_short_conv;
     int64_t conv_size;
     bool conv_bias;
     bool allow_neg_eigval; /* beta in (0, 2) */
     double norm_eps;
-    double hidden_ratio;   /* MLP size when intermediate_size is 0 */
+    double hidden_ratio; /* MLP size when intermediate_size is 0 */
     int64_t intermediate_size;
     bool tie_word_embeddings;
     double initializer_range;
@@ -41,8 +41,8 @@ typedef struct dg_model_config {
 /* The default of `deltagrad train`: the small GatedDeltaNet that solves the default MQAR. */
 dg_model_config dg_model_default_config(void);
 
-const char *dg_mixer_name(dg_mixer_kind k);                 /* "gdn", "kda", "deltanet" */
-int dg_mixer_parse(const char *s, dg_mixer_kind *out);      /* 0, or -1 (no error set) */
+const char *dg_mixer_name(dg_mixer_kind k);            /* "gdn", "kda", "deltanet" */
+int dg_mixer_parse(const char *s, dg_mixer_kind *out); /* 0, or -1 (no error set) */
 
 int64_t dg_model_num_v_heads(const dg_model_config *c);
 int64_t dg_model_head_v_dim(const dg_model_config *c);

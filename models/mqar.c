@@ -11,8 +11,12 @@
 #define SET_DOMAIN 0xA5E7D0D1C0FFEE11ull
 
 dg_mqar_config dg_mqar_default_config(void) {
-    return (dg_mqar_config){.vocab_size = 256, .seq_len = 128, .num_kv_pairs = 16, .num_queries = 0,
-                            .power_a = 0.01, .random_filler = false};
+    return (dg_mqar_config){.vocab_size = 256,
+                            .seq_len = 128,
+                            .num_kv_pairs = 16,
+                            .num_queries = 0,
+                            .power_a = 0.01,
+                            .random_filler = false};
 }
 
 int64_t dg_mqar_num_queries(const dg_mqar_config *cfg) {
@@ -30,8 +34,9 @@ int dg_mqar_validate(const dg_mqar_config *cfg) {
         return -1;
     }
     if (N < 1 || N > V / 2 - 1 || N > V - V / 2) {
-        dg_error("mqar: num_kv_pairs %lld must be in 1 .. %lld (distinct keys from [1, %lld), values from [%lld, %lld))",
-                 (long long)N, (long long)(V / 2 - 1), (long long)(V / 2), (long long)(V / 2), (long long)V);
+        dg_error(
+            "mqar: num_kv_pairs %lld must be in 1 .. %lld (distinct keys from [1, %lld), values from [%lld, %lld))",
+            (long long)N, (long long)(V / 2 - 1), (long long)(V / 2), (long long)(V / 2), (long long)V);
         return -1;
     }
     if (cfg->num_queries < 0 || Q > N) {
@@ -231,8 +236,7 @@ void dg_mqar_set_free(dg_mqar_set *s) {
     free(s);
 }
 
-int64_t dg_mqar_set_batch(const dg_mqar_set *s, int64_t start, int64_t count, dg_tensor **inputs,
-                          dg_tensor **targets) {
+int64_t dg_mqar_set_batch(const dg_mqar_set *s, int64_t start, int64_t count, dg_tensor **inputs, dg_tensor **targets) {
     *inputs = *targets = NULL;
     if (!s || start < 0 || start >= s->n || count < 1) {
         dg_error("mqar: rows [%lld, +%lld) are outside the set of %lld examples", (long long)start, (long long)count,

@@ -68,8 +68,7 @@ dg_mqar_set *dg_mqar_set_new(const dg_mqar_config *cfg, uint64_t seed, int64_t n
 void dg_mqar_set_free(dg_mqar_set *s);
 /* Rows [start, start + count) of the set as i64 tensors [count, T] (count is clipped to the set's
  * end).  Returns the number of rows, or -1 with dg_error set. */
-int64_t dg_mqar_set_batch(const dg_mqar_set *s, int64_t start, int64_t count, dg_tensor **inputs,
-                          dg_tensor **targets);
+int64_t dg_mqar_set_batch(const dg_mqar_set *s, int64_t start, int64_t count, dg_tensor **inputs, dg_tensor **targets);
 
 /* Counts scored positions (targets != ignore) and, among them, predictions equal to the target. */
 void dg_count_correct(int64_t n, const int64_t *targets, const int64_t *predictions, int64_t ignore_index,

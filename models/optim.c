@@ -101,7 +101,8 @@ dg_adamw *dg_adamw_new(int n, dg_tensor *const *params, const dg_adamw_config *c
     for (int i = 0; i < n; i++) {
         if (check_param(params[i], i)) return NULL;
         for (int j = 0; j < i; j++)
-            if (params[j] == params[i] || (params[i]->name && params[j]->name && !strcmp(params[i]->name, params[j]->name))) {
+            if (params[j] == params[i] ||
+                (params[i]->name && params[j]->name && !strcmp(params[i]->name, params[j]->name))) {
                 dg_error("adamw: parameters %d and %d are the same tensor or share the name \"%s\"", j, i,
                          params[i]->name ? params[i]->name : "");
                 return NULL;
@@ -158,8 +159,13 @@ int dg_adamw_step(dg_adamw *opt, double lr) {
     const double b1 = opt->cfg.beta1, b2 = opt->cfg.beta2;
     const double bc1 = 1.0 - pow(b1, (double)opt->step), bc2 = 1.0 - pow(b2, (double)opt->step);
     /* the scalars are computed once in double and used as f32, as PyTorch does */
-    dg_adamw_coefs c = {.step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2), .eps = (float)opt->cfg.eps,
-                        .b1 = (float)b1, .b2 = (float)b2, .c1 = (float)(1.0 - b1), .c2 = (float)(1.0 - b2)};
+    dg_adamw_coefs c = {.step_size = (float)(lr / bc1),
+                        .bc2_sqrt = (float)sqrt(bc2),
+                        .eps = (float)opt->cfg.eps,
+                        .b1 = (float)b1,
+                        .b2 = (float)b2,
+                        .c1 = (float)(1.0 - b1),
+                        .c2 = (float)(1.0 - b2)};
     for (int i = 0; i < opt->n; i++) {
         dg_tensor *pt = opt->params[i];
         if (!pt->grad) continue;
@@ -176,8 +182,7 @@ void dg_adamw_zero_grad(dg_adamw *opt) {
         dg_tensor *g = opt->params[i]->grad;
         if (g && g->device == DG_CPU && dg_is_contiguous(g))
             memset(dgm_data(g), 0, (size_t)dg_numel(g) * dg_dtype_size(g->dtype));
-        else if (g && g->device == DG_CUDA)
-            dg_fill_(g, 0.0);
+        else if (g && g->device == DG_CUDA) dg_fill_(g, 0.0);
     }
 }
 
@@ -263,8 +268,8 @@ int dg_adamw_save(const dg_adamw *opt, const char *path, int n_meta, const char 
     snprintf(vals[2], sizeof vals[2], "%.17g", opt->cfg.beta2);
     snprintf(vals[3], sizeof vals[3], "%.17g", opt->cfg.eps);
     snprintf(vals[4], sizeof vals[4], "%.17g", opt->cfg.weight_decay);
-    const char *fixed[6][2] = {{"format", ADAMW_FORMAT}, {"step", vals[0]},         {"beta1", vals[1]},
-                               {"beta2", vals[2]},       {"eps", vals[3]},          {"weight_decay", vals[4]}};
+    const char *fixed[6][2] = {{"format", ADAMW_FORMAT}, {"step", vals[0]}, {"beta1", vals[1]},
+                               {"beta2", vals[2]},       {"eps", vals[3]},  {"weight_decay", vals[4]}};
     for (int i = 0; i < 6; i++) mk[i] = fixed[i][0], mv[i] = fixed[i][1];
     for (int i = 0; i < n_meta; i++) mk[6 + i] = keys[i], mv[6 + i] = values[i];
     rc = dg_st_write(path, nt, (const char *const *)names, ts, nm, mk, mv);
@@ -298,7 +303,8 @@ int dg_adamw_load(dg_adamw *opt, const char *path) {
     char *end = NULL;
     long long step = step_s ? strtoll(step_s, &end, 10) : -1;
     if (!step_s || !*step_s || *end || step < 0) {
-        dg_error("adamw: '%s': metadata step \"%s\" is not a non-negative integer", path, step_s ? step_s : "(missing)");
+        dg_error("adamw: '%s': metadata step \"%s\" is not a non-negative integer", path,
+                 step_s ? step_s : "(missing)");
         goto out;
     }
     if (f->n != 2 * opt->n) {

@@ -257,14 +257,16 @@ static int parse_entry(const char *path, const char *name, const dg_json *v, ent
     const dg_json *dt = dg_json_get(v, "dtype"), *sh = dg_json_get(v, "shape"), *off = dg_json_get(v, "data_offsets");
     if (!dt || !sh || !off) {
         dg_error("safetensors: '%s': tensor \"%.200s\" lacks \"%s\"", path, name,
-                 !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+                 !dt   ? "dtype"
+                 : !sh ? "shape"
+                       : "data_offsets");
         return -1;
     }
     e->name = name;
     if (dt->type != DG_JSON_STRING || st_dtype_from_name(dt->string, &e->dtype)) {
-        dg_error("safetensors: '%s': tensor \"%.200s\" has dtype %s%.32s%s; supported: F32, F64, BF16, F16, I32, I64", path,
-                 name, dt->type == DG_JSON_STRING ? "\"" : "", dt->type == DG_JSON_STRING ? dt->string : "(not a string)",
-                 dt->type == DG_JSON_STRING ? "\"" : "");
+        dg_error("safetensors: '%s': tensor \"%.200s\" has dtype %s%.32s%s; supported: F32, F64, BF16, F16, I32, I64",
+                 path, name, dt->type == DG_JSON_STRING ? "\"" : "",
+                 dt->type == DG_JSON_STRING ? dt->string : "(not a string)", dt->type == DG_JSON_STRING ? "\"" : "");
         return -1;
     }
     if (sh->type != DG_JSON_ARRAY) {
@@ -390,8 +392,7 @@ dg_st_file *dg_st_read(const char *path) {
         goto fail;
     }
     if (root->type != DG_JSON_OBJECT) {
-        dg_error("safetensors: '%s': header has JSON type %s, expected an object", path,
-                 dg_json_type_name(root->type));
+        dg_error("safetensors: '%s': header has JSON type %s, expected an object", path, dg_json_type_name(root->type));
         goto fail;
     }
 

@@ -27,13 +27,13 @@
 
 typedef struct dg_st_file {
     char *path;
-    int n;                 /* tensors, in data-offset order */
+    int n; /* tensors, in data-offset order */
     char **names;
-    dg_tensor **tensors;   /* owned: host, contiguous, named (->name) */
-    int n_meta;            /* "__metadata__" entries, in file order (the CRC entry left out) */
+    dg_tensor **tensors; /* owned: host, contiguous, named (->name) */
+    int n_meta;          /* "__metadata__" entries, in file order (the CRC entry left out) */
     char **meta_keys;
     char **meta_values;
-    bool crc_checked;      /* the file carried a data CRC and it matched */
+    bool crc_checked; /* the file carried a data CRC and it matched */
 } dg_st_file;
 
 /* Writes n tensors (host; any strides; dtypes above) under names[i] (names NULL: each tensor's

@@ -23,7 +23,7 @@ dg_tensor *dg_short_conv(dg_tensor *x, dg_tensor *weight, dg_tensor *bias, bool 
     }
     if (!prev) prev = dg_zeros_on(DG_SHAPE(B, W - 1, D), x->dtype, x->device);
     dg_tensor *parts[2] = {prev, x};
-    dg_tensor *ext = dg_cat(2, parts, 1);                       /* [B, W-1+T, D] */
+    dg_tensor *ext = dg_cat(2, parts, 1); /* [B, W-1+T, D] */
     dg_tensor *y = dg_slice(dg_conv1d(ext, w2, bias, silu), 1, W - 1, W - 1 + T);
     if (!y) return NULL;
     if (dg_mixer_cache_put(cache, dg_slice(ext, 1, T, T + W - 1))) return NULL;

@@ -149,8 +149,8 @@ int64_t dg_text_windows(const dg_text_data *d, dg_split split, int64_t first, in
     if (check_window(d, split, B, T, n)) return -1;
     int64_t nw = dg_text_num_windows(d, split, T);
     if (first < 0 || first >= nw) {
-        dg_error("text_data: window %lld is outside the %lld windows of the %s split", (long long)first,
-                 (long long)nw, split_name(split));
+        dg_error("text_data: window %lld is outside the %lld windows of the %s split", (long long)first, (long long)nw,
+                 split_name(split));
         return -1;
     }
     if (B > nw - first) B = nw - first;

@@ -16,9 +16,9 @@ typedef enum { DG_SPLIT_TRAIN, DG_SPLIT_VAL } dg_split;
 
 typedef struct dg_text_data {
     char *path;
-    uint8_t *bytes;   /* the whole file */
+    uint8_t *bytes; /* the whole file */
     int64_t n_bytes;
-    int64_t n_train;  /* train = bytes[0, n_train), validation = bytes[n_train, n_bytes) */
+    int64_t n_train; /* train = bytes[0, n_train), validation = bytes[n_train, n_bytes) */
 } dg_text_data;
 
 /* Reads path; val_fraction in [0, 1).  NULL with dg_error ("text_data: cannot open 'x': No such

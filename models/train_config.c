@@ -43,12 +43,12 @@ dg_train_config dg_train_default_config(void) {
 const char *dg_task_name(dg_task_kind k) { return k == DG_TASK_TEXT ? "text" : "mqar"; }
 
 int dg_train_config_validate(const dg_train_config *tc) {
-#define NEED(cond, ...)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            dg_error("train config: " __VA_ARGS__);                                                \
-            return -1;                                                                             \
-        }                                                                                          \
+#define NEED(cond, ...)                             \
+    do {                                            \
+        if (!(cond)) {                              \
+            dg_error("train config: " __VA_ARGS__); \
+            return -1;                              \
+        }                                           \
     } while (0)
     NEED(tc->task == DG_TASK_MQAR || tc->task == DG_TASK_TEXT, "task %d is not mqar or text", (int)tc->task);
     if (tc->task == DG_TASK_MQAR) {
@@ -66,8 +66,8 @@ int dg_train_config_validate(const dg_train_config *tc) {
     NEED(tc->min_lr_ratio >= 0 && tc->min_lr_ratio <= 1, "min_lr_ratio %g is not in [0, 1]", tc->min_lr_ratio);
     NEED(tc->warmup >= 0, "warmup %lld is negative", (long long)tc->warmup);
     NEED(isfinite(tc->weight_decay) && tc->weight_decay >= 0, "weight_decay %g is negative", tc->weight_decay);
-    NEED(tc->beta1 >= 0 && tc->beta1 < 1 && tc->beta2 >= 0 && tc->beta2 < 1, "betas (%g, %g) not in [0, 1)",
-         tc->beta1, tc->beta2);
+    NEED(tc->beta1 >= 0 && tc->beta1 < 1 && tc->beta2 >= 0 && tc->beta2 < 1, "betas (%g, %g) not in [0, 1)", tc->beta1,
+         tc->beta2);
     NEED(tc->adam_eps > 0, "adam_eps %g is not positive", tc->adam_eps);
     NEED(isfinite(tc->clip) && tc->clip >= 0, "clip %g is negative (0 turns clipping off)", tc->clip);
     NEED(tc->eval_every >= 0 && tc->save_every >= 0 && tc->log_every >= 1,
@@ -94,9 +94,10 @@ char *dg_train_config_to_json(const dg_train_config *tc) {
     }
     const dg_mqar_config *m = &tc->mqar;
     fprintf(f, "{\"task\": \"%s\", ", dg_task_name(tc->task));
-    fprintf(f, "\"mqar_vocab_size\": %lld, \"mqar_seq_len\": %lld, \"mqar_num_kv_pairs\": %lld, "
-               "\"mqar_num_queries\": %lld, \"mqar_power_a\": %.17g, \"mqar_random_filler\": %s, "
-               "\"eval_examples\": %lld, ",
+    fprintf(f,
+            "\"mqar_vocab_size\": %lld, \"mqar_seq_len\": %lld, \"mqar_num_kv_pairs\": %lld, "
+            "\"mqar_num_queries\": %lld, \"mqar_power_a\": %.17g, \"mqar_random_filler\": %s, "
+            "\"eval_examples\": %lld, ",
             (long long)m->vocab_size, (long long)m->seq_len, (long long)m->num_kv_pairs, (long long)m->num_queries,
             m->power_a, m->random_filler ? "true" : "false", (long long)tc->eval_examples);
     fprintf(f, "\"data\": ");
@@ -107,8 +108,9 @@ char *dg_train_config_to_json(const dg_train_config *tc) {
             (long long)tc->steps, (long long)tc->batch, tc->lr, tc->min_lr_ratio, (long long)tc->warmup);
     fprintf(f, "\"weight_decay\": %.17g, \"beta1\": %.17g, \"beta2\": %.17g, \"adam_eps\": %.17g, \"clip\": %.17g, ",
             tc->weight_decay, tc->beta1, tc->beta2, tc->adam_eps, tc->clip);
-    fprintf(f, "\"seed\": %llu, \"device\": \"%s\", \"eval_every\": %lld, \"save_every\": %lld, "
-               "\"log_every\": %lld, \"target_acc\": %.17g, ",
+    fprintf(f,
+            "\"seed\": %llu, \"device\": \"%s\", \"eval_every\": %lld, \"save_every\": %lld, "
+            "\"log_every\": %lld, \"target_acc\": %.17g, ",
             (unsigned long long)tc->seed, dg_device_name(tc->device), (long long)tc->eval_every,
             (long long)tc->save_every, (long long)tc->log_every, tc->target_acc);
     fprintf(f, "\"out_dir\": ");
@@ -190,11 +192,10 @@ int dg_train_config_from_json(const char *json, dg_train_config *tc) {
         rd_int(r, "batch", &c.batch) < 0 || rd_num(r, "lr", &c.lr) < 0 ||
         rd_num(r, "min_lr_ratio", &c.min_lr_ratio) < 0 || rd_int(r, "warmup", &c.warmup) < 0 ||
         rd_num(r, "weight_decay", &c.weight_decay) < 0 || rd_num(r, "beta1", &c.beta1) < 0 ||
-        rd_num(r, "beta2", &c.beta2) < 0 || rd_num(r, "adam_eps", &c.adam_eps) < 0 ||
-        rd_num(r, "clip", &c.clip) < 0 || rd_int(r, "seed", &seed) < 0 ||
-        rd_int(r, "eval_every", &c.eval_every) < 0 || rd_int(r, "save_every", &c.save_every) < 0 ||
-        rd_int(r, "log_every", &c.log_every) < 0 || rd_num(r, "target_acc", &c.target_acc) < 0 ||
-        rd_str(r, "out_dir", c.out_dir, sizeof c.out_dir) < 0 ||
+        rd_num(r, "beta2", &c.beta2) < 0 || rd_num(r, "adam_eps", &c.adam_eps) < 0 || rd_num(r, "clip", &c.clip) < 0 ||
+        rd_int(r, "seed", &seed) < 0 || rd_int(r, "eval_every", &c.eval_every) < 0 ||
+        rd_int(r, "save_every", &c.save_every) < 0 || rd_int(r, "log_every", &c.log_every) < 0 ||
+        rd_num(r, "target_acc", &c.target_acc) < 0 || rd_str(r, "out_dir", c.out_dir, sizeof c.out_dir) < 0 ||
         rd_str(r, "backward", c.backward, sizeof c.backward) < 0 || rd_int(r, "threads", &threads) < 0 ||
         rd_int(r, "chunk_size", &chunk) < 0)
         goto out;

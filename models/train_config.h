@@ -11,25 +11,25 @@ typedef enum { DG_TASK_MQAR = 0, DG_TASK_TEXT = 1 } dg_task_kind;
 
 typedef struct dg_train_config {
     dg_task_kind task;
-    dg_mqar_config mqar;     /* task mqar: its sizes (seq_len is mqar.seq_len) */
-    int64_t eval_examples;   /* mqar: size of the fixed held-out set */
-    char data[1024];         /* task text: the file */
-    double val_fraction;     /* text: the last fraction of the file validates */
-    int64_t seq_len;         /* text: tokens per training window */
-    int64_t eval_batches;    /* text: at most this many batches of validation windows per eval */
+    dg_mqar_config mqar;   /* task mqar: its sizes (seq_len is mqar.seq_len) */
+    int64_t eval_examples; /* mqar: size of the fixed held-out set */
+    char data[1024];       /* task text: the file */
+    double val_fraction;   /* text: the last fraction of the file validates */
+    int64_t seq_len;       /* text: tokens per training window */
+    int64_t eval_batches;  /* text: at most this many batches of validation windows per eval */
     int64_t steps, batch;
     double lr, min_lr_ratio;
     int64_t warmup;
     double weight_decay, beta1, beta2, adam_eps, clip;
-    uint64_t seed;           /* model initialisation and training data */
+    uint64_t seed; /* model initialisation and training data */
     dg_device device;
     int64_t eval_every, save_every, log_every;
-    double target_acc;       /* stop once the held-out accuracy reaches it (0: never) */
+    double target_acc; /* stop once the held-out accuracy reaches it (0: never) */
     char out_dir[1024];
     dg_delta_algorithm algorithm;
-    int chunk_size;          /* chunked algorithm: 16, 32 or 64 */
-    char backward[32];       /* delta-rule backward variant ("" = the op's default) */
-    int threads;             /* 0: all cores */
+    int chunk_size;    /* chunked algorithm: 16, 32 or 64 */
+    char backward[32]; /* delta-rule backward variant ("" = the op's default) */
+    int threads;       /* 0: all cores */
 } dg_train_config;
 
 dg_train_config dg_train_default_config(void);

@@ -97,8 +97,8 @@ static int load_task_data(dg_trainer *t) {
     dg_text_split_bytes(t->text, DG_SPLIT_VAL, &nva);
     if (ntr < tc->seq_len + 1 || nva < tc->seq_len + 1) {
         dg_error("train: '%s' is too small for seq_len %lld: %lld training and %lld validation bytes (each needs at "
-                 "least %lld)", tc->data, (long long)tc->seq_len, (long long)ntr, (long long)nva,
-                 (long long)tc->seq_len + 1);
+                 "least %lld)",
+                 tc->data, (long long)tc->seq_len, (long long)ntr, (long long)nva, (long long)tc->seq_len + 1);
         return -1;
     }
     return 0;
@@ -109,10 +109,12 @@ static int check_device(dg_device dev, const char *who) {
     if (dev != DG_CUDA || dg_cuda_available()) return 0;
 #ifdef DG_HAVE_CUDA
     dg_error("%s: --device cuda: no CUDA device was found (this build has the CUDA backend); --device cpu runs "
-             "on the host", who);
+             "on the host",
+             who);
 #else
     dg_error("%s: --device cuda: this build has no CUDA backend (built without nvcc, or with cuda=0); --device "
-             "cpu runs on the host", who);
+             "cpu runs on the host",
+             who);
 #endif
     return -1;
 }
@@ -128,8 +130,8 @@ static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
     dg_error("train: this run needs about %s of memory and %s is available: %lld sequences of %lld tokens a step "
              "through %lld layers of width %lld; lower --batch or --seq-len",
              dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s), (long long)tc->batch,
-             (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
-             (long long)mc->num_hidden_layers, (long long)mc->hidden_size);
+             (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len), (long long)mc->num_hidden_layers,
+             (long long)mc->hidden_size);
     return -1;
 }
 
@@ -162,7 +164,8 @@ dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
         goto fail;
     }
     if (tc->task == DG_TASK_TEXT && t->lm->cfg.vocab_size < 256) {
-        dg_error("eval: byte-level text needs vocab_size >= 256 (the model has %lld)", (long long)t->lm->cfg.vocab_size);
+        dg_error("eval: byte-level text needs vocab_size >= 256 (the model has %lld)",
+                 (long long)t->lm->cfg.vocab_size);
         goto fail;
     }
     if (load_task_data(t)) goto fail;
@@ -184,7 +187,8 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
         char why[160];
         if (mc_in && !dg_model_config_equal(mc_in, &mc, why, sizeof why)) {
             dg_error("train: cannot resume from '%s': its model differs from the one asked for (%s, checkpoint "
-                     "second)", resume_dir, why);
+                     "second)",
+                     resume_dir, why);
             goto fail;
         }
         if (ck_step < 0) {
@@ -230,11 +234,12 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     /* initialised on the host (the same parameters for a seed on every device), then moved; the
      * optimiser's moments are made on the parameters' device */
     if (tc->device != DG_CPU && dg_lm_to_device(t->lm, tc->device)) goto fail;
-    dg_adamw_config ac = {.beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
+    dg_adamw_config ac = {
+        .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
     if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
     t->data_rng = dg_rng_new(data_seed(tc->seed));
-    t->sched = (dg_lr_schedule){.peak_lr = tc->lr, .warmup_steps = tc->warmup, .total_steps = tc->steps,
-                                .min_lr_ratio = tc->min_lr_ratio};
+    t->sched = (dg_lr_schedule){
+        .peak_lr = tc->lr, .warmup_steps = tc->warmup, .total_steps = tc->steps, .min_lr_ratio = tc->min_lr_ratio};
     if (load_task_data(t)) goto fail;
     if (resume_dir) {
         if (dg_ckpt_load_params(mpath, t->lm) || load_run_state(t, resume_dir, ck_step)) goto fail;
@@ -355,7 +360,9 @@ int dg_trainer_eval(dg_trainer *t, int64_t max_examples, double *loss, double *a
             dg_tensor *in, *tg;
             int64_t cnt = B < n - s ? B : n - s;
             rc = dg_mqar_set_batch(t->heldout, s, cnt, &in, &tg) < 0 ||
-                 score_batch(t->lm, in, tg, &loss_sum, &correct, &scored) ? -1 : 0;
+                         score_batch(t->lm, in, tg, &loss_sum, &correct, &scored)
+                     ? -1
+                     : 0;
             dg_scope_end();
         }
     } else {
@@ -399,9 +406,8 @@ int dg_trainer_save(dg_trainer *t) {
     snprintf(skip_s, sizeof skip_s, "%lld", (long long)t->skipped);
     snprintf(el_s, sizeof el_s, "%.17g", t->elapsed_before);
     snprintf(best_s, sizeof best_s, "%.17g", isnan(t->best_acc) ? -1.0 : t->best_acc);
-    const char *keys[] = {"deltagrad.train_step", "deltagrad.rng_seed", "deltagrad.rng_counter",
-                          "deltagrad.skipped", "deltagrad.elapsed_s", "deltagrad.best_acc",
-                          "deltagrad.train_config"};
+    const char *keys[] = {"deltagrad.train_step", "deltagrad.rng_seed", "deltagrad.rng_counter", "deltagrad.skipped",
+                          "deltagrad.elapsed_s",  "deltagrad.best_acc", "deltagrad.train_config"};
     const char *vals[] = {step_s, seed_s, ctr_s, skip_s, el_s, best_s, t->train_json};
     return dg_ckpt_save(t->tc.out_dir, t->lm, t->opt, t->step, t->train_json, 7, keys, vals);
 }
@@ -425,8 +431,8 @@ static int mkdir_p(const char *path) {
 }
 
 enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_EVAL_LOSS, C_EVAL_ACC, C_EVAL_N, NCOLS };
-static const char *const csv_cols[NCOLS] = {"step", "lr", "loss", "grad_norm", "tokens_per_s", "elapsed_s",
-                                            "live_mb", "eval_loss", "eval_acc", "eval_examples"};
+static const char *const csv_cols[NCOLS] = {"step",      "lr",      "loss",      "grad_norm", "tokens_per_s",
+                                            "elapsed_s", "live_mb", "eval_loss", "eval_acc",  "eval_examples"};
 #define QUICK_EVAL 250
 
 int dg_trainer_run(dg_trainer *t) {
@@ -438,13 +444,13 @@ int dg_trainer_run(dg_trainer *t) {
     if (stale > 0 && !t->quiet)
         fprintf(stderr, "removed %d temporary file%s left in %s by a killed run\n", stale, stale > 1 ? "s" : "",
                 tc->out_dir);
-    bool at_target = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !isnan(t->best_acc) &&
-                     t->best_acc >= tc->target_acc;
+    bool at_target =
+        tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !isnan(t->best_acc) && t->best_acc >= tc->target_acc;
     if (t->step >= tc->steps || at_target) { /* a finished run resumed: nothing to train, say where it stands */
         double el, ea;
         if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
-        fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n",
-                tc->out_dir, (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
+        fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n", tc->out_dir,
+                (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
                 at_target ? "a higher --target-acc trains further" : "raise --steps to train further", el,
                 tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
         return 0;
@@ -455,30 +461,30 @@ int dg_trainer_run(dg_trainer *t) {
     dg_csv *csv = dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1);
     if (!csv) return -1;
     if (csv->missing_steps > 0)
-        fprintf(stderr, "note: %s has no rows for %lld of the %lld steps before this resume (first gap: steps "
-                        "%lld-%lld): the log was cut short or edited; the rows go on from step %lld and the chart "
-                        "joins across the gap\n",
+        fprintf(stderr,
+                "note: %s has no rows for %lld of the %lld steps before this resume (first gap: steps "
+                "%lld-%lld): the log was cut short or edited; the rows go on from step %lld and the chart "
+                "joins across the gap\n",
                 csv_path, (long long)csv->missing_steps, (long long)t->step, (long long)csv->missing_from,
                 (long long)csv->missing_to, (long long)t->step + 1);
     char title[256];
     snprintf(title, sizeof title, "%s on %s (%lld layers, d=%lld)", dg_mixer_name(t->lm->cfg.mixer),
              dg_task_name(tc->task), (long long)t->lm->cfg.num_hidden_layers, (long long)t->lm->cfg.hidden_size);
     dg_progress pr;
-    dg_progress_init(&pr, stderr, t->quiet ? DG_PROGRESS_PLAIN : DG_PROGRESS_AUTO, t->step, tc->steps,
-                     tc->log_every);
+    dg_progress_init(&pr, stderr, t->quiet ? DG_PROGRESS_PLAIN : DG_PROGRESS_AUTO, t->step, tc->steps, tc->log_every);
     int64_t tokens_per_step = tc->batch * (tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
     double t_start = dg_progress_now(), last_acc = NAN, rate = NAN, t_prev = t_start;
     int rc = 0;
     bool reached = false, stop = false;
-#define SAY(...)                                                                                   \
-    do {                                                                                           \
-        if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__);                                      \
+#define SAY(...)                                              \
+    do {                                                      \
+        if (!t->quiet) dg_progress_message(&pr, __VA_ARGS__); \
     } while (0)
     if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && tc->eval_every > 0) {
         pr.may_stop_early = true; /* the ETA is to the last step: an upper bound */
         SAY("the time shown is an upper bound, to step %lld: it stops sooner if an evaluation "
-            "(every %lld steps) reaches %.0f%% held-out accuracy", (long long)tc->steps, (long long)tc->eval_every,
-            100 * tc->target_acc);
+            "(every %lld steps) reaches %.0f%% held-out accuracy",
+            (long long)tc->steps, (long long)tc->eval_every, 100 * tc->target_acc);
     }
     int64_t nonfinite_streak = 0;
     while (t->step < tc->steps && !stop) {
@@ -529,8 +535,10 @@ int dg_trainer_run(dg_trainer *t) {
                 }
             }
             if (!isfinite(el)) {
-                dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last checkpoint, if any, "
-                         "is in %s", el, (long long)t->step, tc->lr, tc->out_dir);
+                dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last "
+                         "checkpoint, if any, "
+                         "is in %s",
+                         el, (long long)t->step, tc->lr, tc->out_dir);
                 rc = -1;
                 break;
             }
@@ -572,15 +580,16 @@ int dg_trainer_run(dg_trainer *t) {
     if (rc == 0) { /* the result line, --quiet or not */
         double total = t->elapsed_before;
         if (reached)
-            fprintf(stderr, "reached %.2f%% held-out query accuracy (target %.0f%%) at step %lld after %.1f s of "
-                            "training; checkpoint in %s\n",
+            fprintf(stderr,
+                    "reached %.2f%% held-out query accuracy (target %.0f%%) at step %lld after %.1f s of "
+                    "training; checkpoint in %s\n",
                     100 * last_acc, 100 * tc->target_acc, (long long)t->step, total, tc->out_dir);
         else if (t->step < tc->steps)
             fprintf(stderr, "stopped at step %lld of %lld (%.1f s); resume with --resume %s\n", (long long)t->step,
                     (long long)tc->steps, total, tc->out_dir);
         else
-            fprintf(stderr, "finished %lld steps in %.1f s: %s %.2f%%%s; checkpoint in %s\n", (long long)t->step,
-                    total, tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy",
+            fprintf(stderr, "finished %lld steps in %.1f s: %s %.2f%%%s; checkpoint in %s\n", (long long)t->step, total,
+                    tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy",
                     100 * last_acc,
                     tc->task == DG_TASK_MQAR && tc->target_acc > 0 && !(last_acc >= tc->target_acc)
                         ? " (target not reached)"

@@ -25,23 +25,23 @@
 
 typedef struct dg_trainer {
     dg_train_config tc;
-    char *train_json;       /* tc as JSON (stored in checkpoints) */
+    char *train_json; /* tc as JSON (stored in checkpoints) */
     dg_lm *lm;
     dg_adamw *opt;
-    dg_rng data_rng;        /* training batches */
-    int64_t step;           /* updates made */
-    int64_t skipped;        /* steps whose gradient was not finite (no update) */
-    dg_mqar_set *heldout;   /* task mqar */
-    dg_text_data *text;     /* task text */
+    dg_rng data_rng;      /* training batches */
+    int64_t step;         /* updates made */
+    int64_t skipped;      /* steps whose gradient was not finite (no update) */
+    dg_mqar_set *heldout; /* task mqar */
+    dg_text_data *text;   /* task text */
     dg_lr_schedule sched;
-    double elapsed_before;  /* training seconds of the run before this process (resumed runs) */
+    double elapsed_before; /* training seconds of the run before this process (resumed runs) */
     double best_acc;
     bool resumed;
     /* run-time controls, not part of the run's identity */
-    int64_t stop_at;        /* > 0: save and return after this step (as if killed right after a save) */
-    volatile sig_atomic_t *interrupt; /* set (by SIGINT, SIGTERM): save and return after the current step */
-    bool quiet;             /* no progress display (the final result line is still printed) */
-    bool profile;           /* time the phases of each step (DG_PROFILE=1) */
+    int64_t stop_at;                    /* > 0: save and return after this step (as if killed right after a save) */
+    volatile sig_atomic_t *interrupt;   /* set (by SIGINT, SIGTERM): save and return after the current step */
+    bool quiet;                         /* no progress display (the final result line is still printed) */
+    bool profile;                       /* time the phases of each step (DG_PROFILE=1) */
     double t_data, t_fwd, t_bwd, t_opt; /* seconds per phase when profiling */
     int64_t profiled_steps;
 } dg_trainer;

@@ -36,16 +36,16 @@ bool dg_check_ndim(const char *op, const char *arg, const dg_tensor *t, int ndim
 bool dg_check_same_dtype(const char *op, const char *arg, const dg_tensor *t, const char *ref_arg,
                          const dg_tensor *ref) {
     if (t->dtype == ref->dtype) return true;
-    dg_error("%s: %s has dtype %s (shape %s) but %s has %s (shape %s)", op, arg, dg_dtype_name(t->dtype),
-             dg_shp(t), ref_arg, dg_dtype_name(ref->dtype), dg_shp(ref));
+    dg_error("%s: %s has dtype %s (shape %s) but %s has %s (shape %s)", op, arg, dg_dtype_name(t->dtype), dg_shp(t),
+             ref_arg, dg_dtype_name(ref->dtype), dg_shp(ref));
     return false;
 }
 
 bool dg_check_same_device(const char *op, const char *arg, const dg_tensor *t, const char *ref_arg,
                           const dg_tensor *ref) {
     if (t->device == ref->device) return true;
-    dg_error("%s: %s is on %s (shape %s) but %s is on %s (shape %s)", op, arg, dg_device_name(t->device),
-             dg_shp(t), ref_arg, dg_device_name(ref->device), dg_shp(ref));
+    dg_error("%s: %s is on %s (shape %s) but %s is on %s (shape %s)", op, arg, dg_device_name(t->device), dg_shp(t),
+             ref_arg, dg_device_name(ref->device), dg_shp(ref));
     return false;
 }
 
@@ -74,7 +74,7 @@ dg_tensor *dg_sum_to_shape(dg_tensor *g, int ndim, const int64_t *shape) {
 
 bool dg_require_cpu(const char *op, const dg_tensor *t) {
     if (!t || t->device == DG_CPU) return true;
-    dg_error("%s: tensor %s %s is on %s, which this op does not run on yet", op, dg_shp(t),
-             dg_dtype_name(t->dtype), dg_device_name(t->device));
+    dg_error("%s: tensor %s %s is on %s, which this op does not run on yet", op, dg_shp(t), dg_dtype_name(t->dtype),
+             dg_device_name(t->device));
     return false;
 }

@@ -42,10 +42,18 @@ static int contiguous_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s
     return sample_x(index, dt, seed, s, (copy_attrs){0});
 }
 
-const dg_op_def dg_op_contiguous = {.name = "contiguous", .n_in = 1, .n_out = 1, .in_names = {"a"},
-                                    .out_names = {"out"}, .forward = contiguous_forward,
-                                    .bwd = {{"default", pass_backward}}, .sample = contiguous_sample,
-                                    .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_contiguous = {.name = "contiguous",
+                                    .n_in = 1,
+                                    .n_out = 1,
+                                    .in_names = {"a"},
+                                    .out_names = {"out"},
+                                    .forward = contiguous_forward,
+                                    .bwd = {{"default", pass_backward}},
+                                    .sample = contiguous_sample,
+                                    .atol_f64 = 1e-8,
+                                    .rtol_f64 = 1e-7,
+                                    .atol_f32 = 1e-5,
+                                    .rtol_f32 = 1e-4};
 
 /* ---- to_dtype ---- */
 
@@ -82,11 +90,19 @@ static int to_dtype_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) 
     return sample_x(index, DG_F32, seed, s, (copy_attrs){.dtype = DG_F64});
 }
 
-const dg_op_def dg_op_to_dtype = {.name = "to_dtype", .n_in = 1, .n_out = 1, .in_names = {"a"},
-                                  .out_names = {"out"}, .attrs_size = sizeof(copy_attrs),
-                                  .forward = to_dtype_forward, .bwd = {{"default", to_dtype_backward}},
-                                  .sample = to_dtype_sample, .atol_f64 = 1e-5, .rtol_f64 = 1e-4,
-                                  .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_to_dtype = {.name = "to_dtype",
+                                  .n_in = 1,
+                                  .n_out = 1,
+                                  .in_names = {"a"},
+                                  .out_names = {"out"},
+                                  .attrs_size = sizeof(copy_attrs),
+                                  .forward = to_dtype_forward,
+                                  .bwd = {{"default", to_dtype_backward}},
+                                  .sample = to_dtype_sample,
+                                  .atol_f64 = 1e-5,
+                                  .rtol_f64 = 1e-4,
+                                  .atol_f32 = 1e-5,
+                                  .rtol_f32 = 1e-4};
 
 /* ---- cat ---- */
 
@@ -150,8 +166,8 @@ dg_tensor *dg_cat(int n, dg_tensor *const *ts, int dim) {
         bool ok = ts[i]->ndim == first->ndim;
         for (int d = 0; ok && d < first->ndim; d++) ok = d == dim || ts[i]->shape[d] == first->shape[d];
         if (!ok) {
-            dg_error("cat: %s has shape %s but tensors[0] has %s (cat along dim %d)", arg, dg_shp(ts[i]),
-                     dg_shp(first), dim);
+            dg_error("cat: %s has shape %s but tensors[0] has %s (cat along dim %d)", arg, dg_shp(ts[i]), dg_shp(first),
+                     dim);
             return NULL;
         }
         if (!dg_check_same_dtype("cat", arg, ts[i], "tensors[0]", first) ||
@@ -176,15 +192,22 @@ static int cat_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
         dg_sample_set(s, 0, DG_SAMPLE_RANDN(&rng, dt, 2, 1, 3), true);
         dg_sample_set(s, 1, DG_SAMPLE_RANDN(&rng, dt, 2, 2, 3), true);
         dg_sample_set(s, 2, DG_SAMPLE_RANDN(&rng, dt, 2, 3, 3), true);
-    } else
-        return 0;
+    } else return 0;
     snprintf(s->label, sizeof s->label, "%d tensors along dim %d", at.n, at.dim);
     memcpy(s->attrs, &at, sizeof at);
     return 1;
 }
 
-const dg_op_def dg_op_cat = {.name = "cat", .n_in = DG_MAX_IO, .n_out = 1,
+const dg_op_def dg_op_cat = {.name = "cat",
+                             .n_in = DG_MAX_IO,
+                             .n_out = 1,
                              .in_names = {"t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10", "t11"},
-                             .out_names = {"out"}, .attrs_size = sizeof(copy_attrs), .forward = cat_forward,
-                             .bwd = {{"default", cat_backward}}, .sample = cat_sample,
-                             .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+                             .out_names = {"out"},
+                             .attrs_size = sizeof(copy_attrs),
+                             .forward = cat_forward,
+                             .bwd = {{"default", cat_backward}},
+                             .sample = cat_sample,
+                             .atol_f64 = 1e-8,
+                             .rtol_f64 = 1e-7,
+                             .atol_f32 = 1e-5,
+                             .rtol_f32 = 1e-4};

@@ -34,8 +34,8 @@ static int binary_forward(dg_node *n) {
     if (!xe || !ye || !out) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_binary(x->dtype, (dg_binary_op)a->op, nd, shape, dg_data_ptr(xe), xe->stride,
-                           dg_data_ptr(ye), ye->stride, dg_data_ptr(out)))
+        if (dg_cuda_binary(x->dtype, (dg_binary_op)a->op, nd, shape, dg_data_ptr(xe), xe->stride, dg_data_ptr(ye),
+                           ye->stride, dg_data_ptr(out)))
             return -1;
         if (a->op == DG_BIN_DIV) dg_save(n, out);
         n->out[0] = out;
@@ -58,8 +58,14 @@ static int binary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *x = n->in[0], *y = n->in[1], *g = gout[0];
     dg_tensor *gx = NULL, *gy = NULL;
     switch ((dg_binary_op)a->op) {
-    case DG_BIN_ADD: gx = g; gy = g; break;
-    case DG_BIN_SUB: gx = g; gy = n->needs_grad[1] ? dg_neg(g) : NULL; break;
+    case DG_BIN_ADD:
+        gx = g;
+        gy = g;
+        break;
+    case DG_BIN_SUB:
+        gx = g;
+        gy = n->needs_grad[1] ? dg_neg(g) : NULL;
+        break;
     case DG_BIN_MUL:
         gx = n->needs_grad[0] ? dg_mul(g, y) : NULL;
         gy = n->needs_grad[1] ? dg_mul(g, x) : NULL;
@@ -95,9 +101,18 @@ static int binary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg
     dg_tensor *a, *b;
     double lo = op == DG_BIN_DIV ? 0.5 : -1.0;
     switch (index) {
-    case 0: a = DG_SAMPLE_RANDN(&rng, dt, 3, 4); b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 3, 4); break;
-    case 1: a = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 5); b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 5); break;
-    case 2: a = DG_SAMPLE_RANDN(&rng, dt, 2, 1, 4); b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 3, 1); break;
+    case 0:
+        a = DG_SAMPLE_RANDN(&rng, dt, 3, 4);
+        b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 3, 4);
+        break;
+    case 1:
+        a = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 5);
+        b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 5);
+        break;
+    case 2:
+        a = DG_SAMPLE_RANDN(&rng, dt, 2, 1, 4);
+        b = DG_SAMPLE_RAND(&rng, dt, lo, 2.0, 3, 1);
+        break;
     default: return 0;
     }
     snprintf(s->label, sizeof s->label, "%s %s", dg_shp(a), dg_shp(b));
@@ -108,15 +123,23 @@ static int binary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg
     return 1;
 }
 
-#define BINARY_OP(NAME, OP)                                                                          \
-    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {                      \
-        return binary_sample(i, dt, seed, s, OP);                                                    \
-    }                                                                                                \
-    const dg_op_def dg_op_##NAME = {                                                                 \
-        .name = #NAME, .n_in = 2, .n_out = 1, .in_names = {"a", "b"}, .out_names = {"out"},          \
-        .attrs_size = sizeof(ew_attrs), .forward = binary_forward,                                   \
-        .bwd = {{"default", binary_backward}}, .sample = NAME##_sample,                              \
-        .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};                     \
+#define BINARY_OP(NAME, OP)                                                     \
+    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { \
+        return binary_sample(i, dt, seed, s, OP);                               \
+    }                                                                           \
+    const dg_op_def dg_op_##NAME = {.name = #NAME,                              \
+                                    .n_in = 2,                                  \
+                                    .n_out = 1,                                 \
+                                    .in_names = {"a", "b"},                     \
+                                    .out_names = {"out"},                       \
+                                    .attrs_size = sizeof(ew_attrs),             \
+                                    .forward = binary_forward,                  \
+                                    .bwd = {{"default", binary_backward}},      \
+                                    .sample = NAME##_sample,                    \
+                                    .atol_f64 = 1e-7,                           \
+                                    .rtol_f64 = 1e-6,                           \
+                                    .atol_f32 = 1e-5,                           \
+                                    .rtol_f32 = 1e-4};                          \
     dg_tensor *dg_##NAME(dg_tensor *a, dg_tensor *b) { return binary(#NAME, &dg_op_##NAME, OP, a, b); }
 
 BINARY_OP(add, DG_BIN_ADD)
@@ -133,14 +156,13 @@ static int unary_forward(dg_node *n) {
     if (!y) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y),
-                          a->s))
-            return -1;
+        if (dg_cuda_unary(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), a->s)) return -1;
 #else
         (void)dg_require_cpu(n->op->name, x);
         return -1;
 #endif
-    } else if (x->dtype == DG_F32) dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
+    } else if (x->dtype == DG_F32)
+        dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     else dg_cpu_unary_f64((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     dg_save(n, x);
     dg_save(n, y);
@@ -155,8 +177,8 @@ static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     if (!dx) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x),
-                              dg_data_ptr(y), dg_data_ptr(g), dg_data_ptr(dx), a->s))
+        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), dg_data_ptr(g),
+                              dg_data_ptr(dx), a->s))
             return -1;
 #endif
     } else if (x->dtype == DG_F32)
@@ -182,7 +204,10 @@ static int unary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg_
     dg_tensor *a;
     switch (index) {
     case 0: a = positive ? DG_SAMPLE_RAND(&rng, dt, 0.5, 2.0, 7) : DG_SAMPLE_RANDN(&rng, dt, 7); break;
-    case 1: a = positive ? DG_SAMPLE_RAND(&rng, dt, 0.5, 2.0, 3, 4, 5) : dg_mul_scalar(DG_SAMPLE_RANDN(&rng, dt, 3, 4, 5), 3.0); break;
+    case 1:
+        a = positive ? DG_SAMPLE_RAND(&rng, dt, 0.5, 2.0, 3, 4, 5)
+                     : dg_mul_scalar(DG_SAMPLE_RANDN(&rng, dt, 3, 4, 5), 3.0);
+        break;
     default: return 0;
     }
     snprintf(s->label, sizeof s->label, "%s", dg_shp(a));
@@ -192,20 +217,28 @@ static int unary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg_
     return 1;
 }
 
-#define UNARY_DEF(NAME, OP, SCALAR)                                                                  \
-    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {                      \
-        return unary_sample(i, dt, seed, s, OP, SCALAR);                                             \
-    }                                                                                                \
-    const dg_op_def dg_op_##NAME = {                                                                 \
-        .name = #NAME, .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},               \
-        .attrs_size = sizeof(ew_attrs), .forward = unary_forward,                                    \
-        .bwd = {{"default", unary_backward}}, .sample = NAME##_sample,                               \
-        .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
-#define UNARY_OP(NAME, OP)                                                                           \
-    UNARY_DEF(NAME, OP, 0)                                                                           \
+#define UNARY_DEF(NAME, OP, SCALAR)                                             \
+    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { \
+        return unary_sample(i, dt, seed, s, OP, SCALAR);                        \
+    }                                                                           \
+    const dg_op_def dg_op_##NAME = {.name = #NAME,                              \
+                                    .n_in = 1,                                  \
+                                    .n_out = 1,                                 \
+                                    .in_names = {"a"},                          \
+                                    .out_names = {"out"},                       \
+                                    .attrs_size = sizeof(ew_attrs),             \
+                                    .forward = unary_forward,                   \
+                                    .bwd = {{"default", unary_backward}},       \
+                                    .sample = NAME##_sample,                    \
+                                    .atol_f64 = 1e-7,                           \
+                                    .rtol_f64 = 1e-6,                           \
+                                    .atol_f32 = 1e-5,                           \
+                                    .rtol_f32 = 1e-4};
+#define UNARY_OP(NAME, OP) \
+    UNARY_DEF(NAME, OP, 0) \
     dg_tensor *dg_##NAME(dg_tensor *a) { return unary(#NAME, &dg_op_##NAME, OP, 0, a); }
-#define SCALAR_OP(NAME, OP, SAMPLE_SCALAR)                                                           \
-    UNARY_DEF(NAME, OP, SAMPLE_SCALAR)                                                               \
+#define SCALAR_OP(NAME, OP, SAMPLE_SCALAR) \
+    UNARY_DEF(NAME, OP, SAMPLE_SCALAR)     \
     dg_tensor *dg_##NAME(dg_tensor *a, double s) { return unary(#NAME, &dg_op_##NAME, OP, s, a); }
 
 UNARY_OP(neg, DG_UN_NEG)

@@ -45,9 +45,8 @@ static void perturb(dg_tensor *x, const dg_tensor *u, int64_t flat, double alpha
 
 /* Compares analytic gradients grads[k] (NULL = zero) with central differences of f for each
  * differentiable input; writes per-input max errors.  Returns 0, or -1 if f failed. */
-int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff,
-                      dg_tensor *const *grads, double atol, double rtol, uint64_t seed, double *abs_err,
-                      double *rel_err, bool *ok) {
+int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff, dg_tensor *const *grads,
+                  double atol, double rtol, uint64_t seed, double *abs_err, double *rel_err, bool *ok) {
     dg_rng rng = dg_rng_new(seed ^ 0xD1FFull);
     for (int k = 0; k < n; k++) {
         abs_err[k] = rel_err[k] = 0;
@@ -224,7 +223,8 @@ int dg_gradcheck_op(const dg_op_def *def, uint64_t seed, dg_gradcheck_report *re
             break;
         }
         for (int layout = 0; layout < 2; layout++)
-            for (int v = 0; v < dg_op_variant_count(def); v++) check_case(def, &s, layout == 1, v, seed + (uint64_t)i, rep);
+            for (int v = 0; v < dg_op_variant_count(def); v++)
+                check_case(def, &s, layout == 1, v, seed + (uint64_t)i, rep);
         dg_sample_free(&s);
         dg_scope_end();
     }
@@ -250,8 +250,8 @@ static double fn_value(dg_tensor *const *in, void *vctx, int *err) {
     return v;
 }
 
-int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, double atol, double rtol,
-                    double *max_abs, double *max_rel, char *worst, size_t worst_len) {
+int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, double atol, double rtol, double *max_abs,
+                    double *max_rel, char *worst, size_t worst_len) {
     if (n > 64) {
         dg_error("gradcheck: at most 64 inputs (%d given)", n);
         return -1;
@@ -279,8 +279,8 @@ int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, doub
         if (!ok[k]) {
             failed++;
             if (worst && worst_len)
-                snprintf(worst, worst_len, "input %d %s%s%s: abs err %.3g rel err %.3g", k, in[k]->name ? in[k]->name : "",
-                         in[k]->name ? " " : "", dg_shp(in[k]), ae[k], re[k]);
+                snprintf(worst, worst_len, "input %d %s%s%s: abs err %.3g rel err %.3g", k,
+                         in[k]->name ? in[k]->name : "", in[k]->name ? " " : "", dg_shp(in[k]), ae[k], re[k]);
         }
         if (ae[k] > *max_abs) *max_abs = ae[k];
         if (re[k] > *max_rel) *max_rel = re[k];

@@ -10,7 +10,7 @@
 typedef struct dg_gradcheck_row {
     char op[48];
     char variant[32];
-    char input[160];     /* sample label and which input */
+    char input[160]; /* sample label and which input */
     double max_abs_err, max_rel_err;
     bool ok;
 } dg_gradcheck_row;
@@ -28,8 +28,8 @@ int dg_gradcheck_op(const dg_op_def *def, uint64_t seed, dg_gradcheck_report *re
  * (one-element) output from the inputs, under autograd.  Central differences, eps 1e-6, for
  * inputs of up to max_elems elements per input; larger ones by random directional derivatives. */
 typedef dg_tensor *(*dg_scalar_fn)(dg_tensor *const *in, void *ctx);
-int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, double atol, double rtol,
-                    double *max_abs, double *max_rel, char *worst, size_t worst_len);
+int dg_gradcheck_fn(dg_scalar_fn f, void *ctx, int n, dg_tensor *const *in, double atol, double rtol, double *max_abs,
+                    double *max_rel, char *worst, size_t worst_len);
 void dg_gradcheck_report_free(dg_gradcheck_report *rep);
 
 /* The pieces gradcheck is made of, for checks that run elsewhere (gradcheck --device cuda). */
@@ -39,9 +39,8 @@ typedef double (*dg_fd_value_fn)(dg_tensor *const *in, void *ctx, int *err);
  * diff[k]: element by element up to 256 elements, else 6 random directions; eps 1e-6 (f64 inputs)
  * or 1e-3; per input the worst abs and rel error and whether |fd - an| <= atol + rtol |fd|.
  * Returns 0, or -1 when f failed. */
-int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff,
-                  dg_tensor *const *grads, double atol, double rtol, uint64_t seed, double *abs_err,
-                  double *rel_err, bool *ok);
+int dg_fd_compare(dg_fd_value_fn f, void *ctx, int n, dg_tensor *const *in, const bool *diff, dg_tensor *const *grads,
+                  double atol, double rtol, uint64_t seed, double *abs_err, double *rel_err, bool *ok);
 /* The same values in a storage twice as long with doubled strides (host tensors). */
 dg_tensor *dg_gradcheck_strided_copy(dg_tensor *t);
 void dg_gradcheck_add_row(dg_gradcheck_report *rep, const dg_gradcheck_row *row);

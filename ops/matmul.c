@@ -76,9 +76,9 @@ static int matmul_cuda(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb,
             rem /= size[d];
             ao += i * sa[d], bo += i * sb[d], co += i * sc[d];
         }
-        if (dg_cuda_gemm(a->dtype, c->dtype, tra, trb, M, N, K, 1.0, ap + ao * (int64_t)ea, lda,
-                         m ? sa[m - 1] : 0, bp + bo * (int64_t)ea, ldb, m ? sb[m - 1] : 0, 0.0,
-                         cp + co * (int64_t)ec, N, m ? sc[m - 1] : M * N, inner))
+        if (dg_cuda_gemm(a->dtype, c->dtype, tra, trb, M, N, K, 1.0, ap + ao * (int64_t)ea, lda, m ? sa[m - 1] : 0,
+                         bp + bo * (int64_t)ea, ldb, m ? sb[m - 1] : 0, 0.0, cp + co * (int64_t)ec, N,
+                         m ? sc[m - 1] : M * N, inner))
             return -1;
     }
     return 0;
@@ -177,11 +177,13 @@ static int matmul_backward_bf16(dg_node *n, dg_tensor *g, dg_tensor **gin) {
     const matmul_attrs *at = (const matmul_attrs *)n->attrs;
     dg_tensor *a = n->in[0], *b = n->in[1];
     if (n->needs_grad[0]) {
-        dg_tensor *ga = at->ta ? matmul_device(b, g, at->tb, true, DG_F32) : matmul_device(g, b, false, !at->tb, DG_F32);
+        dg_tensor *ga =
+            at->ta ? matmul_device(b, g, at->tb, true, DG_F32) : matmul_device(g, b, false, !at->tb, DG_F32);
         if (!(gin[0] = dg_to_dtype(dg_sum_to_shape(ga, a->ndim, a->shape), DG_BF16))) return -1;
     }
     if (n->needs_grad[1]) {
-        dg_tensor *gb = at->tb ? matmul_device(g, a, true, at->ta, DG_F32) : matmul_device(a, g, !at->ta, false, DG_F32);
+        dg_tensor *gb =
+            at->tb ? matmul_device(g, a, true, at->ta, DG_F32) : matmul_device(a, g, !at->ta, false, DG_F32);
         if (!(gin[1] = dg_to_dtype(dg_sum_to_shape(gb, b->ndim, b->shape), DG_BF16))) return -1;
     }
     return 0;
@@ -216,8 +218,7 @@ static bool matmul_dtype_ok(const char *arg, const dg_tensor *t) {
 
 dg_tensor *dg_matmul_t(dg_tensor *a, dg_tensor *b, bool ta, bool tb) {
     if (!matmul_dtype_ok("a", a) || !matmul_dtype_ok("b", b)) return NULL;
-    if (!dg_check_same_dtype("matmul", "b", b, "a", a) || !dg_check_same_device("matmul", "b", b, "a", a))
-        return NULL;
+    if (!dg_check_same_dtype("matmul", "b", b, "a", a) || !dg_check_same_device("matmul", "b", b, "a", a)) return NULL;
     if (a->ndim < 2 || b->ndim < 2) {
         dg_error("matmul: a %s and b %s must have at least 2 dims", dg_shp(a), dg_shp(b));
         return NULL;
@@ -247,11 +248,29 @@ static int matmul_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     matmul_attrs at = {false, false};
     dg_tensor *a, *b;
     switch (index) {
-    case 0: a = DG_SAMPLE_RANDN(&rng, dt, 3, 4); b = DG_SAMPLE_RANDN(&rng, dt, 4, 5); break;
-    case 1: a = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 4); b = DG_SAMPLE_RANDN(&rng, dt, 4, 2); break; /* broadcast b */
-    case 2: at = (matmul_attrs){true, false}; a = DG_SAMPLE_RANDN(&rng, dt, 2, 4, 3); b = DG_SAMPLE_RANDN(&rng, dt, 2, 4, 5); break;
-    case 3: at = (matmul_attrs){false, true}; a = DG_SAMPLE_RANDN(&rng, dt, 2, 1, 3, 4); b = DG_SAMPLE_RANDN(&rng, dt, 3, 5, 4); break;
-    case 4: at = (matmul_attrs){true, true}; a = DG_SAMPLE_RANDN(&rng, dt, 4, 3); b = DG_SAMPLE_RANDN(&rng, dt, 5, 4); break;
+    case 0:
+        a = DG_SAMPLE_RANDN(&rng, dt, 3, 4);
+        b = DG_SAMPLE_RANDN(&rng, dt, 4, 5);
+        break;
+    case 1:
+        a = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 4);
+        b = DG_SAMPLE_RANDN(&rng, dt, 4, 2);
+        break; /* broadcast b */
+    case 2:
+        at = (matmul_attrs){true, false};
+        a = DG_SAMPLE_RANDN(&rng, dt, 2, 4, 3);
+        b = DG_SAMPLE_RANDN(&rng, dt, 2, 4, 5);
+        break;
+    case 3:
+        at = (matmul_attrs){false, true};
+        a = DG_SAMPLE_RANDN(&rng, dt, 2, 1, 3, 4);
+        b = DG_SAMPLE_RANDN(&rng, dt, 3, 5, 4);
+        break;
+    case 4:
+        at = (matmul_attrs){true, true};
+        a = DG_SAMPLE_RANDN(&rng, dt, 4, 3);
+        b = DG_SAMPLE_RANDN(&rng, dt, 5, 4);
+        break;
     default: return 0;
     }
     snprintf(s->label, sizeof s->label, "%s%s x %s%s", dg_shp(a), at.ta ? "^T" : "", dg_shp(b), at.tb ? "^T" : "");
@@ -261,8 +280,16 @@ static int matmul_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_matmul = {.name = "matmul", .n_in = 2, .n_out = 1, .in_names = {"a", "b"},
-                                .out_names = {"out"}, .attrs_size = sizeof(matmul_attrs),
-                                .forward = matmul_forward, .bwd = {{"default", matmul_backward}},
-                                .sample = matmul_sample, .atol_f64 = 1e-7, .rtol_f64 = 1e-6,
-                                .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_matmul = {.name = "matmul",
+                                .n_in = 2,
+                                .n_out = 1,
+                                .in_names = {"a", "b"},
+                                .out_names = {"out"},
+                                .attrs_size = sizeof(matmul_attrs),
+                                .forward = matmul_forward,
+                                .bwd = {{"default", matmul_backward}},
+                                .sample = matmul_sample,
+                                .atol_f64 = 1e-7,
+                                .rtol_f64 = 1e-6,
+                                .atol_f32 = 1e-4,
+                                .rtol_f32 = 1e-4};

@@ -27,12 +27,12 @@ static inline bool dg_nn_check_x(const char *op, const char *arg, const dg_tenso
 
 /* t is a vector [len] of ref's dtype and device.  `what` says where len comes from, e.g.
  * "rms_norm: w has shape [7] but x has last dim 8 (x [2,3,8])". */
-static inline bool dg_nn_check_vec(const char *op, const char *arg, const dg_tensor *t, int64_t len,
-                                   const char *what, const char *ref_arg, const dg_tensor *ref) {
+static inline bool dg_nn_check_vec(const char *op, const char *arg, const dg_tensor *t, int64_t len, const char *what,
+                                   const char *ref_arg, const dg_tensor *ref) {
     if (!dg_check_not_null(op, arg, t)) return false;
     if (t->ndim != 1 || t->shape[0] != len) {
-        dg_error("%s: %s has shape %s but %s has %s %lld (%s %s)", op, arg, dg_shp(t), ref_arg, what,
-                 (long long)len, ref_arg, dg_shp(ref));
+        dg_error("%s: %s has shape %s but %s has %s %lld (%s %s)", op, arg, dg_shp(t), ref_arg, what, (long long)len,
+                 ref_arg, dg_shp(ref));
         return false;
     }
     return dg_check_same_dtype(op, arg, t, ref_arg, ref) && dg_check_same_device(op, arg, t, ref_arg, ref);
@@ -64,8 +64,7 @@ static inline dg_tensor *dg_nn_contig(dg_tensor *t, bool *fail) {
 }
 
 /* A random float sample N(0, scale^2) of the given shape (contiguous). */
-static inline dg_tensor *dg_nn_sample_randn(dg_rng *rng, dg_dtype dt, int ndim, const int64_t *shape,
-                                            double scale) {
+static inline dg_tensor *dg_nn_sample_randn(dg_rng *rng, dg_dtype dt, int ndim, const int64_t *shape, double scale) {
     dg_tensor *t = dg_randn(ndim, shape, dt, rng);
     if (!t || scale == 1.0) return t;
     for (int64_t i = 0; i < dg_numel(t); i++) {

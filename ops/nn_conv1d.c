@@ -54,13 +54,11 @@ static int conv1d_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *dx = n->needs_grad[CONV_X] ? dg_empty_like(x) : NULL;
     dg_tensor *dw = n->needs_grad[CONV_W] ? dg_empty_like(w) : NULL;
     dg_tensor *db = n->needs_grad[CONV_B] ? dg_empty_like(b) : NULL;
-    if ((n->needs_grad[CONV_X] && !dx) || (n->needs_grad[CONV_W] && !dw) || (n->needs_grad[CONV_B] && !db))
-        return -1;
+    if ((n->needs_grad[CONV_X] && !dx) || (n->needs_grad[CONV_W] && !dw) || (n->needs_grad[CONV_B] && !db)) return -1;
     int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2], W = w->shape[1];
 #ifdef DG_HAVE_CUDA
     if (x->device == DG_CUDA) {
-        if (dg_cuda_conv1d_bwd(x->dtype, B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db)))
-            return -1;
+        if (dg_cuda_conv1d_bwd(x->dtype, B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db))) return -1;
         gin[CONV_X] = dx;
         gin[CONV_W] = dw;
         gin[CONV_B] = db;
@@ -86,8 +84,7 @@ dg_tensor *dg_conv1d(dg_tensor *x, dg_tensor *w, dg_tensor *bias, bool silu) {
         dg_error("conv1d: x has shape %s but must be [B,T,D] (w %s)", dg_shp(x), dg_shp(w));
         return NULL;
     }
-    if (!dg_check_same_dtype("conv1d", "w", w, "x", x) || !dg_check_same_device("conv1d", "w", w, "x", x))
-        return NULL;
+    if (!dg_check_same_dtype("conv1d", "w", w, "x", x) || !dg_check_same_device("conv1d", "w", w, "x", x)) return NULL;
     if (w->ndim != 2 || w->shape[0] != x->shape[2] || w->shape[1] < 1 || w->shape[1] > CONV_MAX_W) {
         dg_error("conv1d: w has shape %s but must be [D,W] with D = %lld and W in 1..%d (x %s)", dg_shp(w),
                  (long long)x->shape[2], CONV_MAX_W, dg_shp(x));
@@ -137,7 +134,16 @@ static int conv1d_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_conv1d = {.name = "conv1d", .n_in = 3, .n_out = 1, .in_names = {"x", "w", "bias"},
-                                .out_names = {"y"}, .attrs_size = sizeof(conv_attrs), .forward = conv1d_forward,
-                                .bwd = {{"default", conv1d_backward}}, .sample = conv1d_sample,
-                                .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_conv1d = {.name = "conv1d",
+                                .n_in = 3,
+                                .n_out = 1,
+                                .in_names = {"x", "w", "bias"},
+                                .out_names = {"y"},
+                                .attrs_size = sizeof(conv_attrs),
+                                .forward = conv1d_forward,
+                                .bwd = {{"default", conv1d_backward}},
+                                .sample = conv1d_sample,
+                                .atol_f64 = 1e-7,
+                                .rtol_f64 = 1e-6,
+                                .atol_f32 = 1e-4,
+                                .rtol_f32 = 1e-4};

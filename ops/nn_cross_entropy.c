@@ -61,10 +61,8 @@ static int cross_entropy_forward(dg_node *n) {
         return -1;
 #endif
     }
-    if (x->dtype == DG_F32)
-        dg_nn_cross_entropy_fwd_f32(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
-    else
-        dg_nn_cross_entropy_fwd_f64(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
+    if (x->dtype == DG_F32) dg_nn_cross_entropy_fwd_f32(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
+    else dg_nn_cross_entropy_fwd_f64(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
     dg_save(n, lse);
     n->out[0] = loss;
     return 0;
@@ -93,8 +91,7 @@ static int cross_entropy_backward(dg_node *n, dg_tensor *const *gout, dg_tensor 
     double dloss = dg_item(gout[0]);
     if (x->dtype == DG_F32)
         dg_nn_cross_entropy_bwd_f32(N, C, P(x), tp, at->ignore_index, P(n->saved[0]), dloss, count, P(dx));
-    else
-        dg_nn_cross_entropy_bwd_f64(N, C, P(x), tp, at->ignore_index, P(n->saved[0]), dloss, count, P(dx));
+    else dg_nn_cross_entropy_bwd_f64(N, C, P(x), tp, at->ignore_index, P(n->saved[0]), dloss, count, P(dx));
     gin[CE_LOGITS] = dx;
     return 0;
 }
@@ -174,9 +171,16 @@ static int cross_entropy_sample(int index, dg_dtype dt, uint64_t seed, dg_sample
     return 1;
 }
 
-const dg_op_def dg_op_cross_entropy = {.name = "cross_entropy", .n_in = 2, .n_out = 1,
-                                       .in_names = {"logits", "targets"}, .out_names = {"loss"},
-                                       .attrs_size = sizeof(ce_attrs), .forward = cross_entropy_forward,
+const dg_op_def dg_op_cross_entropy = {.name = "cross_entropy",
+                                       .n_in = 2,
+                                       .n_out = 1,
+                                       .in_names = {"logits", "targets"},
+                                       .out_names = {"loss"},
+                                       .attrs_size = sizeof(ce_attrs),
+                                       .forward = cross_entropy_forward,
                                        .bwd = {{"default", cross_entropy_backward}},
-                                       .sample = cross_entropy_sample, .atol_f64 = 1e-7, .rtol_f64 = 1e-6,
-                                       .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+                                       .sample = cross_entropy_sample,
+                                       .atol_f64 = 1e-7,
+                                       .rtol_f64 = 1e-6,
+                                       .atol_f32 = 1e-5,
+                                       .rtol_f32 = 1e-4};

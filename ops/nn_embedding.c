@@ -22,8 +22,8 @@ static bool ids_in_range(const dg_tensor *ids, const dg_tensor *w) {
         if (bad >= 0) val = ((const int64_t *)dg_data_ptr(ids))[bad];
     }
     if (bad < 0) return true;
-    dg_error("embedding: id %lld (ids %s, flat position %lld) is out of range for V = %lld (weight %s)",
-             (long long)val, dg_shp(ids), (long long)bad, (long long)V, dg_shp(w));
+    dg_error("embedding: id %lld (ids %s, flat position %lld) is out of range for V = %lld (weight %s)", (long long)val,
+             dg_shp(ids), (long long)bad, (long long)V, dg_shp(w));
     return false;
 }
 
@@ -115,7 +115,16 @@ static int embedding_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s)
     return 1;
 }
 
-const dg_op_def dg_op_embedding = {.name = "embedding", .n_in = 2, .n_out = 1, .in_names = {"weight", "ids"},
-                                   .out_names = {"y"}, .attrs_size = 0, .forward = embedding_forward,
-                                   .bwd = {{"default", embedding_backward}}, .sample = embedding_sample,
-                                   .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_embedding = {.name = "embedding",
+                                   .n_in = 2,
+                                   .n_out = 1,
+                                   .in_names = {"weight", "ids"},
+                                   .out_names = {"y"},
+                                   .attrs_size = 0,
+                                   .forward = embedding_forward,
+                                   .bwd = {{"default", embedding_backward}},
+                                   .sample = embedding_sample,
+                                   .atol_f64 = 1e-7,
+                                   .rtol_f64 = 1e-6,
+                                   .atol_f32 = 1e-5,
+                                   .rtol_f32 = 1e-4};

@@ -11,10 +11,9 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 /* y[N,OUT] = x[N,IN] w[OUT,IN]^T (+ b) */
-static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w,
-                           const void *b, void *y) {
-    if (b && dg_cuda_copy_strided(dg_dtype_size(dt), 2, (int64_t[]){N, OUT}, y, NULL, b, (int64_t[]){0, 1}))
-        return -1;
+static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w, const void *b,
+                           void *y) {
+    if (b && dg_cuda_copy_strided(dg_dtype_size(dt), 2, (int64_t[]){N, OUT}, y, NULL, b, (int64_t[]){0, 1})) return -1;
     return dg_cuda_gemm(dt, dt, false, true, N, OUT, IN, 1.0, x, IN, 0, w, IN, 0, b ? 1.0 : 0.0, y, OUT, 0, 1);
 }
 
@@ -56,11 +55,8 @@ static int linear_forward(dg_node *n) {
     }
 #endif
     if (x->dtype == DG_F32)
-        dg_nn_linear_fwd_f32(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
-                             dg_data_ptr(y));
-    else
-        dg_nn_linear_fwd_f64(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL,
-                             dg_data_ptr(y));
+        dg_nn_linear_fwd_f32(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL, dg_data_ptr(y));
+    else dg_nn_linear_fwd_f64(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL, dg_data_ptr(y));
     n->out[0] = y;
     return 0;
 }
@@ -74,18 +70,16 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *dx = n->needs_grad[LIN_X] ? dg_empty_like(x) : NULL;
     dg_tensor *dw = n->needs_grad[LIN_W] ? dg_empty_like(w) : NULL;
     dg_tensor *db = n->needs_grad[LIN_B] ? dg_empty_like(n->in[LIN_B]) : NULL;
-    if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db))
-        return -1;
+    if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db)) return -1;
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 #ifdef DG_HAVE_CUDA
     if (x->device == DG_CUDA) {
         if (linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
     } else
 #endif
-    if (x->dtype == DG_F32)
+        if (x->dtype == DG_F32)
         dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
-    else
-        dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+    else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
 #undef P
     gin[LIN_X] = dx;
     gin[LIN_W] = dw;
@@ -95,8 +89,7 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
 
 dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b) {
     if (!dg_nn_check_x("linear", "x", x) || !dg_check_not_null("linear", "w", w)) return NULL;
-    if (!dg_check_same_dtype("linear", "w", w, "x", x) || !dg_check_same_device("linear", "w", w, "x", x))
-        return NULL;
+    if (!dg_check_same_dtype("linear", "w", w, "x", x) || !dg_check_same_device("linear", "w", w, "x", x)) return NULL;
     if (w->ndim != 2 || w->shape[1] != dg_nn_last(x)) {
         dg_error("linear: w has shape %s but must be [out,%lld] for x %s (w is [out,in])", dg_shp(w),
                  (long long)dg_nn_last(x), dg_shp(x));
@@ -147,7 +140,16 @@ static int linear_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_linear = {.name = "linear", .n_in = 3, .n_out = 1, .in_names = {"x", "w", "b"},
-                                .out_names = {"y"}, .attrs_size = 0, .forward = linear_forward,
-                                .bwd = {{"default", linear_backward}}, .sample = linear_sample,
-                                .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_linear = {.name = "linear",
+                                .n_in = 3,
+                                .n_out = 1,
+                                .in_names = {"x", "w", "b"},
+                                .out_names = {"y"},
+                                .attrs_size = 0,
+                                .forward = linear_forward,
+                                .bwd = {{"default", linear_backward}},
+                                .sample = linear_sample,
+                                .atol_f64 = 1e-7,
+                                .rtol_f64 = 1e-6,
+                                .atol_f32 = 1e-4,
+                                .rtol_f32 = 1e-4};

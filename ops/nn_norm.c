@@ -106,11 +106,19 @@ static int rms_norm_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) 
     return 1;
 }
 
-const dg_op_def dg_op_rms_norm = {.name = "rms_norm", .n_in = 2, .n_out = 1, .in_names = {"x", "w"},
-                                  .out_names = {"y"}, .attrs_size = sizeof(norm_attrs),
-                                  .forward = rms_norm_forward, .bwd = {{"default", rms_norm_backward}},
-                                  .sample = rms_norm_sample, .atol_f64 = 1e-7, .rtol_f64 = 1e-6,
-                                  .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_rms_norm = {.name = "rms_norm",
+                                  .n_in = 2,
+                                  .n_out = 1,
+                                  .in_names = {"x", "w"},
+                                  .out_names = {"y"},
+                                  .attrs_size = sizeof(norm_attrs),
+                                  .forward = rms_norm_forward,
+                                  .bwd = {{"default", rms_norm_backward}},
+                                  .sample = rms_norm_sample,
+                                  .atol_f64 = 1e-7,
+                                  .rtol_f64 = 1e-6,
+                                  .atol_f32 = 1e-4,
+                                  .rtol_f32 = 1e-4};
 
 /* ---- gated_rms_norm ---------------------------------------------------------------------------- */
 
@@ -138,8 +146,7 @@ static int gated_rms_norm_backward(dg_node *n, dg_tensor *const *gout, dg_tensor
     dg_tensor *dx = n->needs_grad[GRMS_X] ? dg_empty_like(x) : NULL;
     dg_tensor *dz = n->needs_grad[GRMS_Z] ? dg_empty_like(z) : NULL;
     dg_tensor *dw = n->needs_grad[GRMS_W] ? dg_empty_like(w) : NULL;
-    if ((n->needs_grad[GRMS_X] && !dx) || (n->needs_grad[GRMS_Z] && !dz) || (n->needs_grad[GRMS_W] && !dw))
-        return -1;
+    if ((n->needs_grad[GRMS_X] && !dx) || (n->needs_grad[GRMS_Z] && !dz) || (n->needs_grad[GRMS_W] && !dw)) return -1;
     int64_t N = dg_nn_rows(x), D = dg_nn_last(x);
     int rc = 0;
     NN_CALL(rc, x, gated_rms_norm_bwd, N, D, P(x), P(z), P(w), P(rstd), P(dy), P(dx), P(dz), P(dw));
@@ -199,12 +206,19 @@ static int gated_rms_norm_sample(int index, dg_dtype dt, uint64_t seed, dg_sampl
     return 1;
 }
 
-const dg_op_def dg_op_gated_rms_norm = {.name = "gated_rms_norm", .n_in = 3, .n_out = 1,
-                                        .in_names = {"x", "z", "w"}, .out_names = {"y"},
-                                        .attrs_size = sizeof(norm_attrs), .forward = gated_rms_norm_forward,
+const dg_op_def dg_op_gated_rms_norm = {.name = "gated_rms_norm",
+                                        .n_in = 3,
+                                        .n_out = 1,
+                                        .in_names = {"x", "z", "w"},
+                                        .out_names = {"y"},
+                                        .attrs_size = sizeof(norm_attrs),
+                                        .forward = gated_rms_norm_forward,
                                         .bwd = {{"default", gated_rms_norm_backward}},
-                                        .sample = gated_rms_norm_sample, .atol_f64 = 1e-7, .rtol_f64 = 1e-6,
-                                        .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+                                        .sample = gated_rms_norm_sample,
+                                        .atol_f64 = 1e-7,
+                                        .rtol_f64 = 1e-6,
+                                        .atol_f32 = 1e-4,
+                                        .rtol_f32 = 1e-4};
 
 /* ---- l2norm ------------------------------------------------------------------------------------ */
 
@@ -264,7 +278,16 @@ static int l2norm_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_l2norm = {.name = "l2norm", .n_in = 1, .n_out = 1, .in_names = {"x"}, .out_names = {"y"},
-                                .attrs_size = sizeof(norm_attrs), .forward = l2norm_forward,
-                                .bwd = {{"default", l2norm_backward}}, .sample = l2norm_sample,
-                                .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_l2norm = {.name = "l2norm",
+                                .n_in = 1,
+                                .n_out = 1,
+                                .in_names = {"x"},
+                                .out_names = {"y"},
+                                .attrs_size = sizeof(norm_attrs),
+                                .forward = l2norm_forward,
+                                .bwd = {{"default", l2norm_backward}},
+                                .sample = l2norm_sample,
+                                .atol_f64 = 1e-7,
+                                .rtol_f64 = 1e-6,
+                                .atol_f32 = 1e-4,
+                                .rtol_f32 = 1e-4};

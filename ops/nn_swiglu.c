@@ -68,7 +68,16 @@ static int swiglu_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_swiglu = {.name = "swiglu", .n_in = 2, .n_out = 1, .in_names = {"gate", "up"},
-                                .out_names = {"y"}, .attrs_size = 0, .forward = swiglu_forward,
-                                .bwd = {{"default", swiglu_backward}}, .sample = swiglu_sample,
-                                .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_swiglu = {.name = "swiglu",
+                                .n_in = 2,
+                                .n_out = 1,
+                                .in_names = {"gate", "up"},
+                                .out_names = {"y"},
+                                .attrs_size = 0,
+                                .forward = swiglu_forward,
+                                .bwd = {{"default", swiglu_backward}},
+                                .sample = swiglu_sample,
+                                .atol_f64 = 1e-7,
+                                .rtol_f64 = 1e-6,
+                                .atol_f32 = 1e-5,
+                                .rtol_f32 = 1e-4};

@@ -32,8 +32,7 @@ int dg_op_default_variant(const dg_op_def *def);
 
 /* Runs the op.  in has def->n_in entries (optional ones NULL), out receives def->n_out tensors
  * (autoreleased).  variant -1 picks the default (dg_op_default_variant).  Returns 0 or -1. */
-int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out,
-             int variant);
+int dg_apply(const dg_op_def *def, const void *attrs, dg_tensor *const *in, dg_tensor **out, int variant);
 /* Shorthand for ops with one output. */
 dg_tensor *dg_apply1(const dg_op_def *def, const void *attrs, dg_tensor *const *in);
 

@@ -16,15 +16,15 @@ static int no_cuda(const char *who) {
 }
 #endif
 
-int dg_adamw_update_(dg_tensor *p, const dg_tensor *g, dg_tensor *m, dg_tensor *v,
-                     const dg_adamw_coefs *c) {
+int dg_adamw_update_(dg_tensor *p, const dg_tensor *g, dg_tensor *m, dg_tensor *v, const dg_adamw_coefs *c) {
     const dg_tensor *all[4] = {p, g, m, v};
     for (int i = 0; i < 4; i++)
         if (all[i]->dtype != DG_F32 || !dg_is_contiguous(all[i]) || all[i]->device != p->device ||
             !dg_same_shape(all[i], p)) {
             dg_error("adamw_update: tensor %d is %s %s on %s; f32 contiguous tensors of the parameter's shape "
-                     "%s on %s are required", i, dg_dtype_name(all[i]->dtype), dg_shp(all[i]),
-                     dg_device_name(all[i]->device), dg_shp(p), dg_device_name(p->device));
+                     "%s on %s are required",
+                     i, dg_dtype_name(all[i]->dtype), dg_shp(all[i]), dg_device_name(all[i]->device), dg_shp(p),
+                     dg_device_name(p->device));
             return -1;
         }
     float *pp = dg_data_ptr(p), *mp = dg_data_ptr(m), *vp = dg_data_ptr(v);
@@ -32,14 +32,13 @@ int dg_adamw_update_(dg_tensor *p, const dg_tensor *g, dg_tensor *m, dg_tensor *
     int64_t n = dg_numel(p);
     if (p->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dg_cuda_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1,
-                                 c->b2, c->c1, c->c2);
+        return dg_cuda_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1,
+                                 c->c2);
 #else
         return no_cuda("adamw_update");
 #endif
     }
-    dg_cpu_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1,
-                     c->c2);
+    dg_cpu_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1, c->c2);
     return 0;
 }
 
@@ -53,7 +52,8 @@ static int device_sumsq(int n, const dg_tensor *const *x, int count, double *dev
     if (dt && ne && p) {
         int k = 0;
         for (int i = 0; i < n; i++)
-            if (x[i] && x[i]->device == DG_CUDA) dt[k] = x[i]->dtype, ne[k] = dg_numel(x[i]), p[k++] = dg_data_ptr(x[i]);
+            if (x[i] && x[i]->device == DG_CUDA)
+                dt[k] = x[i]->dtype, ne[k] = dg_numel(x[i]), p[k++] = dg_data_ptr(x[i]);
         rc = dg_cuda_sumsq_many(count, dt, ne, p, dev);
     } else {
         dg_error("sumsq: out of host memory for %d device tensors", count);
@@ -102,8 +102,8 @@ int dg_sumsq_accumulate(int n, const dg_tensor *const *x, double *total) {
 
 int dg_scale_(dg_tensor *x, double c) {
     if ((x->dtype != DG_F32 && x->dtype != DG_F64) || !dg_is_contiguous(x)) {
-        dg_error("scale_: tensor %s %s%s; contiguous f32 or f64 tensors are scaled", dg_dtype_name(x->dtype),
-                 dg_shp(x), dg_is_contiguous(x) ? "" : " (strided)");
+        dg_error("scale_: tensor %s %s%s; contiguous f32 or f64 tensors are scaled", dg_dtype_name(x->dtype), dg_shp(x),
+                 dg_is_contiguous(x) ? "" : " (strided)");
         return -1;
     }
     if (x->device == DG_CUDA) {

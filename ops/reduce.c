@@ -24,15 +24,14 @@ static void out_shape(const dg_tensor *x, const reduce_attrs *a, bool keepdim, i
     }
 }
 
-#define ROW_SUMS(R)                                                                                  \
-    static void row_sums_##R(const R *x, R *y, int64_t rows, int64_t len, double scale) {           \
-        _Pragma("omp parallel for if (rows * len > 65536) schedule(static)")                        \
-        for (int64_t r = 0; r < rows; r++) {                                                         \
-            double acc = 0;                                                                          \
-            const R *p = x + r * len;                                                                \
-            for (int64_t i = 0; i < len; i++) acc += p[i];                                           \
-            y[r] = (R)(acc * scale);                                                                 \
-        }                                                                                            \
+#define ROW_SUMS(R)                                                                                               \
+    static void row_sums_##R(const R *x, R *y, int64_t rows, int64_t len, double scale) {                         \
+        _Pragma("omp parallel for if (rows * len > 65536) schedule(static)") for (int64_t r = 0; r < rows; r++) { \
+            double acc = 0;                                                                                       \
+            const R *p = x + r * len;                                                                             \
+            for (int64_t i = 0; i < len; i++) acc += p[i];                                                        \
+            y[r] = (R)(acc * scale);                                                                              \
+        }                                                                                                         \
     }
 ROW_SUMS(float)
 ROW_SUMS(double)
@@ -99,8 +98,8 @@ static int reduce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     return gin[0] ? 0 : -1;
 }
 
-static dg_tensor *reduce(const char *name, const dg_op_def *def, bool mean, dg_tensor *x, int ndims,
-                         const int *dims, bool keepdim) {
+static dg_tensor *reduce(const char *name, const dg_op_def *def, bool mean, dg_tensor *x, int ndims, const int *dims,
+                         bool keepdim) {
     if (!dg_check_float(name, "a", x)) return NULL;
     reduce_attrs at = {.keepdim = keepdim, .mean = mean};
     if (ndims == 0 || !dims)
@@ -139,8 +138,7 @@ static int reduce_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, bo
     } else if (index == 2) {
         x = DG_SAMPLE_RANDN(&rng, dt, 2, 3, 4);
         at.reduce[0] = at.reduce[2] = true;
-    } else
-        return 0;
+    } else return 0;
     snprintf(s->label, sizeof s->label, "%s%s", dg_shp(x), at.keepdim ? " keepdim" : "");
     dg_sample_set(s, 0, x, true);
     memcpy(s->attrs, &at, sizeof at);
@@ -149,11 +147,29 @@ static int reduce_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, bo
 static int sum_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { return reduce_sample(i, dt, seed, s, false); }
 static int mean_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { return reduce_sample(i, dt, seed, s, true); }
 
-const dg_op_def dg_op_sum = {.name = "sum", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                             .attrs_size = sizeof(reduce_attrs), .forward = reduce_forward,
-                             .bwd = {{"default", reduce_backward}}, .sample = sum_sample,
-                             .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
-const dg_op_def dg_op_mean = {.name = "mean", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                              .attrs_size = sizeof(reduce_attrs), .forward = reduce_forward,
-                              .bwd = {{"default", reduce_backward}}, .sample = mean_sample,
-                              .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-4, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_sum = {.name = "sum",
+                             .n_in = 1,
+                             .n_out = 1,
+                             .in_names = {"a"},
+                             .out_names = {"out"},
+                             .attrs_size = sizeof(reduce_attrs),
+                             .forward = reduce_forward,
+                             .bwd = {{"default", reduce_backward}},
+                             .sample = sum_sample,
+                             .atol_f64 = 1e-7,
+                             .rtol_f64 = 1e-6,
+                             .atol_f32 = 1e-4,
+                             .rtol_f32 = 1e-4};
+const dg_op_def dg_op_mean = {.name = "mean",
+                              .n_in = 1,
+                              .n_out = 1,
+                              .in_names = {"a"},
+                              .out_names = {"out"},
+                              .attrs_size = sizeof(reduce_attrs),
+                              .forward = reduce_forward,
+                              .bwd = {{"default", reduce_backward}},
+                              .sample = mean_sample,
+                              .atol_f64 = 1e-7,
+                              .rtol_f64 = 1e-6,
+                              .atol_f32 = 1e-4,
+                              .rtol_f32 = 1e-4};

@@ -104,16 +104,26 @@ static int sample_one(dg_sample *s, dg_tensor *x, const shape_attrs *at) {
 
 static int reshape_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     dg_rng rng = dg_rng_new(seed);
-    if (index == 0) return sample_one(s, DG_SAMPLE_RANDN(&rng, dt, 2, 6), &(shape_attrs){.ndim = 3, .shape = {3, 2, 2}});
+    if (index == 0)
+        return sample_one(s, DG_SAMPLE_RANDN(&rng, dt, 2, 6), &(shape_attrs){.ndim = 3, .shape = {3, 2, 2}});
     if (index == 1)
         return sample_one(s, DG_SAMPLE_RANDN(&rng, dt, 2, 3, 4), &(shape_attrs){.ndim = 2, .shape = {6, 4}});
     return 0;
 }
 
-const dg_op_def dg_op_reshape = {.name = "reshape", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                                 .attrs_size = sizeof(shape_attrs), .forward = reshape_forward,
-                                 .bwd = {{"default", reshape_backward}}, .sample = reshape_sample,
-                                 .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4,
+const dg_op_def dg_op_reshape = {.name = "reshape",
+                                 .n_in = 1,
+                                 .n_out = 1,
+                                 .in_names = {"a"},
+                                 .out_names = {"out"},
+                                 .attrs_size = sizeof(shape_attrs),
+                                 .forward = reshape_forward,
+                                 .bwd = {{"default", reshape_backward}},
+                                 .sample = reshape_sample,
+                                 .atol_f64 = 1e-8,
+                                 .rtol_f64 = 1e-7,
+                                 .atol_f32 = 1e-5,
+                                 .rtol_f32 = 1e-4,
                                  .is_view = true};
 
 /* ---- permute ---- */
@@ -175,10 +185,19 @@ static int permute_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 0;
 }
 
-const dg_op_def dg_op_permute = {.name = "permute", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                                 .attrs_size = sizeof(shape_attrs), .forward = permute_forward,
-                                 .bwd = {{"default", permute_backward}}, .sample = permute_sample,
-                                 .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4,
+const dg_op_def dg_op_permute = {.name = "permute",
+                                 .n_in = 1,
+                                 .n_out = 1,
+                                 .in_names = {"a"},
+                                 .out_names = {"out"},
+                                 .attrs_size = sizeof(shape_attrs),
+                                 .forward = permute_forward,
+                                 .bwd = {{"default", permute_backward}},
+                                 .sample = permute_sample,
+                                 .atol_f64 = 1e-8,
+                                 .rtol_f64 = 1e-7,
+                                 .atol_f32 = 1e-5,
+                                 .rtol_f32 = 1e-4,
                                  .is_view = true};
 
 /* ---- slice ---- */
@@ -232,10 +251,19 @@ static int slice_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 0;
 }
 
-const dg_op_def dg_op_slice = {.name = "slice", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                               .attrs_size = sizeof(shape_attrs), .forward = slice_forward,
-                               .bwd = {{"default", slice_backward}}, .sample = slice_sample,
-                               .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4,
+const dg_op_def dg_op_slice = {.name = "slice",
+                               .n_in = 1,
+                               .n_out = 1,
+                               .in_names = {"a"},
+                               .out_names = {"out"},
+                               .attrs_size = sizeof(shape_attrs),
+                               .forward = slice_forward,
+                               .bwd = {{"default", slice_backward}},
+                               .sample = slice_sample,
+                               .atol_f64 = 1e-8,
+                               .rtol_f64 = 1e-7,
+                               .atol_f32 = 1e-5,
+                               .rtol_f32 = 1e-4,
                                .is_view = true};
 
 /* ---- expand ---- */
@@ -283,8 +311,17 @@ static int expand_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 0;
 }
 
-const dg_op_def dg_op_expand = {.name = "expand", .n_in = 1, .n_out = 1, .in_names = {"a"}, .out_names = {"out"},
-                                .attrs_size = sizeof(shape_attrs), .forward = expand_forward,
-                                .bwd = {{"default", expand_backward}}, .sample = expand_sample,
-                                .atol_f64 = 1e-8, .rtol_f64 = 1e-7, .atol_f32 = 1e-5, .rtol_f32 = 1e-4,
+const dg_op_def dg_op_expand = {.name = "expand",
+                                .n_in = 1,
+                                .n_out = 1,
+                                .in_names = {"a"},
+                                .out_names = {"out"},
+                                .attrs_size = sizeof(shape_attrs),
+                                .forward = expand_forward,
+                                .bwd = {{"default", expand_backward}},
+                                .sample = expand_sample,
+                                .atol_f64 = 1e-8,
+                                .rtol_f64 = 1e-7,
+                                .atol_f32 = 1e-5,
+                                .rtol_f32 = 1e-4,
                                 .is_view = true};

@@ -100,9 +100,17 @@ typedef struct data { /* host inputs, already rounded to what the device holds *
 
 static void make(const cfg *c, int st, data *d) {
     memset(d, 0, sizeof *d);
-    d->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate, .scale = 1.0 / sqrt((double)c->K), .chunk = c->chunk};
+    d->s = (dg_dr_shape){.B = c->B,
+                         .T = c->T,
+                         .H = c->H,
+                         .HV = c->HV,
+                         .K = c->K,
+                         .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL,
+                         .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = c->gate,
+                         .scale = 1.0 / sqrt((double)c->K),
+                         .chunk = c->chunk};
     const int64_t BT = c->B * c->T;
     d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
     d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;
@@ -121,8 +129,7 @@ static void make(const cfg *c, int st, data *d) {
     double *lo[5] = {d->q, d->k, d->v, d->beta, d->dout};
     int64_t nlo[5] = {d->nq, d->nq, d->nv, d->nb, d->nv};
     for (int a = 0; a < 5; a++)
-        for (int64_t i = 0; i < nlo[a]; i++)
-            lo[a][i] = stored(st, lo[a][i]);
+        for (int64_t i = 0; i < nlo[a]; i++) lo[a][i] = stored(st, lo[a][i]);
     double *hi[3] = {d->g, d->h0, d->dhT};
     int64_t nhi[3] = {d->ng, d->nh, d->nh};
     for (int a = 0; a < 3; a++)
@@ -130,8 +137,8 @@ static void make(const cfg *c, int st, data *d) {
 }
 
 static void data_free(data *d) {
-    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout),
-        free(d->dhT), free(d->rq), free(d->rk);
+    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout), free(d->dhT),
+        free(d->rq), free(d->rk);
 }
 
 enum { R_O, R_HT, R_DQ, R_DK, R_DV, R_DG, R_DB, R_DH0, R_N };
@@ -155,11 +162,10 @@ static void res_free(res *r) {
 
 /* the f64 recurrence: the reference */
 static void ref_f64(const data *d, res *r) {
-    assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0,
-                                             r->x[R_O], r->x[R_HT]), 0);
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout,
-                                             d->dhT, r->x[R_DQ], r->x[R_DK], r->x[R_DV], r->x[R_DG],
-                                             r->x[R_DB], r->x[R_DH0]), 0);
+    assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, r->x[R_O], r->x[R_HT]), 0);
+    assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout, d->dhT, r->x[R_DQ],
+                                             r->x[R_DK], r->x[R_DV], r->x[R_DG], r->x[R_DB], r->x[R_DH0]),
+                     0);
 }
 
 /* the CPU f32 chunked kernel (for comparison of its error with ours) */
@@ -171,13 +177,11 @@ static void cpu_chunk_f32(const data *d, const dg_dr_variant *var, res *r) {
         fi[a] = in[a] ? malloc(sizeof(float) * (size_t)(nin[a] ? nin[a] : 1)) : NULL;
         for (int64_t i = 0; fi[a] && i < nin[a]; i++) fi[a][i] = (float)in[a][i];
     }
-    for (int a = 0; a < R_N; a++)
-        fo[a] = r->x[a] ? malloc(sizeof(float) * (size_t)(r->n[a] ? r->n[a] : 1)) : NULL;
-    assert_int_equal(dg_dr_chunk_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fo[R_O],
-                                         fo[R_HT]), 0);
-    assert_int_equal(dg_dr_chunk_bwd_f32(&d->s, var, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6],
-                                         fi[7], fo[R_DQ], fo[R_DK], fo[R_DV], fo[R_DG], fo[R_DB],
-                                         fo[R_DH0]), 0);
+    for (int a = 0; a < R_N; a++) fo[a] = r->x[a] ? malloc(sizeof(float) * (size_t)(r->n[a] ? r->n[a] : 1)) : NULL;
+    assert_int_equal(dg_dr_chunk_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fo[R_O], fo[R_HT]), 0);
+    assert_int_equal(dg_dr_chunk_bwd_f32(&d->s, var, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6], fi[7], fo[R_DQ],
+                                         fo[R_DK], fo[R_DV], fo[R_DG], fo[R_DB], fo[R_DH0]),
+                     0);
     for (int a = 0; a < R_N; a++) {
         for (int64_t i = 0; fo[a] && i < r->n[a]; i++) r->x[a][i] = fo[a][i];
         free(fo[a]);
@@ -193,9 +197,8 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
     const int bf16 = st == S_BF16, f16 = st == S_F16;
     const size_t lo = st != S_F32 ? 2 : 4;
     const size_t esz[R_N] = {lo, 4, lo, lo, lo, 4, lo, 4};
-    void *q = dput_as(d->q, d->nq, st), *k = dput_as(d->k, d->nq, st),
-         *v = dput_as(d->v, d->nv, st), *beta = dput_as(d->beta, d->nb, st),
-         *dout = dput_as(d->dout, d->nv, st);
+    void *q = dput_as(d->q, d->nq, st), *k = dput_as(d->k, d->nq, st), *v = dput_as(d->v, d->nv, st),
+         *beta = dput_as(d->beta, d->nb, st), *dout = dput_as(d->dout, d->nv, st);
     float *g = dput_as(d->g, d->ng, 0), *h0 = dput_as(d->h0, d->nh, 0), *dhT = dput_as(d->dhT, d->nh, 0);
     const int64_t nr = d->s.B * d->s.T * d->s.H;
     float *rq = d->rq ? dput_as(d->rq, nr, 0) : NULL, *rk = d->rk ? dput_as(d->rk, nr, 0) : NULL;
@@ -205,8 +208,19 @@ static void run_gpu(const data *d, int st, const dg_dr_variant *var, res *r) {
         o2[a] = r->x[a] ? dput(NULL, r->n[a], esz[a]) : NULL;
     }
     const dg_dtype dt = bf16 ? DG_BF16 : f16 ? DG_F16 : DG_F32;
-    const dg_delta_call base = {.op = "test", .s = d->s, .dtype = dt, .device = DG_CUDA, .bwd = drc_flags(var),
-                                .q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0, .dout = dout, .dhT = dhT,
+    const dg_delta_call base = {.op = "test",
+                                .s = d->s,
+                                .dtype = dt,
+                                .device = DG_CUDA,
+                                .bwd = drc_flags(var),
+                                .q = q,
+                                .k = k,
+                                .v = v,
+                                .g = g,
+                                .beta = beta,
+                                .h0 = h0,
+                                .dout = dout,
+                                .dhT = dhT,
                                 .force_generic = g_force_generic,
                                 .l2 = {.on = rq != NULL, .rq = rq, .rk = rk}};
     dg_delta_call fc = base;

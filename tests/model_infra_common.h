@@ -39,8 +39,7 @@ static inline int test_setup(void **state) {
     return 0;
 }
 static inline int test_teardown(void **state) {
-    if (dg_live_tensors() != live_at_start)
-        fail_msg("leaked %zu tensors", dg_live_tensors() - live_at_start);
+    if (dg_live_tensors() != live_at_start) fail_msg("leaked %zu tensors", dg_live_tensors() - live_at_start);
     return 0;
 }
 

@@ -78,10 +78,16 @@ static int two_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     snprintf(s->label, sizeof s->label, "[3]");
     return 1;
 }
-static const dg_op_def two_outputs = {.name = "two_outputs", .n_in = 1, .n_out = 2, .in_names = {"x"},
-                                      .out_names = {"double", "square"}, .forward = two_forward,
-                                      .bwd = {{"default", two_backward}}, .sample = two_sample,
-                                      .atol_f64 = 1e-7, .rtol_f64 = 1e-6};
+static const dg_op_def two_outputs = {.name = "two_outputs",
+                                      .n_in = 1,
+                                      .n_out = 2,
+                                      .in_names = {"x"},
+                                      .out_names = {"double", "square"},
+                                      .forward = two_forward,
+                                      .bwd = {{"default", two_backward}},
+                                      .sample = two_sample,
+                                      .atol_f64 = 1e-7,
+                                      .rtol_f64 = 1e-6};
 
 static void test_two_outputs_one_used(void **state) {
     dg_scope_begin();

@@ -7,11 +7,11 @@
 static dg_tensor *f32(int64_t a, int64_t b) { return dg_zeros(DG_SHAPE(a, b), DG_F32); }
 
 /* Evaluates expr after clearing the error, then asserts NULL and the message. */
-#define EXPECT_NULL(expr, msg)                                                                     \
-    do {                                                                                           \
-        dg_clear_error();                                                                          \
-        assert_null(expr);                                                                         \
-        assert_error_contains(msg);                                                                \
+#define EXPECT_NULL(expr, msg)      \
+    do {                            \
+        dg_clear_error();           \
+        assert_null(expr);          \
+        assert_error_contains(msg); \
     } while (0)
 
 static void test_null_inputs(void **state) {

@@ -45,7 +45,7 @@ static void test_broadcasting(void **state) {
     dg_tensor *a = dg_arange(0, 6, 1, DG_F64);
     a = dg_reshape(a, DG_SHAPE(2, 3, 1));
     dg_tensor *b = dg_arange(0, 4, 1, DG_F64); /* [4] */
-    dg_tensor *c = dg_add(a, b);                /* [2,3,4] */
+    dg_tensor *c = dg_add(a, b);               /* [2,3,4] */
     assert_int_equal(c->ndim, 3);
     assert_int_equal(c->shape[2], 4);
     assert_true(dg_get(c, (int64_t[]){1, 2, 3}) == 5 + 3);
@@ -78,27 +78,30 @@ static void test_dtype_conversion(void **state) {
 static void test_f16_conversion(void **state) {
     dg_scope_begin();
     const double sub = ldexp(1, -24); /* the smallest subnormal */
-    const struct { double x; uint16_t bits; } cases[] = {
+    const struct {
+        double x;
+        uint16_t bits;
+    } cases[] = {
         {0.0, 0x0000},
         {-0.0, 0x8000},
         {1.0, 0x3c00},
         {-2.5, 0xc100},
-        {65504.0, 0x7bff},                 /* the largest finite value, 2047 * 2^5 */
-        {65519.99, 0x7bff},                /* below the midpoint 65520: rounds down */
-        {65520.0, 0x7c00},                 /* the midpoint to 2^16: ties to even = overflow to inf */
+        {65504.0, 0x7bff},  /* the largest finite value, 2047 * 2^5 */
+        {65519.99, 0x7bff}, /* below the midpoint 65520: rounds down */
+        {65520.0, 0x7c00},  /* the midpoint to 2^16: ties to even = overflow to inf */
         {-65520.0, 0xfc00},
         {1e6, 0x7c00},
-        {sub, 0x0001},                     /* 2^-24 */
-        {sub / 2, 0x0000},                 /* 2^-25: tie between 0 and 2^-24, even is 0 */
-        {nextafter(sub / 2, 1), 0x0001},   /* just above 2^-25 */
-        {1.5 * sub, 0x0002},               /* tie between 1 and 2 ulps of 2^-24, even is 2 */
-        {1023 * sub, 0x03ff},              /* the largest subnormal */
-        {1023.5 * sub, 0x0400},            /* tie, rounds up to 2^-14, the smallest normal */
-        {1 + ldexp(1, -11), 0x3c00},       /* tie between 1 and 1 + 2^-10, even is 1 */
-        {1 + 3 * ldexp(1, -11), 0x3c02},   /* tie, even is 1 + 2^-9 */
+        {sub, 0x0001},                               /* 2^-24 */
+        {sub / 2, 0x0000},                           /* 2^-25: tie between 0 and 2^-24, even is 0 */
+        {nextafter(sub / 2, 1), 0x0001},             /* just above 2^-25 */
+        {1.5 * sub, 0x0002},                         /* tie between 1 and 2 ulps of 2^-24, even is 2 */
+        {1023 * sub, 0x03ff},                        /* the largest subnormal */
+        {1023.5 * sub, 0x0400},                      /* tie, rounds up to 2^-14, the smallest normal */
+        {1 + ldexp(1, -11), 0x3c00},                 /* tie between 1 and 1 + 2^-10, even is 1 */
+        {1 + 3 * ldexp(1, -11), 0x3c02},             /* tie, even is 1 + 2^-9 */
         {1 + ldexp(1, -11) + ldexp(1, -40), 0x3c01}, /* above the tie (rounding to f32 first would
                                                       * make it the tie and round twice, to 1) */
-        {1e-3, 0x1419},                    /* 1049 * 2^-20 */
+        {1e-3, 0x1419},                              /* 1049 * 2^-20 */
         {INFINITY, 0x7c00},
         {-INFINITY, 0xfc00},
     };
@@ -112,7 +115,8 @@ static void test_f16_conversion(void **state) {
     dg_set(t, (int64_t[]){n}, NAN);
     const uint16_t *bits = dg_data_ptr(t);
     for (int i = 0; i < n; i++)
-        if (bits[i] != cases[i].bits) fail_msg("f16 of %.17g: bits 0x%04x, expected 0x%04x", cases[i].x, bits[i], cases[i].bits);
+        if (bits[i] != cases[i].bits)
+            fail_msg("f16 of %.17g: bits 0x%04x, expected 0x%04x", cases[i].x, bits[i], cases[i].bits);
     assert_true((bits[n] & 0x7c00) == 0x7c00 && (bits[n] & 0x3ff) != 0); /* NaN stays NaN */
     assert_true(isnan(dg_get(t, (int64_t[]){n})));
     assert_true(dg_get(t, (int64_t[]){4}) == 65504.0);
@@ -128,7 +132,7 @@ static void test_f16_conversion(void **state) {
     dg_tensor *x = dg_from_data(DG_SHAPE(4), DG_F32, (float[]){1.5f, -2.25f, 3.0f, 1e-3f});
     dg_tensor *h = dg_to_dtype(x, DG_F16);
     assert_int_equal(h->dtype, DG_F16);
-    assert_true(dg_get(h, (int64_t[]){1}) == -2.25);                                 /* exact */
+    assert_true(dg_get(h, (int64_t[]){1}) == -2.25);                 /* exact */
     assert_true(dg_get(h, (int64_t[]){3}) == 0x419 * ldexp(1, -20)); /* 1e-3 -> 1049 * 2^-20 */
     dg_tensor *d = dg_to_dtype(h, DG_F64), *b = dg_to_dtype(h, DG_BF16);
     assert_true(dg_get(d, (int64_t[]){3}) == 0x419 * ldexp(1, -20));
@@ -226,10 +230,14 @@ static void test_print(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_views_share_storage), cmocka_unit_test(test_broadcasting),
-        cmocka_unit_test(test_dtype_conversion),    cmocka_unit_test(test_rng_reproducible),
-        cmocka_unit_test(test_scopes_release_everything), cmocka_unit_test(test_errors_first_wins),
-        cmocka_unit_test(test_print), cmocka_unit_test(test_f16_conversion),
+        cmocka_unit_test(test_views_share_storage),
+        cmocka_unit_test(test_broadcasting),
+        cmocka_unit_test(test_dtype_conversion),
+        cmocka_unit_test(test_rng_reproducible),
+        cmocka_unit_test(test_scopes_release_everything),
+        cmocka_unit_test(test_errors_first_wins),
+        cmocka_unit_test(test_print),
+        cmocka_unit_test(test_f16_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

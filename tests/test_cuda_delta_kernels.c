@@ -54,9 +54,17 @@ typedef struct dr_data { /* host inputs, already rounded to what the device hold
 
 static void dr_make(const dr_cfg *c, int bf16, dr_data *d) {
     memset(d, 0, sizeof *d);
-    d->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate, .scale = 1.0 / sqrt((double)c->K), .chunk = 16};
+    d->s = (dg_dr_shape){.B = c->B,
+                         .T = c->T,
+                         .H = c->H,
+                         .HV = c->HV,
+                         .K = c->K,
+                         .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL,
+                         .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = c->gate,
+                         .scale = 1.0 / sqrt((double)c->K),
+                         .chunk = 16};
     const int64_t BT = c->B * c->T;
     d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
     d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;
@@ -84,8 +92,7 @@ static void dr_make(const dr_cfg *c, int bf16, dr_data *d) {
 }
 
 static void dr_free(dr_data *d) {
-    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout),
-        free(d->dhT);
+    free(d->q), free(d->k), free(d->v), free(d->g), free(d->beta), free(d->h0), free(d->dout), free(d->dhT);
 }
 
 /* the results of one run, as doubles: o, hT, dq, dk, dv, dg, dbeta, dh0 */
@@ -111,11 +118,12 @@ static void res_free(dr_res *r) {
 /* the CPU kernels, f64 or f32 */
 static void dr_cpu(const dr_data *d, int f32, dr_res *r) {
     if (!f32) {
-        assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0,
-                                                 r->x[R_O], r->x[R_HT]), 0);
-        assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0,
-                                                 d->dout, d->dhT, r->x[R_DQ], r->x[R_DK],
-                                                 r->x[R_DV], r->x[R_DG], r->x[R_DB], r->x[R_DH0]), 0);
+        assert_int_equal(dg_dr_recurrent_fwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, r->x[R_O], r->x[R_HT]),
+                         0);
+        assert_int_equal(dg_dr_recurrent_bwd_f64(&d->s, d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout, d->dhT,
+                                                 r->x[R_DQ], r->x[R_DK], r->x[R_DV], r->x[R_DG], r->x[R_DB],
+                                                 r->x[R_DH0]),
+                         0);
         return;
     }
     const double *in[8] = {d->q, d->k, d->v, d->g, d->beta, d->h0, d->dout, d->dhT};
@@ -126,11 +134,10 @@ static void dr_cpu(const dr_data *d, int f32, dr_res *r) {
         for (int64_t i = 0; fi[a] && i < nin[a]; i++) fi[a][i] = (float)in[a][i];
     }
     for (int a = 0; a < R_N; a++) fo[a] = r->x[a] ? malloc(sizeof(float) * (r->n[a] ? r->n[a] : 1)) : NULL;
-    assert_int_equal(dg_dr_recurrent_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5],
-                                             fo[R_O], fo[R_HT]), 0);
-    assert_int_equal(dg_dr_recurrent_bwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6],
-                                             fi[7], fo[R_DQ], fo[R_DK], fo[R_DV], fo[R_DG],
-                                             fo[R_DB], fo[R_DH0]), 0);
+    assert_int_equal(dg_dr_recurrent_fwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fo[R_O], fo[R_HT]), 0);
+    assert_int_equal(dg_dr_recurrent_bwd_f32(&d->s, fi[0], fi[1], fi[2], fi[3], fi[4], fi[5], fi[6], fi[7], fo[R_DQ],
+                                             fo[R_DK], fo[R_DV], fo[R_DG], fo[R_DB], fo[R_DH0]),
+                     0);
     for (int a = 0; a < R_N; a++) {
         for (int64_t i = 0; fo[a] && i < r->n[a]; i++) r->x[a][i] = fo[a][i];
         free(fo[a]);
@@ -145,8 +152,7 @@ static void dr_gpu(const dr_data *d, int bf16, dr_res *r) {
     const dg_dtype rt[R_N] = {lo, DG_F32, lo, lo, lo, DG_F32, lo, DG_F32};
     void *q = dput_as(d->q, d->nq, lo), *k = dput_as(d->k, d->nq, lo), *v = dput_as(d->v, d->nv, lo),
          *beta = dput_as(d->beta, d->nb, lo), *dout = dput_as(d->dout, d->nv, lo);
-    float *g = dput_as(d->g, d->ng, DG_F32), *h0 = dput_as(d->h0, d->nh, DG_F32),
-          *dhT = dput_as(d->dhT, d->nh, DG_F32);
+    float *g = dput_as(d->g, d->ng, DG_F32), *h0 = dput_as(d->h0, d->nh, DG_F32), *dhT = dput_as(d->dhT, d->nh, DG_F32);
     void *o[R_N], *o2[R_N];
     for (int a = 0; a < R_N; a++) {
         o[a] = r->x[a] ? dput(NULL, r->n[a], dg_dtype_size(rt[a])) : NULL;
@@ -156,14 +162,14 @@ static void dr_gpu(const dr_data *d, int bf16, dr_res *r) {
         void **w = rep ? o2 : o;
         if (bf16) {
             if (!rep) assert_int_equal(dg_cuda_dr_recurrent_fwd_bf16(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
-            assert_int_equal(dg_cuda_dr_recurrent_bwd_bf16(&d->s, q, k, v, g, beta, h0, dout, dhT,
-                                                           w[R_DQ], w[R_DK], w[R_DV], w[R_DG],
-                                                           w[R_DB], w[R_DH0]), 0);
+            assert_int_equal(dg_cuda_dr_recurrent_bwd_bf16(&d->s, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
+                                                           w[R_DV], w[R_DG], w[R_DB], w[R_DH0]),
+                             0);
         } else {
             if (!rep) assert_int_equal(dg_cuda_dr_recurrent_fwd_f32(&d->s, q, k, v, g, beta, h0, o[R_O], o[R_HT]), 0);
-            assert_int_equal(dg_cuda_dr_recurrent_bwd_f32(&d->s, q, k, v, g, beta, h0, dout, dhT,
-                                                          w[R_DQ], w[R_DK], w[R_DV], w[R_DG],
-                                                          w[R_DB], w[R_DH0]), 0);
+            assert_int_equal(dg_cuda_dr_recurrent_bwd_f32(&d->s, q, k, v, g, beta, h0, dout, dhT, w[R_DQ], w[R_DK],
+                                                          w[R_DV], w[R_DG], w[R_DB], w[R_DH0]),
+                             0);
         }
     }
     assert_int_equal(dg_cuda_synchronize(), 0);
@@ -213,11 +219,12 @@ static void dr_run(int bf16) {
             /* bf16 outputs carry their rounding (2^-9 relative per element) */
             int rounded = bf16 && a != R_HT && a != R_DG && a != R_DH0;
             double tol = rounded ? 5e-3 : 1e-4;
-            if (!(e <= tol)) fail_msg("%s (%s): %s relative error %.3e > %.0e", c->name,
-                                      bf16 ? "bf16" : "f32", r_names[a], e, tol);
+            if (!(e <= tol))
+                fail_msg("%s (%s): %s relative error %.3e > %.0e", c->name, bf16 ? "bf16" : "f32", r_names[a], e, tol);
             if (!bf16) {
                 double e32 = dg_test_rel_err_norm(got.x[a], cpu32.x[a], ref.n[a]);
-                if (!(e32 <= 1e-4)) fail_msg("%s: %s differs from the CPU f32 kernel by %.3e", c->name, r_names[a], e32);
+                if (!(e32 <= 1e-4))
+                    fail_msg("%s: %s differs from the CPU f32 kernel by %.3e", c->name, r_names[a], e32);
             }
         }
         printf("\n");
@@ -258,8 +265,11 @@ static void test_dr_l2norm16(void **state) {
             double *xs = dget_d(dx16, n + off, dt), *dys = dget_d(ddy, n + off, dt); /* the rounded values */
             uint16_t *y = dput(NULL, n + off, 2), *gx = dput(NULL, n + off, 2);
             float *r = dput(NULL, N, 4);
-            assert_int_equal((f16 ? dg_cuda_dr_l2norm_f16_fwd : dg_cuda_dr_l2norm_bf16_fwd)(N, D, dx16 + off, eps, y + off, r), 0);
-            assert_int_equal((f16 ? dg_cuda_dr_l2norm_f16_bwd : dg_cuda_dr_l2norm_bf16_bwd)(N, D, dx16 + off, r, ddy + off, gx + off), 0);
+            assert_int_equal(
+                (f16 ? dg_cuda_dr_l2norm_f16_fwd : dg_cuda_dr_l2norm_bf16_fwd)(N, D, dx16 + off, eps, y + off, r), 0);
+            assert_int_equal((f16 ? dg_cuda_dr_l2norm_f16_bwd : dg_cuda_dr_l2norm_bf16_bwd)(N, D, dx16 + off, r,
+                                                                                            ddy + off, gx + off),
+                             0);
             double *yg = dget_d(y, n + off, dt), *gg = dget_d(gx, n + off, dt), *rg = dget_d(r, N, DG_F32);
             double *yr = malloc(sizeof(double) * (size_t)n), *gr = malloc(sizeof(double) * (size_t)n);
             double *rr = malloc(sizeof(double) * (size_t)N);
@@ -275,11 +285,14 @@ static void test_dr_l2norm16(void **state) {
                 }
             }
             char what[96];
-            snprintf(what, sizeof what, "l2norm %s D=%lld%s: y", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: y", dg_dtype_name(dt), (long long)D,
+                     off ? " (unaligned)" : "");
             CHECK_REL(what, yg + off, yr, n, tol);
-            snprintf(what, sizeof what, "l2norm %s D=%lld%s: dx", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: dx", dg_dtype_name(dt), (long long)D,
+                     off ? " (unaligned)" : "");
             CHECK_REL(what, gg + off, gr, n, tol);
-            snprintf(what, sizeof what, "l2norm %s D=%lld%s: r", dg_dtype_name(dt), (long long)D, off ? " (unaligned)" : "");
+            snprintf(what, sizeof what, "l2norm %s D=%lld%s: r", dg_dtype_name(dt), (long long)D,
+                     off ? " (unaligned)" : "");
             CHECK_REL(what, rg, rr, N, 1e-5);
             free(x), free(dy), free(xs), free(dys), free(yg), free(gg), free(rg), free(yr), free(gr), free(rr);
             dg_cuda_free(dx16), dg_cuda_free(ddy), dg_cuda_free(y), dg_cuda_free(gx), dg_cuda_free(r);
@@ -292,9 +305,12 @@ static void test_dr_bad_input(void **state) {
     (void)state;
     float *p = (float *)(uintptr_t)64; /* never dereferenced */
     int64_t cu[3] = {0, 5, 9};
-    dg_dr_shape ok = {.B = 1, .T = 10, .H = 2, .HV = 4, .K = 16, .V = 16, .N = 1,
-                      .gate = DG_GATE_NONE, .scale = 0.25};
-    struct { dg_dr_shape s; const float *g; const char *msg; } bad[5];
+    dg_dr_shape ok = {.B = 1, .T = 10, .H = 2, .HV = 4, .K = 16, .V = 16, .N = 1, .gate = DG_GATE_NONE, .scale = 0.25};
+    struct {
+        dg_dr_shape s;
+        const float *g;
+        const char *msg;
+    } bad[5];
     for (int i = 0; i < 5; i++) bad[i].s = ok, bad[i].g = NULL;
     bad[0].s.HV = 3, bad[0].msg = "multiple";
     bad[1].s.K = 600, bad[1].msg = "K=600";
@@ -306,9 +322,10 @@ static void test_dr_bad_input(void **state) {
         assert_int_equal(dg_cuda_dr_recurrent_fwd_f32(&bad[i].s, p, p, p, bad[i].g, p, NULL, p, NULL), -1);
         if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
         dg_clear_error();
-        assert_int_equal(dg_cuda_dr_recurrent_bwd_f32(&bad[i].s, p, p, p, bad[i].g, p, NULL, p, NULL,
-                                                      p, p, p, NULL, p, NULL), -1);
-        if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        assert_int_equal(
+            dg_cuda_dr_recurrent_bwd_f32(&bad[i].s, p, p, p, bad[i].g, p, NULL, p, NULL, p, p, p, NULL, p, NULL), -1);
+        if (!strstr(dg_last_error(), bad[i].msg))
+            fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
     }
     dg_clear_error();
     ok.gate = DG_GATE_NONE;
@@ -319,8 +336,10 @@ static void test_dr_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dr_bad_input),      cmocka_unit_test(test_dr_recurrent_f32),
-        cmocka_unit_test(test_dr_recurrent_bf16), cmocka_unit_test(test_dr_l2norm16),
+        cmocka_unit_test(test_dr_bad_input),
+        cmocka_unit_test(test_dr_recurrent_f32),
+        cmocka_unit_test(test_dr_recurrent_bf16),
+        cmocka_unit_test(test_dr_l2norm16),
     };
     /* DG_TEST_FILTER=test_dr* runs a subset (for compute-sanitizer's slower tools) */
     return dg_test_run_filtered(tests);

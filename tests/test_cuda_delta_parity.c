@@ -21,7 +21,7 @@
 
 #include "ops/delta/delta_common.h"
 
-static const char *const family[] = {"delta_rule", "gated_delta_rule",     "kda",       "gdn_gate",          "kda_gate",
+static const char *const family[] = {"delta_rule",         "gated_delta_rule",     "kda",       "gdn_gate", "kda_gate",
                                      "chunk_local_cumsum", "chunk_scaled_dot_kkt", "solve_tril"};
 #define N_FAMILY ((int)(sizeof family / sizeof family[0]))
 #define N_FUSED 3 /* the first three: no f64 on the device */
@@ -66,11 +66,13 @@ static void test_pieces_f64(void **state) {
 
 /* ---- 16-bit storage (bf16 or f16: dt) ---- */
 
-static bool is_storage(const dg_delta_slots *sl, int k) { return k == sl->q || k == sl->k || k == sl->v || k == sl->beta; }
+static bool is_storage(const dg_delta_slots *sl, int k) {
+    return k == sl->q || k == sl->k || k == sl->v || k == sl->beta;
+}
 
 /* o, hT and the input gradients of L = <f32(o), W0> + <hT, W1> on dev */
 static void run_16(const dg_op_def *def, const void *attrs, dg_tensor *const *in_host, const bool *diff,
-                     dg_tensor *const *w, int variant, dg_device dev, run_result *r) {
+                   dg_tensor *const *w, int variant, dg_device dev, run_result *r) {
     dg_scope_begin();
     dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
     for (int k = 0; k < def->n_in; k++) {
@@ -144,18 +146,19 @@ static void case16(dg_dtype dt, const dg_op_def *def, const dg_delta_slots *sl, 
         for (int j = 0; j < 2; j++) {
             double e = dg_test_rel_err(gpu.out[j], ref.out[j]);
             if (!(e <= tol))
-                fail_msg("%s (%s) %s, %s: output %s: relative error norm %.3e > %.2e", def->name, def->bwd[v].name,
-                         dn, label, def->out_names[j], e, tol);
+                fail_msg("%s (%s) %s, %s: output %s: relative error norm %.3e > %.2e", def->name, def->bwd[v].name, dn,
+                         label, def->out_names[j], e, tol);
             st->out = fmax(st->out, e);
         }
         for (int k = 0; k < def->n_in; k++) {
             if (!ref.grad[k] && !gpu.grad[k]) continue;
-            if (!ref.grad[k] || !gpu.grad[k]) fail_msg("%s %s, %s: gradient d%s on one side only", def->name, dn, label, def->in_names[k]);
+            if (!ref.grad[k] || !gpu.grad[k])
+                fail_msg("%s %s, %s: gradient d%s on one side only", def->name, dn, label, def->in_names[k]);
             assert_int_equal(gpu.grad[k]->dtype, is_storage(sl, k) ? dt : DG_F32);
             double e = dg_test_rel_err(gpu.grad[k], ref.grad[k]);
             if (!(e <= tol))
-                fail_msg("%s (%s) %s, %s: gradient d%s: relative error norm %.3e > %.2e", def->name,
-                         def->bwd[v].name, dn, label, def->in_names[k], e, tol);
+                fail_msg("%s (%s) %s, %s: gradient d%s: relative error norm %.3e > %.2e", def->name, def->bwd[v].name,
+                         dn, label, def->in_names[k], e, tol);
             st->grad = fmax(st->grad, e);
         }
         result_free(&ref);
@@ -229,8 +232,12 @@ static void big_inputs(const big_cfg *c, const dg_op_def *def, dg_gate_kind gate
     }
     if (c->varlen) in[sl->cu] = dg_from_data(DG_SHAPE(4), DG_I64, (int64_t[]){0, 70, 71, 300});
     for (int k = 0; k < def->n_in; k++) diff[k] = in[k] && k != sl->cu;
-    *at = (dg_delta_attrs){.gate = gate, .scale = 1.0 / sqrt((double)c->K), .chunk = 64,
-                           .algorithm = DG_DELTA_CHUNKED, .l2norm_qk = c->l2norm, .gate_in_kernel = gik};
+    *at = (dg_delta_attrs){.gate = gate,
+                           .scale = 1.0 / sqrt((double)c->K),
+                           .chunk = 64,
+                           .algorithm = DG_DELTA_CHUNKED,
+                           .l2norm_qk = c->l2norm,
+                           .gate_in_kernel = gik};
 }
 
 static void test_larger_shapes(void **state) {
@@ -259,8 +266,10 @@ static void test_larger_shapes(void **state) {
                 w[1] = dg_randn(DG_SHAPE(N, bigs[c].HV, bigs[c].K, bigs[c].V), DG_F32, &wr);
                 run_op(def, &s, in, diff, w, v, DG_CPU, &cpu);
                 run_op(def, &s, in, diff, w, v, DG_CUDA, &gpu);
-                for (int j = 0; j < 2; j++) check_close(def, &s, 0, def->out_names[j], gpu.out[j], cpu.out[j], 1e-4, &worst);
-                for (int k = 0; k < def->n_in; k++) check_close(def, &s, 0, def->in_names[k], gpu.grad[k], cpu.grad[k], 1e-4, &worst);
+                for (int j = 0; j < 2; j++)
+                    check_close(def, &s, 0, def->out_names[j], gpu.out[j], cpu.out[j], 1e-4, &worst);
+                for (int k = 0; k < def->n_in; k++)
+                    check_close(def, &s, 0, def->in_names[k], gpu.grad[k], cpu.grad[k], 1e-4, &worst);
                 result_free(&cpu);
                 result_free(&gpu);
             }
@@ -331,12 +340,8 @@ static void test_bad_dtypes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_dtypes),
-        cmocka_unit_test(test_family_f32),
-        cmocka_unit_test(test_pieces_f64),
-        cmocka_unit_test(test_fused_bf16),
-        cmocka_unit_test(test_fused_f16),
-        cmocka_unit_test(test_larger_shapes),
+        cmocka_unit_test(test_bad_dtypes), cmocka_unit_test(test_family_f32), cmocka_unit_test(test_pieces_f64),
+        cmocka_unit_test(test_fused_bf16), cmocka_unit_test(test_fused_f16),  cmocka_unit_test(test_larger_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

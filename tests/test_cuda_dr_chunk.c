@@ -77,8 +77,8 @@ static void run_case(const cfg *c, int st, int all_variants) {
         const dg_dr_variant *v = &var_all[vi];
         res_alloc(c, &d, &got);
         run_gpu(&d, st, v, &got);
-        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, st_names[st],
-                 v->gdn_dg_from_final, v->kda_fused, v->solve_tril_blocked);
+        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, st_names[st], v->gdn_dg_from_final, v->kda_fused,
+                 v->solve_tril_blocked);
         check(what, &got, &ref, tol);
         snprintf(what, sizeof what, "  ... against var 111");
         check(what, &got, &base, st == S_BF16 ? 2e-3 : st == S_F16 ? 2 * tol : 1e-5);
@@ -123,8 +123,7 @@ static void test_dr_chunk_f32(void **state) {
 static void test_dr_chunk_f32_variants(void **state) {
     (void)state;
     dg_test_require_cuda();
-    for (size_t i = 0; i < sizeof variant_cases / sizeof variant_cases[0]; i++)
-        run_case(&variant_cases[i], 0, 1);
+    for (size_t i = 0; i < sizeof variant_cases / sizeof variant_cases[0]; i++) run_case(&variant_cases[i], 0, 1);
 }
 
 static void test_dr_chunk_bf16(void **state) {
@@ -213,8 +212,18 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
     float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
-    dg_delta_call call = {.op = "test", .s = d.s, .dtype = DG_BF16, .device = DG_CUDA, .q = q1 + 1, .k = k, .v = v,
-                          .g = g, .beta = beta, .h0 = h0, .o = o1 + 1, .hT = hT};
+    dg_delta_call call = {.op = "test",
+                          .s = d.s,
+                          .dtype = DG_BF16,
+                          .device = DG_CUDA,
+                          .q = q1 + 1,
+                          .k = k,
+                          .v = v,
+                          .g = g,
+                          .beta = beta,
+                          .h0 = h0,
+                          .o = o1 + 1,
+                          .hT = hT};
     assert_int_equal(drc_family_of(&call), DG_DRC_GENERIC);
     assert_int_equal(drc_fwd(&call), 0);
     assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
@@ -222,7 +231,8 @@ static void test_dr_chunk_bf16_unaligned(void **state) {
     float *hh = malloc(sizeof(float) * (size_t)d.nh);
     assert_int_equal(dg_cuda_memcpy(hh, hT, sizeof(float) * (size_t)d.nh, 1), 0);
     for (int64_t i = 0; i < d.nh; i++) got.x[R_HT][i] = hh[i];
-    double eo = dg_test_rel_err_norm(got.x[R_O], ref.x[R_O], d.nv), eh = dg_test_rel_err_norm(got.x[R_HT], ref.x[R_HT], d.nh);
+    double eo = dg_test_rel_err_norm(got.x[R_O], ref.x[R_O], d.nv),
+           eh = dg_test_rel_err_norm(got.x[R_HT], ref.x[R_HT], d.nh);
     printf("  %-44s o %.1e hT %.1e\n", c.name, eo, eh);
     if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("unaligned views: o %.3e, hT %.3e", eo, eh);
     free(hq), free(ho), free(hh);
@@ -255,7 +265,10 @@ static void test_dr_chunk_bf16_long(void **state) {
 static void test_dr_chunk_bf16_draws(void **state) {
     (void)state;
     dg_test_require_cuda();
-    static const struct { cfg c; int draws; } cases[] = {
+    static const struct {
+        cfg c;
+        int draws;
+    } cases[] = {
         {{"head, K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0}, 40},
         {{"none, K=64, V=128, T=1", 3, 1, 1, 1, 64, 128, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0}, 40},
         {{"head, K=V=128, T=130", 1, 130, 1, 1, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0}, 12},
@@ -289,7 +302,9 @@ static void test_dr_chunk_bf16_draws(void **state) {
             if (worst[a] != -1) off += snprintf(msg + off, sizeof msg - (size_t)off, " %s %.1e", r_names[a], worst[a]);
         printf("%s\n", msg);
         for (int a = 0; a < R_N; a++)
-            if (!(worst[a] <= 5e-3)) fail_msg("%s: %s relative error %.3e > 5e-3 in one of %d draws", c->name, r_names[a], worst[a], cases[ci].draws);
+            if (!(worst[a] <= 5e-3))
+                fail_msg("%s: %s relative error %.3e > 5e-3 in one of %d draws", c->name, r_names[a], worst[a],
+                         cases[ci].draws);
     }
 }
 
@@ -298,7 +313,20 @@ static void test_dr_chunk_bf16_draws(void **state) {
  * build); the fourth has the shape of bf16's KDA tensor-core path, which fp16 calls do not take. */
 static const cfg f16_cases[] = {
     {"head, GVA, K=V=128 (bf16 mma shape)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
-    {"none, varlen, K=V=64 (bf16 mma shape)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 5, {0, 64, 64, 130, 200}, 1, 1, 0},
+    {"none, varlen, K=V=64 (bf16 mma shape)",
+     1,
+     200,
+     1,
+     2,
+     64,
+     64,
+     DG_GATE_NONE,
+     64,
+     5,
+     {0, 64, 64, 130, 200},
+     1,
+     1,
+     0},
     {"channel, varlen, C16", 1, 77, 1, 2, 48, 40, DG_GATE_CHANNEL, 16, 5, {0, 5, 5, 50, 77}, 1, 1, 0},
     {"channel, GVA, K=V=64 (bf16 kda shape)", 1, 100, 1, 2, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
     {"head, C32, some grads", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 32, 0, {0}, 1, 0, 1},
@@ -342,7 +370,20 @@ static void test_dr_chunk_l2_fold(void **state) {
         {"l2 fold: head, C32 (generic)", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},
         {"l2 fold: channel, K=V=64 (kda)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
         /* value heads split (dr_chunk_vsplit.cu): the sums over the split heads come first */
-        {"l2 fold: head, K=64, V=256 (split, after the sums)", 1, 100, 2, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"l2 fold: head, K=64, V=256 (split, after the sums)",
+         1,
+         100,
+         2,
+         2,
+         64,
+         256,
+         DG_GATE_HEAD,
+         64,
+         0,
+         {0},
+         1,
+         1,
+         0},
         {"l2 fold: channel, K=64, V=192 (kda split)", 1, 100, 1, 1, 64, 192, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
     };
     for (int st = S_BF16; st <= S_F16; st++)
@@ -387,7 +428,20 @@ static void test_dr_chunk_l2_fused(void **state) {
     dg_test_require_cuda();
     static const cfg cases[] = {
         {"l2 fused: head, GVA, K=V=128, h0 (mma)", 1, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0},
-        {"l2 fused: none, GVA, varlen, K=V=64 (mma)", 1, 200, 1, 2, 64, 64, DG_GATE_NONE, 64, 4, {0, 70, 70, 200}, 0, 0, 0},
+        {"l2 fused: none, GVA, varlen, K=V=64 (mma)",
+         1,
+         200,
+         1,
+         2,
+         64,
+         64,
+         DG_GATE_NONE,
+         64,
+         4,
+         {0, 70, 70, 200},
+         0,
+         0,
+         0},
         {"l2 fused: head, B2, K=128, V=64 (mma)", 2, 90, 1, 1, 128, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0},
         {"l2 fused: head, K=64, V=256 (split)", 1, 100, 2, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 0, 0, 0},
         {"l2 fused: channel, K=V=64 (kda: norm first)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0},
@@ -404,8 +458,15 @@ static void test_dr_chunk_l2_fused(void **state) {
             void *q = dput_as(d.q, d.nq, st), *k = dput_as(d.k, d.nq, st), *v = dput_as(d.v, d.nv, st);
             void *beta = dput_as(d.beta, d.nb, st);
             float *g = dput_as(d.g, d.ng, 0), *h0 = dput_as(d.h0, d.nh, 0);
-            dg_delta_call fc = {.op = "test", .s = d.s, .dtype = st == S_BF16 ? DG_BF16 : DG_F16, .device = DG_CUDA,
-                                .v = v, .g = g, .beta = beta, .h0 = h0, .l2 = {.on = true, .qraw = q, .kraw = k}};
+            dg_delta_call fc = {.op = "test",
+                                .s = d.s,
+                                .dtype = st == S_BF16 ? DG_BF16 : DG_F16,
+                                .device = DG_CUDA,
+                                .v = v,
+                                .g = g,
+                                .beta = beta,
+                                .h0 = h0,
+                                .l2 = {.on = true, .qraw = q, .kraw = k}};
             const int64_t kb = drc_kept_bytes(&fc);
             assert_true(kb >= 0);
             /* [0]: fused, [1]: the norm's kernel first, [2]: fused without qn, rq, rk, keep */
@@ -425,10 +486,18 @@ static void test_dr_chunk_l2_fused(void **state) {
             }
             assert_int_equal(dg_cuda_synchronize(), 0);
             assert_int_equal(kept[0], kept[1]);
-            struct { const char *name; void *const *p; size_t bytes; int runs; } out[] = {
-                {"o", o, (size_t)d.nv * 2, 3}, {"hT", (void *const *)hT, (size_t)d.nh * 4, 3},
-                {"kn", kn, (size_t)d.nq * 2, 3}, {"qn", qn, (size_t)d.nq * 2, 2},
-                {"rq", (void *const *)rq, (size_t)nr * 4, 2}, {"rk", (void *const *)rk, (size_t)nr * 4, 2},
+            struct {
+                const char *name;
+                void *const *p;
+                size_t bytes;
+                int runs;
+            } out[] = {
+                {"o", o, (size_t)d.nv * 2, 3},
+                {"hT", (void *const *)hT, (size_t)d.nh * 4, 3},
+                {"kn", kn, (size_t)d.nq * 2, 3},
+                {"qn", qn, (size_t)d.nq * 2, 2},
+                {"rq", (void *const *)rq, (size_t)nr * 4, 2},
+                {"rk", (void *const *)rk, (size_t)nr * 4, 2},
                 {"keep", keep, (size_t)kb, kb > 0 ? 2 : 0},
             };
             for (size_t a = 0; a < sizeof out / sizeof out[0]; a++) {
@@ -454,12 +523,14 @@ static void test_dr_chunk_l2_fused(void **state) {
                     double n2 = 0;
                     for (int64_t cc = 0; cc < c->K; cc++) n2 += x[i * c->K + cc] * x[i * c->K + cc];
                     const double r = 1.0 / sqrt(n2 + eps);
-                    if (fabs(rr[i] - r) > 1e-6 * r) fail_msg("%s: 1/|x| of row %lld: %g, host %g", c->name, (long long)i, rr[i], r);
+                    if (fabs(rr[i] - r) > 1e-6 * r)
+                        fail_msg("%s: 1/|x| of row %lld: %g, host %g", c->name, (long long)i, rr[i], r);
                     for (int64_t cc = 0; cc < c->K; cc++) {
                         const double want = x[i * c->K + cc] * r, got = from16(st, y[i * c->K + cc]);
                         /* one rounding (a unit in the last place: rsqrtf's own error too), fp16's
                          * subnormals below 2^-14 to 2^-25 */
-                        if (fabs(got - want) > (st == S_BF16 ? 0x1p-8 : 0x1p-11) * fabs(want) + (st == S_F16 ? 0x1p-25 : 0))
+                        if (fabs(got - want) >
+                            (st == S_BF16 ? 0x1p-8 : 0x1p-11) * fabs(want) + (st == S_F16 ? 0x1p-25 : 0))
                             fail_msg("%s (%s): %s[%lld, %lld] = %g, host %g", c->name, st_names[st], w ? "kn" : "qn",
                                      (long long)i, (long long)cc, got, want);
                     }
@@ -494,8 +565,20 @@ static void test_dr_chunk_sanitize(void **state) {
         {"sanitize: head, B2, H33, K=64, V=128 (mma)", 2, 200, 33, 33, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     /* a value head as three of 64 columns (dr_chunk_vsplit.cu: its moves around the kernels) */
-    static const cfg split = {"sanitize: head, GVA, varlen, K=64, V=192 (3 x 64)", 1, 140, 1, 2, 64, 192,
-                              DG_GATE_HEAD, 64, 3, {0, 70, 140}, 1, 1, 0};
+    static const cfg split = {"sanitize: head, GVA, varlen, K=64, V=192 (3 x 64)",
+                              1,
+                              140,
+                              1,
+                              2,
+                              64,
+                              192,
+                              DG_GATE_HEAD,
+                              64,
+                              3,
+                              {0, 70, 140},
+                              1,
+                              1,
+                              0};
     static const dg_dr_variant v000 = {0, 0, 0};
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
@@ -527,9 +610,12 @@ static void test_dr_chunk_bad_input(void **state) {
     (void)state;
     float *p = (float *)(uintptr_t)64; /* never dereferenced */
     int64_t cu[3] = {0, 5, 9};
-    dg_dr_shape ok = {.B = 1, .T = 10, .H = 2, .HV = 4, .K = 16, .V = 16, .N = 1,
-                      .gate = DG_GATE_NONE, .scale = 0.25, .chunk = 16};
-    struct { dg_dr_shape s; const char *msg; } bad[7];
+    dg_dr_shape ok = {
+        .B = 1, .T = 10, .H = 2, .HV = 4, .K = 16, .V = 16, .N = 1, .gate = DG_GATE_NONE, .scale = 0.25, .chunk = 16};
+    struct {
+        dg_dr_shape s;
+        const char *msg;
+    } bad[7];
     for (int i = 0; i < 7; i++) bad[i].s = ok;
     bad[0].s.HV = 3, bad[0].msg = "multiple";
     bad[1].s.K = 300, bad[1].msg = "K = 300";
@@ -539,16 +625,24 @@ static void test_dr_chunk_bad_input(void **state) {
     bad[5].s.chunk = 48, bad[5].msg = "chunk";
     bad[6].s.T = -1, bad[6].msg = "T = -1";
     for (int i = 0; i < 7; i++) {
-        dg_delta_call c = {.op = "test", .s = bad[i].s, .dtype = DG_F32, .device = DG_CUDA, .q = p, .k = p, .v = p,
-                           .beta = p, .o = p};
+        dg_delta_call c = {
+            .op = "test", .s = bad[i].s, .dtype = DG_F32, .device = DG_CUDA, .q = p, .k = p, .v = p, .beta = p, .o = p};
         dg_clear_error();
         assert_int_equal(drc_fwd(&c), -1);
         if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
-        dg_delta_call cb = {.op = "test", .s = bad[i].s, .dtype = DG_BF16, .device = DG_CUDA, .q = p, .k = p,
-                            .v = p, .beta = p, .dout = p};
+        dg_delta_call cb = {.op = "test",
+                            .s = bad[i].s,
+                            .dtype = DG_BF16,
+                            .device = DG_CUDA,
+                            .q = p,
+                            .k = p,
+                            .v = p,
+                            .beta = p,
+                            .dout = p};
         dg_clear_error();
         assert_int_equal(drc_bwd(&cb), -1);
-        if (!strstr(dg_last_error(), bad[i].msg)) fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
+        if (!strstr(dg_last_error(), bad[i].msg))
+            fail_msg("bwd case %d: '%s' lacks '%s'", i, dg_last_error(), bad[i].msg);
         c.dtype = DG_F16;
         dg_clear_error();
         assert_int_equal(drc_fwd(&c), -1);
@@ -557,8 +651,15 @@ static void test_dr_chunk_bad_input(void **state) {
     }
     uint16_t *u = (uint16_t *)p;
     /* the L2 norm: the normalised k is required, and neither normalised row may be a raw one */
-    dg_delta_call l2 = {.op = "test", .s = ok, .dtype = DG_BF16, .device = DG_CUDA, .q = u + 16, .v = u, .beta = u,
-                        .o = u, .l2 = {.on = true, .qraw = u, .kraw = u + 8, .for_bwd = true}};
+    dg_delta_call l2 = {.op = "test",
+                        .s = ok,
+                        .dtype = DG_BF16,
+                        .device = DG_CUDA,
+                        .q = u + 16,
+                        .v = u,
+                        .beta = u,
+                        .o = u,
+                        .l2 = {.on = true, .qraw = u, .kraw = u + 8, .for_bwd = true}};
     dg_clear_error();
     assert_int_equal(drc_fwd(&l2), -1);
     assert_true(strstr(dg_last_error(), "normalised rows") != NULL && strstr(dg_last_error(), "fwd_bf16") != NULL);
@@ -571,8 +672,20 @@ static void test_dr_chunk_bad_input(void **state) {
     dg_clear_error();
     assert_int_equal(drc_fwd(&l2), -1);
     assert_true(strstr(dg_last_error(), "L2 norm") != NULL);
-    dg_delta_call c = {.op = "test", .s = ok, .dtype = DG_F32, .device = DG_CUDA, .q = p, .k = p, .v = p, .beta = p,
-                       .dout = p, .dq = p, .dk = p, .dv = p, .dg = p, .dbeta = p};
+    dg_delta_call c = {.op = "test",
+                       .s = ok,
+                       .dtype = DG_F32,
+                       .device = DG_CUDA,
+                       .q = p,
+                       .k = p,
+                       .v = p,
+                       .beta = p,
+                       .dout = p,
+                       .dq = p,
+                       .dk = p,
+                       .dv = p,
+                       .dg = p,
+                       .dbeta = p};
     dg_clear_error();
     assert_int_equal(drc_bwd(&c), -1);
     assert_true(strstr(dg_last_error(), "dg") != NULL);
@@ -594,20 +707,13 @@ static void test_dr_chunk_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dr_chunk_bad_input),
-        cmocka_unit_test(test_dr_chunk_f32),
-        cmocka_unit_test(test_dr_chunk_f32_variants),
-        cmocka_unit_test(test_dr_chunk_bf16),
-        cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
-        cmocka_unit_test(test_dr_chunk_vsplit),
-        cmocka_unit_test(test_dr_chunk_bf16_unaligned),
-        cmocka_unit_test(test_dr_chunk_bf16_long),
-        cmocka_unit_test(test_dr_chunk_bf16_draws),
-        cmocka_unit_test(test_dr_chunk_f16),
-        cmocka_unit_test(test_dr_chunk_f16_paths),
-        cmocka_unit_test(test_dr_chunk_l2_fold),
-        cmocka_unit_test(test_dr_chunk_l2_fused),
-        cmocka_unit_test(test_dr_chunk_sanitize),
+        cmocka_unit_test(test_dr_chunk_bad_input),        cmocka_unit_test(test_dr_chunk_f32),
+        cmocka_unit_test(test_dr_chunk_f32_variants),     cmocka_unit_test(test_dr_chunk_bf16),
+        cmocka_unit_test(test_dr_chunk_bf16_paths_agree), cmocka_unit_test(test_dr_chunk_vsplit),
+        cmocka_unit_test(test_dr_chunk_bf16_unaligned),   cmocka_unit_test(test_dr_chunk_bf16_long),
+        cmocka_unit_test(test_dr_chunk_bf16_draws),       cmocka_unit_test(test_dr_chunk_f16),
+        cmocka_unit_test(test_dr_chunk_f16_paths),        cmocka_unit_test(test_dr_chunk_l2_fold),
+        cmocka_unit_test(test_dr_chunk_l2_fused),         cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);
 }

@@ -67,13 +67,20 @@ typedef struct outs {
 
 static void prob_make(const kcase *c, prob *p) {
     memset(p, 0, sizeof *p);
-    p->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = DG_GATE_CHANNEL, .scale = 1.0 / sqrt((double)c->K), .chunk = 64};
+    p->s = (dg_dr_shape){.B = c->B,
+                         .T = c->T,
+                         .H = c->H,
+                         .HV = c->HV,
+                         .K = c->K,
+                         .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL,
+                         .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = DG_GATE_CHANNEL,
+                         .scale = 1.0 / sqrt((double)c->K),
+                         .chunk = 64};
     const int64_t BT = c->B * c->T, nh = p->s.N * c->HV * c->K * c->V;
-    const int64_t nx[X_N] = {BT * c->H * c->K, BT * c->H * c->K, BT * c->HV * c->V,
-                             BT * c->HV * c->K, BT * c->HV, c->h0 ? nh : 0, BT * c->HV * c->V,
-                             c->dhT ? nh : 0};
+    const int64_t nx[X_N] = {BT * c->H * c->K, BT * c->H * c->K, BT * c->HV * c->V, BT * c->HV * c->K,
+                             BT * c->HV,       c->h0 ? nh : 0,   BT * c->HV * c->V, c->dhT ? nh : 0};
     const double lo[X_N] = {-1, -1, -1, c->glo, 0.1, -1, -1, -1};
     const double hi[X_N] = {1, 1, 1, c->ghi, 0.9, 1, 1, 1};
     for (int a = 0; a < X_N; a++) {
@@ -90,8 +97,8 @@ static void prob_make(const kcase *c, prob *p) {
     for (int a = 0; a < X_N; a++)
         for (int64_t i = 0; p->x[a] && i < nx[a]; i++)
             p->x[a][i] = x_bf16[a] ? dg_bf16_to_f32(dg_bf16_from_f32((float)(p->x[a][i]))) : (double)(float)p->x[a][i];
-    const int64_t ny[Y_N] = {nx[X_V], nh, c->some ? 0 : nx[X_Q], nx[X_Q], c->some ? 0 : nx[X_V], nx[X_G],
-                             nx[X_B], c->h0 ? nh : 0};
+    const int64_t ny[Y_N] = {nx[X_V], nh,      c->some ? 0 : nx[X_Q], nx[X_Q], c->some ? 0 : nx[X_V],
+                             nx[X_G], nx[X_B], c->h0 ? nh : 0};
     memcpy(p->ny, ny, sizeof ny);
 }
 static void prob_free(prob *p) {
@@ -110,11 +117,11 @@ static void reference(const prob *p, outs *o) {
     double *tmp[Y_N] = {0}; /* gradients the case does not ask for: computed, then dropped */
     for (int a = Y_DQ; a <= Y_DV; a++)
         if (!o->y[a]) o->y[a] = tmp[a] = calloc((size_t)(p->nx[a == Y_DV ? X_V : X_Q] + 1), sizeof(double));
-    assert_int_equal(dg_dr_recurrent_fwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
-                                             o->y[Y_O], o->y[Y_HT]), 0);
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0],
-                                             x[X_DO], x[X_DHT], o->y[Y_DQ], o->y[Y_DK], o->y[Y_DV],
-                                             o->y[Y_DG], o->y[Y_DB], o->y[Y_DH0]), 0);
+    assert_int_equal(
+        dg_dr_recurrent_fwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], o->y[Y_O], o->y[Y_HT]), 0);
+    assert_int_equal(dg_dr_recurrent_bwd_f64(&p->s, x[X_Q], x[X_K], x[X_V], x[X_G], x[X_B], x[X_H0], x[X_DO], x[X_DHT],
+                                             o->y[Y_DQ], o->y[Y_DK], o->y[Y_DV], o->y[Y_DG], o->y[Y_DB], o->y[Y_DH0]),
+                     0);
     for (int a = Y_DQ; a <= Y_DV; a++)
         if (tmp[a]) free(tmp[a]), o->y[a] = NULL;
 }
@@ -152,9 +159,20 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
         y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
         y2[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
     }
-    const dg_delta_call base = {.op = "test", .s = p->s, .dtype = DG_BF16, .device = DG_CUDA, .bwd = drc_flags(v),
-                                .q = x[X_Q], .k = x[X_K], .v = x[X_V], .g = x[X_G], .beta = x[X_B], .h0 = x[X_H0],
-                                .dout = x[X_DO], .dhT = x[X_DHT], .force_generic = g_force_generic};
+    const dg_delta_call base = {.op = "test",
+                                .s = p->s,
+                                .dtype = DG_BF16,
+                                .device = DG_CUDA,
+                                .bwd = drc_flags(v),
+                                .q = x[X_Q],
+                                .k = x[X_K],
+                                .v = x[X_V],
+                                .g = x[X_G],
+                                .beta = x[X_B],
+                                .h0 = x[X_H0],
+                                .dout = x[X_DO],
+                                .dhT = x[X_DHT],
+                                .force_generic = g_force_generic};
     dg_delta_call f1 = base, f2 = base;
     f1.o = y[Y_O], f1.hT = y[Y_HT], f2.o = y2[Y_O], f2.hT = y2[Y_HT];
     const int64_t keep_bytes = drc_kept_bytes(&f1);
@@ -179,7 +197,8 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
             double *z = malloc(sizeof(double) * (size_t)(p->ny[a] ? p->ny[a] : 1));
             from_dev(z, y2[a], p->ny[a], y_bf16[a]);
             if (memcmp(z, o->y[a], sizeof(double) * (size_t)p->ny[a]))
-                fail_msg("%s differs between two runs%s", y_name[a], keep ? " (the second from the kept working set)" : "");
+                fail_msg("%s differs between two runs%s", y_name[a],
+                         keep ? " (the second from the kept working set)" : "");
             free(z);
         }
         dg_cuda_free(y[a]), dg_cuda_free(y2[a]);

@@ -135,8 +135,7 @@ static void test_unary(void **state) {
                 ry[i] = ref_unary(op, x[i], a);
                 rg[i] = gy[i] * ref_unary_d(op, x[i], a);
             }
-            void *dx = dput_as(x, n, dt), *dgy = dput_as(gy, n, dt), *dy = dput(NULL, n, es),
-                 *dgx = dput(NULL, n, es);
+            void *dx = dput_as(x, n, dt), *dgy = dput_as(gy, n, dt), *dy = dput(NULL, n, es), *dgx = dput(NULL, n, es);
             char what[64];
             snprintf(what, sizeof what, "unary op %d %s", op, dg_dtype_name(dt));
             assert_int_equal(dg_cuda_unary(dt, (dg_unary_op)op, n, dx, dy, a), 0);
@@ -149,8 +148,8 @@ static void test_unary(void **state) {
             CHECK_REL(what, gx, rg, n, tol_of(dt));
             free(gx);
             /* backward from y alone where f' is a function of y */
-            int y_only = op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT ||
-                         op == DG_UN_SIGMOID || op == DG_UN_TANH;
+            int y_only =
+                op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT || op == DG_UN_SIGMOID || op == DG_UN_TANH;
             if (y_only) {
                 assert_int_equal(dg_cuda_unary_bwd(dt, (dg_unary_op)op, n, NULL, dy, dgy, dgx, a), 0);
                 gx = dget_d(dgx, n, dt);
@@ -252,10 +251,12 @@ static void test_fill_copy_cast(void **state) {
         assert_int_equal(dg_cuda_fill(all[di], n, d, -3.0), 0);
         unsigned char *h = dget(d, n, es);
         for (int64_t i = 0; i < n; i++) {
-            double v = all[di] == DG_F32 ? ((float *)h)[i] : all[di] == DG_F64 ? ((double *)h)[i]
-                     : all[di] == DG_BF16 ? dg_bf16_to_f32(((uint16_t *)h)[i]) : all[di] == DG_F16 ? dg_f16_to_f64(((uint16_t *)h)[i])
-                     : all[di] == DG_I32 ? ((int32_t *)h)[i]
-                     : (double)((int64_t *)h)[i];
+            double v = all[di] == DG_F32    ? ((float *)h)[i]
+                       : all[di] == DG_F64  ? ((double *)h)[i]
+                       : all[di] == DG_BF16 ? dg_bf16_to_f32(((uint16_t *)h)[i])
+                       : all[di] == DG_F16  ? dg_f16_to_f64(((uint16_t *)h)[i])
+                       : all[di] == DG_I32  ? ((int32_t *)h)[i]
+                                            : (double)((int64_t *)h)[i];
             assert_true(v == -3.0);
         }
         free(h), dg_cuda_free(d);
@@ -289,8 +290,8 @@ static void test_fill_copy_cast(void **state) {
     dg_clear_error();
     /* casts: f64 -> f32 -> bf16 -> f64, and integers */
     double *x = rnd(n, -300, 300);
-    void *d64 = dput_as(x, n, DG_F64), *d32 = dput(NULL, n, 4), *d16 = dput(NULL, n, 2),
-         *dback = dput(NULL, n, 8), *di64 = dput(NULL, n, 8), *di32 = dput(NULL, n, 4);
+    void *d64 = dput_as(x, n, DG_F64), *d32 = dput(NULL, n, 4), *d16 = dput(NULL, n, 2), *dback = dput(NULL, n, 8),
+         *di64 = dput(NULL, n, 8), *di32 = dput(NULL, n, 4);
     assert_int_equal(dg_cuda_cast(n, DG_F32, d32, DG_F64, d64), 0);
     assert_int_equal(dg_cuda_cast(n, DG_BF16, d16, DG_F32, d32), 0);
     assert_int_equal(dg_cuda_cast(n, DG_F64, dback, DG_BF16, d16), 0);
@@ -311,8 +312,14 @@ static void test_fill_copy_cast(void **state) {
      * f16 -> bf16 -> f64 as on the host */
     double *y = rnd(n, -70000, 70000);
     for (int64_t i = 0; i < n; i++) y[i] = ldexp(y[i], -(int)(i % 40)); /* down to the subnormals */
-    const double edge[8] = {65504, 65520, -65520, ldexp(1, -25), 1.5 * ldexp(1, -24), 1 + ldexp(1, -11),
-                            1 + ldexp(1, -11) + ldexp(1, -40), 1023.5 * ldexp(1, -24)};
+    const double edge[8] = {65504,
+                            65520,
+                            -65520,
+                            ldexp(1, -25),
+                            1.5 * ldexp(1, -24),
+                            1 + ldexp(1, -11),
+                            1 + ldexp(1, -11) + ldexp(1, -40),
+                            1023.5 * ldexp(1, -24)};
     for (int i = 0; i < 8; i++) y[i] = edge[i];
     void *y64 = dput_as(y, n, DG_F64), *h16 = dput(NULL, n, 2), *h32 = dput(NULL, n, 4), *h16b = dput(NULL, n, 2),
          *hbf = dput(NULL, n, 2), *hb64 = dput(NULL, n, 8);
@@ -345,16 +352,16 @@ static void test_sum(void **state) {
     (void)state;
     REQUIRE_GPU();
     const sum_case cases[] = {
-        {2, {7, 300}, 0x2, 0},           /* rows, warp per output */
-        {2, {5, 20000}, 0x2, 0},         /* rows, block per output, split */
-        {2, {3000, 7}, 0x1, 0},          /* columns, split */
-        {2, {3000, 7}, 0x1, 1},          /* the same read transposed: rows */
-        {1, {1000003}, 0x1, 0},          /* everything, split */
+        {2, {7, 300}, 0x2, 0},            /* rows, warp per output */
+        {2, {5, 20000}, 0x2, 0},          /* rows, block per output, split */
+        {2, {3000, 7}, 0x1, 0},           /* columns, split */
+        {2, {3000, 7}, 0x1, 1},           /* the same read transposed: rows */
+        {1, {1000003}, 0x1, 0},           /* everything, split */
         {6, {2, 3, 4, 5, 3, 2}, 0x2a, 1}, /* dims 1, 3, 5 of a strided 6-d view */
         {6, {2, 3, 4, 5, 3, 2}, 0x15, 0}, /* dims 0, 2, 4 */
-        {3, {4, 5, 6}, 0x0, 1},          /* nothing: a scaled strided copy */
-        {0, {0}, 0x0, 0},                /* 0-d */
-        {3, {4, 0, 6}, 0x2, 0},          /* empty reduction: zeros */
+        {3, {4, 5, 6}, 0x0, 1},           /* nothing: a scaled strided copy */
+        {0, {0}, 0x0, 0},                 /* 0-d */
+        {3, {4, 0, 6}, 0x2, 0},           /* empty reduction: zeros */
     };
     static const dg_dtype dts[2] = {DG_F32, DG_F64};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -382,8 +389,7 @@ static void test_sum(void **state) {
                 ref[o] += alpha * x[c->strided ? off : l];
             }
             void *dx = dput_as(x, n, dt), *dout = dput(NULL, m, dg_dtype_size(dt));
-            assert_int_equal(dg_cuda_sum(dt, c->ndim, c->shape, dx, c->strided ? st : NULL, c->mask,
-                                         alpha, dout), 0);
+            assert_int_equal(dg_cuda_sum(dt, c->ndim, c->shape, dx, c->strided ? st : NULL, c->mask, alpha, dout), 0);
             double *out = dget_d(dout, m, dt);
             char what[64];
             snprintf(what, sizeof what, "sum case %zu %s", ci, dg_dtype_name(dt));
@@ -416,9 +422,12 @@ static void test_gemm(void **state) {
             int64_t na = batch * sa, nb = bcast_b ? br * ldb : batch * sb, nc = batch * sc;
             double *A = rnd(na, -1, 1), *B = rnd(nb, -1, 1), *C = rnd(nc, -1, 1);
             /* what the device will hold */
-            for (int64_t i = 0; i < na; i++) A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)A[i]));
-            for (int64_t i = 0; i < nb; i++) B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)B[i]));
-            for (int64_t i = 0; i < nc; i++) C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)C[i]));
+            for (int64_t i = 0; i < na; i++)
+                A[i] = ab == DG_F64 ? A[i] : ab == DG_F32 ? (float)A[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)A[i]));
+            for (int64_t i = 0; i < nb; i++)
+                B[i] = ab == DG_F64 ? B[i] : ab == DG_F32 ? (float)B[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)B[i]));
+            for (int64_t i = 0; i < nc; i++)
+                C[i] = cd == DG_F64 ? C[i] : cd == DG_F32 ? (float)C[i] : dg_bf16_to_f32(dg_bf16_from_f32((float)C[i]));
             const double alpha = 0.7, beta = tr == 2 ? 0.0 : 0.3;
             double *ref = malloc(sizeof(double) * batch * M * N), *got = malloc(sizeof(double) * batch * M * N);
             for (int64_t b = 0; b < batch; b++)
@@ -437,8 +446,8 @@ static void test_gemm(void **state) {
                 dg_cuda_free(dC);
                 dC = dput(NULL, nc, dg_dtype_size(cd));
             }
-            assert_int_equal(dg_cuda_gemm(ab, cd, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb,
-                                          beta, dC, ldc, sc, batch), 0);
+            assert_int_equal(
+                dg_cuda_gemm(ab, cd, ta, tb, M, N, K, alpha, dA, lda, sa, dB, ldb, sb, beta, dC, ldc, sc, batch), 0);
             double *Cg = dget_d(dC, nc, cd);
             for (int64_t b = 0; b < batch; b++)
                 for (int64_t i = 0; i < M; i++)
@@ -454,23 +463,21 @@ static void test_gemm(void **state) {
     /* K = 0: C = beta C */
     double c0[6] = {1, 2, 3, 4, 5, 6};
     void *dC = dput_as(c0, 6, DG_F32);
-    assert_int_equal(dg_cuda_gemm(DG_F32, DG_F32, false, false, 2, 3, 0, 1.0, dC, 1, 0, dC, 3, 0,
-                                  0.5, dC, 3, 6, 1), 0);
+    assert_int_equal(dg_cuda_gemm(DG_F32, DG_F32, false, false, 2, 3, 0, 1.0, dC, 1, 0, dC, 3, 0, 0.5, dC, 3, 6, 1), 0);
     double *g0 = dget_d(dC, 6, DG_F32);
     for (int i = 0; i < 6; i++) assert_true(g0[i] == 0.5 * c0[i]);
     free(g0), dg_cuda_free(dC);
     dg_clear_error();
-    assert_int_equal(dg_cuda_gemm(DG_F32, DG_F64, false, false, 2, 2, 2, 1, NULL, 2, 0, NULL, 2, 0,
-                                  0, NULL, 2, 0, 1), -1);
+    assert_int_equal(dg_cuda_gemm(DG_F32, DG_F64, false, false, 2, 2, 2, 1, NULL, 2, 0, NULL, 2, 0, 0, NULL, 2, 0, 1),
+                     -1);
     assert_true(strstr(dg_last_error(), "not supported") != NULL);
     dg_clear_error();
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_runtime), cmocka_unit_test(test_unary),
-        cmocka_unit_test(test_binary),  cmocka_unit_test(test_fill_copy_cast),
-        cmocka_unit_test(test_sum),     cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_runtime),        cmocka_unit_test(test_unary), cmocka_unit_test(test_binary),
+        cmocka_unit_test(test_fill_copy_cast), cmocka_unit_test(test_sum),   cmocka_unit_test(test_gemm),
     };
     return dg_test_run_filtered(tests);
 }

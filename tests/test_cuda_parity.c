@@ -24,9 +24,9 @@
 #include "models/optim.h"
 
 /* The delta-rule family: checked by tests/test_cuda_delta_parity.c. */
-static const char *const delta_family[] = {"delta_rule",        "gated_delta_rule",      "kda",       "gdn_gate",
-                                      "kda_gate",          "chunk_local_cumsum",    "chunk_scaled_dot_kkt",
-                                      "solve_tril"};
+static const char *const delta_family[] = {
+    "delta_rule",         "gated_delta_rule",     "kda",       "gdn_gate", "kda_gate",
+    "chunk_local_cumsum", "chunk_scaled_dot_kkt", "solve_tril"};
 
 static bool is_delta_family(const char *name) {
     for (size_t i = 0; i < sizeof delta_family / sizeof delta_family[0]; i++)
@@ -97,8 +97,8 @@ static void test_matmul_bf16(void **state) {
             check_close(def, &s, layout, "bf16 output", gpu.out[0], ref.out[0], tol, &worst);
             for (int k = 0; k < 2; k++) {
                 assert_int_equal(gpu.grad[k]->dtype, DG_BF16);
-                check_close(def, &s, layout, k ? "bf16 gradient db" : "bf16 gradient da", gpu.grad[k], ref.grad[k],
-                            tol, &worst);
+                check_close(def, &s, layout, k ? "bf16 gradient db" : "bf16 gradient da", gpu.grad[k], ref.grad[k], tol,
+                            &worst);
             }
             result_free(&ref);
             result_free(&gpu);
@@ -155,8 +155,7 @@ static void test_device_copies(void **state) {
     assert_int_equal(dg_fill_(dg_slice(f, 1, 2, 5), 2.5), 0);
     dg_tensor *fh = dg_to_device(f, DG_CPU);
     for (int64_t r = 0; r < 4; r++)
-        for (int64_t c = 0; c < 6; c++)
-            assert_true(dg_get(fh, (int64_t[]){r, c}) == (c >= 2 && c < 5 ? 2.5 : 0.0));
+        for (int64_t c = 0; c < 6; c++) assert_true(dg_get(fh, (int64_t[]){r, c}) == (c >= 2 && c < 5 ? 2.5 : 0.0));
     assert_int_equal(dg_fill_(f, -1.0), 0);
     assert_true(dg_item(dg_sum_all(f)) == -24.0);
     /* i64 through the device and back */
@@ -265,7 +264,8 @@ static void test_larger_shapes(void **state) {
              (dg_tensor *[]){dg_mul_scalar(RN(64, 3000), 3.0), ids_below(&r, DG_SHAPE(64), 3000, 7)});
     big_case("cross_entropy [2000,10]", f_ce, 2, (dg_tensor *[]){RN(2000, 10), ids_below(&r, DG_SHAPE(2000), 10, 5)});
     big_case("conv1d [3,400,48] W 4 (dw in chunks)", f_conv, 3, (dg_tensor *[]){RN(3, 400, 48), RN(48, 4), RN(48)});
-    big_case("embedding [50,64] x 4000 ids", f_emb, 2, (dg_tensor *[]){RN(50, 64), ids_below(&r, DG_SHAPE(40, 100), 50, 0)});
+    big_case("embedding [50,64] x 4000 ids", f_emb, 2,
+             (dg_tensor *[]){RN(50, 64), ids_below(&r, DG_SHAPE(40, 100), 50, 0)});
     big_case("linear [300,70] x [90,70]", f_lin, 3, (dg_tensor *[]){RN(300, 70), RN(90, 70), RN(90)});
     big_case("swiglu [300,700]", f_swiglu, 2, (dg_tensor *[]){RN(300, 700), RN(300, 700)});
     big_case("sum over dim 1 of [64,5000]", f_sum1, 1, (dg_tensor *[]){RN(64, 5000)});
@@ -308,7 +308,8 @@ static void test_adamw_matches_cpu_bitwise(void **state) {
         if (step == 3) { /* clipping scales every gradient the same way */
             double cc = dg_clip_grad_norm(2, pc, 1.0), cg = dg_clip_grad_norm(2, pg, 1.0);
             assert_true(fabs(cc - cg) <= 1e-12 * cc);
-            for (int i = 0; i < 2; i++) assert_true(dg_test_rel_err(dg_to_device(pg[i]->grad, DG_CPU), pc[i]->grad) <= 1e-6);
+            for (int i = 0; i < 2; i++)
+                assert_true(dg_test_rel_err(dg_to_device(pg[i]->grad, DG_CPU), pc[i]->grad) <= 1e-6);
             for (int i = 0; i < 2; i++) assert_int_equal(dg_copy_(pg[i]->grad, pc[i]->grad), 0); /* same inputs again */
         }
         assert_int_equal(dg_adamw_step(oc, 1e-2), 0);
@@ -317,7 +318,8 @@ static void test_adamw_matches_cpu_bitwise(void **state) {
             size_t bytes = (size_t)dg_numel(pc[i]) * 4;
             dg_tensor *hp = dg_to_device(pg[i], DG_CPU), *hm = dg_to_device(og->m[i], DG_CPU),
                       *hv = dg_to_device(og->v[i], DG_CPU);
-            if (memcmp(dg_data_ptr(hp), dg_data_ptr(pc[i]), bytes) || memcmp(dg_data_ptr(hm), dg_data_ptr(oc->m[i]), bytes) ||
+            if (memcmp(dg_data_ptr(hp), dg_data_ptr(pc[i]), bytes) ||
+                memcmp(dg_data_ptr(hm), dg_data_ptr(oc->m[i]), bytes) ||
                 memcmp(dg_data_ptr(hv), dg_data_ptr(oc->v[i]), bytes))
                 fail_msg("adamw step %d: parameter %s differs from the CPU update (rel err %.3e)", step, pc[i]->name,
                          dg_test_rel_err(hp, pc[i]));
@@ -336,14 +338,10 @@ static void test_adamw_matches_cpu_bitwise(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_copies),
-        cmocka_unit_test(test_registry_parity_f32),
-        cmocka_unit_test(test_registry_parity_f64),
-        cmocka_unit_test(test_matmul_bf16),
-        cmocka_unit_test(test_larger_shapes),
-        cmocka_unit_test(test_matmul_bf16_cpu_refused),
-        cmocka_unit_test(test_device_bad_ids),
-        cmocka_unit_test(test_adamw_matches_cpu_bitwise),
+        cmocka_unit_test(test_device_copies),       cmocka_unit_test(test_registry_parity_f32),
+        cmocka_unit_test(test_registry_parity_f64), cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_larger_shapes),       cmocka_unit_test(test_matmul_bf16_cpu_refused),
+        cmocka_unit_test(test_device_bad_ids),      cmocka_unit_test(test_adamw_matches_cpu_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

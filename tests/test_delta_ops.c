@@ -46,8 +46,7 @@ static double rel_max(const dg_tensor *a, const dg_tensor *b) {
 
 /* how: -1 = decomposition, else a backward variant index.  attrs may be changed by the caller.
  * L = sum(o Wo) + sum(hT Wh); r gets o, hT and the gradient of every differentiable input. */
-static int run(const dg_op_def *def, const dg_sample *s, const void *attrs, int how, dg_dtype dt,
-               result *r) {
+static int run(const dg_op_def *def, const dg_sample *s, const void *attrs, int how, dg_dtype dt, result *r) {
     dg_scope_begin();
     dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
     for (int k = 0; k < def->n_in; k++) {
@@ -155,8 +154,8 @@ static void test_chunked_variants_vs_recurrent(void **st) {
                     if (rc != 0) fail_msg("%s %s chunk %d: %s", def->name, def->bwd[v].name, c, dg_last_error());
                     double e = compare(&got, &ref, def->bwd[v].name, 1e-10);
                     if (c == 16)
-                        print_message("  %-16s %-10s %-50s vs recurrent %.1e\n", def->name, def->bwd[v].name,
-                                      s.label, e);
+                        print_message("  %-16s %-10s %-50s vs recurrent %.1e\n", def->name, def->bwd[v].name, s.label,
+                                      e);
                     assert_true(e < 1e-10);
                     result_free(&got);
                 }
@@ -309,8 +308,12 @@ static void check_keep_vs_recompute(dg_delta_algorithm algo) {
     dg_tensor *w = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
     dg_tensor *xs[7] = {q, k, v, a, beta, A, b};
     for (int i = 0; i < 7; i++) dg_set_requires_grad(xs[i], true);
-    dg_delta_opts o = {.algorithm = algo, .chunk_size = 16, .use_qk_l2norm_in_kernel = true,
-                       .use_gate_in_kernel = true, .A_log = A, .dt_bias = b};
+    dg_delta_opts o = {.algorithm = algo,
+                       .chunk_size = 16,
+                       .use_qk_l2norm_in_kernel = true,
+                       .use_gate_in_kernel = true,
+                       .A_log = A,
+                       .dt_bias = b};
     dg_tensor *out[2], *g[2][7];
     for (int r = 0; r < 2; r++) {
         o.recompute_in_backward = r == 1;
@@ -324,7 +327,8 @@ static void check_keep_vs_recompute(dg_delta_algorithm algo) {
         assert_non_null(g[1][i]);
         if (dg_test_max_abs_diff(g[0][i], g[1][i]) != 0.0)
             fail_msg("gated_delta_rule %s: gradient of input %d differs between kept and recomputed "
-                     "preprocessing by %.3e", algo ? "recurrent" : "chunked", i, dg_test_max_abs_diff(g[0][i], g[1][i]));
+                     "preprocessing by %.3e",
+                     algo ? "recurrent" : "chunked", i, dg_test_max_abs_diff(g[0][i], g[1][i]));
     }
     dg_scope_end();
 }
@@ -409,7 +413,8 @@ static void test_variant_selection(void **st) {
     /* an unknown name is an error that lists the variants */
     o.backward = "fast";
     assert_null(dg_gated_delta_rule(q, q, v, g, beta, &o, NULL));
-    assert_error_contains("gated_delta_rule: backward variant 'fast' does not exist (variants: dg_final, dg_partial, subst, recurrent)");
+    assert_error_contains(
+        "gated_delta_rule: backward variant 'fast' does not exist (variants: dg_final, dg_partial, subst, recurrent)");
     /* the final state is handed out only when asked */
     dg_tensor *hT = q;
     o.backward = NULL;
@@ -601,14 +606,20 @@ static void test_pieces(void **st) {
 
 /* the row dg_delta_pick takes for a call of this kind (pointers are never dereferenced: accepts()
  * reads shapes, dtypes and alignment only), or "" when none does */
-static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kind gate, int64_t K, int64_t V,
-                          int chunk, uintptr_t qaddr, bool force_generic) {
-    dg_delta_call c = {.op = "test", .dtype = dt, .device = dev, .algorithm = algorithm,
-                       .s = {.B = 1, .T = 70, .H = 2, .HV = 2, .K = K, .V = V, .N = 1, .gate = gate, .scale = 0.5,
-                             .chunk = chunk},
-                       .q = (const void *)qaddr, .k = (const void *)(uintptr_t)512, .v = (const void *)(uintptr_t)768,
-                       .beta = (const void *)(uintptr_t)1024, .o = (void *)(uintptr_t)1280,
-                       .force_generic = force_generic};
+static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kind gate, int64_t K, int64_t V, int chunk,
+                          uintptr_t qaddr, bool force_generic) {
+    dg_delta_call c = {
+        .op = "test",
+        .dtype = dt,
+        .device = dev,
+        .algorithm = algorithm,
+        .s = {.B = 1, .T = 70, .H = 2, .HV = 2, .K = K, .V = V, .N = 1, .gate = gate, .scale = 0.5, .chunk = chunk},
+        .q = (const void *)qaddr,
+        .k = (const void *)(uintptr_t)512,
+        .v = (const void *)(uintptr_t)768,
+        .beta = (const void *)(uintptr_t)1024,
+        .o = (void *)(uintptr_t)1280,
+        .force_generic = force_generic};
     const dg_delta_backend *b = dg_delta_pick(&c);
     dg_clear_error();
     return b ? b->name : "";
@@ -675,7 +686,10 @@ static void test_backend_table(void **state) {
     /* a row forced on a call it does not take is an error, before any kernel runs */
     const dg_delta_backend *rec = dg_delta_backend_named("cpu_recurrent");
     assert_non_null(rec);
-    dg_delta_call c = {.op = "test", .dtype = DG_F64, .device = DG_CPU, .algorithm = DG_DELTA_CHUNKED,
+    dg_delta_call c = {.op = "test",
+                       .dtype = DG_F64,
+                       .device = DG_CPU,
+                       .algorithm = DG_DELTA_CHUNKED,
                        .s = {.B = 1, .T = 4, .H = 1, .HV = 1, .K = 2, .V = 2, .N = 1, .scale = 1, .chunk = 16}};
     assert_int_equal(dg_delta_fwd(rec, &c), -1);
     assert_non_null(strstr(dg_last_error(), "cpu_recurrent does not take this call"));

@@ -110,8 +110,7 @@ static void prob_make(const cfg *c, dg_gate_kind gate, prob *p) {
 }
 
 static void prob_free(prob *p) {
-    free(p->q), free(p->k), free(p->v), free(p->wo), free(p->beta), free(p->g), free(p->h0),
-        free(p->wh);
+    free(p->q), free(p->k), free(p->v), free(p->wo), free(p->beta), free(p->g), free(p->h0), free(p->wh);
 }
 
 /* ---- naive reference: the recurrence token by token, and its backward through stored states ----
@@ -131,8 +130,7 @@ static void grads_alloc(const prob *p, grads *r) {
     r->dh0 = dalloc(p->nh);
 }
 static void grads_free(grads *r) {
-    free(r->o), free(r->hT), free(r->dq), free(r->dk), free(r->dv), free(r->dg), free(r->dbeta),
-        free(r->dh0);
+    free(r->o), free(r->hT), free(r->dq), free(r->dk), free(r->dv), free(r->dg), free(r->dbeta), free(r->dh0);
 }
 
 static void reference(const prob *p, grads *r) {
@@ -156,7 +154,7 @@ static void reference(const prob *p, grads *r) {
                 double b = p->beta[row * HV + hv];
                 double *S0 = St + t * K * V, *S1 = St + (t + 1) * K * V, *D = Sp + t * K * V;
                 for (int64_t i = 0; i < K; i++)
-                    e[i] = s->gate == DG_GATE_NONE    ? 1
+                    e[i] = s->gate == DG_GATE_NONE   ? 1
                            : s->gate == DG_GATE_HEAD ? exp(p->g[row * HV + hv])
                                                      : exp(p->g[(row * HV + hv) * K + i]);
                 for (int64_t i = 0; i < K; i++)
@@ -236,7 +234,7 @@ static void reference(const prob *p, grads *r) {
                     }
                 }
                 for (int64_t i = 0; i < K; i++) {
-                    double f = s->gate == DG_GATE_NONE    ? 1
+                    double f = s->gate == DG_GATE_NONE   ? 1
                                : s->gate == DG_GATE_HEAD ? exp(p->g[row * HV + hv])
                                                          : exp(p->g[(row * HV + hv) * K + i]);
                     for (int64_t j = 0; j < V; j++) dS[i * V + j] *= f;
@@ -250,22 +248,30 @@ static void reference(const prob *p, grads *r) {
 
 /* chunked f64 forward + backward of the same functional */
 static void chunked(const prob *p, const dg_dr_variant *var, grads *r) {
-    assert_int_equal(dg_dr_chunk_fwd_f64(&p->s, p->q, p->k, p->v, p->g, p->beta, p->h0, r->o,
-                                         p->wh ? r->hT : NULL), 0);
-    assert_int_equal(dg_dr_chunk_bwd_f64(&p->s, var, p->q, p->k, p->v, p->g, p->beta, p->h0, p->wo,
-                                         p->wh, r->dq, r->dk, r->dv, p->g ? r->dg : NULL, r->dbeta,
-                                         p->h0 ? r->dh0 : NULL), 0);
+    assert_int_equal(dg_dr_chunk_fwd_f64(&p->s, p->q, p->k, p->v, p->g, p->beta, p->h0, r->o, p->wh ? r->hT : NULL), 0);
+    assert_int_equal(dg_dr_chunk_bwd_f64(&p->s, var, p->q, p->k, p->v, p->g, p->beta, p->h0, p->wo, p->wh, r->dq, r->dk,
+                                         r->dv, p->g ? r->dg : NULL, r->dbeta, p->h0 ? r->dh0 : NULL),
+                     0);
 }
 
 static const char *gname[3] = {"deltanet", "gdn", "kda"};
 
 /* returns the worst relative error over outputs and gradients */
 static double compare(const char *what, const prob *p, const grads *a, const grads *b, double tol) {
-    struct { const char *n; const double *x, *y; int64_t len; int on; } f[] = {
-        {"o", a->o, b->o, p->nv, 1},          {"hT", a->hT, b->hT, p->nh, p->wh != NULL},
-        {"dq", a->dq, b->dq, p->nq, 1},       {"dk", a->dk, b->dk, p->nq, 1},
-        {"dv", a->dv, b->dv, p->nv, 1},       {"dg", a->dg, b->dg, p->ng, p->ng > 0},
-        {"dbeta", a->dbeta, b->dbeta, p->nb, 1}, {"dh0", a->dh0, b->dh0, p->nh, p->h0 != NULL},
+    struct {
+        const char *n;
+        const double *x, *y;
+        int64_t len;
+        int on;
+    } f[] = {
+        {"o", a->o, b->o, p->nv, 1},
+        {"hT", a->hT, b->hT, p->nh, p->wh != NULL},
+        {"dq", a->dq, b->dq, p->nq, 1},
+        {"dk", a->dk, b->dk, p->nq, 1},
+        {"dv", a->dv, b->dv, p->nv, 1},
+        {"dg", a->dg, b->dg, p->ng, p->ng > 0},
+        {"dbeta", a->dbeta, b->dbeta, p->nb, 1},
+        {"dh0", a->dh0, b->dh0, p->nh, p->h0 != NULL},
     };
     double worst = 0;
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
@@ -335,8 +341,7 @@ static void test_strong_gates(void **st) {
 
 /* ---- finite differences of the chunked kernels themselves ---- */
 static double fd_loss(const prob *p, double *o, double *hT) {
-    assert_int_equal(dg_dr_chunk_fwd_f64(&p->s, p->q, p->k, p->v, p->g, p->beta, p->h0, o,
-                                         p->wh ? hT : NULL), 0);
+    assert_int_equal(dg_dr_chunk_fwd_f64(&p->s, p->q, p->k, p->v, p->g, p->beta, p->h0, o, p->wh ? hT : NULL), 0);
     double l = 0;
     for (int64_t i = 0; i < p->nv; i++) l += o[i] * p->wo[i];
     if (p->wh)
@@ -357,8 +362,9 @@ static double fd_check(prob *p, double *x, int64_t n, const double *an, const ch
         x[i] = x0;
         double fd = (lp - lm) / (2 * h), err = fabs(fd - an[i]) / (amax > 1 ? amax : 1);
         if (err > worst) worst = err;
-        if (err > 1e-7) fail_msg("%s: d%s[%ld] analytic %.12g, finite difference %.12g", gname[p->s.gate],
-                                 what, (long)i, an[i], fd);
+        if (err > 1e-7)
+            fail_msg("%s: d%s[%ld] analytic %.12g, finite difference %.12g", gname[p->s.gate], what, (long)i, an[i],
+                     fd);
     }
     free(o), free(hT);
     return worst;
@@ -412,8 +418,8 @@ static void test_variants(void **st) {
                 grads_alloc(&p, &got);
                 chunked(&p, &v, &got);
                 char name[64];
-                snprintf(name, sizeof name, "%s variant {%d,%d,%d}", cs[c].name, v.gdn_dg_from_final,
-                         v.kda_fused, v.solve_tril_blocked);
+                snprintf(name, sizeof name, "%s variant {%d,%d,%d}", cs[c].name, v.gdn_dg_from_final, v.kda_fused,
+                         v.solve_tril_blocked);
                 worst = fmax(worst, compare(name, &p, &got, &base, 1e-12));
                 grads_free(&got);
             }
@@ -461,14 +467,14 @@ static void test_f32_vs_f64(void **st) {
             float *o = tof(r.o, p.nv), *hT = tof(r.hT, p.nh), *dq = tof(r.dq, p.nq), *dk = tof(r.dk, p.nq),
                   *dv = tof(r.dv, p.nv), *dg = tof(r.dg, p.ng), *db = tof(r.dbeta, p.nb), *dh0 = tof(r.dh0, p.nh);
             assert_int_equal(dg_dr_chunk_fwd_f32(&p.s, q, k, v, g, b, h0, o, hT), 0);
-            assert_int_equal(dg_dr_chunk_bwd_f32(&p.s, NULL, q, k, v, g, b, h0, wo, wh, dq, dk, dv,
-                                                 g ? dg : NULL, db, dh0), 0);
-            double e[8] = {rel_err_f(o, r.o, p.nv),   rel_err_f(hT, r.hT, p.nh),
-                           rel_err_f(dq, r.dq, p.nq), rel_err_f(dk, r.dk, p.nq),
-                           rel_err_f(dv, r.dv, p.nv), g ? rel_err_f(dg, r.dg, p.ng) : 0,
+            assert_int_equal(
+                dg_dr_chunk_bwd_f32(&p.s, NULL, q, k, v, g, b, h0, wo, wh, dq, dk, dv, g ? dg : NULL, db, dh0), 0);
+            double e[8] = {rel_err_f(o, r.o, p.nv),      rel_err_f(hT, r.hT, p.nh),  rel_err_f(dq, r.dq, p.nq),
+                           rel_err_f(dk, r.dk, p.nq),    rel_err_f(dv, r.dv, p.nv),  g ? rel_err_f(dg, r.dg, p.ng) : 0,
                            rel_err_f(db, r.dbeta, p.nb), rel_err_f(dh0, r.dh0, p.nh)};
             for (int i = 0; i < 8; i++) {
-                if (!(e[i] <= F32_TOL)) fail_msg("%s %s: f32 output/gradient #%d relative error %.3g", cs[c].name, gname[gk], i, e[i]);
+                if (!(e[i] <= F32_TOL))
+                    fail_msg("%s %s: f32 output/gradient #%d relative error %.3g", cs[c].name, gname[gk], i, e[i]);
                 worst = fmax(worst, e[i]);
             }
             free(q), free(k), free(v), free(g), free(b), free(h0), free(wo), free(wh);
@@ -488,14 +494,16 @@ static void test_null_grads(void **st) {
     grads_alloc(&p, &a);
     chunked(&p, NULL, &a);
     double *dv = dalloc(p.nv), *dg = dalloc(p.ng);
-    assert_int_equal(dg_dr_chunk_bwd_f64(&p.s, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, NULL,
-                                         NULL, NULL, dv, dg, NULL, NULL), 0);
+    assert_int_equal(
+        dg_dr_chunk_bwd_f64(&p.s, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, NULL, NULL, NULL, dv, dg, NULL, NULL),
+        0);
     /* without dhT the gradients differ from a's (which had dhT) except where hT does not matter:
      * compare with a run without dhT instead */
     grads b;
     grads_alloc(&p, &b);
-    assert_int_equal(dg_dr_chunk_bwd_f64(&p.s, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, NULL,
-                                         b.dq, b.dk, b.dv, b.dg, b.dbeta, b.dh0), 0);
+    assert_int_equal(dg_dr_chunk_bwd_f64(&p.s, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, NULL, b.dq, b.dk, b.dv,
+                                         b.dg, b.dbeta, b.dh0),
+                     0);
     assert_true(rel_err(dv, b.dv, p.nv) == 0);
     assert_true(rel_err(dg, b.dg, p.ng) == 0);
     free(dv), free(dg);
@@ -518,8 +526,9 @@ static void test_bad_input(void **st) {
     s = p.s;
     s.HV = 3;
     dg_clear_error();
-    assert_int_equal(dg_dr_chunk_bwd_f64(&s, NULL, p.q, p.k, p.v, p.g, p.beta, NULL, p.wo, NULL,
-                                         NULL, NULL, o, NULL, NULL, NULL), -1);
+    assert_int_equal(
+        dg_dr_chunk_bwd_f64(&s, NULL, p.q, p.k, p.v, p.g, p.beta, NULL, p.wo, NULL, NULL, NULL, o, NULL, NULL, NULL),
+        -1);
     assert_non_null(strstr(dg_last_error(), "HV"));
     s = p.s;
     int64_t cu[3] = {0, 10, 74};
@@ -538,7 +547,6 @@ static void test_bad_input(void **st) {
 }
 
 
-
 /* ---- the pieces ---- */
 typedef struct pcfg {
     int64_t B, T, H, HV, K;
@@ -546,14 +554,14 @@ typedef struct pcfg {
     int64_t cu[6];
 } pcfg;
 static const pcfg PCFGS[] = {
-    {2, 45, 2, 4, 5, 16, 0, {0}},           /* GVA, partial chunks */
+    {2, 45, 2, 4, 5, 16, 0, {0}},               /* GVA, partial chunks */
     {1, 100, 1, 2, 6, 64, 4, {0, 70, 70, 100}}, /* varlen with an empty sequence, blocked 64 */
     {1, 40, 1, 1, 3, 32, 0, {0}},
 };
 
 static dg_dr_shape pshape(const pcfg *c, dg_gate_kind gate) {
-    dg_dr_shape s = {c->B, c->T, c->H, c->HV, c->K, 1, c->ncu ? c->cu : NULL,
-                     c->ncu ? c->ncu - 1 : c->B, gate, 1.0, c->chunk};
+    dg_dr_shape s = {c->B, c->T, c->H,    c->HV, c->K, 1, c->ncu ? c->cu : NULL, c->ncu ? c->ncu - 1 : c->B,
+                     gate, 1.0,  c->chunk};
     return s;
 }
 /* position of row r in its chunk, and the first row of that chunk */
@@ -581,8 +589,8 @@ static void test_piece_cumsum(void **st) {
                 double *x = dalloc(n), *y = dalloc(n), *w = dalloc(n), *dx = dalloc(n);
                 fill(x, n, -1, 1);
                 fill(w, n, -1, 1);
-                assert_int_equal(dg_chunk_local_cumsum_fwd_f64(s.B, s.T, s.HV, S, s.cu_seqlens, s.N,
-                                                               s.chunk, rev, x, y), 0);
+                assert_int_equal(
+                    dg_chunk_local_cumsum_fwd_f64(s.B, s.T, s.HV, S, s.cu_seqlens, s.N, s.chunk, rev, x, y), 0);
                 for (int64_t r = 0; r < rows; r++) {
                     int64_t pos, start;
                     chunk_of(&s, r, &pos, &start);
@@ -598,13 +606,13 @@ static void test_piece_cumsum(void **st) {
                     }
                 }
                 /* backward: the adjoint identity <w, cumsum(x)> = <cumsum_bwd(w), x> */
-                assert_int_equal(dg_chunk_local_cumsum_bwd_f64(s.B, s.T, s.HV, S, s.cu_seqlens, s.N,
-                                                               s.chunk, rev, w, dx), 0);
+                assert_int_equal(
+                    dg_chunk_local_cumsum_bwd_f64(s.B, s.T, s.HV, S, s.cu_seqlens, s.N, s.chunk, rev, w, dx), 0);
                 assert_true(fabs(dot(w, y, n) - dot(dx, x, n)) <= 1e-12 * (1 + fabs(dot(w, y, n))));
                 /* f32, in place */
                 float *xf = tof(x, n);
-                assert_int_equal(dg_chunk_local_cumsum_fwd_f32(s.B, s.T, s.HV, S, s.cu_seqlens, s.N,
-                                                               s.chunk, rev, xf, xf), 0);
+                assert_int_equal(
+                    dg_chunk_local_cumsum_fwd_f32(s.B, s.T, s.HV, S, s.cu_seqlens, s.N, s.chunk, rev, xf, xf), 0);
                 assert_true(rel_err_f(xf, y, n) <= 1e-6);
                 free(x), free(y), free(w), free(dx), free(xf);
             }
@@ -636,8 +644,9 @@ static void kin_make(const pcfg *c, dg_gate_kind gate, kin *p) {
     fill(p->W, p->nA, -1, 1);
     if (p->g) {
         fill(p->g, p->ng, -0.9, -0.02);
-        assert_int_equal(dg_chunk_local_cumsum_fwd_f64(c->B, c->T, c->HV, p->ng / p->nb, p->s.cu_seqlens,
-                                                       p->s.N, c->chunk, 0, p->g, p->g), 0);
+        assert_int_equal(dg_chunk_local_cumsum_fwd_f64(c->B, c->T, c->HV, p->ng / p->nb, p->s.cu_seqlens, p->s.N,
+                                                       c->chunk, 0, p->g, p->g),
+                         0);
     }
 }
 static void kin_free(kin *p) { free(p->k), free(p->beta), free(p->g), free(p->W); }
@@ -658,8 +667,8 @@ static void fd_piece(const kin *p, double *x, int64_t n, const double *an, doubl
         x[i] = x0;
         double fd = (lp - lm) / (2 * h);
         if (fabs(fd - an[i]) > 1e-7 * amax)
-            fail_msg("kkt %s: d%s[%ld] analytic %.12g, finite difference %.12g", gname[p->s.gate], what,
-                     (long)i, an[i], fd);
+            fail_msg("kkt %s: d%s[%ld] analytic %.12g, finite difference %.12g", gname[p->s.gate], what, (long)i, an[i],
+                     fd);
     }
 }
 
@@ -683,7 +692,7 @@ static void test_piece_kkt(void **st) {
                         if (j < pos) {
                             int64_t rj = start + j;
                             for (int64_t ch = 0; ch < K; ch++) {
-                                double e = gk == 0 ? 1
+                                double e = gk == 0   ? 1
                                            : gk == 1 ? exp(p.g[r * HV + hv] - p.g[rj * HV + hv])
                                                      : exp(p.g[(r * HV + hv) * K + ch] - p.g[(rj * HV + hv) * K + ch]);
                                 ref += p.k[(r * H + h) * K + ch] * p.k[(rj * H + h) * K + ch] * e;
@@ -695,8 +704,7 @@ static void test_piece_kkt(void **st) {
                 }
             /* backward against finite differences of sum(A o W) */
             double *dk = dalloc(p.nk), *db = dalloc(p.nb), *dg = dalloc(p.ng);
-            assert_int_equal(dg_chunk_scaled_dot_kkt_bwd_f64(s, p.k, p.beta, p.g, p.W, dk, db,
-                                                             p.g ? dg : NULL), 0);
+            assert_int_equal(dg_chunk_scaled_dot_kkt_bwd_f64(s, p.k, p.beta, p.g, p.W, dk, db, p.g ? dg : NULL), 0);
             fd_piece(&p, p.k, p.nk, dk, A, "k");
             fd_piece(&p, p.beta, p.nb, db, A, "beta");
             if (p.g) fd_piece(&p, p.g, p.ng, dg, A, "g");
@@ -777,12 +785,11 @@ static void test_piece_solve_tril(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vs_reference),  cmocka_unit_test(test_strong_gates),
+        cmocka_unit_test(test_vs_reference),       cmocka_unit_test(test_strong_gates),
         cmocka_unit_test(test_finite_differences), cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_f32_vs_f64),    cmocka_unit_test(test_null_grads),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_piece_cumsum), cmocka_unit_test(test_piece_kkt),
-        cmocka_unit_test(test_piece_solve_tril),
+        cmocka_unit_test(test_f32_vs_f64),         cmocka_unit_test(test_null_grads),
+        cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_piece_cumsum),
+        cmocka_unit_test(test_piece_kkt),          cmocka_unit_test(test_piece_solve_tril),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

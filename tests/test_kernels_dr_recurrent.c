@@ -32,7 +32,7 @@ typedef struct cfg {
     const char *name;
     int64_t B, T, H, HV, K, V;
     dg_gate_kind gate;
-    int ncu;             /* 0: no cu_seqlens; else N+1 entries in cu */
+    int ncu; /* 0: no cu_seqlens; else N+1 entries in cu */
     int64_t cu[8];
     int h0, hT;
 } cfg;
@@ -45,9 +45,17 @@ typedef struct prob {
 
 static void prob_make(const cfg *c, prob *p) {
     memset(p, 0, sizeof *p);
-    p->s = (dg_dr_shape){.B = c->B, .T = c->T, .H = c->H, .HV = c->HV, .K = c->K, .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL, .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate, .scale = 1.0 / sqrt((double)c->K), .chunk = 16};
+    p->s = (dg_dr_shape){.B = c->B,
+                         .T = c->T,
+                         .H = c->H,
+                         .HV = c->HV,
+                         .K = c->K,
+                         .V = c->V,
+                         .cu_seqlens = c->ncu ? c->cu : NULL,
+                         .N = c->ncu ? c->ncu - 1 : c->B,
+                         .gate = c->gate,
+                         .scale = 1.0 / sqrt((double)c->K),
+                         .chunk = 16};
     const int64_t BT = c->B * c->T;
     p->nq = BT * c->H * c->K;
     p->nv = BT * c->HV * c->V;
@@ -73,8 +81,7 @@ static void prob_make(const cfg *c, prob *p) {
 }
 
 static void prob_free(prob *p) {
-    free(p->q), free(p->k), free(p->v), free(p->wo), free(p->beta), free(p->g), free(p->h0),
-        free(p->wh);
+    free(p->q), free(p->k), free(p->v), free(p->wo), free(p->beta), free(p->g), free(p->h0), free(p->wh);
 }
 
 /* loss = sum(o * wo) + sum(hT * wh) */
@@ -91,8 +98,7 @@ static double loss(const prob *p) {
     return l;
 }
 
-static double max_fd_err(prob *p, double *x, int64_t n, const double *grad, const char *what,
-                         const char *cname) {
+static double max_fd_err(prob *p, double *x, int64_t n, const double *grad, const char *what, const char *cname) {
     const double h = 1e-5;
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -106,8 +112,7 @@ static double max_fd_err(prob *p, double *x, int64_t n, const double *grad, cons
         const double err = fabs(fd - grad[i]) / (1e-6 + fabs(fd));
         if (err > worst) worst = err;
         if (err > 1e-6) {
-            fprintf(stderr, "%s: d%s[%ld] analytic %.12g finite difference %.12g\n", cname, what,
-                    (long)i, grad[i], fd);
+            fprintf(stderr, "%s: d%s[%ld] analytic %.12g finite difference %.12g\n", cname, what, (long)i, grad[i], fd);
             break;
         }
     }
@@ -121,9 +126,8 @@ static void check_cfg(const cfg *c) {
     double *dv = malloc(sizeof(double) * p.nv), *db = malloc(sizeof(double) * p.nb);
     double *dg = p.ng ? malloc(sizeof(double) * p.ng) : NULL;
     double *dh0 = p.h0 ? malloc(sizeof(double) * p.nh) : NULL;
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh, dq,
-                                             dk, dv, dg, db, dh0),
-                     0);
+    assert_int_equal(
+        dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh, dq, dk, dv, dg, db, dh0), 0);
     double e = 0, w;
     e = fmax(e, w = max_fd_err(&p, p.q, p.nq, dq, "q", c->name));
     e = fmax(e, w = max_fd_err(&p, p.k, p.nq, dk, "k", c->name));
@@ -136,9 +140,9 @@ static void check_cfg(const cfg *c) {
 
     /* NULL gradient pointers leave the others unchanged */
     double *dk2 = malloc(sizeof(double) * p.nq);
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh,
-                                             NULL, dk2, NULL, NULL, NULL, NULL),
-                     0);
+    assert_int_equal(
+        dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh, NULL, dk2, NULL, NULL, NULL, NULL),
+        0);
     assert_memory_equal(dk, dk2, sizeof(double) * p.nq);
     free(dk2);
     free(dq), free(dk), free(dv), free(db), free(dg), free(dh0);
@@ -229,8 +233,7 @@ static void test_forward_naive(void **st) {
                         worst = fmax(worst, fabs(a - o[(tok * c.HV + hv) * V + j]));
                     }
                 }
-                for (int64_t i = 0; i < K * V; i++)
-                    worst = fmax(worst, fabs(S[i] - hT[(b * c.HV + hv) * K * V + i]));
+                for (int64_t i = 0; i < K * V; i++) worst = fmax(worst, fabs(S[i] - hT[(b * c.HV + hv) * K * V + i]));
             }
         printf("  naive forward gate %d: max abs diff %.2e\n", gk, worst);
         assert_true(worst < 1e-12);
@@ -265,33 +268,28 @@ static void test_f32_vs_f64(void **st) {
     float *o32 = malloc(sizeof(float) * p.nv), *dk32 = malloc(sizeof(float) * p.nq);
     float *dg32 = malloc(sizeof(float) * p.ng), *dh32 = malloc(sizeof(float) * p.nh);
     assert_int_equal(dg_dr_recurrent_fwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, o64, NULL), 0);
-    assert_int_equal(dg_dr_recurrent_fwd_f32(&p.s, in32[0], in32[1], in32[2], in32[3], in32[4],
-                                             in32[5], o32, NULL),
-                     0);
-    assert_int_equal(dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh,
-                                             NULL, dk64, NULL, dg64, NULL, dh64),
-                     0);
-    assert_int_equal(dg_dr_recurrent_bwd_f32(&p.s, in32[0], in32[1], in32[2], in32[3], in32[4],
-                                             in32[5], in32[6], wh32, NULL, dk32, NULL, dg32, NULL,
-                                             dh32),
+    assert_int_equal(dg_dr_recurrent_fwd_f32(&p.s, in32[0], in32[1], in32[2], in32[3], in32[4], in32[5], o32, NULL), 0);
+    assert_int_equal(
+        dg_dr_recurrent_bwd_f64(&p.s, p.q, p.k, p.v, p.g, p.beta, p.h0, p.wo, p.wh, NULL, dk64, NULL, dg64, NULL, dh64),
+        0);
+    assert_int_equal(dg_dr_recurrent_bwd_f32(&p.s, in32[0], in32[1], in32[2], in32[3], in32[4], in32[5], in32[6], wh32,
+                                             NULL, dk32, NULL, dg32, NULL, dh32),
                      0);
     double eo = 0, ek = 0, eg = 0, eh = 0, mo = 0, mk = 0, mg = 0, mh = 0;
     for (int64_t j = 0; j < p.nv; j++) eo = fmax(eo, fabs(o32[j] - o64[j])), mo = fmax(mo, fabs(o64[j]));
     for (int64_t j = 0; j < p.nq; j++) ek = fmax(ek, fabs(dk32[j] - dk64[j])), mk = fmax(mk, fabs(dk64[j]));
     for (int64_t j = 0; j < p.ng; j++) eg = fmax(eg, fabs(dg32[j] - dg64[j])), mg = fmax(mg, fabs(dg64[j]));
     for (int64_t j = 0; j < p.nh; j++) eh = fmax(eh, fabs(dh32[j] - dh64[j])), mh = fmax(mh, fabs(dh64[j]));
-    printf("  f32 vs f64 (relative to max): o %.1e dk %.1e dg %.1e dh0 %.1e\n", eo / mo, ek / mk,
-           eg / mg, eh / mh);
+    printf("  f32 vs f64 (relative to max): o %.1e dk %.1e dg %.1e dh0 %.1e\n", eo / mo, ek / mk, eg / mg, eh / mh);
     assert_true(eo / mo < 1e-5 && ek / mk < 1e-5 && eg / mg < 1e-5 && eh / mh < 1e-5);
     for (int i = 0; i < 7; i++) free(in32[i]);
-    free(wh32), free(o64), free(dk64), free(dg64), free(dh64), free(o32), free(dk32), free(dg32),
-        free(dh32);
+    free(wh32), free(o64), free(dk64), free(dg64), free(dh64), free(o32), free(dk32), free(dg32), free(dh32);
     prob_free(&p);
 }
 
 /* ---- gate ---- */
-static double gate_loss(int64_t R, int64_t HV, int64_t C, const double *a, const double *A,
-                        const double *b, const double *w) {
+static double gate_loss(int64_t R, int64_t HV, int64_t C, const double *a, const double *A, const double *b,
+                        const double *w) {
     double *g = malloc(sizeof(double) * R * HV * C), l = 0;
     dg_gate_fwd_f64(R, HV, C, a, A, b, g);
     for (int64_t i = 0; i < R * HV * C; i++) l += g[i] * w[i];
@@ -315,7 +313,11 @@ static void check_gate(int64_t R, int64_t HV, int64_t C, int with_bias) {
     assert_int_equal(dg_gate_bwd_f64(R, HV, C, a, A, bp, w, da, dA, with_bias ? db : NULL), 0);
     const double h = 1e-5; /* 1e-6 leaves round-off of ~1e-9 in the difference quotient */
     double worst = 0;
-    struct { double *x; int64_t n; double *gr; } xs[3] = {{a, n, da}, {A, HV, dA}, {b, HV * C, db}};
+    struct {
+        double *x;
+        int64_t n;
+        double *gr;
+    } xs[3] = {{a, n, da}, {A, HV, dA}, {b, HV * C, db}};
     for (int xi = 0; xi < (with_bias ? 3 : 2); xi++)
         for (int64_t i = 0; i < xs[xi].n; i++) {
             double x0 = xs[xi].x[i];
@@ -327,12 +329,11 @@ static void check_gate(int64_t R, int64_t HV, int64_t C, int with_bias) {
             double fd = (lp - lm) / (2 * h);
             const double err = fabs(fd - xs[xi].gr[i]) / (1e-6 + fabs(fd));
             if (err > 1e-6)
-                fprintf(stderr, "gate input %d [%ld]: analytic %.12g finite difference %.12g\n", xi,
-                        (long)i, xs[xi].gr[i], fd);
+                fprintf(stderr, "gate input %d [%ld]: analytic %.12g finite difference %.12g\n", xi, (long)i,
+                        xs[xi].gr[i], fd);
             worst = fmax(worst, err);
         }
-    printf("  gate R=%ld HV=%ld C=%ld bias=%d: max rel err %.2e\n", (long)R, (long)HV, (long)C,
-           with_bias, worst);
+    printf("  gate R=%ld HV=%ld C=%ld bias=%d: max rel err %.2e\n", (long)R, (long)HV, (long)C, with_bias, worst);
     assert_true(worst < 1e-6);
     /* forward values: g <= 0 and finite at extreme inputs */
     double *g = malloc(sizeof(double) * n);
@@ -355,9 +356,8 @@ static void test_gate(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_naive), cmocka_unit_test(test_fd_deltanet),
-        cmocka_unit_test(test_fd_gdn),        cmocka_unit_test(test_fd_kda),
-        cmocka_unit_test(test_fd_varlen),     cmocka_unit_test(test_fd_t1),
+        cmocka_unit_test(test_forward_naive), cmocka_unit_test(test_fd_deltanet), cmocka_unit_test(test_fd_gdn),
+        cmocka_unit_test(test_fd_kda),        cmocka_unit_test(test_fd_varlen),   cmocka_unit_test(test_fd_t1),
         cmocka_unit_test(test_f32_vs_f64),    cmocka_unit_test(test_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

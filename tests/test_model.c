@@ -162,7 +162,7 @@ static void test_fla_names(void **state) {
     assert_non_null(lm);
     const char *kda[] = {"model.layers.0.attn.f_proj.0.weight", "model.layers.0.attn.f_proj.1.weight",
                          "model.layers.0.attn.g_proj.0.weight", "model.layers.0.attn.g_proj.1.weight",
-                         "model.layers.0.attn.g_proj.1.bias", "model.layers.0.attn.dt_bias"};
+                         "model.layers.0.attn.g_proj.1.bias",   "model.layers.0.attn.dt_bias"};
     for (int i = 0; i < 6; i++) assert_non_null(dg_param_find(&lm->params, kda[i]));
     assert_int_equal(dg_param_find(&lm->params, "model.layers.0.attn.dt_bias")->shape[0], 16);
     assert_null(dg_param_find(&lm->params, "lm_head.weight")); /* tied */
@@ -449,7 +449,8 @@ static void generate_both_ways(dg_dtype dt, double temperature, dg_delta_algorit
         mx = fmax(mx, fabs(lb[i]));
     }
     if (md > tol * mx)
-        fail_msg("logits with the carried state differ from full re-runs by %.3g (> %.3g x max |logit| %.3g)", md, tol, mx);
+        fail_msg("logits with the carried state differ from full re-runs by %.3g (> %.3g x max |logit| %.3g)", md, tol,
+                 mx);
     free(la);
     free(lb);
     dg_lm_free(lm);

@@ -73,7 +73,8 @@ static void test_mqar_layout(void **state) {
     vs[3].num_kv_pairs = 64;
     vs[3].seq_len = 512;
     for (int v = 0; v < 4; v++) {
-        int64_t *i2 = malloc((size_t)(8 * vs[v].seq_len) * sizeof *i2), *t2 = malloc((size_t)(8 * vs[v].seq_len) * sizeof *t2);
+        int64_t *i2 = malloc((size_t)(8 * vs[v].seq_len) * sizeof *i2),
+                *t2 = malloc((size_t)(8 * vs[v].seq_len) * sizeof *t2);
         assert_int_equal(dg_mqar_fill(&vs[v], &rng, 8, i2, t2), 0);
         for (int b = 0; b < 8; b++) check_mqar_example(&vs[v], i2 + b * vs[v].seq_len, t2 + b * vs[v].seq_len, NULL);
         free(i2);
@@ -106,7 +107,8 @@ static void test_mqar_deterministic(void **state) {
     free(a);
 
     /* held-out set: fixed by its seed, example i independent of the set size, not the training stream */
-    dg_mqar_set *s1 = dg_mqar_set_new(&c, DG_MQAR_HELDOUT_SEED, 10), *s2 = dg_mqar_set_new(&c, DG_MQAR_HELDOUT_SEED, 25);
+    dg_mqar_set *s1 = dg_mqar_set_new(&c, DG_MQAR_HELDOUT_SEED, 10),
+                *s2 = dg_mqar_set_new(&c, DG_MQAR_HELDOUT_SEED, 25);
     dg_mqar_set *s3 = dg_mqar_set_new(&c, DG_MQAR_HELDOUT_SEED + 1, 10);
     assert_non_null(s1);
     assert_non_null(s2);
@@ -321,8 +323,8 @@ static void test_safetensors_round_trip(void **state) {
     ts[5] = filled(DG_SHAPE(0, 5), DG_F32, 0); /* no elements */
     /* a non-contiguous view: the transpose of ts[0], [3,2] */
     ts[6] = dg_make_view(ts[0], 2, (int64_t[]){3, 2}, (int64_t[]){1, 3}, 0);
-    const char *names[7] = {"model.layers.0.attn.q_proj.weight", "ids", "scalar", "bf16 \"quoted\" \\ name",
-                            "model.embeddings.weight", "empty", "transposed"};
+    const char *names[7] = {"model.layers.0.attn.q_proj.weight", "ids",   "scalar",    "bf16 \"quoted\" \\ name",
+                            "model.embeddings.weight",           "empty", "transposed"};
     const char *keys[3] = {"config", "step", "unicode é ☃ \n"};
     const char *vals[3] = {"{\"hidden_size\": 64, \"num_heads\": 4}", "1200", "tab\tand \"q\""};
     const char *path = tmp_path("rt.safetensors");
@@ -389,12 +391,13 @@ static void test_safetensors_round_trip(void **state) {
 
     /* writer refusals leave no file behind */
     dg_tensor *x = dg_zeros(DG_SHAPE(2), DG_F32);
-    assert_int_equal(dg_st_write(tmp_path("dup.safetensors"), 2, (const char *[]){"a", "a"}, (dg_tensor *[]){x, x}, 0,
-                                 NULL, NULL),
-                     -1);
+    assert_int_equal(
+        dg_st_write(tmp_path("dup.safetensors"), 2, (const char *[]){"a", "a"}, (dg_tensor *[]){x, x}, 0, NULL, NULL),
+        -1);
     assert_error_contains("tensor name \"a\" appears twice");
     assert_int_equal(access(tmp_path("dup.safetensors"), F_OK), -1);
-    assert_int_equal(dg_st_write(tmp_path("dup.safetensors"), 1, (const char *[]){"__metadata__"}, &x, 0, NULL, NULL), -1);
+    assert_int_equal(dg_st_write(tmp_path("dup.safetensors"), 1, (const char *[]){"__metadata__"}, &x, 0, NULL, NULL),
+                     -1);
     assert_error_contains("is reserved");
     assert_int_equal(dg_st_write(tmp_path("dup.safetensors"), 1, NULL, &x, 0, NULL, NULL), -1);
     assert_error_contains("tensor name 0 is empty or NULL");

@@ -88,12 +88,17 @@ static void test_adamw_matches_hand_computation(void **state) {
 }
 
 static void test_weight_decay_names(void **state) {
-    const char *no[] = {"model.layers.0.attn.A_log", "model.layers.3.attn.dt_bias", "model.layers.0.attn_norm.weight",
-                        "model.layers.0.mlp_norm.weight", "model.layers.0.attn.o_norm.weight", "model.norm.weight",
-                        "model.layers.1.attn.q_proj.bias", "A_log"};
-    const char *yes[] = {"model.embeddings.weight", "model.layers.0.attn.q_proj.weight", "lm_head.weight",
-                         "model.layers.0.attn.q_conv1d.weight", "model.layers.0.mlp.gate_proj.weight",
-                         "model.layers.0.attn.f_proj.0.weight", "model.layers.0.attn.b_proj.weight"};
+    const char *no[] = {"model.layers.0.attn.A_log",         "model.layers.3.attn.dt_bias",
+                        "model.layers.0.attn_norm.weight",   "model.layers.0.mlp_norm.weight",
+                        "model.layers.0.attn.o_norm.weight", "model.norm.weight",
+                        "model.layers.1.attn.q_proj.bias",   "A_log"};
+    const char *yes[] = {"model.embeddings.weight",
+                         "model.layers.0.attn.q_proj.weight",
+                         "lm_head.weight",
+                         "model.layers.0.attn.q_conv1d.weight",
+                         "model.layers.0.mlp.gate_proj.weight",
+                         "model.layers.0.attn.f_proj.0.weight",
+                         "model.layers.0.attn.b_proj.weight"};
     for (size_t i = 0; i < sizeof no / sizeof *no; i++)
         if (dg_param_decays(no[i], 1)) fail_msg("%s should not decay", no[i]);
     for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)

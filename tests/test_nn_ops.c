@@ -37,12 +37,12 @@ static void assert_close(dg_tensor *got, dg_tensor *want, double tol, const char
     if (!(e <= tol)) fail_msg("%s: max abs diff %.3g > %.3g", what, e, tol);
 }
 
-#define EXPECT_ERROR(expr, msg)                                                                    \
-    do {                                                                                           \
-        dg_clear_error();                                                                          \
-        assert_null(expr);                                                                         \
-        assert_non_null(strstr(dg_last_error(), (msg)));                                           \
-        dg_clear_error();                                                                          \
+#define EXPECT_ERROR(expr, msg)                          \
+    do {                                                 \
+        dg_clear_error();                                \
+        assert_null(expr);                               \
+        assert_non_null(strstr(dg_last_error(), (msg))); \
+        dg_clear_error();                                \
     } while (0)
 
 /* sum(y * r) for a fixed random r, so that every output element carries its own weight */
@@ -97,7 +97,8 @@ static void test_linear_bad_input(void **state) {
     EXPECT_ERROR(dg_linear(x, NULL, NULL), "linear: w is NULL");
     dg_tensor *w6 = dg_zeros(DG_SHAPE(4, 6), DG_F32);
     EXPECT_ERROR(dg_linear(x, w6, dg_zeros(DG_SHAPE(3), DG_F32)), "linear: b has shape [3] but w has out features 4");
-    EXPECT_ERROR(dg_linear(x, dg_zeros(DG_SHAPE(4, 6), DG_F64), NULL), "linear: w has dtype f64 (shape [4,6]) but x has f32");
+    EXPECT_ERROR(dg_linear(x, dg_zeros(DG_SHAPE(4, 6), DG_F64), NULL),
+                 "linear: w has dtype f64 (shape [4,6]) but x has f32");
     EXPECT_ERROR(dg_linear(dg_zeros(DG_SHAPE(2, 6), DG_I64), w6, NULL), "linear: x has dtype i64");
 }
 
@@ -147,8 +148,8 @@ static dg_tensor *ref_rms(dg_tensor *x, dg_tensor *z, dg_tensor *w, double eps) 
         double ss = 0;
         for (int64_t d = 0; d < D; d++) ss += f64p(x)[n * D + d] * f64p(x)[n * D + d];
         for (int64_t d = 0; d < D; d++)
-            f64p(y)[n * D + d] = f64p(x)[n * D + d] / sqrt(ss / D + eps) * (w ? f64p(w)[d] : 1.0) *
-                                 (z ? silu(f64p(z)[n * D + d]) : 1.0);
+            f64p(y)[n * D + d] =
+                f64p(x)[n * D + d] / sqrt(ss / D + eps) * (w ? f64p(w)[d] : 1.0) * (z ? silu(f64p(z)[n * D + d]) : 1.0);
     }
     return y;
 }
@@ -185,7 +186,8 @@ static void test_l2norm(void **state) {
             ss += f64p(y)[n * 16 + d] * f64p(y)[n * 16 + d];
             sx += f64p(x)[n * 16 + d] * f64p(x)[n * 16 + d];
         }
-        for (int d = 0; d < 16; d++) assert_true(fabs(f64p(y)[n * 16 + d] - f64p(x)[n * 16 + d] / sqrt(sx + 1e-6)) < 1e-14);
+        for (int d = 0; d < 16; d++)
+            assert_true(fabs(f64p(y)[n * 16 + d] - f64p(x)[n * 16 + d] / sqrt(sx + 1e-6)) < 1e-14);
         assert_true(fabs(ss - 1) < 1e-6); /* unit rows, up to eps */
     }
     /* scale invariance (eps 0) */
@@ -202,7 +204,8 @@ static void test_norm_bad_input(void **state) {
                  "rms_norm: w has shape [7] but x has last dim 8 (x [2,3,8])");
     EXPECT_ERROR(dg_rms_norm(dg_zeros(DG_SHAPE(2, 8), DG_I64), NULL, 1e-5),
                  "rms_norm: x has dtype i64 (shape [2,8]) but a float dtype");
-    EXPECT_ERROR(dg_rms_norm(x, dg_zeros(DG_SHAPE(8), DG_F64), 1e-5), "rms_norm: w has dtype f64 (shape [8]) but x has f32");
+    EXPECT_ERROR(dg_rms_norm(x, dg_zeros(DG_SHAPE(8), DG_F64), 1e-5),
+                 "rms_norm: w has dtype f64 (shape [8]) but x has f32");
     EXPECT_ERROR(dg_rms_norm(NULL, NULL, 1e-5), "rms_norm: x is NULL");
     EXPECT_ERROR(dg_rms_norm(x, NULL, -1.0), "rms_norm: eps is -1 but must be finite and >= 0");
     EXPECT_ERROR(dg_gated_rms_norm(x, dg_zeros(DG_SHAPE(2, 3, 7), DG_F32), NULL, 1e-5),
@@ -235,7 +238,8 @@ static dg_tensor *ref_conv(dg_tensor *x, dg_tensor *w, dg_tensor *b, bool act) {
 
 static void test_conv1d(void **state) {
     for (int64_t W = 1; W <= 8; W++) {
-        dg_tensor *x = randn(DG_SHAPE(2, 7, 5), DG_F64), *w = randn(DG_SHAPE(5, W), DG_F64), *b = randn(DG_SHAPE(5), DG_F64);
+        dg_tensor *x = randn(DG_SHAPE(2, 7, 5), DG_F64), *w = randn(DG_SHAPE(5, W), DG_F64),
+                  *b = randn(DG_SHAPE(5), DG_F64);
         assert_close(dg_conv1d(x, w, b, true), ref_conv(x, w, b, true), 1e-12, "conv1d silu bias");
         assert_close(dg_conv1d(x, w, NULL, false), ref_conv(x, w, NULL, false), 1e-12, "conv1d plain");
     }
@@ -262,7 +266,8 @@ static void test_conv1d_bad_input(void **state) {
     dg_tensor *x = dg_zeros(DG_SHAPE(2, 5, 4), DG_F32);
     EXPECT_ERROR(dg_conv1d(x, dg_zeros(DG_SHAPE(4, 9), DG_F32), NULL, true),
                  "conv1d: w has shape [4,9] but must be [D,W] with D = 4 and W in 1..8 (x [2,5,4])");
-    EXPECT_ERROR(dg_conv1d(x, dg_zeros(DG_SHAPE(3, 4), DG_F32), NULL, true), "conv1d: w has shape [3,4] but must be [D,W]");
+    EXPECT_ERROR(dg_conv1d(x, dg_zeros(DG_SHAPE(3, 4), DG_F32), NULL, true),
+                 "conv1d: w has shape [3,4] but must be [D,W]");
     EXPECT_ERROR(dg_conv1d(dg_zeros(DG_SHAPE(5, 4), DG_F32), dg_zeros(DG_SHAPE(4, 4), DG_F32), NULL, true),
                  "conv1d: x has shape [5,4] but must be [B,T,D]");
     EXPECT_ERROR(dg_conv1d(x, dg_zeros(DG_SHAPE(4, 4), DG_F32), dg_zeros(DG_SHAPE(5), DG_F32), true),
@@ -281,7 +286,8 @@ static void test_swiglu(void **state) {
     for (int i = 0; i < 21; i++) assert_true(fabs(f64p(y)[i] - silu(f64p(g)[i]) * f64p(u)[i]) < 1e-14);
     assert_close(y, dg_mul(dg_silu(g), u), 1e-14, "swiglu = silu(gate) * up");
     EXPECT_ERROR(dg_swiglu(g, dg_zeros(DG_SHAPE(3, 6), DG_F64)), "swiglu: up has shape [3,6] but gate has [3,7]");
-    EXPECT_ERROR(dg_swiglu(g, dg_zeros(DG_SHAPE(3, 7), DG_F32)), "swiglu: up has dtype f32 (shape [3,7]) but gate has f64");
+    EXPECT_ERROR(dg_swiglu(g, dg_zeros(DG_SHAPE(3, 7), DG_F32)),
+                 "swiglu: up has dtype f32 (shape [3,7]) but gate has f64");
     EXPECT_ERROR(dg_swiglu(NULL, u), "swiglu: gate is NULL");
     EXPECT_ERROR(dg_swiglu(dg_zeros(DG_SHAPE(3, 7), DG_I64), u), "swiglu: gate has dtype i64");
 }

@@ -90,10 +90,8 @@ static void test_backward_env_misspelled(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_listed_op_is_built),
-        cmocka_unit_test(test_every_op_has_sampler_and_tolerances),
-        cmocka_unit_test(test_gradcheck_every_op),
-        cmocka_unit_test(test_backward_env_selects_variant),
+        cmocka_unit_test(test_every_listed_op_is_built), cmocka_unit_test(test_every_op_has_sampler_and_tolerances),
+        cmocka_unit_test(test_gradcheck_every_op),       cmocka_unit_test(test_backward_env_selects_variant),
         cmocka_unit_test(test_backward_env_misspelled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

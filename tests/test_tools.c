@@ -15,7 +15,7 @@
 static char tool[4096];
 
 typedef struct run_result {
-    int status; /* the exit status; -1 when the tool did not exit normally */
+    int status;      /* the exit status; -1 when the tool did not exit normally */
     char out[65536]; /* stdout and stderr together */
 } run_result;
 
@@ -62,7 +62,8 @@ static void test_compare_delta_rule_at_sizes(void **state) {
 }
 
 static void test_compare_kda_gate_in_kernel_json(void **state) {
-    run(&r, NULL, "compare kda --B 2 --T 12 --H 1 --HV 2 --K 4 --V 4 --chunk 16 --gate-in-kernel --varlen --json --warmup 0");
+    run(&r, NULL,
+        "compare kda --B 2 --T 12 --H 1 --HV 2 --K 4 --V 4 --chunk 16 --gate-in-kernel --varlen --json --warmup 0");
     expect(&r, 0, "\"tolerance\":0.001");
     /* fused, unfused, subst, recurrent, decomposition, gate_separate */
     assert_int_equal(count(r.out, "\"ok\":true"), 6);
@@ -89,7 +90,8 @@ static void test_compare_bad_values(void **state) {
 
 static void test_misspelled_ops(void **state) {
     run(&r, NULL, "compare nosuch");
-    expect(&r, 2, "no op named 'nosuch' (ops with several backward variants: delta_rule, gated_delta_rule, kda, solve_tril)");
+    expect(&r, 2,
+           "no op named 'nosuch' (ops with several backward variants: delta_rule, gated_delta_rule, kda, solve_tril)");
     run(&r, NULL, "compare add");
     expect(&r, 2, "add has one backward variant");
     run(&r, NULL, "ops nosuch");

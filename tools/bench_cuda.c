@@ -211,8 +211,9 @@ static int other_variants(const char *op, const dg_delta_variant **out) {
 }
 
 static void print_header(void) {
-    printf("%-16s %-5s %-5s %-9s %-29s %8s %9s %7s %7s %7s %7s %8s %7s %8s\n", "op", "shape", "dtype", "kernel", "bwd variant",
-           "fwd ms", "f+b ms", "TF/s f", "TF/s fb", "GB/s f", "GB/s fb", "floor fb", "x floor", "norm ms");
+    printf("%-16s %-5s %-5s %-9s %-29s %8s %9s %7s %7s %7s %7s %8s %7s %8s\n", "op", "shape", "dtype", "kernel",
+           "bwd variant", "fwd ms", "f+b ms", "TF/s f", "TF/s fb", "GB/s f", "GB/s fb", "floor fb", "x floor",
+           "norm ms");
 }
 static void print_rec(const rec *r) {
     double floor_ms = fmax(r->flops_fb / (ceil_tflops * 1e12), r->bytes_fb / (ceil_gbs * 1e9)) * 1e3;
@@ -221,7 +222,9 @@ static void print_rec(const rec *r) {
            dg_dtype_name(r->dt), r->kernel, r->desc, r->fwd_ms, r->fb_ms, cnt ? r->flops_f / r->fwd_ms / 1e9 : NAN,
            cnt ? r->flops_fb / r->fb_ms / 1e9 : NAN, r->bytes_f / r->fwd_ms / 1e6, r->bytes_fb / r->fb_ms / 1e6,
            cnt ? floor_ms : NAN, cnt ? r->fb_ms / floor_ms : NAN, r->norm_ms,
-           r->nonfinite > 0 ? "  NON-FINITE OUTPUT" : r->nonfinite == -1 ? "  (output check failed)" : "");
+           r->nonfinite > 0     ? "  NON-FINITE OUTPUT"
+           : r->nonfinite == -1 ? "  (output check failed)"
+                                : "");
     fflush(stdout);
 }
 static void jnum(FILE *f, const char *key, double x, bool comma) {
@@ -234,7 +237,8 @@ static int write_json(const char *path, const char *device, int sms, int drv, in
         fprintf(stderr, "bench: cannot write --json '%s'\n", path);
         return -1;
     }
-    fprintf(f, "{\"device\": \"%s\", \"sm_count\": %d, \"cuda_driver\": %d, \"cuda_runtime\": %d, ", device, sms, drv, rt);
+    fprintf(f, "{\"device\": \"%s\", \"sm_count\": %d, \"cuda_driver\": %d, \"cuda_runtime\": %d, ", device, sms, drv,
+            rt);
     fprintf(f, "\"l2norm\": \"%s\", \"timing\": \"CUDA events, 2 warm-ups, median, L2 flushed (256 MiB written)\", ",
             "dg_cuda_dr_l2norm_bf16 / _f16");
     jnum(f, "gemm_bf16_8192_tflops", ceil_tflops, true);
@@ -242,8 +246,10 @@ static int write_json(const char *path, const char *device, int sms, int drv, in
     fprintf(f, "\"results\": [\n");
     for (int i = 0; i < n_recs; i++) {
         const rec *r = &recs[i];
-        fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"kernel\": \"%s\", \"variant\": \"%s\", \"variant_desc\": \"%s\", ",
-                r->op, r->shape, r->kernel, r->variant, r->desc);
+        fprintf(
+            f,
+            "  {\"op\": \"%s\", \"shape\": \"%s\", \"kernel\": \"%s\", \"variant\": \"%s\", \"variant_desc\": \"%s\", ",
+            r->op, r->shape, r->kernel, r->variant, r->desc);
         fprintf(f, "\"B\": %lld, \"T\": %lld, \"H\": %lld, \"HV\": %lld, \"K\": %lld, \"V\": %lld, \"dtype\": \"%s\", ",
                 (long long)r->B, (long long)r->T, (long long)r->H, (long long)r->HV, (long long)r->K, (long long)r->V,
                 dg_dtype_name(r->dt));
@@ -398,15 +404,16 @@ static int run_case(bcase *c, const run_opts *o) {
 }
 
 static int usage(void) {
-    printf("usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4] [--dtype bf16|f16] [--inputs FILE]...\n"
-           "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
-           "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
-           "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
-           "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
-           "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
-           "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
-           "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
-           "o, dq, dk, dv, dbeta, dg to FILE.ours.safetensors.  The recurrent kernels run at S1 (reference).\n");
+    printf(
+        "usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4] [--dtype bf16|f16] [--inputs FILE]...\n"
+        "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
+        "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
+        "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
+        "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
+        "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
+        "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
+        "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
+        "o, dq, dk, dv, dbeta, dg to FILE.ours.safetensors.  The recurrent kernels run at S1 (reference).\n");
     return 0;
 }
 

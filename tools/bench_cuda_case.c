@@ -17,9 +17,9 @@
 #include "models/safetensors.h"
 
 const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {{"S1", 8, 2048, 16, 128, 128, DG_BF16, true},
-                                                      {"S2", 2, 8192, 16, 128, 128, DG_BF16, true},
-                                                      {"S3", 16, 4096, 8, 256, 256, DG_F16, true},
-                                                      {"S4", 8, 2048, 16, 128, 256, DG_BF16, false}};
+                                               {"S2", 2, 8192, 16, 128, 128, DG_BF16, true},
+                                               {"S3", 16, 4096, 8, 256, 256, DG_F16, true},
+                                               {"S4", 8, 2048, 16, 128, 256, DG_BF16, false}};
 const char *const BENCH_OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
 
 /* ---- host random numbers (xorshift64*) ---------------------------------------------------------- */
@@ -69,8 +69,7 @@ void *bench_dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
 
 
 static void case_free_work(bcase *c) {
-    void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk,
-                 c->dg, c->keep};
+    void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk, c->dg, c->keep};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
     c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
     c->rq = c->rk = c->dg = NULL;
@@ -123,12 +122,22 @@ static int norm_bwd(bcase *c) {
 static dg_delta_call fwd_call(const bcase *c, bench_what w, bool recurrent) {
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
-    dg_delta_call f = {.op = c->op, .s = c->s, .dtype = c->dt, .device = DG_CUDA,
-                       .algorithm = recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED, .q = c->qn, .k = c->kn,
-                       .v = c->v, .g = c->g, .beta = c->beta, .o = c->o, .keep = keep,
-                       /* (a forward alone: q not written) */
-                       .l2 = {.on = true, .qraw = c->q, .kraw = c->k, .rq = c->rq, .rk = c->rk, .for_bwd = w == W_FWDBWD},
-                       .l2_norm_first = c->norm_first};
+    dg_delta_call f = {
+        .op = c->op,
+        .s = c->s,
+        .dtype = c->dt,
+        .device = DG_CUDA,
+        .algorithm = recurrent ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED,
+        .q = c->qn,
+        .k = c->kn,
+        .v = c->v,
+        .g = c->g,
+        .beta = c->beta,
+        .o = c->o,
+        .keep = keep,
+        /* (a forward alone: q not written) */
+        .l2 = {.on = true, .qraw = c->q, .kraw = c->k, .rq = c->rq, .rk = c->rk, .for_bwd = w == W_FWDBWD},
+        .l2_norm_first = c->norm_first};
     return f;
 }
 
@@ -139,11 +148,25 @@ int bench_body(bcase *c, bench_what w, const dg_delta_bwd_flags *var, bool recur
     if (rc || w == W_FWD) return rc;
     /* as the ops call them: the 16-bit chunked kernels take the norm's backward with them (dq, dk of
      * the raw rows); the recurrent ones give dqn, dkn, and the norm's backward follows */
-    dg_delta_call b = {.op = c->op, .s = c->s, .dtype = c->dt, .device = DG_CUDA, .algorithm = f.algorithm,
-                       .bwd = var ? *var : (dg_delta_bwd_flags){0}, .q = c->qn, .k = c->kn, .v = c->v, .g = c->g,
-                       .beta = c->beta, .dout = c->dout, .dq = recurrent ? c->dqn : c->dq,
-                       .dk = recurrent ? c->dkn : c->dk, .dv = c->dv, .dg = c->dg, .dbeta = c->dbeta,
-                       .keep = f.kept ? f.keep : NULL, .kept = f.kept,
+    dg_delta_call b = {.op = c->op,
+                       .s = c->s,
+                       .dtype = c->dt,
+                       .device = DG_CUDA,
+                       .algorithm = f.algorithm,
+                       .bwd = var ? *var : (dg_delta_bwd_flags){0},
+                       .q = c->qn,
+                       .k = c->kn,
+                       .v = c->v,
+                       .g = c->g,
+                       .beta = c->beta,
+                       .dout = c->dout,
+                       .dq = recurrent ? c->dqn : c->dq,
+                       .dk = recurrent ? c->dkn : c->dk,
+                       .dv = c->dv,
+                       .dg = c->dg,
+                       .dbeta = c->dbeta,
+                       .keep = f.kept ? f.keep : NULL,
+                       .kept = f.kept,
                        .l2 = {.on = true, .rq = c->rq, .rk = c->rk}};
     rc = dg_delta_bwd(NULL, &b);
     if (rc || b.l2_done) return rc;
@@ -181,8 +204,17 @@ double bench_bytes_bwd(const bcase *c) {
 static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V) {
     const dg_delta_gate *gt = dg_delta_gate_of_op(op);
     snprintf(c->op, sizeof c->op, "%s", op);
-    c->s = (dg_dr_shape){.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .cu_seqlens = NULL, .N = B,
-                         .gate = gt->kind, .scale = 1.0 / sqrt((double)K), .chunk = 64};
+    c->s = (dg_dr_shape){.B = B,
+                         .T = T,
+                         .H = H,
+                         .HV = HV,
+                         .K = K,
+                         .V = V,
+                         .cu_seqlens = NULL,
+                         .N = B,
+                         .gate = gt->kind,
+                         .scale = 1.0 / sqrt((double)K),
+                         .chunk = 64};
     c->G = dg_delta_gate_width(gt, K);
 }
 int bench_case_random(bcase *c, const shape_def *d, dg_dtype dt) {
@@ -246,8 +278,9 @@ int bench_case_from_file(bcase *c, const char *path) {
     const char *mop = dg_st_meta(f, "op");
     bool bad = !op || memcmp(k->shape, q->shape, sizeof(int64_t) * 4) || v->shape[0] != B || v->shape[1] != T ||
                memcmp(dout->shape, v->shape, sizeof(int64_t) * 4) || beta->shape[0] != B || beta->shape[1] != T ||
-               beta->shape[2] != HV || (g && (g->ndim < 3 || g->ndim > 4 || g->shape[0] != B || g->shape[1] != T ||
-                                             g->shape[2] != HV || (g->ndim == 4 && g->shape[3] != K)));
+               beta->shape[2] != HV ||
+               (g && (g->ndim < 3 || g->ndim > 4 || g->shape[0] != B || g->shape[1] != T || g->shape[2] != HV ||
+                      (g->ndim == 4 && g->shape[3] != K)));
     if (bad) {
         dg_error("bench: --inputs '%s': shapes do not fit q [B,T,H,K] %s, k %s, v [B,T,HV,V] %s, do %s, beta "
                  "[B,T,HV] %s, g [B,T,HV] or [B,T,HV,K] %s",
@@ -280,9 +313,9 @@ int bench_dump_outputs(const bcase *c, const char *path) {
     const int64_t sg[4] = {s->B, s->T, s->HV, s->K};
     const char *names[6] = {"o", "dq", "dk", "dv", "dbeta", "dg"};
     const void *src[6] = {c->o, c->dq, c->dk, c->dv, c->dbeta, c->dg};
-    dg_tensor *t[6] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt), dg_empty(4, sq, c->dt),
-                       dg_empty(4, sv, c->dt), dg_empty(3, sb, c->dt),
-                       c->G ? dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32) : NULL};
+    dg_tensor *t[6] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt),
+                       dg_empty(4, sq, c->dt), dg_empty(4, sv, c->dt),
+                       dg_empty(3, sb, c->dt), c->G ? dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32) : NULL};
     int n = c->G ? 6 : 5, rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
         rc = !t[i] ? -1 : dg_cuda_memcpy(dg_data_ptr(t[i]), src[i], (size_t)dg_numel(t[i]) * (i == 5 ? 4 : 2), 1);

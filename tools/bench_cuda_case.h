@@ -16,10 +16,10 @@ void *bench_dev_random(int64_t n, dg_dtype dt, rand_kind kind);
 typedef struct bcase {
     char label[64], op[24];
     dg_dr_shape s;
-    int64_t G;                                  /* gate values per token and value head: 0, 1, K */
-    dg_dtype dt;                                /* of q, k, v, beta, dout, o and the gradients: bf16 or f16 */
-    uint16_t *q, *k, *v, *beta, *dout;          /* raw inputs (16-bit words) */
-    float *g;                                   /* per-token log decay, NULL for delta_rule */
+    int64_t G;                         /* gate values per token and value head: 0, 1, K */
+    dg_dtype dt;                       /* of q, k, v, beta, dout, o and the gradients: bf16 or f16 */
+    uint16_t *q, *k, *v, *beta, *dout; /* raw inputs (16-bit words) */
+    float *g;                          /* per-token log decay, NULL for delta_rule */
     uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
     float *rq, *rk, *dg;
     void *keep;      /* the forward's working set kept for the backward (NULL: none for this shape) */

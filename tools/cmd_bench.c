@@ -148,8 +148,9 @@ static int bench_delta(const cfg *c) {
            (long long)c->reps, (long long)c->warmup, c->warmup == 1 ? "" : "s");
     const char *sep = c->markdown ? " | " : "  ";
     if (c->markdown)
-        printf("\n| op | B | T | K=V | fwd ms | fwd+bwd ms | GFLOP/s | %% of SGEMM | recurrent fwd+bwd ms | speed-up |\n"
-               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        printf(
+            "\n| op | B | T | K=V | fwd ms | fwd+bwd ms | GFLOP/s | %% of SGEMM | recurrent fwd+bwd ms | speed-up |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     else
         printf("\n%-17s %2s %5s %4s %9s %11s %8s %8s %14s %8s\n", "op", "B", "T", "K=V", "fwd ms", "fwd+bwd ms",
                "GFLOP/s", "%SGEMM", "recur fb ms", "speedup");
@@ -169,7 +170,8 @@ static int bench_delta(const cfg *c) {
                         grad[k] = n && (!strcmp(n, "q") || !strcmp(n, "k") || !strcmp(n, "v"));
                     }
                     timing ch = {NAN, NAN}, re = {NAN, NAN};
-                    runner chunked = {.def = ops[o], .sz = &sz}, recurrent = {.def = ops[o], .sz = &sz, .variant_name = "recurrent"};
+                    runner chunked = {.def = ops[o], .sz = &sz},
+                           recurrent = {.def = ops[o], .sz = &sz, .variant_name = "recurrent"};
                     cfg once = *c;
                     once.reps = 1; /* the recurrent form once, for the speed-up */
                     if (rc == 0) rc = time_op(&chunked, in, grad, c, &ch);
@@ -185,13 +187,14 @@ static int bench_delta(const cfg *c) {
                     double fwd_flops = (double)B * T * H * (6.0 * C * K + 4.0 * C * V + 6.0 * K * V);
                     double total = ch.fwdbwd, gf = 3 * fwd_flops / total / 1e9;
                     if (c->markdown)
-                        printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %.1f | %.0f%% | %.2f | %.1fx |\n", ops[o]->name,
-                               (long long)B, (long long)T, (long long)K, ch.fwd * 1e3, total * 1e3, gf,
+                        printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %.1f | %.0f%% | %.2f | %.1fx |\n",
+                               ops[o]->name, (long long)B, (long long)T, (long long)K, ch.fwd * 1e3, total * 1e3, gf,
                                100 * gf / peak, re.fwdbwd * 1e3, re.fwdbwd / total);
                     else
-                        printf("%-17s%s%2lld%s%5lld%s%4lld%s%9.2f%s%11.2f%s%8.1f%s%7.0f%%%s%14.2f%s%7.1fx\n", ops[o]->name,
-                               sep, (long long)B, sep, (long long)T, sep, (long long)K, sep, ch.fwd * 1e3, sep,
-                               total * 1e3, sep, gf, sep, 100 * gf / peak, sep, re.fwdbwd * 1e3, sep, re.fwdbwd / total);
+                        printf("%-17s%s%2lld%s%5lld%s%4lld%s%9.2f%s%11.2f%s%8.1f%s%7.0f%%%s%14.2f%s%7.1fx\n",
+                               ops[o]->name, sep, (long long)B, sep, (long long)T, sep, (long long)K, sep, ch.fwd * 1e3,
+                               sep, total * 1e3, sep, gf, sep, 100 * gf / peak, sep, re.fwdbwd * 1e3, sep,
+                               re.fwdbwd / total);
                     fflush(stdout);
                 }
     return failures ? 1 : 0;
@@ -258,8 +261,15 @@ static const char usage[] =
 /* 0, 1 (--help printed), or -1 after a message */
 static int parse(int argc, char **argv, cfg *c) {
     static const char *const devices[] = {"cpu", "cuda"}, *const dtypes[] = {"f32", "f64"};
-    *c = (cfg){.B = {1, 4}, .T = {256, 1024, 4096}, .K = {64, 128}, .nB = 2, .nT = 3, .nK = 2, .reps = 3,
-               .warmup = 2, .dtype = DG_F32};
+    *c = (cfg){.B = {1, 4},
+               .T = {256, 1024, 4096},
+               .K = {64, 128},
+               .nB = 2,
+               .nT = 3,
+               .nK = 2,
+               .reps = 3,
+               .warmup = 2,
+               .dtype = DG_F32};
     const char *op = NULL;
     bool size_flag = false, samples = false, dtype_flag = false;
     for (int i = 1; i < argc; i++) {
@@ -299,8 +309,10 @@ static int parse(int argc, char **argv, cfg *c) {
         return -1;
     }
     if (size_flag && !c->sized) {
-        fprintf(stderr, "bench: %s is timed on its sampler's inputs; --B --T --K --no-recurrent apply to "
-                        "delta_rule, gated_delta_rule and kda%s\n", c->def->name, samples ? " without --samples" : "");
+        fprintf(stderr,
+                "bench: %s is timed on its sampler's inputs; --B --T --K --no-recurrent apply to "
+                "delta_rule, gated_delta_rule and kda%s\n",
+                c->def->name, samples ? " without --samples" : "");
         return -1;
     }
     if (dtype_flag && c->sized) {

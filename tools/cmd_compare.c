@@ -50,8 +50,8 @@ typedef struct cmp_case {
     dg_tensor *in[DG_MAX_IO]; /* f64 on the host, already rounded through the run's dtype */
     bool diff[DG_MAX_IO];
     _Alignas(16) unsigned char attrs[DG_ATTR_BYTES]; /* read as the op's attribute struct */
-    bool has_attrs;          /* the attribute struct is known (needed by the decomposition) */
-    dg_tensor *w[DG_MAX_IO]; /* output weights W_j, f64 */
+    bool has_attrs;                                  /* the attribute struct is known (needed by the decomposition) */
+    dg_tensor *w[DG_MAX_IO];                         /* output weights W_j, f64 */
     dg_tensor *ref_out[DG_MAX_IO], *ref_grad[DG_MAX_IO];
 } cmp_case;
 
@@ -389,7 +389,8 @@ static void print_json(const cfg *c, const row *r, int n, int n_cases) {
         printf("\"B\":%lld,\"T\":%lld,\"H\":%lld,\"HV\":%lld,\"K\":%lld,\"V\":%lld,\"chunk\":%d,\"varlen\":%s,"
                "\"gate_in_kernel\":%s,",
                (long long)c->sz.B, (long long)c->sz.T, (long long)c->sz.H, (long long)c->sz.HV, (long long)c->sz.K,
-               (long long)c->sz.V, c->sz.chunk, c->sz.varlen ? "true" : "false", c->sz.gate_in_kernel ? "true" : "false");
+               (long long)c->sz.V, c->sz.chunk, c->sz.varlen ? "true" : "false",
+               c->sz.gate_in_kernel ? "true" : "false");
     else printf("\"samples\":%d,", n_cases);
     printf("\"dtype\":\"%s\",\"device\":\"%s\",\"seed\":%llu,\"reference\":\"%s\",\"tolerance\":%.3g,\"paths\":[",
            dg_dtype_name(c->dtype), dg_device_name(c->dev), (unsigned long long)c->seed, reference_path(c->def).name,
@@ -439,17 +440,27 @@ static int parse(int argc, char **argv, cfg *c) {
     static const dg_dtype dtype_of[] = {DG_F32, DG_F64, DG_BF16, DG_F16};
     const char *op = NULL;
     bool size_flag = false, samples = false;
-    *c = (cfg){.dtype = DG_F32, .dev = DG_CPU, .reps = 1, .warmup = 2,
-               .sz = {.B = 2, .T = 128, .H = 2, .HV = 4, .K = 32, .V = 32, .chunk = 64, .l2norm_in_kernel = true,
+    *c = (cfg){.dtype = DG_F32,
+               .dev = DG_CPU,
+               .reps = 1,
+               .warmup = 2,
+               .sz = {.B = 2,
+                      .T = 128,
+                      .H = 2,
+                      .HV = 4,
+                      .K = 32,
+                      .V = 32,
+                      .chunk = 64,
+                      .l2norm_in_kernel = true,
                       .initial_state = true}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         static const struct {
             const char *flag;
             size_t off;
-        } sizes[] = {{"--B", offsetof(dg_delta_size, B)},   {"--T", offsetof(dg_delta_size, T)},
-                     {"--H", offsetof(dg_delta_size, H)},   {"--HV", offsetof(dg_delta_size, HV)},
-                     {"--K", offsetof(dg_delta_size, K)},   {"--V", offsetof(dg_delta_size, V)}};
+        } sizes[] = {{"--B", offsetof(dg_delta_size, B)}, {"--T", offsetof(dg_delta_size, T)},
+                     {"--H", offsetof(dg_delta_size, H)}, {"--HV", offsetof(dg_delta_size, HV)},
+                     {"--K", offsetof(dg_delta_size, K)}, {"--V", offsetof(dg_delta_size, V)}};
         int s = 0;
         while (s < 6 && strcmp(a, sizes[s].flag) != 0) s++;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -487,8 +498,7 @@ static int parse(int argc, char **argv, cfg *c) {
         else if (strcmp(a, "--samples") == 0) samples = true;
         else if (strcmp(a, "--paths") == 0) {
             if (!(c->only = dg_arg_value("compare", argc, argv, &i))) return -1;
-        }
-        else if (strcmp(a, "--json") == 0) c->json = true;
+        } else if (strcmp(a, "--json") == 0) c->json = true;
         else if (a[0] != '-' && !op) op = a;
         else return dg_arg_unknown("compare", a);
     }
@@ -502,13 +512,15 @@ static int parse(int argc, char **argv, cfg *c) {
     c->sized = dg_delta_sized_op(c->def) && !samples;
     c->sz.seed = c->seed;
     if (size_flag && !c->sized) {
-        fprintf(stderr, "compare: %s takes its inputs from its sampler; the size options (--B --T --H --HV --K --V "
-                        "--chunk --gate-in-kernel --varlen) apply to delta_rule, gated_delta_rule and kda%s\n",
+        fprintf(stderr,
+                "compare: %s takes its inputs from its sampler; the size options (--B --T --H --HV --K --V "
+                "--chunk --gate-in-kernel --varlen) apply to delta_rule, gated_delta_rule and kda%s\n",
                 c->def->name, samples ? " without --samples" : "");
         return -1;
     }
     if (c->sz.gate_in_kernel && !dg_delta_sized_gated(c->def)) {
-        fprintf(stderr, "compare: %s has no gate; --gate-in-kernel applies to gated_delta_rule and kda\n", c->def->name);
+        fprintf(stderr, "compare: %s has no gate; --gate-in-kernel applies to gated_delta_rule and kda\n",
+                c->def->name);
         return -1;
     }
     if (c->dev == DG_CUDA && c->dtype == DG_F64) {
@@ -537,8 +549,10 @@ static int check_memory(cfg *c) {
     const double decomposition = 3 * io * 8 + 4 * io * 8 + 6 * states * (c->dev == DG_CUDA ? 4 : e) + 4 * io * e;
     if (c->def->decompose && !is_16bit(c->dtype) && dg_host_mem_available() > 0 &&
         decomposition > dg_host_mem_available()) {
-        fprintf(stderr, "compare: note: the decomposition path is left out: its graph needs about %.1f GiB, %.1f GiB is "
-                        "available\n", decomposition / 1073741824.0, dg_host_mem_available() / 1073741824.0);
+        fprintf(stderr,
+                "compare: note: the decomposition path is left out: its graph needs about %.1f GiB, %.1f GiB is "
+                "available\n",
+                decomposition / 1073741824.0, dg_host_mem_available() / 1073741824.0);
         c->skip_decomposition = true;
     }
     if (c->dev == DG_CUDA) dg_note_device_memory_unchecked("compare");

@@ -79,7 +79,8 @@ int dg_cmd_eval(int argc, char **argv) {
         free(tj);
         return 1;
     }
-    if (!tj && !data) fprintf(stderr, "eval: note: the checkpoint has no training settings; evaluating on default MQAR\n");
+    if (!tj && !data)
+        fprintf(stderr, "eval: note: the checkpoint has no training settings; evaluating on default MQAR\n");
     free(tj);
     if (data) {
         tc.task = DG_TASK_TEXT;
@@ -108,7 +109,8 @@ int dg_cmd_eval(int argc, char **argv) {
                ckpt, (long long)step, (long long)tc.eval_examples, (long long)tc.mqar.seq_len,
                (long long)tc.mqar.num_kv_pairs, loss, 100 * acc);
     } else {
-        printf("checkpoint %s (step %lld): text '%s' validation (last %.0f%%, windows of %lld): loss %.4f, %.4f bits/byte, "
+        printf("checkpoint %s (step %lld): text '%s' validation (last %.0f%%, windows of %lld): loss %.4f, %.4f "
+               "bits/byte, "
                "next-byte accuracy %.2f%%\n",
                ckpt, (long long)step, tc.data, 100 * tc.val_fraction, (long long)tc.seq_len, loss, loss / log(2.0),
                100 * acc);

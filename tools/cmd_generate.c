@@ -75,8 +75,7 @@ int dg_cmd_generate(int argc, char **argv) {
                 fprintf(stderr, "generate: --device %s: expected cpu or cuda\n", v);
                 return 2;
             }
-        }
-        else if (!strcmp(a, "--max-new")) rc = num(a, v, 0, 1e7, &max_new);
+        } else if (!strcmp(a, "--max-new")) rc = num(a, v, 0, 1e7, &max_new);
         else if (!strcmp(a, "--temperature")) rc = num(a, v, 0, 100, &temp);
         else if (!strcmp(a, "--top-k")) rc = num(a, v, 0, 1e7, &top_k);
         else if (!strcmp(a, "--seed")) rc = num(a, v, 0, 9e15, &seed);

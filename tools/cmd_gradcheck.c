@@ -60,14 +60,15 @@ typedef struct {
     int n_in;
     dg_tensor *in[DG_MAX_IO]; /* host inputs in their layout (perturbed in place) */
     bool diff[DG_MAX_IO];
-    dg_tensor *w[DG_MAX_IO];  /* host weights, f64 */
+    dg_tensor *w[DG_MAX_IO]; /* host weights, f64 */
     int variant;
 } gc_case;
 
 /* Runs the op on dev at dtype dt from the host inputs: outputs (host, f64) into out_h, and with
  * want_grads the input gradients of L (host, f64) into grad_h.  The results live in the caller's
  * scope.  0, or -1 with dg_error set. */
-static int run_on(const gc_case *c, dg_device dev, dg_dtype dt, bool want_grads, dg_tensor **out_h, dg_tensor **grad_h) {
+static int run_on(const gc_case *c, dg_device dev, dg_dtype dt, bool want_grads, dg_tensor **out_h,
+                  dg_tensor **grad_h) {
     dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
     for (int k = 0; k < c->n_in; k++) {
         if (c->in[k] && !(in[k] = same_layout_on(c->in[k], dev, dt))) return -1;
@@ -127,8 +128,8 @@ static int check_f64_on_device(gc_case *c, bool strided, uint64_t seed, dg_gradc
     if (run_on(c, DG_CUDA, KEEP_DTYPE, true, out, grad) != 0) return -1;
     double ae[DG_MAX_IO], re[DG_MAX_IO];
     bool ok[DG_MAX_IO];
-    if (dg_fd_compare(device_value, c, c->n_in, c->in, c->diff, grad, c->def->atol_f64, c->def->rtol_f64, seed, ae,
-                      re, ok) != 0)
+    if (dg_fd_compare(device_value, c, c->n_in, c->in, c->diff, grad, c->def->atol_f64, c->def->rtol_f64, seed, ae, re,
+                      ok) != 0)
         return -1;
     for (int k = 0; k < c->n_in; k++) {
         if (!c->diff[k] || !c->in[k]) continue;
@@ -256,7 +257,8 @@ int dg_cmd_gradcheck(int argc, char **argv) {
         if (strcmp(a, "--seed") == 0)
             bad = !(v = dg_arg_value("gradcheck", argc, argv, &i)) || dg_arg_u64("gradcheck", a, v, &seed) != 0;
         else if (strcmp(a, "--device") == 0) {
-            bad = !(v = dg_arg_value("gradcheck", argc, argv, &i)) || (k = dg_arg_choice("gradcheck", a, v, devices, 2)) < 0;
+            bad = !(v = dg_arg_value("gradcheck", argc, argv, &i)) ||
+                  (k = dg_arg_choice("gradcheck", a, v, devices, 2)) < 0;
             if (!bad) cuda = k == 1;
         } else if (a[0] == '-') bad = dg_arg_unknown("gradcheck", a) != 0;
         else bad = !(ops[n_ops++] = dg_arg_op("gradcheck", a, false));

@@ -127,22 +127,25 @@ int dg_cmd_train(int argc, char **argv) {
     const dg_model_config *mc = &t->lm->cfg;
     const dg_train_config *tc = &t->tc;
     if (!o.quiet) {
-        fprintf(stderr, "deltagrad train: %s, %lld layers, d_model %lld, %lld heads x %lld (v %lld x %lld), mlp %lld, "
-                        "vocab %lld: %.3g M parameters\n",
+        fprintf(stderr,
+                "deltagrad train: %s, %lld layers, d_model %lld, %lld heads x %lld (v %lld x %lld), mlp %lld, "
+                "vocab %lld: %.3g M parameters\n",
                 dg_mixer_name(mc->mixer), (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
                 (long long)mc->num_heads, (long long)mc->head_dim, (long long)dg_model_num_v_heads(mc),
                 (long long)dg_model_head_v_dim(mc), (long long)dg_model_intermediate_size(mc),
                 (long long)mc->vocab_size, dg_param_count(&t->lm->params) / 1e6);
         if (tc->task == DG_TASK_MQAR)
-            fprintf(stderr, "task mqar: seq_len %lld, %lld kv pairs, %lld queries, vocab %lld; held-out %lld examples\n",
+            fprintf(stderr,
+                    "task mqar: seq_len %lld, %lld kv pairs, %lld queries, vocab %lld; held-out %lld examples\n",
                     (long long)tc->mqar.seq_len, (long long)tc->mqar.num_kv_pairs,
                     (long long)dg_mqar_num_queries(&tc->mqar), (long long)tc->mqar.vocab_size,
                     (long long)tc->eval_examples);
         else
-            fprintf(stderr, "task text: '%s', seq_len %lld, validation fraction %g\n", tc->data,
-                    (long long)tc->seq_len, tc->val_fraction);
-        fprintf(stderr, "steps %lld, batch %lld, lr %g (warmup %lld, cosine to %g), weight decay %g, clip %g, seed "
-                        "%llu, %s algorithm on %s; output %s%s\n",
+            fprintf(stderr, "task text: '%s', seq_len %lld, validation fraction %g\n", tc->data, (long long)tc->seq_len,
+                    tc->val_fraction);
+        fprintf(stderr,
+                "steps %lld, batch %lld, lr %g (warmup %lld, cosine to %g), weight decay %g, clip %g, seed "
+                "%llu, %s algorithm on %s; output %s%s\n",
                 (long long)tc->steps, (long long)tc->batch, tc->lr, (long long)tc->warmup, tc->lr * tc->min_lr_ratio,
                 tc->weight_decay, tc->clip, (unsigned long long)tc->seed,
                 tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunked", dg_device_name(tc->device), tc->out_dir,

@@ -6,7 +6,9 @@
 typedef enum { GATE_NONE, GATE_HEAD, GATE_CHANNEL } gate_kind;
 
 static gate_kind gate_of(const dg_op_def *def) {
-    return strcmp(def->name, "kda") == 0 ? GATE_CHANNEL : strcmp(def->name, "gated_delta_rule") == 0 ? GATE_HEAD : GATE_NONE;
+    return strcmp(def->name, "kda") == 0                ? GATE_CHANNEL
+           : strcmp(def->name, "gated_delta_rule") == 0 ? GATE_HEAD
+                                                        : GATE_NONE;
 }
 
 bool dg_delta_sized_op(const dg_op_def *def) {
@@ -65,7 +67,8 @@ int dg_delta_sized_inputs(const dg_op_def *def, const dg_delta_size *sz, dg_dtyp
         }
     }
     if (sz->initial_state)
-        put(def, in, diff, "initial_state", dg_mul_scalar(dg_randn(DG_SHAPE(N, sz->HV, sz->K, sz->V), dt, &r), 0.1), true);
+        put(def, in, diff, "initial_state", dg_mul_scalar(dg_randn(DG_SHAPE(N, sz->HV, sz->K, sz->V), dt, &r), 0.1),
+            true);
     if (sz->varlen) { /* three sequences of uneven length, the middle one not a multiple of a chunk */
         int64_t a = T / 4, b = a + T / 2 + 1;
         put(def, in, diff, "cu_seqlens", dg_from_data(DG_SHAPE(4), DG_I64, (int64_t[]){0, a, b, T}), false);
@@ -79,14 +82,18 @@ int dg_delta_sized_call(const dg_op_def *def, const dg_delta_size *sz, dg_tensor
                         bool gate_separate, dg_tensor **out) {
     const gate_kind gate = gate_of(def);
 #define IN(name) (slot(def, name) >= 0 ? x[slot(def, name)] : NULL)
-    dg_delta_opts o = {.initial_state = IN("initial_state"), .output_final_state = sz->initial_state,
-                       .chunk_size = sz->chunk, .use_qk_l2norm_in_kernel = sz->l2norm_in_kernel,
-                       .cu_seqlens = IN("cu_seqlens"), .backward = variant};
+    dg_delta_opts o = {.initial_state = IN("initial_state"),
+                       .output_final_state = sz->initial_state,
+                       .chunk_size = sz->chunk,
+                       .use_qk_l2norm_in_kernel = sz->l2norm_in_kernel,
+                       .cu_seqlens = IN("cu_seqlens"),
+                       .backward = variant};
     o.algorithm = variant && strcmp(variant, "recurrent") == 0 ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED;
     dg_tensor *g = IN("g");
     if (sz->gate_in_kernel && gate != GATE_NONE) {
         if (gate_separate)
-            g = gate == GATE_HEAD ? dg_gdn_gate(g, IN("A_log"), IN("dt_bias")) : dg_kda_gate(g, IN("A_log"), IN("dt_bias"));
+            g = gate == GATE_HEAD ? dg_gdn_gate(g, IN("A_log"), IN("dt_bias"))
+                                  : dg_kda_gate(g, IN("A_log"), IN("dt_bias"));
         else {
             o.use_gate_in_kernel = true;
             o.A_log = IN("A_log");

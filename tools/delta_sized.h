@@ -9,10 +9,10 @@
 typedef struct dg_delta_size {
     int64_t B, T, H, HV, K, V;
     int chunk;
-    bool gate_in_kernel; /* the gate inside the op: g is the raw a, with A_log and dt_bias */
-    bool varlen;         /* three packed sequences of uneven length (B becomes 1, T becomes B*T) */
+    bool gate_in_kernel;   /* the gate inside the op: g is the raw a, with A_log and dt_bias */
+    bool varlen;           /* three packed sequences of uneven length (B becomes 1, T becomes B*T) */
     bool l2norm_in_kernel; /* q, k normalised inside the op; else they are normalised here */
-    bool initial_state;  /* an initial state h0, and the final state returned */
+    bool initial_state;    /* an initial state h0, and the final state returned */
     uint64_t seed;
 } dg_delta_size;
 

@@ -26,8 +26,7 @@ int main(int argc, char **argv) {
     const char *sub = argc > 1 ? argv[1] : "train";
     if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0 || strcmp(sub, "help") == 0) {
         printf("usage: deltagrad [COMMAND] [OPTIONS]   (no command: train)\n\ncommands:\n");
-        for (int i = 0; i < n; i++)
-            printf("  %-10s %s\n", cmds[i].name, cmds[i].help);
+        for (int i = 0; i < n; i++) printf("  %-10s %s\n", cmds[i].name, cmds[i].help);
         printf("\n`deltagrad COMMAND --help` lists a command's options.\n");
         return 0;
     }

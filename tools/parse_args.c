@@ -98,10 +98,12 @@ const dg_op_def *dg_arg_op(const char *cmd, const char *name, bool several_varia
     const dg_op_def *def = dg_op_find(name);
     if (def && (!several_variants || dg_op_variant_count(def) > 1)) return def;
     if (def)
-        fprintf(stderr, "%s: %s has one backward variant ('%s'): there is nothing to compare it with. Ops with several: ",
-                cmd, def->name, def->bwd[0].name);
+        fprintf(stderr,
+                "%s: %s has one backward variant ('%s'): there is nothing to compare it with. Ops with several: ", cmd,
+                def->name, def->bwd[0].name);
     else
-        fprintf(stderr, "%s: no op named '%s' (%s: ", cmd, name, several_variants ? "ops with several backward variants" : "ops");
+        fprintf(stderr, "%s: no op named '%s' (%s: ", cmd, name,
+                several_variants ? "ops with several backward variants" : "ops");
     dg_print_op_names(stderr, several_variants);
     fprintf(stderr, "%s\n", def ? "" : ")");
     return NULL;

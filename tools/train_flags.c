@@ -12,11 +12,11 @@ typedef enum { T_I64, T_F64, T_BOOL, T_U64, T_INT, T_STR, T_SPECIAL } ftype;
 typedef struct {
     const char *name;
     ftype type;
-    size_t off;        /* into dg_train_opts */
-    size_t size;       /* T_STR: buffer size */
+    size_t off;  /* into dg_train_opts */
+    size_t size; /* T_STR: buffer size */
     const char *group;
     const char *help;
-    bool model;        /* a model option */
+    bool model; /* a model option */
 } flag;
 
 #define MC(f) offsetof(dg_train_opts, mc.f)
@@ -24,7 +24,8 @@ typedef struct {
 #define OP(f) offsetof(dg_train_opts, f)
 
 static const flag flags[] = {
-    {"mixer", T_SPECIAL, 0, 0, "model", "token mixer: gdn (Gated DeltaNet), kda (Kimi Delta Attention), deltanet", true},
+    {"mixer", T_SPECIAL, 0, 0, "model", "token mixer: gdn (Gated DeltaNet), kda (Kimi Delta Attention), deltanet",
+     true},
     {"hidden-size", T_I64, MC(hidden_size), 0, "model", "model width d_model", true},
     {"layers", T_I64, MC(num_hidden_layers), 0, "model", "number of blocks", true},
     {"heads", T_I64, MC(num_heads), 0, "model", "query/key heads", true},
@@ -74,7 +75,8 @@ static const flag flags[] = {
     {"backward", T_STR, TC(backward), sizeof(((dg_train_config *)0)->backward), "training",
      "delta-rule backward variant (deltagrad ops lists them; empty: default)", false},
 
-    {"device", T_SPECIAL, 0, 0, "run", "cpu, cuda or auto (cuda when this build has the CUDA backend and a GPU is present)", false},
+    {"device", T_SPECIAL, 0, 0, "run",
+     "cpu, cuda or auto (cuda when this build has the CUDA backend and a GPU is present)", false},
     {"threads", T_INT, TC(threads), 0, "run", "CPU threads (0: all cores)", false},
     {"eval-every", T_I64, TC(eval_every), 0, "run", "evaluate every N steps (0: only at the end)", false},
     {"save-every", T_I64, TC(save_every), 0, "run", "checkpoint every N steps (and at the end)", false},
@@ -244,19 +246,21 @@ static void default_text(const flag *f, const dg_train_opts *d, char *buf, size_
         else if (!strcmp(f->name, "vocab-size")) snprintf(buf, n, "%lld", (long long)d->mc.vocab_size);
         else if (!strcmp(f->name, "seq-len"))
             snprintf(buf, n, "%lld (text: %lld)", (long long)d->tc.mqar.seq_len, (long long)d->tc.seq_len);
-        else if (!strcmp(f->name, "out")) snprintf(buf, n, "runs/%s-%s", dg_task_name(d->tc.task), dg_mixer_name(d->mc.mixer));
+        else if (!strcmp(f->name, "out"))
+            snprintf(buf, n, "runs/%s-%s", dg_task_name(d->tc.task), dg_mixer_name(d->mc.mixer));
         break;
     }
 }
 
 void dg_train_flags_help(FILE *out) {
     dg_train_opts d = {.mc = dg_model_default_config(), .tc = dg_train_default_config()};
-    fprintf(out, "usage: deltagrad train [OPTIONS]\n\n"
-                 "Trains a language model with a delta-rule mixer.  With no options: the default Gated DeltaNet on\n"
-                 "MQAR (sequence length %lld, %lld key-value pairs, vocabulary %lld), stopping once the held-out\n"
-                 "query accuracy reaches %.0f%%.  Writes OUT/metrics.csv, OUT/metrics.svg and checkpoints\n"
-                 "(OUT/model.safetensors with FLA's parameter names, config.json, optimizer-STEP.safetensors).\n"
-                 "Options take a value (--lr 1e-3 or --lr=1e-3); switches take none (--tie-embeddings, --no-use-gate).\n",
+    fprintf(out,
+            "usage: deltagrad train [OPTIONS]\n\n"
+            "Trains a language model with a delta-rule mixer.  With no options: the default Gated DeltaNet on\n"
+            "MQAR (sequence length %lld, %lld key-value pairs, vocabulary %lld), stopping once the held-out\n"
+            "query accuracy reaches %.0f%%.  Writes OUT/metrics.csv, OUT/metrics.svg and checkpoints\n"
+            "(OUT/model.safetensors with FLA's parameter names, config.json, optimizer-STEP.safetensors).\n"
+            "Options take a value (--lr 1e-3 or --lr=1e-3); switches take none (--tie-embeddings, --no-use-gate).\n",
             (long long)d.tc.mqar.seq_len, (long long)d.tc.mqar.num_kv_pairs, (long long)d.tc.mqar.vocab_size,
             100 * d.tc.target_acc);
     const char *group = "";

@@ -13,10 +13,10 @@ typedef struct dg_train_opts {
     char resume[1024];
     int64_t stop_at;
     bool quiet;
-    bool overwrite;  /* replace the run already in the output directory */
-    bool out_given;  /* --out was on the command line */
-    bool model_given;/* some model option was on the command line */
-    bool device_given;/* --device was on the command line */
+    bool overwrite;    /* replace the run already in the output directory */
+    bool out_given;    /* --out was on the command line */
+    bool model_given;  /* some model option was on the command line */
+    bool device_given; /* --device was on the command line */
 } dg_train_opts;
 
 /* Finds "--resume DIR" / "--resume=DIR" in argv (NULL if absent) and whether --help is there. */

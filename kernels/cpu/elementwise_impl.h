@@ -36,8 +36,7 @@ void CAT(dg_cpu_unary_, SFX)(dg_unary_op op, double s, int64_t n, const R *x, R 
     }
 }
 
-void CAT(dg_cpu_unary_bwd_, SFX)(dg_unary_op op, double s, int64_t n, const R *x, const R *y,
-                                  const R *dy, R *dx) {
+void CAT(dg_cpu_unary_bwd_, SFX)(dg_unary_op op, double s, int64_t n, const R *x, const R *y, const R *dy, R *dx) {
     R rs = (R)s;
 #pragma omp parallel for if (n > 32768) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -47,13 +46,13 @@ void CAT(dg_cpu_unary_bwd_, SFX)(dg_unary_op op, double s, int64_t n, const R *x
         case DG_UN_ADD_SCALAR: d = 1; break;
         case DG_UN_MUL_SCALAR: d = rs; break;
         case DG_UN_POW_SCALAR: d = rs * M(pow)(v, rs - 1); break; /* y = x^p: p x^(p-1) */
-        case DG_UN_EXP: d = o; break;                              /* y = e^x */
+        case DG_UN_EXP: d = o; break;                             /* y = e^x */
         case DG_UN_LOG: d = (R)1 / v; break;
-        case DG_UN_SQRT: d = (R)0.5 / o; break;                    /* y = sqrt x: 1/(2y) */
-        case DG_UN_RSQRT: d = (R)-0.5 * o * o * o; break;          /* y = x^-1/2: -y^3/2 */
+        case DG_UN_SQRT: d = (R)0.5 / o; break;           /* y = sqrt x: 1/(2y) */
+        case DG_UN_RSQRT: d = (R)-0.5 * o * o * o; break; /* y = x^-1/2: -y^3/2 */
         case DG_UN_SIGMOID: d = o * ((R)1 - o); break;
-        case DG_UN_LOGSIGMOID: d = CAT(sigmoid_, SFX)(-v); break;  /* 1 - sigmoid(x) */
-        case DG_UN_SILU: {                                          /* s + x s (1 - s) */
+        case DG_UN_LOGSIGMOID: d = CAT(sigmoid_, SFX)(-v); break; /* 1 - sigmoid(x) */
+        case DG_UN_SILU: {                                        /* s + x s (1 - s) */
             R sg = CAT(sigmoid_, SFX)(v);
             d = sg * ((R)1 + v * ((R)1 - sg));
             break;
@@ -67,8 +66,7 @@ void CAT(dg_cpu_unary_bwd_, SFX)(dg_unary_op op, double s, int64_t n, const R *x
 }
 
 /* Outer dims by multi-index, the innermost as a strided loop. */
-void CAT(dg_cpu_binary_, SFX)(dg_binary_op op, int ndim, const int64_t *shape, dg_strided a,
-                               dg_strided b, R *out) {
+void CAT(dg_cpu_binary_, SFX)(dg_binary_op op, int ndim, const int64_t *shape, dg_strided a, dg_strided b, R *out) {
     int64_t inner = ndim ? shape[ndim - 1] : 1, outer = 1;
     for (int d = 0; d < ndim - 1; d++) outer *= shape[d];
     int64_t as = ndim ? a.stride[ndim - 1] : 0, bs = ndim ? b.stride[ndim - 1] : 0;
@@ -85,17 +83,24 @@ void CAT(dg_cpu_binary_, SFX)(dg_binary_op op, int ndim, const int64_t *shape, d
         const R *x = ap + ao, *y = bp + bo;
         R *z = out + o * inner;
         switch (op) {
-        case DG_BIN_ADD: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] + y[i * bs]; break;
-        case DG_BIN_SUB: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] - y[i * bs]; break;
-        case DG_BIN_MUL: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] * y[i * bs]; break;
-        case DG_BIN_DIV: for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] / y[i * bs]; break;
+        case DG_BIN_ADD:
+            for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] + y[i * bs];
+            break;
+        case DG_BIN_SUB:
+            for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] - y[i * bs];
+            break;
+        case DG_BIN_MUL:
+            for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] * y[i * bs];
+            break;
+        case DG_BIN_DIV:
+            for (int64_t i = 0; i < inner; i++) z[i] = x[i * as] / y[i * bs];
+            break;
         default: break;
         }
     }
 }
 
-void CAT(dg_cpu_accumulate_, SFX)(int ndim, const int64_t *shape, R *dst, const int64_t *dst_stride,
-                                   dg_strided src) {
+void CAT(dg_cpu_accumulate_, SFX)(int ndim, const int64_t *shape, R *dst, const int64_t *dst_stride, dg_strided src) {
     int64_t inner = ndim ? shape[ndim - 1] : 1, outer = 1;
     for (int d = 0; d < ndim - 1; d++) outer *= shape[d];
     int64_t ds = ndim ? dst_stride[ndim - 1] : 0, ss = ndim ? src.stride[ndim - 1] : 0;

@@ -12,63 +12,54 @@
 
 #include <stdint.h>
 
-#define DG_NN_DECLARE(R, SFX)                                                                      \
-    /* linear: y[N,OUT] = x[N,IN] w[OUT,IN]^T + b[OUT] (b may be NULL) */                          \
-    void dg_nn_linear_fwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w,       \
-                                const R *b, R *y);                                                 \
-    /* dx = dy w, dw = dy^T x, db = sum_n dy */                                                    \
-    void dg_nn_linear_bwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w,       \
-                                const R *dy, R *dx, R *dw, R *db);                                 \
-                                                                                                   \
-    /* embedding: y[n,:] = w[ids[n],:], w [V,D]; ids must be in [0,V) (checked by the caller) */ \
-    void dg_nn_embedding_fwd_##SFX(int64_t N, int64_t V, int64_t D, const R *w,                   \
-                                   const int64_t *ids, R *y);                                      \
-    /* dw[v,:] = sum_{n: ids[n]=v} dy[n,:] */                                                      \
-    void dg_nn_embedding_bwd_##SFX(int64_t N, int64_t V, int64_t D, const int64_t *ids,           \
-                                   const R *dy, R *dw);                                            \
-                                                                                                   \
+#define DG_NN_DECLARE(R, SFX)                                                                                          \
+    /* linear: y[N,OUT] = x[N,IN] w[OUT,IN]^T + b[OUT] (b may be NULL) */                                              \
+    void dg_nn_linear_fwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *b, R *y);         \
+    /* dx = dy w, dw = dy^T x, db = sum_n dy */                                                                        \
+    void dg_nn_linear_bwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw, \
+                                R *db);                                                                                \
+                                                                                                                       \
+    /* embedding: y[n,:] = w[ids[n],:], w [V,D]; ids must be in [0,V) (checked by the caller) */                       \
+    void dg_nn_embedding_fwd_##SFX(int64_t N, int64_t V, int64_t D, const R *w, const int64_t *ids, R *y);             \
+    /* dw[v,:] = sum_{n: ids[n]=v} dy[n,:] */                                                                          \
+    void dg_nn_embedding_bwd_##SFX(int64_t N, int64_t V, int64_t D, const int64_t *ids, const R *dy, R *dw);           \
+                                                                                                                       \
     /* rms_norm: r_n = 1/sqrt(mean_d x[n,d]^2 + eps), y = x r w (w [D] or NULL = ones);          \
-     * rstd[N] receives r (may be NULL) */                                                         \
-    void dg_nn_rms_norm_fwd_##SFX(int64_t N, int64_t D, const R *x, const R *w, double eps, R *y, \
-                                  R *rstd);                                                        \
-    void dg_nn_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *w, const R *rstd,    \
-                                  const R *dy, R *dx, R *dw);                                      \
-                                                                                                   \
-    /* gated rms_norm: y = x r w silu(z) (w may be NULL), z [N,D] */                               \
-    void dg_nn_gated_rms_norm_fwd_##SFX(int64_t N, int64_t D, const R *x, const R *z, const R *w, \
-                                        double eps, R *y, R *rstd);                                \
-    void dg_nn_gated_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *z,             \
-                                        const R *w, const R *rstd, const R *dy, R *dx, R *dz,      \
-                                        R *dw);                                                    \
-                                                                                                   \
-    /* l2norm: r_n = 1/sqrt(sum_d x[n,d]^2 + eps), y = x r */                                      \
-    void dg_nn_l2norm_fwd_##SFX(int64_t N, int64_t D, const R *x, double eps, R *y, R *rstd);     \
-    void dg_nn_l2norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *rstd, const R *dy,     \
-                                R *dx);                                                            \
-                                                                                                   \
+     * rstd[N] receives r (may be NULL) */                     \
+    void dg_nn_rms_norm_fwd_##SFX(int64_t N, int64_t D, const R *x, const R *w, double eps, R *y, R *rstd);            \
+    void dg_nn_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *w, const R *rstd, const R *dy, R *dx,     \
+                                  R *dw);                                                                              \
+                                                                                                                       \
+    /* gated rms_norm: y = x r w silu(z) (w may be NULL), z [N,D] */                                                   \
+    void dg_nn_gated_rms_norm_fwd_##SFX(int64_t N, int64_t D, const R *x, const R *z, const R *w, double eps, R *y,    \
+                                        R *rstd);                                                                      \
+    void dg_nn_gated_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *z, const R *w, const R *rstd,       \
+                                        const R *dy, R *dx, R *dz, R *dw);                                             \
+                                                                                                                       \
+    /* l2norm: r_n = 1/sqrt(sum_d x[n,d]^2 + eps), y = x r */                                                          \
+    void dg_nn_l2norm_fwd_##SFX(int64_t N, int64_t D, const R *x, double eps, R *y, R *rstd);                          \
+    void dg_nn_l2norm_bwd_##SFX(int64_t N, int64_t D, const R *x, const R *rstd, const R *dy, R *dx);                  \
+                                                                                                                       \
     /* causal depthwise conv1d, x [B,T,D], w [D,W], bias [D] or NULL:                             \
      *   p[b,t,d] = bias[d] + sum_{j<W} w[d,j] x[b,t-W+1+j,d]  (x = 0 before t = 0)               \
-     *   y = silu(p) if silu else p.  Return 0, or -1 when scratch memory is not available. */   \
-    int dg_nn_conv1d_fwd_##SFX(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,           \
-                                const R *w, const R *bias, int silu, R *y);                        \
-    int dg_nn_conv1d_bwd_##SFX(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,           \
-                                const R *w, const R *bias, int silu, const R *dy, R *dx, R *dw,    \
-                                R *dbias);                                                         \
-                                                                                                   \
-    /* swiglu: y = silu(g) u, n elements */                                                        \
-    void dg_nn_swiglu_fwd_##SFX(int64_t n, const R *g, const R *u, R *y);                          \
-    void dg_nn_swiglu_bwd_##SFX(int64_t n, const R *g, const R *u, const R *dy, R *dg, R *du);    \
-                                                                                                   \
+     *   y = silu(p) if silu else p.  Return 0, or -1 when scratch memory is not available. */                    \
+    int dg_nn_conv1d_fwd_##SFX(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w, const R *bias,      \
+                               int silu, R *y);                                                                        \
+    int dg_nn_conv1d_bwd_##SFX(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w, const R *bias,      \
+                               int silu, const R *dy, R *dx, R *dw, R *dbias);                                         \
+                                                                                                                       \
+    /* swiglu: y = silu(g) u, n elements */                                                                            \
+    void dg_nn_swiglu_fwd_##SFX(int64_t n, const R *g, const R *u, R *y);                                              \
+    void dg_nn_swiglu_bwd_##SFX(int64_t n, const R *g, const R *u, const R *dy, R *dg, R *du);                         \
+                                                                                                                       \
     /* cross-entropy, logits [N,C], targets [N]: rows with targets[n] == ignore are not scored;   \
      * loss = sum_scored (lse_n - logits[n,t_n]) / count (0 when count = 0).  lse[N] receives     \
-     * the row log-sum-exp (unset on ignored rows).  Targets must be ignore or in [0,C). */       \
-    void dg_nn_cross_entropy_fwd_##SFX(int64_t N, int64_t C, const R *logits,                     \
-                                       const int64_t *targets, int64_t ignore, R *loss, R *lse,    \
-                                       int64_t *count);                                            \
-    /* dlogits[n,c] = dloss / count * (softmax[n,c] - [c == t_n]); 0 on ignored rows */           \
-    void dg_nn_cross_entropy_bwd_##SFX(int64_t N, int64_t C, const R *logits,                     \
-                                       const int64_t *targets, int64_t ignore, const R *lse,       \
-                                       double dloss, int64_t count, R *dlogits);
+     * the row log-sum-exp (unset on ignored rows).  Targets must be ignore or in [0,C). */                    \
+    void dg_nn_cross_entropy_fwd_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
+                                       R *loss, R *lse, int64_t *count);                                               \
+    /* dlogits[n,c] = dloss / count * (softmax[n,c] - [c == t_n]); 0 on ignored rows */                                \
+    void dg_nn_cross_entropy_bwd_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
+                                       const R *lse, double dloss, int64_t count, R *dlogits);
 
 DG_NN_DECLARE(float, f32)
 DG_NN_DECLARE(double, f64)
@@ -77,7 +68,6 @@ DG_NN_DECLARE(double, f64)
 float dg_nn_expf_check(float x);
 
 /* First n with ids[n] outside [0,V) (and != skip, when allow_skip), or -1 if all are valid. */
-int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip,
-                             int64_t skip);
+int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip, int64_t skip);
 
 #endif

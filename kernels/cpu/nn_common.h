@@ -44,7 +44,7 @@ static inline float dg_nn_expf(float x) {
     float n = t - 12582912.0f;
     uint32_t tb;
     memcpy(&tb, &t, 4);
-    uint32_t ni = tb - 0x4B400000u; /* n (two's complement) = bits of t - bits of 12582912.0f */
+    uint32_t ni = tb - 0x4B400000u;                       /* n (two's complement) = bits of t - bits of 12582912.0f */
     float r = x - n * 0.693359375f - n * -2.12194440e-4f; /* ln2 in two parts */
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;

@@ -9,8 +9,8 @@
 static inline R FN(conv_sigmoid)(R p) { return (R)1 / ((R)1 + EXP(-p)); }
 
 /* p[b,t,:] for one row into out (length D) */
-static inline void FN(conv_row)(int64_t T, int64_t D, int64_t W, const R *xb, const R *wt,
-                                const R *bias, int64_t t, R *out) {
+static inline void FN(conv_row)(int64_t T, int64_t D, int64_t W, const R *xb, const R *wt, const R *bias, int64_t t,
+                                R *out) {
     for (int64_t d = 0; d < D; d++) out[d] = bias ? bias[d] : (R)0;
     for (int64_t j = 0; j < W; j++) {
         int64_t s = t - W + 1 + j;
@@ -30,8 +30,8 @@ static R *FN(conv_taps)(int64_t D, int64_t W, const R *w) {
     return wt;
 }
 
-int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w,
-                         const R *bias, int silu, R *y) {
+int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w, const R *bias, int silu,
+                         R *y) {
     R *wt = FN(conv_taps)(D, W, w);
     if (!wt) return -1;
 #pragma omp parallel for schedule(static) if (B * T * D * W >= DG_NN_PAR_MIN)
@@ -46,8 +46,8 @@ int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
     return 0;
 }
 
-int FN(dg_nn_conv1d_bwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w,
-                         const R *bias, int silu, const R *dy, R *dx, R *dw, R *dbias) {
+int FN(dg_nn_conv1d_bwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w, const R *bias, int silu,
+                         const R *dy, R *dx, R *dw, R *dbias) {
     int64_t BTD = B * T * D;
     R *wt = FN(conv_taps)(D, W, w);
     R *dpbuf = silu ? malloc((size_t)(BTD > 0 ? BTD : 1) * sizeof(R)) : NULL;

@@ -3,8 +3,8 @@
  *   lse_n = m_n + log sum_c exp(logits[n,c] - m_n),  m_n = max_c logits[n,c]  (stable)
  *   loss  = (1/count) sum_{scored n} (lse_n - logits[n, t_n]),  0 when count = 0 */
 
-void FN(dg_nn_cross_entropy_fwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets,
-                                 int64_t ignore, R *loss, R *lse, int64_t *count) {
+void FN(dg_nn_cross_entropy_fwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore, R *loss,
+                                 R *lse, int64_t *count) {
 #pragma omp parallel for schedule(static) if (N * C >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         if (targets[n] == ignore) continue;
@@ -31,9 +31,8 @@ void FN(dg_nn_cross_entropy_fwd)(int64_t N, int64_t C, const R *logits, const in
 
 /* forward: loss = (1/count) sum_n (lse_n - logits[n,t_n]) and d lse_n / d logits[n,c] =
  * softmax[n,c], so dlogits[n,c] = dloss/count (softmax[n,c] - [c == t_n]); ignored rows get 0. */
-void FN(dg_nn_cross_entropy_bwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets,
-                                 int64_t ignore, const R *lse, double dloss, int64_t count,
-                                 R *dlogits) {
+void FN(dg_nn_cross_entropy_bwd)(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,
+                                 const R *lse, double dloss, int64_t count, R *dlogits) {
     R scale = count ? (R)(dloss / (double)count) : (R)0;
 #pragma omp parallel for schedule(static) if (N * C >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {

@@ -4,8 +4,7 @@
 
 float dg_nn_expf_check(float x) { return dg_nn_expf(x); }
 
-int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip,
-                             int64_t skip) {
+int64_t dg_nn_find_bad_index(int64_t N, const int64_t *ids, int64_t V, int allow_skip, int64_t skip) {
     for (int64_t n = 0; n < N; n++) {
         if (allow_skip && ids[n] == skip) continue;
         if (ids[n] < 0 || ids[n] >= V) return n;

@@ -2,8 +2,7 @@
  * Layout: w [V,D], ids [N] (the flattened index tensor), y [N,D]. */
 
 /* y[n,:] = w[ids[n],:] */
-void FN(dg_nn_embedding_fwd)(int64_t N, int64_t V, int64_t D, const R *w, const int64_t *ids,
-                             R *y) {
+void FN(dg_nn_embedding_fwd)(int64_t N, int64_t V, int64_t D, const R *w, const int64_t *ids, R *y) {
     (void)V;
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
@@ -16,8 +15,7 @@ void FN(dg_nn_embedding_fwd)(int64_t N, int64_t V, int64_t D, const R *w, const 
 /* forward: y[n,:] = w[ids[n],:], so dw[v,:] = sum over the n with ids[n] = v of dy[n,:].
  * Repeated ids make this a scatter-add; threads own column blocks of dw, so no two threads write
  * one element and the order of the sums is fixed. */
-void FN(dg_nn_embedding_bwd)(int64_t N, int64_t V, int64_t D, const int64_t *ids, const R *dy,
-                             R *dw) {
+void FN(dg_nn_embedding_bwd)(int64_t N, int64_t V, int64_t D, const int64_t *ids, const R *dy, R *dw) {
     int64_t nb = dg_nn_col_blocks(D, N * D + V * D), bs = (D + nb - 1) / nb;
 #pragma omp parallel for schedule(static) if (nb > 1)
     for (int64_t ib = 0; ib < nb; ib++) {

@@ -14,8 +14,7 @@ static inline double FN(sumsq)(int64_t D, const R *x) {
 }
 
 /* ---- rms_norm: r = 1/sqrt(mean(x^2) + eps), y = x r w ---------------------------------------- */
-void FN(dg_nn_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *w, double eps, R *y,
-                            R *rstd) {
+void FN(dg_nn_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *w, double eps, R *y, R *rstd) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const R *xr = x + n * D;
@@ -40,8 +39,7 @@ static inline void FN(rms_dx_from_g)(int64_t D, const R *xr, R r, R *dxr) {
     for (int64_t d = 0; d < D; d++) dxr[d] = r * (dxr[d] - xr[d] * c);
 }
 
-void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const R *rstd,
-                            const R *dy, R *dx, R *dw) {
+void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const R *rstd, const R *dy, R *dx, R *dw) {
     if (dx) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
@@ -73,24 +71,19 @@ void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const 
 /* ---- gated rms_norm: y = x r w silu(z) -------------------------------------------------------- */
 /* The row loops take has_w / want_dx / want_dz as constants after inlining, so each call site
  * gets a branch-free loop that vectorises (a test of w or dz inside the loop would not). */
-static inline __attribute__((always_inline)) void FN(grms_fwd_row)(int64_t D, const R *xr, const R *zr,
-                                                                   const R *w, R r, R *yr,
-                                                                   const int has_w) {
-    for (int64_t d = 0; d < D; d++)
-        yr[d] = xr[d] * r * (has_w ? w[d] : (R)1) * zr[d] * FN(sigmoid_of)(zr[d]);
+static inline __attribute__((always_inline)) void FN(grms_fwd_row)(int64_t D, const R *xr, const R *zr, const R *w, R r,
+                                                                   R *yr, const int has_w) {
+    for (int64_t d = 0; d < D; d++) yr[d] = xr[d] * r * (has_w ? w[d] : (R)1) * zr[d] * FN(sigmoid_of)(zr[d]);
 }
 
-void FN(dg_nn_gated_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w,
-                                  double eps, R *y, R *rstd) {
+void FN(dg_nn_gated_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w, double eps, R *y, R *rstd) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const R *xr = x + n * D, *zr = z + n * D;
         R r = (R)(1.0 / sqrt(FN(sumsq)(D, xr) / (double)D + eps));
         if (rstd) rstd[n] = r;
-        if (w)
-            FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 1);
-        else
-            FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 0);
+        if (w) FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 1);
+        else FN(grms_fwd_row)(D, xr, zr, w, r, y + n * D, 0);
     }
 }
 
@@ -98,11 +91,9 @@ void FN(dg_nn_gated_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *z, 
  *   forward y = (x r w) silu(z):  dz = dy x r w silu'(z),  silu'(z) = s (1 + z (1 - s))
  *   forward y = xh (w silu(z)):   g = dy w silu(z) reaches xh; it is held in dx, then turned into
  *                                 dx by rms_dx_from_g */
-static inline __attribute__((always_inline)) void FN(grms_bwd_row)(int64_t D, const R *xr, const R *zr,
-                                                                   const R *w, const R *dyr, R r,
-                                                                   R *dxr, R *dzr, const int has_w,
-                                                                   const int want_dx,
-                                                                   const int want_dz) {
+static inline __attribute__((always_inline)) void FN(grms_bwd_row)(int64_t D, const R *xr, const R *zr, const R *w,
+                                                                   const R *dyr, R r, R *dxr, R *dzr, const int has_w,
+                                                                   const int want_dx, const int want_dz) {
     for (int64_t d = 0; d < D; d++) {
         R s = FN(sigmoid_of)(zr[d]), wd = has_w ? w[d] : (R)1;
         if (want_dz) dzr[d] = dyr[d] * xr[d] * r * wd * s * ((R)1 + zr[d] * ((R)1 - s));
@@ -111,8 +102,8 @@ static inline __attribute__((always_inline)) void FN(grms_bwd_row)(int64_t D, co
     if (want_dx) FN(rms_dx_from_g)(D, xr, r, dxr);
 }
 
-void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w,
-                                  const R *rstd, const R *dy, R *dx, R *dz, R *dw) {
+void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, const R *w, const R *rstd, const R *dy,
+                                  R *dx, R *dz, R *dw) {
     if (dx || dz) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
@@ -140,8 +131,7 @@ void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, 
             for (int64_t n = 0; n < N; n++) {
                 const R *xr = x + n * D, *zr = z + n * D, *dyr = dy + n * D;
                 R r = rstd[n];
-                for (int64_t d = d0; d < d1; d++)
-                    dw[d] += dyr[d] * xr[d] * r * zr[d] * FN(sigmoid_of)(zr[d]);
+                for (int64_t d = d0; d < d1; d++) dw[d] += dyr[d] * xr[d] * r * zr[d] * FN(sigmoid_of)(zr[d]);
             }
         }
     }

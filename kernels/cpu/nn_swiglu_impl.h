@@ -8,10 +8,9 @@ void FN(dg_nn_swiglu_fwd)(int64_t n, const R *g, const R *u, R *y) {
 
 /* y = silu(g) u:  du = dy silu(g),  dg = dy u silu'(g),  silu'(g) = s (1 + g (1 - s)).
  * want_dg / want_du are constants after inlining, so every loop is branch-free and vectorises. */
-static inline __attribute__((always_inline)) void FN(swiglu_bwd_loop)(int64_t i0, int64_t i1, const R *g,
-                                                                      const R *u, const R *dy, R *dg,
-                                                                      R *du, const int want_dg,
-                                                                      const int want_du) {
+static inline
+    __attribute__((always_inline)) void FN(swiglu_bwd_loop)(int64_t i0, int64_t i1, const R *g, const R *u, const R *dy,
+                                                            R *dg, R *du, const int want_dg, const int want_du) {
     for (int64_t i = i0; i < i1; i++) {
         R s = (R)1 / ((R)1 + EXP(-g[i]));
         if (want_du) du[i] = dy[i] * g[i] * s;

@@ -3,9 +3,8 @@
 
 #include <math.h>
 
-void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink,
-                      float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1,
-                      float c2) {
+void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
+                      float bc2_sqrt, float eps, float b1, float b2, float c1, float c2) {
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
     for (int64_t j = 0; j < n; j++) {
         float gj = g[j];

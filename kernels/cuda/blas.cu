@@ -22,49 +22,41 @@ bool fits_int(const char *what, int64_t v) {
 
 /* K == 0: the product is empty, C = beta C (beta == 0 writes zeros without reading C). */
 template <typename T>
-__global__ void scale_c_kernel(int64_t batch, int64_t M, int64_t N, T *C, int64_t ldc,
-                               int64_t stride_c, float beta) {
+__global__ void scale_c_kernel(int64_t batch, int64_t M, int64_t N, T *C, int64_t ldc, int64_t stride_c, float beta) {
     int64_t n = batch * M * N;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t b = i / (M * N), r = i / N % M, c = i % N;
         T *p = C + b * stride_c + r * ldc + c;
         *p = beta == 0.0f ? T(0.0f) : T(beta * (float)*p);
     }
 }
 
-__global__ void scale_c_kernel_f64(int64_t batch, int64_t M, int64_t N, double *C, int64_t ldc,
-                                   int64_t stride_c, double beta) {
+__global__ void scale_c_kernel_f64(int64_t batch, int64_t M, int64_t N, double *C, int64_t ldc, int64_t stride_c,
+                                   double beta) {
     int64_t n = batch * M * N;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t b = i / (M * N), r = i / N % M, c = i % N;
         double *p = C + b * stride_c + r * ldc + c;
         *p = beta == 0.0 ? 0.0 : beta * *p;
     }
 }
 
-int scale_c(dg_dtype c_dt, int64_t batch, int64_t M, int64_t N, void *C, int64_t ldc,
-            int64_t stride_c, double beta) {
+int scale_c(dg_dtype c_dt, int64_t batch, int64_t M, int64_t N, void *C, int64_t ldc, int64_t stride_c, double beta) {
     unsigned grid = dg_grid_for(batch * M * N, 256);
     cudaStream_t s = dg_cuda_stream();
-    if (c_dt == DG_F64)
-        scale_c_kernel_f64<<<grid, 256, 0, s>>>(batch, M, N, (double *)C, ldc, stride_c, beta);
+    if (c_dt == DG_F64) scale_c_kernel_f64<<<grid, 256, 0, s>>>(batch, M, N, (double *)C, ldc, stride_c, beta);
     else if (c_dt == DG_F32)
-        scale_c_kernel<float><<<grid, 256, 0, s>>>(batch, M, N, (float *)C, ldc, stride_c,
-                                                   (float)beta);
+        scale_c_kernel<float><<<grid, 256, 0, s>>>(batch, M, N, (float *)C, ldc, stride_c, (float)beta);
     else
-        scale_c_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(batch, M, N, (__nv_bfloat16 *)C, ldc,
-                                                           stride_c, (float)beta);
+        scale_c_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(batch, M, N, (__nv_bfloat16 *)C, ldc, stride_c, (float)beta);
     return DG_LAUNCHED("gemm scale_c");
 }
 
 } // namespace
 
-extern "C" int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int64_t M,
-                            int64_t N, int64_t K, double alpha, const void *A, int64_t lda,
-                            int64_t stride_a, const void *B, int64_t ldb, int64_t stride_b,
-                            double beta, void *C, int64_t ldc, int64_t stride_c, int64_t batch) {
+extern "C" int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            double alpha, const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb,
+                            int64_t stride_b, double beta, void *C, int64_t ldc, int64_t stride_c, int64_t batch) {
     cudaDataType_t ta, tc;
     cublasComputeType_t ct;
     if (ab_dt == DG_F32 && c_dt == DG_F32) {
@@ -75,17 +67,17 @@ extern "C" int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool tr
         ta = CUDA_R_16BF, tc = c_dt == DG_F32 ? CUDA_R_32F : CUDA_R_16BF, ct = CUBLAS_COMPUTE_32F;
     } else {
         dg_error("cuda gemm: operands %s with result %s are not supported (f32/f32, f64/f64, "
-                 "bf16/bf16, bf16/f32)", dg_dtype_name(ab_dt), dg_dtype_name(c_dt));
+                 "bf16/bf16, bf16/f32)",
+                 dg_dtype_name(ab_dt), dg_dtype_name(c_dt));
         return -1;
     }
-    if (!fits_int("M", M) || !fits_int("N", N) || !fits_int("K", K) || !fits_int("batch", batch))
-        return -1;
+    if (!fits_int("M", M) || !fits_int("N", N) || !fits_int("K", K) || !fits_int("batch", batch)) return -1;
     /* row strides: at least the row length of each stored matrix */
     int64_t a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
     if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) || ldc < (N > 1 ? N : 1)) {
         dg_error("cuda gemm: row strides lda %lld, ldb %lld, ldc %lld are shorter than the rows "
-                 "(%lld, %lld, %lld)", (long long)lda, (long long)ldb, (long long)ldc,
-                 (long long)a_cols, (long long)b_cols, (long long)N);
+                 "(%lld, %lld, %lld)",
+                 (long long)lda, (long long)ldb, (long long)ldc, (long long)a_cols, (long long)b_cols, (long long)N);
         return -1;
     }
     if (!fits_int("lda", lda) || !fits_int("ldb", ldb) || !fits_int("ldc", ldc)) return -1;
@@ -99,13 +91,12 @@ extern "C" int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool tr
     cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (batch == 1) {
-        DG_CUBLAS_TRY(cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, pa, B, ta, (int)ldb, A, ta,
-                                   (int)lda, pb, C, tc, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
+        DG_CUBLAS_TRY(cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, pa, B, ta, (int)ldb, A, ta, (int)lda, pb, C, tc,
+                                   (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
     } else {
-        DG_CUBLAS_TRY(cublasGemmStridedBatchedEx(
-            h, opb, opa, (int)N, (int)M, (int)K, pa, B, ta, (int)ldb, (long long)stride_b, A, ta,
-            (int)lda, (long long)stride_a, pb, C, tc, (int)ldc, (long long)stride_c,
-            (int)batch, ct, CUBLAS_GEMM_DEFAULT));
+        DG_CUBLAS_TRY(cublasGemmStridedBatchedEx(h, opb, opa, (int)N, (int)M, (int)K, pa, B, ta, (int)ldb,
+                                                 (long long)stride_b, A, ta, (int)lda, (long long)stride_a, pb, C, tc,
+                                                 (int)ldc, (long long)stride_c, (int)batch, ct, CUBLAS_GEMM_DEFAULT));
     }
     return DG_LAUNCHED("cublas gemm");
 }

@@ -24,13 +24,13 @@
 extern "C" {
 #endif
 
-#include "core/device.h"                   /* memory, transfers, fill, strided copy, cast */
+#include "core/device.h"                  /* memory, transfers, fill, strided copy, cast */
 #include "kernels/cpu/delta/delta_rule.h" /* dg_dr_shape, dg_gate_kind (C declarations) */
 #include "kernels/elementwise_op.h"       /* dg_unary_op, dg_binary_op */
 
 /* ---- runtime (runtime.cu); memory, transfers and dg_cuda_synchronize are in core/device.h ---- */
-int dg_cuda_init(void);        /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
-int dg_cuda_sm_count(void);    /* multiprocessors of the device (0 without one) */
+int dg_cuda_init(void);     /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
+int dg_cuda_sm_count(void); /* multiprocessors of the device (0 without one) */
 
 /* ---- per-kernel times (kernel_timer.cu), for benchmarks ----
  * Between dg_cuda_ktime_begin and dg_cuda_ktime_end every launch of the chunked delta-rule kernels
@@ -67,13 +67,13 @@ int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y
 /* gx[i] = gy[i] f'(x[i]) (gx may alias gy).  x may be NULL where f' is a function of the output
  * y (exp, sqrt, rsqrt, sigmoid, tanh) and y is given, or where f' is constant (neg, add_scalar,
  * mul_scalar); y may always be NULL when x is given (then f is recomputed). */
-int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y,
-                      const void *gy, void *gx, double a);
+int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y, const void *gy, void *gx,
+                      double a);
 
 /* out[idx] = a[idx . astride] (op) b[idx . bstride] over the ndim-d (0..6) index space `shape`;
  * out is contiguous of that shape.  Broadcasting is a stride of 0. */
-int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a,
-                   const int64_t *astride, const void *b, const int64_t *bstride, void *out);
+int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a, const int64_t *astride,
+                   const void *b, const int64_t *bstride, void *out);
 
 /* dg_cuda_fill, dg_cuda_copy_strided and dg_cuda_cast (also here) are declared in core/device.h:
  * core's copies call them. */
@@ -83,8 +83,8 @@ int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape,
  * ndim-d (0..6) view `shape` with strides xstride (NULL: contiguous); out is contiguous over the
  * kept dims in their order (keepdim is the caller's reshape).  f32 accumulates in f64; the result
  * does not depend on the launch (no atomics). */
-int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x,
-                const int64_t *xstride, unsigned reduce_mask, double alpha, void *out);
+int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x, const int64_t *xstride,
+                unsigned reduce_mask, double alpha, void *out);
 
 /* ---- matrix products through cuBLAS (blas.cu) ------------------------------------------------- */
 /* Row-major, batched with element strides between batch members (a stride of 0 broadcasts A or
@@ -93,10 +93,9 @@ int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x,
  * op(B) = B [K,N] with row stride ldb, or with trans_b B stored as [N,K].
  * Types (ab_dt, c_dt): (f32, f32) strict f32 (no TF32); (f64, f64); (bf16, bf16) and (bf16, f32)
  * with f32 accumulation.  beta == 0 never reads C. */
-int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N,
-                 int64_t K, double alpha, const void *A, int64_t lda, int64_t stride_a,
-                 const void *B, int64_t ldb, int64_t stride_b, double beta, void *C, int64_t ldc,
-                 int64_t stride_c, int64_t batch);
+int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 double alpha, const void *A, int64_t lda, int64_t stride_a, const void *B, int64_t ldb,
+                 int64_t stride_b, double beta, void *C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 /* ---- the delta-rule family, token-by-token recurrence (dr_recurrent.cu) ---------------------- */
 /* Same semantics and layout as the CPU kernels in kernels/cpu/delta/delta_rule.h (read it first):
@@ -113,32 +112,26 @@ int dg_cuda_gemm(dg_dtype ab_dt, dg_dtype c_dt, bool trans_a, bool trans_b, int6
  * columns, KS the power of two >= K/16), summed by a second kernel, so that results do not depend
  * on scheduling.  With cu_seqlens, each call copies the sequence table to the device (one
  * synchronising host-to-device copy). */
-int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k,
-                                 const float *v, const float *g, const float *beta,
-                                 const float *h0, float *o, float *hT);
-int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const float *k,
-                                 const float *v, const float *g, const float *beta,
-                                 const float *h0, const float *dout, const float *dhT, float *dq,
+int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, float *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, const float *dout, const float *dhT, float *dq,
                                  float *dk, float *dv, float *dg, float *dbeta, float *dh0);
 /* bf16 storage (raw bits, uint16_t) for q, k, v, beta, o, dout and dq, dk, dv, dbeta; f32 for
  * the gates g, dg and the states h0, hT, dhT, dh0; f32 arithmetic throughout. */
-int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                  const uint16_t *v, const float *g, const uint16_t *beta,
-                                  const float *h0, uint16_t *o, float *hT);
-int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                  const uint16_t *v, const float *g, const uint16_t *beta,
-                                  const float *h0, const uint16_t *dout, const float *dhT,
-                                  uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
+int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const float *g, const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                  const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
                                   uint16_t *dbeta, float *dh0);
 /* fp16 storage: the same with IEEE binary16 bits (uint16_t) in place of bf16 bits */
-int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta,
-                                 const float *h0, uint16_t *o, float *hT);
-int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta,
-                                 const float *h0, const uint16_t *dout, const float *dhT,
-                                 uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
-                                 uint16_t *dbeta, float *dh0);
+int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT);
+int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                 const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg, uint16_t *dbeta,
+                                 float *dh0);
 
 #ifdef __cplusplus
 }

@@ -28,52 +28,48 @@ extern "C" {
 #include "core/internal.h"
 #include "kernels/cuda/cuda_kernels.h"
 
-cudaStream_t dg_cuda_stream(void);    /* the library's one stream (after dg_cuda_init) */
-cublasHandle_t dg_cuda_cublas(void);  /* lazily created, bound to that stream; NULL + dg_error */
-bool dg_cuda_sync_each_launch(void);  /* DG_CUDA_SYNC=1 */
+cudaStream_t dg_cuda_stream(void);   /* the library's one stream (after dg_cuda_init) */
+cublasHandle_t dg_cuda_cublas(void); /* lazily created, bound to that stream; NULL + dg_error */
+bool dg_cuda_sync_each_launch(void); /* DG_CUDA_SYNC=1 */
 }
 
 static inline int dg_cu_report(cudaError_t e, const char *what, const char *file, int line) {
     if (e == cudaSuccess) return 0;
-    dg_error("cuda: %s failed: %s (%s) at %s:%d", what, cudaGetErrorName(e), cudaGetErrorString(e),
-             file, line);
+    dg_error("cuda: %s failed: %s (%s) at %s:%d", what, cudaGetErrorName(e), cudaGetErrorString(e), file, line);
     return -1;
 }
 
-static inline int dg_cublas_report(cublasStatus_t st, const char *what, const char *file,
-                                   int line) {
+static inline int dg_cublas_report(cublasStatus_t st, const char *what, const char *file, int line) {
     if (st == CUBLAS_STATUS_SUCCESS) return 0;
-    dg_error("cublas: %s failed: %s (%s) at %s:%d", what, cublasGetStatusName(st),
-             cublasGetStatusString(st), file, line);
+    dg_error("cublas: %s failed: %s (%s) at %s:%d", what, cublasGetStatusName(st), cublasGetStatusString(st), file,
+             line);
     return -1;
 }
 
 #define DG_CU(call) dg_cu_report((call), #call, __FILE__, __LINE__)
-#define DG_CU_TRY(call)                                                                            \
-    do {                                                                                           \
-        if (DG_CU(call)) return -1;                                                                \
+#define DG_CU_TRY(call)             \
+    do {                            \
+        if (DG_CU(call)) return -1; \
     } while (0)
 #define DG_CUBLAS(call) dg_cublas_report((call), #call, __FILE__, __LINE__)
-#define DG_CUBLAS_TRY(call)                                                                        \
-    do {                                                                                           \
-        if (DG_CUBLAS(call)) return -1;                                                            \
+#define DG_CUBLAS_TRY(call)             \
+    do {                                \
+        if (DG_CUBLAS(call)) return -1; \
     } while (0)
 
 static inline int dg_launched(const char *kernel, const char *file, int line) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && dg_cuda_sync_each_launch()) e = cudaStreamSynchronize(dg_cuda_stream());
     if (e == cudaSuccess) return 0;
-    dg_error("cuda: kernel %s failed: %s (%s) at %s:%d", kernel, cudaGetErrorName(e),
-             cudaGetErrorString(e), file, line);
+    dg_error("cuda: kernel %s failed: %s (%s) at %s:%d", kernel, cudaGetErrorName(e), cudaGetErrorString(e), file,
+             line);
     return -1;
 }
 #define DG_LAUNCHED(name) dg_launched((name), __FILE__, __LINE__)
 
 /* Scratch from the pool: freed in stream order, so it may be released right after the launches
  * that use it are queued. */
-template <typename T> static inline T *dg_cuda_scratch(size_t count) {
-    return (T *)dg_cuda_malloc(count * sizeof(T));
-}
+template <typename T> static inline T *dg_cuda_scratch(size_t count) { return (T *)dg_cuda_malloc(count * sizeof(T)); }
 
 /* Grid of 1-d launches over n items with a grid-stride loop. */
 static inline unsigned dg_grid_for(int64_t n, int threads) {

@@ -55,27 +55,20 @@ template <typename T> __device__ __forceinline__ T unary_f(int op, T x, T a) {
 }
 
 template <typename T> __global__ void unary_kernel(int op, int64_t n, const T *x, T *y, T a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = unary_f<T>(op, x[i], a);
 }
 
 /* gx = gy * f'(x); y = f(x) when given (has_y), else recomputed where the derivative uses it. */
 template <typename T>
-__global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, const T *gy, T *gx,
-                                 T a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, const T *gy, T *gx, T a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T g = gy[i], xi = x ? x[i] : T(0), r;
         switch (op) {
-        case DG_UN_EXP: { /* y = exp(x): dy/dx = y */
-            T y = yin ? yin[i] : d_exp(xi);
-            r = g * y;
+        case DG_UN_EXP: { /* y = exp(x): dy/dx = y */ T y = yin ? yin[i] : d_exp(xi); r = g * y;
         } break;
         case DG_UN_LOG: r = g / xi; break; /* y = log(x): 1/x */
-        case DG_UN_SQRT: {                 /* y = sqrt(x): 1 / (2 y) */
-            T y = yin ? yin[i] : d_sqrt(xi);
-            r = g * T(0.5) / y;
+        case DG_UN_SQRT: { /* y = sqrt(x): 1 / (2 y) */ T y = yin ? yin[i] : d_sqrt(xi); r = g * T(0.5) / y;
         } break;
         case DG_UN_RSQRT: { /* y = x^-1/2: -1/2 x^-3/2 = -y^3 / 2 */
             T y = yin ? yin[i] : d_rsqrt(xi);
@@ -86,14 +79,10 @@ __global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, co
             r = g * y * (T(1) - y);
         } break;
         case DG_UN_LOGSIGMOID: r = g * d_sigmoid(-xi); break; /* 1 - sigmoid(x) */
-        case DG_UN_SILU: {                                    /* s (1 + x (1 - s)) */
-            T s = d_sigmoid(xi);
-            r = g * s * (T(1) + xi * (T(1) - s));
+        case DG_UN_SILU: { /* s (1 + x (1 - s)) */ T s = d_sigmoid(xi); r = g * s * (T(1) + xi * (T(1) - s));
         } break;
         case DG_UN_SOFTPLUS: r = g * d_sigmoid(xi); break;
-        case DG_UN_TANH: { /* 1 - y^2 */
-            T y = yin ? yin[i] : d_tanh(xi);
-            r = g * (T(1) - y * y);
+        case DG_UN_TANH: { /* 1 - y^2 */ T y = yin ? yin[i] : d_tanh(xi); r = g * (T(1) - y * y);
         } break;
         case DG_UN_NEG: r = -g; break;
         case DG_UN_ADD_SCALAR: r = g; break;
@@ -108,8 +97,7 @@ __global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, co
 
 template <typename T, typename IT>
 __global__ void binary_kernel(int op, int64_t n, DgNd<2> nd, const T *a, const T *b, T *out) {
-    for (IT i = (IT)(blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < (IT)n;
-         i += (IT)gridDim.x * (IT)blockDim.x) {
+    for (IT i = (IT)(blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < (IT)n; i += (IT)gridDim.x * (IT)blockDim.x) {
         IT off[2];
         dg_nd_offsets<IT, 2>(nd, i, off);
         T x = a[off[0]], y = b[off[1]], r;
@@ -124,15 +112,12 @@ __global__ void binary_kernel(int op, int64_t n, DgNd<2> nd, const T *a, const T
 }
 
 template <typename T> __global__ void fill_kernel(int64_t n, T *p, T v) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         p[i] = v;
 }
 
-template <typename U, typename IT>
-__global__ void copy_kernel(int64_t n, DgNd<2> nd, U *dst, const U *src) {
-    for (IT i = (IT)(blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < (IT)n;
-         i += (IT)gridDim.x * (IT)blockDim.x) {
+template <typename U, typename IT> __global__ void copy_kernel(int64_t n, DgNd<2> nd, U *dst, const U *src) {
+    for (IT i = (IT)(blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < (IT)n; i += (IT)gridDim.x * (IT)blockDim.x) {
         IT off[2];
         dg_nd_offsets<IT, 2>(nd, i, off);
         dst[off[0]] = src[off[1]];
@@ -146,16 +131,12 @@ template <> __device__ __forceinline__ double to_d<__nv_bfloat16>(__nv_bfloat16 
 }
 template <> __device__ __forceinline__ double to_d<__half>(__half s) { return (double)__half2float(s); }
 template <typename D> __device__ __forceinline__ D from_d(double v) { return (D)v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v) {
-    return __double2bfloat16(v);
-}
+template <> __device__ __forceinline__ __nv_bfloat16 from_d<__nv_bfloat16>(double v) { return __double2bfloat16(v); }
 /* one rounding from f64 to nearest even (as dg_f16_from_f64 on the host, core/f16.h) */
 template <> __device__ __forceinline__ __half from_d<__half>(double v) { return __double2half(v); }
 
-template <typename D, typename S>
-__global__ void cast_kernel(int64_t n, D *dst, const S *src) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+template <typename D, typename S> __global__ void cast_kernel(int64_t n, D *dst, const S *src) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = from_d<D>(to_d<S>(src[i]));
 }
 
@@ -165,9 +146,7 @@ template <typename D> int cast_from(int64_t n, D *dst, dg_dtype src_dt, const vo
     switch (src_dt) {
     case DG_F32: cast_kernel<D, float><<<grid, kThreads, 0, st>>>(n, dst, (const float *)src); break;
     case DG_F64: cast_kernel<D, double><<<grid, kThreads, 0, st>>>(n, dst, (const double *)src); break;
-    case DG_BF16:
-        cast_kernel<D, __nv_bfloat16><<<grid, kThreads, 0, st>>>(n, dst, (const __nv_bfloat16 *)src);
-        break;
+    case DG_BF16: cast_kernel<D, __nv_bfloat16><<<grid, kThreads, 0, st>>>(n, dst, (const __nv_bfloat16 *)src); break;
     case DG_F16: cast_kernel<D, __half><<<grid, kThreads, 0, st>>>(n, dst, (const __half *)src); break;
     case DG_I32: cast_kernel<D, int32_t><<<grid, kThreads, 0, st>>>(n, dst, (const int32_t *)src); break;
     case DG_I64: cast_kernel<D, int64_t><<<grid, kThreads, 0, st>>>(n, dst, (const int64_t *)src); break;
@@ -209,23 +188,20 @@ int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y
     if (dg_cuda_init()) return -1;
     unsigned grid = dg_grid_for(n, kThreads);
     if (dt == DG_F32)
-        unary_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const float *)x,
-                                                                     (float *)y, (float)a);
-    else
-        unary_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const double *)x,
-                                                                      (double *)y, a);
+        unary_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const float *)x, (float *)y, (float)a);
+    else unary_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const double *)x, (double *)y, a);
     return DG_LAUNCHED("unary");
 }
 
-int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y,
-                      const void *gy, void *gx, double a) {
+int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y, const void *gy, void *gx,
+                      double a) {
     if (!float_dtype("cuda unary_bwd", dt)) return -1;
     if ((int)op < 0 || op >= DG_UN_COUNT) {
         dg_error("cuda unary_bwd: unknown op %d", (int)op);
         return -1;
     }
-    bool y_suffices = op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT ||
-                      op == DG_UN_SIGMOID || op == DG_UN_TANH;
+    bool y_suffices =
+        op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT || op == DG_UN_SIGMOID || op == DG_UN_TANH;
     bool constant = op == DG_UN_NEG || op == DG_UN_ADD_SCALAR || op == DG_UN_MUL_SCALAR;
     if (!x && !constant && !(y_suffices && y)) {
         dg_error("cuda unary_bwd: op %d needs its input x%s", (int)op, y_suffices ? " or output y" : "");
@@ -235,16 +211,16 @@ int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, con
     if (dg_cuda_init()) return -1;
     unsigned grid = dg_grid_for(n, kThreads);
     if (dt == DG_F32)
-        unary_bwd_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(
-            op, n, (const float *)x, (const float *)y, (const float *)gy, (float *)gx, (float)a);
+        unary_bwd_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const float *)x, (const float *)y,
+                                                                         (const float *)gy, (float *)gx, (float)a);
     else
-        unary_bwd_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(
-            op, n, (const double *)x, (const double *)y, (const double *)gy, (double *)gx, a);
+        unary_bwd_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const double *)x, (const double *)y,
+                                                                          (const double *)gy, (double *)gx, a);
     return DG_LAUNCHED("unary_bwd");
 }
 
-int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a,
-                   const int64_t *astride, const void *b, const int64_t *bstride, void *out) {
+int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a, const int64_t *astride,
+                   const void *b, const int64_t *bstride, void *out) {
     if (!float_dtype("cuda binary", dt) || !check_ndim("cuda binary", ndim, shape)) return -1;
     if ((int)op < 0 || op >= DG_BIN_COUNT) {
         dg_error("cuda binary: unknown op %d", (int)op);
@@ -260,18 +236,18 @@ int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape,
     cudaStream_t s = dg_cuda_stream();
     if (dt == DG_F32) {
         if (small)
-            binary_kernel<float, int32_t><<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a,
-                                                                   (const float *)b, (float *)out);
+            binary_kernel<float, int32_t>
+                <<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a, (const float *)b, (float *)out);
         else
-            binary_kernel<float, int64_t><<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a,
-                                                                   (const float *)b, (float *)out);
+            binary_kernel<float, int64_t>
+                <<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a, (const float *)b, (float *)out);
     } else {
         if (small)
-            binary_kernel<double, int32_t><<<grid, kThreads, 0, s>>>(
-                op, n, nd, (const double *)a, (const double *)b, (double *)out);
+            binary_kernel<double, int32_t>
+                <<<grid, kThreads, 0, s>>>(op, n, nd, (const double *)a, (const double *)b, (double *)out);
         else
-            binary_kernel<double, int64_t><<<grid, kThreads, 0, s>>>(
-                op, n, nd, (const double *)a, (const double *)b, (double *)out);
+            binary_kernel<double, int64_t>
+                <<<grid, kThreads, 0, s>>>(op, n, nd, (const double *)a, (const double *)b, (double *)out);
     }
     return DG_LAUNCHED("binary");
 }
@@ -285,8 +261,7 @@ int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value) {
     case DG_F32: fill_kernel<float><<<grid, kThreads, 0, s>>>(n, (float *)p, (float)value); break;
     case DG_F64: fill_kernel<double><<<grid, kThreads, 0, s>>>(n, (double *)p, value); break;
     case DG_BF16:
-        fill_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(n, (__nv_bfloat16 *)p,
-                                                             __double2bfloat16(value));
+        fill_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(n, (__nv_bfloat16 *)p, __double2bfloat16(value));
         break;
     case DG_F16: fill_kernel<__half><<<grid, kThreads, 0, s>>>(n, (__half *)p, __double2half(value)); break;
     case DG_I32: fill_kernel<int32_t><<<grid, kThreads, 0, s>>>(n, (int32_t *)p, (int32_t)value); break;
@@ -296,8 +271,8 @@ int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value) {
     return DG_LAUNCHED("fill");
 }
 
-int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst,
-                         const int64_t *dst_stride, const void *src, const int64_t *src_stride) {
+int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void *dst, const int64_t *dst_stride,
+                         const void *src, const int64_t *src_stride) {
     if (!check_ndim("cuda copy_strided", ndim, shape)) return -1;
     DgNd<2> nd;
     const int64_t *st[2] = {dst_stride, src_stride};
@@ -307,12 +282,10 @@ int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void 
     unsigned grid = dg_grid_for(n, kThreads);
     bool small = n < INT32_MAX && dg_nd_span(&nd) < INT32_MAX;
     cudaStream_t s = dg_cuda_stream();
-#define DG_COPY(U)                                                                                 \
-    do {                                                                                           \
-        if (small)                                                                                 \
-            copy_kernel<U, int32_t><<<grid, kThreads, 0, s>>>(n, nd, (U *)dst, (const U *)src);    \
-        else                                                                                       \
-            copy_kernel<U, int64_t><<<grid, kThreads, 0, s>>>(n, nd, (U *)dst, (const U *)src);    \
+#define DG_COPY(U)                                                                                     \
+    do {                                                                                               \
+        if (small) copy_kernel<U, int32_t><<<grid, kThreads, 0, s>>>(n, nd, (U *)dst, (const U *)src); \
+        else copy_kernel<U, int64_t><<<grid, kThreads, 0, s>>>(n, nd, (U *)dst, (const U *)src);       \
     } while (0)
     switch (elem_size) {
     case 1: DG_COPY(uint8_t); break;

@@ -22,8 +22,7 @@ template <int NOP> struct DgNd {
 /* Builds the simplified space; strides[o] NULL means contiguous over shape.  Returns the number
  * of elements (0 when any dim is 0). */
 template <int NOP>
-static inline int64_t dg_nd_make(DgNd<NOP> *nd, int ndim, const int64_t *shape,
-                                 const int64_t *const strides[NOP]) {
+static inline int64_t dg_nd_make(DgNd<NOP> *nd, int ndim, const int64_t *shape, const int64_t *const strides[NOP]) {
     int64_t st[NOP][DG_ND_MAX], n = 1;
     for (int o = 0; o < NOP; o++) {
         int64_t c = 1;
@@ -38,8 +37,7 @@ static inline int64_t dg_nd_make(DgNd<NOP> *nd, int ndim, const int64_t *shape,
         if (shape[d] == 1) continue;
         int k = nd->ndim;
         bool merge = k > 0;
-        for (int o = 0; o < NOP && merge; o++)
-            merge = nd->stride[o][k - 1] == st[o][d] * shape[d];
+        for (int o = 0; o < NOP && merge; o++) merge = nd->stride[o][k - 1] == st[o][d] * shape[d];
         if (merge) {
             nd->shape[k - 1] *= shape[d];
             for (int o = 0; o < NOP; o++) nd->stride[o][k - 1] = st[o][d];
@@ -65,11 +63,10 @@ template <int NOP> static inline int64_t dg_nd_span(const DgNd<NOP> *nd) {
 }
 
 /* Offsets of linear index l in each operand; IT is int32_t when every index fits. */
-template <typename IT, int NOP>
-__device__ __forceinline__ void dg_nd_offsets(const DgNd<NOP> &nd, IT l, IT off[NOP]) {
+template <typename IT, int NOP> __device__ __forceinline__ void dg_nd_offsets(const DgNd<NOP> &nd, IT l, IT off[NOP]) {
 #pragma unroll
     for (int o = 0; o < NOP; o++) off[o] = 0;
-    /* compile-time dims, so that nd stays in the kernel's parameter space (a run-time index
+        /* compile-time dims, so that nd stays in the kernel's parameter space (a run-time index
      * would copy it to local memory) */
 #pragma unroll
     for (int d = DG_ND_MAX - 1; d >= 0; d--) {

@@ -12,8 +12,8 @@ namespace {
 
 /* p at (row bt = b T + t, channel d) */
 template <typename T>
-__device__ __forceinline__ T conv_p(int64_t T_, int64_t D, int64_t W, const T *x, const T *w,
-                                    const T *bias, int64_t bt, int64_t d) {
+__device__ __forceinline__ T conv_p(int64_t T_, int64_t D, int64_t W, const T *x, const T *w, const T *bias, int64_t bt,
+                                    int64_t d) {
     int64_t t = bt % T_;
     T acc = bias ? bias[d] : T(0);
     for (int64_t j = 0; j < W; j++) {
@@ -25,10 +25,9 @@ __device__ __forceinline__ T conv_p(int64_t T_, int64_t D, int64_t W, const T *x
 }
 
 template <typename T>
-__global__ void conv_fwd_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *x, const T *w,
-                                const T *bias, bool silu, T *y) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void conv_fwd_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *x, const T *w, const T *bias,
+                                bool silu, T *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T p = conv_p(T_, D, W, x, w, bias, i / D, i % D);
         y[i] = silu ? p * nn_sigmoid(p) : p;
     }
@@ -36,10 +35,9 @@ __global__ void conv_fwd_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, con
 
 /* forward y = silu(p): dp = dy s (1 + p (1 - s)) */
 template <typename T>
-__global__ void conv_dp_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *x, const T *w,
-                               const T *bias, const T *dy, T *dp) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void conv_dp_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *x, const T *w, const T *bias,
+                               const T *dy, T *dp) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T p = conv_p(T_, D, W, x, w, bias, i / D, i % D), s = nn_sigmoid(p);
         dp[i] = dy[i] * s * (T(1) + p * (T(1) - s));
     }
@@ -47,10 +45,8 @@ __global__ void conv_dp_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, cons
 
 /* forward p[t] += w[:,j] x[t-W+1+j]: x at s collects w[:,j] dp[s+W-1-j] for outputs < T */
 template <typename T>
-__global__ void conv_dx_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *w, const T *dp,
-                               T *dx) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void conv_dx_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const T *w, const T *dp, T *dx) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t bs = i / D, d = i % D, s = bs % T_;
         T acc = T(0);
         for (int64_t j = 0; j < W; j++) {
@@ -75,8 +71,8 @@ template <typename T> struct ConvDwTerm {
 };
 
 template <typename T>
-int conv_bwd(int64_t B, int64_t T_, int64_t D, int64_t W, const T *x, const T *w, const T *bias,
-             bool silu, const T *dy, T *dx, T *dw, T *dbias) {
+int conv_bwd(int64_t B, int64_t T_, int64_t D, int64_t W, const T *x, const T *w, const T *bias, bool silu, const T *dy,
+             T *dx, T *dw, T *dbias) {
     dg_dtype dt = sizeof(T) == 4 ? DG_F32 : DG_F64;
     int64_t n = B * T_ * D;
     cudaStream_t st = dg_cuda_stream();
@@ -115,8 +111,8 @@ int conv_bwd(int64_t B, int64_t T_, int64_t D, int64_t W, const T *x, const T *w
 bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W) {
     if (!nn_float_dt(who, dt)) return false;
     if (B < 0 || T_ < 0 || D < 0 || W < 1) {
-        dg_error("%s: bad sizes B %lld T %lld D %lld W %lld", who, (long long)B, (long long)T_,
-                 (long long)D, (long long)W);
+        dg_error("%s: bad sizes B %lld T %lld D %lld W %lld", who, (long long)B, (long long)T_, (long long)D,
+                 (long long)W);
         return false;
     }
     return dg_cuda_init() == 0;
@@ -124,31 +120,29 @@ bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64
 
 } // namespace
 
-extern "C" int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W,
-                                  const void *x, const void *w, const void *bias, bool silu, void *y) {
+extern "C" int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W, const void *x,
+                                  const void *w, const void *bias, bool silu, void *y) {
     if (!ready("cuda conv1d", dt, B, T_, D, W)) return -1;
     int64_t n = B * T_ * D;
     if (n == 0) return 0;
     unsigned grid = dg_grid_for(n, kNnThreads);
     cudaStream_t st = dg_cuda_stream();
     if (dt == DG_F32)
-        conv_fwd_kernel<float><<<grid, kNnThreads, 0, st>>>(n, T_, D, W, (const float *)x,
-                                                            (const float *)w, (const float *)bias,
-                                                            silu, (float *)y);
+        conv_fwd_kernel<float><<<grid, kNnThreads, 0, st>>>(n, T_, D, W, (const float *)x, (const float *)w,
+                                                            (const float *)bias, silu, (float *)y);
     else
-        conv_fwd_kernel<double><<<grid, kNnThreads, 0, st>>>(n, T_, D, W, (const double *)x,
-                                                             (const double *)w, (const double *)bias,
-                                                             silu, (double *)y);
+        conv_fwd_kernel<double><<<grid, kNnThreads, 0, st>>>(n, T_, D, W, (const double *)x, (const double *)w,
+                                                             (const double *)bias, silu, (double *)y);
     return DG_LAUNCHED("conv1d fwd");
 }
 
-extern "C" int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W,
-                                  const void *x, const void *w, const void *bias, bool silu,
-                                  const void *dy, void *dx, void *dw, void *dbias) {
+extern "C" int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W, const void *x,
+                                  const void *w, const void *bias, bool silu, const void *dy, void *dx, void *dw,
+                                  void *dbias) {
     if (!ready("cuda conv1d bwd", dt, B, T_, D, W)) return -1;
     if (dt == DG_F32)
-        return conv_bwd<float>(B, T_, D, W, (const float *)x, (const float *)w, (const float *)bias,
-                               silu, (const float *)dy, (float *)dx, (float *)dw, (float *)dbias);
-    return conv_bwd<double>(B, T_, D, W, (const double *)x, (const double *)w, (const double *)bias,
-                            silu, (const double *)dy, (double *)dx, (double *)dw, (double *)dbias);
+        return conv_bwd<float>(B, T_, D, W, (const float *)x, (const float *)w, (const float *)bias, silu,
+                               (const float *)dy, (float *)dx, (float *)dw, (float *)dbias);
+    return conv_bwd<double>(B, T_, D, W, (const double *)x, (const double *)w, (const double *)bias, silu,
+                            (const double *)dy, (double *)dx, (double *)dw, (double *)dbias);
 }

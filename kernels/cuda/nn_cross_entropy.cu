@@ -15,8 +15,8 @@ constexpr int kFinalThreads = 1024;
 
 template <typename T, int G>
 __global__ void __launch_bounds__(kNnThreads)
-    ce_rows_kernel(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_t ignore,
-                   T *lse, double *term) {
+    ce_rows_kernel(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_t ignore, T *lse,
+                   double *term) {
     __shared__ double smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(kNnThreads)
 /* one block: loss = sum of the scored terms / count, in a fixed order */
 template <typename T>
 __global__ void __launch_bounds__(kFinalThreads)
-    ce_final_kernel(int64_t N, const int64_t *targets, int64_t ignore, const double *term, T *loss,
-                    int64_t *count) {
+    ce_final_kernel(int64_t N, const int64_t *targets, int64_t ignore, const double *term, T *loss, int64_t *count) {
     __shared__ double ssum[kFinalThreads];
     __shared__ long long scnt[kFinalThreads];
     double acc = 0;
@@ -78,13 +77,11 @@ __global__ void __launch_bounds__(kFinalThreads)
 }
 
 template <typename T>
-__global__ void ce_bwd_kernel(int64_t N, int64_t C, const T *logits, const int64_t *targets,
-                              int64_t ignore, const T *lse, const T *dloss, const int64_t *count,
-                              T *dlogits) {
+__global__ void ce_bwd_kernel(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_t ignore,
+                              const T *lse, const T *dloss, const int64_t *count, T *dlogits) {
     int64_t cnt = *count;
     T scale = cnt ? (T)((double)*dloss / (double)cnt) : T(0);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = i / C, c = i % C, t = targets[n];
         if (t == ignore || cnt == 0) {
             dlogits[i] = T(0);
@@ -97,8 +94,8 @@ __global__ void ce_bwd_kernel(int64_t N, int64_t C, const T *logits, const int64
 }
 
 template <typename T>
-int ce_fwd(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_t ignore, T *loss,
-           T *lse, int64_t *count) {
+int ce_fwd(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_t ignore, T *loss, T *lse,
+           int64_t *count) {
     cudaStream_t st = dg_cuda_stream();
     double *term = dg_cuda_scratch<double>((size_t)(N > 0 ? N : 1));
     if (!term) return -1;
@@ -106,10 +103,8 @@ int ce_fwd(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_
     if (N > 0) {
         int G = nn_group_for(C);
         unsigned grid = nn_row_grid(N, G);
-        if (G == 32)
-            ce_rows_kernel<T, 32><<<grid, kNnThreads, 0, st>>>(N, C, logits, targets, ignore, lse, term);
-        else
-            ce_rows_kernel<T, 256><<<grid, kNnThreads, 0, st>>>(N, C, logits, targets, ignore, lse, term);
+        if (G == 32) ce_rows_kernel<T, 32><<<grid, kNnThreads, 0, st>>>(N, C, logits, targets, ignore, lse, term);
+        else ce_rows_kernel<T, 256><<<grid, kNnThreads, 0, st>>>(N, C, logits, targets, ignore, lse, term);
         rc = DG_LAUNCHED("cross_entropy rows");
     }
     if (rc == 0) {
@@ -122,9 +117,8 @@ int ce_fwd(int64_t N, int64_t C, const T *logits, const int64_t *targets, int64_
 
 } // namespace
 
-extern "C" int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, const void *logits,
-                                         const int64_t *targets, int64_t ignore, void *loss, void *lse,
-                                         int64_t *count) {
+extern "C" int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
+                                         int64_t ignore, void *loss, void *lse, int64_t *count) {
     if (!nn_float_dt("cuda cross_entropy", dt)) return -1;
     if (N < 0 || C < 1) {
         dg_error("cuda cross_entropy: bad sizes N %lld C %lld", (long long)N, (long long)C);
@@ -132,15 +126,13 @@ extern "C" int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, cons
     }
     if (dg_cuda_init()) return -1;
     if (dt == DG_F32)
-        return ce_fwd<float>(N, C, (const float *)logits, targets, ignore, (float *)loss, (float *)lse,
-                             count);
-    return ce_fwd<double>(N, C, (const double *)logits, targets, ignore, (double *)loss,
-                          (double *)lse, count);
+        return ce_fwd<float>(N, C, (const float *)logits, targets, ignore, (float *)loss, (float *)lse, count);
+    return ce_fwd<double>(N, C, (const double *)logits, targets, ignore, (double *)loss, (double *)lse, count);
 }
 
-extern "C" int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *logits,
-                                         const int64_t *targets, int64_t ignore, const void *lse,
-                                         const void *dloss, const int64_t *count, void *dlogits) {
+extern "C" int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
+                                         int64_t ignore, const void *lse, const void *dloss, const int64_t *count,
+                                         void *dlogits) {
     if (!nn_float_dt("cuda cross_entropy bwd", dt)) return -1;
     if (N * C <= 0) return 0;
     if (dg_cuda_init()) return -1;
@@ -148,12 +140,11 @@ extern "C" int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, cons
     cudaStream_t st = dg_cuda_stream();
     if (dt == DG_F32)
         ce_bwd_kernel<float><<<grid, kNnThreads, 0, st>>>(N, C, (const float *)logits, targets, ignore,
-                                                          (const float *)lse, (const float *)dloss,
-                                                          count, (float *)dlogits);
+                                                          (const float *)lse, (const float *)dloss, count,
+                                                          (float *)dlogits);
     else
-        ce_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(N, C, (const double *)logits, targets,
-                                                           ignore, (const double *)lse,
-                                                           (const double *)dloss, count,
+        ce_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(N, C, (const double *)logits, targets, ignore,
+                                                           (const double *)lse, (const double *)dloss, count,
                                                            (double *)dlogits);
     return DG_LAUNCHED("cross_entropy bwd");
 }

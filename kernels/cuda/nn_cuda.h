@@ -26,71 +26,61 @@ extern "C" {
 
 /* ---- normalisations over the last dim (nn_norm.cu) -------------------------------------------- */
 /* rms_norm: r_n = 1/sqrt(mean_d x[n,d]^2 + eps), y = x r w (w [D] or NULL = ones); rstd [N] or NULL */
-int dg_cuda_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, double eps,
-                         void *y, void *rstd);
+int dg_cuda_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, double eps, void *y,
+                         void *rstd);
 /* dx = r (g - x r^2 mean(g x)), g = dy w;  dw = sum_n dy x r */
-int dg_cuda_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w,
-                         const void *rstd, const void *dy, void *dx, void *dw);
+int dg_cuda_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, const void *rstd,
+                         const void *dy, void *dx, void *dw);
 /* gated: y = x r w silu(z), z [N,D] */
-int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z,
-                               const void *w, double eps, void *y, void *rstd);
-int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z,
-                               const void *w, const void *rstd, const void *dy, void *dx, void *dz,
-                               void *dw);
+int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
+                               double eps, void *y, void *rstd);
+int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
+                               const void *rstd, const void *dy, void *dx, void *dz, void *dw);
 /* l2norm: r_n = 1/sqrt(sum_d x^2 + eps), y = x r;  dx = r (dy - y sum(dy y)) */
-int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y,
-                       void *rstd);
-int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd,
-                       const void *dy, void *dx);
+int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd);
+int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx);
 
 /* ---- causal depthwise conv1d (nn_conv1d.cu), x [B,T,D], w [D,W], bias [D] or NULL ------------- */
 /* p[b,t,d] = bias[d] + sum_{j<W} w[d,j] x[b,t-W+1+j,d] (zero before t = 0); y = silu(p) or p */
-int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, const void *x,
-                       const void *w, const void *bias, bool silu, void *y);
-int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, const void *x,
-                       const void *w, const void *bias, bool silu, const void *dy, void *dx,
-                       void *dw, void *dbias);
+int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, const void *x, const void *w,
+                       const void *bias, bool silu, void *y);
+int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, const void *x, const void *w,
+                       const void *bias, bool silu, const void *dy, void *dx, void *dw, void *dbias);
 
 /* ---- swiglu (nn_swiglu.cu): y = silu(g) u over n elements ------------------------------------- */
 int dg_cuda_swiglu_fwd(dg_dtype dt, int64_t n, const void *g, const void *u, void *y);
-int dg_cuda_swiglu_bwd(dg_dtype dt, int64_t n, const void *g, const void *u, const void *dy,
-                       void *dg, void *du);
+int dg_cuda_swiglu_bwd(dg_dtype dt, int64_t n, const void *g, const void *u, const void *dy, void *dg, void *du);
 
 /* ---- indices (nn_util.cu) ---------------------------------------------------------------------- */
 /* The first n (in order) with ids[n] outside [0,V) and, when allow_skip, != skip: *bad_pos = n and
  * *bad_val = ids[n], or *bad_pos = -1 when every id is valid.  ids is a device array of N i64.
  * Synchronises (the answer is copied to the host). */
-int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip,
-                           int64_t *bad_pos, int64_t *bad_val);
+int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip, int64_t *bad_pos,
+                           int64_t *bad_val);
 
 /* ---- embedding (nn_embedding.cu), w [V,D], ids [N] in [0,V) (checked by the caller) ----------- */
-int dg_cuda_embedding_fwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const void *w,
-                          const int64_t *ids, void *y);
+int dg_cuda_embedding_fwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const void *w, const int64_t *ids, void *y);
 /* dw[v,:] = sum_{n: ids[n] = v} dy[n,:], summed in increasing n: the positions are sorted by id
  * with a stable radix sort, then each (v, d) sums its run.  N < 2^31. */
-int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const int64_t *ids,
-                          const void *dy, void *dw);
+int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const int64_t *ids, const void *dy, void *dw);
 
 /* ---- cross-entropy (nn_cross_entropy.cu), logits [N,C], targets [N] --------------------------- */
 /* lse[n] = log sum_c exp(logits[n,c]) on scored rows (ignored rows: 0); loss[0] = mean over
  * scored rows of lse - logits[n,t_n] (0 when none); count[0] (device i64) = scored rows. */
-int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, const void *logits,
-                              const int64_t *targets, int64_t ignore, void *loss, void *lse,
-                              int64_t *count);
+int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
+                              int64_t ignore, void *loss, void *lse, int64_t *count);
 /* dlogits = dloss[0] / count[0] (softmax - onehot(t)), 0 on ignored rows; dloss and count are
  * device scalars (no synchronisation). */
-int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *logits,
-                              const int64_t *targets, int64_t ignore, const void *lse,
-                              const void *dloss, const int64_t *count, void *dlogits);
+int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
+                              int64_t ignore, const void *lse, const void *dloss, const int64_t *count, void *dlogits);
 
 /* ---- optimiser (nn_optim.cu) ------------------------------------------------------------------ */
 /* One AdamW update of n f32 elements, with the scalars of models/optim.c and the arithmetic of
  * kernels/cpu/optim.c in its order, each operation rounded once (no fused multiply-add), so the result equals the CPU
  * update bit for bit:
  *   m = b1 m + c1 g;  v = b2 v + (c2 g) g;  p = p shrink - (step_size m) / (sqrt(v) / bc2_sqrt + eps) */
-int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink,
-                      float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1,
-                      float c2);
+int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
+                      float bc2_sqrt, float eps, float b1, float b2, float c1, float c2);
 /* out[t] = sum_i x[t][i]^2 in double for the count tensors x[t] of n[t] elements of dtype dt[t]
  * (f32 or f64): every sum is queued on the stream, then one copy brings them all to the host
  * (one synchronisation for all, not one per tensor: the gradient norm of a model). */

@@ -10,17 +10,17 @@
 
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/nn_cuda.h"
-#define NN_CALL(rc, x, name, ...)                                                                  \
-    do {                                                                                           \
-        if ((x)->device == DG_CUDA) rc = dg_cuda_##name((x)->dtype, __VA_ARGS__);                  \
-        else if ((x)->dtype == DG_F32) dg_nn_##name##_f32(__VA_ARGS__);                            \
-        else dg_nn_##name##_f64(__VA_ARGS__);                                                      \
+#define NN_CALL(rc, x, name, ...)                                                 \
+    do {                                                                          \
+        if ((x)->device == DG_CUDA) rc = dg_cuda_##name((x)->dtype, __VA_ARGS__); \
+        else if ((x)->dtype == DG_F32) dg_nn_##name##_f32(__VA_ARGS__);           \
+        else dg_nn_##name##_f64(__VA_ARGS__);                                     \
     } while (0)
 #else
-#define NN_CALL(rc, x, name, ...)                                                                  \
-    do {                                                                                           \
-        if ((x)->dtype == DG_F32) dg_nn_##name##_f32(__VA_ARGS__);                                 \
-        else dg_nn_##name##_f64(__VA_ARGS__);                                                      \
+#define NN_CALL(rc, x, name, ...)                                  \
+    do {                                                           \
+        if ((x)->dtype == DG_F32) dg_nn_##name##_f32(__VA_ARGS__); \
+        else dg_nn_##name##_f64(__VA_ARGS__);                      \
     } while (0)
 #endif
 

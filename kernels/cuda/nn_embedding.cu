@@ -12,10 +12,8 @@
 
 namespace {
 
-template <typename T>
-__global__ void emb_fwd_kernel(int64_t n, int64_t D, const T *w, const int64_t *ids, T *y) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+template <typename T> __global__ void emb_fwd_kernel(int64_t n, int64_t D, const T *w, const int64_t *ids, T *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = w[ids[i / D] * D + i % D];
 }
 
@@ -25,8 +23,7 @@ __global__ void iota_kernel(int n, int *p) {
 
 /* start[v] = first k with sorted[k] >= v, for v = 0..V */
 __global__ void run_start_kernel(int64_t V, int n, const unsigned long long *sorted, int *start) {
-    for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v <= V;
-         v += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v <= V; v += (int64_t)gridDim.x * blockDim.x) {
         int lo = 0, hi = n;
         while (lo < hi) {
             int mid = lo + (hi - lo) / 2;
@@ -38,10 +35,8 @@ __global__ void run_start_kernel(int64_t V, int n, const unsigned long long *sor
 }
 
 template <typename T>
-__global__ void emb_bwd_kernel(int64_t V, int64_t D, const int *start, const int *pos, const T *dy,
-                               T *dw) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < V * D;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void emb_bwd_kernel(int64_t V, int64_t D, const int *start, const int *pos, const T *dy, T *dw) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < V * D; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t v = i / D, d = i % D;
         double acc = 0;
         for (int k = start[v]; k < start[v + 1]; k++) acc += (double)dy[(int64_t)pos[k] * D + d];
@@ -57,29 +52,26 @@ int bits_for(int64_t V) {
 
 } // namespace
 
-extern "C" int dg_cuda_embedding_fwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const void *w,
-                                     const int64_t *ids, void *y) {
+extern "C" int dg_cuda_embedding_fwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const void *w, const int64_t *ids,
+                                     void *y) {
     if (!nn_float_dt("cuda embedding", dt)) return -1;
     int64_t n = N * D;
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
     unsigned grid = dg_grid_for(n, kNnThreads);
     if (dt == DG_F32)
-        emb_fwd_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const float *)w, ids,
-                                                                         (float *)y);
-    else
-        emb_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const double *)w,
-                                                                          ids, (double *)y);
+        emb_fwd_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const float *)w, ids, (float *)y);
+    else emb_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const double *)w, ids, (double *)y);
     (void)V;
     return DG_LAUNCHED("embedding fwd");
 }
 
-extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t D,
-                                     const int64_t *ids, const void *dy, void *dw) {
+extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const int64_t *ids, const void *dy,
+                                     void *dw) {
     if (!nn_float_dt("cuda embedding bwd", dt)) return -1;
     if (N < 0 || N > INT32_MAX - 1 || V < 0 || D < 0) {
-        dg_error("cuda embedding bwd: N %lld V %lld D %lld out of range (N < 2^31)", (long long)N,
-                 (long long)V, (long long)D);
+        dg_error("cuda embedding bwd: N %lld V %lld D %lld out of range (N < 2^31)", (long long)N, (long long)V,
+                 (long long)D);
         return -1;
     }
     if (V * D == 0) return 0;
@@ -100,12 +92,11 @@ extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t 
         size_t tmp_bytes = 0;
         int end_bit = bits_for(V);
         if (rc == 0)
-            rc = DG_CU(cub::DeviceRadixSort::SortPairs(nullptr, tmp_bytes, keys, sorted, pos_in, pos, n,
-                                                       0, end_bit, st));
+            rc = DG_CU(
+                cub::DeviceRadixSort::SortPairs(nullptr, tmp_bytes, keys, sorted, pos_in, pos, n, 0, end_bit, st));
         if (rc == 0 && !(tmp = dg_cuda_malloc(tmp_bytes))) rc = -1;
         if (rc == 0)
-            rc = DG_CU(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, sorted, pos_in, pos, n, 0,
-                                                       end_bit, st));
+            rc = DG_CU(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, sorted, pos_in, pos, n, 0, end_bit, st));
     }
     if (rc == 0) {
         run_start_kernel<<<dg_grid_for(V + 1, kNnThreads), kNnThreads, 0, st>>>(V, n, sorted, start);
@@ -114,11 +105,8 @@ extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t 
     if (rc == 0) {
         unsigned grid = dg_grid_for(V * D, kNnThreads);
         if (dt == DG_F32)
-            emb_bwd_kernel<float><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const float *)dy,
-                                                               (float *)dw);
-        else
-            emb_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const double *)dy,
-                                                                (double *)dw);
+            emb_bwd_kernel<float><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const float *)dy, (float *)dw);
+        else emb_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const double *)dy, (double *)dw);
         rc = DG_LAUNCHED("embedding bwd");
     }
     dg_cuda_free(tmp);

@@ -14,8 +14,7 @@ namespace {
 /* mode 0: rms (mean of squares), 1: l2 (sum of squares); gated: y also times silu(z) */
 template <typename T, int G>
 __global__ void __launch_bounds__(kNnThreads)
-    norm_fwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode,
-                    T *y, T *rstd) {
+    norm_fwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode, T *y, T *rstd) {
     __shared__ double smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
@@ -47,8 +46,7 @@ __global__ void __launch_bounds__(kNnThreads)
  *   forward y = (x r w) silu(z): dz = dy x r w silu'(z), silu'(z) = s (1 + z (1 - s)) */
 template <typename T, int G>
 __global__ void __launch_bounds__(kNnThreads)
-    rms_bwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd,
-                   const T *dy, T *dx, T *dz) {
+    rms_bwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd, const T *dy, T *dx, T *dz) {
     __shared__ double smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
@@ -117,8 +115,7 @@ __global__ void __launch_bounds__(kNnThreads)
 }
 
 template <typename T>
-int norm_fwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode, T *y,
-             T *rstd) {
+int norm_fwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode, T *y, T *rstd) {
     int G = nn_group_for(D);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
@@ -128,8 +125,7 @@ int norm_fwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, double ep
 }
 
 template <typename T>
-int rms_bwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd, const T *dy,
-            T *dx, T *dz, T *dw) {
+int rms_bwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd, const T *dy, T *dx, T *dz, T *dw) {
     cudaStream_t s = dg_cuda_stream();
     if (dx || dz) {
         int G = nn_group_for(D);
@@ -158,76 +154,68 @@ bool ready(const char *who, dg_dtype dt, int64_t N, int64_t D) {
 
 extern "C" {
 
-int dg_cuda_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, double eps,
-                         void *y, void *rstd) {
+int dg_cuda_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, double eps, void *y,
+                         void *rstd) {
     if (!ready("cuda rms_norm", dt, N, D)) return -1;
     if (N == 0) return 0;
     if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, nullptr, (const float *)w, eps, 0, (float *)y,
-                               (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, nullptr, (const double *)w, eps, 0, (double *)y,
-                            (double *)rstd);
+        return norm_fwd<float>(N, D, (const float *)x, nullptr, (const float *)w, eps, 0, (float *)y, (float *)rstd);
+    return norm_fwd<double>(N, D, (const double *)x, nullptr, (const double *)w, eps, 0, (double *)y, (double *)rstd);
 }
 
-int dg_cuda_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w,
-                         const void *rstd, const void *dy, void *dx, void *dw) {
+int dg_cuda_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, const void *rstd,
+                         const void *dy, void *dx, void *dw) {
     if (!ready("cuda rms_norm bwd", dt, N, D)) return -1;
     if (dt == DG_F32)
-        return rms_bwd<float>(N, D, (const float *)x, nullptr, (const float *)w, (const float *)rstd,
-                              (const float *)dy, (float *)dx, nullptr, (float *)dw);
+        return rms_bwd<float>(N, D, (const float *)x, nullptr, (const float *)w, (const float *)rstd, (const float *)dy,
+                              (float *)dx, nullptr, (float *)dw);
     return rms_bwd<double>(N, D, (const double *)x, nullptr, (const double *)w, (const double *)rstd,
                            (const double *)dy, (double *)dx, nullptr, (double *)dw);
 }
 
-int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z,
-                               const void *w, double eps, void *y, void *rstd) {
+int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
+                               double eps, void *y, void *rstd) {
     if (!ready("cuda gated_rms_norm", dt, N, D)) return -1;
     if (N == 0) return 0;
     if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w, eps, 0,
-                               (float *)y, (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w, eps, 0,
-                            (double *)y, (double *)rstd);
-}
-
-int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z,
-                               const void *w, const void *rstd, const void *dy, void *dx, void *dz,
-                               void *dw) {
-    if (!ready("cuda gated_rms_norm bwd", dt, N, D)) return -1;
-    if (dt == DG_F32)
-        return rms_bwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w,
-                              (const float *)rstd, (const float *)dy, (float *)dx, (float *)dz,
-                              (float *)dw);
-    return rms_bwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w,
-                           (const double *)rstd, (const double *)dy, (double *)dx, (double *)dz,
-                           (double *)dw);
-}
-
-int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y,
-                       void *rstd) {
-    if (!ready("cuda l2norm", dt, N, D)) return -1;
-    if (N == 0) return 0;
-    if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, nullptr, nullptr, eps, 1, (float *)y,
+        return norm_fwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w, eps, 0, (float *)y,
                                (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, nullptr, nullptr, eps, 1, (double *)y,
+    return norm_fwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w, eps, 0, (double *)y,
                             (double *)rstd);
 }
 
-int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd,
-                       const void *dy, void *dx) {
+int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
+                               const void *rstd, const void *dy, void *dx, void *dz, void *dw) {
+    if (!ready("cuda gated_rms_norm bwd", dt, N, D)) return -1;
+    if (dt == DG_F32)
+        return rms_bwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w, (const float *)rstd,
+                              (const float *)dy, (float *)dx, (float *)dz, (float *)dw);
+    return rms_bwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w, (const double *)rstd,
+                           (const double *)dy, (double *)dx, (double *)dz, (double *)dw);
+}
+
+int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd) {
+    if (!ready("cuda l2norm", dt, N, D)) return -1;
+    if (N == 0) return 0;
+    if (dt == DG_F32)
+        return norm_fwd<float>(N, D, (const float *)x, nullptr, nullptr, eps, 1, (float *)y, (float *)rstd);
+    return norm_fwd<double>(N, D, (const double *)x, nullptr, nullptr, eps, 1, (double *)y, (double *)rstd);
+}
+
+int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx) {
     if (!ready("cuda l2norm bwd", dt, N, D)) return -1;
     if (N == 0 || !dx) return 0;
     int G = nn_group_for(D);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-#define DG_L2(T, GG)                                                                               \
-    l2_bwd_kernel<T, GG><<<grid, kNnThreads, 0, s>>>(N, D, (const T *)x, (const T *)rstd,          \
-                                                     (const T *)dy, (T *)dx)
+#define DG_L2(T, GG) \
+    l2_bwd_kernel<T, GG><<<grid, kNnThreads, 0, s>>>(N, D, (const T *)x, (const T *)rstd, (const T *)dy, (T *)dx)
     if (dt == DG_F32) {
-        if (G == 32) DG_L2(float, 32); else DG_L2(float, 256);
+        if (G == 32) DG_L2(float, 32);
+        else DG_L2(float, 256);
     } else {
-        if (G == 32) DG_L2(double, 32); else DG_L2(double, 256);
+        if (G == 32) DG_L2(double, 32);
+        else DG_L2(double, 256);
     }
 #undef DG_L2
     return DG_LAUNCHED("l2norm bwd");

@@ -12,13 +12,11 @@
 
 namespace {
 
-__global__ void adamw_kernel(int64_t n, float *p, const float *g, float *m, float *v, float shrink,
-                             float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1,
-                             float c2) {
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n;
-         j += (int64_t)gridDim.x * blockDim.x) {
+__global__ void adamw_kernel(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
+                             float bc2_sqrt, float eps, float b1, float b2, float c1, float c2) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
         float gj = g[j];
-        float mj = __fadd_rn(__fmul_rn(b1, m[j]), __fmul_rn(c1, gj));             /* b1 m + c1 g */
+        float mj = __fadd_rn(__fmul_rn(b1, m[j]), __fmul_rn(c1, gj));                /* b1 m + c1 g */
         float vj = __fadd_rn(__fmul_rn(b2, v[j]), __fmul_rn(__fmul_rn(c2, gj), gj)); /* b2 v + c2 g g */
         m[j] = mj;
         v[j] = vj;
@@ -29,12 +27,10 @@ __global__ void adamw_kernel(int64_t n, float *p, const float *g, float *m, floa
 
 constexpr int kSumBlocks = 1024;
 
-template <typename T>
-__global__ void __launch_bounds__(kNnThreads) sumsq_kernel(int64_t n, const T *x, double *part) {
+template <typename T> __global__ void __launch_bounds__(kNnThreads) sumsq_kernel(int64_t n, const T *x, double *part) {
     __shared__ double smem[kNnThreads];
     double acc = 0;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         acc += (double)x[i] * (double)x[i];
     smem[threadIdx.x] = acc;
     __syncthreads();
@@ -47,18 +43,16 @@ __global__ void __launch_bounds__(kNnThreads) sumsq_kernel(int64_t n, const T *x
 
 } // namespace
 
-extern "C" int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink,
-                                 float step_size, float bc2_sqrt, float eps, float b1, float b2,
-                                 float c1, float c2) {
+extern "C" int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
+                                 float bc2_sqrt, float eps, float b1, float b2, float c1, float c2) {
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
-    adamw_kernel<<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        n, p, g, m, v, shrink, step_size, bc2_sqrt, eps, b1, b2, c1, c2);
+    adamw_kernel<<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(n, p, g, m, v, shrink, step_size,
+                                                                                  bc2_sqrt, eps, b1, b2, c1, c2);
     return DG_LAUNCHED("adamw");
 }
 
-extern "C" int dg_cuda_sumsq_many(int count, const dg_dtype *dt, const int64_t *n, const void *const *x,
-                                  double *out) {
+extern "C" int dg_cuda_sumsq_many(int count, const dg_dtype *dt, const int64_t *n, const void *const *x, double *out) {
     for (int t = 0; t < count; t++) {
         out[t] = 0;
         if (!nn_float_dt("cuda sumsq", dt[t])) return -1;
@@ -76,10 +70,10 @@ extern "C" int dg_cuda_sumsq_many(int count, const dg_dtype *dt, const int64_t *
         if (blocks > kSumBlocks) blocks = kSumBlocks;
         if (dt[t] == DG_F32)
             sumsq_kernel<float><<<(unsigned)blocks, kNnThreads, 0, st>>>(n[t], (const float *)x[t], part);
-        else
-            sumsq_kernel<double><<<(unsigned)blocks, kNnThreads, 0, st>>>(n[t], (const double *)x[t], part);
+        else sumsq_kernel<double><<<(unsigned)blocks, kNnThreads, 0, st>>>(n[t], (const double *)x[t], part);
         rc = DG_LAUNCHED("sumsq");
-        if (rc == 0) rc = dg_cuda_nn_colsum(DG_F64, blocks, 1, part, totals + t); /* stream order: part is reused after */
+        if (rc == 0)
+            rc = dg_cuda_nn_colsum(DG_F64, blocks, 1, part, totals + t); /* stream order: part is reused after */
     }
     if (rc == 0) rc = dg_cuda_memcpy(out, totals, sizeof(double) * (size_t)count, 1);
     dg_cuda_free(part);

@@ -5,15 +5,12 @@
 namespace {
 
 template <typename T> __global__ void swiglu_fwd_kernel(int64_t n, const T *g, const T *u, T *y) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = g[i] / (T(1) + nn_exp(-g[i])) * u[i];
 }
 
-template <typename T>
-__global__ void swiglu_bwd_kernel(int64_t n, const T *g, const T *u, const T *dy, T *dg, T *du) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+template <typename T> __global__ void swiglu_bwd_kernel(int64_t n, const T *g, const T *u, const T *dy, T *dg, T *du) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T s = nn_sigmoid(g[i]);
         if (du) du[i] = dy[i] * g[i] * s;
         if (dg) dg[i] = dy[i] * u[i] * s * (T(1) + g[i] * (T(1) - s));
@@ -28,16 +25,16 @@ extern "C" int dg_cuda_swiglu_fwd(dg_dtype dt, int64_t n, const void *g, const v
     if (dg_cuda_init()) return -1;
     unsigned grid = dg_grid_for(n, kNnThreads);
     if (dt == DG_F32)
-        swiglu_fwd_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(
-            n, (const float *)g, (const float *)u, (float *)y);
+        swiglu_fwd_kernel<float>
+            <<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, (const float *)g, (const float *)u, (float *)y);
     else
-        swiglu_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(
-            n, (const double *)g, (const double *)u, (double *)y);
+        swiglu_fwd_kernel<double>
+            <<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, (const double *)g, (const double *)u, (double *)y);
     return DG_LAUNCHED("swiglu fwd");
 }
 
-extern "C" int dg_cuda_swiglu_bwd(dg_dtype dt, int64_t n, const void *g, const void *u,
-                                  const void *dy, void *dg, void *du) {
+extern "C" int dg_cuda_swiglu_bwd(dg_dtype dt, int64_t n, const void *g, const void *u, const void *dy, void *dg,
+                                  void *du) {
     if (!nn_float_dt("cuda swiglu bwd", dt)) return -1;
     if (n <= 0 || (!dg && !du)) return 0;
     if (dg_cuda_init()) return -1;

@@ -5,10 +5,8 @@
 namespace {
 
 /* out[m] = sum_p part[p, m], p increasing; one thread per column, neighbours read neighbours */
-template <typename T>
-__global__ void colsum_kernel(int64_t P, int64_t M, const double *part, T *out) {
-    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M;
-         m += (int64_t)gridDim.x * blockDim.x) {
+template <typename T> __global__ void colsum_kernel(int64_t P, int64_t M, const double *part, T *out) {
+    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
         double acc = 0;
         for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
         out[m] = (T)acc;
@@ -16,10 +14,9 @@ __global__ void colsum_kernel(int64_t P, int64_t M, const double *part, T *out) 
 }
 
 /* *first = the smallest n with a bad id (unsigned compare: untouched stays at ULLONG_MAX) */
-__global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool allow_skip,
-                                 int64_t skip, unsigned long long *first) {
-    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N;
-         n += (int64_t)gridDim.x * blockDim.x) {
+__global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip,
+                                 unsigned long long *first) {
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
         int64_t id = ids[n];
         bool ok = (id >= 0 && id < V) || (allow_skip && id == skip);
         if (!ok) atomicMin(first, (unsigned long long)n);
@@ -31,15 +28,13 @@ __global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool 
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out) {
     if (M <= 0) return 0;
     unsigned grid = dg_grid_for(M, kNnThreads);
-    if (dt == DG_F32)
-        colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
-    else
-        colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
+    if (dt == DG_F32) colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
+    else colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
     return DG_LAUNCHED("nn colsum");
 }
 
-extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip,
-                                      int64_t skip, int64_t *bad_pos, int64_t *bad_val) {
+extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip,
+                                      int64_t *bad_pos, int64_t *bad_val) {
     *bad_pos = -1;
     *bad_val = 0;
     if (N <= 0) return 0;
@@ -48,8 +43,8 @@ extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, 
     if (!first) return -1;
     int rc = DG_CU(cudaMemsetAsync(first, 0xff, sizeof *first, dg_cuda_stream()));
     if (rc == 0) {
-        bad_index_kernel<<<dg_grid_for(N, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-            N, ids, V, allow_skip, skip, first);
+        bad_index_kernel<<<dg_grid_for(N, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(N, ids, V, allow_skip, skip,
+                                                                                          first);
         rc = DG_LAUNCHED("index check");
     }
     unsigned long long pos = ~0ull;

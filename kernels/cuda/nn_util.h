@@ -61,9 +61,7 @@ template <int G> __device__ __forceinline__ double nn_group_max(double v, double
 static inline int nn_group_for(int64_t D) { return D > 1024 ? 256 : 32; }
 
 /* Grid for N rows handled by groups of G threads (the kernels loop over rows). */
-static inline unsigned nn_row_grid(int64_t N, int G) {
-    return dg_grid_for(N * (int64_t)G, kNnThreads);
-}
+static inline unsigned nn_row_grid(int64_t N, int G) { return dg_grid_for(N * (int64_t)G, kNnThreads); }
 
 /* A group-per-row kernel loops
  *     for (int64_t base = blockIdx.x * RPB; base < N; base += gridDim.x * RPB) {
@@ -86,8 +84,7 @@ static inline int64_t nn_col_chunks(int64_t N, int64_t M) {
 template <typename TERM>
 __global__ void __launch_bounds__(kNnThreads)
     nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t P, int64_t chunk, double *part) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P * M;
-         i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P * M; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t m = i % M, p = i / M;
         int64_t n0 = p * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
         double acc = 0;
@@ -101,15 +98,14 @@ int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, voi
 
 /* Both passes: out[m] = sum_n term(n, m), out of dtype dt ([M], contiguous). */
 template <typename TERM>
-static int nn_column_sums(dg_dtype dt, const TERM &term, int64_t N, int64_t M, void *out,
-                          const char *name) {
+static int nn_column_sums(dg_dtype dt, const TERM &term, int64_t N, int64_t M, void *out, const char *name) {
     if (M <= 0) return 0;
     int64_t P = nn_col_chunks(N, M), chunk = (N + P - 1) / P;
     if (N == 0) return dg_cuda_fill(dt, M, out, 0.0);
     double *part = dg_cuda_scratch<double>((size_t)(P * M));
     if (!part) return -1;
-    nn_col_partial_kernel<TERM><<<dg_grid_for(P * M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        term, N, M, P, chunk, part);
+    nn_col_partial_kernel<TERM>
+        <<<dg_grid_for(P * M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(term, N, M, P, chunk, part);
     int rc = DG_LAUNCHED(name);
     if (rc == 0) rc = dg_cuda_nn_colsum(dt, P, M, part, out);
     dg_cuda_free(part);

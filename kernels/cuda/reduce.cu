@@ -22,8 +22,7 @@ template <typename T> __device__ __forceinline__ T from_acc(double v) { return (
 
 /* sum of x[red(r)] for r = r0, r0 + step, ... < r1; four loads in flight per round */
 template <typename TIn, typename IT>
-__device__ __forceinline__ double sum_range(const DgNd<1> &red, const TIn *x, int64_t r0,
-                                            int64_t r1, int step) {
+__device__ __forceinline__ double sum_range(const DgNd<1> &red, const TIn *x, int64_t r0, int64_t r1, int step) {
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     int64_t r = r0;
     for (; r + 3 * (int64_t)step < r1; r += 4 * (int64_t)step) {
@@ -46,8 +45,8 @@ __device__ __forceinline__ double sum_range(const DgNd<1> &red, const TIn *x, in
 /* One group of G threads per (split p, output o), o fastest. */
 template <typename TIn, typename TOut, typename IT, int G>
 __global__ void __launch_bounds__(kThreads)
-    sum_rows_kernel(DgNd<1> kept, DgNd<1> red, int64_t M, int64_t R, int64_t rchunk,
-                    int64_t groups, const TIn *x, TOut *out, double alpha) {
+    sum_rows_kernel(DgNd<1> kept, DgNd<1> red, int64_t M, int64_t R, int64_t rchunk, int64_t groups, const TIn *x,
+                    TOut *out, double alpha) {
     constexpr int kGroupsPerBlock = kThreads / G;
     __shared__ double warp_sums[kThreads / 32];
     int lane = threadIdx.x % G;
@@ -82,8 +81,8 @@ __global__ void __launch_bounds__(kThreads)
 /* One thread per (split p, output o), o fastest. */
 template <typename TIn, typename TOut, typename IT>
 __global__ void __launch_bounds__(kThreads)
-    sum_cols_kernel(DgNd<1> kept, DgNd<1> red, int64_t M, int64_t R, int64_t rchunk,
-                    int64_t items, const TIn *x, TOut *out, double alpha) {
+    sum_cols_kernel(DgNd<1> kept, DgNd<1> red, int64_t M, int64_t R, int64_t rchunk, int64_t items, const TIn *x,
+                    TOut *out, double alpha) {
     for (int64_t it = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; it < items;
          it += (int64_t)gridDim.x * blockDim.x) {
         int64_t o = it % M, p = it / M;
@@ -108,39 +107,38 @@ int64_t min_abs_stride(const DgNd<1> &nd) {
 
 /* One pass: out [splits, M] (TOut) from x. */
 template <typename TIn, typename TOut>
-int sum_pass(const DgNd<1> &kept, const DgNd<1> &red, int64_t M, int64_t R, int64_t splits,
-             bool rows, int G, const TIn *x, TOut *out, double alpha) {
+int sum_pass(const DgNd<1> &kept, const DgNd<1> &red, int64_t M, int64_t R, int64_t splits, bool rows, int G,
+             const TIn *x, TOut *out, double alpha) {
     int64_t rchunk = cdiv(R, splits);
-    bool small = M * splits < INT32_MAX && R < INT32_MAX &&
-                 dg_nd_span(&kept) + dg_nd_span(&red) < INT32_MAX;
+    bool small = M * splits < INT32_MAX && R < INT32_MAX && dg_nd_span(&kept) + dg_nd_span(&red) < INT32_MAX;
     cudaStream_t s = dg_cuda_stream();
     int64_t groups = M * splits;
     if (rows) {
         unsigned grid = dg_grid_for(groups * G, kThreads);
-#define DG_ROWS(IT, GG)                                                                            \
-    sum_rows_kernel<TIn, TOut, IT, GG><<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk, groups,  \
-                                                                 x, out, alpha)
+#define DG_ROWS(IT, GG) \
+    sum_rows_kernel<TIn, TOut, IT, GG><<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk, groups, x, out, alpha)
         if (G == 32) {
-            if (small) DG_ROWS(int32_t, 32); else DG_ROWS(int64_t, 32);
+            if (small) DG_ROWS(int32_t, 32);
+            else DG_ROWS(int64_t, 32);
         } else {
-            if (small) DG_ROWS(int32_t, 256); else DG_ROWS(int64_t, 256);
+            if (small) DG_ROWS(int32_t, 256);
+            else DG_ROWS(int64_t, 256);
         }
 #undef DG_ROWS
     } else {
         unsigned grid = dg_grid_for(groups, kThreads);
         if (small)
-            sum_cols_kernel<TIn, TOut, int32_t><<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk,
-                                                                          groups, x, out, alpha);
+            sum_cols_kernel<TIn, TOut, int32_t>
+                <<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk, groups, x, out, alpha);
         else
-            sum_cols_kernel<TIn, TOut, int64_t><<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk,
-                                                                          groups, x, out, alpha);
+            sum_cols_kernel<TIn, TOut, int64_t>
+                <<<grid, kThreads, 0, s>>>(kept, red, M, R, rchunk, groups, x, out, alpha);
     }
     return DG_LAUNCHED(rows ? "sum_rows" : "sum_cols");
 }
 
 template <typename T>
-int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride, unsigned mask,
-             double alpha, T *out) {
+int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride, unsigned mask, double alpha, T *out) {
     int64_t cst[DG_ND_MAX];
     int64_t ks[DG_ND_MAX], kst[DG_ND_MAX], rs[DG_ND_MAX], rst[DG_ND_MAX];
     int nk = 0, nr = 0;
@@ -200,15 +198,14 @@ int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride,
 
 } // namespace
 
-extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x,
-                           const int64_t *xstride, unsigned reduce_mask, double alpha, void *out) {
+extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x, const int64_t *xstride,
+                           unsigned reduce_mask, double alpha, void *out) {
     if (ndim < 0 || ndim > DG_ND_MAX) {
         dg_error("cuda sum: %d dims, at most %d are supported", ndim, DG_ND_MAX);
         return -1;
     }
     if (reduce_mask >> ndim) {
-        dg_error("cuda sum: reduce mask 0x%x names a dim beyond the %d of the input", reduce_mask,
-                 ndim);
+        dg_error("cuda sum: reduce mask 0x%x names a dim beyond the %d of the input", reduce_mask, ndim);
         return -1;
     }
     for (int d = 0; d < ndim; d++)
@@ -216,12 +213,9 @@ extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const vo
             dg_error("cuda sum: negative size %lld in dim %d", (long long)shape[d], d);
             return -1;
         }
-    if (dt == DG_F32)
-        return sum_impl<float>(ndim, shape, (const float *)x, xstride, reduce_mask, alpha,
-                               (float *)out);
+    if (dt == DG_F32) return sum_impl<float>(ndim, shape, (const float *)x, xstride, reduce_mask, alpha, (float *)out);
     if (dt == DG_F64)
-        return sum_impl<double>(ndim, shape, (const double *)x, xstride, reduce_mask, alpha,
-                                (double *)out);
+        return sum_impl<double>(ndim, shape, (const double *)x, xstride, reduce_mask, alpha, (double *)out);
     dg_error("cuda sum: dtype %s is not supported on CUDA (f32 or f64)", dg_dtype_name(dt));
     return -1;
 }

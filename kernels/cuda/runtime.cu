@@ -26,8 +26,8 @@ namespace {
 struct Runtime {
     int device_count = 0;
     int sm_count = 0;
-    int ok = 0;                  /* 1: stream and pool ready */
-    char fail[512] = {0};        /* why initialisation failed */
+    int ok = 0;           /* 1: stream and pool ready */
+    char fail[512] = {0}; /* why initialisation failed */
     cudaStream_t stream = nullptr;
     bool sync_each = false;
     std::once_flag blas_once;
@@ -60,8 +60,7 @@ void count_devices() {
 
 /* Fills rt().fail with the failing call; returns -1.  Used only inside init (once). */
 int init_fail(const char *what, cudaError_t e) {
-    snprintf(rt().fail, sizeof rt().fail, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(e),
-             cudaGetErrorString(e));
+    snprintf(rt().fail, sizeof rt().fail, "cuda: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
     (void)cudaGetLastError();
     return -1;
 }
@@ -85,8 +84,7 @@ int init_once() {
         return -1;
     }
     cudaMemPool_t pool;
-    if ((e = cudaDeviceGetDefaultMemPool(&pool, 0)) != cudaSuccess)
-        return init_fail("cudaDeviceGetDefaultMemPool", e);
+    if ((e = cudaDeviceGetDefaultMemPool(&pool, 0)) != cudaSuccess) return init_fail("cudaDeviceGetDefaultMemPool", e);
     uint64_t threshold = UINT64_MAX;
     if ((e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold)) != cudaSuccess)
         return init_fail("cudaMemPoolSetAttribute(ReleaseThreshold)", e);
@@ -103,14 +101,14 @@ void create_blas() {
     cublasHandle_t h = nullptr;
     cublasStatus_t st = cublasCreate(&h);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasCreate failed: %s (%s)",
-                 cublasGetStatusName(st), cublasGetStatusString(st));
+        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasCreate failed: %s (%s)", cublasGetStatusName(st),
+                 cublasGetStatusString(st));
         return;
     }
     st = cublasSetStream(h, r.stream);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasSetStream failed: %s (%s)",
-                 cublasGetStatusName(st), cublasGetStatusString(st));
+        snprintf(r.blas_fail, sizeof r.blas_fail, "cublas: cublasSetStream failed: %s (%s)", cublasGetStatusName(st),
+                 cublasGetStatusString(st));
         cublasDestroy(h);
         return;
     }
@@ -158,8 +156,7 @@ void *dg_cuda_malloc(size_t n) {
     cudaError_t e = cudaMallocAsync(&p, n ? n : 1, rt().stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is not sticky: the context stays usable */
-        dg_error("cuda: cudaMallocAsync(%zu bytes) failed: %s (%s)", n, cudaGetErrorName(e),
-                 cudaGetErrorString(e));
+        dg_error("cuda: cudaMallocAsync(%zu bytes) failed: %s (%s)", n, cudaGetErrorName(e), cudaGetErrorString(e));
         return nullptr;
     }
     return p;

@@ -38,9 +38,9 @@ static int no_cuda(dg_dtype dt) {
 
 typedef struct piece_attrs {
     int chunk;
-    int reverse;    /* chunk_local_cumsum */
+    int reverse;       /* chunk_local_cumsum */
     dg_gate_kind gate; /* chunk_scaled_dot_kkt */
-    int blocked;    /* solve_tril forward */
+    int blocked;       /* solve_tril forward */
 } piece_attrs;
 
 #define DPTR(t) ((t) ? dg_data_ptr(t) : NULL)
@@ -80,9 +80,9 @@ static int cumsum_forward(dg_node *n) {
     int rc = ON_CUDA(g) ? dg_cuda_chunk_local_cumsum(g->dtype, g->shape[0], g->shape[1], H, S, c, N, at->chunk,
                                                      at->reverse, DPTR(g), DPTR(out))
              : g->dtype == DG_F32 ? dg_chunk_local_cumsum_fwd_f32(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
-                                                                at->reverse, DPTR(g), DPTR(out))
-                                : dg_chunk_local_cumsum_fwd_f64(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
-                                                                at->reverse, DPTR(g), DPTR(out));
+                                                                  at->reverse, DPTR(g), DPTR(out))
+                                  : dg_chunk_local_cumsum_fwd_f64(g->shape[0], g->shape[1], H, S, c, N, at->chunk,
+                                                                  at->reverse, DPTR(g), DPTR(out));
     n->out[0] = out;
     return rc;
 }
@@ -99,9 +99,9 @@ static int cumsum_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     int rc = ON_CUDA(dy) ? dg_cuda_chunk_local_cumsum(dy->dtype, dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
                                                       !at->reverse, DPTR(dy), DPTR(dx))
              : dy->dtype == DG_F32 ? dg_chunk_local_cumsum_bwd_f32(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
-                                                                 at->reverse, DPTR(dy), DPTR(dx))
-                                 : dg_chunk_local_cumsum_bwd_f64(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
-                                                                 at->reverse, DPTR(dy), DPTR(dx));
+                                                                   at->reverse, DPTR(dy), DPTR(dx))
+                                   : dg_chunk_local_cumsum_bwd_f64(dy->shape[0], dy->shape[1], H, S, c, N, at->chunk,
+                                                                   at->reverse, DPTR(dy), DPTR(dx));
     gin[0] = dx;
     return rc;
 }
@@ -170,11 +170,20 @@ static int cumsum_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_chunk_local_cumsum = {
-    .name = "chunk_local_cumsum", .n_in = 2, .n_out = 1, .in_names = {"g", "cu_seqlens"},
-    .out_names = {"g_cumsum"}, .attrs_size = sizeof(piece_attrs), .forward = cumsum_forward,
-    .bwd = {{"default", cumsum_backward}}, .decompose = cumsum_decompose, .sample = cumsum_sample,
-    .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_chunk_local_cumsum = {.name = "chunk_local_cumsum",
+                                            .n_in = 2,
+                                            .n_out = 1,
+                                            .in_names = {"g", "cu_seqlens"},
+                                            .out_names = {"g_cumsum"},
+                                            .attrs_size = sizeof(piece_attrs),
+                                            .forward = cumsum_forward,
+                                            .bwd = {{"default", cumsum_backward}},
+                                            .decompose = cumsum_decompose,
+                                            .sample = cumsum_sample,
+                                            .atol_f64 = 1e-7,
+                                            .rtol_f64 = 1e-6,
+                                            .atol_f32 = 1e-5,
+                                            .rtol_f32 = 1e-4};
 
 dg_tensor *dg_chunk_local_cumsum(dg_tensor *g, int chunk_size, bool reverse, dg_tensor *cu_seqlens) {
     const char *op = "chunk_local_cumsum";
@@ -184,8 +193,7 @@ dg_tensor *dg_chunk_local_cumsum(dg_tensor *g, int chunk_size, bool reverse, dg_
         return NULL;
     }
     int64_t N;
-    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "g", g, &N)))
-        return NULL;
+    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "g", g, &N))) return NULL;
     piece_attrs at = {.chunk = chunk_size, .reverse = reverse};
     dg_tensor *in[2] = {g, cu_seqlens};
     return dg_apply1(&dg_op_chunk_local_cumsum, &at, in);
@@ -196,9 +204,17 @@ dg_tensor *dg_chunk_local_cumsum(dg_tensor *g, int chunk_size, bool reverse, dg_
 static dg_dr_shape kkt_shape(const piece_attrs *at, dg_tensor *k, dg_tensor *beta, dg_tensor *cu) {
     int64_t N;
     const int64_t *c = cu_ptr(cu, &N, k->shape[0]);
-    return (dg_dr_shape){.B = k->shape[0], .T = k->shape[1], .H = k->shape[2], .HV = beta->shape[2],
-                         .K = k->shape[3], .V = 1, .cu_seqlens = c, .N = N, .gate = at->gate,
-                         .scale = 1, .chunk = at->chunk};
+    return (dg_dr_shape){.B = k->shape[0],
+                         .T = k->shape[1],
+                         .H = k->shape[2],
+                         .HV = beta->shape[2],
+                         .K = k->shape[3],
+                         .V = 1,
+                         .cu_seqlens = c,
+                         .N = N,
+                         .gate = at->gate,
+                         .scale = 1,
+                         .chunk = at->chunk};
 }
 
 static int kkt_forward(dg_node *n) {
@@ -211,7 +227,7 @@ static int kkt_forward(dg_node *n) {
     if (!A) return -1;
     int rc = ON_CUDA(k) ? dg_cuda_chunk_scaled_dot_kkt_fwd(k->dtype, &s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A))
              : k->dtype == DG_F32 ? dg_chunk_scaled_dot_kkt_fwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A))
-                                : dg_chunk_scaled_dot_kkt_fwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A));
+                                  : dg_chunk_scaled_dot_kkt_fwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(A));
     n->out[0] = A;
     return rc;
 }
@@ -225,11 +241,12 @@ static int kkt_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     dg_tensor *dk = n->needs_grad[0] ? dg_empty_like(k) : NULL;
     dg_tensor *db = n->needs_grad[1] ? dg_empty_like(beta) : NULL;
     dg_tensor *dg = g && n->needs_grad[2] ? dg_empty_like(g) : NULL;
-    int rc = ON_CUDA(k) ? dg_cuda_chunk_scaled_dot_kkt_bwd(k->dtype, &s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA),
-                                                           DPTR(dk), DPTR(db), DPTR(dg))
-             : k->dtype == DG_F32
-                 ? dg_chunk_scaled_dot_kkt_bwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg))
-                 : dg_chunk_scaled_dot_kkt_bwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg));
+    int rc =
+        ON_CUDA(k) ? dg_cuda_chunk_scaled_dot_kkt_bwd(k->dtype, &s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk),
+                                                      DPTR(db), DPTR(dg))
+        : k->dtype == DG_F32
+            ? dg_chunk_scaled_dot_kkt_bwd_f32(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg))
+            : dg_chunk_scaled_dot_kkt_bwd_f64(&s, DPTR(k), DPTR(beta), DPTR(g), DPTR(dA), DPTR(dk), DPTR(db), DPTR(dg));
     gin[0] = dk;
     gin[1] = db;
     gin[2] = dg;
@@ -266,36 +283,45 @@ static int kkt_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     if (cu) dg_sample_set(s, 3, cu, false);
     memcpy(s->attrs, &at, sizeof at);
     snprintf(s->label, sizeof s->label, "k %s HV %lld, %s gate, chunk %d%s", dg_shp(k), (long long)HV,
-             at.gate == DG_GATE_NONE ? "no" : at.gate == DG_GATE_HEAD ? "head" : "channel", at.chunk,
-             varlen ? ", varlen {0,5,37}" : "");
+             at.gate == DG_GATE_NONE   ? "no"
+             : at.gate == DG_GATE_HEAD ? "head"
+                                       : "channel",
+             at.chunk, varlen ? ", varlen {0,5,37}" : "");
     return 1;
 }
 
-const dg_op_def dg_op_chunk_scaled_dot_kkt = {
-    .name = "chunk_scaled_dot_kkt", .n_in = 4, .n_out = 1, .in_names = {"k", "beta", "g_cumsum", "cu_seqlens"},
-    .out_names = {"A"}, .attrs_size = sizeof(piece_attrs), .forward = kkt_forward,
-    .bwd = {{"default", kkt_backward}}, .sample = kkt_sample,
-    .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_chunk_scaled_dot_kkt = {.name = "chunk_scaled_dot_kkt",
+                                              .n_in = 4,
+                                              .n_out = 1,
+                                              .in_names = {"k", "beta", "g_cumsum", "cu_seqlens"},
+                                              .out_names = {"A"},
+                                              .attrs_size = sizeof(piece_attrs),
+                                              .forward = kkt_forward,
+                                              .bwd = {{"default", kkt_backward}},
+                                              .sample = kkt_sample,
+                                              .atol_f64 = 1e-7,
+                                              .rtol_f64 = 1e-6,
+                                              .atol_f32 = 1e-5,
+                                              .rtol_f32 = 1e-4};
 
 dg_tensor *dg_chunk_scaled_dot_kkt(dg_tensor *k, dg_tensor *beta, dg_tensor *g_cumsum, int chunk_size,
                                    dg_tensor *cu_seqlens) {
     const char *op = "chunk_scaled_dot_kkt";
     if (!dg_check_float(op, "k", k) || !dg_check_float(op, "beta", beta)) return NULL;
-    if (!dg_check_same_dtype(op, "beta", beta, "k", k) || !dg_check_same_device(op, "beta", beta, "k", k))
-        return NULL;
+    if (!dg_check_same_dtype(op, "beta", beta, "k", k) || !dg_check_same_device(op, "beta", beta, "k", k)) return NULL;
     if (!dg_check_ndim(op, "k", k, 4) || !dg_check_ndim(op, "beta", beta, 3)) return NULL;
     const int64_t B = k->shape[0], T = k->shape[1], H = k->shape[2], K = k->shape[3], HV = beta->shape[2];
     if (beta->shape[0] != B || beta->shape[1] != T || HV < H || HV % H != 0) {
-        dg_error("%s: beta has shape %s but [B,T,HV] with B, T of k %s and HV a multiple of H = %lld is required",
-                 op, dg_shp(beta), dg_shp(k), (long long)H);
+        dg_error("%s: beta has shape %s but [B,T,HV] with B, T of k %s and HV a multiple of H = %lld is required", op,
+                 dg_shp(beta), dg_shp(k), (long long)H);
         return NULL;
     }
     dg_gate_kind gate = DG_GATE_NONE;
     if (g_cumsum) {
         if (!dg_check_float(op, "g_cumsum", g_cumsum) || !dg_check_same_dtype(op, "g_cumsum", g_cumsum, "k", k))
             return NULL;
-        const bool head = g_cumsum->ndim == 3 && g_cumsum->shape[0] == B && g_cumsum->shape[1] == T &&
-                          g_cumsum->shape[2] == HV;
+        const bool head =
+            g_cumsum->ndim == 3 && g_cumsum->shape[0] == B && g_cumsum->shape[1] == T && g_cumsum->shape[2] == HV;
         const bool chan = g_cumsum->ndim == 4 && g_cumsum->shape[0] == B && g_cumsum->shape[1] == T &&
                           g_cumsum->shape[2] == HV && g_cumsum->shape[3] == K;
         if (!head && !chan) {
@@ -308,8 +334,7 @@ dg_tensor *dg_chunk_scaled_dot_kkt(dg_tensor *k, dg_tensor *beta, dg_tensor *g_c
         gate = head ? DG_GATE_HEAD : DG_GATE_CHANNEL;
     }
     int64_t N;
-    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "k", k, &N)))
-        return NULL;
+    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "k", k, &N))) return NULL;
     piece_attrs at = {.chunk = chunk_size, .gate = gate};
     dg_tensor *in[4] = {k, beta, g_cumsum, cu_seqlens};
     return dg_apply1(&dg_op_chunk_scaled_dot_kkt, &at, in);
@@ -320,8 +345,17 @@ dg_tensor *dg_chunk_scaled_dot_kkt(dg_tensor *k, dg_tensor *beta, dg_tensor *g_c
 static dg_dr_shape tril_shape(const piece_attrs *at, dg_tensor *A, dg_tensor *cu) {
     int64_t N;
     const int64_t *c = cu_ptr(cu, &N, A->shape[0]);
-    return (dg_dr_shape){.B = A->shape[0], .T = A->shape[1], .H = A->shape[2], .HV = A->shape[2], .K = 1,
-                         .V = 1, .cu_seqlens = c, .N = N, .gate = DG_GATE_NONE, .scale = 1, .chunk = at->chunk};
+    return (dg_dr_shape){.B = A->shape[0],
+                         .T = A->shape[1],
+                         .H = A->shape[2],
+                         .HV = A->shape[2],
+                         .K = 1,
+                         .V = 1,
+                         .cu_seqlens = c,
+                         .N = N,
+                         .gate = DG_GATE_NONE,
+                         .scale = 1,
+                         .chunk = at->chunk};
 }
 
 static int tril_forward(dg_node *n) {
@@ -330,9 +364,9 @@ static int tril_forward(dg_node *n) {
     dg_tensor *Ai = A ? dg_empty_like(A) : NULL;
     if (!Ai || (n->in[1] && !cu)) return -1;
     dg_dr_shape s = tril_shape(at, A, cu);
-    int rc = ON_CUDA(A) ? dg_cuda_solve_tril_fwd(A->dtype, &s, at->blocked, DPTR(A), DPTR(Ai))
+    int rc = ON_CUDA(A)           ? dg_cuda_solve_tril_fwd(A->dtype, &s, at->blocked, DPTR(A), DPTR(Ai))
              : A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, at->blocked, DPTR(A), DPTR(Ai))
-                                : dg_solve_tril_fwd_f64(&s, at->blocked, DPTR(A), DPTR(Ai));
+                                  : dg_solve_tril_fwd_f64(&s, at->blocked, DPTR(A), DPTR(Ai));
     n->out[0] = Ai;
     return rc;
 }
@@ -345,13 +379,13 @@ static int tril_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin, in
     dg_tensor *Ai = A ? dg_empty_like(A) : NULL, *dA = A ? dg_empty_like(A) : NULL;
     if (!Ai || !dA || !dY) return -1;
     dg_dr_shape s = tril_shape(at, A, cu);
-    int rc = ON_CUDA(A) ? dg_cuda_solve_tril_fwd(A->dtype, &s, blocked, DPTR(A), DPTR(Ai))
+    int rc = ON_CUDA(A)           ? dg_cuda_solve_tril_fwd(A->dtype, &s, blocked, DPTR(A), DPTR(Ai))
              : A->dtype == DG_F32 ? dg_solve_tril_fwd_f32(&s, blocked, DPTR(A), DPTR(Ai))
                                   : dg_solve_tril_fwd_f64(&s, blocked, DPTR(A), DPTR(Ai));
     if (rc == 0)
-        rc = ON_CUDA(A) ? dg_cuda_solve_tril_bwd(A->dtype, &s, DPTR(Ai), DPTR(dY), DPTR(dA))
+        rc = ON_CUDA(A)           ? dg_cuda_solve_tril_bwd(A->dtype, &s, DPTR(Ai), DPTR(dY), DPTR(dA))
              : A->dtype == DG_F32 ? dg_solve_tril_bwd_f32(&s, DPTR(Ai), DPTR(dY), DPTR(dA))
-                                : dg_solve_tril_bwd_f64(&s, DPTR(Ai), DPTR(dY), DPTR(dA));
+                                  : dg_solve_tril_bwd_f64(&s, DPTR(Ai), DPTR(dY), DPTR(dA));
     gin[0] = dA;
     return rc;
 }
@@ -388,18 +422,25 @@ static int tril_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     return 1;
 }
 
-const dg_op_def dg_op_solve_tril = {
-    .name = "solve_tril", .n_in = 2, .n_out = 1, .in_names = {"A", "cu_seqlens"}, .out_names = {"Ainv"},
-    .attrs_size = sizeof(piece_attrs), .forward = tril_forward,
-    .bwd = {{"blocked", tril_bwd_blocked}, {"subst", tril_bwd_subst}}, .sample = tril_sample,
-    .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_solve_tril = {.name = "solve_tril",
+                                    .n_in = 2,
+                                    .n_out = 1,
+                                    .in_names = {"A", "cu_seqlens"},
+                                    .out_names = {"Ainv"},
+                                    .attrs_size = sizeof(piece_attrs),
+                                    .forward = tril_forward,
+                                    .bwd = {{"blocked", tril_bwd_blocked}, {"subst", tril_bwd_subst}},
+                                    .sample = tril_sample,
+                                    .atol_f64 = 1e-7,
+                                    .rtol_f64 = 1e-6,
+                                    .atol_f32 = 1e-5,
+                                    .rtol_f32 = 1e-4};
 
 dg_tensor *dg_solve_tril(dg_tensor *A, int chunk_size, dg_tensor *cu_seqlens, bool blocked) {
     const char *op = "solve_tril";
     if (!dg_check_float(op, "A", A) || !dg_check_ndim(op, "A", A, 4)) return NULL;
     int64_t N;
-    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "A", A, &N)))
-        return NULL;
+    if (!check_chunk(op, chunk_size) || (cu_seqlens && !dg_delta_check_cu(op, cu_seqlens, "A", A, &N))) return NULL;
     if (A->shape[3] != chunk_size) {
         dg_error("%s: A has shape %s but its last dim must be the chunk size %d ([B,T,HV,C])", op, dg_shp(A),
                  chunk_size);

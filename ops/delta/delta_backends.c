@@ -26,10 +26,8 @@
 /* the CPU kernels' codes: -1 out of memory, else a rejected argument */
 static int cpu_status(const dg_delta_call *c, const char *what, int rc) {
     if (rc == 0) return 0;
-    if (rc == -1)
-        dg_error("%s: out of host memory in the %s kernel", c->op, what);
-    else
-        dg_error("%s: the %s kernel rejected its arguments (code %d)", c->op, what, rc);
+    if (rc == -1) dg_error("%s: out of host memory in the %s kernel", c->op, what);
+    else dg_error("%s: the %s kernel rejected its arguments (code %d)", c->op, what, rc);
     return -1;
 }
 
@@ -54,9 +52,7 @@ static bool cpu_dtype(const dg_delta_call *c) {
     return c->device == DG_CPU && (c->dtype == DG_F32 || c->dtype == DG_F64);
 }
 
-static bool cpu_recurrent_accepts(const dg_delta_call *c) {
-    return cpu_dtype(c) && c->algorithm == DG_DELTA_RECURRENT;
-}
+static bool cpu_recurrent_accepts(const dg_delta_call *c) { return cpu_dtype(c) && c->algorithm == DG_DELTA_RECURRENT; }
 static int cpu_recurrent_fwd(dg_delta_call *c) {
     if (c->l2.on && norm_first(c)) return -1;
     const dg_dr_shape *s = &c->s;
@@ -67,11 +63,10 @@ static int cpu_recurrent_fwd(dg_delta_call *c) {
 static int cpu_recurrent_bwd(dg_delta_call *c) {
     const dg_dr_shape *s = &c->s;
     c->l2_done = false;
-    const int rc = c->dtype == DG_F32
-                       ? dg_dr_recurrent_bwd_f32(s, c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout, c->dhT, c->dq,
-                                                 c->dk, c->dv, c->dg, c->dbeta, c->dh0)
-                       : dg_dr_recurrent_bwd_f64(s, c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout, c->dhT, c->dq,
-                                                 c->dk, c->dv, c->dg, c->dbeta, c->dh0);
+    const int rc = c->dtype == DG_F32 ? dg_dr_recurrent_bwd_f32(s, c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout,
+                                                                c->dhT, c->dq, c->dk, c->dv, c->dg, c->dbeta, c->dh0)
+                                      : dg_dr_recurrent_bwd_f64(s, c->q, c->k, c->v, c->g, c->beta, c->h0, c->dout,
+                                                                c->dhT, c->dq, c->dk, c->dv, c->dg, c->dbeta, c->dh0);
     return cpu_status(c, "recurrent backward", rc);
 }
 
@@ -158,8 +153,8 @@ static const dg_delta_backend rows[] = {
      cuda_chunk_kda_mma_kept_bytes, cuda_chunk_kda_mma_fwd, cuda_chunk_kda_mma_bwd},
     {"cuda_chunk_mma", "CUDA, chunked, tensor cores, gate none or head", cuda_chunk_mma_accepts,
      cuda_chunk_mma_kept_bytes, cuda_chunk_mma_fwd, cuda_chunk_mma_bwd},
-    {"cuda_chunk_generic", "CUDA, chunked, f32 arithmetic", cuda_chunk_generic_accepts,
-     cuda_chunk_generic_kept_bytes, cuda_chunk_generic_fwd, cuda_chunk_generic_bwd},
+    {"cuda_chunk_generic", "CUDA, chunked, f32 arithmetic", cuda_chunk_generic_accepts, cuda_chunk_generic_kept_bytes,
+     cuda_chunk_generic_fwd, cuda_chunk_generic_bwd},
 #endif
 };
 enum { N_ROWS = sizeof rows / sizeof rows[0] };

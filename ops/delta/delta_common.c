@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-const dg_delta_slots dg_delta_slots_plain = {.q = 0, .k = 1, .v = 2, .g = -1, .beta = 3, .h0 = 4,
-                                             .A_log = -1, .dt_bias = -1, .cu = 5, .n_in = 6};
-const dg_delta_slots dg_delta_slots_gated = {.q = 0, .k = 1, .v = 2, .g = 3, .beta = 4, .h0 = 5,
-                                             .A_log = 6, .dt_bias = 7, .cu = 8, .n_in = 9};
+const dg_delta_slots dg_delta_slots_plain = {
+    .q = 0, .k = 1, .v = 2, .g = -1, .beta = 3, .h0 = 4, .A_log = -1, .dt_bias = -1, .cu = 5, .n_in = 6};
+const dg_delta_slots dg_delta_slots_gated = {
+    .q = 0, .k = 1, .v = 2, .g = 3, .beta = 4, .h0 = 5, .A_log = 6, .dt_bias = 7, .cu = 8, .n_in = 9};
 
 const dg_delta_variants *dg_delta_variants_of(const char *op) {
     const dg_delta_gate *gt = dg_delta_gate_of_op(op);
@@ -70,14 +70,11 @@ static bool check_state(const char *op, const char *arg, const dg_tensor *t, con
 }
 
 /* cu_seqlens: i64 [N+1], B = 1, starts at 0, never decreases, ends at T (ref is [B,T,...]). */
-bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *q,
-                       int64_t *N) {
-    if (!dg_check_dtype(op, "cu_seqlens", cu, DG_I64) || !dg_check_ndim(op, "cu_seqlens", cu, 1))
-        return false;
+bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *q, int64_t *N) {
+    if (!dg_check_dtype(op, "cu_seqlens", cu, DG_I64) || !dg_check_ndim(op, "cu_seqlens", cu, 1)) return false;
     const int64_t n = cu->shape[0], B = q->shape[0], T = q->shape[1];
     if (n < 2) {
-        dg_error("%s: cu_seqlens has shape %s but needs at least 2 offsets (one sequence)", op,
-                 dg_shp(cu));
+        dg_error("%s: cu_seqlens has shape %s but needs at least 2 offsets (one sequence)", op, dg_shp(cu));
         return false;
     }
     if (B != 1) {
@@ -101,8 +98,7 @@ bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name
     for (int64_t i = 1; ok && i < n; i++)
         if (c[i] < c[i - 1]) {
             dg_error("%s: cu_seqlens %s = %s decreases at index %lld (%lld -> %lld)", op, dg_shp(cu),
-                     values_text(c, n, buf, sizeof buf), (long long)i, (long long)c[i - 1],
-                     (long long)c[i]);
+                     values_text(c, n, buf, sizeof buf), (long long)i, (long long)c[i - 1], (long long)c[i]);
             ok = false;
         }
     if (ok && c[n - 1] != T) {
@@ -115,9 +111,8 @@ bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name
     return ok;
 }
 
-bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                       dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at,
-                       int64_t *N) {
+bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                       dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at, int64_t *N) {
     static const dg_delta_opts defaults = {0};
     if (!opts) opts = &defaults;
     const dg_delta_gate *gt = dg_delta_gate_of(gate);
@@ -126,8 +121,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
         return false;
     }
     if (!check_q(op, q)) return false;
-    if (!check_other(op, "k", k, q) || !check_other(op, "v", v, q) || !check_other(op, "beta", beta, q))
-        return false;
+    if (!check_other(op, "k", k, q) || !check_other(op, "v", v, q) || !check_other(op, "beta", beta, q)) return false;
     if (gt->gated && !check_state(op, "g", g, q)) return false;
     if (!dg_check_ndim(op, "q", q, 4) || !dg_check_ndim(op, "v", v, 4)) return false;
     if (!dg_same_shape(k, q)) {
@@ -198,15 +192,14 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
             if (!check_state(op, "dt_bias", opts->dt_bias, q)) return false;
             const int64_t dshape[1] = {HV * dg_delta_gate_width(gt, K)};
             if (!same_shape4(opts->dt_bias, 1, dshape)) {
-                dg_error("%s: dt_bias has shape %s but %s = %s is required (q %s, v %s)", op,
-                         dg_shp(opts->dt_bias), gt->per_channel ? "[HV*K]" : "[HV]",
-                         dg_shape_text(1, dshape), dg_shp(q), dg_shp(v));
+                dg_error("%s: dt_bias has shape %s but %s = %s is required (q %s, v %s)", op, dg_shp(opts->dt_bias),
+                         gt->per_channel ? "[HV*K]" : "[HV]", dg_shape_text(1, dshape), dg_shp(q), dg_shp(v));
                 return false;
             }
         }
     } else if (opts->A_log || opts->dt_bias) {
-        dg_error("%s: %s given (shape %s) but use_gate_in_kernel is not set", op,
-                 opts->A_log ? "A_log" : "dt_bias", dg_shp(opts->A_log ? opts->A_log : opts->dt_bias));
+        dg_error("%s: %s given (shape %s) but use_gate_in_kernel is not set", op, opts->A_log ? "A_log" : "dt_bias",
+                 dg_shp(opts->A_log ? opts->A_log : opts->dt_bias));
         return false;
     }
     *N = B;
@@ -215,8 +208,8 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
         if (!check_state(op, "initial_state", opts->initial_state, q)) return false;
         const int64_t hshape[4] = {*N, HV, K, V};
         if (!same_shape4(opts->initial_state, 4, hshape)) {
-            dg_error("%s: initial_state has shape %s but [N,HV,K,V] = %s is required (N = %lld %s; q %s, v %s)",
-                     op, dg_shp(opts->initial_state), dg_shape_text(4, hshape), (long long)*N,
+            dg_error("%s: initial_state has shape %s but [N,HV,K,V] = %s is required (N = %lld %s; q %s, v %s)", op,
+                     dg_shp(opts->initial_state), dg_shape_text(4, hshape), (long long)*N,
                      opts->cu_seqlens ? "sequences in cu_seqlens" : "batch size", dg_shp(q), dg_shp(v));
             return false;
         }
@@ -243,9 +236,9 @@ typedef struct prep {
     dg_tensor *qraw, *kraw; /* contiguous inputs */
     dg_tensor *rq, *rk;     /* 1/|q|, 1/|k| per row (l2norm_qk), dtype st */
     dg_tensor *v, *beta, *h0;
-    dg_tensor *g;           /* the log decay the kernel reads */
+    dg_tensor *g;                   /* the log decay the kernel reads */
     dg_tensor *a, *A_log, *dt_bias; /* gate_in_kernel: raw a (the g input) and the parameters */
-    int64_t gate_c;         /* gate values per token and value head: 0, 1 (GDN) or K (KDA) */
+    int64_t gate_c;                 /* gate values per token and value head: 0, 1 (GDN) or K (KDA) */
 } prep;
 
 #define DPTR(t) ((t) ? dg_data_ptr(t) : NULL)
@@ -265,9 +258,9 @@ static bool prep_check(dg_node *n, const dg_delta_slots *sl, dg_device dev, dg_d
         const bool storage = i == sl->q || i == sl->k || i == sl->v || i == sl->beta;
         const dg_dtype want = storage ? dt : st;
         if (t->device != dev || t->dtype != want) {
-            dg_error("%s: input '%s' %s is %s on %s but %s on %s is required (q is %s on %s)", op,
-                     n->op->in_names[i], dg_shp(t), dg_dtype_name(t->dtype), dg_device_name(t->device),
-                     dg_dtype_name(want), dg_device_name(dev), dg_dtype_name(dt), dg_device_name(dev));
+            dg_error("%s: input '%s' %s is %s on %s but %s on %s is required (q is %s on %s)", op, n->op->in_names[i],
+                     dg_shp(t), dg_dtype_name(t->dtype), dg_device_name(t->device), dg_dtype_name(want),
+                     dg_device_name(dev), dg_dtype_name(dt), dg_device_name(dev));
             return false;
         }
     }
@@ -306,9 +299,17 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm)
     if (!p->qraw || !p->kraw || !p->v || !p->beta || (in_at(n, sl->cu) && !cu)) return -1;
     const int64_t B = p->qraw->shape[0], T = p->qraw->shape[1], H = p->qraw->shape[2];
     const int64_t K = p->qraw->shape[3], HV = p->v->shape[2], V = p->v->shape[3];
-    p->s = (dg_dr_shape){.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
-                         .cu_seqlens = cu ? dg_data_ptr(cu) : NULL, .N = cu ? cu->shape[0] - 1 : B,
-                         .gate = at->gate, .scale = at->scale, .chunk = at->chunk};
+    p->s = (dg_dr_shape){.B = B,
+                         .T = T,
+                         .H = H,
+                         .HV = HV,
+                         .K = K,
+                         .V = V,
+                         .cu_seqlens = cu ? dg_data_ptr(cu) : NULL,
+                         .N = cu ? cu->shape[0] - 1 : B,
+                         .gate = at->gate,
+                         .scale = at->scale,
+                         .chunk = at->chunk};
     if (at->l2norm_qk && saved) {
         p->q = n->saved[SAVED_Q], p->k = n->saved[SAVED_K];
         p->rq = n->saved[SAVED_RQ], p->rk = n->saved[SAVED_RK];
@@ -358,11 +359,25 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     if (!o || !hT) return -1;
     const bool save = n->recording && at->keep_forward;
     /* p.q, p.k: the normalised rows, made by the call (q only where the backward will read it) */
-    dg_delta_call c = {.op = n->op->name, .s = p.s, .dtype = p.dt, .device = p.dev, .algorithm = at->algorithm,
-                       .q = DPTR(p.q), .k = DPTR(p.k), .v = DPTR(p.v), .g = DPTR(p.g), .beta = DPTR(p.beta),
-                       .h0 = DPTR(p.h0), .o = DPTR(o), .hT = DPTR(hT),
-                       .l2 = {.on = at->l2norm_qk, .qraw = DPTR(p.qraw), .kraw = DPTR(p.kraw), .rq = DPTR(p.rq),
-                              .rk = DPTR(p.rk), .for_bwd = save}};
+    dg_delta_call c = {.op = n->op->name,
+                       .s = p.s,
+                       .dtype = p.dt,
+                       .device = p.dev,
+                       .algorithm = at->algorithm,
+                       .q = DPTR(p.q),
+                       .k = DPTR(p.k),
+                       .v = DPTR(p.v),
+                       .g = DPTR(p.g),
+                       .beta = DPTR(p.beta),
+                       .h0 = DPTR(p.h0),
+                       .o = DPTR(o),
+                       .hT = DPTR(hT),
+                       .l2 = {.on = at->l2norm_qk,
+                              .qraw = DPTR(p.qraw),
+                              .kraw = DPTR(p.kraw),
+                              .rq = DPTR(p.rq),
+                              .rk = DPTR(p.rk),
+                              .for_bwd = save}};
     const dg_delta_backend *b = dg_delta_pick(&c);
     if (!b) return -1;
     /* the kernels' working set, kept for the backward (node->saved[SAVED_KEEP]) where they can */
@@ -389,8 +404,8 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
 
 static dg_tensor *maybe_empty(bool want, const dg_tensor *like) { return want ? dg_empty_like(like) : NULL; }
 
-int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_spec *spec,
-                      dg_tensor *const *gout, dg_tensor **gin) {
+int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_spec *spec, dg_tensor *const *gout,
+                      dg_tensor **gin) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)n->attrs;
     const char *op = n->op->name;
     prep p;
@@ -417,11 +432,28 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
-    dg_delta_call c = {.op = op, .s = p.s, .dtype = p.dt, .device = p.dev, .algorithm = spec->algo,
-                       .bwd = spec->flags, .q = DPTR(p.q), .k = DPTR(p.k), .v = DPTR(p.v), .g = DPTR(p.g),
-                       .beta = DPTR(p.beta), .h0 = DPTR(p.h0), .dout = DPTR(dout), .dhT = DPTR(dhT),
-                       .dq = DPTR(dq), .dk = DPTR(dk), .dv = DPTR(dv), .dg = DPTR(dg), .dbeta = DPTR(dbeta),
-                       .dh0 = DPTR(dh0), .keep = kept, .kept = kept != NULL,
+    dg_delta_call c = {.op = op,
+                       .s = p.s,
+                       .dtype = p.dt,
+                       .device = p.dev,
+                       .algorithm = spec->algo,
+                       .bwd = spec->flags,
+                       .q = DPTR(p.q),
+                       .k = DPTR(p.k),
+                       .v = DPTR(p.v),
+                       .g = DPTR(p.g),
+                       .beta = DPTR(p.beta),
+                       .h0 = DPTR(p.h0),
+                       .dout = DPTR(dout),
+                       .dhT = DPTR(dhT),
+                       .dq = DPTR(dq),
+                       .dk = DPTR(dk),
+                       .dv = DPTR(dv),
+                       .dg = DPTR(dg),
+                       .dbeta = DPTR(dbeta),
+                       .dh0 = DPTR(dh0),
+                       .keep = kept,
+                       .kept = kept != NULL,
                        .l2 = {.on = at->l2norm_qk, .rq = DPTR(p.rq), .rk = DPTR(p.rk)}};
     if (dg_delta_bwd(NULL, &c)) return -1;
     /* (the 16-bit CUDA chunked kernels took the norm's backward with them: c.l2_done) */
@@ -482,10 +514,8 @@ dg_tensor *dg_delta_run_op(const dg_op_def *def, const dg_delta_slots *sl, dg_ga
     } else {
         const int env = dg_op_env_variant(def);
         if (env == -2) return NULL;
-        if (env >= 0)
-            variant = env;
-        else if (at.algorithm == DG_DELTA_RECURRENT)
-            variant = dg_delta_recurrent_variant(def);
+        if (env >= 0) variant = env;
+        else if (at.algorithm == DG_DELTA_RECURRENT) variant = dg_delta_recurrent_variant(def);
     }
     dg_tensor *in[DG_MAX_IO] = {0};
     in[sl->q] = q;

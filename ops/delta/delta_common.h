@@ -53,8 +53,8 @@ typedef struct dg_delta_bwd_spec {
 } dg_delta_bwd_spec;
 
 int dg_delta_forward(dg_node *n, const dg_delta_slots *sl);
-int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_spec *spec,
-                      dg_tensor *const *gout, dg_tensor **gin);
+int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_spec *spec, dg_tensor *const *gout,
+                      dg_tensor **gin);
 
 /* The typed entry points' common body: validates, fills the attributes and the input array, picks
  * the variant and applies the op.  g is NULL for delta_rule.  The variant: opts->backward, else
@@ -66,22 +66,18 @@ dg_tensor *dg_delta_run_op(const dg_op_def *def, const dg_delta_slots *sl, dg_ga
 
 /* Validation alone (used by dg_delta_run_op; exposed for the tests).  Returns false with the error
  * set.  On success fills *at, and *N with the number of sequences. */
-bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                       dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at,
-                       int64_t *N);
+bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                       dg_tensor *beta, const dg_delta_opts *opts, dg_delta_attrs *at, int64_t *N);
 
 /* cu_seqlens: i64 [N+1] with B = 1, 0 = c_0 <= ... <= c_N = T, where ref [B,T,...] (named
  * ref_name in messages) gives B and T.  Sets *N.  Returns false with the error set. */
-bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *ref,
-                       int64_t *N);
+bool dg_delta_check_cu(const char *op, const dg_tensor *cu, const char *ref_name, const dg_tensor *ref, int64_t *N);
 
 /* The same function from primitive ops (token by token), for def->decompose. */
-int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in,
-                       dg_tensor **out);
+int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in, dg_tensor **out);
 
 /* Samples for gradcheck and the tests: see delta_sample.c for the list. */
-int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_dtype dt,
-                    uint64_t seed, dg_sample *s);
+int dg_delta_sample(const dg_delta_slots *sl, dg_gate_kind gate, int index, dg_dtype dt, uint64_t seed, dg_sample *s);
 
 /* Index of the "recurrent" variant of def (for algorithm = RECURRENT). */
 int dg_delta_recurrent_variant(const dg_op_def *def);
@@ -91,10 +87,16 @@ int dg_delta_recurrent_variant(const dg_op_def *def);
  * X(name, desc, spec) (bwd[0] first, the registry's default), from which DG_DELTA_VARIANTS makes
  * both its dg_op_def.bwd entries and its dg_delta_variants table (tools/bench_cuda.c times the
  * chunked ones from that table: the benchmark's rows are the ops' own variants). */
-#define DG_DELTA_CHUNK_SPEC(DG_FROM_PARTIALS, DW_STORED, TRIL_SUBSTITUTION)                              \
-    {DG_DELTA_CHUNKED, {.dg_from_partials = DG_FROM_PARTIALS, .dw_stored = DW_STORED,                    \
-                        .tril_substitution = TRIL_SUBSTITUTION}}
-#define DG_DELTA_RECURRENT_SPEC {DG_DELTA_RECURRENT, {0}}
+#define DG_DELTA_CHUNK_SPEC(DG_FROM_PARTIALS, DW_STORED, TRIL_SUBSTITUTION)                                      \
+    {                                                                                                            \
+        DG_DELTA_CHUNKED, {                                                                                      \
+            .dg_from_partials = DG_FROM_PARTIALS, .dw_stored = DW_STORED, .tril_substitution = TRIL_SUBSTITUTION \
+        }                                                                                                        \
+    }
+#define DG_DELTA_RECURRENT_SPEC   \
+    {                             \
+        DG_DELTA_RECURRENT, { 0 } \
+    }
 
 typedef struct dg_delta_variant {
     const char *name, *desc;
@@ -115,16 +117,16 @@ const dg_delta_variants *dg_delta_variants_of(const char *op);
  *   DG_DELTA_VARIANTS(LIST, TABLE) defines `static int bwd_<name>(dg_node *, gout, gin)` for
  *     each variant and `const dg_delta_variants TABLE`;
  *   .bwd = {LIST(DG_DELTA_BWD_ENTRY)} fills the dg_op_def's backward entries. */
-#define DG_DELTA_BWD_FN_(NAME, DESC, SPEC)                                                          \
-    static int bwd_##NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {                    \
-        static const dg_delta_bwd_spec spec = SPEC;                                                 \
-        return dg_delta_backward(n, SL, &spec, gout, gin);                             \
+#define DG_DELTA_BWD_FN_(NAME, DESC, SPEC)                                       \
+    static int bwd_##NAME(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) { \
+        static const dg_delta_bwd_spec spec = SPEC;                              \
+        return dg_delta_backward(n, SL, &spec, gout, gin);                       \
     }
 #define DG_DELTA_VARIANT_ROW_(NAME, DESC, SPEC) {#NAME, DESC, SPEC},
 #define DG_DELTA_BWD_ENTRY(NAME, DESC, SPEC) {#NAME, bwd_##NAME},
-#define DG_DELTA_VARIANTS(LIST, TABLE)                                                       \
-    static const dg_delta_variant TABLE##_v_[] = {LIST(DG_DELTA_VARIANT_ROW_)};                     \
-    const dg_delta_variants TABLE = {TABLE##_v_, (int)(sizeof TABLE##_v_ / sizeof TABLE##_v_[0])};  \
+#define DG_DELTA_VARIANTS(LIST, TABLE)                                                             \
+    static const dg_delta_variant TABLE##_v_[] = {LIST(DG_DELTA_VARIANT_ROW_)};                    \
+    const dg_delta_variants TABLE = {TABLE##_v_, (int)(sizeof TABLE##_v_ / sizeof TABLE##_v_[0])}; \
     LIST(DG_DELTA_BWD_FN_)
 
 /* gradcheck / comparison tolerances of the family (f64: finite differences; f32: against f64) */

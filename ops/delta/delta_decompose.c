@@ -39,9 +39,8 @@ static dg_tensor *token(dg_tensor *x, int64_t t, int64_t D) {
 
 /* Runs tokens [t0, t1) of a group: x tensors are [Bn,T,...]; S is the state in, returned out.
  * Appends the outputs [Bn,1,HV,V] to os. */
-static dg_tensor *run_group(const dg_delta_attrs *at, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                            dg_tensor *g, dg_tensor *beta, dg_tensor *S, int64_t t0, int64_t t1,
-                            dg_tensor **os, int *n_os) {
+static dg_tensor *run_group(const dg_delta_attrs *at, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                            dg_tensor *beta, dg_tensor *S, int64_t t0, int64_t t1, dg_tensor **os, int *n_os) {
     const int64_t Bn = q->shape[0], HV = q->shape[2], K = q->shape[3], V = v->shape[3];
     const dg_delta_gate *gt = dg_delta_gate_of(at->gate);
     for (int64_t t = t0; t < t1 && S; t++) {
@@ -57,8 +56,7 @@ static dg_tensor *run_group(const dg_delta_attrs *at, dg_tensor *q, dg_tensor *k
     return S;
 }
 
-int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in,
-                       dg_tensor **out) {
+int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *const *in, dg_tensor **out) {
     const dg_delta_attrs *at = (const dg_delta_attrs *)attrs;
     dg_tensor *q = in[sl->q], *k = in[sl->k], *v = in[sl->v], *beta = in[sl->beta];
     dg_tensor *h0 = in[sl->h0], *cu = in[sl->cu];
@@ -99,8 +97,7 @@ int dg_delta_decompose(const dg_delta_slots *sl, const void *attrs, dg_tensor *c
     if (!os || !hs) rc = -1;
     for (int64_t n = 0; n < N && rc == 0; n++) {
         const int64_t t0 = c ? c[n] : 0, t1 = c ? c[n + 1] : T, Bn = c ? 1 : B;
-        dg_tensor *S = h0 ? (c ? dg_slice(h0, 0, n, n + 1) : h0)
-                          : dg_zeros(DG_SHAPE(Bn, HV, K, V), q->dtype);
+        dg_tensor *S = h0 ? (c ? dg_slice(h0, 0, n, n + 1) : h0) : dg_zeros(DG_SHAPE(Bn, HV, K, V), q->dtype);
         S = run_group(at, q, k, v, g, beta, S, t0, t1, os, &n_os);
         if (!S) rc = -1;
         hs[n] = S;

@@ -19,12 +19,12 @@ struct dg_delta_variants;
 
 typedef struct dg_delta_gate {
     dg_gate_kind kind;
-    const char *name;       /* "none", "head", "channel" */
-    const char *op;         /* the op of the family with this gate: "delta_rule", ... */
-    const char *recurrence; /* the state update, for listings */
-    bool gated;             /* the op takes g (and A_log, dt_bias with use_gate_in_kernel) */
-    bool per_channel;       /* g [B,T,HV,K], one log decay per key channel; else [B,T,HV] */
-    const char *gate_op;    /* the op that makes g from the raw a (use_gate_in_kernel), or NULL */
+    const char *name;                         /* "none", "head", "channel" */
+    const char *op;                           /* the op of the family with this gate: "delta_rule", ... */
+    const char *recurrence;                   /* the state update, for listings */
+    bool gated;                               /* the op takes g (and A_log, dt_bias with use_gate_in_kernel) */
+    bool per_channel;                         /* g [B,T,HV,K], one log decay per key channel; else [B,T,HV] */
+    const char *gate_op;                      /* the op that makes g from the raw a (use_gate_in_kernel), or NULL */
     const struct dg_delta_variants *variants; /* the op's backward variants (delta_common.h) */
 } dg_delta_gate;
 

@@ -10,8 +10,8 @@ static const dg_delta_gate gates[] = {
      &dg_delta_rule_variants},
     {DG_GATE_HEAD, "head", "gated_delta_rule", "S_t = exp(g_t) (I - b k k^T) S_{t-1} + b k v^T", true, false,
      "gdn_gate", &dg_gated_delta_rule_variants},
-    {DG_GATE_CHANNEL, "channel", "kda", "S_t = (I - b k k^T) Diag(exp(g_t)) S_{t-1} + b k v^T", true, true,
-     "kda_gate", &dg_kda_variants},
+    {DG_GATE_CHANNEL, "channel", "kda", "S_t = (I - b k k^T) Diag(exp(g_t)) S_{t-1} + b k v^T", true, true, "kda_gate",
+     &dg_kda_variants},
 };
 enum { N_GATES = sizeof gates / sizeof gates[0] };
 

@@ -24,10 +24,9 @@ bool dg_delta_dtype_ok(const char *op, dg_device dev, dg_dtype dt) {
                  "beta with f32 gates and states); use f32 on cuda or f64 on the cpu",
                  op);
     else if (dg_delta_storage16(dt))
-        dg_error("%s: %s inputs run on cuda only (%s storage with f32 accumulation); use f32 or f64 on the cpu",
-                 op, dg_dtype_name(dt), dg_dtype_name(dt));
-    else
-        dg_error("%s: dtype %s is not supported on %s", op, dg_dtype_name(dt), dg_device_name(dev));
+        dg_error("%s: %s inputs run on cuda only (%s storage with f32 accumulation); use f32 or f64 on the cpu", op,
+                 dg_dtype_name(dt), dg_dtype_name(dt));
+    else dg_error("%s: dtype %s is not supported on %s", op, dg_dtype_name(dt), dg_device_name(dev));
     return false;
 }
 
@@ -38,11 +37,11 @@ static int no_cuda(const char *op) {
 }
 #endif
 
-int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
-                          void *y, void *r) {
+int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x, void *y,
+                          void *r) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dt == DG_BF16   ? dg_cuda_dr_l2norm_bf16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
+        return dt == DG_BF16  ? dg_cuda_dr_l2norm_bf16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
                : dt == DG_F16 ? dg_cuda_dr_l2norm_f16_fwd(rows, K, x, DG_DELTA_L2NORM_EPS, y, r)
                               : dg_cuda_l2norm_fwd(dt, rows, K, x, DG_DELTA_L2NORM_EPS, y, r);
 #else
@@ -58,7 +57,7 @@ int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t ro
                           const void *r, const void *dy, void *dx) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dt == DG_BF16   ? dg_cuda_dr_l2norm_bf16_bwd(rows, K, x, r, dy, dx)
+        return dt == DG_BF16  ? dg_cuda_dr_l2norm_bf16_bwd(rows, K, x, r, dy, dx)
                : dt == DG_F16 ? dg_cuda_dr_l2norm_f16_bwd(rows, K, x, r, dy, dx)
                               : dg_cuda_l2norm_bwd(dt, rows, K, x, r, dy, dx);
 #else
@@ -70,8 +69,8 @@ int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t ro
     return 0;
 }
 
-int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, void *g) {
+int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                        const void *A_log, const void *dt_bias, void *g) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
         return dg_cuda_dr_gate_fwd(dt, rows, HV, C, a, A_log, dt_bias, g);
@@ -84,9 +83,9 @@ int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows
     return 0;
 }
 
-int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, const void *dg, void *da,
-                        void *dA_log, void *ddt_bias) {
+int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                        const void *A_log, const void *dt_bias, const void *dg, void *da, void *dA_log,
+                        void *ddt_bias) {
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
         return dg_cuda_dr_gate_bwd(dt, rows, HV, C, a, A_log, dt_bias, dg, da, dA_log, ddt_bias);

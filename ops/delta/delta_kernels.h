@@ -17,16 +17,15 @@ static inline bool dg_delta_storage16(dg_dtype dt) { return dt == DG_BF16 || dt 
 
 /* y = x / sqrt(|x|^2 + eps) per row of K (eps DG_DELTA_L2NORM_EPS), r = the 1/sqrt(...) (dtype of
  * the gates); the backward dx = r (dy - y (dy . y)) */
-int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
-                          void *y, void *r);
+int dg_delta_k_l2norm_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x, void *y,
+                          void *r);
 int dg_delta_k_l2norm_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t K, const void *x,
                           const void *r, const void *dy, void *dx);
 /* the gate g = -exp(A_log) softplus(a + dt_bias) (kernels/cpu/delta/gate.h): dt is the gate's
  * dtype (f32 or f64; f32 with bf16 / f16 storage); C channels per value head (1 or K) */
-int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, void *g);
-int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C,
-                        const void *a, const void *A_log, const void *dt_bias, const void *dg, void *da,
-                        void *dA_log, void *ddt_bias);
+int dg_delta_k_gate_fwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                        const void *A_log, const void *dt_bias, void *g);
+int dg_delta_k_gate_bwd(const char *op, dg_device dev, dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
+                        const void *A_log, const void *dt_bias, const void *dg, void *da, void *dA_log, void *ddt_bias);
 
 #endif

@@ -71,8 +71,7 @@ static int gate_decompose(const void *attrs, dg_tensor *const *in, dg_tensor **o
     return out[0] ? 0 : -1;
 }
 
-static dg_tensor *gate_call(const dg_op_def *def, int channel, dg_tensor *a, dg_tensor *A_log,
-                            dg_tensor *dt_bias) {
+static dg_tensor *gate_call(const dg_op_def *def, int channel, dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias) {
     const char *op = def->name;
     if (!dg_check_float(op, "a", a) || !dg_check_float(op, "A_log", A_log)) return NULL;
     if (!dg_check_same_dtype(op, "A_log", A_log, "a", a) || !dg_check_same_device(op, "A_log", A_log, "a", a))
@@ -86,8 +85,8 @@ static dg_tensor *gate_call(const dg_op_def *def, int channel, dg_tensor *a, dg_
     }
     const int64_t HV = a->shape[2], C = channel ? a->shape[3] : 1;
     if (A_log->ndim != 1 || A_log->shape[0] != HV) {
-        dg_error("%s: A_log has shape %s but [HV] = [%lld] is required (a %s)", op, dg_shp(A_log),
-                 (long long)HV, dg_shp(a));
+        dg_error("%s: A_log has shape %s but [HV] = [%lld] is required (a %s)", op, dg_shp(A_log), (long long)HV,
+                 dg_shp(a));
         return NULL;
     }
     if (dt_bias && (dt_bias->ndim != 1 || dt_bias->shape[0] != HV * C)) {
@@ -128,17 +127,35 @@ static int gate_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, int 
 static int gdn_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { return gate_sample(i, dt, seed, s, 0); }
 static int kda_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { return gate_sample(i, dt, seed, s, 1); }
 
-const dg_op_def dg_op_gdn_gate = {
-    .name = "gdn_gate", .n_in = 3, .n_out = 1, .in_names = {"a", "A_log", "dt_bias"}, .out_names = {"g"},
-    .attrs_size = sizeof(gate_attrs), .forward = gate_forward, .bwd = {{"default", gate_backward}},
-    .decompose = gate_decompose, .sample = gdn_sample,
-    .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_gdn_gate = {.name = "gdn_gate",
+                                  .n_in = 3,
+                                  .n_out = 1,
+                                  .in_names = {"a", "A_log", "dt_bias"},
+                                  .out_names = {"g"},
+                                  .attrs_size = sizeof(gate_attrs),
+                                  .forward = gate_forward,
+                                  .bwd = {{"default", gate_backward}},
+                                  .decompose = gate_decompose,
+                                  .sample = gdn_sample,
+                                  .atol_f64 = 1e-7,
+                                  .rtol_f64 = 1e-6,
+                                  .atol_f32 = 1e-5,
+                                  .rtol_f32 = 1e-4};
 
-const dg_op_def dg_op_kda_gate = {
-    .name = "kda_gate", .n_in = 3, .n_out = 1, .in_names = {"a", "A_log", "dt_bias"}, .out_names = {"g"},
-    .attrs_size = sizeof(gate_attrs), .forward = gate_forward, .bwd = {{"default", gate_backward}},
-    .decompose = gate_decompose, .sample = kda_sample,
-    .atol_f64 = 1e-7, .rtol_f64 = 1e-6, .atol_f32 = 1e-5, .rtol_f32 = 1e-4};
+const dg_op_def dg_op_kda_gate = {.name = "kda_gate",
+                                  .n_in = 3,
+                                  .n_out = 1,
+                                  .in_names = {"a", "A_log", "dt_bias"},
+                                  .out_names = {"g"},
+                                  .attrs_size = sizeof(gate_attrs),
+                                  .forward = gate_forward,
+                                  .bwd = {{"default", gate_backward}},
+                                  .decompose = gate_decompose,
+                                  .sample = kda_sample,
+                                  .atol_f64 = 1e-7,
+                                  .rtol_f64 = 1e-6,
+                                  .atol_f32 = 1e-5,
+                                  .rtol_f32 = 1e-4};
 
 dg_tensor *dg_gdn_gate(dg_tensor *a, dg_tensor *A_log, dg_tensor *dt_bias) {
     return gate_call(&dg_op_gdn_gate, 0, a, A_log, dt_bias);

@@ -14,10 +14,10 @@
 #define SL (&dg_delta_slots_gated)
 
 static int forward(dg_node *n) { return dg_delta_forward(n, SL); }
-#define VARIANTS(X)                                                                                 \
-    X(fused, "fused (dw on chip)", DG_DELTA_CHUNK_SPEC(0, 0, 0))                                    \
-    X(unfused, "unfused (dw stored), blocked", DG_DELTA_CHUNK_SPEC(0, 1, 0))                        \
-    X(subst, "solve_tril substitution", DG_DELTA_CHUNK_SPEC(0, 0, 1))                               \
+#define VARIANTS(X)                                                          \
+    X(fused, "fused (dw on chip)", DG_DELTA_CHUNK_SPEC(0, 0, 0))             \
+    X(unfused, "unfused (dw stored), blocked", DG_DELTA_CHUNK_SPEC(0, 1, 0)) \
+    X(subst, "solve_tril substitution", DG_DELTA_CHUNK_SPEC(0, 0, 1))        \
     X(recurrent, "token by token (reference)", DG_DELTA_RECURRENT_SPEC)
 DG_DELTA_VARIANTS(VARIANTS, dg_kda_variants)
 static int decompose(const void *attrs, dg_tensor *const *in, dg_tensor **out) {
@@ -28,14 +28,19 @@ static int sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {
 }
 
 const dg_op_def dg_op_kda = {
-    .name = "kda", .n_in = 9, .n_out = 2,
+    .name = "kda",
+    .n_in = 9,
+    .n_out = 2,
     .in_names = {"q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens"},
     .out_names = {"o", "final_state"},
-    .attrs_size = sizeof(dg_delta_attrs), .forward = forward,
+    .attrs_size = sizeof(dg_delta_attrs),
+    .forward = forward,
     .bwd = {VARIANTS(DG_DELTA_BWD_ENTRY)},
-    .decompose = decompose, .sample = sample, DG_DELTA_TOLERANCES};
+    .decompose = decompose,
+    .sample = sample,
+    DG_DELTA_TOLERANCES};
 
-dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
-                  const dg_delta_opts *opts, dg_tensor **final_state) {
+dg_tensor *dg_kda(dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta, const dg_delta_opts *opts,
+                  dg_tensor **final_state) {
     return dg_delta_run_op(&dg_op_kda, SL, DG_GATE_CHANNEL, q, k, v, g, beta, opts, final_state);
 }

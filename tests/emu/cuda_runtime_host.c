@@ -56,6 +56,7 @@ int dg_cuda_ktime_end(dg_cuda_ktime *out, int max, int *dropped) {
     emu_kt.on = false;
     if (dropped) *dropped = emu_kt.dropped;
     int m = 0;
-    for (int i = 0; i < emu_kt.n; i++) m = dg_cuda_ktime_add(out, m, max, emu_kt.name[i], emu_kt.t[2 * i + 1] - emu_kt.t[2 * i]);
+    for (int i = 0; i < emu_kt.n; i++)
+        m = dg_cuda_ktime_add(out, m, max, emu_kt.name[i], emu_kt.t[2 * i + 1] - emu_kt.t[2 * i]);
     return m;
 }

@@ -14,9 +14,9 @@
 #include "tests/support/test_support.h"
 
 static inline int gpu(void) { return dg_cuda_device_count() > 0; }
-#define REQUIRE_GPU()                                                                              \
-    do {                                                                                           \
-        if (!gpu()) dg_test_skip("needs a GPU: no CUDA device is visible");                       \
+#define REQUIRE_GPU()                                                       \
+    do {                                                                    \
+        if (!gpu()) dg_test_skip("needs a GPU: no CUDA device is visible"); \
     } while (0)
 
 /* device buffer of n elements of esz bytes, filled from host (or poisoned with NaN bytes 0xff) */
@@ -67,7 +67,7 @@ static inline double *dget_d(const void *dev, int64_t n, dg_dtype dt) {
 /* ||a - ref|| / ||ref|| (NaN anywhere gives NaN, which fails every bound) */
 #define CHECK_REL(what, a, ref, n, tol)                                                            \
     do {                                                                                           \
-        double e_ = dg_test_rel_err_norm((a), (ref), (n));                                                      \
+        double e_ = dg_test_rel_err_norm((a), (ref), (n));                                         \
         if (!(e_ <= (tol))) fail_msg("%s: relative error %.3e > %.1e", (what), e_, (double)(tol)); \
     } while (0)
 

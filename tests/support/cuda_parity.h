@@ -71,7 +71,7 @@ static inline void result_free(run_result *r) {
 /* Forward and backward of def on dev from host inputs in[] (already in their layout) and host
  * weights w[] (one per output, of the output's dtype). */
 static inline void run_op(const dg_op_def *def, const dg_sample *s, dg_tensor *const *in_host, const bool *diff,
-                   dg_tensor *const *w_host, int variant, dg_device dev, run_result *r) {
+                          dg_tensor *const *w_host, int variant, dg_device dev, run_result *r) {
     dg_scope_begin();
     dg_tensor *in[DG_MAX_IO] = {0}, *out[DG_MAX_IO] = {0};
     for (int k = 0; k < def->n_in; k++) {
@@ -106,8 +106,8 @@ typedef struct {
     double worst_out, worst_grad;
 } op_stats;
 
-static inline void check_close(const dg_op_def *def, const dg_sample *s, int layout, const char *what, const dg_tensor *gpu,
-                        const dg_tensor *cpu, double tol, double *worst) {
+static inline void check_close(const dg_op_def *def, const dg_sample *s, int layout, const char *what,
+                               const dg_tensor *gpu, const dg_tensor *cpu, double tol, double *worst) {
     if (!cpu && !gpu) return;
     if (!cpu || !gpu)
         fail_msg("%s, sample '%s'%s: %s is present on %s only", def->name, s->label, layout ? " (strided)" : "", what,

@@ -12,11 +12,11 @@
 #include "deltagrad.h"
 
 /* Asserts that the last error contains `needle`, then clears it. */
-#define assert_error_contains(needle)                                                              \
-    do {                                                                                           \
-        if (!strstr(dg_last_error(), (needle)))                                                    \
-            fail_msg("error '%s' does not contain '%s'", dg_last_error(), (needle));               \
-        dg_clear_error();                                                                          \
+#define assert_error_contains(needle)                                                \
+    do {                                                                             \
+        if (!strstr(dg_last_error(), (needle)))                                      \
+            fail_msg("error '%s' does not contain '%s'", dg_last_error(), (needle)); \
+        dg_clear_error();                                                            \
     } while (0)
 
 /* max |a - b| over all elements (any dtypes, same shape) */

@@ -47,18 +47,15 @@
  * Backward: dA = strictly_lower( -Ainv^T dAinv Ainv^T ) per chunk, where only the lower part
  * (j <= i) of dAinv is read (the upper part of Ainv is identically zero); dA is 0 for j >= i.
  * Uses s->B, T, HV, cu_seqlens, N, chunk (H, K, V, gate and scale are ignored). */
-#define DG_CHUNK_PIECES_DECLARE(R, SFX)                                                              \
-    int dg_chunk_local_cumsum_fwd_##SFX(int64_t B, int64_t T, int64_t H, int64_t S,                \
-                                        const int64_t *cu_seqlens, int64_t N, int chunk,            \
-                                        int reverse, const R *x, R *out);                          \
-    int dg_chunk_local_cumsum_bwd_##SFX(int64_t B, int64_t T, int64_t H, int64_t S,                \
-                                        const int64_t *cu_seqlens, int64_t N, int chunk,            \
-                                        int reverse, const R *dout, R *dx);                        \
-    int dg_chunk_scaled_dot_kkt_fwd_##SFX(const dg_dr_shape *s, const R *k, const R *beta,       \
-                                          const R *g, R *A);                                       \
-    int dg_chunk_scaled_dot_kkt_bwd_##SFX(const dg_dr_shape *s, const R *k, const R *beta,       \
-                                          const R *g, const R *dA, R *dk, R *dbeta, R *dg);        \
-    int dg_solve_tril_fwd_##SFX(const dg_dr_shape *s, int blocked, const R *A, R *Ainv);          \
+#define DG_CHUNK_PIECES_DECLARE(R, SFX)                                                                             \
+    int dg_chunk_local_cumsum_fwd_##SFX(int64_t B, int64_t T, int64_t H, int64_t S, const int64_t *cu_seqlens,      \
+                                        int64_t N, int chunk, int reverse, const R *x, R *out);                     \
+    int dg_chunk_local_cumsum_bwd_##SFX(int64_t B, int64_t T, int64_t H, int64_t S, const int64_t *cu_seqlens,      \
+                                        int64_t N, int chunk, int reverse, const R *dout, R *dx);                   \
+    int dg_chunk_scaled_dot_kkt_fwd_##SFX(const dg_dr_shape *s, const R *k, const R *beta, const R *g, R *A);       \
+    int dg_chunk_scaled_dot_kkt_bwd_##SFX(const dg_dr_shape *s, const R *k, const R *beta, const R *g, const R *dA, \
+                                          R *dk, R *dbeta, R *dg);                                                  \
+    int dg_solve_tril_fwd_##SFX(const dg_dr_shape *s, int blocked, const R *A, R *Ainv);                            \
     int dg_solve_tril_bwd_##SFX(const dg_dr_shape *s, const R *Ainv, const R *dAinv, R *dA);
 
 DG_CHUNK_PIECES_DECLARE(float, f32)

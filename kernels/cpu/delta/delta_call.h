@@ -62,11 +62,11 @@ typedef struct dg_delta_l2 {
 } dg_delta_l2;
 
 typedef struct dg_delta_call {
-    const char *op;  /* names the call in messages ("gated_delta_rule", "bench", ...) */
-    dg_dr_shape s;   /* B, T, H, HV, K, V, cu_seqlens, N, gate, scale, chunk */
-    dg_dtype dtype;  /* storage dtype of q, k, v, beta, o and their gradients */
+    const char *op; /* names the call in messages ("gated_delta_rule", "bench", ...) */
+    dg_dr_shape s;  /* B, T, H, HV, K, V, cu_seqlens, N, gate, scale, chunk */
+    dg_dtype dtype; /* storage dtype of q, k, v, beta, o and their gradients */
     dg_device device;
-    int algorithm;   /* dg_delta_algorithm: DG_DELTA_CHUNKED (0) or DG_DELTA_RECURRENT */
+    int algorithm; /* dg_delta_algorithm: DG_DELTA_CHUNKED (0) or DG_DELTA_RECURRENT */
     dg_delta_bwd_flags bwd;
 
     /* forward: reads q, k, v, g, beta, h0; writes o, hT */
@@ -97,8 +97,6 @@ typedef struct dg_delta_call {
 } dg_delta_call;
 
 /* q, k, v, beta and o in 16-bit words (bf16 or f16), the gates and states f32 */
-static inline bool dg_delta_call_storage16(const dg_delta_call *c) {
-    return c->dtype == DG_BF16 || c->dtype == DG_F16;
-}
+static inline bool dg_delta_call_storage16(const dg_delta_call *c) { return c->dtype == DG_BF16 || c->dtype == DG_F16; }
 
 #endif

@@ -27,31 +27,30 @@ typedef struct dg_dr_shape {
     int64_t N;                 /* number of sequences: B, or len(cu_seqlens) - 1 */
     dg_gate_kind gate;
     double scale;
-    int chunk;                 /* 16, 32 or 64 (chunked kernels only) */
+    int chunk; /* 16, 32 or 64 (chunked kernels only) */
 } dg_dr_shape;
 
 /* Backward variants of the chunked kernels in the kernels' own form (see ALGORITHMS.md and the
  * seeds); callers name them through dg_delta_bwd_flags (delta_call.h, dg_delta_bwd_variant), whose
  * zero is this struct's {1, 1, 1}. */
 typedef struct dg_dr_variant {
-    int gdn_dg_from_final;     /* head gate only: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
-    int kda_fused;             /* every gate (named for KDA, where it began): 1 = inter-chunk + WY backward in one
+    int gdn_dg_from_final;  /* head gate only: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
+    int kda_fused;          /* every gate (named for KDA, where it began): 1 = inter-chunk + WY backward in one
                                 * pass, dw never stored (seeds 000, 003); 0 = two passes, dw stored */
-    int solve_tril_blocked;    /* 1 = 16x16 diagonal inverses merged (seed 004); 0 = forward substitution */
+    int solve_tril_blocked; /* 1 = 16x16 diagonal inverses merged (seed 004); 0 = forward substitution */
 } dg_dr_variant;
 
-#define DG_DR_DECLARE(R, SFX)                                                                          \
-    int dg_dr_recurrent_fwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v,           \
-                                  const R *g, const R *beta, const R *h0, R *o, R *hT);                \
-    int dg_dr_recurrent_bwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v,           \
-                                  const R *g, const R *beta, const R *h0, const R *dout,               \
-                                  const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta, R *dh0);         \
-    int dg_dr_chunk_fwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g,   \
-                              const R *beta, const R *h0, R *o, R *hT);                                \
-    int dg_dr_chunk_bwd_##SFX(const dg_dr_shape *s, const dg_dr_variant *var, const R *q,             \
-                              const R *k, const R *v, const R *g, const R *beta, const R *h0,          \
-                              const R *dout, const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta,       \
-                              R *dh0);
+#define DG_DR_DECLARE(R, SFX)                                                                                          \
+    int dg_dr_recurrent_fwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g, const R *beta, \
+                                  const R *h0, R *o, R *hT);                                                           \
+    int dg_dr_recurrent_bwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g, const R *beta, \
+                                  const R *h0, const R *dout, const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta,      \
+                                  R *dh0);                                                                             \
+    int dg_dr_chunk_fwd_##SFX(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g, const R *beta,     \
+                              const R *h0, R *o, R *hT);                                                               \
+    int dg_dr_chunk_bwd_##SFX(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k, const R *v,      \
+                              const R *g, const R *beta, const R *h0, const R *dout, const R *dhT, R *dq, R *dk,       \
+                              R *dv, R *dg, R *dbeta, R *dh0);
 
 DG_DR_DECLARE(float, f32)
 DG_DR_DECLARE(double, f64)

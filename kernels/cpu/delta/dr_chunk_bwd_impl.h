@@ -35,10 +35,8 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
-    if (b->dhT)
-        memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    else
-        memset(dS, 0, sizeof(R) * (size_t)K * V);
+    if (b->dhT) memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
+    else memset(dS, 0, sizeof(R) * (size_t)K * V);
     for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
@@ -69,8 +67,8 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
 }
 
 /* dG (L x gs) += sgn * X o Y (CHANNEL) or rowsum(X o Y) (HEAD). */
-static void FN(dg_add_prod)(const FN(cg) *g, R sgn, const R *X, int64_t ldx, const R *Y, int64_t ldy,
-                            R *dG, int64_t ldG) {
+static void FN(dg_add_prod)(const FN(cg) *g, R sgn, const R *X, int64_t ldx, const R *Y, int64_t ldy, R *dG,
+                            int64_t ldG) {
     int K = g->K;
     for (int i = 0; i < g->L; i++) {
         const R *a = X + i * ldx, *y = Y + i * ldy;
@@ -92,8 +90,7 @@ static void FN(add_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ld
 
 /* Phase D1 for chunk c, head hv: writes dq, dk (per value head), dW (ld ldw) and dG (ld ldG, the
  * gradient of the cumulative gate, last-row terms included). */
-static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t ldw, R *dG,
-                          int64_t ldG, R *ws) {
+static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t ldw, R *dG, int64_t ldG, R *ws) {
     const FN(ctx) *x = b->x;
     FN(cp) p;
     FN(cp_init)(x, c, hv, &p);
@@ -102,8 +99,8 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     const R *S0 = b->Sst + (c * HV + hv) * (int64_t)K * V, *dS1 = b->dSst + (c * HV + hv) * (int64_t)K * V;
     const R *Vn = x->U + off * V, *dVn = b->dVn + off * V, *dO = b->dout + off * V;
     R *dq = b->dqv + off * K, *dk = b->dkv + off * K;
-    R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K,
-      *e = dKd + C * K, *dGl = e + C + K + 8, *Eh = dGl + K + 8, *gw = Eh + C * C;
+    R *dQg = ws, *dP = dQg + C * K, *rp = dP + C * C, *dKp = rp + C * K, *dKd = dKp + C * K, *e = dKd + C * K,
+      *dGl = e + C + K + 8, *Eh = dGl + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
     FN(ctab) tab;
     FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
@@ -169,8 +166,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
 
 /* Phase D2 for chunk c, head hv: the WY backward from dW (ld ldw) and dU = dV'; adds to dk and dG,
  * writes dv, dbeta, and dg (reverse cumsum of dG). */
-static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_t ldw, R *dG,
-                       int64_t ldG, R *ws) {
+static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_t ldw, R *dG, int64_t ldG, R *ws) {
     const FN(ctx) *x = b->x;
     FN(cp) p;
     FN(cp_init)(x, c, hv, &p);
@@ -178,9 +174,9 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     int64_t off = p.r0 * HV + hv, ldk = (int64_t)HV * K;
     const R *Ai = x->Ai + off * C, *Mkk = x->Mkk + off * C, *dU = b->dVn + off * V;
     R *dk = b->dkv + off * K;
-    R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K,
-      *Vb = cp + C * K, *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C,
-      *db = tw + 2 * C * C, *e = db + C + 8, *Eh = e + C + K + 8, *gw = Eh + C * C;
+    R *Kg = ws, *Kbg = Kg + C * K, *dKbg = Kbg + C * K, *rp = dKbg + C * K, *cp = rp + C * K, *Vb = cp + C * K,
+      *dVb = Vb + C * V, *dAi = dVb + C * V, *dA = dAi + C * C, *tw = dA + C * C, *db = tw + 2 * C * C, *e = db + C + 8,
+      *Eh = e + C + K + 8, *gw = Eh + C * C;
     const FN(cg) *g = &p.gate;
     FN(ctab) tab;
     FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
@@ -242,9 +238,9 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     if (gs && b->dg) FN(cumsum_rows)(L, gs, dG, ldG, b->dg + off * gs, (int64_t)HV * gs, 1);
 }
 
-int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k,
-                        const R *v, const R *g, const R *beta, const R *h0, const R *dout,
-                        const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta, R *dh0) {
+int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k, const R *v, const R *g,
+                        const R *beta, const R *h0, const R *dout, const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta,
+                        R *dh0) {
     const char *what = "dr_chunk_bwd";
     dg_drc_plan pl;
     if (FN(check_ptrs)(what, s, q, k, v, g, beta) || dg_drc_plan_init(&pl, s, what, 3)) return -1;
@@ -273,11 +269,11 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     int own_dq = !(dq && HV == x.H), own_dk = !(dk && HV == x.H);
     void *bufs[14] = {0};
     int nb = 0;
-#define DR_ALLOC(ptr, n)                                                                           \
-    do {                                                                                           \
-        ptr = malloc(sizeof(R) * (size_t)((n) + 1));                                               \
-        bufs[nb++] = ptr;                                                                          \
-        if (!ptr) rc = -1;                                                                         \
+#define DR_ALLOC(ptr, n)                             \
+    do {                                             \
+        ptr = malloc(sizeof(R) * (size_t)((n) + 1)); \
+        bufs[nb++] = ptr;                            \
+        if (!ptr) rc = -1;                           \
     } while (0)
     DR_ALLOC(x.W, rows * HV * K);
     DR_ALLOC(x.U, rows * HV * V);
@@ -289,8 +285,10 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     DR_ALLOC(b.Sst, nst);
     DR_ALLOC(b.dSst, nst);
     DR_ALLOC(b.dVn, rows * HV * V);
-    if (own_dq) DR_ALLOC(b.dqv, rows * HV * K); else b.dqv = dq;
-    if (own_dk) DR_ALLOC(b.dkv, rows * HV * K); else b.dkv = dk;
+    if (own_dq) DR_ALLOC(b.dqv, rows * HV * K);
+    else b.dqv = dq;
+    if (own_dk) DR_ALLOC(b.dkv, rows * HV * K);
+    else b.dkv = dk;
     if (!fused) {
         DR_ALLOC(b.dWb, rows * HV * K);
         if (gs) DR_ALLOC(b.dGb, rows * HV * gs);
@@ -312,13 +310,13 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     } else if (rc == 0) {
         DR_PARALLEL_ITEMS(nitems, wsn, {
             int64_t off = pl.row0[it / HV] * HV + it % HV;
-            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K,
-                          gs ? b.dGb + off * gs : NULL, (int64_t)HV * gs, ws);
+            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K, gs ? b.dGb + off * gs : NULL,
+                          (int64_t)HV * gs, ws);
         });
         DR_PARALLEL_ITEMS(nitems, wsn, {
             int64_t off = pl.row0[it / HV] * HV + it % HV;
-            FN(bwd_wy)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K,
-                       gs ? b.dGb + off * gs : NULL, (int64_t)HV * gs, ws);
+            FN(bwd_wy)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K, gs ? b.dGb + off * gs : NULL,
+                       (int64_t)HV * gs, ws);
         });
     }
     /* GVA: dq, dk of key head h = sum over its value heads */

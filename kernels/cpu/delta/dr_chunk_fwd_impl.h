@@ -31,8 +31,8 @@ typedef struct FN(ctx) {
     int blocked;
 } FN(ctx);
 
-static void FN(ctx_init)(FN(ctx) *x, const dg_dr_shape *s, const dg_drc_plan *pl, const R *q,
-                         const R *k, const R *v, const R *g, const R *beta, const R *h0) {
+static void FN(ctx_init)(FN(ctx) *x, const dg_dr_shape *s, const dg_drc_plan *pl, const R *q, const R *k, const R *v,
+                         const R *g, const R *beta, const R *h0) {
     memset(x, 0, sizeof *x);
     x->s = s;
     x->pl = pl;
@@ -57,10 +57,8 @@ static void FN(ctx_init)(FN(ctx) *x, const dg_dr_shape *s, const dg_drc_plan *pl
 static void FN(cp_table)(const FN(ctx) *x, int64_t c, int hv, FN(cg) *g, FN(ctab) *t, int build) {
     if (g->kind != DG_GATE_CHANNEL) return;
     R *mem = x->tabs + (c * x->HV + hv) * x->tws;
-    if (build)
-        FN(cg_table)(g, t, mem);
-    else
-        FN(cg_table_attach)(g, t, mem);
+    if (build) FN(cg_table)(g, t, mem);
+    else FN(cg_table_attach)(g, t, mem);
 }
 
 /* Pointers of chunk c, value head hv. */
@@ -69,7 +67,7 @@ typedef struct FN(cp) {
     int64_t r0;
     const R *q, *k, *v, *beta; /* ld: H*K, H*K, HV*V, HV */
     int64_t ldq, ldv, ldb, ldg, ldc;
-    FN(cg) gate;               /* G from ctx->Gc (ld HV*gs) */
+    FN(cg) gate; /* G from ctx->Gc (ld HV*gs) */
 } FN(cp);
 
 static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
@@ -97,8 +95,8 @@ static void FN(cp_init)(const FN(ctx) *x, int64_t c, int hv, FN(cp) *p) {
 
 /* Per-thread workspace of every phase (elements): generous and simple. */
 static int64_t FN(ws_elems)(int C, int K, int V) {
-    return 12 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V +
-           FN(gated_ws)(C, K) + 4 * (int64_t)(C + K + V) + 64;
+    return 12 * (int64_t)C * C + 12 * (int64_t)C * K + 8 * (int64_t)C * V + 4 * (int64_t)K * V + FN(gated_ws)(C, K) +
+           4 * (int64_t)(C + K + V) + 64;
 }
 
 /* Phase A for chunk c, head hv: G (cumsum of g), then W, U, P into the ctx buffers, and Ai, Mkk
@@ -107,13 +105,12 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     FN(cp) p;
     FN(cp_init)(x, c, hv, &p);
     int L = p.L, K = x->K, V = x->V, C = x->C;
-    if (x->gs)
-        FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
+    if (x->gs) FN(cumsum_rows)(L, x->gs, x->g + (p.r0 * x->HV + hv) * x->gs, p.ldg, (R *)p.gate.G, p.ldg, 0);
     R *M = ws, *A = M + C * C, *Ai = A + C * C, *Kb = Ai + C * C, *Vb = Kb + C * K, *e = Vb + C * V;
     R *Eh = e + C + K + 8, *gw = Eh + C * C;
     FN(ctab) tab;
     FN(cp_table)(x, c, hv, &p.gate, &tab, 1); /* CHANNEL: the factor table, kept for later phases */
-    if (x->gs == 1) { /* HEAD: the decay matrix once for both Gram products */
+    if (x->gs == 1) {                         /* HEAD: the decay matrix once for both Gram products */
         FN(head_emat)(&p.gate, Eh);
         p.gate.E = Eh;
     }
@@ -144,8 +141,7 @@ static void FN(chunk_prep)(const FN(ctx) *x, int64_t c, int hv, R *ws) {
     FN(gemm_tri)(0, L, K, 1, Ai, ldai, Kb, K, 0, x->W + (p.r0 * x->HV + hv) * K, (int64_t)x->HV * K);
     FN(gemm_tri)(0, L, V, 1, Ai, ldai, Vb, V, 0, x->U + (p.r0 * x->HV + hv) * V, p.ldv);
     /* P = scale lower_incl(Q K^T o Gamma) */
-    FN(gated_gram)(&p.gate, p.q, p.ldq, p.k, p.ldq, 0, x->scale, x->P + (p.r0 * x->HV + hv) * C,
-                   p.ldc, gw);
+    FN(gated_gram)(&p.gate, p.q, p.ldq, p.k, p.ldq, 0, x->scale, x->P + (p.r0 * x->HV + hv) * C, p.ldc, gw);
 }
 
 /* S (K x V) <- exp(G_last) S, per row (CHANNEL) or as a whole (HEAD).  e: K scratch. */
@@ -166,13 +162,10 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
  * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL. */
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
-    R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K,
-      *e = Kd + (int64_t)C * K;
+    R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
-    if (x->h0)
-        memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    else
-        memset(S, 0, sizeof(R) * (size_t)K * V);
+    if (x->h0) memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
+    else memset(S, 0, sizeof(R) * (size_t)K * V);
     for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
@@ -219,21 +212,23 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
 /* Runs the body for it in [0, n) on all threads (only when the local int dr_par_ says the call is
  * big enough to pay for waking them), each thread with its own workspace `ws` of wsn elements;
  * sets rc = -1 if a workspace could not be allocated. */
-#define DR_PARALLEL_ITEMS(n, wsn, ...)                                                            \
-    do {                                                                                           \
-        int fail_ = 0;                                                                             \
-        int64_t n_ = (n);                                                                          \
-        _Pragma("omp parallel if (n_ > 1 && dr_par_)") {                                          \
-            R *ws = malloc(sizeof(R) * (size_t)(wsn));                                             \
-            if (!ws) {                                                                             \
-                _Pragma("omp atomic write") fail_ = 1;                                             \
-            }                                                                                      \
-            _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < n_; it++) {          \
-                if (ws) { __VA_ARGS__; }                                                                  \
-            }                                                                                      \
-            free(ws);                                                                              \
-        }                                                                                          \
-        if (fail_) rc = -1;                                                                        \
+#define DR_PARALLEL_ITEMS(n, wsn, ...)                                                    \
+    do {                                                                                  \
+        int fail_ = 0;                                                                    \
+        int64_t n_ = (n);                                                                 \
+        _Pragma("omp parallel if (n_ > 1 && dr_par_)") {                                  \
+            R *ws = malloc(sizeof(R) * (size_t)(wsn));                                    \
+            if (!ws) {                                                                    \
+                _Pragma("omp atomic write") fail_ = 1;                                    \
+            }                                                                             \
+            _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < n_; it++) { \
+                if (ws) {                                                                 \
+                    __VA_ARGS__;                                                          \
+                }                                                                         \
+            }                                                                             \
+            free(ws);                                                                     \
+        }                                                                                 \
+        if (fail_) rc = -1;                                                               \
     } while (0)
 
 /* Below about 4 MFLOP the forward is done on the calling thread: waking a team costs more. */
@@ -242,8 +237,8 @@ static int FN(worth_threads)(const FN(ctx) *x) {
     return f > 4e6;
 }
 
-static int FN(check_ptrs)(const char *what, const dg_dr_shape *s, const void *q, const void *k,
-                          const void *v, const void *g, const void *beta) {
+static int FN(check_ptrs)(const char *what, const dg_dr_shape *s, const void *q, const void *k, const void *v,
+                          const void *g, const void *beta) {
     if (!q || !k || !v || !beta) {
         dg_error("%s: %s is NULL", what, !q ? "q" : !k ? "k" : !v ? "v" : "beta");
         return -1;
@@ -255,8 +250,8 @@ static int FN(check_ptrs)(const char *what, const dg_dr_shape *s, const void *q,
     return 0;
 }
 
-int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g,
-                        const R *beta, const R *h0, R *o, R *hT) {
+int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v, const R *g, const R *beta,
+                        const R *h0, R *o, R *hT) {
     const char *what = "dr_chunk_fwd";
     dg_drc_plan pl;
     if (FN(check_ptrs)(what, s, q, k, v, g, beta) || dg_drc_plan_init(&pl, s, what, 3)) return -1;

@@ -22,19 +22,19 @@
 
 typedef struct FN(ctab) {
     int nb;
-    R *Ar, *Bc;                 /* L x K */
-    R *P;                       /* [bI][bJ] x K, bJ <= bI (DR_MAXB x DR_MAXB x K) */
-    R *F;                       /* nb x K: exp(G_f(bI)) */
-    R *Lg;                      /* nb x K: exp(G_last - G_l(bJ)) */
+    R *Ar, *Bc; /* L x K */
+    R *P;       /* [bI][bJ] x K, bJ <= bI (DR_MAXB x DR_MAXB x K) */
+    R *F;       /* nb x K: exp(G_f(bI)) */
+    R *Lg;      /* nb x K: exp(G_last - G_l(bJ)) */
     int safe[DR_MAXB];
 } FN(ctab);
 
 typedef struct FN(cg) {
     dg_gate_kind kind;
     int L, K;
-    const R *G;  /* chunk-local cumulative gate; row i at G + i*ldg (HEAD: 1 value, CHANNEL: K) */
+    const R *G; /* chunk-local cumulative gate; row i at G + i*ldg (HEAD: 1 value, CHANNEL: K) */
     int64_t ldg;
-    const R *E;  /* HEAD, optional: E_ij = exp(G_i - G_j) (j <= i, 0 above), ld L */
+    const R *E;          /* HEAD, optional: E_ij = exp(G_i - G_j) (j <= i, 0 above), ld L */
     const FN(ctab) *tab; /* CHANNEL: required by every function below (FN(cg_table)) */
 } FN(cg);
 
@@ -178,8 +178,7 @@ DR_STATIC void FN(col_side)(const FN(cg) *g, int bI, int n, const R *Y, int64_t 
     const FN(ctab) *t = g->tab;
     int K = g->K;
     for (int j = 0; j < n; j++) {
-        const R *y = Y + j * ldy, *b = t->Bc + (int64_t)j * K,
-                *p = t->P + ((int64_t)bI * DR_MAXB + j / DR_BS) * K;
+        const R *y = Y + j * ldy, *b = t->Bc + (int64_t)j * K, *p = t->P + ((int64_t)bI * DR_MAXB + j / DR_BS) * K;
         R *o = Yr + (int64_t)j * K;
         for (int c = 0; c < K; c++) o[c] = y[c] * b[c] * p[c];
     }
@@ -187,14 +186,13 @@ DR_STATIC void FN(col_side)(const FN(cg) *g, int bI, int n, const R *Y, int64_t 
 
 /* M (L x L lower, ld ldm) = alpha sum_c X_ic Y_jc Gamma_ijc for j <= i (j < i if strict), zeros
  * above.  ws: FN(gated_ws). */
-DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R *Y, int64_t ldy,
-                           int strict, R alpha, R *M, int64_t ldm, R *ws) {
+DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R *Y, int64_t ldy, int strict, R alpha,
+                              R *M, int64_t ldm, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind != DG_GATE_CHANNEL) {
         if (X == Y && ldx == ldy)
             DR_SYRK(CblasRowMajor, CblasLower, CblasNoTrans, L, K, alpha, X, (int)ldx, 0, M, (int)ldm);
-        else
-            FN(gemm_lowc)(L, K, alpha, X, ldx, Y, ldy, 0, M, ldm);
+        else FN(gemm_lowc)(L, K, alpha, X, ldx, Y, ldy, 0, M, ldm);
         if (g->kind == DG_GATE_HEAD) FN(head_decay_mul)(g, M, ldm, ws);
         FN(mask_lower)(L, M, ldm, strict);
         return;
@@ -215,8 +213,7 @@ DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R 
             R *m = M + i * ldm;
             if (!safe)
                 for (int j = i0; j <= i; j++)
-                    m[j] = alpha * FN(gdot)(K, X + i * ldx, Y + j * ldy, g->G + i * g->ldg,
-                                            g->G + j * g->ldg, e);
+                    m[j] = alpha * FN(gdot)(K, X + i * ldx, Y + j * ldy, g->G + i * g->ldg, g->G + j * g->ldg, e);
             int j0 = strict ? i : i + 1;
             if (j0 < L) memset(m + j0, 0, sizeof(R) * (size_t)(L - j0));
         }
@@ -224,8 +221,8 @@ DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R 
 }
 
 /* Z (L x K) += alpha * [ sum_j D_ij Y_jc Gamma_ijc ], D L x L lower (zeros above). */
-DR_STATIC void FN(gated_rowapply)(const FN(cg) *g, const R *D, int64_t ldd, const R *Y, int64_t ldy,
-                               R alpha, R *Z, int64_t ldz, R *ws) {
+DR_STATIC void FN(gated_rowapply)(const FN(cg) *g, const R *D, int64_t ldd, const R *Y, int64_t ldy, R alpha, R *Z,
+                                  int64_t ldz, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind == DG_GATE_NONE) {
         FN(gemm_tri)(0, L, K, alpha, D, ldd, Y, ldy, 1, Z, ldz);
@@ -262,8 +259,8 @@ DR_STATIC void FN(gated_rowapply)(const FN(cg) *g, const R *D, int64_t ldd, cons
 }
 
 /* Z (L x K) += alpha * [ Z_jc = sum_i D_ij X_ic Gamma_ijc ], D L x L lower. */
-DR_STATIC void FN(gated_colapply)(const FN(cg) *g, const R *D, int64_t ldd, const R *X, int64_t ldx,
-                               R alpha, R *Z, int64_t ldz, R *ws) {
+DR_STATIC void FN(gated_colapply)(const FN(cg) *g, const R *D, int64_t ldd, const R *X, int64_t ldx, R alpha, R *Z,
+                                  int64_t ldz, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind == DG_GATE_NONE) {
         FN(gemm_tri)(1, L, K, alpha, D, ldd, X, ldx, 1, Z, ldz);
@@ -307,9 +304,8 @@ DR_STATIC void FN(gated_colapply)(const FN(cg) *g, const R *D, int64_t ldd, cons
 
 /* Both applications of one D: Zr += alpha rowapply(D, Yr), Zc += alpha colapply(D, Xc) (HEAD: the
  * decayed D o E is formed once). */
-DR_STATIC void FN(gated_apply2)(const FN(cg) *g, const R *D, int64_t ldd, const R *Yr, int64_t ldyr,
-                             const R *Xc, int64_t ldxc, R alpha, R *Zr, int64_t ldzr, R *Zc,
-                             int64_t ldzc, R *ws) {
+DR_STATIC void FN(gated_apply2)(const FN(cg) *g, const R *D, int64_t ldd, const R *Yr, int64_t ldyr, const R *Xc,
+                                int64_t ldxc, R alpha, R *Zr, int64_t ldzr, R *Zc, int64_t ldzc, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind == DG_GATE_HEAD) {
         R *DE = ws, *e = ws + (int64_t)L * L;
@@ -325,8 +321,7 @@ DR_STATIC void FN(gated_apply2)(const FN(cg) *g, const R *D, int64_t ldd, const 
 
 /* For HEAD gates: out_i += sum_j D_ij M_ij (rows) - sum_j D_ji M_ji (columns), the gate gradient of
  * a gated product M (already containing exp(G_i - G_j)) with incoming gradient D. */
-DR_STATIC void FN(head_rowcol_dg)(int L, const R *D, int64_t ldd, const R *M, int64_t ldm, R *out,
-                               int64_t ldo) {
+DR_STATIC void FN(head_rowcol_dg)(int L, const R *D, int64_t ldd, const R *M, int64_t ldm, R *out, int64_t ldo) {
     for (int i = 0; i < L; i++)
         for (int j = 0; j <= i; j++) {
             R t = D[i * ldd + j] * M[i * ldm + j];

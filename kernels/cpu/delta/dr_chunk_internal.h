@@ -59,7 +59,7 @@ typedef int32_t dg_v8i __attribute__((vector_size(32)));
 /* in place (pointers, not vector values: no ABI dependence on -mavx) */
 static inline void dg_vexp4d(dg_v4d *px) {
     dg_v4d x = *px;
-    dg_v4l under = x < -708.0, over = x > 709.0;
+    dg_v4l under = x<-708.0, over = x> 709.0;
     dg_v4d hi = (dg_v4d){0, 0, 0, 0} + 709.0;
     x = (dg_v4d)(((dg_v4l)x & ~(under | over)) | ((dg_v4l)hi & over));
     const double shift = 0x1.8p52;
@@ -85,7 +85,7 @@ static inline void dg_vexp4d(dg_v4d *px) {
 
 static inline void dg_vexp8f(dg_v8f *px) {
     dg_v8f x = *px;
-    dg_v8i under = x < -87.3f, over = x > 88.0f;
+    dg_v8i under = x<-87.3f, over = x> 88.0f;
     dg_v8f hi = (dg_v8f){0, 0, 0, 0, 0, 0, 0, 0} + 88.0f;
     x = (dg_v8f)(((dg_v8i)x & ~(under | over)) | ((dg_v8i)hi & over));
     const float shift = 0x1.8p23f;

@@ -48,8 +48,8 @@
 
 /* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) is k x n; ta/tb: 1 = transposed (A stored
  * k x m).  Zero-sized products are handled here (BLAS would reject ld < 1). */
-DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A, int64_t lda,
-                     const R *B, int64_t ldb, R beta, R *C, int64_t ldc) {
+DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb,
+                        R beta, R *C, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
     if (k <= 0) {
         for (int i = 0; i < m; i++)
@@ -64,13 +64,12 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
         } else if (m >= 32) {
             int h = (m / 2 + 15) / 16 * 16;
             FN(gemm)(ta, tb, h, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-            FN(gemm)(ta, tb, m - h, n, k, alpha, ta ? A + h : A + h * lda, lda, B, ldb, beta,
-                     C + h * ldc, ldc);
+            FN(gemm)(ta, tb, m - h, n, k, alpha, ta ? A + h : A + h * lda, lda, B, ldb, beta, C + h * ldc, ldc);
         } else {
             int h = k / 2;
             FN(gemm)(ta, tb, m, n, h, alpha, A, lda, B, ldb, beta, C, ldc);
-            FN(gemm)(ta, tb, m, n, k - h, alpha, ta ? A + h * lda : A + h, lda,
-                     tb ? B + h : B + h * ldb, ldb, 1, C, ldc);
+            FN(gemm)(ta, tb, m, n, k - h, alpha, ta ? A + h * lda : A + h, lda, tb ? B + h : B + h * ldb, ldb, 1, C,
+                     ldc);
         }
         return;
     }
@@ -78,8 +77,8 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
         for (int i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(R) * (size_t)n);
         beta = 1;
     }
-    DR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
-            alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    DR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, (int)lda,
+            B, (int)ldb, beta, C, (int)ldc);
 }
 
 /* Products with an L x L lower-triangular operand skip its zero upper-right block: for L > 32 the
@@ -87,8 +86,8 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
 #define DR_TRI_SPLIT 32
 
 /* C (L x n) = alpha op(T) B + beta C, T lower triangular (ta = 0: T, ta = 1: T^T), B L x n. */
-DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t ldt, const R *B,
-                            int64_t ldb, R beta, R *C, int64_t ldc) {
+DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t ldt, const R *B, int64_t ldb, R beta,
+                            R *C, int64_t ldc) {
     if (L <= DR_TRI_SPLIT) {
         FN(gemm)(ta, 0, L, n, L, alpha, T, ldt, B, ldb, beta, C, ldc);
         return;
@@ -99,15 +98,14 @@ DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t l
         FN(gemm)(0, 0, L - h, n, L, alpha, T + h * ldt, ldt, B, ldb, beta, C + h * ldc, ldc);
     } else { /* (T^T)_ij = T_ji is zero for j < i: rows >= h only see rows >= h of B */
         FN(gemm)(1, 0, h, n, L, alpha, T, ldt, B, ldb, beta, C, ldc);
-        FN(gemm)(1, 0, L - h, n, L - h, alpha, T + h * ldt + h, ldt, B + h * ldb, ldb, beta,
-                 C + h * ldc, ldc);
+        FN(gemm)(1, 0, L - h, n, L - h, alpha, T + h * ldt + h, ldt, B + h * ldb, ldb, beta, C + h * ldc, ldc);
     }
 }
 
 /* The lower part (incl. diagonal) of C (L x L) = alpha A B^T + beta C, A and B L x k; the block
  * above the diagonal past column h is left as it was (callers mask it). */
-DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb,
-                             R beta, R *C, int64_t ldc) {
+DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb, R beta, R *C,
+                             int64_t ldc) {
     if (L <= DR_TRI_SPLIT) {
         FN(gemm)(0, 1, L, L, k, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -171,30 +169,25 @@ DR_STATIC void FN(tril_inv_blocked)(int L, const R *A, int64_t lda, R *Y, int64_
         FN(tril_inv_fs)(bi, A + i0 * lda + i0, lda, Y + i0 * ldy + i0, ldy);
         for (int j0 = 0; j0 < i0; j0 += DR_BS) {
             /* ws = A[I, j0:i0] Y[j0:i0, J];  Y_IJ = -Y_II ws */
-            FN(gemm)(0, 0, bi, DR_BS, i0 - j0, 1, A + i0 * lda + j0, lda, Y + j0 * ldy + j0, ldy, 0,
-                     ws, DR_BS);
-            FN(gemm)(0, 0, bi, DR_BS, bi, -1, Y + i0 * ldy + i0, ldy, ws, DR_BS, 0,
-                     Y + i0 * ldy + j0, ldy);
+            FN(gemm)(0, 0, bi, DR_BS, i0 - j0, 1, A + i0 * lda + j0, lda, Y + j0 * ldy + j0, ldy, 0, ws, DR_BS);
+            FN(gemm)(0, 0, bi, DR_BS, bi, -1, Y + i0 * ldy + i0, ldy, ws, DR_BS, 0, Y + i0 * ldy + j0, ldy);
         }
     }
 }
 
 DR_STATIC void FN(tril_inv)(int blocked, int L, const R *A, int64_t lda, R *Y, int64_t ldy, R *ws) {
-    if (blocked)
-        FN(tril_inv_blocked)(L, A, lda, Y, ldy, ws);
-    else
-        FN(tril_inv_fs)(L, A, lda, Y, ldy);
+    if (blocked) FN(tril_inv_blocked)(L, A, lda, Y, ldy, ws);
+    else FN(tril_inv_fs)(L, A, lda, Y, ldy);
 }
 
 /* Backward of Y = (I + A)^-1: dA = strictly_lower( -Y^T dY Y^T ), with dY taken on its lower part
  * (incl. the diagonal; Y's upper part is identically zero).  ws: 2 L*L. */
-DR_STATIC void FN(tril_inv_bwd)(int L, const R *Y, int64_t ldy, const R *dY, int64_t lddy, R *dA,
-                             int64_t ldda, R *ws) {
+DR_STATIC void FN(tril_inv_bwd)(int L, const R *Y, int64_t ldy, const R *dY, int64_t lddy, R *dA, int64_t ldda, R *ws) {
     R *dm = ws, *t = ws + (int64_t)L * L;
     FN(copy_rows)(L, L, dY, lddy, dm, L);
     FN(mask_lower)(L, dm, L, 0);
-    FN(gemm_tri)(1, L, L, 1, Y, ldy, dm, L, 0, t, L);       /* t = Y^T dY */
-    FN(gemm_lowc)(L, L, -1, t, L, Y, ldy, 0, dA, ldda);        /* dA = -t Y^T (lower part) */
+    FN(gemm_tri)(1, L, L, 1, Y, ldy, dm, L, 0, t, L);   /* t = Y^T dY */
+    FN(gemm_lowc)(L, L, -1, t, L, Y, ldy, 0, dA, ldda); /* dA = -t Y^T (lower part) */
     FN(mask_lower)(L, dA, ldda, 1);
 }
 

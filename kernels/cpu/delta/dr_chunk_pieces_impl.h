@@ -4,28 +4,29 @@
  * in parallel over (chunk, value head). */
 #include "kernels/cpu/delta/chunk_pieces.h"
 
-#define DRP_PARALLEL(n, wsn, ...)                                                                  \
-    do {                                                                                           \
-        int fail_ = 0;                                                                             \
-        int64_t n_ = (n), w_ = (wsn);                                                              \
-        int par_ = n_ > 1 && (double)n_ * (double)(w_ + 64) > 2e5;                                 \
-        _Pragma("omp parallel if (par_)") {                                                        \
-            R *ws = w_ > 0 ? malloc(sizeof(R) * (size_t)w_) : NULL;                                \
-            if (w_ > 0 && !ws) {                                                                   \
-                _Pragma("omp atomic write") fail_ = 1;                                             \
-            }                                                                                      \
-            _Pragma("omp for schedule(dynamic, 4)") for (int64_t it = 0; it < n_; it++) {          \
-                if (ws || w_ <= 0) { __VA_ARGS__; }                                                \
-            }                                                                                      \
-            free(ws);                                                                              \
-        }                                                                                          \
-        if (fail_) rc = -1;                                                                        \
+#define DRP_PARALLEL(n, wsn, ...)                                                         \
+    do {                                                                                  \
+        int fail_ = 0;                                                                    \
+        int64_t n_ = (n), w_ = (wsn);                                                     \
+        int par_ = n_ > 1 && (double)n_ * (double)(w_ + 64) > 2e5;                        \
+        _Pragma("omp parallel if (par_)") {                                               \
+            R *ws = w_ > 0 ? malloc(sizeof(R) * (size_t)w_) : NULL;                       \
+            if (w_ > 0 && !ws) {                                                          \
+                _Pragma("omp atomic write") fail_ = 1;                                    \
+            }                                                                             \
+            _Pragma("omp for schedule(dynamic, 4)") for (int64_t it = 0; it < n_; it++) { \
+                if (ws || w_ <= 0) {                                                      \
+                    __VA_ARGS__;                                                          \
+                }                                                                         \
+            }                                                                             \
+            free(ws);                                                                     \
+        }                                                                                 \
+        if (fail_) rc = -1;                                                               \
     } while (0)
 
 /* ---- chunk_local_cumsum ---- */
-int FN(dg_chunk_local_cumsum_fwd)(int64_t B, int64_t T, int64_t H, int64_t S,
-                                  const int64_t *cu_seqlens, int64_t N, int chunk, int reverse,
-                                  const R *x, R *out) {
+int FN(dg_chunk_local_cumsum_fwd)(int64_t B, int64_t T, int64_t H, int64_t S, const int64_t *cu_seqlens, int64_t N,
+                                  int chunk, int reverse, const R *x, R *out) {
     const char *what = "chunk_local_cumsum";
     if (!x || !out) {
         dg_error("%s: %s is NULL", what, !x ? "x" : "out");
@@ -48,16 +49,15 @@ int FN(dg_chunk_local_cumsum_fwd)(int64_t B, int64_t T, int64_t H, int64_t S,
     return rc;
 }
 
-int FN(dg_chunk_local_cumsum_bwd)(int64_t B, int64_t T, int64_t H, int64_t S,
-                                  const int64_t *cu_seqlens, int64_t N, int chunk, int reverse,
-                                  const R *dout, R *dx) {
+int FN(dg_chunk_local_cumsum_bwd)(int64_t B, int64_t T, int64_t H, int64_t S, const int64_t *cu_seqlens, int64_t N,
+                                  int chunk, int reverse, const R *dout, R *dx) {
     /* out = L x (lower ones) per chunk, so dx = L^T dout: the cumsum in the other direction */
     return FN(dg_chunk_local_cumsum_fwd)(B, T, H, S, cu_seqlens, N, chunk, !reverse, dout, dx);
 }
 
 /* ---- chunk_scaled_dot_kkt ---- */
-static int FN(kkt_check)(const char *what, const dg_dr_shape *s, const R *k, const R *beta,
-                         const R *g, dg_drc_plan *pl) {
+static int FN(kkt_check)(const char *what, const dg_dr_shape *s, const R *k, const R *beta, const R *g,
+                         dg_drc_plan *pl) {
     if (!k || !beta) {
         dg_error("%s: %s is NULL", what, !k ? "k" : "beta");
         return -1;
@@ -70,8 +70,7 @@ static int FN(kkt_check)(const char *what, const dg_dr_shape *s, const R *k, con
 }
 
 /* The cg of chunk c, head hv, reading the cumulative gate g directly. */
-static void FN(kkt_gate)(const dg_dr_shape *s, const dg_drc_plan *pl, int64_t c, int64_t hv,
-                         const R *g, FN(cg) *cg) {
+static void FN(kkt_gate)(const dg_dr_shape *s, const dg_drc_plan *pl, int64_t c, int64_t hv, const R *g, FN(cg) *cg) {
     int gs = s->gate == DG_GATE_NONE ? 0 : s->gate == DG_GATE_HEAD ? 1 : (int)s->K;
     cg->kind = s->gate;
     cg->L = pl->len[c];
@@ -82,8 +81,7 @@ static void FN(kkt_gate)(const dg_dr_shape *s, const dg_drc_plan *pl, int64_t c,
     cg->tab = NULL;
 }
 
-int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g,
-                                    R *A) {
+int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g, R *A) {
     const char *what = "chunk_scaled_dot_kkt";
     dg_drc_plan pl;
     if (FN(kkt_check)(what, s, k, beta, g, &pl)) return -1;
@@ -115,8 +113,8 @@ int FN(dg_chunk_scaled_dot_kkt_fwd)(const dg_dr_shape *s, const R *k, const R *b
     return rc;
 }
 
-int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g,
-                                    const R *dA, R *dk, R *dbeta, R *dg) {
+int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *beta, const R *g, const R *dA, R *dk,
+                                    R *dbeta, R *dg) {
     const char *what = "chunk_scaled_dot_kkt_bwd";
     dg_drc_plan pl;
     if (FN(kkt_check)(what, s, k, beta, g, &pl)) return -1;
@@ -129,8 +127,8 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
     int64_t HV = s->HV, H = s->H, K = s->K, grp = HV / H, rows = pl.rows;
     R *dkv = dk && grp == 1 ? dk : malloc(sizeof(R) * (size_t)(rows * HV * K + 1));
     if (!dkv) rc = -1;
-    int64_t wsn = 3 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K) +
-                  FN(ctab_ws)(C, (int)K);
+    int64_t wsn =
+        3 * (int64_t)C * C + 3 * (int64_t)C * K + 2 * (C + K) + FN(gated_ws)(C, (int)K) + FN(ctab_ws)(C, (int)K);
     if (rc == 0)
         DRP_PARALLEL(pl.nchunks * HV, wsn, {
             int64_t c = it / HV, hv = it % HV, r0 = pl.row0[c], off = r0 * HV + hv;
@@ -196,8 +194,7 @@ int FN(dg_chunk_scaled_dot_kkt_bwd)(const dg_dr_shape *s, const R *k, const R *b
 }
 
 /* ---- solve_tril ---- */
-static int FN(tril_check)(const char *what, const dg_dr_shape *s, const R *a, const R *b,
-                          dg_drc_plan *pl) {
+static int FN(tril_check)(const char *what, const dg_dr_shape *s, const R *a, const R *b, dg_drc_plan *pl) {
     if (!a || !b) {
         dg_error("%s: %s is NULL", what, !a ? "input" : "output");
         return -1;

@@ -16,8 +16,8 @@ int dg_drc_plan_init(dg_drc_plan *p, const dg_dr_shape *s, const char *what, int
         return -1;
     }
     if ((need & 1) && (s->H < 1 || s->HV < 1 || s->K < 1 || s->HV % s->H != 0)) {
-        dg_error("%s: H = %lld, HV = %lld, K = %lld (need H, K >= 1 and HV a positive multiple of H)",
-                 what, (long long)s->H, (long long)s->HV, (long long)s->K);
+        dg_error("%s: H = %lld, HV = %lld, K = %lld (need H, K >= 1 and HV a positive multiple of H)", what,
+                 (long long)s->H, (long long)s->HV, (long long)s->K);
         return -1;
     }
     if ((need & 2) && s->V < 1) {
@@ -48,19 +48,19 @@ int dg_drc_plan_init(dg_drc_plan *p, const dg_dr_shape *s, const char *what, int
         }
         const int64_t *cu = s->cu_seqlens;
         if (cu[0] != 0 || cu[N] != s->T) {
-            dg_error("%s: cu_seqlens runs from %lld to %lld but must run from 0 to T = %lld", what,
-                     (long long)cu[0], (long long)cu[N], (long long)s->T);
+            dg_error("%s: cu_seqlens runs from %lld to %lld but must run from 0 to T = %lld", what, (long long)cu[0],
+                     (long long)cu[N], (long long)s->T);
             return -1;
         }
         for (int64_t n = 0; n < N; n++)
             if (cu[n + 1] < cu[n]) {
-                dg_error("%s: cu_seqlens decreases at %lld (%lld > %lld)", what, (long long)n,
-                         (long long)cu[n], (long long)cu[n + 1]);
+                dg_error("%s: cu_seqlens decreases at %lld (%lld > %lld)", what, (long long)n, (long long)cu[n],
+                         (long long)cu[n + 1]);
                 return -1;
             }
     } else if (s->N != s->B && s->N != 0) {
-        dg_error("%s: N = %lld but B = %lld without cu_seqlens (N must equal B)", what,
-                 (long long)s->N, (long long)s->B);
+        dg_error("%s: N = %lld but B = %lld without cu_seqlens (N must equal B)", what, (long long)s->N,
+                 (long long)s->B);
         return -1;
     }
     const int64_t C = s->chunk;

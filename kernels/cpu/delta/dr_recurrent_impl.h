@@ -42,8 +42,7 @@ static void DR_FN(dr_task)(const dg_dr_shape *s, int64_t n, int64_t *bos, int64_
 }
 
 /* decay factors of token `tok` (global token index) for value head hv into d[K] */
-static inline void DR_FN(dr_decay)(const dg_dr_shape *s, const REAL *g, int64_t tok, int64_t hv,
-                                   REAL *d) {
+static inline void DR_FN(dr_decay)(const dg_dr_shape *s, const REAL *g, int64_t tok, int64_t hv, REAL *d) {
     const int64_t K = s->K;
     if (s->gate == DG_GATE_HEAD) {
         REAL e = (REAL)exp((double)g[tok * s->HV + hv]);
@@ -58,9 +57,8 @@ static inline void DR_FN(dr_decay)(const dg_dr_shape *s, const REAL *g, int64_t 
 
 /* One forward step in place: S <- S_t from S = S_{t-1}.  Writes o_t (scaled) if o is not NULL.
  * d, p scratch of K and V. */
-static void DR_FN(dr_step)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v,
-                           const REAL *g, const REAL *beta, int64_t tok, int64_t hv, REAL *S,
-                           REAL *o, REAL *d, REAL *p) {
+static void DR_FN(dr_step)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
+                           const REAL *beta, int64_t tok, int64_t hv, REAL *S, REAL *o, REAL *d, REAL *p) {
     const int64_t K = s->K, V = s->V, H = s->H, HV = s->HV;
     const int64_t hk = hv / (HV / H);
     const REAL *kt = k + (tok * H + hk) * K;
@@ -102,8 +100,8 @@ static void DR_FN(dr_step)(const dg_dr_shape *s, const REAL *q, const REAL *k, c
     }
 }
 
-int DR_FN(dg_dr_recurrent_fwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v,
-                               const REAL *g, const REAL *beta, const REAL *h0, REAL *o, REAL *hT) {
+int DR_FN(dg_dr_recurrent_fwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
+                               const REAL *beta, const REAL *h0, REAL *o, REAL *hT) {
     if (!s || s->H <= 0 || s->HV % s->H != 0 || (s->gate != DG_GATE_NONE && !g)) return -2;
     const int64_t K = s->K, V = s->V, HV = s->HV, N = s->N;
     const int64_t KV = K * V;
@@ -121,10 +119,8 @@ int DR_FN(dg_dr_recurrent_fwd)(const dg_dr_shape *s, const REAL *q, const REAL *
             continue;
         }
         REAL *d = S + KV, *p = d + K;
-        if (h0)
-            memcpy(S, h0 + task * KV, sizeof(REAL) * (size_t)KV);
-        else
-            memset(S, 0, sizeof(REAL) * (size_t)KV);
+        if (h0) memcpy(S, h0 + task * KV, sizeof(REAL) * (size_t)KV);
+        else memset(S, 0, sizeof(REAL) * (size_t)KV);
         for (int64_t t = 0; t < len; t++) DR_FN(dr_step)(s, q, k, v, g, beta, bos + t, hv, S, o, d, p);
         if (hT) memcpy(hT + task * KV, S, sizeof(REAL) * (size_t)KV);
         free(S);
@@ -134,10 +130,9 @@ int DR_FN(dg_dr_recurrent_fwd)(const dg_dr_shape *s, const REAL *q, const REAL *
 
 /* One backward step of token tok.  Sp = S_{t-1}; dS = dL/dS_t on entry, dL/dS_{t-1} on exit.
  * dqv, dkv: this value head's contributions to dq_t, dk_t [K] (written).  Scratch w: 3K + 3V. */
-static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v,
-                               const REAL *g, const REAL *beta, const REAL *dout, int64_t tok,
-                               int64_t hv, const REAL *Sp, REAL *dS, REAL *dqv, REAL *dkv, REAL *dv,
-                               REAL *dg, REAL *dbeta, REAL *w) {
+static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
+                               const REAL *beta, const REAL *dout, int64_t tok, int64_t hv, const REAL *Sp, REAL *dS,
+                               REAL *dqv, REAL *dkv, REAL *dv, REAL *dg, REAL *dbeta, REAL *w) {
     const int64_t K = s->K, V = s->V, H = s->H, HV = s->HV;
     const int64_t hk = hv / (HV / H);
     const REAL *qt = q + (tok * H + hk) * K;
@@ -227,10 +222,9 @@ static void DR_FN(dr_step_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
     }
 }
 
-int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v,
-                               const REAL *g, const REAL *beta, const REAL *h0, const REAL *dout,
-                               const REAL *dhT, REAL *dq, REAL *dk, REAL *dv, REAL *dg, REAL *dbeta,
-                               REAL *dh0) {
+int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *k, const REAL *v, const REAL *g,
+                               const REAL *beta, const REAL *h0, const REAL *dout, const REAL *dhT, REAL *dq, REAL *dk,
+                               REAL *dv, REAL *dg, REAL *dbeta, REAL *dh0) {
     if (!s || s->H <= 0 || s->HV % s->H != 0 || (s->gate != DG_GATE_NONE && !g) || !dout) return -2;
     if (s->gate == DG_GATE_NONE) dg = NULL;
     const int64_t K = s->K, V = s->V, H = s->H, HV = s->HV, N = s->N;
@@ -266,20 +260,16 @@ int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
         REAL *ck = buf, *seg = ck + nseg * KV, *S = seg + L * KV, *dS = S + KV, *w = dS + KV;
         REAL *dqv = w + 3 * K + 3 * V, *dkv = dqv + K;
         /* forward sweep, keeping a checkpoint at the start of every segment */
-        if (h0)
-            memcpy(S, h0 + task * KV, sizeof(REAL) * (size_t)KV);
-        else
-            memset(S, 0, sizeof(REAL) * (size_t)KV);
+        if (h0) memcpy(S, h0 + task * KV, sizeof(REAL) * (size_t)KV);
+        else memset(S, 0, sizeof(REAL) * (size_t)KV);
         for (int64_t t = 0; t < len; t++) {
             if (t % L == 0) memcpy(ck + (t / L) * KV, S, sizeof(REAL) * (size_t)KV);
             if (t + 1 < len) /* the last token's output state is never needed */
                 DR_FN(dr_step)(s, q, k, v, g, beta, bos + t, hv, S, NULL, w, w + K);
         }
         /* dS_T = dhT (or 0) */
-        if (dhT)
-            memcpy(dS, dhT + task * KV, sizeof(REAL) * (size_t)KV);
-        else
-            memset(dS, 0, sizeof(REAL) * (size_t)KV);
+        if (dhT) memcpy(dS, dhT + task * KV, sizeof(REAL) * (size_t)KV);
+        else memset(dS, 0, sizeof(REAL) * (size_t)KV);
         for (int64_t sg = nseg - 1; sg >= 0; sg--) {
             const int64_t t0 = sg * L, t1 = (t0 + L < len) ? t0 + L : len;
             /* re-run the segment, storing S_{t-1} for each of its tokens */
@@ -290,8 +280,8 @@ int DR_FN(dg_dr_recurrent_bwd)(const dg_dr_shape *s, const REAL *q, const REAL *
             }
             for (int64_t t = t1 - 1; t >= t0; t--) {
                 const int64_t tok = bos + t;
-                DR_FN(dr_step_bwd)(s, q, k, v, g, beta, dout, tok, hv, seg + (t - t0) * KV, dS, dqv,
-                                   dkv, dv, dg, dbeta, w);
+                DR_FN(dr_step_bwd)
+                (s, q, k, v, g, beta, dout, tok, hv, seg + (t - t0) * KV, dS, dqv, dkv, dv, dg, dbeta, w);
                 if (direct) {
                     if (dq) memcpy(dq + (tok * H + hk) * K, dqv, sizeof(REAL) * (size_t)K);
                     if (dk) memcpy(dk + (tok * H + hk) * K, dkv, sizeof(REAL) * (size_t)K);

@@ -18,11 +18,10 @@
 #include <stdint.h>
 
 /* dg_gate_bwd returns 0, or -1 when out of memory */
-#define DG_GATE_DECLARE(R, SFX)                                                                        \
-    void dg_gate_fwd_##SFX(int64_t rows, int64_t HV, int64_t C, const R *a, const R *A_log,           \
-                           const R *dt_bias, R *g);                                                    \
-    int dg_gate_bwd_##SFX(int64_t rows, int64_t HV, int64_t C, const R *a, const R *A_log,            \
-                          const R *dt_bias, const R *dg, R *da, R *dA_log, R *ddt_bias);
+#define DG_GATE_DECLARE(R, SFX)                                                                                      \
+    void dg_gate_fwd_##SFX(int64_t rows, int64_t HV, int64_t C, const R *a, const R *A_log, const R *dt_bias, R *g); \
+    int dg_gate_bwd_##SFX(int64_t rows, int64_t HV, int64_t C, const R *a, const R *A_log, const R *dt_bias,         \
+                          const R *dg, R *da, R *dA_log, R *ddt_bias);
 
 DG_GATE_DECLARE(float, f32)
 DG_GATE_DECLARE(double, f64)

@@ -3,8 +3,8 @@
 #define GT_CAT(a, b) GT_CAT2(a, b)
 #define GT_FN(name) GT_CAT(name, SFX)
 
-void GT_FN(dg_gate_fwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const REAL *A_log,
-                        const REAL *dt_bias, REAL *g) {
+void GT_FN(dg_gate_fwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const REAL *A_log, const REAL *dt_bias,
+                        REAL *g) {
 #pragma omp parallel for schedule(static) if (rows * HV * C >= 32768)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t h = 0; h < HV; h++) {
@@ -20,9 +20,8 @@ void GT_FN(dg_gate_fwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, cons
 
 /* Parallel over heads: each h owns dA_log[h] and ddt_bias[h*C .. h*C+C), so the reductions over
  * rows never race.  Returns 0, or -1 when scratch could not be allocated. */
-int GT_FN(dg_gate_bwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const REAL *A_log,
-                       const REAL *dt_bias, const REAL *dg, REAL *da, REAL *dA_log,
-                       REAL *ddt_bias) {
+int GT_FN(dg_gate_bwd)(int64_t rows, int64_t HV, int64_t C, const REAL *a, const REAL *A_log, const REAL *dt_bias,
+                       const REAL *dg, REAL *da, REAL *dA_log, REAL *ddt_bias) {
     double *accb = calloc((size_t)(HV * C + 1), sizeof(double));
     if (!accb) return -1;
 #pragma omp parallel for schedule(static) if (rows * HV * C >= 32768)

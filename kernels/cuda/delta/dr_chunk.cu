@@ -16,8 +16,8 @@ namespace drc {
 /* the tensor-core kernels load q, k, v, dout as 16-byte vectors and store o, dv in pairs */
 static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
 
-int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
-              const void *g, const void *beta, Plan *p, bool shape_only) {
+int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v, const void *g,
+              const void *beta, Plan *p, bool shape_only) {
     memset(p, 0, sizeof *p);
     if (!s) {
         dg_error("%s: shape is NULL", who);
@@ -25,18 +25,17 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     }
     if (s->B < 1 || s->T < 0 || s->H < 1 || s->HV < 1 || s->K < 1 || s->V < 1) {
         dg_error("%s: B = %lld, T = %lld, H = %lld, HV = %lld, K = %lld, V = %lld (need T >= 0, "
-                 "the others >= 1)", who, (long long)s->B, (long long)s->T, (long long)s->H,
-                 (long long)s->HV, (long long)s->K, (long long)s->V);
+                 "the others >= 1)",
+                 who, (long long)s->B, (long long)s->T, (long long)s->H, (long long)s->HV, (long long)s->K,
+                 (long long)s->V);
         return -1;
     }
     if (s->HV % s->H) {
-        dg_error("%s: HV = %lld value heads is not a multiple of H = %lld", who, (long long)s->HV,
-                 (long long)s->H);
+        dg_error("%s: HV = %lld value heads is not a multiple of H = %lld", who, (long long)s->HV, (long long)s->H);
         return -1;
     }
     if (s->K > 256 || s->V > (1 << 20) || s->HV > (1 << 20)) {
-        dg_error("%s: K = %lld (this kernel supports K <= 256; V, HV <= 2^20)", who,
-                 (long long)s->K);
+        dg_error("%s: K = %lld (this kernel supports K <= 256; V, HV <= 2^20)", who, (long long)s->K);
         return -1;
     }
     if (s->chunk != 16 && s->chunk != 32 && s->chunk != 64) {
@@ -69,19 +68,19 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
             return -1;
         }
         if (cu[0] != 0 || cu[N] != s->T) {
-            dg_error("%s: cu_seqlens runs from %lld to %lld but must run from 0 to T = %lld", who,
-                     (long long)cu[0], (long long)cu[N], (long long)s->T);
+            dg_error("%s: cu_seqlens runs from %lld to %lld but must run from 0 to T = %lld", who, (long long)cu[0],
+                     (long long)cu[N], (long long)s->T);
             return -1;
         }
         for (int64_t n = 0; n < N; n++)
             if (cu[n + 1] < cu[n]) {
-                dg_error("%s: cu_seqlens decreases at %lld (%lld > %lld)", who, (long long)n,
-                         (long long)cu[n], (long long)cu[n + 1]);
+                dg_error("%s: cu_seqlens decreases at %lld (%lld > %lld)", who, (long long)n, (long long)cu[n],
+                         (long long)cu[n + 1]);
                 return -1;
             }
     } else if (s->N != s->B && s->N != 0) {
-        dg_error("%s: N = %lld but B = %lld without cu_seqlens (N must equal B)", who,
-                 (long long)s->N, (long long)s->B);
+        dg_error("%s: N = %lld but B = %lld without cu_seqlens (N must equal B)", who, (long long)s->N,
+                 (long long)s->B);
         return -1;
     }
 #ifndef DRC_EMU
@@ -251,8 +250,7 @@ template <typename T> struct VsplitIn {
 /* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
  * the forward of the split shape (o is already in its layout), hT back */
 template <typename T>
-static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void *keep, bool *kept,
-                      const L2Req<T> *l2) {
+static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void *keep, bool *kept, const L2Req<T> *l2) {
     const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t NH = G.N * G.HV;
     VsplitIn<T> in;
@@ -273,8 +271,7 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
  * value heads of a key head; dv is in its layout).  dbeta summed from the heads' 16-bit words,
  * rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws (test_dr_chunk_bf16_draws). */
 template <typename T>
-static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &var, const Io<T> &io,
-                      const void *kept) {
+static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
     const int Vs = G.V / R;
@@ -282,7 +279,8 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     VsplitIn<T> in;
     float *dbeta2 = io.dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
     float *dg2 = io.dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
-    float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr, *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
+    float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr,
+          *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
     int rc = (io.dbeta && !dbeta2) || (io.dg && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
                  ? -1
                  : in.make(G, R, io.beta, io.g, io.h0);
@@ -349,11 +347,11 @@ static int fwd_l2_first(const Run &r, const Plan &p, const Io<T> &io, void *keep
  * keep (16-bit storage only; may be NULL): device memory of the family's kept bytes for the working
  * set, *kept set to whether it was filled (the tensor-core families fill it, the generic kernels
  * keep nothing); l2 (16-bit only; may be NULL): io.q, io.k are raw rows, normalised here (L2Req) */
-template <typename T>
-static int fwd(const Run &r, const Io<T> &io_in, void *keep, bool *kept, const L2Req<T> *l2) {
+template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *keep, bool *kept, const L2Req<T> *l2) {
     *kept = false;
     Plan p;
-    if (r.s && io_in.q && io_in.k && io_in.v && io_in.beta && !io_in.o) { /* (plan_init names the other NULL pointers first) */
+    if (r.s && io_in.q && io_in.k && io_in.v && io_in.beta &&
+        !io_in.o) { /* (plan_init names the other NULL pointers first) */
         dg_error("%s: o is NULL", r.who);
         return -1;
     }

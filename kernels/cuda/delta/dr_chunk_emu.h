@@ -260,8 +260,8 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
                     Fiber &fb = L.f[(size_t)t];
                     uintptr_t top = ((uintptr_t)(fb.stack.data() + fb.stack.size())) & ~(uintptr_t)15;
                     void **sp = (void **)top;
-                    *--sp = nullptr;                    /* fake return address of fiber_entry */
-                    *--sp = (void *)&fiber_entry;       /* where the first switch returns to */
+                    *--sp = nullptr;                             /* fake return address of fiber_entry */
+                    *--sp = (void *)&fiber_entry;                /* where the first switch returns to */
                     for (int r = 0; r < 6; r++) *--sp = nullptr; /* callee-saved registers */
                     fb.sp = sp;
                     fb.state = RUN;
@@ -279,10 +279,11 @@ inline void launch_impl(dim3 grid, dim3 block, size_t smem_bytes, const std::fun
                     }
                     if (!live) break;
                     if (!any) {
-                        fprintf(stderr, "emu: deadlock in block %u (%d alive, %d at the block barrier)\n",
-                                x, L.alive, L.arrived);
+                        fprintf(stderr, "emu: deadlock in block %u (%d alive, %d at the block barrier)\n", x, L.alive,
+                                L.arrived);
                         for (int id = 1; id < 16; id++)
-                            if (L.named_arrived[id]) fprintf(stderr, "emu:   %d at named barrier %d\n", L.named_arrived[id], id);
+                            if (L.named_arrived[id])
+                                fprintf(stderr, "emu:   %d at named barrier %d\n", L.named_arrived[id], id);
                         int at_mbar = 0;
                         for (auto &fb : L.f) at_mbar += fb.state == WAIT_MBAR;
                         if (at_mbar) fprintf(stderr, "emu:   %d waiting on mbarriers\n", at_mbar);
@@ -350,8 +351,7 @@ inline float bf16_bits_to_float(uint16_t h) {
  * a0: A[g][2t..2t+1]  a1: A[g+8][2t..]  a2: A[g][2t+8..]  a3: A[g+8][2t+8..]
  * b0: B[2t..2t+1][g]  b1: B[2t+8..][g]
  * c0, c1: C[g][2t], C[g][2t+1]  c2, c3: C[g+8][2t], C[g+8][2t+1] */
-template <float (*to_f32)(uint16_t)>
-inline void mma16816_as(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+template <float (*to_f32)(uint16_t)> inline void mma16816_as(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     memcpy(slot(lane()), mine, sizeof mine);
     syncwarp();
@@ -382,12 +382,8 @@ inline void mma16816_as(float c[4], const uint32_t a[4], const uint32_t b[2]) {
         c[q] = s;
     }
 }
-inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    mma16816_as<bf16_bits_to_float>(c, a, b);
-}
-inline void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    mma16816_as<dg_f16_to_f32>(c, a, b);
-}
+inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_as<bf16_bits_to_float>(c, a, b); }
+inline void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_as<dg_f16_to_f32>(c, a, b); }
 
 } // namespace drc_emu
 

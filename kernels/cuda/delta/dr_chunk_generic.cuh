@@ -38,8 +38,7 @@ constexpr int NT = 256; /* threads of every generic kernel */
 constexpr int NW = NT / 32;
 
 /* exp(G_i - G_j) of channel c (G rows with their gate values), exp(G_i), for each gate kind */
-template <int GATE>
-__device__ __forceinline__ float gam(const float *Gi, const float *Gj, int c) {
+template <int GATE> __device__ __forceinline__ float gam(const float *Gi, const float *Gj, int c) {
     if (GATE == DG_GATE_NONE) return 1.0f;
     if (GATE == DG_GATE_HEAD) return expf(Gi[0] - Gj[0]);
     return expf(Gi[c] - Gj[c]);
@@ -76,8 +75,8 @@ template <typename T> __device__ __forceinline__ CP<T> cp_at(const Geom &G, int6
  * recompute): cumsum -> Gc; Mkk, A; Ai; W, U; P.  Smem: b[C], Gh[C], A, Y, Tmp [C*C]. */
 template <typename T, int GATE>
 __global__ void __launch_bounds__(NT)
-    k_prep(Geom G, const T *q, const T *k, const T *v, const float *g, const T *beta, float *Gc,
-           float *W, float *U, float *P, float *Ai_out, float *Mkk_out, int blocked) {
+    k_prep(Geom G, const T *q, const T *k, const T *v, const float *g, const T *beta, float *Gc, float *W, float *U,
+           float *P, float *Ai_out, float *Mkk_out, int blocked) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
     const CP<T> p = cp_at<T>(G, blockIdx.x / HV, (int)(blockIdx.x % HV));
@@ -191,17 +190,14 @@ __global__ void __launch_bounds__(NT)
 }
 
 /* Decay of state row r over chunk (rows 0..L-1): exp(G_last,r) */
-template <int GATE> __device__ __forceinline__ float last_decay(const float *Gl, int r) {
-    return gexp<GATE>(Gl, r);
-}
+template <int GATE> __device__ __forceinline__ float last_decay(const float *Gl, int r) { return gexp<GATE>(Gl, r); }
 
 /* ---------------------------------------------------------------- state pass, block per
  * (sequence n, value head hv, V tile of BV columns).  UV holds U on entry and V' on exit.
  * Smem: S [K*BV], X [C*K], Vn [C*BV], dec [K]. */
 template <typename T, int GATE>
-__global__ void __launch_bounds__(NT)
-    k_state(Geom G, int BV, const T *k, const float *Gc, const float *W, float *UV,
-            const float *h0, float *hT, float *Hst) {
+__global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const float *Gc, const float *W, float *UV,
+                                              const float *h0, float *hT, float *Hst) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
     const int NVT = (V + BV - 1) / BV;

@@ -13,16 +13,15 @@ namespace {
  * dSo[c] = dS leaving chunk c.  Smem: dS [K*BV], X [C*K], dVn [C*BV], dO [C*BV], P [C*C], dec [K]. */
 template <typename T, int GATE>
 __global__ void __launch_bounds__(NT)
-    k_dhu(Geom G, int BV, const T *q, const T *k, const float *Gc, const float *W, const float *P,
-          const T *dout, const float *dhT, float *dVn, float *dSo, float *dh0) {
+    k_dhu(Geom G, int BV, const T *q, const T *k, const float *Gc, const float *W, const float *P, const T *dout,
+          const float *dhT, float *dVn, float *dSo, float *dh0) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
     const int NVT = (V + BV - 1) / BV;
     const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);
     const int64_t n = blockIdx.x / NVT / HV;
     const int j0 = vt * BV, nbv = V - j0 < BV ? V - j0 : BV;
-    float *sS = sm, *sX = sS + K * BV, *sV = sX + C * K, *sO = sV + C * BV, *sP = sO + C * BV,
-          *sdec = sP + C * C;
+    float *sS = sm, *sX = sS + K * BV, *sV = sX + C * K, *sO = sV + C * BV, *sP = sO + C * BV, *sdec = sP + C * C;
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + j0;
     for (int e = tid; e < K * BV; e += NT) {
         int r = e / BV, j = e % BV;
@@ -117,8 +116,8 @@ template <typename T> struct BwdArgs {
  *   (f1) dW = -dV' S0^T
  * Smem: dP [C*C], Gl partials [NW*K], red [2*NW]. */
 template <typename T, int GATE>
-__device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, float *dW,
-                           int64_t ldw, float *dG, int64_t ldG, float *sm) {
+__device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, float *dW, int64_t ldw, float *dG,
+                           int64_t ldG, float *sm) {
     const int C = G.C, K = G.K, V = G.V, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const CP<T> p = cp_at<T>(G, c, hv);
     const int L = p.L;
@@ -236,10 +235,9 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
  *   dg = reverse chunk-local cumsum of dG.
  * Smem: Ai, dAi, T, dA [C*C], db [C]. */
 template <typename T, int GATE>
-__device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, const float *dW,
-                        int64_t ldw, float *dG, int64_t ldG, float *sm) {
-    const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x, lane = tid & 31,
-              warp = tid >> 5;
+__device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, const float *dW, int64_t ldw, float *dG,
+                        int64_t ldG, float *sm) {
+    const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const CP<T> p = cp_at<T>(G, c, hv);
     const int L = p.L;
     float *sAi = sm, *sdAi = sAi + C * C, *sT = sdAi + C * C, *sdA = sT + C * C, *sdb = sdA + C * C;
@@ -366,8 +364,7 @@ __host__ __device__ inline int64_t dqkwg_smem(const Geom &G) { return (int64_t)G
 __host__ __device__ inline int64_t wy_smem(const Geom &G) { return 4 * (int64_t)G.C * G.C + G.C; }
 
 /* fused: dW [C*K] and dG [C*gs] in shared memory, then the two bodies */
-template <typename T, int GATE>
-__global__ void __launch_bounds__(NT) k_bwd_fused(Geom G, BwdArgs<T> a) {
+template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_fused(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
@@ -376,38 +373,34 @@ __global__ void __launch_bounds__(NT) k_bwd_fused(Geom G, BwdArgs<T> a) {
     wy_body<T, GATE>(G, a, c, hv, sdW, G.K, sdG, G.gs, rest);
 }
 
-template <typename T, int GATE>
-__global__ void __launch_bounds__(NT) k_bwd_dqkwg(Geom G, BwdArgs<T> a) {
+template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_dqkwg(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
     const Chunk ch = chunk_at(G, c);
     const int64_t off = ch.r0 * G.HV + hv;
-    dqkwg_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K,
-                        G.gs ? a.dGg + off * G.gs : nullptr, (int64_t)G.HV * G.gs, sm);
+    dqkwg_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
+                        (int64_t)G.HV * G.gs, sm);
 }
 
-template <typename T, int GATE>
-__global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
+template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
     const Chunk ch = chunk_at(G, c);
     const int64_t off = ch.r0 * G.HV + hv;
-    wy_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K,
-                     G.gs ? a.dGg + off * G.gs : nullptr, (int64_t)G.HV * G.gs, sm);
+    wy_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
+                     (int64_t)G.HV * G.gs, sm);
 }
 
 /* ---------------------------------------------------------------- host side */
 
-template <typename T, int GATE>
-int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
+template <typename T, int GATE> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
     const bool fused = var.kda_fused != 0;
-    float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr,
-          *dGg = nullptr;
+    float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
     W = scratch<float>((size_t)(rows * HV * G.K));
     U = scratch<float>((size_t)(rows * HV * G.V));
@@ -438,17 +431,15 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
-        rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k,
-                        io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);
+        rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k, io.v, io.g, io.beta,
+                        Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk state", (k_state<T, GATE>), G.N * HV * NVT, NT, sm2, G, BV,
-                            io.k, (const float *)Gc, (const float *)W, U, io.h0, (float *)nullptr, Hst);
+            rc = DRC_LAUNCH("dr_chunk state", (k_state<T, GATE>), G.N * HV * NVT, NT, sm2, G, BV, io.k,
+                            (const float *)Gc, (const float *)W, U, io.h0, (float *)nullptr, Hst);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk dhu", (k_dhu<T, GATE>), G.N * HV * NVT, NT, sm4, G, BV, io.q,
-                            io.k, (const float *)Gc, (const float *)W, (const float *)P, io.dout,
-                            io.dhT, dVn, dSo, io.dh0);
-        if (!rc && fused)
-            rc = DRC_LAUNCH("dr_chunk bwd fused", (k_bwd_fused<T, GATE>), G.nchunks * HV, NT, sm5, G, a);
+            rc = DRC_LAUNCH("dr_chunk dhu", (k_dhu<T, GATE>), G.N * HV * NVT, NT, sm4, G, BV, io.q, io.k,
+                            (const float *)Gc, (const float *)W, (const float *)P, io.dout, io.dhT, dVn, dSo, io.dh0);
+        if (!rc && fused) rc = DRC_LAUNCH("dr_chunk bwd fused", (k_bwd_fused<T, GATE>), G.nchunks * HV, NT, sm5, G, a);
         if (!rc && !fused) {
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
             rc = DRC_LAUNCH("dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE>), G.nchunks * HV, NT, sd, G, a);

@@ -9,8 +9,7 @@ namespace {
  * V tile): O = scale (exp(G) o Q) S_in + P V'.  Smem: Qg [C*K], S [K*BV], P [C*C], Vn [C*BV]. */
 template <typename T, int GATE>
 __global__ void __launch_bounds__(NT)
-    k_out(Geom G, int BV, const T *q, const float *Gc, const float *P, const float *Vn,
-          const float *Hst, T *o) {
+    k_out(Geom G, int BV, const T *q, const float *Gc, const float *P, const float *Vn, const float *Hst, T *o) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
     const int NVT = (V + BV - 1) / BV;
@@ -51,8 +50,7 @@ __global__ void __launch_bounds__(NT)
 
 /* ---------------------------------------------------------------- host side */
 
-template <typename T, int GATE>
-int fwd_gate(const Plan &pl, const Io<T> &io) {
+template <typename T, int GATE> int fwd_gate(const Plan &pl, const Io<T> &io) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
@@ -67,15 +65,14 @@ int fwd_gate(const Plan &pl, const Io<T> &io) {
         size_t sm1 = sizeof(float) * (size_t)(2 * G.C + 3 * G.C * G.C);
         size_t sm2 = sizeof(float) * (size_t)(G.K * BV + G.C * G.K + G.C * BV + G.K);
         size_t sm3 = sizeof(float) * (size_t)(G.C * G.K + G.K * BV + G.C * G.C + G.C * BV);
-        rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k,
-                        io.v, io.g, io.beta, Gc, W, U, P, (float *)nullptr, (float *)nullptr, 1);
+        rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k, io.v, io.g, io.beta,
+                        Gc, W, U, P, (float *)nullptr, (float *)nullptr, 1);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk state", (k_state<T, GATE>), G.N * HV * NVT, NT, sm2, G, BV,
-                            io.k, (const float *)Gc, (const float *)W, U, io.h0, io.hT, Hst);
+            rc = DRC_LAUNCH("dr_chunk state", (k_state<T, GATE>), G.N * HV * NVT, NT, sm2, G, BV, io.k,
+                            (const float *)Gc, (const float *)W, U, io.h0, io.hT, Hst);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk out", (k_out<T, GATE>), G.nchunks * HV * NVT, NT, sm3, G, BV,
-                            io.q, (const float *)Gc, (const float *)P, (const float *)U,
-                            (const float *)Hst, io.o);
+            rc = DRC_LAUNCH("dr_chunk out", (k_out<T, GATE>), G.nchunks * HV * NVT, NT, sm3, G, BV, io.q,
+                            (const float *)Gc, (const float *)P, (const float *)U, (const float *)Hst, io.o);
     }
     release(Gc), release(W), release(U), release(P), release(Hst);
     return rc;

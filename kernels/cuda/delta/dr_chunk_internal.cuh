@@ -39,13 +39,13 @@ namespace drc {
 
 /* ---- geometry ---- */
 struct Geom {
-    int64_t T;        /* tokens per batch row (the total when cu_seqlens) */
-    int64_t N;        /* sequences */
-    int64_t nchunks;  /* chunks over all sequences */
-    int64_t rows;     /* B*T */
+    int64_t T;                   /* tokens per batch row (the total when cu_seqlens) */
+    int64_t N;                   /* sequences */
+    int64_t nchunks;             /* chunks over all sequences */
+    int64_t rows;                /* B*T */
     int H, HV, grp, K, V, C, gs; /* grp = HV/H; gs = gate values per token and head: 0, 1, K */
-    int gate;         /* dg_gate_kind */
-    int cps;          /* chunks per sequence (batched) */
+    int gate;                    /* dg_gate_kind */
+    int cps;                     /* chunks per sequence (batched) */
     float scale;
     const int64_t *tab; /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk */
 };
@@ -149,12 +149,8 @@ __host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
 __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
 __host__ __device__ __forceinline__ void stx(f16bits *p, float v) { p->x = f2h(v); }
 /* bf16 storage (the tensor-core paths of every gate kind; fp16 has KDA's generic only) */
-template <typename T> struct is_bf16 {
-    static constexpr bool value = false;
-};
-template <> struct is_bf16<uint16_t> {
-    static constexpr bool value = true;
-};
+template <typename T> struct is_bf16 { static constexpr bool value = false; };
+template <> struct is_bf16<uint16_t> { static constexpr bool value = true; };
 
 /* ---- block and warp primitives ---- */
 #ifdef DRC_EMU
@@ -170,9 +166,7 @@ __forceinline__ float shfl_xor(float v, int off) { return drc_emu::shfl(v, drc_e
 __forceinline__ float shfl_idx(float v, int src) { return drc_emu::shfl(v, src); }
 __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, false); }
 __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { drc_emu::ldmatrix_x4(r, p, true); }
-__forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    drc_emu::mma16816(c, a, b);
-}
+__forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) { drc_emu::mma16816(c, a, b); }
 __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     drc_emu::mma16816_f16(c, a, b);
 }
@@ -187,8 +181,8 @@ __forceinline__ void cp_async_wait_all() {}
 __forceinline__ void cp_async_wait_1() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
 #else
-#define DRC_SMEM(type, name)                                                                       \
-    extern __shared__ float4 drc_smem_[];                                                          \
+#define DRC_SMEM(type, name)              \
+    extern __shared__ float4 drc_smem_[]; \
     type *name = reinterpret_cast<type *>(drc_smem_)
 __device__ __forceinline__ void bsync() { __syncthreads(); }
 /* bsync, returning whether any thread of the block passed p != 0 */
@@ -197,7 +191,9 @@ __device__ __forceinline__ void wsync() { __syncwarp(); }
 /* Named barriers, for blocks whose warps work as groups: the n threads (a multiple of 32, whole
  * warps) of one group wait at barrier id (1..15; 0 is bsync's) until all n have arrived, all at
  * the same nsync (bar.sync is .aligned).  Shared-memory writes before it are visible after it. */
-__device__ __forceinline__ void nsync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nsync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 /* mbarriers, for one group of threads handing shared memory to another (producer / consumer):
  * an 8-byte word of shared memory, set up by one thread (mbar_init: count arrivals complete a
  * phase; then a bsync before any use).  mbar_arrive counts this thread in (release: its earlier
@@ -217,18 +213,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
     uint32_t done;
     do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(a), "r"(parity)
-                     : "memory");
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(a), "r"(parity)
+            : "memory");
     } while (!done);
 }
-__device__ __forceinline__ float shfl_xor(float v, int off) {
-    return __shfl_xor_sync(0xffffffffu, v, off);
-}
-__device__ __forceinline__ float shfl_idx(float v, int src) {
-    return __shfl_sync(0xffffffffu, v, src);
-}
+__device__ __forceinline__ float shfl_xor(float v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
+__device__ __forceinline__ float shfl_idx(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -259,8 +252,7 @@ __device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], co
  * at its cp_async_wait_all; a barrier after it makes them visible to the block. */
 __device__ __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(valid ? 16 : 0) : "memory");
 }
 /* 4 bytes, as cp_async16 (always read) */
 __device__ __forceinline__ void cp_async4(void *s, const void *g) {
@@ -313,8 +305,8 @@ inline int zero(void *p, size_t n) {
     memset(p, 0, n);
     return 0;
 }
-#define DRC_LAUNCH(name, kern, grid, nt, smem, ...)                                                \
-    (dg_cuda_ktime_mark((name), 0),                                                                \
+#define DRC_LAUNCH(name, kern, grid, nt, smem, ...)                                                     \
+    (dg_cuda_ktime_mark((name), 0),                                                                     \
      drc_emu::launch(dim3((unsigned)(grid)), dim3((unsigned)(nt)), (smem), [&] { kern(__VA_ARGS__); }), \
      dg_cuda_ktime_mark((name), 1), 0)
 #else
@@ -356,8 +348,8 @@ struct Plan {
 /* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1.
  * shape_only: the shape's checks and geometry alone (G.nchunks included) -- no pointers checked,
  * no chunk table made on the device (G.tab NULL): for sizes, not for launches. */
-int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
-              const void *g, const void *beta, Plan *p, bool shape_only = false);
+int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v, const void *g,
+              const void *beta, Plan *p, bool shape_only = false);
 void plan_free(Plan *p);
 
 /* Pointers of one call; T = float, uint16_t (bf16 bits) or f16bits (fp16 bits) for q, k, v, beta, o

@@ -93,10 +93,10 @@ struct KPlain {
  * P = scale lower_incl(M') and Qg = scale Q o e^G split. */
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;
-    float *U, *Gl; /* U: f32, or bf16 in its first half (KPlain::U) */
-    uint16_t *Vnh, *Vnl, *Sh, *Sl;   /* Sl: backward only */
-    float *Ai, *Mkk;                 /* backward only */
-    uint16_t *Ph, *Pl, *Qgh, *Qgl;   /* backward only */
+    float *U, *Gl;                 /* U: f32, or bf16 in its first half (KPlain::U) */
+    uint16_t *Vnh, *Vnl, *Sh, *Sl; /* Sl: backward only */
+    float *Ai, *Mkk;               /* backward only */
+    uint16_t *Ph, *Pl, *Qgh, *Qgl; /* backward only */
 };
 /* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (S's lo
  * words, Ai, Mkk, P, Qg), which a forward that keeps its working set for the backward makes too;
@@ -160,7 +160,8 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
     constexpr int LD = K + PAD, GS = gstride(K);
     for (int e = threadIdx.x; e < 64 * K; e += NTH) {
         const int i = e / K, c = e % K;
-        fast::split2(bf2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c], T.lo()[i * LD + c]);
+        fast::split2(bf2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
+                     T.lo()[i * LD + c]);
     }
 }
 
@@ -171,8 +172,8 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
 template <int K, bool STRICT, int NTH = FNT>
-__device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const Gate &gt,
-                                          float *out, unsigned char *scr) {
+__device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const Gate &gt, float *out,
+                                          unsigned char *scr) {
     constexpr int LD = K + PAD;
     constexpr int GS = gstride(K);
     const float *sG = gt.G;
@@ -188,7 +189,8 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         fast::acc_zero(acc);
         if (n0 <= m0 + 15) fast::mma_ss<1, T::NT, false, false>(acc, Xa, LD, m0, Kb, LD, n0, K);
-        fast::frag_each(acc, m0, n0, [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
+        fast::frag_each(acc, m0, n0,
+                        [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
         return;
     }
     for (int e = tid; e < 48 * K; e += NTH) {

@@ -51,7 +51,8 @@ __device__ __forceinline__ void each2(float (&a)[1][NT][4], float (&b)[1][NT][4]
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), a[0][nt][q], b[0][nt][q]);
+        for (int q = 0; q < 4; q++)
+            f(m0 + g + ((q >> 1) << 3), n0 + nt * 8 + 2 * t + (q & 1), a[0][nt][q], b[0][nt][q]);
 }
 
 /* ---- gated products of a lower-triangular D (split tile 64 x 64, ld 72, zero above the
@@ -171,18 +172,17 @@ template <int BV> constexpr bool dhu_prefetch() { return BV == 32 && KPlain::Kd 
 
 template <int K, int BV, bool PF = false> struct DhuL {
     /* X: Kd, then Qg, then W, one tile when all three are plain */
-    static constexpr int X = (KPlain::Kd && KPlain::Qg && KPlain::W ? 1 : 2) * tile_bytes(64, K), O = tile_bytes(64, BV),
-                         P = 2 * tile_bytes(64, 64),
-                         S = 2 * tile_bytes(K, BV), N = 2 * tile_bytes(64, BV);
+    static constexpr int X = (KPlain::Kd && KPlain::Qg && KPlain::W ? 1 : 2) * tile_bytes(64, K),
+                         O = tile_bytes(64, BV), P = 2 * tile_bytes(64, 64), S = 2 * tile_bytes(K, BV),
+                         N = 2 * tile_bytes(64, BV);
     /* PF: per set Gl, Kd, Qg, W, dO, P */
     static constexpr int SET = K * 4 + 3 * tile_bytes(64, K) + O + P;
     static constexpr int bytes = PF ? 2 * SET + S + N : K * 4 + X + O + P + S + N;
 };
 
 template <int K, int V, int BV>
-__global__ void __launch_bounds__(FNT, 2)
-    b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b, uint16_t *dSh, uint16_t *dSl,
-          uint16_t *dVh, uint16_t *dVl) {
+__global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b,
+                                                uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     constexpr bool PF = dhu_prefetch<BV>();
     using Lay = DhuL<K, BV, PF>;
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
@@ -198,15 +198,18 @@ __global__ void __launch_bounds__(FNT, 2)
     const Sp sN{(uint16_t *)(after + Lay::S), 64 * LB};
     /* set st's pieces (PF), or the single layout */
     auto gl_of = [&](int st) { return (float *)(B8 + st * Lay::SET); };
-    auto x_of = [&](int st, int which) { /* which: 0 Kd, 1 Qg, 2 W */
-        return PF ? (uint16_t *)(B8 + st * Lay::SET + K * 4 + which * tile_bytes(64, K)) : (uint16_t *)(B8 + K * 4);
+    auto x_of = [&](int st,
+                    int which) { /* which: 0 Kd, 1 Qg, 2 W */
+                                 return PF ? (uint16_t *)(B8 + st * Lay::SET + K * 4 + which * tile_bytes(64, K))
+                                           : (uint16_t *)(B8 + K * 4);
     };
     auto o_of = [&](int st) {
         return (uint16_t *)(B8 + (PF ? st * Lay::SET + K * 4 + 3 * tile_bytes(64, K) : K * 4 + Lay::X));
     };
     auto p_of = [&](int st) {
-        return Sp{(uint16_t *)(B8 + (PF ? st * Lay::SET + K * 4 + 3 * tile_bytes(64, K) + Lay::O : K * 4 + Lay::X + Lay::O)),
-                  64 * 72};
+        return Sp{
+            (uint16_t *)(B8 + (PF ? st * Lay::SET + K * 4 + 3 * tile_bytes(64, K) + Lay::O : K * 4 + Lay::X + Lay::O)),
+            64 * 72};
     };
     using TS = WT<K, BV>;
     using TV = WT<64, BV>;
@@ -216,18 +219,20 @@ __global__ void __launch_bounds__(FNT, 2)
     fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's set */
-        const Chunk x = seq_chunk(G, n, c0, cc);
-        const int64_t xo = x.r0 * HV + hv;
-        fast::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
-        fast::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
-        fast::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
-        fast::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
-        const Sp p = p_of(st);
-        fast::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
-        fast::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
-        if (tid < K / 4) cp_async16(gl_of(st) + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
-        cp_async_commit();
+    auto issue = [&](int64_t cc,
+                     int st) { /* PF: chunk cc's set */
+                               const Chunk x = seq_chunk(G, n, c0, cc);
+                               const int64_t xo = x.r0 * HV + hv;
+                               fast::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
+                               fast::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
+                               fast::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
+                               fast::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
+                               const Sp p = p_of(st);
+                               fast::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
+                               fast::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
+                               if (tid < K / 4)
+                                   cp_async16(gl_of(st) + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+                               cp_async_commit();
     };
     if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(FNT, 2)
         uint16_t *sO = o_of(st);
         const Sp sP = p_of(st);
         const Sp sX{x_of(st, 0), 64 * LK}; /* Kd (without the prefetch: then Qg, then W) */
-        if (PF) cp_async_wait_all(); /* this chunk's set; the barrier below shows it to the block */
+        if (PF) cp_async_wait_all();       /* this chunk's set; the barrier below shows it to the block */
         else {
             if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
             else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(FNT, 2)
         });
         bsync();
         if (PF && c > c0) issue(c - 1, st ^ 1); /* the other set was last read before the previous step's end */
-        { /* dV' = P^T dO + Kd dS */
+        {                                       /* dV' = P^T dO + Kd dS */
             float acc[1][TV::NT][4];
             fast::acc_zero(acc);
             fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LB, vn0, 64);
@@ -270,7 +275,8 @@ __global__ void __launch_bounds__(FNT, 2)
         else if (!PF) fast::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
         fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
+        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0,
+                                                               64); /* + Qg^T dO */
         if (!PF) {
             bsync();
             if (KPlain::W) fast::load_raw<64, K>(sW.hi, b.Wh + ot * K, (int64_t)HV * K, L);
@@ -319,8 +325,7 @@ struct QkArgs {
 };
 
 /* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only */
-template <int K, int V, int MODE, int NTH>
-__global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     constexpr int NW = NTH / 32;
     using Lay = QkL<K, V, NW>;
     constexpr bool PFU = MODE == 0 && Lay::PFU; /* dU in flight from part A to part B (QkL) */
@@ -402,9 +407,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
             float dp[1][TP::NT][4];
             fast::acc_zero(dp);
             fast::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0, V);
-            fast::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
-                return l <= i ? scale * dp[0][nt][qq] : 0.0f;
-            });
+            fast::store_split<TP::NT>(
+                sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) { return l <= i ? scale * dp[0][nt][qq] : 0.0f; });
         }
         /* dq = scale e^G o dQg;  dk = e^{Gl - G} o dKd, its k-weighted column sums for the last row */
         {
@@ -441,7 +445,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         /* dW (split) into its part-B place, over the dead S0 / dS1 */
         if (MODE == 0) {
             const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-            fast::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
+            fast::frag_pairs(dw, km0, kn0,
+                             [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
         } else {
             fast::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i < L) fast::put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
@@ -519,7 +524,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
                 const int i = i0 + RS * (u + NA * half);
                 x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
             }
-            if (half == 0 && !PFU) fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            if (half == 0 && !PFU)
+                fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
             if (half == 1) fast::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll
             for (int u = 0; u < NA; u++) {
@@ -564,9 +570,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         fast::red_rows_put(red, vm0, rb);
     }
     bsync();
-    fast::store_split<TP::NT>(sdAi, 72, pm0, pn0, [&](int i, int j, int nt, int qq) {
-        return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f;
-    });
+    fast::store_split<TP::NT>(sdAi, 72, pm0, pn0,
+                              [&](int i, int j, int nt, int qq) { return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f; });
     bsync();
     { /* T = Ai^T dAi */
         float t[1][TP::NT][4];
@@ -621,8 +626,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     }
 }
 
-template <int K, int V, int MODE>
-int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
+template <int K, int V, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkL<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= fast::SMEM_MAX, "shared memory");
     return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G, a);
@@ -635,10 +639,12 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                   "shared memory");
     const Geom &G = p.G;
     const bool bv32 = fast::dhu_bv(G) == 32;
-    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G,
-                               io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
-                  : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(DhuL<K, 64>::bytes), G,
-                               io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT,
+                               (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh,
+                               dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
+                  : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT,
+                               (size_t)(DhuL<K, 64>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh,
+                               (uint16_t *)a.dVl);
     if (!rc && var.kda_fused) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
     if (!rc && !var.kda_fused) {
         rc = qkwy_launch<K, V, 1>("dr_chunk kda dqkwg", G, a);
@@ -660,7 +666,8 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
     kda::QkArgs a;
     memset(&a, 0, sizeof a);
     bool have_b;
-    char *own = carve_into(const_cast<void *>(kept), [&](Carve &cv) { kda::carve(G, cv, b, true); }, &have_b);
+    char *own = carve_into(
+        const_cast<void *>(kept), [&](Carve &cv) { kda::carve(G, cv, b, true); }, &have_b);
     uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1;
     float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;

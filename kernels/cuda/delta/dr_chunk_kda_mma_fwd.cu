@@ -44,9 +44,8 @@ template <int K, int V> struct PrepL {
 };
 
 template <int K, int V, int NTH>
-__global__ void __launch_bounds__(NTH)
-    kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
-       Bufs b, int extras) {
+__global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                          const float *g, const uint16_t *beta, Bufs b, int extras) {
     using Lay = PrepL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
@@ -96,7 +95,8 @@ __global__ void __launch_bounds__(NTH)
     gated_tri<K, true, NTH>(sK, sK, gt, sA, scr);
     bsync();
     if (extras)
-        for (int e = tid; e < L * 64; e += NTH) b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
+        for (int e = tid; e < L * 64; e += NTH)
+            b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
     for (int e = tid; e < 64 * 64; e += NTH) {
         sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
         sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(NTH)
     static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
     fast::tri_inv<NTH>(sA, sY, L, 1);
     if (extras)
-        for (int e = tid; e < L * 64; e += NTH) b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
+        for (int e = tid; e < L * 64; e += NTH)
+            b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
@@ -186,15 +187,18 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    auto issue = [&](int64_t cc, int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
-        const Chunk x = seq_chunk(G, n, c0, cc);
-        const int64_t xo = x.r0 * HV + hv;
-        uint16_t *t = (uint16_t *)(base + st * Lay::SET);
-        fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
-        fast::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
-        fast::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0, (int64_t)HV * V, x.L);
-        if (tid < K / 4) cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
-        cp_async_commit();
+    auto issue = [&](int64_t cc,
+                     int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
+                               const Chunk x = seq_chunk(G, n, c0, cc);
+                               const int64_t xo = x.r0 * HV + hv;
+                               uint16_t *t = (uint16_t *)(base + st * Lay::SET);
+                               fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
+                               fast::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
+                               fast::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0,
+                                                            (int64_t)HV * V, x.L);
+                               if (tid < K / 4)
+                                   cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+                               cp_async_commit();
     };
     if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
@@ -204,9 +208,9 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         const int st = PF ? (int)((c - c0) & 1) : 0;
         float *sGl = sm + st * K;
         uint16_t *set = (uint16_t *)(base + st * Lay::SET);
-        const Sp sX{set, 64 * LK}; /* W, then Kd (PF: W; Kd in the next tile) */
+        const Sp sX{set, 64 * LK};              /* W, then Kd (PF: W; Kd in the next tile) */
         const uint16_t *sU = set + 2 * 64 * LK; /* PF */
-        if (PF) cp_async_wait_all(); /* this chunk's set; the barrier below shows it to the block */
+        if (PF) cp_async_wait_all();            /* this chunk's set; the barrier below shows it to the block */
         else {
             if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
             else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
@@ -214,7 +218,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        fast::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
+        fast::frag_pairs(S, sm0, sn0,
+                         [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
         fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
@@ -318,7 +323,8 @@ __global__ void __launch_bounds__(NTH)
         const int i = e >> 6, j = e & 63;
         fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
         if (keep && i < L)
-            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j], b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
+            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j],
+                                               b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
     }
     for (int e = tid; e < 64 * K; e += NTH) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
         const int i = e / K, cc = e % K;
@@ -347,24 +353,25 @@ __global__ void __launch_bounds__(NTH)
 
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
     static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
-                      StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2, "shared memory");
+                      StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2,
+                  "shared memory");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(PrepL<K, V>::bytes),
-                        G, io.q, io.k, io.v, io.g, io.beta, b, extras);
+    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
+                        (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta, b, extras);
     if (!rc && fast::state_bv(G) == 32)
-        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT, (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G,
-                        b, io.h0, io.hT);
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT,
+                        (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G, b, io.h0, io.hT);
     else if (!rc)
-        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 64>), G.N * G.HV * (V / 64), FNT, (size_t)(StateL<K, 64>::bytes), G,
-                        b, io.h0, io.hT);
+        rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 64>), G.N * G.HV * (V / 64), FNT,
+                        (size_t)(StateL<K, 64>::bytes), G, b, io.h0, io.hT);
     return rc;
 }
 
 template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
     static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)(OutL<K, V>::bytes), G,
-                      io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
+                      (size_t)(OutL<K, V>::bytes), G, io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
 }
 
 } // namespace
@@ -417,7 +424,8 @@ int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     const bool bwd = keep != nullptr;
     kda::Bufs b;
     bool ok;
-    char *own = carve_into(keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
+    char *own = carve_into(
+        keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
     if (!ok) return -1;
     int rc = kda::prep_state(p, io, b, bwd ? 1 : 0);
     if (!rc)

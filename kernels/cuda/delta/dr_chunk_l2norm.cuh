@@ -17,9 +17,7 @@
 
 namespace drc {
 
-template <int E> struct alignas(2 * E) Row16 {
-    uint16_t h[E];
-};
+template <int E> struct alignas(2 * E) Row16 { uint16_t h[E]; };
 
 /* One row of K (64 or 128) 16-bit values (F16: fp16 bits, else bf16) at x, normalised by the
  * calling warp: y to ys (shared or global; may be x) and to yg where non-NULL, r to *rg (lane 0)
@@ -50,8 +48,8 @@ __device__ __forceinline__ void l2norm_row(const uint16_t *x, uint16_t *ys, uint
  * blocks that should not write: another value head of the same key head writes the same rows).
  * The caller puts barriers before (the tile loaded) and after. */
 template <int K, bool F16, int NTH>
-__device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float eps, uint16_t *yg, int64_t ldg,
-                                            float *rg, int64_t ldr) {
+__device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float eps, uint16_t *yg, int64_t ldg, float *rg,
+                                            int64_t ldr) {
     constexpr int RW = 64 / (NTH / 32);
     const int w = (int)threadIdx.x >> 5;
 #pragma unroll

@@ -84,7 +84,7 @@ constexpr int FNT = 256; /* threads per block */
  * (WT<64, N, 16>) and the code unrolled over them are half those of 8 warps (128 registers
  * suffice).  Measured against 8 warps: dr_chunk_kda.cuh (KDA), dr_chunk_mma_bwd.cu (qkwy). */
 constexpr int ONE_SM_NTH = 512;
-constexpr int FC = 64;   /* chunk */
+constexpr int FC = 64; /* chunk */
 constexpr int PAD = 8;
 constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
 /* value columns per block of the forward passes (f_out, f_state by default): V = 128 runs as two
@@ -122,29 +122,22 @@ __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + P
  * A(m, k) = A[m*lda + k] (A_KM false) or A[k*lda + m] (A_KM true: A stored transposed);
  * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true). */
 template <int MT, int NT, bool A_KM, bool B_KN>
-__device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
-                                        const uint16_t *B, int ldb, int n0, int kdim) {
+__device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0, const uint16_t *B,
+                                        int ldb, int n0, int kdim) {
     static_assert(NT % 2 == 0, "n tiles in pairs");
     const int lane = threadIdx.x & 31;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         uint32_t a[MT][4], b[NT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            if (!A_KM)
-                ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
-            else
-                ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 +
-                                     ((lane >> 3) & 1) * 8);
+            if (!A_KM) ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+            else ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 + ((lane >> 3) & 1) * 8);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
             uint32_t r[4];
-            if (!B_KN)
-                ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 +
-                               ((lane >> 3) & 1) * 8);
-            else
-                ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 +
-                                 (lane >> 4) * 8);
+            if (!B_KN) ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
+            else ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 + (lane >> 4) * 8);
             b[nt][0] = r[0], b[nt][1] = r[1], b[nt + 1][0] = r[2], b[nt + 1][1] = r[3];
         }
 #pragma unroll
@@ -163,21 +156,21 @@ struct Sp {
 
 /* split x split: three passes; split x raw, raw x split: two */
 template <int MT, int NT, bool A_KM, bool B_KN>
-__device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
-                                       int n0, int kdim) {
+__device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb, int n0,
+                                       int kdim) {
     mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
 }
 template <int MT, int NT, bool A_KM, bool B_KN>
-__device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0,
-                                       const uint16_t *B, int ldb, int n0, int kdim) {
+__device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0, const uint16_t *B, int ldb,
+                                       int n0, int kdim) {
     mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B, ldb, n0, kdim);
 }
 template <int MT, int NT, bool A_KM, bool B_KN>
-__device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0,
-                                       Sp B, int ldb, int n0, int kdim) {
+__device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0, Sp B, int ldb,
+                                       int n0, int kdim) {
     mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.hi, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B.lo(), ldb, n0, kdim);
 }
@@ -185,8 +178,7 @@ __device__ __forceinline__ void mma_rs(float (&acc)[MT][NT][4], const uint16_t *
 /* any of the above by flags: AS (BS) = A (B) is split, else only its hi part is read (a raw tile
  * is Sp{ptr, 0}).  Passes: hi hi, then lo hi if AS, then hi lo if BS (the order of mma_ss). */
 template <int MT, int NT, bool A_KM, bool B_KN, bool AS, bool BS>
-__device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb,
-                                      int n0, int kdim) {
+__device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb, int n0, int kdim) {
     mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
     if (AS) mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
     if (BS) mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
@@ -217,8 +209,7 @@ template <int NT> __device__ __forceinline__ void acc_zero(float (&acc)[1][NT][4
 }
 
 /* f(row, col, value&) over this thread's accumulator elements (one m tile) */
-template <int NT, class F>
-__device__ __forceinline__ void frag_each(float (&acc)[1][NT][4], int m0, int n0, F f) {
+template <int NT, class F> __device__ __forceinline__ void frag_each(float (&acc)[1][NT][4], int m0, int n0, F f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -240,28 +231,24 @@ __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float
     *(uint32_t *)(t.lo() + row * ld + col) = (uint32_t)l0 | ((uint32_t)l1 << 16);
 }
 /* the same, SPLIT false: the hi words only (plain bf16; t.lo() is not touched) */
-template <bool SPLIT>
-__device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0, float x1) {
+template <bool SPLIT> __device__ __forceinline__ void put_sp2(Sp t, int ld, int row, int col, float x0, float x1) {
     if (SPLIT) put_split2(t, ld, row, col, x0, x1);
     else *(uint32_t *)(t.hi + row * ld + col) = pack_op2(x0, x1);
 }
 /* f(row, col, x0, x1) over the column pairs (col, col+1) of this thread's accumulator tile at
  * (m0, n0) (the mma.sync m16n8 layout: rows g and g + 8, columns 2t, 2t + 1 of each n tile) */
-template <int NT, class F>
-__device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
+template <int NT, class F> __device__ __forceinline__ void frag_pairs(float (&acc)[1][NT][4], int m0, int n0, F f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+        for (int h = 0; h < 2; h++) f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
 }
 
 /* the pair x0, x1 to global memory at off: split into hi (gh) and lo (gl) bf16 words, or, SPLIT
  * false, the hi words only (gl is not written) */
 template <bool SPLIT>
-__device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0,
-                                                float x1) {
+__device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int64_t off, float x0, float x1) {
     if (!SPLIT) {
         *(uint32_t *)(gh + off) = pack_op2(x0, x1);
         return;
@@ -273,8 +260,7 @@ __device__ __forceinline__ void put_pair_global(uint16_t *gh, uint16_t *gl, int6
     *(uint32_t *)(gl + off) = (uint32_t)l0 | ((uint32_t)l1 << 16);
 }
 /* split x into the accumulator-shaped tile: f(row, col) gives the value */
-template <int NT, class F>
-__device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
+template <int NT, class F> __device__ __forceinline__ void store_split(Sp t, int ld, int m0, int n0, F f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -338,8 +324,7 @@ template <int R, int Cc> __device__ __forceinline__ void store_raw(uint16_t *g, 
 }
 /* split tile from two global bf16 arrays (hi at gh, lo at gl, same layout) */
 template <int R, int Cc, int NTH = FNT>
-__device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg,
-                                           int nrow) {
+__device__ __forceinline__ void load_split(Sp s, const uint16_t *gh, const uint16_t *gl, int64_t ldg, int nrow) {
     load_raw<R, Cc, NTH>(s.hi, gh, ldg, nrow);
     load_raw<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
 }
@@ -377,8 +362,7 @@ __device__ __forceinline__ void red_rows_put(float *red, int m0, float (&rs)[2])
     }
 }
 /* columns: cs[nt][j] is this thread's sum for column n0 + 8nt + 2t + j (over its rows) */
-template <int NT>
-__device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT][2]) {
+template <int NT> __device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT][2]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     wsync();
 #pragma unroll
@@ -394,8 +378,7 @@ __device__ __forceinline__ void red_cols_put(float *red, int n0, float (&cs)[NT]
 }
 /* after a barrier: dst[i] (+)= sum over warps of red[w][i], i < 64; red zeroed again.  The caller
  * puts a barrier after it before red or dst are used again. */
-template <int NW = FNT / 32>
-__device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
+template <int NW = FNT / 32> __device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
     const int i = threadIdx.x;
     if (i < 64) {
         float s = 0.0f;
@@ -410,8 +393,7 @@ __device__ __forceinline__ void red_collect(float *red, float *dst, bool add) {
 
 /* sum over the block of NW warps of one value per thread (after which every thread has it);
  * scratch: NW floats */
-template <int NW = FNT / 32>
-__device__ __forceinline__ float block_sum(float x, float *scr) {
+template <int NW = FNT / 32> __device__ __forceinline__ float block_sum(float x, float *scr) {
     x = warp_sum(x);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) scr[warp] = x;
@@ -426,9 +408,8 @@ __device__ __forceinline__ float block_sum(float x, float *scr) {
 /* the chunk's gate G (cumulative, rows >= L hold G_{L-1} so that G_i - G_j <= 0 for j <= i)
  * and beta (0 past L) into shared memory; GATE NONE: G = 0 */
 template <int GATE>
-__device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L, int hv,
-                                               const float *Gc, const uint16_t *beta, float *sG,
-                                               float *sb) {
+__device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L, int hv, const float *Gc,
+                                               const uint16_t *beta, float *sG, float *sb) {
     const int i = threadIdx.x;
     if (i < FC) {
         int ii = i < L ? i : L - 1;
@@ -447,12 +428,12 @@ __device__ __forceinline__ void load_gate_async(const Geom &G, int64_t r0, int L
 /* Buffers of the fast path, per call.  Layouts: [rows, HV, .] per token and value head; states
  * [nchunks, HV, K, V]; hi/lo pairs of bf16 for the split operands. */
 struct FastBufs {
-    float *Gc;              /* [rows, HV] cumulative gate (HEAD only) */
-    uint16_t *Wh, *Wl;      /* [rows, HV, K] */
-    float *U;               /* [rows, HV, V] */
-    uint16_t *Vnh, *Vnl;    /* [rows, HV, V]  V' */
-    uint16_t *Sh, *Sl;      /* [nchunks, HV, K, V]  state entering each chunk (Sl: backward only) */
-    float *Ai;              /* [rows, HV, 64] (I + A)^-1, backward only */
+    float *Gc;           /* [rows, HV] cumulative gate (HEAD only) */
+    uint16_t *Wh, *Wl;   /* [rows, HV, K] */
+    float *U;            /* [rows, HV, V] */
+    uint16_t *Vnh, *Vnl; /* [rows, HV, V]  V' */
+    uint16_t *Sh, *Sl;   /* [nchunks, HV, K, V]  state entering each chunk (Sl: backward only) */
+    float *Ai;           /* [rows, HV, 64] (I + A)^-1, backward only */
 };
 
 /* b's buffers carved from cv (dr_chunk_internal.cuh); for_bwd: with what only the backward reads,

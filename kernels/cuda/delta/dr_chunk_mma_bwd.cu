@@ -50,7 +50,7 @@ template <int K, int BV> struct DhuWsSmem {
     static constexpr int SLOT = G + QK + O + DVL;
     static constexpr int W = tile_bytes(64, K), DS = 2 * tile_bytes(K, BV), XN = 2 * tile_bytes(64, BV);
     static constexpr int P = 2 * tile_bytes(64, 64); /* the maker's */
-    static constexpr int MB = 4 * 8; /* mbarriers: slot s filled (2), slot s free again (2) */
+    static constexpr int MB = 4 * 8;                 /* mbarriers: slot s filled (2), slot s free again (2) */
     static constexpr int NW = 2 * SLOT + 2 * W + DS + 2 * XN + P + MB <= SMEM_MAX ? 2 : 1;
     static constexpr int CHAIN = NW * W + DS + 2 * XN; /* the chain's: W, dS, X, -dV' */
     static constexpr int bytes = 2 * SLOT + CHAIN + P + MB;
@@ -81,8 +81,8 @@ template <int K, int BV> struct DhuWsSmem {
  * phase u - 1 of empty[s] (maker).  Within a group, named barriers: B_CHAIN, B_MAKER. */
 template <int K, int V, int GATE, int BV>
 __global__ void __launch_bounds__(2 * FNT, 1)
-    b_dhu_ws(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT,
-             float *dh0, FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
+    b_dhu_ws(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, const float *dhT, float *dh0,
+             FastBufs b, uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
     static_assert(Plain<GATE>::W, "the chain loads W plain");
     using L_ = DhuWsSmem<K, BV>;
     enum { B_CHAIN = 1, B_MAKER = 2 };
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             cp_async_commit();
             cp_async_wait_all();
             nsync(B_MAKER, FNT); /* the slot is in; every maker warp is done with the last P */
-            { /* P (stored [m][i]) */
+            {                    /* P (stored [m][i]) */
                 float acc[1][TP::NT][4];
                 acc_zero(acc);
                 mma_run<1, TP::NT, false, false>(acc, S.q, K + PAD, pm0, S.k, K + PAD, pn0, K);
@@ -235,7 +235,8 @@ __global__ void __launch_bounds__(2 * FNT, 1)
             for (int e = tid; e < L * (BV / 8); e += FNT) {
                 const int r = e / (BV / 8), c8 = (e % (BV / 8)) * 8;
                 const int64_t go = ((r0 + r) * HV + hv) * V + v0 + c8;
-                uint4 h = *(const uint4 *)(sN.hi + r * (BV + PAD) + c8), l = *(const uint4 *)(sN.lo() + r * (BV + PAD) + c8);
+                uint4 h = *(const uint4 *)(sN.hi + r * (BV + PAD) + c8),
+                      l = *(const uint4 *)(sN.lo() + r * (BV + PAD) + c8);
                 h.x ^= 0x80008000u, h.y ^= 0x80008000u, h.z ^= 0x80008000u, h.w ^= 0x80008000u;
                 l.x ^= 0x80008000u, l.y ^= 0x80008000u, l.z ^= 0x80008000u, l.w ^= 0x80008000u;
                 *(uint4 *)(dVh + go) = h;
@@ -262,8 +263,7 @@ template <int K, int V, int NW> struct QkSmem {
     static constexpr int X3 = 2 * tile_bytes(64, V);
     static constexpr int X4 = tile_bytes(64, V);
     static constexpr int X5 = tile_bytes(64, K);
-    static constexpr int o1 = F32, o2 = o1 + X1, o3 = o2 + X2, o4 = o3 + X3, o5 = o4 + X4,
-                         o6 = o5 + X5, o7 = o6 + X5;
+    static constexpr int o1 = F32, o2 = o1 + X1, o3 = o2 + X2, o4 = o3 + X3, o5 = o4 + X4, o6 = o5 + X5, o7 = o6 + X5;
     static constexpr int bytes = o7 + T64;
 };
 
@@ -271,10 +271,10 @@ struct QkArgs {
     const uint16_t *q, *k, *v, *beta, *dout;
     FastBufs b;
     const uint16_t *dSh, *dSl, *dVh, *dVl;
-    float *dqv, *dkv;         /* [rows, HV, K] per value head */
-    uint16_t *dq, *dk;        /* HV == H: the outputs, written directly (else NULL) */
-    uint16_t *dWh, *dWl;      /* unfused: [rows, HV, K] */
-    float *dGg;               /* unfused: [rows, HV] */
+    float *dqv, *dkv;    /* [rows, HV, K] per value head */
+    uint16_t *dq, *dk;   /* HV == H: the outputs, written directly (else NULL) */
+    uint16_t *dWh, *dWl; /* unfused: [rows, HV, K] */
+    float *dGg;          /* unfused: [rows, HV] */
     uint16_t *dv, *dbeta;
     float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
@@ -304,22 +304,20 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
 }
 
 /* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
-template <int K, int V, int GATE, int MODE, int NTH>
-__global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     constexpr int NW = NTH / 32;
     static_assert(NW <= 16, "block_sum's scratch");
     using S_ = QkSmem<K, V, NW>;
     DRC_SMEM(float, sm);
-    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2,
-              tq = lane & 3;
+    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int64_t c = blockIdx.x / HV;
     const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     const float scale = G.scale;
-    float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64,
-          *redb = redg + NW * 64, *scr = redb + NW * 64, *srow = scr + 16;
+    float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64, *redb = redg + NW * 64,
+          *scr = redb + NW * 64, *srow = scr + 16;
     unsigned char *B8 = (unsigned char *)sm;
     const Sp sS{(uint16_t *)(B8 + S_::o1), K * (V + PAD)};
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
@@ -380,7 +378,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
          * (ncu, H100, delta_rule S1: 5 % of qkwy's stall samples were those loads' wait) */
         float tr = 0.0f;
         const auto phase_b = [&] { /* B: dKd = V' dS1^T */
-            mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0, V);
+                                   mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0,
+                                                                             V);
         };
         if (!HEAD) {
             load_raw_async<K, V, NTH>(sS.hi, a.dSh + sbase, V, K);
@@ -480,8 +479,10 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sQ, K + PAD, kn0, 64);
         if (HEAD && !partial) { /* seed 001: dG = rowsum(q o dq) - rowsum(k o dk) */
             float rs[2] = {0.0f, 0.0f};
-            frag_each(dq, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x; });
-            frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= op2f(sK[i * (K + PAD) + cc]) * x; });
+            frag_each(dq, km0, kn0,
+                      [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x; });
+            frag_each(dk, km0, kn0,
+                      [&](int i, int cc, float &x) { rs[(i - km0) >> 3] -= op2f(sK[i * (K + PAD) + cc]) * x; });
             red_rows_put(redg, km0, rs);
         }
         if (HEAD) skf3 = block_sum<NW>(skf3, scr); /* (barriers) */
@@ -501,7 +502,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         });
         /* dW = -dW' */
         if (MODE == 0) {
-            frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
+            frag_pairs(dw, km0, kn0,
+                       [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
         } else {
             frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i < L) put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
@@ -515,7 +517,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         }
     } else {
         load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, (int64_t)HV * K, L);
-        frag_each(dk, km0, kn0, [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot + (int64_t)i * HV) * K + cc] : 0.0f; });
+        frag_each(dk, km0, kn0,
+                  [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot + (int64_t)i * HV) * K + cc] : 0.0f; });
         if (HEAD && tid < L) sdG[tid] = a.dGg[ot + (int64_t)tid * HV];
     }
 
@@ -528,10 +531,10 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
             const int e = tid + u * NTH, i = e / 64, j = e % 64;
             split2(((const float *)sAiF)[i * AIF_LD + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
         }
-    } else
-        load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    } else load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll 1
-    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / NTH; u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
+    for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / NTH;
+         u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
         float x[AIB];
 #pragma unroll
         for (int u = 0; u < AIB; u++) {
@@ -551,9 +554,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         mma_sr<1, TP::NT, false, false>(acc, sdW, K + PAD, pm0, sK, K + PAD, pn0, K);
         if (HEAD) frag_each(acc, pm0, pn0, [&](int, int j, float &x) { x *= expf(sG[j]); });
         mma_sr<1, TP::NT, false, false>(acc, sdV, V + PAD, pm0, sV, V + PAD, pn0, V);
-        store_split<TP::NT>(sdAi, 72, pm0, pn0, [&](int i, int j, int nt, int qq) {
-            return j <= i ? acc[0][nt][qq] * sb[j] : 0.0f;
-        });
+        store_split<TP::NT>(sdAi, 72, pm0, pn0,
+                            [&](int i, int j, int nt, int qq) { return j <= i ? acc[0][nt][qq] * sb[j] : 0.0f; });
     }
     { /* dKbg = Ai^T dW: dk += e^G beta o dKbg; dbeta += rowsum(e^G k o dKbg); dG += rowsum(k o rp) */
         float acc[1][TK::NT][4];
@@ -581,8 +583,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         float rb[2] = {0.0f, 0.0f};
         frag_pairs(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
             rb[(j - vm0) >> 3] += op2f(sV[j * (V + PAD) + vv]) * x0 + op2f(sV[j * (V + PAD) + vv + 1]) * x1;
-            if (j < L && a.dv)
-                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_op2(sb[j] * x0, sb[j] * x1);
+            if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_op2(sb[j] * x0, sb[j] * x1);
         });
         red_rows_put(redb, vm0, rb);
     }
@@ -656,15 +657,16 @@ template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, co
 }
 
 template <int K, int V, int GATE>
-int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b,
-          QkArgs &a, uint16_t *dSh, uint16_t *dSl) {
+int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const FastBufs &b, QkArgs &a, uint16_t *dSh,
+          uint16_t *dSl) {
     static_assert(DhuWsSmem<K, 32>::bytes <= SMEM_MAX && DhuWsSmem<K, 64>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     const auto dhu = [&](auto bv) { /* bv: std::integral_constant of the value columns a block */
-        constexpr int C = decltype(bv)::value;
-        return DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>), G.N * G.HV * (V / C), 2 * FNT,
-                          (size_t)(DhuWsSmem<K, C>::bytes), G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
-                          (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+                                    constexpr int C = decltype(bv)::value;
+                                    return DRC_LAUNCH("dr_chunk mma dhu", (b_dhu_ws<K, V, GATE, C>),
+                                                      G.N * G.HV * (V / C), 2 * FNT, (size_t)(DhuWsSmem<K, C>::bytes),
+                                                      G, io.q, io.k, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                                                      (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };
     int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
     if (!rc && var.kda_fused) rc = qkwy_launch<K, V, GATE, 0>("dr_chunk mma qkwy", G, a);
@@ -677,10 +679,10 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
 
 } // namespace
 
-#define DRC_FAST_DISPATCH_B(fn, ...)                                                               \
-    (G.K == 64 ? (G.V == 64 ? (G.gate ? fn<64, 64, 1>(__VA_ARGS__) : fn<64, 64, 0>(__VA_ARGS__))       \
-                            : (G.gate ? fn<64, 128, 1>(__VA_ARGS__) : fn<64, 128, 0>(__VA_ARGS__)))    \
-               : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))     \
+#define DRC_FAST_DISPATCH_B(fn, ...)                                                                \
+    (G.K == 64 ? (G.V == 64 ? (G.gate ? fn<64, 64, 1>(__VA_ARGS__) : fn<64, 64, 0>(__VA_ARGS__))    \
+                            : (G.gate ? fn<64, 128, 1>(__VA_ARGS__) : fn<64, 128, 0>(__VA_ARGS__))) \
+               : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))  \
                             : (G.gate ? fn<128, 128, 1>(__VA_ARGS__) : fn<128, 128, 0>(__VA_ARGS__))))
 
 } // namespace DRC_FAST
@@ -699,7 +701,8 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
     uint16_t *dS = nullptr, *dV = nullptr, *dW = nullptr;
     float *dqv = nullptr, *dkv = nullptr, *dGg = nullptr;
     bool have_b;
-    char *own = carve_into(const_cast<void *>(kept), [&](Carve &cv) { fast_carve(G, cv, b, true); }, &have_b);
+    char *own = carve_into(
+        const_cast<void *>(kept), [&](Carve &cv) { fast_carve(G, cv, b, true); }, &have_b);
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
@@ -711,9 +714,7 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
     }
     int rc = -1;
-    if (have_b && dS && dV && (!want_dq || dqv) &&
-        (!want_dkv || dkv) &&
-        (var.kda_fused || (dW && (!G.gate || dGg)))) {
+    if (have_b && dS && dV && (!want_dq || dqv) && (!want_dkv || dkv) && (var.kda_fused || (dW && (!G.gate || dGg)))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;

@@ -39,12 +39,13 @@ struct L2Rows {
 /* rows r0 .. r0 + L - 1 of the tile at s (row stride K + PAD), key head h, normalised in place
  * (between barriers: the caller's before, this one's after) where l2.on */
 template <int K>
-__device__ __forceinline__ void l2norm_tile_on(const L2Rows &l2, const Geom &G, uint16_t *s, int64_t r0, int L, int hv) {
+__device__ __forceinline__ void l2norm_tile_on(const L2Rows &l2, const Geom &G, uint16_t *s, int64_t r0, int L,
+                                               int hv) {
     if (!l2.on) return;
     const int h = hv / G.grp;
     const bool w = hv % G.grp == 0;
     l2norm_tile<K, DRC_OPERAND_F16 != 0, FNT>(s, K + PAD, L, l2.eps, w && l2.y ? l2.y + (r0 * G.H + h) * K : nullptr,
-                                             (int64_t)G.H * K, w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
+                                              (int64_t)G.H * K, w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
     bsync();
 }
 
@@ -58,8 +59,8 @@ template <int K, int V> struct PrepSmem {
 
 template <int K, int V, int GATE>
 __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory allows two at K = V = 128) */
-    f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta,
-           FastBufs b, int blocked, int store_ai, L2Rows l2) {
+    f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, FastBufs b, int blocked,
+           int store_ai, L2Rows l2) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     }
     /* U = (Ai diag(beta)) V */
 #pragma unroll 4
-    for (int i = tid >> 6; i < 64; i += FNT / 64) split2(sY[i * LDF + jc] * bj, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
+    for (int i = tid >> 6; i < 64; i += FNT / 64)
+        split2(sY[i * LDF + jc] * bj, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
     cp_async_wait_all(); /* v */
     bsync();
     {
@@ -172,10 +174,8 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
          * rows of V floats (plain: V bf16, swizzled as W) with the 16-byte chunks swizzled, then
          * stored as 16-byte vectors */
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (PU)
-                *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_op2(x0, x1);
-            else
-                *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
+            if (PU) *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_op2(x0, x1);
+            else *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
         });
     }
     bsync();
@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     } else {
         for (int e = tid; e < L * (V / 4); e += FNT) {
             const int r = e / (V / 4), c4 = e % (V / 4);
-            *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) =
-                *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
+            *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) = *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
         }
     }
 }
@@ -206,14 +205,18 @@ template <> struct UPair<true> { using type = uint32_t; };
  * leave two blocks per SM.  With 64 (S1) the second set fits beside two blocks per SM only with V'
  * in S's place (state_vn_in_s: one barrier more a step) and U loaded from device memory into
  * registers as without the prefetch.  H100, S2: W and K prefetched, GDN's forward takes 3.5 % less. */
-template <int GATE, int BV> constexpr bool state_prefetch() { return (BV == 32 || BV == 64) && Plain<GATE>::W && Plain<GATE>::U; }
+template <int GATE, int BV> constexpr bool state_prefetch() {
+    return (BV == 32 || BV == 64) && Plain<GATE>::W && Plain<GATE>::U;
+}
 template <int GATE, int BV> constexpr bool state_prefetch_u() { return BV == 32 && state_prefetch<GATE, BV>(); }
 template <int GATE, int BV> constexpr bool state_vn_in_s() { return BV == 64 && state_prefetch<GATE, BV>(); }
 
-template <int K, int BV, bool PF = false, bool PFU = false, bool VNS = false> struct StateSmem { /* BV: the value columns of a block (state_bv) */
+template <int K, int BV, bool PF = false, bool PFU = false, bool VNS = false>
+struct StateSmem { /* BV: the value columns of a block (state_bv) */
     static_assert(!VNS || 64 <= K, "V' in S's place");
     static constexpr int bytes = (PF ? 2 * 64 * 4 : 64 * 4) + (PF ? 4 * tile_bytes(64, K) : 3 * tile_bytes(64, K)) +
-                                 2 * tile_bytes(K, BV) + (VNS ? 0 : 2 * tile_bytes(64, BV)) + (PFU ? 2 * tile_bytes(64, BV) : 0);
+                                 2 * tile_bytes(K, BV) + (VNS ? 0 : 2 * tile_bytes(64, BV)) +
+                                 (PFU ? 2 * tile_bytes(64, BV) : 0);
 };
 template <int K, int GATE, int BV> constexpr int state_smem() {
     return StateSmem<K, BV, state_prefetch<GATE, BV>(), state_prefetch_u<GATE, BV>(), state_vn_in_s<GATE, BV>()>::bytes;
@@ -223,8 +226,7 @@ template <int K, int GATE, int BV> constexpr int state_smem() {
  * and V' are independent, so V / BV blocks share a (sequence, head), each loading the same W, K
  * (adjacent block indices, so the second load mostly hits L2) */
 template <int K, int V, int GATE, int BV>
-__global__ void __launch_bounds__(FNT, 2)
-    f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
+__global__ void __launch_bounds__(FNT, 2) f_state(Geom G, const uint16_t *k, FastBufs b, const float *h0, float *hT) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U, PS = Plain<GATE>::S, PV = Plain<GATE>::Vn;
     constexpr bool PF = state_prefetch<GATE, BV>(), PFU = state_prefetch_u<GATE, BV>(), VNS = state_vn_in_s<GATE, BV>();
     DRC_SMEM(float, sm);
@@ -251,16 +253,20 @@ __global__ void __launch_bounds__(FNT, 2)
      * reloaded: see tid_fresh); BV = 32 has the registers, and a longer chain of steps (S2: 128)
      * that the offsets' arithmetic would lengthen (H100, S2: about 1 % of the forward) */
     const auto copy_tid = [] { return BV == 64 ? tid_fresh() : (int)threadIdx.x; };
-    auto issue = [&](int64_t cc, int pair) { /* the prefetch of chunk cc's W, K, U and gate */
-        const Chunk x = seq_chunk(G, n, c0, cc);
-        const int t = copy_tid();
-        load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K, (int64_t)HV * K, x.L, t);
-        load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K, (int64_t)G.H * K, x.L, t);
-        if (PFU)
-            load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD), (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
-                                   (int64_t)HV * V, x.L, t);
-        load_gate_async<GATE>(G, x.r0, x.L, hv, b.Gc, sm + 64 * pair, (int)threadIdx.x);
-        cp_async_commit();
+    auto issue = [&](int64_t cc,
+                     int pair) { /* the prefetch of chunk cc's W, K, U and gate */
+                                 const Chunk x = seq_chunk(G, n, c0, cc);
+                                 const int t = copy_tid();
+                                 load_raw_async<64, K>(base + 2 * pair * T, b.Wh + (x.r0 * HV + hv) * K,
+                                                       (int64_t)HV * K, x.L, t);
+                                 load_raw_async<64, K>(base + (2 * pair + 1) * T, k + (x.r0 * G.H + h) * K,
+                                                       (int64_t)G.H * K, x.L, t);
+                                 if (PFU)
+                                     load_raw_async<64, BV>(sU0 + pair * 64 * (BV + PAD),
+                                                            (const uint16_t *)b.U + (x.r0 * HV + hv) * V + v0,
+                                                            (int64_t)HV * V, x.L, t);
+                                 load_gate_async<GATE>(G, x.r0, x.L, hv, b.Gc, sm + 64 * pair, (int)threadIdx.x);
+                                 cp_async_commit();
     };
     if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
@@ -336,7 +342,8 @@ __global__ void __launch_bounds__(FNT, 2)
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         float2 uu;
-                        if constexpr (PU) uu = make_float2(op2f((uint16_t)u[nt][hh]), op2f((uint16_t)(u[nt][hh] >> 16)));
+                        if constexpr (PU)
+                            uu = make_float2(op2f((uint16_t)u[nt][hh]), op2f((uint16_t)(u[nt][hh] >> 16)));
                         else uu = u[nt][hh];
                         y0 = uu.x - acc[0][nt][2 * hh], y1 = uu.y - acc[0][nt][2 * hh + 1];
                         put_pair_global<!PV>(b.Vnh, b.Vnl, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
@@ -357,8 +364,8 @@ __global__ void __launch_bounds__(FNT, 2)
 }
 
 template <int K, int OB> struct OutSmem { /* OB: the value columns of a block */
-    static constexpr int bytes = 64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(K, OB) +
-                                 tile_bytes(64, OB) + 2 * tile_bytes(64, 64);
+    static constexpr int bytes =
+        64 * 4 + 2 * tile_bytes(64, K) + tile_bytes(K, OB) + tile_bytes(64, OB) + 2 * tile_bytes(64, 64);
 };
 
 /* block per (chunk, value head, tile of OB value columns; out_cols: all of them, so that
@@ -419,9 +426,7 @@ __global__ void __launch_bounds__(FNT, 2)
         acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mma_run<1, T::NT, false, true>(acc, sQ, K + PAD, m0, sS, OB + PAD, n0, K);
-        frag_each(acc, m0, n0, [&](int i, int, float &x) {
-            x *= GATE == DG_GATE_HEAD ? scale * expf(sG[i]) : scale;
-        });
+        frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? scale * expf(sG[i]) : scale; });
         mma_sr<1, T::NT, false, true>(acc, sP, 72, m0, sVn, OB + PAD, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i < L) *(uint32_t *)(o + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
@@ -432,12 +437,13 @@ __global__ void __launch_bounds__(FNT, 2)
 template <int K, int V, int GATE>
 int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
     static_assert(PrepSmem<K, V>::bytes <= SMEM_MAX && state_smem<K, GATE, BV>() + 1024 <= SMEM_MAX / 2 &&
-                      state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 && OutSmem<K, out_cols<V>()>::bytes + 1024 <= SMEM_MAX / 2,
+                      state_smem<K, GATE, 32>() + 1024 <= SMEM_MAX / 2 &&
+                      OutSmem<K, out_cols<V>()>::bytes + 1024 <= SMEM_MAX / 2,
                   "shared memory (the state pass and out: two blocks per SM)");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
-                        (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked,
-                        b.Ai ? 1 : 0, L2Rows{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr});
+                        (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked, b.Ai ? 1 : 0,
+                        L2Rows{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr});
     const uint16_t *kn = io.l2k ? io.l2k : io.k; /* what the later kernels read */
     if (!rc && state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
@@ -457,10 +463,10 @@ template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &i
 
 } // namespace
 
-#define DRC_FAST_DISPATCH(fn, ...)                                                                 \
-    (G.K == 64 ? (G.V == 64 ? (G.gate ? fn<64, 64, 1>(__VA_ARGS__) : fn<64, 64, 0>(__VA_ARGS__))       \
-                            : (G.gate ? fn<64, 128, 1>(__VA_ARGS__) : fn<64, 128, 0>(__VA_ARGS__)))    \
-               : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))     \
+#define DRC_FAST_DISPATCH(fn, ...)                                                                  \
+    (G.K == 64 ? (G.V == 64 ? (G.gate ? fn<64, 64, 1>(__VA_ARGS__) : fn<64, 64, 0>(__VA_ARGS__))    \
+                            : (G.gate ? fn<64, 128, 1>(__VA_ARGS__) : fn<64, 128, 0>(__VA_ARGS__))) \
+               : (G.V == 64 ? (G.gate ? fn<128, 64, 1>(__VA_ARGS__) : fn<128, 64, 0>(__VA_ARGS__))  \
                             : (G.gate ? fn<128, 128, 1>(__VA_ARGS__) : fn<128, 128, 0>(__VA_ARGS__))))
 
 int fast_prep_state(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int blocked) {
@@ -496,8 +502,8 @@ void fast_carve(const Geom &G, Carve &cv, FastBufs &b, bool for_bwd) {
 
 #if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
 bool fast_ok(const Geom &G) {
-    return G.C == 64 && (G.gate == DG_GATE_NONE || G.gate == DG_GATE_HEAD) &&
-           (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
+    return G.C == 64 && (G.gate == DG_GATE_NONE || G.gate == DG_GATE_HEAD) && (G.K == 64 || G.K == 128) &&
+           (G.V == 64 || G.V == 128);
 }
 
 size_t fast_kept_bytes(const Geom &G) {
@@ -512,7 +518,8 @@ int DRC_FAST::fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     const Geom &G = p.G;
     FastBufs b;
     bool ok;
-    char *own = carve_into(keep, [&](Carve &cv) { fast_carve(G, cv, b, keep != nullptr); }, &ok);
+    char *own = carve_into(
+        keep, [&](Carve &cv) { fast_carve(G, cv, b, keep != nullptr); }, &ok);
     if (!ok) return -1;
     int rc = fast_prep_state(p, io, b, 1);
     if (!rc) rc = DRC_FAST_DISPATCH(out_t, p, io, b);

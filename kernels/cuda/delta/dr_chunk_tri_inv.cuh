@@ -30,9 +30,7 @@ constexpr int TRI_LD = 65; /* row stride (floats) of the 64 x 64 matrices: confl
  * R 32-bit registers of a fragment, each two 16-bit words (the first element in the low half):
  * the hi words of the values in hi, their lo words (x - hi) in lo.  Lane g = lane / 4, t = lane % 4
  * (the PTX layouts, as dr_chunk_emu.h emulates them). */
-template <int R> struct SplitFrag {
-    uint32_t hi[R], lo[R];
-};
+template <int R> struct SplitFrag { uint32_t hi[R], lo[R]; };
 
 /* (x0, x1) split into register r */
 template <int R> __device__ __forceinline__ void split_into(SplitFrag<R> &f, int r, float x0, float x1) {
@@ -153,8 +151,7 @@ __device__ __forceinline__ void tri_diag16(const float *sA, float *sY, int L) {
  * blocks below them block row by block row (tri_merge_row): Y_IJ = -Y_II (A[I, J0:I0] Y[J0:I0, J]).
  * Unblocked (the substitution variant): forward substitution by columns over the whole matrix,
  * SUB threads (adjacent lanes) a column, each a SUB-th of every dot product. */
-template <int NTH = FNT>
-__device__ __forceinline__ void tri_inv(const float *sA, float *sY, int L, int blocked) {
+template <int NTH = FNT> __device__ __forceinline__ void tri_inv(const float *sA, float *sY, int L, int blocked) {
     constexpr int SUB = NTH / FC; /* threads a column: 4 or 8 */
     static_assert(FC == 64 && (SUB == 4 || SUB == 8), "threads a column");
     static_assert(NTH / 32 >= 3, "the merges' warps");

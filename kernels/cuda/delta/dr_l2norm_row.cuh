@@ -8,7 +8,8 @@
 #ifndef DG_KERNELS_CUDA_DR_L2NORM_ROW_CUH
 #define DG_KERNELS_CUDA_DR_L2NORM_ROW_CUH
 
-template <int E, class XorShfl> __device__ __forceinline__ float l2_rnorm(const float (&v)[E], float eps, XorShfl xor_shfl) {
+template <int E, class XorShfl>
+__device__ __forceinline__ float l2_rnorm(const float (&v)[E], float eps, XorShfl xor_shfl) {
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < E; i++) ss += v[i] * v[i];

@@ -16,9 +16,7 @@
 
 namespace {
 
-__device__ __forceinline__ double drp_softplus(double x) {
-    return x > 20.0 ? x : fmax(x, 0.0) + log1p(exp(-fabs(x)));
-}
+__device__ __forceinline__ double drp_softplus(double x) { return x > 20.0 ? x : fmax(x, 0.0) + log1p(exp(-fabs(x))); }
 __device__ __forceinline__ double drp_softplus_grad(double x) {
     if (x > 20.0) return 1.0;
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
@@ -27,10 +25,8 @@ __device__ __forceinline__ double drp_softplus_grad(double x) {
 }
 
 template <typename T>
-__global__ void gate_fwd_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log,
-                                const T *dt_bias, T *g) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void gate_fwd_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log, const T *dt_bias, T *g) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t m = i % (HV * C), h = m / C;
         double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
         g[i] = (T)(-exp((double)A_log[h]) * drp_softplus(x));
@@ -38,10 +34,9 @@ __global__ void gate_fwd_kernel(int64_t n, int64_t HV, int64_t C, const T *a, co
 }
 
 template <typename T>
-__global__ void gate_da_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log,
-                               const T *dt_bias, const T *dg, T *da) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void gate_da_kernel(int64_t n, int64_t HV, int64_t C, const T *a, const T *A_log, const T *dt_bias,
+                               const T *dg, T *da) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t m = i % (HV * C), h = m / C;
         double x = (double)a[i] + (dt_bias ? (double)dt_bias[m] : 0.0);
         da[i] = (T)((double)dg[i] * -exp((double)A_log[h]) * drp_softplus_grad(x));
@@ -75,12 +70,12 @@ template <typename T> struct GateDATerm {
 };
 
 template <typename T>
-int gate_bwd(int64_t rows, int64_t HV, int64_t C, const T *a, const T *A_log, const T *dt_bias,
-             const T *dg, T *da, T *dA_log, T *ddt_bias, dg_dtype dt) {
+int gate_bwd(int64_t rows, int64_t HV, int64_t C, const T *a, const T *A_log, const T *dt_bias, const T *dg, T *da,
+             T *dA_log, T *ddt_bias, dg_dtype dt) {
     int64_t n = rows * HV * C;
     if (da && n > 0) {
-        gate_da_kernel<T><<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-            n, HV, C, a, A_log, dt_bias, dg, da);
+        gate_da_kernel<T>
+            <<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(n, HV, C, a, A_log, dt_bias, dg, da);
         if (DG_LAUNCHED("dr gate bwd (da)")) return -1;
     }
     if (ddt_bias) {
@@ -255,8 +250,8 @@ int l2norm16_bwd(const char *who, int64_t N, int64_t D, const uint16_t *x, const
 
 /* ---- chunk_local_cumsum ---- */
 template <typename T>
-__global__ void cumsum_kernel(int64_t nchunks, int64_t HS, const int64_t *row0, const int *len, int reverse,
-                              const T *x, T *out) {
+__global__ void cumsum_kernel(int64_t nchunks, int64_t HS, const int64_t *row0, const int *len, int reverse, const T *x,
+                              T *out) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nchunks * HS;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t c = i / HS, m = i % HS, base = row0[c] * HS + m;
@@ -272,8 +267,8 @@ __global__ void cumsum_kernel(int64_t nchunks, int64_t HS, const int64_t *row0, 
 
 } // namespace
 
-extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
-                                   const void *A_log, const void *dt_bias, void *g) {
+extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a, const void *A_log,
+                                   const void *dt_bias, void *g) {
     if (!nn_float_dt("cuda dr gate", dt)) return -1;
     if (!a || !A_log || !g) {
         dg_error("cuda dr gate: %s is NULL", !a ? "a" : !A_log ? "A_log" : "g");
@@ -292,13 +287,14 @@ extern "C" int dg_cuda_dr_gate_fwd(dg_dtype dt, int64_t rows, int64_t HV, int64_
     return DG_LAUNCHED("dr gate fwd");
 }
 
-extern "C" int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a,
-                                   const void *A_log, const void *dt_bias, const void *dg, void *da,
-                                   void *dA_log, void *ddt_bias) {
+extern "C" int dg_cuda_dr_gate_bwd(dg_dtype dt, int64_t rows, int64_t HV, int64_t C, const void *a, const void *A_log,
+                                   const void *dt_bias, const void *dg, void *da, void *dA_log, void *ddt_bias) {
     if (!nn_float_dt("cuda dr gate bwd", dt)) return -1;
     if (!a || !A_log || !dg || (ddt_bias && !dt_bias)) {
-        dg_error("cuda dr gate bwd: %s", !a ? "a is NULL" : !A_log ? "A_log is NULL" : !dg ? "dg is NULL"
-                                                                                             : "ddt_bias without dt_bias");
+        dg_error("cuda dr gate bwd: %s", !a       ? "a is NULL"
+                                         : !A_log ? "A_log is NULL"
+                                         : !dg    ? "dg is NULL"
+                                                  : "ddt_bias without dt_bias");
         return -1;
     }
     if (rows < 0 || HV < 1 || C < 1) {
@@ -328,8 +324,8 @@ extern "C" int dg_cuda_dr_l2norm_f16_fwd(int64_t N, int64_t D, const uint16_t *x
     return l2norm16_fwd<__half>("cuda dr l2norm f16 fwd", N, D, x, eps, y, rstd);
 }
 
-extern "C" int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd,
-                                         const uint16_t *dy, uint16_t *dx) {
+extern "C" int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd, const uint16_t *dy,
+                                         uint16_t *dx) {
     return l2norm16_bwd<__half>("cuda dr l2norm f16 bwd", N, D, x, rstd, dy, dx);
 }
 
@@ -340,8 +336,8 @@ extern "C" int dg_cuda_dr_l2norm16_bwd_xn(int f16, int64_t N, int64_t D, const u
 }
 
 extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int64_t H, int64_t S,
-                                          const int64_t *cu_seqlens, int64_t N, int chunk, int reverse,
-                                          const void *x, void *out) {
+                                          const int64_t *cu_seqlens, int64_t N, int chunk, int reverse, const void *x,
+                                          void *out) {
     const char *what = "cuda chunk_local_cumsum";
     if (!nn_float_dt(what, dt)) return -1;
     if (!x || !out) {
@@ -360,10 +356,10 @@ extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int
     unsigned grid = dg_grid_for(n, kNnThreads);
     if (dt == DG_F32)
         cumsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(ch.n, HS, ch.row0, ch.len, reverse,
-                                                                         (const float *)x, (float *)out);
+                                                                        (const float *)x, (float *)out);
     else
         cumsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(ch.n, HS, ch.row0, ch.len, reverse,
-                                                                          (const double *)x, (double *)out);
+                                                                         (const double *)x, (double *)out);
     int rc = DG_LAUNCHED("chunk_local_cumsum");
     drp_chunks_free(&ch);
     return rc;

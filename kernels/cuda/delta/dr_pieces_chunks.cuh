@@ -14,9 +14,9 @@
 #include <stdlib.h>
 
 struct DrpChunks {
-    int64_t n = 0;          /* chunks */
-    int64_t *row0 = NULL;   /* device [n] */
-    int *len = NULL;        /* device [n] */
+    int64_t n = 0;        /* chunks */
+    int64_t *row0 = NULL; /* device [n] */
+    int *len = NULL;      /* device [n] */
 };
 
 static inline void drp_chunks_free(DrpChunks *t) {
@@ -28,8 +28,8 @@ static inline void drp_chunks_free(DrpChunks *t) {
 
 /* Checks B, T, cu_seqlens (host), N and C (what names the caller in messages) and builds the
  * table.  0 (t->n may be 0: nothing to do), or -1 with dg_error set. */
-static inline int drp_chunks_init(DrpChunks *t, const char *what, int64_t B, int64_t T,
-                                  const int64_t *cu, int64_t N, int C) {
+static inline int drp_chunks_init(DrpChunks *t, const char *what, int64_t B, int64_t T, const int64_t *cu, int64_t N,
+                                  int C) {
     t->n = 0;
     t->row0 = NULL;
     t->len = NULL;
@@ -38,14 +38,14 @@ static inline int drp_chunks_init(DrpChunks *t, const char *what, int64_t B, int
         return -1;
     }
     if (B < 0 || T < 0 || (cu && (B != 1 || N < 1)) || (!cu && N != B)) {
-        dg_error("%s: B = %lld, T = %lld, N = %lld%s do not fit (cu_seqlens needs B = 1; else N = B)",
-                 what, (long long)B, (long long)T, (long long)N, cu ? " with cu_seqlens" : "");
+        dg_error("%s: B = %lld, T = %lld, N = %lld%s do not fit (cu_seqlens needs B = 1; else N = B)", what,
+                 (long long)B, (long long)T, (long long)N, cu ? " with cu_seqlens" : "");
         return -1;
     }
     if (cu) {
         if (cu[0] != 0 || cu[N] != T) {
-            dg_error("%s: cu_seqlens must run from 0 to T = %lld (got %lld .. %lld)", what,
-                     (long long)T, (long long)cu[0], (long long)cu[N]);
+            dg_error("%s: cu_seqlens must run from 0 to T = %lld (got %lld .. %lld)", what, (long long)T,
+                     (long long)cu[0], (long long)cu[N]);
             return -1;
         }
         for (int64_t i = 1; i <= N; i++)
@@ -82,11 +82,9 @@ static inline int drp_chunks_init(DrpChunks *t, const char *what, int64_t B, int
     if (!t->row0 || !t->len) rc = -1;
     /* pageable source: the call returns once the host buffer has been read */
     if (rc == 0)
-        rc = DG_CU(cudaMemcpyAsync(t->row0, r0, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
-                                   dg_cuda_stream()));
+        rc = DG_CU(cudaMemcpyAsync(t->row0, r0, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, dg_cuda_stream()));
     if (rc == 0)
-        rc = DG_CU(cudaMemcpyAsync(t->len, ln, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice,
-                                   dg_cuda_stream()));
+        rc = DG_CU(cudaMemcpyAsync(t->len, ln, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, dg_cuda_stream()));
     if (rc == 0) rc = DG_CU(cudaStreamSynchronize(dg_cuda_stream()));
     free(r0);
     free(ln);

@@ -24,8 +24,8 @@ constexpr int kThreads = 256;
 
 /* e_ijc of the gate (rows i, j given as global rows ri, rj) */
 template <typename T>
-__device__ __forceinline__ T kkt_decay(int gate, const T *g, int64_t HV, int64_t K, int64_t hv, int64_t ri,
-                                       int64_t rj, int64_t c) {
+__device__ __forceinline__ T kkt_decay(int gate, const T *g, int64_t HV, int64_t K, int64_t hv, int64_t ri, int64_t rj,
+                                       int64_t c) {
     if (gate == DG_GATE_NONE) return T(1);
     if (gate == DG_GATE_HEAD) return nn_exp(g[ri * HV + hv] - g[rj * HV + hv]);
     return nn_exp(g[(ri * HV + hv) * K + c] - g[(rj * HV + hv) * K + c]);
@@ -33,8 +33,8 @@ __device__ __forceinline__ T kkt_decay(int gate, const T *g, int64_t HV, int64_t
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    kkt_fwd_kernel(int64_t HV, int64_t H, int64_t K, int C, int gate, const int64_t *row0, const int *len,
-                   const T *k, const T *beta, const T *g, T *A) {
+    kkt_fwd_kernel(int64_t HV, int64_t H, int64_t K, int C, int gate, const int64_t *row0, const int *len, const T *k,
+                   const T *beta, const T *g, T *A) {
     const int64_t c = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), r0 = row0[c];
     const int L = len[c];
     for (int p = threadIdx.x; p < L * C; p += blockDim.x) {
@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    kkt_bwd_kernel(int64_t HV, int64_t H, int64_t K, int C, int gate, const int64_t *row0, const int *len,
-                   const T *k, const T *beta, const T *g, const T *dA, T *dk, T *dbeta, T *dg) {
+    kkt_bwd_kernel(int64_t HV, int64_t H, int64_t K, int C, int gate, const int64_t *row0, const int *len, const T *k,
+                   const T *beta, const T *g, const T *dA, T *dk, T *dbeta, T *dg) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T *Ms = (T *)smem_raw, *Ds = Ms + C * C;
     const int64_t grp = HV / H, c = blockIdx.x / H, h = blockIdx.x % H, r0 = row0[c];
@@ -197,8 +197,8 @@ int pieces_setup(const char *what, dg_dtype dt, const dg_dr_shape *s, bool heads
         return -1;
     }
     if (heads && (s->H < 1 || s->HV < s->H || s->HV % s->H != 0 || s->K < 1)) {
-        dg_error("%s: H = %lld, HV = %lld, K = %lld (HV must be a multiple of H >= 1, K >= 1)", what,
-                 (long long)s->H, (long long)s->HV, (long long)s->K);
+        dg_error("%s: H = %lld, HV = %lld, K = %lld (HV must be a multiple of H >= 1, K >= 1)", what, (long long)s->H,
+                 (long long)s->HV, (long long)s->K);
         return -1;
     }
     if (!heads && s->HV < 1) {
@@ -234,12 +234,11 @@ template <typename T> int tril_fwd(const dg_dr_shape *s, const DrpChunks &ch, in
     return DG_LAUNCHED("solve_tril fwd");
 }
 
-template <typename T>
-int tril_bwd(const dg_dr_shape *s, const DrpChunks &ch, const T *Ainv, const T *dAinv, T *dA) {
+template <typename T> int tril_bwd(const dg_dr_shape *s, const DrpChunks &ch, const T *Ainv, const T *dAinv, T *dA) {
     size_t smem = 3 * sizeof(T) * (size_t)s->chunk * (size_t)s->chunk;
     if (drp_smem_optin(tril_bwd_kernel<T>, smem)) return -1;
-    tril_bwd_kernel<T><<<(unsigned)(ch.n * s->HV), kThreads, smem, dg_cuda_stream()>>>(s->HV, s->chunk, ch.row0,
-                                                                                       ch.len, Ainv, dAinv, dA);
+    tril_bwd_kernel<T><<<(unsigned)(ch.n * s->HV), kThreads, smem, dg_cuda_stream()>>>(s->HV, s->chunk, ch.row0, ch.len,
+                                                                                       Ainv, dAinv, dA);
     return DG_LAUNCHED("solve_tril bwd");
 }
 
@@ -249,15 +248,19 @@ extern "C" int dg_cuda_chunk_scaled_dot_kkt_fwd(dg_dtype dt, const dg_dr_shape *
                                                 const void *g, void *A) {
     const char *what = "cuda chunk_scaled_dot_kkt";
     if (!k || !beta || !A || (s && (s->gate == DG_GATE_NONE) != (g == NULL))) {
-        dg_error("%s: %s", what, !k ? "k is NULL" : !beta ? "beta is NULL" : !A ? "A is NULL" : "g does not match the gate kind");
+        dg_error("%s: %s", what,
+                 !k      ? "k is NULL"
+                 : !beta ? "beta is NULL"
+                 : !A    ? "A is NULL"
+                         : "g does not match the gate kind");
         return -1;
     }
     DrpChunks ch;
     if (pieces_setup(what, dt, s, true, &ch)) return -1;
     if (ch.n == 0) return 0;
-    int rc = dt == DG_F32 ? kkt_fwd<float>(s, ch, (const float *)k, (const float *)beta, (const float *)g, (float *)A)
-                          : kkt_fwd<double>(s, ch, (const double *)k, (const double *)beta, (const double *)g,
-                                            (double *)A);
+    int rc = dt == DG_F32
+                 ? kkt_fwd<float>(s, ch, (const float *)k, (const float *)beta, (const float *)g, (float *)A)
+                 : kkt_fwd<double>(s, ch, (const double *)k, (const double *)beta, (const double *)g, (double *)A);
     drp_chunks_free(&ch);
     return rc;
 }
@@ -266,8 +269,11 @@ extern "C" int dg_cuda_chunk_scaled_dot_kkt_bwd(dg_dtype dt, const dg_dr_shape *
                                                 const void *g, const void *dA, void *dk, void *dbeta, void *dg) {
     const char *what = "cuda chunk_scaled_dot_kkt bwd";
     if (!k || !beta || !dA || (s && (s->gate == DG_GATE_NONE) != (g == NULL)) || (dg && !g)) {
-        dg_error("%s: %s", what, !k ? "k is NULL" : !beta ? "beta is NULL" : !dA ? "dA is NULL"
-                                                                                : "g does not match the gate kind");
+        dg_error("%s: %s", what,
+                 !k      ? "k is NULL"
+                 : !beta ? "beta is NULL"
+                 : !dA   ? "dA is NULL"
+                         : "g does not match the gate kind");
         return -1;
     }
     DrpChunks ch;

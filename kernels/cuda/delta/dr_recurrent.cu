@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr int KT = 16;        /* rows of a column held by one thread */
+constexpr int KT = 16; /* rows of a column held by one thread */
 constexpr int kMaxK = 32 * KT;
 
 struct DrGeom {
@@ -52,7 +52,7 @@ struct DrGeom {
     int KS, BV, NT, NVT; /* lanes per column, columns per block, threads, V tiles */
     int C;               /* backward: tokens between checkpoints */
     float scale;
-    const int64_t *seq;  /* device [3N]: bos, len, first checkpoint slot; NULL: batched */
+    const int64_t *seq;    /* device [3N]: bos, len, first checkpoint slot; NULL: batched */
     int64_t slots_per_row; /* batched: checkpoint slots per sequence */
 };
 
@@ -104,9 +104,8 @@ template <typename T, int GATE> struct DrTok {
 };
 
 template <typename T, int GATE>
-__device__ __forceinline__ void load_tok(const DrGeom &G, const DrBlock &b, int64_t tok,
-                                         const T *q, const T *k, const T *v, const float *g,
-                                         const T *beta, DrTok<T, GATE> &x) {
+__device__ __forceinline__ void load_tok(const DrGeom &G, const DrBlock &b, int64_t tok, const T *q, const T *k,
+                                         const T *v, const float *g, const T *beta, DrTok<T, GATE> &x) {
     const int64_t qk = (tok * G.H + b.h) * G.K + b.i0;
     float eh = 1.0f;
     if (GATE == DG_GATE_HEAD) eh = expf(g[tok * G.HV + b.hv]);
@@ -140,16 +139,14 @@ __device__ __forceinline__ float step(const DrGeom &G, float (&S)[KT], const DrT
 }
 
 template <typename T, int GATE>
-__global__ void __launch_bounds__(256)
-    dr_fwd_kernel(DrGeom G, int64_t N, const T *q, const T *k, const T *v, const float *g,
-                  const T *beta, const float *h0, T *o, float *hT) {
+__global__ void __launch_bounds__(256) dr_fwd_kernel(DrGeom G, int64_t N, const T *q, const T *k, const T *v,
+                                                     const float *g, const T *beta, const float *h0, T *o, float *hT) {
     const DrBlock b = dr_block(G, N);
 
     float S[KT];
     const int64_t hbase = ((int64_t)b.n * G.HV + b.hv) * G.K * G.V + b.j;
 #pragma unroll
-    for (int r = 0; r < KT; r++)
-        S[r] = h0 && b.col_ok && b.i0 + r < G.K ? h0[hbase + (int64_t)(b.i0 + r) * G.V] : 0.0f;
+    for (int r = 0; r < KT; r++) S[r] = h0 && b.col_ok && b.i0 + r < G.K ? h0[hbase + (int64_t)(b.i0 + r) * G.V] : 0.0f;
 
     for (int64_t t = 0; t < b.len; t++) {
         const int64_t tok = b.bos + t;
@@ -173,8 +170,7 @@ __global__ void __launch_bounds__(256)
 __device__ __forceinline__ void save_state(float4 *base, int NT, const float (&S)[KT]) {
 #pragma unroll
     for (int r4 = 0; r4 < KT / 4; r4++)
-        base[(int64_t)r4 * NT + threadIdx.x] =
-            make_float4(S[4 * r4], S[4 * r4 + 1], S[4 * r4 + 2], S[4 * r4 + 3]);
+        base[(int64_t)r4 * NT + threadIdx.x] = make_float4(S[4 * r4], S[4 * r4 + 1], S[4 * r4 + 2], S[4 * r4 + 3]);
 }
 __device__ __forceinline__ void load_state(const float4 *base, int NT, float (&S)[KT]) {
 #pragma unroll
@@ -192,16 +188,16 @@ struct DrPartials {
 
 template <typename T, int GATE>
 __global__ void __launch_bounds__(256)
-    dr_bwd_kernel(DrGeom G, int64_t N, const T *q, const T *k, const T *v, const float *g,
-                  const T *beta, const float *h0, const T *dout, const float *dhT, T *dv,
-                  float *dh0, DrPartials P, float4 *ckpt, float4 *stretch) {
+    dr_bwd_kernel(DrGeom G, int64_t N, const T *q, const T *k, const T *v, const float *g, const T *beta,
+                  const float *h0, const T *dout, const float *dhT, T *dv, float *dh0, DrPartials P, float4 *ckpt,
+                  float4 *stretch) {
     extern __shared__ float red[]; /* [2][warps][3 KP + 2] */
     const DrBlock b = dr_block(G, N);
     const int64_t bid = blockIdx.x;
 
     const int KP = G.KS * KT, NW = G.NT / 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int ROW = 3 * KP + 2; /* dq | dk | dg rows | dbeta | dg head */
-    const int64_t slot_f4 = (int64_t)G.NT * (KT / 4);            /* float4s of one block state */
+    const int ROW = 3 * KP + 2;                       /* dq | dk | dg rows | dbeta | dg head */
+    const int64_t slot_f4 = (int64_t)G.NT * (KT / 4); /* float4s of one block state */
     float4 *my_ckpt = ckpt + ((b.slot0 * G.HV + b.hv) * G.NVT + b.vt) * slot_f4;
     float4 *my_stretch = stretch + bid * G.C * slot_f4;
     const int64_t hbase = ((int64_t)b.n * G.HV + b.hv) * G.K * G.V + b.j;
@@ -209,8 +205,7 @@ __global__ void __launch_bounds__(256)
     /* pass 1: forward from h0, a checkpoint before every C-th token */
     float S[KT];
 #pragma unroll
-    for (int r = 0; r < KT; r++)
-        S[r] = h0 && b.col_ok && b.i0 + r < G.K ? h0[hbase + (int64_t)(b.i0 + r) * G.V] : 0.0f;
+    for (int r = 0; r < KT; r++) S[r] = h0 && b.col_ok && b.i0 + r < G.K ? h0[hbase + (int64_t)(b.i0 + r) * G.V] : 0.0f;
     for (int64_t t = 0; t < b.len; t++) {
         if (t % G.C == 0) save_state(my_ckpt + t / G.C * G.HV * G.NVT * slot_f4, G.NT, S);
         DrTok<T, GATE> x;
@@ -246,8 +241,7 @@ __global__ void __launch_bounds__(256)
                 dot += S[r] * x.k[r];
             }
             const float w = x.v - sum_lanes(dot, G.KS), u = x.beta * w;
-            const float dout_j =
-                dout && b.col_ok ? ld(dout + (tok * G.HV + b.hv) * G.V + b.j) : 0.0f;
+            const float dout_j = dout && b.col_ok ? ld(dout + (tok * G.HV + b.hv) * G.V + b.j) : 0.0f;
             /* o_t = S_t^T (scale q): dS += scale q do^T, dq = scale S_t do */
             float pq[KT], pk[KT], pg[KT], du = 0.0f;
 #pragma unroll
@@ -297,8 +291,7 @@ __global__ void __launch_bounds__(256)
             const int64_t pt = (tok * G.HV + b.hv) * G.NVT + b.vt; /* partial row */
             for (int e = threadIdx.x; e < ROW; e += G.NT) {
                 int part = e < 3 * KP ? e / KP : 3 + (e - 3 * KP), i = e < 3 * KP ? e % KP : 0;
-                float *dst = part == 0 ? P.dq : part == 1 ? P.dk : part == 2 ? P.dg
-                           : part == 3 ? P.dbeta : P.dg;
+                float *dst = part == 0 ? P.dq : part == 1 ? P.dk : part == 2 ? P.dg : part == 3 ? P.dbeta : P.dg;
                 if (!dst || i >= G.K) continue;
                 if (part == 2 && GATE != DG_GATE_CHANNEL) continue;
                 if (part == 4 && GATE != DG_GATE_HEAD) continue;
@@ -319,11 +312,9 @@ __global__ void __launch_bounds__(256)
 
 /* out[(tok*HO + ho)*L + i] = sum_{a<A} sum_{vt<NVT} part[((tok*HV + ho*A + a)*NVT + vt)*L + i] */
 template <typename TO>
-__global__ void sum_partials_kernel(int64_t tokens, int HO, int A, int NVT, int L,
-                                    const float *part, TO *out) {
+__global__ void sum_partials_kernel(int64_t tokens, int HO, int A, int NVT, int L, const float *part, TO *out) {
     const int64_t n = tokens * HO * L;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
-         e += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t i = e % L, th = e / L; /* th = tok * HO + ho */
         const float *p = part + (th * A * NVT) * L + i;
         float s = 0.0f;
@@ -341,26 +332,25 @@ struct DrPlan {
     int64_t nslots;
 };
 
-int validate(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v,
-             const void *g, const void *beta) {
+int validate(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v, const void *g,
+             const void *beta) {
     if (!s) {
         dg_error("%s: shape is NULL", who);
         return -1;
     }
     if (s->B < 1 || s->T < 0 || s->H < 1 || s->HV < 1 || s->K < 1 || s->V < 1) {
-        dg_error("%s: sizes B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld must be positive (T >= 0)",
-                 who, (long long)s->B, (long long)s->T, (long long)s->H, (long long)s->HV,
-                 (long long)s->K, (long long)s->V);
+        dg_error("%s: sizes B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld must be positive (T >= 0)", who, (long long)s->B,
+                 (long long)s->T, (long long)s->H, (long long)s->HV, (long long)s->K, (long long)s->V);
         return -1;
     }
     if (s->HV % s->H) {
-        dg_error("%s: HV=%lld value heads are not a multiple of H=%lld query/key heads", who,
-                 (long long)s->HV, (long long)s->H);
+        dg_error("%s: HV=%lld value heads are not a multiple of H=%lld query/key heads", who, (long long)s->HV,
+                 (long long)s->H);
         return -1;
     }
     if (s->K > kMaxK || s->V > INT32_MAX || s->HV > INT32_MAX) {
-        dg_error("%s: K=%lld is larger than the %d this kernel supports (or V, HV beyond 2^31)",
-                 who, (long long)s->K, kMaxK);
+        dg_error("%s: K=%lld is larger than the %d this kernel supports (or V, HV beyond 2^31)", who, (long long)s->K,
+                 kMaxK);
         return -1;
     }
     if (s->gate != DG_GATE_NONE && s->gate != DG_GATE_HEAD && s->gate != DG_GATE_CHANNEL) {
@@ -382,14 +372,14 @@ int validate(const char *who, const dg_dr_shape *s, const void *q, const void *k
         }
         const int64_t *cu = s->cu_seqlens;
         if (s->N < 1 || cu[0] != 0 || cu[s->N] != s->T) {
-            dg_error("%s: cu_seqlens must run from 0 to T=%lld over N=%lld sequences", who,
-                     (long long)s->T, (long long)s->N);
+            dg_error("%s: cu_seqlens must run from 0 to T=%lld over N=%lld sequences", who, (long long)s->T,
+                     (long long)s->N);
             return -1;
         }
         for (int64_t i = 0; i < s->N; i++)
             if (cu[i + 1] < cu[i]) {
-                dg_error("%s: cu_seqlens decreases at %lld (%lld then %lld)", who, (long long)i,
-                         (long long)cu[i], (long long)cu[i + 1]);
+                dg_error("%s: cu_seqlens decreases at %lld (%lld then %lld)", who, (long long)i, (long long)cu[i],
+                         (long long)cu[i + 1]);
                 return -1;
             }
     }
@@ -414,8 +404,7 @@ int plan(const char *who, const dg_dr_shape *s, bool bwd, DrPlan *p) {
     p->tokens = s->B * s->T;
     p->nblocks = p->N * G.HV * G.NVT;
     if (p->nblocks > INT32_MAX) {
-        dg_error("%s: %lld blocks (sequences x value heads x V tiles) exceed the grid", who,
-                 (long long)p->nblocks);
+        dg_error("%s: %lld blocks (sequences x value heads x V tiles) exceed the grid", who, (long long)p->nblocks);
         return -1;
     }
     int64_t maxlen = s->T;
@@ -461,8 +450,8 @@ int plan(const char *who, const dg_dr_shape *s, bool bwd, DrPlan *p) {
 }
 
 template <typename T>
-int fwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
-             const float *g, const T *beta, const float *h0, T *o, float *hT) {
+int fwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v, const float *g, const T *beta,
+             const float *h0, T *o, float *hT) {
     if (validate(who, s, q, k, v, g, beta)) return -1;
     if (dg_cuda_init()) return -1;
     DrPlan p;
@@ -477,10 +466,7 @@ int fwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, cons
     case DG_GATE_HEAD:
         dr_fwd_kernel<T, DG_GATE_HEAD><<<grid, p.G.NT, 0, st>>>(p.G, p.N, q, k, v, g, beta, h0, o, hT);
         break;
-    default:
-        dr_fwd_kernel<T, DG_GATE_CHANNEL><<<grid, p.G.NT, 0, st>>>(p.G, p.N, q, k, v, g, beta, h0, o,
-                                                                  hT);
-        break;
+    default: dr_fwd_kernel<T, DG_GATE_CHANNEL><<<grid, p.G.NT, 0, st>>>(p.G, p.N, q, k, v, g, beta, h0, o, hT); break;
     }
     int rc = DG_LAUNCHED("dr_recurrent_fwd");
     dg_cuda_free(p.seq_dev);
@@ -488,31 +474,26 @@ int fwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, cons
 }
 
 template <typename T, int GATE>
-int launch_bwd(const DrPlan &p, size_t smem, const T *q, const T *k, const T *v, const float *g,
-               const T *beta, const float *h0, const T *dout, const float *dhT, T *dv,
-               float *dh0, DrPartials P, float4 *ckpt, float4 *stretch) {
+int launch_bwd(const DrPlan &p, size_t smem, const T *q, const T *k, const T *v, const float *g, const T *beta,
+               const float *h0, const T *dout, const float *dhT, T *dv, float *dh0, DrPartials P, float4 *ckpt,
+               float4 *stretch) {
     auto kern = dr_bwd_kernel<T, GATE>;
-    if (smem > 48 * 1024)
-        DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kern<<<(unsigned)p.nblocks, p.G.NT, smem, dg_cuda_stream()>>>(p.G, p.N, q, k, v, g, beta, h0,
-                                                                   dout, dhT, dv, dh0, P, ckpt,
-                                                                   stretch);
+    if (smem > 48 * 1024) DG_CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<(unsigned)p.nblocks, p.G.NT, smem, dg_cuda_stream()>>>(p.G, p.N, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P,
+                                                                  ckpt, stretch);
     return DG_LAUNCHED("dr_recurrent_bwd");
 }
 
-template <typename TO>
-int sum_partials(int64_t tokens, int HO, int A, int NVT, int L, const float *part, TO *out) {
+template <typename TO> int sum_partials(int64_t tokens, int HO, int A, int NVT, int L, const float *part, TO *out) {
     int64_t n = tokens * HO * L;
     if (n == 0) return 0;
-    sum_partials_kernel<TO><<<dg_grid_for(n, 256), 256, 0, dg_cuda_stream()>>>(tokens, HO, A, NVT,
-                                                                                L, part, out);
+    sum_partials_kernel<TO><<<dg_grid_for(n, 256), 256, 0, dg_cuda_stream()>>>(tokens, HO, A, NVT, L, part, out);
     return DG_LAUNCHED("dr_recurrent_bwd sum_partials");
 }
 
 template <typename T>
-int bwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v,
-             const float *g, const T *beta, const float *h0, const T *dout, const float *dhT,
-             T *dq, T *dk, T *dv, float *dg, T *dbeta, float *dh0) {
+int bwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, const T *v, const float *g, const T *beta,
+             const float *h0, const T *dout, const float *dhT, T *dq, T *dk, T *dv, float *dg, T *dbeta, float *dh0) {
     if (validate(who, s, q, k, v, g, beta)) return -1;
     if (dg && !g) {
         dg_error("%s: dg is given but there is no gate", who);
@@ -538,16 +519,13 @@ int bwd_impl(const char *who, const dg_dr_shape *s, const T *q, const T *k, cons
     if (!(stretch = dg_cuda_scratch<float4>((p.nblocks * G.C * slot_floats) / 4))) goto done;
     switch (s->gate) {
     case DG_GATE_NONE:
-        rc = launch_bwd<T, DG_GATE_NONE>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P, ckpt,
-                                         stretch);
+        rc = launch_bwd<T, DG_GATE_NONE>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P, ckpt, stretch);
         break;
     case DG_GATE_HEAD:
-        rc = launch_bwd<T, DG_GATE_HEAD>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P, ckpt,
-                                         stretch);
+        rc = launch_bwd<T, DG_GATE_HEAD>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P, ckpt, stretch);
         break;
     default:
-        rc = launch_bwd<T, DG_GATE_CHANNEL>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P,
-                                            ckpt, stretch);
+        rc = launch_bwd<T, DG_GATE_CHANNEL>(p, smem, q, k, v, g, beta, h0, dout, dhT, dv, dh0, P, ckpt, stretch);
         break;
     }
     /* dq, dk [tokens, H, K] sum the G value heads of each group and the V tiles; dg, dbeta sum
@@ -589,48 +567,41 @@ int bwd_bits(const char *who, const dg_dr_shape *s, const uint16_t *q, const uin
 
 extern "C" {
 
-int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k,
-                                 const float *v, const float *g, const float *beta,
-                                 const float *h0, float *o, float *hT) {
+int dg_cuda_dr_recurrent_fwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, float *o, float *hT) {
     return fwd_impl<float>("cuda dr_recurrent_fwd_f32", s, q, k, v, g, beta, h0, o, hT);
 }
 
-int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const float *k,
-                                 const float *v, const float *g, const float *beta,
-                                 const float *h0, const float *dout, const float *dhT, float *dq,
+int dg_cuda_dr_recurrent_bwd_f32(const dg_dr_shape *s, const float *q, const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, const float *dout, const float *dhT, float *dq,
                                  float *dk, float *dv, float *dg, float *dbeta, float *dh0) {
-    return bwd_impl<float>("cuda dr_recurrent_bwd_f32", s, q, k, v, g, beta, h0, dout, dhT, dq,
-                           dk, dv, dg, dbeta, dh0);
+    return bwd_impl<float>("cuda dr_recurrent_bwd_f32", s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta, dh0);
 }
 
-int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                  const uint16_t *v, const float *g, const uint16_t *beta,
-                                  const float *h0, uint16_t *o, float *hT) {
+int dg_cuda_dr_recurrent_fwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT) {
     return fwd_bits<__nv_bfloat16>("cuda dr_recurrent_fwd_bf16", s, q, k, v, g, beta, h0, o, hT);
 }
 
-int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                  const uint16_t *v, const float *g, const uint16_t *beta,
-                                  const float *h0, const uint16_t *dout, const float *dhT,
-                                  uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
+int dg_cuda_dr_recurrent_bwd_bf16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const float *g, const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                  const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
                                   uint16_t *dbeta, float *dh0) {
-    return bwd_bits<__nv_bfloat16>("cuda dr_recurrent_bwd_bf16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk,
-                                   dv, dg, dbeta, dh0);
+    return bwd_bits<__nv_bfloat16>("cuda dr_recurrent_bwd_bf16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
+                                   dbeta, dh0);
 }
 
-int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta,
-                                 const float *h0, uint16_t *o, float *hT) {
+int dg_cuda_dr_recurrent_fwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, uint16_t *o, float *hT) {
     return fwd_bits<__half>("cuda dr_recurrent_fwd_f16", s, q, k, v, g, beta, h0, o, hT);
 }
 
-int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k,
-                                 const uint16_t *v, const float *g, const uint16_t *beta,
-                                 const float *h0, const uint16_t *dout, const float *dhT,
-                                 uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg,
-                                 uint16_t *dbeta, float *dh0) {
-    return bwd_bits<__half>("cuda dr_recurrent_bwd_f16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg,
-                            dbeta, dh0);
+int dg_cuda_dr_recurrent_bwd_f16(const dg_dr_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 const float *g, const uint16_t *beta, const float *h0, const uint16_t *dout,
+                                 const float *dhT, uint16_t *dq, uint16_t *dk, uint16_t *dv, float *dg, uint16_t *dbeta,
+                                 float *dh0) {
+    return bwd_bits<__half>("cuda dr_recurrent_bwd_f16", s, q, k, v, g, beta, h0, dout, dhT, dq, dk, dv, dg, dbeta,
+                            dh0);
 }
 
 } // extern "C"
