@@ -22,7 +22,7 @@ static inline int drc_bwd(dg_delta_call *c) { return dg_cuda_dr_chunk_bwd(drc_fa
 /* the backward flags of a dg_dr_variant (kernels/cpu/delta/delta_rule.h: each flag 1 for the
  * default), as the tests enumerate the variants */
 static inline dg_delta_bwd_flags drc_flags(const dg_dr_variant *v) {
-    dg_delta_bwd_flags f = {!v->gdn_dg_from_final, !v->kda_fused, !v->solve_tril_blocked};
+    dg_delta_bwd_flags f = {!v->gdn_dg_from_final, !v->dw_on_chip, !v->solve_tril_blocked};
     return f;
 }
 

@@ -77,7 +77,7 @@ static void run_case(const cfg *c, int st, int all_variants) {
         const dg_dr_variant *v = &var_all[vi];
         res_alloc(c, &d, &got);
         run_gpu(&d, st, v, &got);
-        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, st_names[st], v->gdn_dg_from_final, v->kda_fused,
+        snprintf(what, sizeof what, "%s: %s var %d%d%d", c->name, st_names[st], v->gdn_dg_from_final, v->dw_on_chip,
                  v->solve_tril_blocked);
         check(what, &got, &ref, tol);
         snprintf(what, sizeof what, "  ... against var 111");

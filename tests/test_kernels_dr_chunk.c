@@ -418,7 +418,7 @@ static void test_variants(void **st) {
                 grads_alloc(&p, &got);
                 chunked(&p, &v, &got);
                 char name[64];
-                snprintf(name, sizeof name, "%s variant {%d,%d,%d}", cs[c].name, v.gdn_dg_from_final, v.kda_fused,
+                snprintf(name, sizeof name, "%s variant {%d,%d,%d}", cs[c].name, v.gdn_dg_from_final, v.dw_on_chip,
                          v.solve_tril_blocked);
                 worst = fmax(worst, compare(name, &p, &got, &base, 1e-12));
                 grads_free(&got);

@@ -35,8 +35,8 @@ typedef struct dg_dr_shape {
  * zero is this struct's {1, 1, 1}. */
 typedef struct dg_dr_variant {
     int gdn_dg_from_final;  /* head gate only: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
-    int kda_fused;          /* every gate (named for KDA, where it began): 1 = inter-chunk + WY backward in one
-                                * pass, dw never stored (seeds 000, 003); 0 = two passes, dw stored */
+    int dw_on_chip;         /* every gate: 1 = inter-chunk + WY backward in one pass, dw never stored
+                             * (seeds 000, 003); 0 = two passes, dw stored */
     int solve_tril_blocked; /* 1 = 16x16 diagonal inverses merged (seed 004); 0 = forward substitution */
 } dg_dr_variant;
 

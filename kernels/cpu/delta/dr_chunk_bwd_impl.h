@@ -13,7 +13,7 @@
  *          dS0 = exp(G_last) dS1 + scale Qg^T dO - W^T dV'  (f3, f2, f1)   chunks in reverse
  *   D1 dqkwg: dQ, dK (from f2, f3, f6), dW = -dV' S0^T (f1), dG of those
  *   D2 WY backward: dK, dV, dbeta, dG from dW, dU = dV' through f4, f5
- *      (kda_fused = 1: D1 and D2 in one loop per chunk, dW in a chunk-sized per-thread buffer;
+ *      (dw_on_chip = 1: D1 and D2 in one loop per chunk, dW in a chunk-sized per-thread buffer;
  *       0: D1 over all chunks writes dW [rows,HV,K], then D2 in a second loop)
  *   then dG -> dg by a reverse chunk-local cumsum, and the sum over the value heads of a group
  *   for dq, dk (GVA). */
@@ -265,7 +265,7 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     b.final_dg = var->gdn_dg_from_final;
     int rc = 0, HV = x.HV, K = x.K, V = x.V, C = x.C, gs = x.gs;
     int64_t rows = pl.rows, nst = pl.nchunks * HV * (int64_t)K * V;
-    int fused = var->kda_fused;
+    int fused = var->dw_on_chip;
     int own_dq = !(dq && HV == x.H), own_dk = !(dk && HV == x.H);
     void *bufs[14] = {0};
     int nb = 0;

@@ -16,7 +16,7 @@
  *   dhu     block per (seq, hv, V tile):      dV', dS (reverse)           (sequential)
  *   dqkwg   block per (chunk, hv):            dq, dk, dW, dG of the output and state terms
  *   wy      block per (chunk, hv):            WY backward: dk, dv, dbeta, dG; dg = rev cumsum dG
- *           (kda_fused: dqkwg and wy in one kernel, dW and dG in shared memory; otherwise two
+ *           (dw_on_chip: dqkwg and wy in one kernel, dW and dG in shared memory; otherwise two
  *            kernels with dW and dG in global scratch)
  *   gva     dq, dk summed over the value heads of each key head, stored in the storage type.
  * Scratch (f32): G [rows,HV,gs]; W [rows,HV,K]; U/V' [rows,HV,V]; P, Ai, Mkk [rows,HV,C];

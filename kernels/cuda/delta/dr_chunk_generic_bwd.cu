@@ -399,7 +399,7 @@ template <typename T, int GATE> int bwd_gate(const Plan &pl, const dg_dr_variant
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
-    const bool fused = var.kda_fused != 0;
+    const bool fused = var.dw_on_chip != 0;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
     W = scratch<float>((size_t)(rows * HV * G.K));

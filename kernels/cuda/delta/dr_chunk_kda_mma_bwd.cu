@@ -23,7 +23,7 @@
  * dr_chunk_kda.cuh: for the rows of block I (reference row 16I) R = e^{G - G_16I} o (D_{I,<I}
  * (Y e^{G_16I - G})) plus the diagonal block in f32; for the columns of block J (reference row
  * 16J + 15) C = e^{G_{16J+15} - G} o (D_{>J,J}^T (X e^{G - G_{16J+15}})) plus the diagonal block.
- * kda_fused (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
+ * dw_on_chip (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
  * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
@@ -645,8 +645,8 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                   : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT,
                                (size_t)(DhuL<K, 64>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh,
                                (uint16_t *)a.dVl);
-    if (!rc && var.kda_fused) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
-    if (!rc && !var.kda_fused) {
+    if (!rc && var.dw_on_chip) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
+    if (!rc && !var.dw_on_chip) {
         rc = qkwy_launch<K, V, 1>("dr_chunk kda dqkwg", G, a);
         if (!rc) rc = qkwy_launch<K, V, 2>("dr_chunk kda wy", G, a);
     }
@@ -672,11 +672,11 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
     const bool direct = G.grp == 1;
     float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
     float *dkv = io.dk && !direct ? scratch<float>((size_t)nk) : nullptr;
-    uint16_t *dW = var.kda_fused ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
-    float *dGk = var.kda_fused ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
+    uint16_t *dW = var.dw_on_chip ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
+    float *dGk = var.dw_on_chip ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
     int rc = -1;
     if (have_b && dS && dV && (!io.dq || direct || dqv) && (!io.dk || direct || dkv) &&
-        (var.kda_fused || (dW && dGk))) {
+        (var.dw_on_chip || (dW && dGk))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.g = io.g, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;

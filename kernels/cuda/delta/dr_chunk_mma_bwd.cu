@@ -14,7 +14,7 @@
  *   wy     dAi = lower(dW Kbg^T + dU Vb^T); dKbg = Ai^T dW, dVb = Ai^T dU -> dv, dbeta, dk, dG;
  *          dA = strictly_lower(-Ai^T dAi Ai^T) -> dbeta, dMkk = diag(beta) dA;
  *          dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dg = reverse cumsum of dG
- *   kda_fused = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
+ *   dw_on_chip = 1: dqkwg and wy in one kernel, dW in shared memory; 0: two kernels, dW (split),
  *   the partial dk and dG through global memory.
  * W and V' come plain bf16 for both gates (Plain<GATE>, dr_chunk_mma.cuh):
  * their lo arrays are not read and the products with them take one mma pass less; S, dS, dV', Ai,
@@ -669,8 +669,8 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                                                       (uint16_t *)a.dVh, (uint16_t *)a.dVl);
     };
     int rc = dhu_bv(G) == 32 ? dhu(std::integral_constant<int, 32>{}) : dhu(std::integral_constant<int, 64>{});
-    if (!rc && var.kda_fused) rc = qkwy_launch<K, V, GATE, 0>("dr_chunk mma qkwy", G, a);
-    if (!rc && !var.kda_fused) {
+    if (!rc && var.dw_on_chip) rc = qkwy_launch<K, V, GATE, 0>("dr_chunk mma qkwy", G, a);
+    if (!rc && !var.dw_on_chip) {
         rc = qkwy_launch<K, V, GATE, 1>("dr_chunk mma dqkwg", G, a);
         if (!rc) rc = qkwy_launch<K, V, GATE, 2>("dr_chunk mma wy", G, a);
     }
@@ -706,15 +706,15 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
-    const bool want_dq = io.dq && !direct, want_dkv = !direct || !var.kda_fused;
+    const bool want_dq = io.dq && !direct, want_dkv = !direct || !var.dw_on_chip;
     if (want_dq) dqv = scratch<float>((size_t)nk);
     if (want_dkv) dkv = scratch<float>((size_t)nk);
-    if (!var.kda_fused) {
+    if (!var.dw_on_chip) {
         dW = scratch<uint16_t>((size_t)(2 * nk));
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
     }
     int rc = -1;
-    if (have_b && dS && dV && (!want_dq || dqv) && (!want_dkv || dkv) && (var.kda_fused || (dW && (!G.gate || dGg)))) {
+    if (have_b && dS && dV && (!want_dq || dqv) && (!want_dkv || dkv) && (var.dw_on_chip || (dW && (!G.gate || dGg)))) {
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout, a.b = b;
         a.dSh = dS, a.dSl = dS + nst, a.dVh = dV, a.dVl = dV + nv;
         a.dqv = dqv, a.dkv = dkv, a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGg;
