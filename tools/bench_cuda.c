@@ -295,7 +295,7 @@ static int report_failure(const bcase *c, const char *what) {
 /* The chunked kernels of one fwd+bwd call of variant var, each with its time (dg_cuda_ktime: CUDA
  * events around every launch; the mean of KT_CALLS calls run back to back after the timed medians,
  * L2 warm), on a line of their own below the variant's: a fused kernel beside the pair it replaces
- * (kda: qkwy against dqkwg + wy, as seed 000 reports them).  Returns the number of failures. */
+ * (kda: qkwy against the dqkwg + wy pair it replaces).  Returns the number of failures. */
 enum { KT_CALLS = 5, KT_NAMES = 16 };
 static int print_kernels(bcase *c, const dg_delta_bwd_flags *var, double fb_ms) {
     if (fb_ms > 50.0) return 0; /* not for the generic kernels' slow shapes (S3: 560 ms a call) */

@@ -9,7 +9,7 @@
  *                        -> A [B,T,HV,C], A[t,j] = beta_t sum_c k_tc k_jc exp(G_tc - G_jc), j < i
  *                        (i = t's position in its chunk); 0 for j >= i.
  *   solve_tril           A [B,T,HV,C] (strictly lower per chunk) -> (I + A)^-1, same layout.
- *                        Forward by blocked inverses (seed 004) or forward substitution (attrs);
+ *                        Forward by blocked inverses or forward substitution (attrs);
  *                        backward dA = strictly_lower(-Ainv^T dAinv Ainv^T), with Ainv recomputed
  *                        by the variant's method ("blocked" or "subst"), not saved.
  * Device: CPU f32 / f64 (kernels/cpu/delta/chunk_pieces.h) or CUDA f32 / f64 (kernels/cuda/delta/dr_pieces_cuda.h,

@@ -4,7 +4,7 @@
  *
  * Backward variants:
  *   dg_final    chunked; dg from the final dq, dk: dg = rowsum(dq o q) - rowsum(dk o k) + the
- *               state term (seed 001)
+ *               state term
  *   dg_partial  chunked; dg accumulated through the partial terms of every piece
  *   subst       dg_final with forward substitution instead of blocked inverses in (I + A)^-1
  *   recurrent   token by token (the default when the forward ran with algorithm = RECURRENT)

@@ -5,7 +5,7 @@
  * Backward variants (the chunked default: fused (bwd[0]), the faster one on both devices,
  * docs/PERF.md):
  *   fused      chunked; inter-chunk backward (dq, dk, dw, dg) and WY backward in one pass, dw kept
- *              per chunk and never stored (seeds 000, 003)
+ *              per chunk and never stored
  *   unfused    chunked; separate passes that store dw
  *   subst      fused with forward substitution instead of blocked inverses in (I + A)^-1
  *   recurrent  token by token (the default when the forward ran with algorithm = RECURRENT) */

@@ -43,7 +43,7 @@
  * A [B,T,HV,C] holds per chunk and value head an L x L strictly lower matrix (row = position i of
  * token t, column j; only j < i is read).  Ainv [B,T,HV,C] = (I + A)^-1 in the same layout: lower
  * triangular with unit diagonal, Ainv[t,hv,j] = 0 for j > i.  blocked = 1: invert the 16 x 16
- * diagonal blocks and merge them into 32 x 32 / 64 x 64 (seed 004); 0: forward substitution.
+ * diagonal blocks and merge them into 32 x 32 / 64 x 64; 0: forward substitution.
  * Backward: dA = strictly_lower( -Ainv^T dAinv Ainv^T ) per chunk, where only the lower part
  * (j <= i) of dAinv is read (the upper part of Ainv is identically zero); dA is 0 for j >= i.
  * Uses s->B, T, HV, cu_seqlens, N, chunk (H, K, V, gate and scale are ignored). */

@@ -25,17 +25,17 @@
 #include "kernels/cpu/delta/delta_rule.h"
 
 /* The backward variant of the chunked kernels: each flag says what it changes, for which gate
- * (docs/ALGORITHMS.md and the seeds).  All zero: the default, the fastest on both devices.  The
+ * (docs/ALGORITHMS.md).  All zero: the default, the fastest on both devices.  The
  * recurrent kernels ignore them. */
 typedef struct dg_delta_bwd_flags {
     /* head gate (GDN) only: dg accumulated through the partial terms of every piece, instead of
-     * from the final dq, dk: dg = rowsum(dq o q) - rowsum(dk o k) + the state term (seed 001) */
+     * from the final dq, dk: dg = rowsum(dq o q) - rowsum(dk o k) + the state term */
     bool dg_from_partials;
     /* every gate: the inter-chunk backward (dq, dk, dw, dg) and the WY backward as two passes with
-     * dW stored between them, instead of one pass that keeps dW on chip (seeds 000, 003) */
+     * dW stored between them, instead of one pass that keeps dW on chip */
     bool dw_stored;
     /* every gate: the inverse (I + A)^-1 by forward substitution, instead of merged 16x16
-     * diagonal-block inverses (seed 004) */
+     * diagonal-block inverses */
     bool tril_substitution;
 } dg_delta_bwd_flags;
 

@@ -34,10 +34,10 @@ typedef struct dg_dr_shape {
  * seeds); callers name them through dg_delta_bwd_flags (delta_call.h, dg_delta_bwd_variant), whose
  * zero is this struct's {1, 1, 1}. */
 typedef struct dg_dr_variant {
-    int gdn_dg_from_final;  /* head gate only: 1 = dg from the final dq, dk (seed 001); 0 = accumulate partial terms */
-    int dw_on_chip;         /* every gate: 1 = inter-chunk + WY backward in one pass, dw never stored
-                             * (seeds 000, 003); 0 = two passes, dw stored */
-    int solve_tril_blocked; /* 1 = 16x16 diagonal inverses merged (seed 004); 0 = forward substitution */
+    int gdn_dg_from_final;  /* head gate only: 1 = dg from the final dq, dk; 0 = accumulate partial terms */
+    int dw_on_chip;         /* every gate: 1 = inter-chunk + WY backward in one pass, dw never
+                             * stored; 0 = two passes, dw stored */
+    int solve_tril_blocked; /* 1 = 16x16 diagonal inverses merged; 0 = forward substitution */
 } dg_dr_variant;
 
 #define DG_DR_DECLARE(R, SFX)                                                                                          \

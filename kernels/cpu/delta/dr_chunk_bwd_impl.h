@@ -154,7 +154,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         }
     }
     FN(copy_rows)(L, K, dKp, K, dk, ldk);
-    /* seed 001: the gate gradient of f2, f3, f6 from the final dq, dk of this stage */
+    /* the gate gradient of f2, f3, f6 from the final dq, dk of this stage */
     if (gs && b->final_dg) {
         FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
         FN(dg_add_prod)(g, -1, p.k, p.ldq, dk, ldk, dG, ldG);

@@ -160,7 +160,7 @@ DR_STATIC void FN(tril_inv_fs)(int L, const R *A, int64_t lda, R *Y, int64_t ldy
 }
 
 /* Blocked: invert the 16 x 16 diagonal blocks by forward substitution, then fill the blocks below
- * the diagonal block row by block row (seed 004):  Y_IJ = -Y_II sum_{J<=M<I} A_IM Y_MJ.
+ * the diagonal block row by block row:  Y_IJ = -Y_II sum_{J<=M<I} A_IM Y_MJ.
  * ws: 16*16 elements. */
 DR_STATIC void FN(tril_inv_blocked)(int L, const R *A, int64_t lda, R *Y, int64_t ldy, R *ws) {
     FN(zero_rows)(L, L, Y, ldy);

@@ -23,7 +23,7 @@
  * dr_chunk_kda.cuh: for the rows of block I (reference row 16I) R = e^{G - G_16I} o (D_{I,<I}
  * (Y e^{G_16I - G})) plus the diagonal block in f32; for the columns of block J (reference row
  * 16J + 15) C = e^{G_{16J+15} - G} o (D_{>J,J}^T (X e^{G - G_{16J+15}})) plus the diagonal block.
- * dw_on_chip (seeds 000 / 003): parts A and B in one kernel, dW kept in shared memory; otherwise
+ * dw_on_chip: parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
  * then summed over the value heads of each key head.
  * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128

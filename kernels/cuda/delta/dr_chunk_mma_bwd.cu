@@ -477,7 +477,7 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
         }
         mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
         mma_sr<1, TK::NT, true, true>(dk, sDP, 72, km0, sQ, K + PAD, kn0, 64);
-        if (HEAD && !partial) { /* seed 001: dG = rowsum(q o dq) - rowsum(k o dk) */
+        if (HEAD && !partial) { /* dG from the final dq, dk: dG = rowsum(q o dq) - rowsum(k o dk) */
             float rs[2] = {0.0f, 0.0f};
             frag_each(dq, km0, kn0,
                       [&](int i, int cc, float &x) { rs[(i - km0) >> 3] += op2f(sQ[i * (K + PAD) + cc]) * x; });
