@@ -514,8 +514,10 @@ dg_tensor *dg_delta_run_op(const dg_op_def *def, const dg_delta_slots *sl, dg_ga
     } else {
         const int env = dg_op_env_variant(def);
         if (env == -2) return NULL;
+        /* resolved here, so that dg_apply does not read DG_BACKWARD a second time */
         if (env >= 0) variant = env;
         else if (at.algorithm == DG_DELTA_RECURRENT) variant = dg_delta_recurrent_variant(def);
+        else variant = 0;
     }
     dg_tensor *in[DG_MAX_IO] = {0};
     in[sl->q] = q;
