@@ -16,6 +16,7 @@
  * storage dtypes on the GPU the limits of the CUDA parity tests (bf16 1e-2, f16 1.25e-3).  The
  * exit status is 1 when any row fails, 2 for bad arguments. */
 #include "autograd/autograd.h"
+#include "models/memory_estimate.h"
 #include "tools/commands.h"
 #include "tools/delta_sized.h"
 #include "tools/mem_check.h"
@@ -547,12 +548,12 @@ static int check_memory(cfg *c) {
     const double base = 3 * io * 8 + 4 * io * 8 + 4 * io * e;
     if (dg_check_host_memory("compare", "this run", base) != 0) return -1;
     const double decomposition = 3 * io * 8 + 4 * io * 8 + 6 * states * (c->dev == DG_CUDA ? 4 : e) + 4 * io * e;
-    if (c->def->decompose && !is_16bit(c->dtype) && dg_host_mem_available() > 0 &&
-        decomposition > dg_host_mem_available()) {
+    const double avail = dg_memory_available();
+    if (c->def->decompose && !is_16bit(c->dtype) && avail > 0 && decomposition > avail) {
         fprintf(stderr,
                 "compare: note: the decomposition path is left out: its graph needs about %.1f GiB, %.1f GiB is "
                 "available\n",
-                decomposition / 1073741824.0, dg_host_mem_available() / 1073741824.0);
+                decomposition / 1073741824.0, avail / 1073741824.0);
         c->skip_decomposition = true;
     }
     if (c->dev == DG_CUDA) dg_note_device_memory_unchecked("compare");

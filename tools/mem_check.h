@@ -4,11 +4,9 @@
 
 #include "deltagrad.h"
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
-double dg_host_mem_available(void);
-
-/* 0 when a run that needs about need bytes of host memory fits in what is available (or the
- * amount cannot be read); -1 after "cmd: WHAT needs about X GiB of host memory, Y GiB available"
+/* 0 when a run that needs about need bytes of host memory fits in what is available
+ * (dg_memory_available, models/memory_estimate.h: MemAvailable, within a container's limit), or
+ * the amount cannot be read; -1 after "cmd: WHAT needs about X GiB of host memory, Y GiB available"
  * on stderr. */
 int dg_check_host_memory(const char *cmd, const char *what, double need);
 
