@@ -18,6 +18,19 @@ bool dg_check_float(const char *op, const char *arg, const dg_tensor *t) {
     return false;
 }
 
+/* Ops whose device kernels take bf16 storage (f32 arithmetic inside) call this instead of
+ * dg_check_float: f32 and f64 everywhere, bf16 on cuda only. */
+bool dg_check_float_or_bf16(const char *op, const char *arg, const dg_tensor *t) {
+    if (!dg_check_not_null(op, arg, t)) return false;
+    if (t->dtype == DG_BF16 && t->device == DG_CUDA) return true;
+    if (t->dtype == DG_BF16) {
+        dg_error("%s: %s has dtype bf16 (shape %s) on %s; bf16 runs on cuda only (f32 or f64 here)", op, arg,
+                 dg_shp(t), dg_device_name(t->device));
+        return false;
+    }
+    return dg_check_float(op, arg, t);
+}
+
 bool dg_check_dtype(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt) {
     if (!dg_check_not_null(op, arg, t)) return false;
     if (t->dtype == dt) return true;

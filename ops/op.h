@@ -46,6 +46,7 @@ dg_tensor *dg_sum_to_shape(dg_tensor *g, int ndim, const int64_t *shape);
 /* validation helpers used by the typed entry points; each sets a message naming op and arg */
 bool dg_check_not_null(const char *op, const char *arg, const dg_tensor *t);
 bool dg_check_float(const char *op, const char *arg, const dg_tensor *t);
+bool dg_check_float_or_bf16(const char *op, const char *arg, const dg_tensor *t); /* bf16 on cuda too */
 bool dg_check_dtype(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt);
 bool dg_check_ndim(const char *op, const char *arg, const dg_tensor *t, int ndim);
 bool dg_check_same_dtype(const char *op, const char *arg, const dg_tensor *t, const char *ref_arg,
