@@ -45,8 +45,8 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     int64_t B = x->shape[0], T = x->shape[1], H = c->num_heads, K = c->head_dim, V = dg_model_head_v_dim(c);
     dg_tensor *q, *k, *v;
     dg_tensor *proj[3] = {l->q_proj, l->k_proj, l->v_proj};
-    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, H, V, cache, &q, &k, &v)) return NULL;
-    dg_tensor *beta = dg_sigmoid(dg_linear(x, l->b_proj, NULL));
+    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, H, V, mo, cache, &q, &k, &v)) return NULL;
+    dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL));
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
@@ -63,11 +63,12 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     int64_t n = rows ? rows->shape[0] : B * T; /* per position from here: only the rows asked for */
     out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, H, V));
     if (c->use_gate) {
-        dg_tensor *g = dg_reshape(dg_linear(dg_mixer_rows(x, rows), l->g_proj, NULL), DG_SHAPE(n, H, V));
-        out = dg_gated_rms_norm(out, g, l->o_norm, c->norm_eps);
+        dg_tensor *g = dg_reshape(dg_linear(dg_mixer_rows(x, rows), dg_mixer_weight(mo, l->g_proj), NULL),
+                                  DG_SHAPE(n, H, V));
+        out = dg_gated_rms_norm(out, g, dg_mixer_weight(mo, l->o_norm), c->norm_eps);
     } else {
-        out = dg_rms_norm(out, l->o_norm, c->norm_eps);
+        out = dg_rms_norm(out, dg_mixer_weight(mo, l->o_norm), c->norm_eps);
     }
-    out = dg_linear(dg_reshape(out, DG_SHAPE(n, H * V)), l->o_proj, NULL);
+    out = dg_linear(dg_reshape(out, DG_SHAPE(n, H * V)), dg_mixer_weight(mo, l->o_proj), NULL);
     return rows ? out : dg_reshape(out, DG_SHAPE(B, T, c->hidden_size));
 }

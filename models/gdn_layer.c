@@ -53,10 +53,10 @@ dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mi
     int64_t HV = dg_model_num_v_heads(c), V = dg_model_head_v_dim(c);
     dg_tensor *q, *k, *v;
     dg_tensor *proj[3] = {l->q_proj, l->k_proj, l->v_proj};
-    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, cache, &q, &k, &v)) return NULL;
-    dg_tensor *beta = dg_sigmoid(dg_linear(x, l->b_proj, NULL)); /* [B,T,HV] */
+    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, mo, cache, &q, &k, &v)) return NULL;
+    dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL)); /* [B,T,HV] */
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
-    dg_tensor *a = dg_linear(x, l->a_proj, NULL); /* [B,T,HV] */
+    dg_tensor *a = dg_mixer_f32(dg_linear(x, dg_mixer_weight(mo, l->a_proj), NULL)); /* [B,T,HV], f32 */
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
         .backward = mo ? mo->backward : NULL,
@@ -77,11 +77,11 @@ dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mi
     out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, HV, V));
     dg_tensor *xr = dg_mixer_rows(x, rows);
     if (c->use_gate) {
-        dg_tensor *g = dg_reshape(dg_linear(xr, l->g_proj, NULL), DG_SHAPE(n, HV, V));
-        out = dg_gated_rms_norm(out, g, l->o_norm, c->norm_eps);
+        dg_tensor *g = dg_reshape(dg_linear(xr, dg_mixer_weight(mo, l->g_proj), NULL), DG_SHAPE(n, HV, V));
+        out = dg_gated_rms_norm(out, g, dg_mixer_weight(mo, l->o_norm), c->norm_eps);
     } else {
-        out = dg_rms_norm(out, l->o_norm, c->norm_eps);
+        out = dg_rms_norm(out, dg_mixer_weight(mo, l->o_norm), c->norm_eps);
     }
-    out = dg_linear(dg_reshape(out, DG_SHAPE(n, HV * V)), l->o_proj, NULL);
+    out = dg_linear(dg_reshape(out, DG_SHAPE(n, HV * V)), dg_mixer_weight(mo, l->o_proj), NULL);
     return rows ? out : dg_reshape(out, DG_SHAPE(B, T, c->hidden_size));
 }

@@ -55,10 +55,10 @@ dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mi
     int64_t HV = dg_model_num_v_heads(c), V = dg_model_head_v_dim(c);
     dg_tensor *q, *k, *v;
     dg_tensor *proj[3] = {l->q_proj, l->k_proj, l->v_proj};
-    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, cache, &q, &k, &v)) return NULL;
-    dg_tensor *a = dg_linear(dg_linear(x, l->f_proj0, NULL), l->f_proj1, NULL);
-    a = dg_reshape(a, DG_SHAPE(B, T, HV, K));
-    dg_tensor *beta = dg_sigmoid(dg_linear(x, l->b_proj, NULL));
+    if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, mo, cache, &q, &k, &v)) return NULL;
+    dg_tensor *a = dg_linear(dg_linear(x, dg_mixer_weight(mo, l->f_proj0), NULL), dg_mixer_weight(mo, l->f_proj1), NULL);
+    a = dg_mixer_f32(dg_reshape(a, DG_SHAPE(B, T, HV, K))); /* the gate stays f32 */
+    dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL));
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
     dg_delta_opts o = {
         .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
@@ -77,9 +77,10 @@ dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mi
     if (cache && dg_mixer_cache_put(&cache->state, fs)) return NULL;
     int64_t n = rows ? rows->shape[0] : B * T; /* per position from here: only the rows asked for */
     out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, HV, V));
-    dg_tensor *g = dg_linear(dg_linear(dg_mixer_rows(x, rows), l->g_proj0, NULL), l->g_proj1, l->g_bias);
+    dg_tensor *g = dg_linear(dg_linear(dg_mixer_rows(x, rows), dg_mixer_weight(mo, l->g_proj0), NULL),
+                             dg_mixer_weight(mo, l->g_proj1), dg_mixer_weight(mo, l->g_bias));
     g = dg_sigmoid(dg_reshape(g, DG_SHAPE(n, HV, V)));
-    out = dg_mul(dg_rms_norm(out, l->o_norm, c->norm_eps), g);
-    out = dg_linear(dg_reshape(out, DG_SHAPE(n, HV * V)), l->o_proj, NULL);
+    out = dg_mul(dg_rms_norm(out, dg_mixer_weight(mo, l->o_norm), c->norm_eps), g);
+    out = dg_linear(dg_reshape(out, DG_SHAPE(n, HV * V)), dg_mixer_weight(mo, l->o_proj), NULL);
     return rows ? out : dg_reshape(out, DG_SHAPE(B, T, c->hidden_size));
 }

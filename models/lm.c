@@ -76,6 +76,28 @@ void dg_lm_free(dg_lm *lm) {
 
 dg_device dg_lm_device(const dg_lm *lm) { return lm->embeddings->device; }
 
+int dg_lm_set_precision(dg_lm *lm, dg_dtype precision) {
+    if (precision == lm->params.dtype) {
+        lm->mixer_opts.bf16 = false;
+        return 0;
+    }
+    if (precision != DG_BF16) {
+        dg_error("lm: precision %s is not supported for %s parameters (%s or bf16 mixed precision)",
+                 dg_dtype_name(precision), dg_dtype_name(lm->params.dtype), dg_dtype_name(lm->params.dtype));
+        return -1;
+    }
+    if (lm->params.dtype != DG_F32 || dg_lm_device(lm) != DG_CUDA) {
+        dg_error("lm: bf16 mixed precision needs f32 parameters on cuda (the model has %s parameters on %s); "
+                 "use --precision f32 here",
+                 dg_dtype_name(lm->params.dtype), dg_device_name(dg_lm_device(lm)));
+        return -1;
+    }
+    lm->mixer_opts.bf16 = true;
+    return 0;
+}
+
+dg_dtype dg_lm_precision(const dg_lm *lm) { return lm->mixer_opts.bf16 ? DG_BF16 : lm->params.dtype; }
+
 int dg_lm_to_device(dg_lm *lm, dg_device dev) { return dg_param_list_to_device(&lm->params, dev); }
 
 /* t on the model's device (t itself when it is there already) */
@@ -111,6 +133,12 @@ static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_c
     }
 }
 
+/* TEMPORARY until the fused op lands */
+static dg_tensor *add_then_norm(dg_tensor *h, dg_tensor *y, dg_tensor *w, double eps, dg_tensor **r) {
+    *r = dg_add(h, y);
+    return dg_rms_norm(*r, w, eps);
+}
+
 /* The final hidden states; with rows (flat positions), only at those: the last block's mixer runs
  * its recurrence over every position but its output gate and projection, the residual, the MLP and
  * the final norm only at the rows ([n,D]). */
@@ -126,29 +154,39 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
         return NULL;
     }
     const dg_model_config *c = &lm->cfg;
+    const dg_mixer_opts *mo = &lm->mixer_opts;
     ids = on_model_device(lm, ids); /* a host batch is copied to the device here */
     rows = on_model_device(lm, rows);
-    dg_tensor *h = dg_embedding(lm->embeddings, ids);
-    for (int L = 0; L < c->num_hidden_layers && h; L++) {
+    /* h is the residual stream; each residual add is fused with the norm that reads its result:
+     * (h, x) = (h + y, rms_norm(h + y) w) */
+    dg_tensor *h = dg_embedding(dg_mixer_weight(mo, lm->embeddings), ids);
+    dg_tensor *x = dg_rms_norm(h, dg_mixer_weight(mo, lm->blocks[0].attn_norm), c->norm_eps);
+    for (int L = 0; L < c->num_hidden_layers && x; L++) {
         const dg_lm_block *b = &lm->blocks[L];
-        dg_tensor *r = L == c->num_hidden_layers - 1 ? rows : NULL;
-        dg_tensor *m =
-            mixer_forward(lm, L, dg_rms_norm(h, b->attn_norm, c->norm_eps), cache ? &cache->layers[L] : NULL, r);
-        h = dg_add(dg_mixer_rows(h, r), m);
-        dg_tensor *x = dg_rms_norm(h, b->mlp_norm, c->norm_eps);
-        dg_tensor *y =
-            dg_linear(dg_swiglu(dg_linear(x, b->gate_proj, NULL), dg_linear(x, b->up_proj, NULL)), b->down_proj, NULL);
-        h = dg_add(h, y);
+        const bool last = L == c->num_hidden_layers - 1;
+        dg_tensor *r = last ? rows : NULL;
+        dg_tensor *m = mixer_forward(lm, L, x, cache ? &cache->layers[L] : NULL, r);
+        x = add_then_norm(dg_mixer_rows(h, r), m, dg_mixer_weight(mo, b->mlp_norm), c->norm_eps, &h);
+        dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, dg_mixer_weight(mo, b->gate_proj), NULL),
+                                           dg_linear(x, dg_mixer_weight(mo, b->up_proj), NULL)),
+                                 dg_mixer_weight(mo, b->down_proj), NULL);
+        dg_tensor *next_norm = last ? lm->norm : lm->blocks[L + 1].attn_norm;
+        x = add_then_norm(h, y, dg_mixer_weight(mo, next_norm), c->norm_eps, &h);
     }
-    h = dg_rms_norm(h, lm->norm, c->norm_eps);
-    if (h && cache) cache->pos += ids->shape[1];
-    return h;
+    if (x && cache) cache->pos += ids->shape[1];
+    return x;
 }
 
 dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) { return hidden(lm, ids, cache, NULL); }
 
+/* the LM head: logits in the step's precision (bf16 under mixed precision; the cross-entropy
+ * reads them in f32 and returns an f32 loss) */
+static dg_tensor *head(const dg_lm *lm, dg_tensor *h) {
+    return dg_linear(h, dg_mixer_weight(&lm->mixer_opts, lm->lm_head), NULL);
+}
+
 dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
-    return dg_linear(dg_lm_hidden(lm, ids, cache), lm->lm_head, NULL);
+    return head(lm, dg_lm_hidden(lm, ids, cache));
 }
 
 dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore,
@@ -174,7 +212,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
     }
     if (n == N) { /* every position scored (language modelling) */
         *targets_out = on_model_device(lm, dg_reshape(tc, DG_SHAPE(N)));
-        return dg_linear(dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)), lm->lm_head, NULL);
+        return head(lm, dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)));
     }
     dg_tensor *pos = dg_empty(DG_SHAPE(n), DG_I64), *tsel = dg_empty(DG_SHAPE(n), DG_I64);
     if (!pos || !tsel) return NULL;
@@ -186,7 +224,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
         }
     *targets_out = on_model_device(lm, tsel);
     /* the last block's output, the final norm and the head only at the scored positions */
-    return dg_linear(hidden(lm, ids, NULL, pos), lm->lm_head, NULL);
+    return head(lm, hidden(lm, ids, NULL, pos));
 }
 
 dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore, dg_tensor **logits_out,

@@ -50,6 +50,18 @@ void dg_lm_free(dg_lm *lm);
 dg_device dg_lm_device(const dg_lm *lm);
 int dg_lm_to_device(dg_lm *lm, dg_device dev);
 
+/* The precision of the forward and backward (PyTorch's autocast, made explicit):
+ *   DG_F32 (or the parameters' own dtype): everything in the parameters' dtype;
+ *   DG_BF16, mixed precision, CUDA only: the parameters (the master weights), their gradients and
+ *     the optimiser's moments stay f32; each step uses bf16 copies of the weights (a differentiable
+ *     cast, so the weight gradients come back into the f32 .grad), activations are bf16, every GEMM
+ *     accumulates in f32 (cuBLAS f32 compute), every norm statistic, reduction and the loss in f32
+ *     (the kernels compute in f32 and round once); the delta rule's gates, A_log, dt_bias and
+ *     states stay f32, as FLA keeps them.
+ * Set after dg_lm_to_device; 0, or -1 with dg_error (bf16 on the CPU, f64 parameters). */
+int dg_lm_set_precision(dg_lm *lm, dg_dtype precision);
+dg_dtype dg_lm_precision(const dg_lm *lm);
+
 /* Per-layer decoding state (models/mixer.h) and the number of tokens consumed. */
 typedef struct dg_lm_cache {
     int n_layers;

@@ -51,6 +51,18 @@ typedef struct dg_mixer_opts {
     dg_delta_algorithm algorithm; /* chunked (default) or token by token */
     int chunk_size;               /* chunked: 16, 32 or 64 (0: the op's default, 64) */
     const char *backward;         /* backward variant by name, NULL: the op's default */
+    bool bf16;                    /* mixed precision (models/lm.h): bf16 weights and activations */
 } dg_mixer_opts;
+
+/* The weight w as the step uses it: under mixed precision a bf16 copy of the f32 parameter, made by
+ * the differentiable cast (its gradient comes back through the cast into the f32 parameter's
+ * .grad), else w itself.  NULL stays NULL. */
+static inline dg_tensor *dg_mixer_weight(const dg_mixer_opts *mo, dg_tensor *w) {
+    return mo && mo->bf16 && w && w->dtype != DG_BF16 ? dg_to_dtype(w, DG_BF16) : w;
+}
+
+/* t in f32 when it is a bf16 activation (the raw gate input a: the gates and the states of the delta
+ * rule stay f32, as FLA keeps them), else t itself. */
+static inline dg_tensor *dg_mixer_f32(dg_tensor *t) { return t && t->dtype == DG_BF16 ? dg_to_dtype(t, DG_F32) : t; }
 
 #endif

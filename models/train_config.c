@@ -42,6 +42,16 @@ dg_train_config dg_train_default_config(void) {
 
 const char *dg_task_name(dg_task_kind k) { return k == DG_TASK_TEXT ? "text" : "mqar"; }
 
+const char *dg_precision_name(dg_precision p) {
+    return p == DG_PRECISION_BF16 ? "bf16" : p == DG_PRECISION_F32 ? "f32" : "auto";
+}
+
+dg_dtype dg_train_precision(const dg_train_config *tc) {
+    if (tc->precision == DG_PRECISION_BF16) return DG_BF16;
+    if (tc->precision == DG_PRECISION_F32) return DG_F32;
+    return tc->device == DG_CUDA ? DG_BF16 : DG_F32;
+}
+
 int dg_train_config_validate(const dg_train_config *tc) {
 #define NEED(cond, ...)                             \
     do {                                            \
@@ -117,7 +127,8 @@ char *dg_train_config_to_json(const dg_train_config *tc) {
     if (dg_json_write_string(f, tc->out_dir)) fprintf(f, "\"\"");
     fprintf(f, ", \"algorithm\": \"%s\", \"backward\": ", tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunk");
     if (dg_json_write_string(f, tc->backward)) fprintf(f, "\"\"");
-    fprintf(f, ", \"chunk_size\": %d, \"threads\": %d}", tc->chunk_size, tc->threads);
+    fprintf(f, ", \"chunk_size\": %d, \"threads\": %d, \"precision\": \"%s\"}", tc->chunk_size, tc->threads,
+            dg_precision_name(tc->precision));
     if (fclose(f) != 0) {
         free(buf);
         dg_error("train config: out of memory");
@@ -209,6 +220,16 @@ int dg_train_config_from_json(const char *json, dg_train_config *tc) {
     s[0] = 0;
     if (rd_str(r, "device", s, sizeof s) < 0) goto out;
     if (s[0]) c.device = strcmp(s, "cuda") == 0 ? DG_CUDA : DG_CPU;
+    /* a run written before the precision was recorded trained in f32: it resumes so */
+    snprintf(s, sizeof s, "f32");
+    if (rd_str(r, "precision", s, sizeof s) < 0) goto out;
+    if (!strcmp(s, "bf16")) c.precision = DG_PRECISION_BF16;
+    else if (!strcmp(s, "f32")) c.precision = DG_PRECISION_F32;
+    else if (!strcmp(s, "auto")) c.precision = DG_PRECISION_AUTO;
+    else {
+        dg_error("train config: precision '%s' is not auto, f32 or bf16", s);
+        goto out;
+    }
     s[0] = 0;
     if (rd_str(r, "algorithm", s, sizeof s) < 0) goto out;
     if (s[0]) c.algorithm = strcmp(s, "recurrent") == 0 ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED;

@@ -9,6 +9,10 @@
 
 typedef enum { DG_TASK_MQAR = 0, DG_TASK_TEXT = 1 } dg_task_kind;
 
+/* The step's precision (models/lm.h, dg_lm_set_precision): auto is bf16 mixed precision on cuda,
+ * f32 on the CPU. */
+typedef enum { DG_PRECISION_AUTO = 0, DG_PRECISION_F32 = 1, DG_PRECISION_BF16 = 2 } dg_precision;
+
 typedef struct dg_train_config {
     dg_task_kind task;
     dg_mqar_config mqar;   /* task mqar: its sizes (seq_len is mqar.seq_len) */
@@ -30,7 +34,12 @@ typedef struct dg_train_config {
     int chunk_size;    /* chunked algorithm: 16, 32 or 64 */
     char backward[32]; /* delta-rule backward variant ("" = the op's default) */
     int threads;       /* 0: all cores */
+    dg_precision precision;
 } dg_train_config;
+
+/* The precision a run uses on its device: auto resolved (bf16 on cuda, f32 on the CPU). */
+dg_dtype dg_train_precision(const dg_train_config *tc);
+const char *dg_precision_name(dg_precision p); /* "auto", "f32", "bf16" */
 
 dg_train_config dg_train_default_config(void);
 const char *dg_task_name(dg_task_kind k); /* "mqar", "text" */

@@ -156,6 +156,7 @@ dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     m.lm = NULL;
     dg_ckpt_model_free(&m);
     if (tc->device != DG_CPU && dg_lm_to_device(t->lm, tc->device)) goto fail;
+    if (dg_lm_set_precision(t->lm, dg_train_precision(tc))) goto fail;
     t->lm->mixer_opts.algorithm = tc->algorithm;
     t->lm->mixer_opts.chunk_size = tc->chunk_size;
     if (tc->task == DG_TASK_MQAR && t->lm->cfg.vocab_size < tc->mqar.vocab_size) {
@@ -234,6 +235,7 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     /* initialised on the host (the same parameters for a seed on every device), then moved; the
      * optimiser's moments are made on the parameters' device */
     if (tc->device != DG_CPU && dg_lm_to_device(t->lm, tc->device)) goto fail;
+    if (dg_lm_set_precision(t->lm, dg_train_precision(tc))) goto fail;
     dg_adamw_config ac = {
         .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
     if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
@@ -430,9 +432,9 @@ static int mkdir_p(const char *path) {
     return 0;
 }
 
-enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_EVAL_LOSS, C_EVAL_ACC, C_EVAL_N, NCOLS };
-static const char *const csv_cols[NCOLS] = {"step",      "lr",      "loss",      "grad_norm", "tokens_per_s",
-                                            "elapsed_s", "live_mb", "eval_loss", "eval_acc",  "eval_examples"};
+enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_PEAK, C_EVAL_LOSS, C_EVAL_ACC, C_EVAL_N, NCOLS };
+static const char *const csv_cols[NCOLS] = {"step",    "lr",        "loss",     "grad_norm", "tokens_per_s", "elapsed_s",
+                                            "live_mb", "peak_mb",   "eval_loss", "eval_acc", "eval_examples"};
 #define QUICK_EVAL 250
 
 int dg_trainer_run(dg_trainer *t) {
@@ -516,6 +518,7 @@ int dg_trainer_run(dg_trainer *t) {
         row[C_TOKS] = rate;
         row[C_ELAPSED] = t->elapsed_before + (now - t_start);
         row[C_LIVE] = (double)dg_live_bytes(tc->device) / 1e6; /* tensor bytes on the run's device */
+        row[C_PEAK] = (double)dg_peak_bytes(tc->device) / 1e6; /* their peak so far (a step's activations) */
         bool last = t->step == tc->steps;
         if ((tc->eval_every > 0 && t->step % tc->eval_every == 0) || last) {
             /* mqar: a quick look at the first QUICK_EVAL held-out examples; the whole set when that

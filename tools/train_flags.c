@@ -77,6 +77,9 @@ static const flag flags[] = {
 
     {"device", T_SPECIAL, 0, 0, "run",
      "cpu, cuda or auto (cuda when this build has the CUDA backend and a GPU is present)", false},
+    {"precision", T_SPECIAL, 0, 0, "run",
+     "bf16 (mixed precision: f32 master weights, bf16 step; cuda only), f32, or auto (bf16 on cuda, f32 on cpu)",
+     false},
     {"threads", T_INT, TC(threads), 0, "run", "CPU threads (0: all cores)", false},
     {"eval-every", T_I64, TC(eval_every), 0, "run", "evaluate every N steps (0: only at the end)", false},
     {"save-every", T_I64, TC(save_every), 0, "run", "checkpoint every N steps (and at the end)", false},
@@ -145,6 +148,11 @@ static int apply_special(const flag *f, const char *val, dg_train_opts *o) {
         else if (!strcmp(val, "auto")) o->tc.device = dg_cuda_available() ? DG_CUDA : DG_CPU;
         else return bad(f->name, val, "not cpu, cuda or auto");
         o->device_given = true;
+    } else if (!strcmp(f->name, "precision")) {
+        if (!strcmp(val, "bf16")) o->tc.precision = DG_PRECISION_BF16;
+        else if (!strcmp(val, "f32")) o->tc.precision = DG_PRECISION_F32;
+        else if (!strcmp(val, "auto")) o->tc.precision = DG_PRECISION_AUTO;
+        else return bad(f->name, val, "not bf16, f32 or auto");
     } else if (!strcmp(f->name, "algorithm")) {
         if (!strcmp(val, "chunk") || !strcmp(val, "chunked")) o->tc.algorithm = DG_DELTA_CHUNKED;
         else if (!strcmp(val, "recurrent")) o->tc.algorithm = DG_DELTA_RECURRENT;
@@ -243,6 +251,7 @@ static void default_text(const flag *f, const dg_train_opts *d, char *buf, size_
         else if (!strcmp(f->name, "task")) snprintf(buf, n, "%s", dg_task_name(d->tc.task));
         else if (!strcmp(f->name, "device")) snprintf(buf, n, "auto (a resumed run: its own)");
         else if (!strcmp(f->name, "algorithm")) snprintf(buf, n, "chunk");
+        else if (!strcmp(f->name, "precision")) snprintf(buf, n, "auto (a resumed run: its own)");
         else if (!strcmp(f->name, "vocab-size")) snprintf(buf, n, "%lld", (long long)d->mc.vocab_size);
         else if (!strcmp(f->name, "seq-len"))
             snprintf(buf, n, "%lld (text: %lld)", (long long)d->tc.mqar.seq_len, (long long)d->tc.seq_len);
