@@ -24,6 +24,7 @@
  * boundaries are crossed), 2 layers of one head of 32. */
 static dg_train_config tiny_run(const char *out, dg_device dev) {
     dg_train_config tc = dg_train_default_config();
+    tc.precision = DG_PRECISION_F32; /* the CPU parity tests; the bf16 tests set bf16 */
     tc.mqar.vocab_size = 32;
     tc.mqar.seq_len = 40;
     tc.mqar.num_kv_pairs = 6;
@@ -201,11 +202,12 @@ static void test_cuda_checkpoint_loads_on_cpu(void **state) {
 
 /* Every step allocates and frees the same on the device: over 200 steps (and evaluations) live
  * tensors and bytes, and the pool's used bytes, are equal after every step from the 4th on; the
- * pool reserves nothing more. */
+ * pool reserves nothing more.  In bf16 mixed precision, the default on cuda. */
 static void test_cuda_memory_flat(void **state) {
     dg_test_require_cuda();
 #ifdef DG_HAVE_CUDA
     dg_train_config tc = tiny_run(tmp_path("flat"), DG_CUDA);
+    tc.precision = DG_PRECISION_AUTO;
     dg_model_config mc = tiny_model();
     dg_trainer *t = dg_trainer_open(&tc, &mc, NULL);
     if (!t) fail_msg("%s", dg_last_error());
@@ -241,6 +243,117 @@ static void test_cuda_memory_flat(void **state) {
            (unsigned long long)used0, (unsigned long long)res0);
     dg_trainer_free(t);
 #endif
+}
+
+/* The gradient of every parameter (the loss of one batch, a 2-layer model in bf16 mixed precision
+ * against the same model in f32 on the GPU, the same parameters and batch), compared by the
+ * relative error norm over all of them: bf16 keeps 8 significant bits (unit roundoff u = 2^-9);
+ * the forward and backward round each activation and gradient once per op, a dozen ops deep per
+ * layer, and the errors add like a random walk, so the limit is 16 u = 3.1e-2 on the whole
+ * gradient.  The loss, f32 in both, agrees within the same bound. */
+static void test_cuda_bf16_gradients_follow_f32(void **state) {
+    dg_test_require_cuda();
+    dg_model_config mc = tiny_model();
+    mc.hidden_size = 64;
+    mc.head_dim = 64;
+    mc.intermediate_size = 128;
+    dg_lm *lm = dg_lm_new(&mc, 11, DG_F32);
+    assert_non_null(lm);
+    if (dg_lm_to_device(lm, DG_CUDA)) fail_msg("%s", dg_last_error());
+    dg_mqar_config q = tiny_run("unused", DG_CUDA).mqar;
+    dg_mqar_set *set = dg_mqar_set_new(&q, 5, 32);
+    assert_non_null(set);
+    const int n = lm->params.n;
+    dg_tensor **g32 = calloc((size_t)n, sizeof *g32);
+    double loss[2];
+    for (int pass = 0; pass < 2; pass++) {
+        assert_int_equal(dg_lm_set_precision(lm, pass == 0 ? DG_F32 : DG_BF16), 0);
+        dg_scope_begin();
+        dg_tensor *in, *tg;
+        assert_int_equal(dg_mqar_set_batch(set, 0, 32, &in, &tg), 32);
+        dg_tensor *l = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
+        if (!l) fail_msg("%s", dg_last_error());
+        assert_int_equal(l->dtype, DG_F32);
+        loss[pass] = dg_item(l);
+        if (dg_backward(l, NULL)) fail_msg("%s", dg_last_error());
+        dg_scope_end();
+        for (int i = 0; i < n; i++) {
+            dg_tensor *g = lm->params.t[i]->grad;
+            assert_non_null(g);
+            assert_int_equal(g->dtype, DG_F32);
+            if (pass == 0) {
+                g32[i] = dg_keep(dg_to_device(g, DG_CPU));
+                dg_fill_(g, 0.0);
+            }
+        }
+    }
+    double num = 0, den = 0, worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < n; i++) {
+        dg_scope_begin();
+        dg_tensor *b = dg_to_device(lm->params.t[i]->grad, DG_CPU);
+        const float *x = dg_data_ptr(b), *y = dg_data_ptr(g32[i]);
+        double pn = 0, pd = 0;
+        for (int64_t j = 0, m = dg_numel(b); j < m; j++) {
+            pn += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+            pd += (double)y[j] * y[j];
+        }
+        num += pn;
+        den += pd;
+        if (pd > 0 && sqrt(pn / pd) > worst) {
+            worst = sqrt(pn / pd);
+            worst_name = lm->params.t[i]->name;
+        }
+        dg_scope_end();
+        dg_release(g32[i]);
+    }
+    free(g32);
+    double e = sqrt(num / den), el = rel_diff(loss[1], loss[0]);
+    printf("bf16 vs f32: loss %.7f vs %.7f (rel %.2e); gradients rel err %.2e (worst parameter %s: %.2e)\n", loss[1],
+           loss[0], el, e, worst_name, worst);
+    if (!(e <= 3.1e-2 && el <= 3.1e-2))
+        fail_msg("bf16 gradients differ from f32 by %.2e, loss by %.2e (limit 16 u = 3.1e-2)", e, el);
+    dg_mqar_set_free(set);
+    dg_lm_free(lm);
+}
+
+/* bf16 mixed precision resumes exactly: 3 steps + checkpoint + resume + 3 steps gives the
+ * parameters of 6 straight steps (the master weights and moments are f32 in the checkpoint; the
+ * device kernels are deterministic). */
+static void test_cuda_bf16_resume_exact(void **state) {
+    dg_test_require_cuda();
+    dg_train_config tc = tiny_run(tmp_path("bf"), DG_CUDA);
+    tc.precision = DG_PRECISION_BF16;
+    tc.steps = 6;
+    dg_model_config mc = tiny_model();
+    dg_trainer *g = dg_trainer_open(&tc, &mc, NULL);
+    if (!g) fail_msg("%s", dg_last_error());
+    assert_int_equal(dg_lm_precision(g->lm), DG_BF16);
+    g->quiet = true;
+    g->stop_at = 3;
+    if (dg_trainer_run(g)) fail_msg("GPU run: %s", dg_last_error());
+    dg_trainer *r = dg_trainer_open(&tc, &mc, tmp_path("bf"));
+    if (!r) fail_msg("GPU resume: %s", dg_last_error());
+    assert_int_equal(dg_lm_precision(r->lm), DG_BF16);
+    r->quiet = true;
+    if (dg_trainer_run(r)) fail_msg("GPU resumed run: %s", dg_last_error());
+    g->stop_at = 0;
+    snprintf(g->tc.out_dir, sizeof g->tc.out_dir, "%s", tmp_path("bf_straight"));
+    if (dg_trainer_run(g)) fail_msg("GPU run: %s", dg_last_error());
+    double re = params_rel_err(g->lm, r->lm);
+    printf("bf16: 3 steps + resume + 3 steps vs 6 straight: parameters rel err %.2e\n", re);
+    assert_true(re == 0);
+    dg_trainer_free(r);
+    dg_trainer_free(g);
+}
+
+/* bf16 is refused on the CPU with the reason */
+static void test_bf16_refused_on_cpu(void **state) {
+    dg_train_config tc = tiny_run(tmp_path("bfcpu"), DG_CPU);
+    tc.precision = DG_PRECISION_BF16;
+    dg_model_config mc = tiny_model();
+    assert_null(dg_trainer_open(&tc, &mc, NULL));
+    assert_error_contains("bf16 mixed precision needs f32 parameters on cuda");
 }
 
 /* Greedy decoding with the carried state on the GPU gives the CPU's tokens and logits. */
@@ -280,6 +393,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cuda_checkpoint_loads_on_cpu, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cuda_memory_flat, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cuda_generate_matches_cpu, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_bf16_gradients_follow_f32, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_bf16_resume_exact, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_refused_on_cpu, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
