@@ -289,7 +289,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     if (t->profile) t1 = dg_progress_now();
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
     if (!loss) goto out;
-    double lv = dg_item(loss);
+#ifdef DG_HAVE_CUDA
+    /* profiling a device run: wait for the queued forward so that its time is its own */
+    if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
+#endif
     if (t->profile) t2 = dg_progress_now();
     if (dg_backward(loss, NULL)) goto out;
 #ifdef DG_HAVE_CUDA
@@ -298,6 +301,7 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
 #endif
     if (t->profile) t3 = dg_progress_now();
     double gn = dg_clip_grad_norm(lm->params.n, lm->params.t, t->tc.clip);
+    double lv = dg_item(loss); /* the first read of the step's results: the whole step is queued by now */
     if (isfinite(gn) && isfinite(lv)) {
         if (dg_adamw_step(t->opt, dg_lr_at(&t->sched, t->step))) goto out;
     } else {
