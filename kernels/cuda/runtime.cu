@@ -12,6 +12,14 @@
  * so a plain cudaMemcpy elsewhere (a test, a tool) sees finished results.  A created stream rather
  * than the legacy one so that benchmarks can capture it into a CUDA graph.
  *
+ * Copies: device to host waits for the stream (the caller reads the result at once).  Host to
+ * device does not: a copy of up to kStageBytes goes through a ring of pinned staging slots (the
+ * source is copied into a slot on the host, then queued with cudaMemcpyAsync), so the caller may
+ * reuse its buffer at once and the stream keeps running; a slot is reused only once the event
+ * recorded behind its last copy has passed.  A larger copy waits for the stream as before.  So
+ * the batch a training step uploads, and the small index tables the ops make on the host, cost
+ * no round trip.
+ *
  * Nothing here aborts: without a driver or a GPU, dg_cuda_device_count() is 0 and every other
  * call fails with a message.  Initialisation happens once; if it failed, its message is reported
  * again by every later call (dg_error is per thread). */
@@ -23,6 +31,15 @@
 
 namespace {
 
+constexpr int kStageSlots = 16;
+constexpr size_t kStageBytes = (size_t)4 << 20;
+
+struct StageSlot {
+    void *host = nullptr; /* kStageBytes of pinned memory */
+    cudaEvent_t done = nullptr;
+    bool used = false; /* an event has been recorded behind a copy from it */
+};
+
 struct Runtime {
     int device_count = 0;
     int sm_count = 0;
@@ -33,6 +50,10 @@ struct Runtime {
     std::once_flag blas_once;
     cublasHandle_t blas = nullptr;
     char blas_fail[512] = {0};
+    std::mutex stage_mu;
+    StageSlot stage[kStageSlots];
+    int stage_next = 0;
+    bool stage_off = false; /* pinned memory could not be had: every copy waits */
 };
 
 Runtime &rt() {
@@ -170,6 +191,32 @@ void dg_cuda_free(void *p) {
     dg_cu_report(e, "cudaFreeAsync(p, stream)", __FILE__, __LINE__);
 }
 
+/* Queues a host-to-device copy of n <= kStageBytes through the next staging slot; 1 when it did,
+ * 0 when the caller must copy synchronously (no pinned memory), -1 on a CUDA error. */
+static int staged_h2d(void *dst, const void *src, size_t n) {
+    Runtime &r = rt();
+    std::lock_guard<std::mutex> lock(r.stage_mu);
+    if (r.stage_off) return 0;
+    StageSlot &s = r.stage[r.stage_next];
+    if (!s.host) {
+        if (cudaMallocHost(&s.host, kStageBytes) != cudaSuccess ||
+            cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (s.host) cudaFreeHost(s.host);
+            s.host = nullptr;
+            r.stage_off = true;
+            return 0;
+        }
+    }
+    if (s.used) DG_CU_TRY(cudaEventSynchronize(s.done)); /* its previous copy has been read */
+    memcpy(s.host, src, n);
+    DG_CU_TRY(cudaMemcpyAsync(dst, s.host, n, cudaMemcpyHostToDevice, r.stream));
+    DG_CU_TRY(cudaEventRecord(s.done, r.stream));
+    s.used = true;
+    r.stage_next = (r.stage_next + 1) % kStageSlots;
+    return 1;
+}
+
 int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
     if (n == 0) return 0;
     if (dg_cuda_init()) return -1;
@@ -183,6 +230,10 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
     if (!dst || !src) {
         dg_error("cuda: dg_cuda_memcpy: NULL %s pointer", dst ? "source" : "destination");
         return -1;
+    }
+    if (kind == 0 && n <= kStageBytes) {
+        int rc = staged_h2d(dst, src, n);
+        if (rc != 0) return rc < 0 ? -1 : 0;
     }
     DG_CU_TRY(cudaMemcpyAsync(dst, src, n, k, rt().stream));
     /* host memory is involved: the caller may read dst or reuse src as soon as we return */
