@@ -437,8 +437,8 @@ static int mkdir_p(const char *path) {
 }
 
 enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_PEAK, C_EVAL_LOSS, C_EVAL_ACC, C_EVAL_N, NCOLS };
-static const char *const csv_cols[NCOLS] = {"step",    "lr",        "loss",     "grad_norm", "tokens_per_s", "elapsed_s",
-                                            "live_mb", "peak_mb",   "eval_loss", "eval_acc", "eval_examples"};
+static const char *const csv_cols[NCOLS] = {"step",    "lr",      "loss",      "grad_norm", "tokens_per_s", "elapsed_s",
+                                            "live_mb", "peak_mb", "eval_loss", "eval_acc",  "eval_examples"};
 #define QUICK_EVAL 250
 
 int dg_trainer_run(dg_trainer *t) {
