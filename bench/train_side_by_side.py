@@ -63,7 +63,9 @@ CONFIGS = {
     "b": {"name": "56M", "task": "text", "batch": 8, "seq_len": 2048,
           "model": {"hidden_size": 1024, "num_hidden_layers": 4, "num_heads": 8, "head_dim": 128, "expand_v": 1.0,
                     "intermediate_size": 0}},
-    "c": {"name": "d2048x12", "task": "text", "batch": 4, "seq_len": 4096,
+    # hidden 2048, 12 layers, 16 heads of 128: 669M parameters (the MLP, 3 * 2048 * 5632 a layer, is
+    # over half of them); batch 4 x 4096
+    "c": {"name": "669M", "task": "text", "batch": 4, "seq_len": 4096,
           "model": {"hidden_size": 2048, "num_hidden_layers": 12, "num_heads": 16, "head_dim": 128,
                     "expand_v": 1.0, "intermediate_size": 0}},
     # --device-cpu-smoke: a model small enough for the CPU (deltagrad only)
@@ -77,6 +79,12 @@ GiB = 1 << 30
 
 def log(*a):
     print(*a, flush=True)
+
+
+def die(msg):
+    """could not start: exit status 2"""
+    print("train_side_by_side: " + msg, file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def parse():
@@ -109,6 +117,8 @@ def parse():
             a.configs = "smoke"
     if a.steps < 2 or not 0 <= a.warmup_steps < a.steps:
         ap.error(f"--steps {a.steps} / --warmup-steps {a.warmup_steps}: need 0 <= warmup-steps < steps, steps >= 2")
+    if (a.batch is not None and a.batch < 1) or (a.seq_len is not None and a.seq_len < 1):
+        ap.error("--batch and --seq-len must be >= 1")
     a.config_list = [c for c in a.configs.split(",") if c]
     unknown = [c for c in a.config_list if c not in CONFIGS]
     if unknown or not a.config_list:
@@ -232,8 +242,13 @@ def run_logged(cmd, log_path, timeout, env=None):
             _kill_group(p)
             _children.discard(p)
     with open(log_path, errors="replace") as lf:
-        tail = lf.read()[-1500:]
-    return rc, time.time() - t0, tail
+        lines = [ln.strip() for ln in lf.read().splitlines()[1:] if ln.strip()]
+    return rc, time.time() - t0, " / ".join(lines[-3:])[-600:]
+
+
+def failure(rc, timeout, tail, log_path):
+    why = f"timed out after {timeout:g} s" if rc is None else f"exit status {rc}"
+    return f"{why}: {tail or '(no output)'} (log {log_path})"
 
 
 def _on_signal(signum, frame):
@@ -288,8 +303,7 @@ def run_deltagrad(key, cfg, args, data, precision_flag):
     if args.device_cpu_smoke:
         row["precision"] = "f32 (cpu)"
     if rc != 0:
-        row["error"] = (f"timed out after {args.timeout:g} s" if rc is None else f"exit status {rc}") + \
-            f"; log {log_path}: ..." + tail[-400:]
+        row["error"] = failure(rc, args.timeout, tail, log_path)
         return row
     try:
         row.update(read_metrics(os.path.join(out_dir, "metrics.csv"), args.warmup_steps, B * T))
@@ -341,12 +355,15 @@ def fla_worker(spec_path, result_path):
     import fla.ops.common.chunk_o as fla_chunk_o
     from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
 
-    # FLA refuses the gated backward on Hopper with Triton 3.4 to < 3.7.1 (its issue #640);
-    # as bench/fla_side_by_side.py does, the guard is switched off in this process only
-    guard_on = bool(getattr(fla_chunk_o, "IS_NVIDIA_HOPPER", False) and getattr(fla_chunk_o, "TRITON_ABOVE_3_4_0", False)
-                    and not getattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", True))
-    if guard_on:
+    # FLA refuses the gated backward on Hopper with Triton >= 3.4 (0.5.2: and < 3.7.1; its issue
+    # #640); as bench/fla_side_by_side.py does, the guard is switched off in this process only
+    guard_on = bool(getattr(fla_chunk_o, "IS_NVIDIA_HOPPER", False)
+                    and getattr(fla_chunk_o, "TRITON_ABOVE_3_4_0", False)
+                    and not getattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", False))
+    if guard_on and hasattr(fla_chunk_o, "TRITON_ABOVE_3_7_1"):
         fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+    elif guard_on:  # 0.5.0 and 0.5.1, where chunk_o reads this flag only in the guard
+        fla_chunk_o.TRITON_ABOVE_3_4_0 = False
     res.update({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                 "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"),
                 "fla_file": os.path.dirname(fla.__file__), "fla_hopper_guard_640_off": guard_on})
@@ -384,15 +401,18 @@ def fla_worker(spec_path, result_path):
         def batch():
             return torch.randint(0, V, (B, T), device=dev, generator=gen)
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if spec["precision"] == "bf16"
-                else contextlib.nullcontext())
+    def autocast():
+        if spec["precision"] == "bf16":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     n, warm = spec["steps"], spec["warmup_steps"]
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
     losses = []
     ev[0].record()
     for i in range(n):
         x = batch()
-        with autocast:
+        with autocast():
             loss = model(input_ids=x, labels=x).loss
         loss.backward()
         if t["clip"] > 0:
@@ -436,8 +456,7 @@ def run_fla(key, cfg, args, data):
         with open(result_path) as f:
             row.update(json.load(f))
     if rc != 0 or "ms_per_step" not in row:
-        why = f"timed out after {args.timeout:g} s" if rc is None else f"exit status {rc}"
-        row["error"] = f"{why}; log {log_path}: ..." + tail[-600:]
+        row["error"] = failure(rc, args.timeout, tail, log_path)
     return row
 
 
@@ -456,9 +475,9 @@ def fla_preflight(args):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                            preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
-        sys.exit("train_side_by_side: importing torch and FLA took over 180 s; giving up")
+        die("importing torch and FLA took over 180 s; giving up")
     if r.returncode != 0:
-        sys.exit("train_side_by_side: the FLA side needs python3 with torch (and a GPU), triton, transformers and "
+        die("the FLA side needs python3 with torch (and a GPU), triton, transformers and "
                  "flash-linear-attention (import fla): " + (r.stderr.strip().splitlines() or ["?"])[-1]
                  + "\n(--skip-fla runs deltagrad alone; --fla-path DIR uses the fla/ package in DIR)")
     return r.stdout.strip()
@@ -502,13 +521,13 @@ def main():
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     log(f"results in {args.out}")
     if not os.access(args.deltagrad, os.X_OK):
-        sys.exit(f"train_side_by_side: no deltagrad binary at {args.deltagrad} (scons -j cuda=1, or --deltagrad PATH)")
+        die(f"no deltagrad binary at {args.deltagrad} (scons -j cuda=1, or --deltagrad PATH)")
     args.deltagrad = os.path.abspath(args.deltagrad)
     try:
         helptext = subprocess.run([args.deltagrad, "train", "--help"], capture_output=True, text=True,
                                   timeout=60).stdout
     except subprocess.TimeoutExpired:
-        sys.exit("train_side_by_side: deltagrad train --help did not answer in 60 s")
+        die("deltagrad train --help did not answer in 60 s")
     precision_flag = "--precision" in helptext
     if not precision_flag and not args.device_cpu_smoke:
         log(f"note: {args.deltagrad} has no --precision option: deltagrad runs in its default (f32); "
@@ -600,11 +619,12 @@ def write_results(args, env, results, show):
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(table)
-    head = (f"{env.get('gpu', '?')}; {env.get('python_side', 'FLA skipped')}; deltagrad {env.get('deltagrad_commit', '?')}; "
-            f"{env['date_utc']} UTC\n{args.steps} steps a run, the first {args.warmup_steps} left out of the rate; "
+    fla_loss = "nn.CrossEntropyLoss, unfused modules" if args.fla_unfused else "labels + its fused cross-entropy"
+    head = (f"{env.get('gpu', '?')}; {env.get('python_side', 'FLA skipped')}; "
+            f"deltagrad {env.get('deltagrad_commit', '?')}; {env['date_utc']} UTC\n"
+            f"{args.steps} steps a run, the first {args.warmup_steps} left out of the rate; "
             f"ms/step: the mean of the rest (deltagrad: metrics.csv elapsed_s; FLA: CUDA events); "
-            f"peak: deltagrad's gpu_peak_mib, FLA's torch.cuda.max_memory_allocated; "
-            f"FLA loss: {'nn.CrossEntropyLoss, unfused modules' if args.fla_unfused else 'labels + its fused cross-entropy'}\n")
+            f"peak: deltagrad's gpu_peak_mib, FLA's torch.cuda.max_memory_allocated; FLA loss: {fla_loss}\n")
     md = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in table]
     with open(os.path.join(args.out, "train_side_by_side.md"), "w") as f:
