@@ -5,8 +5,8 @@ with flash-linear-attention's GatedDeltaNetForCausalLM, on the same GPU in the s
 For each configuration (CONFIGS below) it runs
   1. build/release/deltagrad train --device cuda --precision P --steps N --quiet (evaluation and
      checkpointing only after the last step), and reads the run's metrics.csv: the step times from
-     its elapsed_s column, the peak GPU memory from its gpu_peak_mib column when the build writes
-     one; the parameter names and shapes from the header of the model.safetensors it writes
+     its elapsed_s column, the peak GPU memory from its gpu_peak_mib or peak_mb column (the peak
+     of the run's tensor bytes on the device); the parameter names and shapes from the header of the model.safetensors it writes
      (deltagrad names its parameters as FLA does), and config.json;
   2. the same model in PyTorch (a separate Python process per configuration, so the peak memory is
      that run's): fla.models.GatedDeltaNetForCausalLM built from a GatedDeltaNetConfig mirroring
@@ -285,9 +285,12 @@ def read_metrics(path, warm, tokens_per_step):
     res = {"steps": len(rows), "ms_per_step": ms, "median_ms_per_step": 1000 * statistics.median(timed),
            "tokens_per_s": tokens_per_step / (ms / 1000), "loss_first": float(rows[0]["loss"]),
            "loss_last": float(rows[-1]["loss"]), "peak_mib": None}
-    if "gpu_peak_mib" in rows[0]:
-        peaks = [float(r["gpu_peak_mib"]) for r in rows if r.get("gpu_peak_mib") not in (None, "", "nan")]
-        res["peak_mib"] = max(peaks) if peaks else None
+    # the peak of the run's tensor bytes on its device: gpu_peak_mib (MiB) or peak_mb (1e6 bytes)
+    for col, to_mib in (("gpu_peak_mib", 1.0), ("peak_mb", 1e6 / 2**20)):
+        peaks = [float(r[col]) for r in rows if r.get(col) not in (None, "", "nan")]
+        if peaks:
+            res["peak_mib"] = max(peaks) * to_mib
+            break
     return res
 
 
@@ -624,7 +627,7 @@ def write_results(args, env, results, show):
             f"deltagrad {env.get('deltagrad_commit', '?')}; {env['date_utc']} UTC\n"
             f"{args.steps} steps a run, the first {args.warmup_steps} left out of the rate; "
             f"ms/step: the mean of the rest (deltagrad: metrics.csv elapsed_s; FLA: CUDA events); "
-            f"peak: deltagrad's gpu_peak_mib, FLA's torch.cuda.max_memory_allocated; FLA loss: {fla_loss}\n")
+            f"peak: deltagrad's metrics.csv peak (its tensor bytes), FLA's torch.cuda.max_memory_allocated; FLA loss: {fla_loss}\n")
     md = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in table]
     with open(os.path.join(args.out, "train_side_by_side.md"), "w") as f:
