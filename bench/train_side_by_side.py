@@ -5,9 +5,9 @@ with flash-linear-attention's GatedDeltaNetForCausalLM, on the same GPU in the s
 For each configuration (CONFIGS below) it runs
   1. build/release/deltagrad train --device cuda --precision P --steps N --quiet (evaluation and
      checkpointing only after the last step), and reads the run's metrics.csv: the step times from
-     its elapsed_s column, the peak GPU memory from its gpu_peak_mib or peak_mb column (the peak
-     of the run's tensor bytes on the device); the parameter names and shapes from the header of the model.safetensors it writes
-     (deltagrad names its parameters as FLA does), and config.json;
+     its elapsed_s column, the peak GPU memory from its peak_mb or gpu_peak_mib column (the peak
+     of the run's tensor bytes on the device); the parameter names and shapes from the header of
+     the model.safetensors it writes (deltagrad names its parameters as FLA does), and config.json;
   2. the same model in PyTorch (a separate Python process per configuration, so the peak memory is
      that run's): fla.models.GatedDeltaNetForCausalLM built from a GatedDeltaNetConfig mirroring
      ours, f32 parameters, torch.autocast(bf16) when P is bf16 (plain f32 otherwise),
@@ -47,8 +47,8 @@ import sys
 import tempfile
 import time
 
-# The model: deltagrad's option names, FLA's config names beside them in fla_config().
-# The defaults are deltagrad's (models/model_config.c); each configuration sets what it changes.
+# The model, in FLA's config names; deltagrad_args() and fla_config() turn it into each side's
+# settings.  The defaults are deltagrad's (models/model_config.c); a configuration sets what it changes.
 MODEL_DEFAULTS = {"hidden_size": 128, "num_hidden_layers": 2, "num_heads": 1, "head_dim": 128, "expand_v": 1.0,
                   "use_gate": True, "use_short_conv": True, "conv_size": 4, "norm_eps": 1e-6, "hidden_ratio": 4,
                   "intermediate_size": 256, "vocab_size": 256, "tie_word_embeddings": False,
@@ -74,7 +74,6 @@ CONFIGS = {
                         "intermediate_size": 0}},
 }
 TEXT_BYTES = 4 << 20
-GiB = 1 << 30
 
 
 def log(*a):
@@ -481,12 +480,12 @@ def fla_preflight(args):
         die("importing torch and FLA took over 180 s; giving up")
     if r.returncode != 0:
         die("the FLA side needs python3 with torch (and a GPU), triton, transformers and "
-                 "flash-linear-attention (import fla): " + (r.stderr.strip().splitlines() or ["?"])[-1]
-                 + "\n(--skip-fla runs deltagrad alone; --fla-path DIR uses the fla/ package in DIR)")
+            "flash-linear-attention (import fla): " + (r.stderr.strip().splitlines() or ["?"])[-1]
+            + "\n(--skip-fla runs deltagrad alone; --fla-path DIR uses the fla/ package in DIR)")
     return r.stdout.strip()
 
 
-# ---- the table ----------------------------------------------------------------------------------
+# ---- the data and the table ----------------------------------------------------------------------
 
 
 def text_file(path):
@@ -627,7 +626,8 @@ def write_results(args, env, results, show):
             f"deltagrad {env.get('deltagrad_commit', '?')}; {env['date_utc']} UTC\n"
             f"{args.steps} steps a run, the first {args.warmup_steps} left out of the rate; "
             f"ms/step: the mean of the rest (deltagrad: metrics.csv elapsed_s; FLA: CUDA events); "
-            f"peak: deltagrad's metrics.csv peak (its tensor bytes), FLA's torch.cuda.max_memory_allocated; FLA loss: {fla_loss}\n")
+            f"peak: deltagrad's metrics.csv peak (its tensor bytes), FLA's torch.cuda.max_memory_allocated; "
+            f"FLA loss: {fla_loss}\n")
     md = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     md += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in table]
     with open(os.path.join(args.out, "train_side_by_side.md"), "w") as f:
