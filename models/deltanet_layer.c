@@ -63,8 +63,8 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     int64_t n = rows ? rows->shape[0] : B * T; /* per position from here: only the rows asked for */
     out = dg_reshape(dg_mixer_rows(out, rows), DG_SHAPE(n, H, V));
     if (c->use_gate) {
-        dg_tensor *g = dg_reshape(dg_linear(dg_mixer_rows(x, rows), dg_mixer_weight(mo, l->g_proj), NULL),
-                                  DG_SHAPE(n, H, V));
+        dg_tensor *g =
+            dg_reshape(dg_linear(dg_mixer_rows(x, rows), dg_mixer_weight(mo, l->g_proj), NULL), DG_SHAPE(n, H, V));
         out = dg_gated_rms_norm(out, g, dg_mixer_weight(mo, l->o_norm), c->norm_eps);
     } else {
         out = dg_rms_norm(out, dg_mixer_weight(mo, l->o_norm), c->norm_eps);

@@ -56,7 +56,8 @@ dg_tensor *dg_kda_layer_forward(const dg_kda_layer *l, dg_tensor *x, const dg_mi
     dg_tensor *q, *k, *v;
     dg_tensor *proj[3] = {l->q_proj, l->k_proj, l->v_proj};
     if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, HV, V, mo, cache, &q, &k, &v)) return NULL;
-    dg_tensor *a = dg_linear(dg_linear(x, dg_mixer_weight(mo, l->f_proj0), NULL), dg_mixer_weight(mo, l->f_proj1), NULL);
+    dg_tensor *a =
+        dg_linear(dg_linear(x, dg_mixer_weight(mo, l->f_proj0), NULL), dg_mixer_weight(mo, l->f_proj1), NULL);
     a = dg_mixer_f32(dg_reshape(a, DG_SHAPE(B, T, HV, K))); /* the gate stays f32 */
     dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL));
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
