@@ -280,8 +280,8 @@ int dg_adamw_step_fused(dg_adamw *opt, const dg_adamw_fused_args *a) {
     for (int i = 1; i < opt->n; i++)
         if (opt->params[i]->device != dev) {
             dg_error("adamw: fused step: parameter %d (%s) is on %s but parameter 0 on %s; all must be on one device",
-                     i, opt->params[i]->name ? opt->params[i]->name : "unnamed",
-                     dg_device_name(opt->params[i]->device), dg_device_name(dev));
+                     i, opt->params[i]->name ? opt->params[i]->name : "unnamed", dg_device_name(opt->params[i]->device),
+                     dg_device_name(dev));
             return -1;
         }
     if ((!a->lr_dev && check_lr(a->lr)) || check_grads(opt) || check_scalar_arg("loss", a->loss, dev) ||

@@ -82,8 +82,8 @@ int dg_adamw_step(dg_adamw *opt, double lr);
  * host's), which changes the f32 scalars only in the rare case of a double within that distance
  * of an f32 rounding boundary. */
 typedef struct dg_adamw_fused_args {
-    double lr;              /* >= 0, finite; ignored when lr_dev is given */
-    double max_norm;        /* <= 0: no clipping */
+    double lr;               /* >= 0, finite; ignored when lr_dev is given */
+    double max_norm;         /* <= 0: no clipping */
     const dg_tensor *lr_dev; /* optional, device only: one f64 element read when the step runs */
     const dg_tensor *loss;   /* optional: one f32/f64 element on the parameters' device; must be finite */
     dg_tensor *norm_out;     /* optional: one f32/f64 element on the parameters' device, gets the norm */

@@ -216,9 +216,8 @@ static int gather(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor
     return k;
 }
 
-int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m,
-                         dg_tensor *const *v, const bool *decay, dg_tensor *const *shadow,
-                         const dg_adamw_device_args *a) {
+int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                         const bool *decay, dg_tensor *const *shadow, const dg_adamw_device_args *a) {
     if (check_scalar("lr_dev", a->lr_dev, false) || check_scalar("loss", a->loss, true) ||
         check_scalar("norm_out", a->norm_out, true))
         return -1;
@@ -271,9 +270,8 @@ dg_adamw_device *dg_adamw_device_new(void) {
 
 void dg_adamw_device_free(dg_adamw_device *d) { (void)d; }
 
-int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m,
-                         dg_tensor *const *v, const bool *decay, dg_tensor *const *shadow,
-                         const dg_adamw_device_args *a) {
+int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                         const bool *decay, dg_tensor *const *shadow, const dg_adamw_device_args *a) {
     (void)d, (void)n, (void)params, (void)m, (void)v, (void)decay, (void)shadow;
     if (check_scalar("lr_dev", a->lr_dev, false)) return -1;
     return no_cuda("adamw device step");

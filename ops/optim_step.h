@@ -67,9 +67,8 @@ void dg_adamw_device_free(dg_adamw_device *d);
  * (f32, contiguous, the parameter's shape, on the device; checked by the caller); m[i], v[i] are
  * their moments, decay[i] whether weight decay applies, shadow (NULL, or NULL entries) their bf16
  * shadows.  0, or -1 with dg_error and nothing queued. */
-int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m,
-                         dg_tensor *const *v, const bool *decay, dg_tensor *const *shadow,
-                         const dg_adamw_device_args *a);
+int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                         const bool *decay, dg_tensor *const *shadow, const dg_adamw_device_args *a);
 
 /* Reads the state (waits for the queued work).  0, or -1 with dg_error. */
 int dg_adamw_device_read(const dg_adamw_device *d, dg_adamw_device_status *s);

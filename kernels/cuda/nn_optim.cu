@@ -25,7 +25,7 @@
 
 namespace {
 
-constexpr int kSumBlocks = 1024;                /* most blocks summing one tensor */
+constexpr int kSumBlocks = 1024;                 /* most blocks summing one tensor */
 constexpr int64_t kSumPerBlock = kNnThreads * 8; /* elements a summing block starts from */
 constexpr int64_t kUpdateChunk = kNnThreads * 16;
 
@@ -123,8 +123,8 @@ __device__ void finish_step(const PlanTables &tb, dg_cuda_adamw_state *st, const
     st->step_size = __double2float_rn(__ddiv_rn(lr, bc1));
     st->bc2_sqrt = __double2float_rn(__dsqrt_rn(bc2));
     st->shrink = __double2float_rn(__dadd_rn(1.0, -__dmul_rn(lr, a.weight_decay)));
-    st->clip = a.max_norm > 0 && norm > a.max_norm ? __double2float_rn(__ddiv_rn(a.max_norm, __dadd_rn(norm, 1e-6)))
-                                                   : 1.0f;
+    st->clip =
+        a.max_norm > 0 && norm > a.max_norm ? __double2float_rn(__ddiv_rn(a.max_norm, __dadd_rn(norm, 1e-6))) : 1.0f;
 }
 
 __global__ void __launch_bounds__(kNnThreads)
