@@ -13,7 +13,14 @@
 /* Parameters on the device (f32, contiguous) keep their moments on the device.  The arithmetic
  * runs where the tensors are, through ops/optim_step.h: the update is the same bit for bit on
  * either device, and the gradient norm sums each device gradient there (in double, a fixed order
- * per tensor) and adds the per-tensor sums in parameter order. */
+ * per tensor) and adds the per-tensor sums in parameter order.
+ *
+ * The fused step (optim.h) on the host is dg_clip_grad_norm's decisions and dg_adamw_step's
+ * update with the clip factor applied inside the update; on the device it is one queued
+ * multi-tensor step (dg_adamw_device_step) whose state (step count, skipped steps, latest norm)
+ * stays on the device.  The step count moves between the two: a device step first copies the
+ * host count to the device when the host holds it (the first device step, after a load or a host
+ * step), and a host step first reads it back. */
 
 #define ADAMW_FORMAT "deltagrad.adamw.v1"
 
@@ -79,7 +86,10 @@ void dg_adamw_free(dg_adamw *opt) {
         if (opt->params) dg_release(opt->params[i]);
         if (opt->m) dg_release(opt->m[i]);
         if (opt->v) dg_release(opt->v[i]);
+        if (opt->shadow) dg_release(opt->shadow[i]);
     }
+    dg_adamw_device_free(opt->dev);
+    free(opt->shadow);
     free(opt->params);
     free(opt->m);
     free(opt->v);
@@ -116,7 +126,9 @@ dg_adamw *dg_adamw_new(int n, dg_tensor *const *params, const dg_adamw_config *c
     opt->m = calloc(k, sizeof *opt->m);
     opt->v = calloc(k, sizeof *opt->v);
     opt->decay = calloc(k, sizeof *opt->decay);
-    if (!opt->params || !opt->m || !opt->v || !opt->decay) goto oom;
+    opt->shadow = calloc(k, sizeof *opt->shadow);
+    opt->last_norm = NAN;
+    if (!opt->params || !opt->m || !opt->v || !opt->decay || !opt->shadow) goto oom;
     for (int i = 0; i < n; i++) {
         opt->params[i] = dg_retain(params[i]);
         opt->n = i + 1;
@@ -144,22 +156,38 @@ static int check_grad(const dg_tensor *p, int i) {
     return 0;
 }
 
-int dg_adamw_step(dg_adamw *opt, double lr) {
-    if (!opt) {
-        dg_error("adamw: NULL optimiser");
-        return -1;
-    }
+static int check_lr(double lr) {
     if (!isfinite(lr) || lr < 0) {
         dg_error("adamw: learning rate %g is not a finite non-negative number", lr);
         return -1;
     }
+    return 0;
+}
+
+static int check_grads(const dg_adamw *opt) {
     for (int i = 0; i < opt->n; i++)
         if (opt->params[i]->grad && check_grad(opt->params[i], i)) return -1;
+    return 0;
+}
+
+/* After a device step the count lives on the device; the host path takes it back first. */
+static int step_to_host(dg_adamw *opt) {
+    if (!opt->step_on_device) return 0;
+    dg_adamw_device_status s;
+    if (dg_adamw_device_read(opt->dev, &s)) return -1;
+    opt->step = s.step;
+    opt->step_on_device = false;
+    return 0;
+}
+
+/* The host-side update of every parameter with a grad, the gradients scaled by clip (checked). */
+static int apply_update(dg_adamw *opt, double lr, float clip) {
     opt->step++;
     const double b1 = opt->cfg.beta1, b2 = opt->cfg.beta2;
     const double bc1 = 1.0 - pow(b1, (double)opt->step), bc2 = 1.0 - pow(b2, (double)opt->step);
     /* the scalars are computed once in double and used as f32, as PyTorch does */
-    dg_adamw_coefs c = {.step_size = (float)(lr / bc1),
+    dg_adamw_coefs c = {.clip = clip,
+                        .step_size = (float)(lr / bc1),
                         .bc2_sqrt = (float)sqrt(bc2),
                         .eps = (float)opt->cfg.eps,
                         .b1 = (float)b1,
@@ -172,9 +200,158 @@ int dg_adamw_step(dg_adamw *opt, double lr) {
         c.shrink = opt->decay[i] ? (float)(1.0 - lr * opt->cfg.weight_decay) : 1.0f;
         /* a failure here is a device fault (the arguments were checked above) */
         if (dg_adamw_update_(pt, pt->grad, opt->m[i], opt->v[i], &c)) return -1;
+        if (opt->shadow[i] && dg_bf16_shadow_refresh_(opt->shadow[i], pt)) return -1;
     }
     return 0;
 }
+
+int dg_adamw_step(dg_adamw *opt, double lr) {
+    if (!opt) {
+        dg_error("adamw: NULL optimiser");
+        return -1;
+    }
+    if (check_lr(lr) || check_grads(opt) || step_to_host(opt)) return -1;
+    return apply_update(opt, lr, 1.0f);
+}
+
+/* ---- the fused step -------------------------------------------------------------------------- */
+
+/* one element of f32 or f64 on the given device, or NULL */
+static int check_scalar_arg(const char *what, const dg_tensor *t, dg_device dev) {
+    if (!t) return 0;
+    if (t->device != dev || dg_numel(t) != 1 || (t->dtype != DG_F32 && t->dtype != DG_F64)) {
+        dg_error("adamw: %s is %s %s on %s; one f32 or f64 element on %s (the parameters' device) is expected", what,
+                 dg_dtype_name(t->dtype), dg_shp(t), dg_device_name(t->device), dg_device_name(dev));
+        return -1;
+    }
+    return 0;
+}
+
+static double host_scalar(const dg_tensor *t) {
+    const void *p = dg_data_ptr(t);
+    return t->dtype == DG_F64 ? *(const double *)p : (double)*(const float *)p;
+}
+
+/* the fused step with every tensor on the host: dg_clip_grad_norm's decisions, then the update */
+static int fused_step_host(dg_adamw *opt, const dg_adamw_fused_args *a) {
+    double norm = dg_grad_norm(opt->n, opt->params);
+    bool finite = isfinite(norm) && (!a->loss || isfinite(host_scalar(a->loss)));
+    if (a->norm_out) {
+        void *p = dg_data_ptr(a->norm_out);
+        if (a->norm_out->dtype == DG_F64) *(double *)p = norm;
+        else *(float *)p = (float)norm;
+    }
+    opt->last_norm = norm;
+    opt->last_on_device = false;
+    if (!finite) {
+        opt->skipped++;
+        return 0;
+    }
+    float clip = a->max_norm > 0 && norm > a->max_norm ? (float)(a->max_norm / (norm + 1e-6)) : 1.0f;
+    return apply_update(opt, a->lr, clip);
+}
+
+static int fused_step_device(dg_adamw *opt, const dg_adamw_fused_args *a) {
+    if (!opt->dev && !(opt->dev = dg_adamw_device_new())) return -1;
+    if (!opt->step_on_device) {
+        if (dg_adamw_device_set_step(opt->dev, opt->step)) return -1;
+        opt->step_on_device = true;
+    }
+    dg_adamw_device_args da = {.lr = a->lr,
+                               .max_norm = a->max_norm,
+                               .beta1 = opt->cfg.beta1,
+                               .beta2 = opt->cfg.beta2,
+                               .eps = opt->cfg.eps,
+                               .weight_decay = opt->cfg.weight_decay,
+                               .lr_dev = a->lr_dev,
+                               .loss = a->loss,
+                               .norm_out = a->norm_out};
+    if (dg_adamw_device_step(opt->dev, opt->n, opt->params, opt->m, opt->v, opt->decay, opt->shadow, &da)) return -1;
+    opt->last_on_device = true;
+    return 0;
+}
+
+int dg_adamw_step_fused(dg_adamw *opt, const dg_adamw_fused_args *a) {
+    if (!opt || !a) {
+        dg_error("adamw: fused step: NULL %s", opt ? "arguments" : "optimiser");
+        return -1;
+    }
+    dg_device dev = opt->n ? opt->params[0]->device : DG_CPU;
+    for (int i = 1; i < opt->n; i++)
+        if (opt->params[i]->device != dev) {
+            dg_error("adamw: fused step: parameter %d (%s) is on %s but parameter 0 on %s; all must be on one device",
+                     i, opt->params[i]->name ? opt->params[i]->name : "unnamed", dg_device_name(opt->params[i]->device),
+                     dg_device_name(dev));
+            return -1;
+        }
+    if ((!a->lr_dev && check_lr(a->lr)) || check_grads(opt) || check_scalar_arg("loss", a->loss, dev) ||
+        check_scalar_arg("norm_out", a->norm_out, dev))
+        return -1;
+    if (dev == DG_CPU && a->lr_dev) {
+        dg_error("adamw: fused step: lr_dev is for parameters on the device; these are on cpu (pass lr)");
+        return -1;
+    }
+    return dev == DG_CPU ? fused_step_host(opt, a) : fused_step_device(opt, a);
+}
+
+int dg_adamw_step_clipped(dg_adamw *opt, double lr, double max_norm, dg_tensor *norm_out) {
+    dg_adamw_fused_args a = {.lr = lr, .max_norm = max_norm, .norm_out = norm_out};
+    return dg_adamw_step_fused(opt, &a);
+}
+
+int64_t dg_adamw_skipped(const dg_adamw *opt) {
+    if (!opt) return -1;
+    dg_adamw_device_status s = {0};
+    if (opt->dev && dg_adamw_device_read(opt->dev, &s)) return -1;
+    return opt->skipped + s.skipped;
+}
+
+double dg_adamw_last_norm(const dg_adamw *opt) {
+    if (!opt) return NAN;
+    if (!opt->last_on_device) return opt->last_norm;
+    dg_adamw_device_status s;
+    return dg_adamw_device_read(opt->dev, &s) ? NAN : s.norm;
+}
+
+int64_t dg_adamw_step_count(const dg_adamw *opt) {
+    if (!opt) return -1;
+    if (!opt->step_on_device) return opt->step;
+    dg_adamw_device_status s;
+    return dg_adamw_device_read(opt->dev, &s) ? -1 : s.step;
+}
+
+/* ---- bf16 shadows ---------------------------------------------------------------------------- */
+
+int dg_adamw_set_shadow(dg_adamw *opt, int i, dg_tensor *t16) {
+    if (!opt || i < 0 || i >= opt->n) {
+        dg_error("adamw: set_shadow: parameter %d is out of range (%d parameters)", i, opt ? opt->n : 0);
+        return -1;
+    }
+    if (t16 && dg_bf16_shadow_refresh_(t16, opt->params[i])) return -1; /* checks, then fills */
+    dg_release(opt->shadow[i]);
+    opt->shadow[i] = t16 ? dg_retain(t16) : NULL;
+    return 0;
+}
+
+int dg_adamw_make_shadows(dg_adamw *opt) {
+    if (!opt) {
+        dg_error("adamw: make_shadows: NULL optimiser");
+        return -1;
+    }
+    for (int i = 0; i < opt->n; i++) {
+        const dg_tensor *p = opt->params[i];
+        if (p->device != DG_CUDA || opt->shadow[i]) continue;
+        dg_tensor *t = dg_zeros_on(p->ndim, p->shape, DG_BF16, p->device);
+        if (!t) return -1;
+        if (dg_scope_depth() > 0) dg_keep(t);
+        int rc = dg_adamw_set_shadow(opt, i, t);
+        dg_release(t); /* the optimiser holds its own reference */
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+dg_tensor *dg_adamw_shadow(const dg_adamw *opt, int i) { return opt && i >= 0 && i < opt->n ? opt->shadow[i] : NULL; }
 
 void dg_adamw_zero_grad(dg_adamw *opt) {
     if (!opt) return;
@@ -263,7 +440,9 @@ int dg_adamw_save(const dg_adamw *opt, const char *path, int n_meta, const char 
         ts[2 * i + 1] = opt->v[i]->device == DG_CPU ? opt->v[i] : dg_to_device(opt->v[i], DG_CPU);
         if (!ts[2 * i] || !ts[2 * i + 1]) goto out_scope;
     }
-    snprintf(vals[0], sizeof vals[0], "%" PRId64, opt->step);
+    int64_t step = dg_adamw_step_count(opt);
+    if (step < 0) goto out_scope;
+    snprintf(vals[0], sizeof vals[0], "%" PRId64, step);
     snprintf(vals[1], sizeof vals[1], "%.17g", opt->cfg.beta1);
     snprintf(vals[2], sizeof vals[2], "%.17g", opt->cfg.beta2);
     snprintf(vals[3], sizeof vals[3], "%.17g", opt->cfg.eps);
@@ -341,6 +520,7 @@ int dg_adamw_load(dg_adamw *opt, const char *path) {
                 if (pass == 1 && (dst->device == DG_CPU ? dg_st_copy_into(f, nm, dst) : dg_copy_(dst, t))) goto out;
             }
     opt->step = step;
+    opt->step_on_device = false; /* the next device step takes the count from here */
     rc = 0;
 out:
     free(nm);

@@ -5,9 +5,11 @@
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/nn_cuda.h"
+#include "kernels/cuda/optim_cuda.h"
 #endif
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef DG_HAVE_CUDA
 static int no_cuda(const char *who) {
@@ -32,13 +34,14 @@ int dg_adamw_update_(dg_tensor *p, const dg_tensor *g, dg_tensor *m, dg_tensor *
     int64_t n = dg_numel(p);
     if (p->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dg_cuda_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1,
-                                 c->c2);
+        return dg_cuda_adamw_f32(n, pp, gp, mp, vp, c->clip, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2,
+                                 c->c1, c->c2);
 #else
         return no_cuda("adamw_update");
 #endif
     }
-    dg_cpu_adamw_f32(n, pp, gp, mp, vp, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1, c->c2);
+    dg_cpu_adamw_f32(n, pp, gp, mp, vp, c->clip, c->shrink, c->step_size, c->bc2_sqrt, c->eps, c->b1, c->b2, c->c1,
+                     c->c2);
     return 0;
 }
 
@@ -119,3 +122,169 @@ int dg_scale_(dg_tensor *x, double c) {
     else dg_cpu_scale_f64(dg_numel(x), dg_data_ptr(x), c);
     return 0;
 }
+
+int dg_bf16_shadow_refresh_(dg_tensor *x16, const dg_tensor *x) {
+    if (x16->dtype != DG_BF16 || x->dtype != DG_F32 || x16->device != DG_CUDA || x->device != DG_CUDA ||
+        !dg_same_shape(x16, x) || !dg_is_contiguous(x16) || !dg_is_contiguous(x)) {
+        dg_error("bf16 shadow: shadow %s %s on %s of parameter %s %s on %s; a contiguous bf16 tensor of the "
+                 "parameter's shape, of a contiguous f32 parameter, both on cuda, is required",
+                 dg_dtype_name(x16->dtype), dg_shp(x16), dg_device_name(x16->device), dg_dtype_name(x->dtype),
+                 dg_shp(x), dg_device_name(x->device));
+        return -1;
+    }
+#ifdef DG_HAVE_CUDA
+    return dg_cuda_cast(dg_numel(x), DG_BF16, dg_data_ptr(x16), DG_F32, dg_data_ptr(x));
+#else
+    return no_cuda("bf16 shadow");
+#endif
+}
+
+/* ---- the multi-tensor step ------------------------------------------------------------------- */
+
+/* one element on the device, of one of the dtypes allowed (f64 only when f32_ok is false) */
+static int check_scalar(const char *what, const dg_tensor *t, bool f32_ok) {
+    if (!t) return 0;
+    if (t->device != DG_CUDA || dg_numel(t) != 1 || (t->dtype != DG_F64 && !(f32_ok && t->dtype == DG_F32))) {
+        dg_error("adamw device step: %s is %s %s on %s; one %s element on cuda is required", what,
+                 dg_dtype_name(t->dtype), dg_shp(t), dg_device_name(t->device), f32_ok ? "f32 or f64" : "f64");
+        return -1;
+    }
+    return 0;
+}
+
+#ifdef DG_HAVE_CUDA
+
+struct dg_adamw_device {
+    dg_cuda_adamw_state *state; /* device memory */
+    dg_cuda_adamw_plan *plan;   /* built for table[0 .. count) */
+    dg_cuda_adamw_param *table; /* host copy of the plan's parameters */
+    dg_cuda_adamw_param *next;  /* this step's, compared with table */
+    int count, cap;
+};
+
+dg_adamw_device *dg_adamw_device_new(void) {
+    dg_adamw_device *d = calloc(1, sizeof *d);
+    if (!d) {
+        dg_error("adamw device step: out of host memory");
+        return NULL;
+    }
+    d->state = dg_cuda_malloc(sizeof *d->state);
+    if (!d->state || dg_cuda_memset0(d->state, sizeof *d->state)) {
+        dg_adamw_device_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void dg_adamw_device_free(dg_adamw_device *d) {
+    if (!d) return;
+    dg_cuda_adamw_plan_free(d->plan);
+    dg_cuda_free(d->state);
+    free(d->table);
+    free(d->next);
+    free(d);
+}
+
+/* the parameters with a grad, as the kernels see them, into d->next; their count */
+static int gather(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                  const bool *decay, dg_tensor *const *shadow) {
+    if (n > d->cap) {
+        dg_cuda_adamw_param *a = realloc(d->table, sizeof *a * (size_t)n);
+        if (a) d->table = a;
+        dg_cuda_adamw_param *b = a ? realloc(d->next, sizeof *b * (size_t)n) : NULL;
+        if (b) d->next = b;
+        if (!a || !b) {
+            dg_error("adamw device step: out of host memory for %d parameters", n);
+            return -1;
+        }
+        d->cap = n;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        dg_tensor *p = params[i];
+        if (!p->grad) continue;
+        dg_cuda_adamw_param *e = &d->next[k++];
+        memset(e, 0, sizeof *e); /* padding too: tables are compared with memcmp */
+        e->p = dg_data_ptr(p);
+        e->m = dg_data_ptr(m[i]);
+        e->v = dg_data_ptr(v[i]);
+        e->g = dg_data_ptr(p->grad);
+        e->shadow = shadow && shadow[i] ? dg_data_ptr(shadow[i]) : NULL;
+        e->n = dg_numel(p);
+        e->decay = decay[i];
+    }
+    return k;
+}
+
+int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                         const bool *decay, dg_tensor *const *shadow, const dg_adamw_device_args *a) {
+    if (check_scalar("lr_dev", a->lr_dev, false) || check_scalar("loss", a->loss, true) ||
+        check_scalar("norm_out", a->norm_out, true))
+        return -1;
+    int k = gather(d, n, params, m, v, decay, shadow);
+    if (k < 0) return -1;
+    if (!d->plan || k != d->count || (k && memcmp(d->table, d->next, sizeof *d->next * (size_t)k))) {
+        /* pointers changed (or the first step): new tables; the old ones are freed in stream order */
+        dg_cuda_adamw_plan *plan = dg_cuda_adamw_plan_new(k, d->next);
+        if (!plan) return -1;
+        dg_cuda_adamw_plan_free(d->plan);
+        d->plan = plan;
+        d->count = k;
+        if (k) memcpy(d->table, d->next, sizeof *d->next * (size_t)k);
+    }
+    dg_cuda_adamw_args ka = {.lr = a->lr,
+                             .max_norm = a->max_norm,
+                             .beta1 = a->beta1,
+                             .beta2 = a->beta2,
+                             .eps = a->eps,
+                             .weight_decay = a->weight_decay,
+                             .lr_dev = a->lr_dev ? dg_data_ptr(a->lr_dev) : NULL,
+                             .loss = a->loss ? dg_data_ptr(a->loss) : NULL,
+                             .norm_out = a->norm_out ? dg_data_ptr(a->norm_out) : NULL,
+                             .loss_f64 = a->loss && a->loss->dtype == DG_F64,
+                             .norm_f64 = a->norm_out && a->norm_out->dtype == DG_F64};
+    return dg_cuda_adamw_plan_step(d->plan, d->state, &ka);
+}
+
+int dg_adamw_device_read(const dg_adamw_device *d, dg_adamw_device_status *s) {
+    dg_cuda_adamw_state h;
+    if (dg_cuda_memcpy(&h, d->state, sizeof h, 1)) return -1;
+    *s = (dg_adamw_device_status){
+        .norm = h.norm, .step = h.step, .skipped = h.skipped, .clip = h.clip, .applied = h.applied != 0};
+    return 0;
+}
+
+int dg_adamw_device_set_step(dg_adamw_device *d, int64_t step) {
+    dg_cuda_adamw_state h;
+    if (dg_cuda_memcpy(&h, d->state, sizeof h, 1)) return -1;
+    h.step = step;
+    return dg_cuda_memcpy(d->state, &h, sizeof h, 0);
+}
+
+#else /* no CUDA: a device state cannot be made, so the others are never reached with one */
+
+dg_adamw_device *dg_adamw_device_new(void) {
+    no_cuda("adamw device step");
+    return NULL;
+}
+
+void dg_adamw_device_free(dg_adamw_device *d) { (void)d; }
+
+int dg_adamw_device_step(dg_adamw_device *d, int n, dg_tensor *const *params, dg_tensor *const *m, dg_tensor *const *v,
+                         const bool *decay, dg_tensor *const *shadow, const dg_adamw_device_args *a) {
+    (void)d, (void)n, (void)params, (void)m, (void)v, (void)decay, (void)shadow;
+    if (check_scalar("lr_dev", a->lr_dev, false)) return -1;
+    return no_cuda("adamw device step");
+}
+
+int dg_adamw_device_read(const dg_adamw_device *d, dg_adamw_device_status *s) {
+    (void)d, (void)s;
+    return no_cuda("adamw device step");
+}
+
+int dg_adamw_device_set_step(dg_adamw_device *d, int64_t step) {
+    (void)d, (void)step;
+    return no_cuda("adamw device step");
+}
+
+#endif

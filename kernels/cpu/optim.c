@@ -3,11 +3,11 @@
 
 #include <math.h>
 
-void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
-                      float bc2_sqrt, float eps, float b1, float b2, float c1, float c2) {
+void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float clip, float shrink,
+                      float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1, float c2) {
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
     for (int64_t j = 0; j < n; j++) {
-        float gj = g[j];
+        float gj = g[j] * clip; /* exact when clip is 1 */
         float mj = b1 * m[j] + c1 * gj;
         float vj = b2 * v[j] + c2 * gj * gj;
         m[j] = mj;

@@ -6,11 +6,12 @@
 
 #include <stdint.h>
 
-/* One AdamW update of n f32 elements (threads split the elements; each element's arithmetic is
- * fixed, so the result does not depend on the thread count and equals dg_cuda_adamw_f32's):
- *   m = b1 m + c1 g;  v = b2 v + (c2 g) g;  p = p shrink - (step_size m) / (sqrt(v) / bc2_sqrt + eps) */
-void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
-                      float bc2_sqrt, float eps, float b1, float b2, float c1, float c2);
+/* One AdamW update of n f32 elements with the gradient scaled by clip (1: the plain update; the
+ * gradient array is not written).  Threads split the elements; each element's arithmetic is
+ * fixed, so the result does not depend on the thread count and equals dg_cuda_adamw_f32's:
+ *   g = g clip;  m = b1 m + c1 g;  v = b2 v + (c2 g) g;  p = p shrink - (step_size m) / (sqrt(v) / bc2_sqrt + eps) */
+void dg_cpu_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float clip, float shrink,
+                      float step_size, float bc2_sqrt, float eps, float b1, float b2, float c1, float c2);
 
 /* acc + x[0]^2 + x[1]^2 + ... added one element at a time in double, in element order. */
 double dg_cpu_sumsq_f32(int64_t n, const float *x, double acc);

@@ -75,12 +75,7 @@ int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *log
                               int64_t ignore, const void *lse, const void *dloss, const int64_t *count, void *dlogits);
 
 /* ---- optimiser (nn_optim.cu) ------------------------------------------------------------------ */
-/* One AdamW update of n f32 elements, with the scalars of models/optim.c and the arithmetic of
- * kernels/cpu/optim.c in its order, each operation rounded once (no fused multiply-add), so the result equals the CPU
- * update bit for bit:
- *   m = b1 m + c1 g;  v = b2 v + (c2 g) g;  p = p shrink - (step_size m) / (sqrt(v) / bc2_sqrt + eps) */
-int dg_cuda_adamw_f32(int64_t n, float *p, const float *g, float *m, float *v, float shrink, float step_size,
-                      float bc2_sqrt, float eps, float b1, float b2, float c1, float c2);
+/* The AdamW update and the multi-tensor step: kernels/cuda/optim_cuda.h. */
 /* out[t] = sum_i x[t][i]^2 in double for the count tensors x[t] of n[t] elements of dtype dt[t]
  * (f32 or f64): every sum is queued on the stream, then one copy brings them all to the host
  * (one synchronisation for all, not one per tensor: the gradient norm of a model). */
