@@ -260,6 +260,7 @@ fail:
 void dg_trainer_free(dg_trainer *t) {
     if (!t) return;
     dg_adamw_free(t->opt);
+    if (t->norm) dg_release(t->norm);
     dg_lm_free(t->lm);
     dg_mqar_set_free(t->heldout);
     dg_text_free(t->text);
@@ -300,14 +301,18 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
 #endif
     if (t->profile) t3 = dg_progress_now();
-    double gn = dg_clip_grad_norm(lm->params.n, lm->params.t, t->tc.clip);
-    double lv = dg_item(loss); /* the first read of the step's results: the whole step is queued by now */
-    if (isfinite(gn) && isfinite(lv)) {
-        if (dg_adamw_step(t->opt, dg_lr_at(&t->sched, t->step))) goto out;
-    } else {
-        t->skipped++; /* a non-finite gradient: no update this step (the step still counts) */
-    }
+    /* the gradient norm, the clip and AdamW in one fused step on the parameters' device: on the GPU
+     * it is queued behind the backward and decides there whether the step is skipped (a
+     * non-finite norm or loss: no update, the step still counts), so nothing is read back before
+     * the whole step is queued */
+    if (!t->norm && !(t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, dg_lm_device(lm))))) goto out;
+    dg_adamw_fused_args fa = {
+        .lr = dg_lr_at(&t->sched, t->step), .max_norm = t->tc.clip, .loss = loss, .norm_out = t->norm};
+    if (dg_adamw_step_fused(t->opt, &fa)) goto out;
     dg_adamw_zero_grad(t->opt);
+    /* the step's first read-back: the loss and the norm, to log them */
+    double lv = dg_item(loss), gn = dg_item(t->norm);
+    if (!(isfinite(gn) && isfinite(lv))) t->skipped++; /* the decision the fused step made */
     t->step++;
     if (loss_out) *loss_out = lv;
     if (gnorm_out) *gnorm_out = gn;

@@ -28,6 +28,7 @@ typedef struct dg_trainer {
     char *train_json; /* tc as JSON (stored in checkpoints) */
     dg_lm *lm;
     dg_adamw *opt;
+    dg_tensor *norm;      /* the latest step's gradient norm, f64 [1] on the model's device (kept) */
     dg_rng data_rng;      /* training batches */
     int64_t step;         /* updates made */
     int64_t skipped;      /* steps whose gradient was not finite (no update) */
