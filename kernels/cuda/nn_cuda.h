@@ -39,13 +39,14 @@ int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x,
                                double eps, void *y, void *rstd);
 int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
                                const void *rstd, const void *dy, void *dx, void *dz, void *dw);
-/* add_rms_norm: s = h + a, y = s r w (r of s);  s, y [N,D] outputs */
-int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *a, const void *w, double eps,
-                             void *s, void *y, void *rstd);
-/* ds_total = ds + r (g - s r^2 mean(g s)), g = dy w: the gradient of h and of a (one array);
- * dw = sum_n dy s r.  s is recomputed from h and a. */
-int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *a, const void *w,
-                             const void *rstd, const void *dy, const void *ds, void *ds_total, void *dw);
+/* add_rms_norm: r = h + y, x = r q w, q = 1/sqrt(mean(r^2) + eps) (rstd receives q);  x, r [N,D]
+ * outputs, h, y [N,D] inputs */
+int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w, double eps,
+                             void *x, void *r, void *rstd);
+/* dr_total = dr + q (g - r q^2 mean(g r)), g = dx w: the gradient of h and of y (one array);
+ * dw = sum_n dx r q.  r is recomputed from h and y (in f32 for bf16, as the forward had it). */
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
+                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw);
 /* l2norm: r_n = 1/sqrt(sum_d x^2 + eps), y = x r;  dx = r (dy - y sum(dy y)) */
 int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd);
 int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx);

@@ -2,21 +2,27 @@
  *   rms_norm        y = x r w,            r = 1/sqrt(mean(x^2) + eps)
  *   gated_rms_norm  y = x r w silu(z)
  *   l2norm          y = x r,              r = 1/sqrt(sum(x^2) + eps)
- *   add_rms_norm    s = h + a,  y = s r w (r of s): the residual add fused in front of rms_norm
+ *   add_rms_norm    s = x + add (written out too),  y = s r w,  r of s: the residual add fused
+ *                   in front of rms_norm (the op's h, y, r, x are x, add, s, y here)
  * x, z, y, dy, dx, dz [N,D]; w, dw [D] (w NULL: ones); rstd [N].
  * One group of G threads per row (nn_util.h): a first pass sums over the row (double for f32 and
  * f64, f32 for bf16), a second writes the row.  dw sums over rows by the two-pass column sums of
  * nn_util.h.  Storage S is float, double or bf16 (computed in f32, rounded once at the store);
- * rstd is of the compute type (f32 for bf16). */
+ * rstd is of the compute type (f32 for bf16).  bf16 rows whose arrays are 16-byte aligned, D a
+ * multiple of 8, move 8 elements a load (bf16_vec.h; the l2norm backward and dw stay per element). */
 #include "kernels/cuda/nn_util.h"
+
+#include <type_traits>
 
 namespace {
 
 /* ---- rms_norm ---------------------------------------------------------------------------------- */
 
 /* mode 0: rms (mean of squares), 1: l2 (sum of squares); gated: y also times silu(z).
- * add (add_rms_norm only): the row normalised is s = x + add, written to sum. */
-template <typename S, int G>
+ * add (add_rms_norm only): the row normalised is s = x + add, written to sum.
+ * A lane handles units of V consecutive elements (V = 8: bf16, D a multiple of 8, every array
+ * 16-byte aligned; else V = 1, element by element). */
+template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
     norm_fwd_kernel(int64_t N, int64_t D, const S *x, const S *add, const S *z, const S *w, double eps, int mode, S *y,
                     S *sum, nn_compute<S> *rstd) {
@@ -32,29 +38,40 @@ __global__ void __launch_bounds__(kNnThreads)
         const S *xr = x + o, *ar = add ? add + o : nullptr;
         A ss = 0;
         if (active)
-            for (int64_t d = lane; d < D; d += G) {
-                C v = nn_ld(xr, d);
-                if (ar) v += nn_ld(ar, d);
-                ss += (A)v * (A)v;
+            for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+                C v[V], av[V];
+                nn_ldv<V>(xr, d, v);
+                if (ar) nn_ldv<V>(ar, d, av);
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    if (ar) v[e] += av[e];
+                    ss += (A)v[e] * (A)v[e];
+                }
             }
         ss = nn_group_sum<G>(ss, smem);
         if (!active) continue;
         C r = (C)(1.0 / sqrt((mode == 0 ? (double)ss / (double)D : (double)ss) + eps));
         if (lane == 0 && rstd) rstd[row] = r;
         const S *zr = z ? z + o : nullptr;
-        for (int64_t d = lane; d < D; d += G) {
-            C xv = nn_ld(xr, d);
+        for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+            C xv[V], av[V], wv[V], zv[V], out[V];
+            nn_ldv<V>(xr, d, xv);
             if (ar) {
-                xv += nn_ld(ar, d);
-                nn_st(sum, o + d, xv);
+                nn_ldv<V>(ar, d, av);
+#pragma unroll
+                for (int e = 0; e < V; e++) xv[e] += av[e];
+                nn_stv<V>(sum, o + d, xv);
             }
-            C v = xv * r;
-            if (w) v = v * nn_ld(w, d);
-            if (zr) {
-                C zv = nn_ld(zr, d);
-                v = v * zv * nn_sigmoid(zv); /* the CPU kernel's order of products */
+            if (w) nn_ldv<V>(w, d, wv);
+            if (zr) nn_ldv<V>(zr, d, zv);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                C v = xv[e] * r;
+                if (w) v = v * wv[e];
+                if (zr) v = v * zv[e] * nn_sigmoid(zv[e]); /* the CPU kernel's order of products */
+                out[e] = v;
             }
-            nn_st(y, o + d, v);
+            nn_stv<V>(y, o + d, out);
         }
     }
 }
@@ -64,8 +81,9 @@ __global__ void __launch_bounds__(kNnThreads)
  *   dx = r (g - x c), c = r^2 sum_d(g_d x_d) / D;
  *   forward y = (x r w) silu(z): dz = dy x r w silu'(z), silu'(z) = s (1 + z (1 - s)).
  * add_rms_norm (add not NULL): x is s = x + add, and the gradient dsum of the output sum reaches s
- *   too, so ds = dsum + r (g - s c), written to dx (the gradient of both x and add). */
-template <typename S, int G>
+ *   too, so ds = dsum + r (g - s c), written to dx (the gradient of both x and add).
+ * Units of V elements as in norm_fwd_kernel. */
+template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
     rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *add, const S *z, const S *w, const nn_compute<S> *rstd,
                    const S *dy, const S *dsum, S *dx, S *dz) {
@@ -81,32 +99,48 @@ __global__ void __launch_bounds__(kNnThreads)
         const S *xr = x + o, *ar = add ? add + o : nullptr, *dyr = dy + o, *zr = z ? z + o : nullptr;
         A dot = 0;
         if (active && dx)
-            for (int64_t d = lane; d < D; d += G) {
-                C g = nn_ld(dyr, d), xv = nn_ld(xr, d);
-                if (ar) xv += nn_ld(ar, d);
-                if (w) g = g * nn_ld(w, d);
-                if (zr) {
-                    C zv = nn_ld(zr, d);
-                    g = g * zv * nn_sigmoid(zv);
+            for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+                C g[V], xv[V], av[V], wv[V], zv[V];
+                nn_ldv<V>(dyr, d, g);
+                nn_ldv<V>(xr, d, xv);
+                if (ar) nn_ldv<V>(ar, d, av);
+                if (w) nn_ldv<V>(w, d, wv);
+                if (zr) nn_ldv<V>(zr, d, zv);
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    if (ar) xv[e] += av[e];
+                    if (w) g[e] = g[e] * wv[e];
+                    if (zr) g[e] = g[e] * zv[e] * nn_sigmoid(zv[e]);
+                    dot += (A)g[e] * (A)xv[e];
                 }
-                dot += (A)g * (A)xv;
             }
         dot = nn_group_sum<G>(dot, smem);
         if (!active) continue;
         C r = rstd[row];
         C c = (C)((double)dot * (double)r * (double)r / (double)D);
-        for (int64_t d = lane; d < D; d += G) {
-            C wd = w ? nn_ld(w, d) : C(1), xv = nn_ld(xr, d), dyv = nn_ld(dyr, d);
-            if (ar) xv += nn_ld(ar, d);
-            if (zr) {
-                C zv = nn_ld(zr, d), s = nn_sigmoid(zv);
-                if (dz) nn_st(dz, o + d, dyv * xv * r * wd * s * (C(1) + zv * (C(1) - s)));
-                if (dx) nn_st(dx, o + d, r * (dyv * wd * zv * s - xv * c));
-            } else if (dx) {
-                C v = r * (dyv * wd - xv * c);
-                if (dsum) v += nn_ld(dsum + o, d);
-                nn_st(dx, o + d, v);
+        for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+            C xv[V], av[V], wv[V], dyv[V], zv[V], dsv[V], dxo[V], dzo[V];
+            nn_ldv<V>(xr, d, xv);
+            nn_ldv<V>(dyr, d, dyv);
+            if (ar) nn_ldv<V>(ar, d, av);
+            if (w) nn_ldv<V>(w, d, wv);
+            if (zr) nn_ldv<V>(zr, d, zv);
+            if (dsum) nn_ldv<V>(dsum + o, d, dsv);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                C wd = w ? wv[e] : C(1);
+                if (ar) xv[e] += av[e];
+                if (zr) {
+                    C s = nn_sigmoid(zv[e]);
+                    dzo[e] = dyv[e] * xv[e] * r * wd * s * (C(1) + zv[e] * (C(1) - s));
+                    dxo[e] = r * (dyv[e] * wd * zv[e] * s - xv[e] * c);
+                } else {
+                    dxo[e] = r * (dyv[e] * wd - xv[e] * c);
+                    if (dsum) dxo[e] += dsv[e];
+                }
             }
+            if (zr && dz) nn_stv<V>(dz, o + d, dzo);
+            if (dx) nn_stv<V>(dx, o + d, dxo);
         }
     }
 }
@@ -162,35 +196,59 @@ struct NormArgs {
     void *y, *sum, *rstd_out, *dx, *dz, *dw;
 };
 
-template <typename S> int norm_fwd(int64_t N, int64_t D, const NormArgs &a) {
+/* bf16 rows may go 8 elements a load: D a multiple of 8 and every array given 16-byte aligned */
+bool rows_vec8(int64_t D, const NormArgs &a) {
+    if (D % kBf16Vec) return false;
+    const void *p[] = {a.x, a.add, a.z, a.w, a.dy, a.dsum, a.y, a.sum, a.dx, a.dz};
+    for (const void *q : p)
+        if (!bf16x8_aligned(q)) return false;
+    return true;
+}
+
+template <typename S, int V> int norm_fwd_v(int64_t N, int64_t D, const NormArgs &a) {
     typedef nn_compute<S> C;
     int G = nn_group_for(D);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-#define DG_NORM_FWD(GG)                                                                                        \
-    norm_fwd_kernel<S, GG><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
-                                                       (const S *)a.w, a.eps, a.mode, (S *)a.y, (S *)a.sum,    \
-                                                       (C *)a.rstd_out)
+#define DG_NORM_FWD(GG)                                                                                           \
+    norm_fwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
+                                                          (const S *)a.w, a.eps, a.mode, (S *)a.y, (S *)a.sum,    \
+                                                          (C *)a.rstd_out)
     if (G == 32) DG_NORM_FWD(32);
     else DG_NORM_FWD(256);
 #undef DG_NORM_FWD
     return DG_LAUNCHED(a.mode ? "l2norm fwd" : "rms_norm fwd");
 }
 
+template <typename S> int norm_fwd(int64_t N, int64_t D, const NormArgs &a) {
+    if constexpr (std::is_same<S, __nv_bfloat16>::value)
+        return rows_vec8(D, a) ? norm_fwd_v<S, kBf16Vec>(N, D, a) : norm_fwd_v<S, 1>(N, D, a);
+    else return norm_fwd_v<S, 1>(N, D, a);
+}
+
+template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormArgs &a) {
+    typedef nn_compute<S> C;
+    int G = nn_group_for(D);
+    unsigned grid = nn_row_grid(N, G);
+    cudaStream_t s = dg_cuda_stream();
+#define DG_RMS_BWD(GG)                                                                                           \
+    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
+                                                         (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
+                                                         (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
+    if (G == 32) DG_RMS_BWD(32);
+    else DG_RMS_BWD(256);
+#undef DG_RMS_BWD
+    return DG_LAUNCHED(a.z ? "gated_rms_norm bwd" : "rms_norm bwd");
+}
+
 template <typename S> int rms_bwd(int64_t N, int64_t D, const NormArgs &a) {
     typedef nn_compute<S> C;
-    cudaStream_t s = dg_cuda_stream();
     if (a.dx || a.dz) {
-        int G = nn_group_for(D);
-        unsigned grid = nn_row_grid(N, G);
-#define DG_RMS_BWD(GG)                                                                                        \
-    rms_bwd_kernel<S, GG><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
-                                                      (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
-                                                      (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
-        if (G == 32) DG_RMS_BWD(32);
-        else DG_RMS_BWD(256);
-#undef DG_RMS_BWD
-        if (DG_LAUNCHED(a.z ? "gated_rms_norm bwd" : "rms_norm bwd")) return -1;
+        int rc;
+        if constexpr (std::is_same<S, __nv_bfloat16>::value)
+            rc = rows_vec8(D, a) ? rms_bwd_rows<S, kBf16Vec>(N, D, a) : rms_bwd_rows<S, 1>(N, D, a);
+        else rc = rms_bwd_rows<S, 1>(N, D, a);
+        if (rc) return -1;
     }
     if (a.dw) {
         RmsDwTerm<S> term{(const S *)a.x, (const S *)a.add, (const S *)a.z, (const S *)a.dy, (const C *)a.rstd, D};
@@ -294,20 +352,22 @@ int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const v
     return by_dtype<L2Bwd>(dt, N, D, a);
 }
 
-int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *a_, const void *w,
-                             double eps, void *s, void *y, void *rstd) {
+/* In the kernels' terms: the row normalised is x + add with x = h, add = y; the kernels' output y
+ * is the op's x, their output sum the op's r. */
+int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w, double eps,
+                             void *x, void *r, void *rstd) {
     if (!ready("cuda add_rms_norm", dt, N, D)) return -1;
     if (N == 0) return 0;
     NormArgs a = {};
-    a.x = h, a.add = a_, a.w = w, a.eps = eps, a.y = y, a.sum = s, a.rstd_out = rstd;
+    a.x = h, a.add = y, a.w = w, a.eps = eps, a.y = x, a.sum = r, a.rstd_out = rstd;
     return by_dtype<Fwd>(dt, N, D, a);
 }
 
-int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *a_, const void *w,
-                             const void *rstd, const void *dy, const void *ds, void *dsum_out, void *dw) {
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
+                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw) {
     if (!ready("cuda add_rms_norm bwd", dt, N, D)) return -1;
     NormArgs a = {};
-    a.x = h, a.add = a_, a.w = w, a.rstd = rstd, a.dy = dy, a.dsum = ds, a.dx = dsum_out, a.dw = dw;
+    a.x = h, a.add = y, a.w = w, a.rstd = rstd, a.dy = dx, a.dsum = dr, a.dx = dr_total, a.dw = dw;
     return by_dtype<RmsBwd>(dt, N, D, a);
 }
 

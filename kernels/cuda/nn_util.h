@@ -20,6 +20,7 @@
 #ifndef DG_KERNELS_CUDA_NN_UTIL_H
 #define DG_KERNELS_CUDA_NN_UTIL_H
 
+#include "kernels/cuda/bf16_vec.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/nn_cuda.h"
 
@@ -43,6 +44,18 @@ template <typename S> __device__ __forceinline__ S nn_ld(const S *p, int64_t i) 
 __device__ __forceinline__ float nn_ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 template <typename S> __device__ __forceinline__ void nn_st(S *p, int64_t i, S v) { p[i] = v; }
 __device__ __forceinline__ void nn_st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* V consecutive elements p[i .. i + V) in the compute type: V = 1 for any storage; V = 8 for bf16
+ * only, p + i 16-byte aligned (bf16_vec.h).  A kernel looping over units of V elements is, with
+ * V = 1, the plain per-element loop. */
+template <int V, typename S> __device__ __forceinline__ void nn_ldv(const S *p, int64_t i, nn_compute<S> *out) {
+    if constexpr (V == 1) out[0] = nn_ld(p, i);
+    else bf16x8_load(p + i, out);
+}
+template <int V, typename S> __device__ __forceinline__ void nn_stv(S *p, int64_t i, const nn_compute<S> *v) {
+    if constexpr (V == 1) nn_st(p, i, v[0]);
+    else bf16x8_store(p + i, v);
+}
 
 /* the dtype tag of a storage type */
 template <typename S> constexpr dg_dtype nn_dtype_of() {
