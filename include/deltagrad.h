@@ -181,6 +181,9 @@ dg_tensor *dg_cat(int n, dg_tensor *const *ts, int dim);
 dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b); /* x [...,in], w [out,in] */
 dg_tensor *dg_embedding(dg_tensor *weight, dg_tensor *ids);     /* weight [V,D], ids i64 */
 dg_tensor *dg_rms_norm(dg_tensor *x, dg_tensor *w, double eps); /* w may be NULL */
+/* r = h + y and x = rms_norm(r, w, eps) in one pass (a block's residual add and the next norm):
+ * returns x, *r_out receives r (both autoreleased; r_out may be NULL).  w may be NULL. */
+dg_tensor *dg_add_rms_norm(dg_tensor *h, dg_tensor *y, dg_tensor *w, double eps, dg_tensor **r_out);
 dg_tensor *dg_gated_rms_norm(dg_tensor *x, dg_tensor *z, dg_tensor *w, double eps);
 dg_tensor *dg_l2norm(dg_tensor *x, double eps); /* over the last dim */
 /* x [B,T,D], w [D,W] (W = 1..8), bias [D] or NULL: y_t = sum_j w[:,j] x_{t-W+1+j} (+ b), silu */

@@ -17,9 +17,10 @@ static inline int64_t dg_nn_rows(const dg_tensor *t) {
 }
 static inline int64_t dg_nn_last(const dg_tensor *t) { return t->shape[t->ndim - 1]; }
 
-/* x is a float tensor with at least one dim */
+/* x is a float tensor (f32, f64; bf16 on cuda: the network pieces' device kernels take bf16
+ * storage) with at least one dim */
 static inline bool dg_nn_check_x(const char *op, const char *arg, const dg_tensor *x) {
-    if (!dg_check_float(op, arg, x)) return false;
+    if (!dg_check_float_or_bf16(op, arg, x)) return false;
     if (x->ndim >= 1) return true;
     dg_error("%s: %s has shape %s but needs at least 1 dim", op, arg, dg_shp(x));
     return false;
@@ -52,6 +53,19 @@ static inline bool dg_nn_check_like(const char *op, const char *arg, const dg_te
 static inline bool dg_nn_check_eps(const char *op, double eps, const dg_tensor *x) {
     if (eps >= 0 && isfinite(eps)) return true;
     dg_error("%s: eps is %g but must be finite and >= 0 (x %s)", op, eps, dg_shp(x));
+    return false;
+}
+
+/* The dtype of the row statistics an op saves (rstd, lse) and of cross-entropy's loss: f32 for
+ * bf16 tensors (computed in f32 and kept so), else the tensor's own. */
+static inline dg_dtype dg_nn_stat_dtype(dg_dtype dt) { return dt == DG_BF16 ? DG_F32 : dt; }
+
+/* The CPU kernels take f32 and f64 only.  A tensor of another dtype reaching one (bf16 given to
+ * dg_apply directly, past the typed entry point's check) is refused here, never reinterpreted. */
+static inline bool dg_nn_cpu_float(const char *kernel, const dg_tensor *x) {
+    if (x->dtype == DG_F32 || x->dtype == DG_F64) return true;
+    dg_error("%s: %s has dtype %s on the cpu, whose kernels take f32 or f64 (bf16 runs on cuda only)", kernel,
+             dg_shp(x), dg_dtype_name(x->dtype));
     return false;
 }
 

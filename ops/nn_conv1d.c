@@ -5,7 +5,7 @@
  * Backward (kernels/cpu/nn_conv1d_impl.h), with dp = dy silu'(p) (p recomputed, nothing saved):
  *   dx[b,s,d] = sum_j w[d,j] dp[b, s+W-1-j, d]  (terms with s+W-1-j < T)
  *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],   dbias[d] = sum_{b,t} dp[b,t,d]
- * Device tensors: kernels/cuda/nn_conv1d.cu (the same math). */
+ * Device tensors: kernels/cuda/nn_conv1d.cu (the same math; bf16 too). */
 #include "ops/nn_common.h"
 #include "kernels/cuda/nn_dispatch.h"
 
@@ -35,6 +35,7 @@ static int conv1d_forward(dg_node *n) {
         return 0;
     }
 #endif
+    if (!dg_nn_cpu_float("conv1d", x)) return -1;
     rc = x->dtype == DG_F32 ? dg_nn_conv1d_fwd_f32(B, T, D, W, P(x), P(w), P(b), at->silu, P(y))
                             : dg_nn_conv1d_fwd_f64(B, T, D, W, P(x), P(w), P(b), at->silu, P(y));
     if (rc) {
@@ -65,6 +66,7 @@ static int conv1d_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
         return 0;
     }
 #endif
+    if (!dg_nn_cpu_float("conv1d", x)) return -1;
     int rc = x->dtype == DG_F32
                  ? dg_nn_conv1d_bwd_f32(B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db))
                  : dg_nn_conv1d_bwd_f64(B, T, D, W, P(x), P(w), P(b), at->silu, P(dy), P(dx), P(dw), P(db));
@@ -79,7 +81,7 @@ static int conv1d_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
 }
 
 dg_tensor *dg_conv1d(dg_tensor *x, dg_tensor *w, dg_tensor *bias, bool silu) {
-    if (!dg_check_float("conv1d", "x", x) || !dg_check_not_null("conv1d", "w", w)) return NULL;
+    if (!dg_check_float_or_bf16("conv1d", "x", x) || !dg_check_not_null("conv1d", "w", w)) return NULL;
     if (x->ndim != 3) {
         dg_error("conv1d: x has shape %s but must be [B,T,D] (w %s)", dg_shp(x), dg_shp(w));
         return NULL;

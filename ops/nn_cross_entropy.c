@@ -6,7 +6,8 @@
  *   dlogits[n,c] = dloss / count (softmax[n,c] - [c == t_n]),  0 on ignored rows.
  * Device tensors (logits and targets on the device): kernels/cuda/nn_cross_entropy.cu.  The
  * forward checks the targets there (one synchronisation) and also saves the count as a device
- * i64 scalar, so that the backward reads count and dloss on the device without synchronising. */
+ * i64 scalar, so that the backward reads count and dloss on the device without synchronising.
+ * bf16 logits (device only) give an f32 loss (and f32 lse) and a bf16 dlogits. */
 #include "ops/nn_common.h"
 #include "kernels/cuda/nn_dispatch.h"
 
@@ -44,8 +45,8 @@ static int cross_entropy_forward(dg_node *n) {
     dg_tensor *x = dg_nn_contig(n->in[CE_LOGITS], &fail), *t = dg_nn_contig(n->in[CE_TARGETS], &fail);
     if (fail || !targets_valid(t, x, at->ignore_index)) return -1;
     int64_t N = dg_nn_rows(x), C = dg_nn_last(x), count;
-    dg_tensor *loss = dg_empty_on(0, NULL, x->dtype, x->device);
-    dg_tensor *lse = dg_empty_on(1, &N, x->dtype, x->device);
+    dg_tensor *loss = dg_empty_on(0, NULL, dg_nn_stat_dtype(x->dtype), x->device);
+    dg_tensor *lse = dg_empty_on(1, &N, dg_nn_stat_dtype(x->dtype), x->device);
     if (!loss || !lse) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
@@ -61,6 +62,7 @@ static int cross_entropy_forward(dg_node *n) {
         return -1;
 #endif
     }
+    if (!dg_nn_cpu_float("cross_entropy", x)) return -1;
     if (x->dtype == DG_F32) dg_nn_cross_entropy_fwd_f32(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
     else dg_nn_cross_entropy_fwd_f64(N, C, P(x), P(t), at->ignore_index, P(loss), P(lse), &count);
     dg_save(n, lse);
@@ -86,6 +88,7 @@ static int cross_entropy_backward(dg_node *n, dg_tensor *const *gout, dg_tensor 
         return 0;
     }
 #endif
+    if (!dg_nn_cpu_float("cross_entropy", x)) return -1;
     const int64_t *tp = dg_data_ptr(t);
     for (int64_t i = 0; i < N; i++) count += tp[i] != at->ignore_index;
     double dloss = dg_item(gout[0]);

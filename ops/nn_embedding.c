@@ -2,7 +2,8 @@
  * dims), y [..., D].  Backward scatter-adds: dweight[v,:] = sum over positions with id v of dy.
  * ids are not differentiable.  An id outside [0,V) is an error naming the id, its position and V.
  * Device tensors: kernels/cuda/nn_embedding.cu (ids on the device too; they are checked there, one
- * synchronisation per forward; the backward's scatter-add is deterministic, by sorting). */
+ * synchronisation per forward; the backward's scatter-add is deterministic, by sorting).  A bf16
+ * table on the device gives bf16 rows; its gradient sums in f32 and is rounded once. */
 #include "ops/nn_common.h"
 #include "kernels/cuda/nn_dispatch.h"
 
@@ -61,7 +62,8 @@ static int embedding_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gi
 }
 
 dg_tensor *dg_embedding(dg_tensor *weight, dg_tensor *ids) {
-    if (!dg_check_float("embedding", "weight", weight) || !dg_check_not_null("embedding", "ids", ids)) return NULL;
+    if (!dg_check_float_or_bf16("embedding", "weight", weight) || !dg_check_not_null("embedding", "ids", ids))
+        return NULL;
     if (weight->ndim != 2) {
         dg_error("embedding: weight has shape %s but must be [V,D] (ids %s)", dg_shp(weight), dg_shp(ids));
         return NULL;

@@ -3,12 +3,15 @@
  * Backward (kernels/cpu/nn_linear_impl.h):
  *   dx = dy w   [N,in],   dw = dy^T x   [out,in] (summed over every row),   db = sum_n dy
  * On the device: cuBLAS (dg_cuda_gemm; strict f32, no TF32); the bias is broadcast into y first
- * and the product added with beta = 1; db is a column sum (dg_cuda_sum, f64 accumulation). */
+ * and the product added with beta = 1; db is a column sum (dg_cuda_sum, f64 accumulation).
+ * bf16 on the device: the products are bf16 gemms accumulating in f32 (the bias joins the f32 sum
+ * before the one rounding of y), and db sums the rows in f32 (dg_cuda_nn_sum_rows), rounded once. */
 #include "ops/nn_common.h"
 
 #include <limits.h>
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/nn_cuda.h"
 
 /* y[N,OUT] = x[N,IN] w[OUT,IN]^T (+ b) */
 static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w, const void *b,
@@ -24,6 +27,7 @@ static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, cons
     /* dw[OUT,IN] = dy^T x: dy stored [N,OUT] is op(A)^T */
     if (dw && dg_cuda_gemm(dt, dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, 0.0, dw, IN, 0, 1)) return -1;
     /* db[OUT] = sum over rows of dy */
+    if (db && dt == DG_BF16) return dg_cuda_nn_sum_rows(dt, N, OUT, dy, db);
     if (db && dg_cuda_sum(dt, 2, (int64_t[]){N, OUT}, dy, NULL, 1u, 1.0, db)) return -1;
     return 0;
 }
@@ -54,6 +58,7 @@ static int linear_forward(dg_node *n) {
         return 0;
     }
 #endif
+    if (!dg_nn_cpu_float("linear", x)) return -1;
     if (x->dtype == DG_F32)
         dg_nn_linear_fwd_f32(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL, dg_data_ptr(y));
     else dg_nn_linear_fwd_f64(N, IN, OUT, dg_data_ptr(x), dg_data_ptr(w), b ? dg_data_ptr(b) : NULL, dg_data_ptr(y));
@@ -77,8 +82,9 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
         if (linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
     } else
 #endif
-        if (x->dtype == DG_F32)
-        dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+        if (!dg_nn_cpu_float("linear", x))
+        return -1;
+    else if (x->dtype == DG_F32) dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
     else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
 #undef P
     gin[LIN_X] = dx;

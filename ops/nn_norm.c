@@ -7,7 +7,7 @@
  *          dw = sum_n dy x r (gated: dy x r silu(z)),  dz = dy x r w silu'(z)
  *   l2:    dx = r (dy - y sum(dy y))
  * Device tensors run the same math in kernels/cuda/nn_norm.cu (NN_CALL picks the kernel, see
- * kernels/cuda/nn_dispatch.h). */
+ * kernels/cuda/nn_dispatch.h), bf16 included (then r is saved in f32). */
 #include "ops/nn_common.h"
 #include "kernels/cuda/nn_dispatch.h"
 
@@ -20,11 +20,11 @@ enum { GRMS_X, GRMS_Z, GRMS_W };
 
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 
-/* a new [N] tensor for r, and the output like x */
+/* a new [N] tensor for r (f32 for bf16 x), and the output like x */
 static int norm_alloc(dg_tensor *x, dg_tensor **y, dg_tensor **rstd) {
     int64_t N = dg_nn_rows(x);
     *y = dg_empty_like(x);
-    *rstd = dg_empty_on(1, &N, x->dtype, x->device);
+    *rstd = dg_empty_on(1, &N, dg_nn_stat_dtype(x->dtype), x->device);
     return *y && *rstd ? 0 : -1;
 }
 

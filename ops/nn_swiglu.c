@@ -1,6 +1,6 @@
 /* swiglu: y = silu(gate) up, gate and up of one shape (the MLP of GatedDeltaNet's blocks).
  *   dgate = dy up silu'(gate),  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g);   dup = dy silu(gate)
- * Device tensors: kernels/cuda/nn_swiglu.cu (the same math). */
+ * Device tensors: kernels/cuda/nn_swiglu.cu (the same math; bf16 too). */
 #include "ops/nn_common.h"
 #include "kernels/cuda/nn_dispatch.h"
 
@@ -37,7 +37,8 @@ static int swiglu_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
 }
 
 dg_tensor *dg_swiglu(dg_tensor *gate, dg_tensor *up) {
-    if (!dg_check_float("swiglu", "gate", gate) || !dg_nn_check_like("swiglu", "up", up, "gate", gate)) return NULL;
+    if (!dg_check_float_or_bf16("swiglu", "gate", gate) || !dg_nn_check_like("swiglu", "up", up, "gate", gate))
+        return NULL;
     dg_tensor *in[2] = {gate, up};
     return dg_apply1(&dg_op_swiglu, NULL, in);
 }

@@ -2,6 +2,8 @@
  * a message naming the op, the argument and the shapes. */
 #include "tests/support/test_support.h"
 
+#include "ops/op.h"
+
 #include <string.h>
 
 static dg_tensor *f32(int64_t a, int64_t b) { return dg_zeros(DG_SHAPE(a, b), DG_F32); }
@@ -68,6 +70,42 @@ static void test_wrong_dtypes(void **state) {
     dg_scope_end();
 }
 
+/* bf16 is a storage dtype of the device kernels: on the CPU the network ops refuse it, naming op,
+ * argument and shape; applied directly (past the typed check), the CPU path refuses it too rather
+ * than reading its bits as a float type. */
+static void test_bf16_on_cpu_refused(void **state) {
+    dg_scope_begin();
+    dg_tensor *xb = dg_to_dtype(f32(2, 4), DG_BF16), *wb = dg_to_dtype(dg_ones(DG_SHAPE(4), DG_F32), DG_BF16);
+    dg_tensor *ids = dg_zeros(DG_SHAPE(2), DG_I64), *r = NULL;
+    const char *tail = "has dtype bf16 (shape [2,4]) on cpu; bf16 runs on cuda only";
+    char msg[160];
+#define EXPECT_BF16_REFUSED(expr, op, arg)                     \
+    do {                                                       \
+        snprintf(msg, sizeof msg, "%s: %s %s", op, arg, tail); \
+        EXPECT_NULL(expr, msg);                                \
+    } while (0)
+    EXPECT_BF16_REFUSED(dg_rms_norm(xb, wb, 1e-5), "rms_norm", "x");
+    EXPECT_BF16_REFUSED(dg_gated_rms_norm(xb, xb, wb, 1e-5), "gated_rms_norm", "x");
+    EXPECT_BF16_REFUSED(dg_l2norm(xb, 1e-6), "l2norm", "x");
+    EXPECT_BF16_REFUSED(dg_add_rms_norm(xb, xb, wb, 1e-5, &r), "add_rms_norm", "h");
+    assert_null(r);
+    EXPECT_BF16_REFUSED(dg_swiglu(xb, xb), "swiglu", "gate");
+    EXPECT_BF16_REFUSED(dg_linear(xb, dg_to_dtype(f32(3, 4), DG_BF16), NULL), "linear", "x");
+    EXPECT_BF16_REFUSED(dg_cross_entropy(xb, ids, -100), "cross_entropy", "logits");
+    EXPECT_BF16_REFUSED(dg_embedding(xb, ids), "embedding", "weight");
+    snprintf(msg, sizeof msg, "conv1d: x has dtype bf16 (shape [1,2,4]) on cpu; bf16 runs on cuda only");
+    EXPECT_NULL(dg_conv1d(dg_reshape(xb, DG_SHAPE(1, 2, 4)), dg_to_dtype(f32(4, 2), DG_BF16), NULL, true), msg);
+#undef EXPECT_BF16_REFUSED
+    dg_tensor *out[2] = {NULL, NULL};
+    dg_clear_error();
+    assert_int_not_equal(dg_apply(&dg_op_rms_norm, &(double){1e-5}, (dg_tensor *[]){xb, wb}, out, -1), 0);
+    assert_error_contains("rms_norm_fwd: [2,4] has dtype bf16 on the cpu, whose kernels take f32 or f64");
+    dg_clear_error();
+    assert_int_not_equal(dg_apply(&dg_op_add_rms_norm, &(double){1e-5}, (dg_tensor *[]){xb, xb, wb}, out, -1), 0);
+    assert_error_contains("add_rms_norm_fwd: [2,4] has dtype bf16 on the cpu");
+    dg_scope_end();
+}
+
 static void test_wrong_shapes(void **state) {
     dg_scope_begin();
     dg_tensor *x = f32(2, 3);
@@ -102,6 +140,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_inputs),
         cmocka_unit_test(test_wrong_dtypes),
+        cmocka_unit_test(test_bf16_on_cpu_refused),
         cmocka_unit_test(test_wrong_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -137,6 +137,54 @@ void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, 
     }
 }
 
+/* ---- add_rms_norm: r = h + y, x = r q w, q = 1/sqrt(mean(r^2) + eps) ------------------------- */
+void FN(dg_nn_add_rms_norm_fwd)(int64_t N, int64_t D, const R *h, const R *y, const R *w, double eps, R *x, R *r,
+                                R *rstd) {
+#pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const R *hr = h + n * D, *yr = y + n * D;
+        R *rr = r + n * D, *xr = x + n * D;
+        for (int64_t d = 0; d < D; d++) rr[d] = hr[d] + yr[d];
+        R q = (R)(1.0 / sqrt(FN(sumsq)(D, rr) / (double)D + eps));
+        if (rstd) rstd[n] = q;
+        if (w)
+            for (int64_t d = 0; d < D; d++) xr[d] = rr[d] * q * w[d];
+        else
+            for (int64_t d = 0; d < D; d++) xr[d] = rr[d] * q;
+    }
+}
+
+/* forward: r = h + y feeds both the output r and x = rms_norm(r) w, so the gradient reaching r is
+ *   dr_total = dr + q (g - r c),  g = dx w,  c = q^2 sum_d(g_d r_d) / D   (as in rms_dx_from_g)
+ * and dh = dy = dr_total (one array); dw[d] = sum_n dx[n,d] r[n,d] q_n.  r is recomputed. */
+void FN(dg_nn_add_rms_norm_bwd)(int64_t N, int64_t D, const R *h, const R *y, const R *w, const R *rstd, const R *dx,
+                                const R *dr, R *dr_total, R *dw) {
+    if (dr_total) {
+#pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
+        for (int64_t n = 0; n < N; n++) {
+            const R *hr = h + n * D, *yr = y + n * D, *dxr = dx + n * D, *drr = dr + n * D;
+            R *out = dr_total + n * D, q = rstd[n];
+            double dot = 0;
+            for (int64_t d = 0; d < D; d++) dot += (double)(w ? dxr[d] * w[d] : dxr[d]) * (R)(hr[d] + yr[d]);
+            R c = (R)(dot * (double)q * (double)q / (double)D);
+            for (int64_t d = 0; d < D; d++) out[d] = drr[d] + q * ((w ? dxr[d] * w[d] : dxr[d]) - (hr[d] + yr[d]) * c);
+        }
+    }
+    if (dw) {
+        int64_t nb = dg_nn_col_blocks(D, N * D), bs = (D + nb - 1) / nb;
+#pragma omp parallel for schedule(static) if (nb > 1)
+        for (int64_t ib = 0; ib < nb; ib++) {
+            int64_t d0 = ib * bs, d1 = dg_nn_min64(D, d0 + bs);
+            for (int64_t d = d0; d < d1; d++) dw[d] = 0;
+            for (int64_t n = 0; n < N; n++) {
+                const R *hr = h + n * D, *yr = y + n * D, *dxr = dx + n * D;
+                R q = rstd[n];
+                for (int64_t d = d0; d < d1; d++) dw[d] += dxr[d] * (hr[d] + yr[d]) * q;
+            }
+        }
+    }
+}
+
 /* ---- l2norm: r = 1/sqrt(sum(x^2) + eps), y = x r --------------------------------------------- */
 void FN(dg_nn_l2norm_fwd)(int64_t N, int64_t D, const R *x, double eps, R *y, R *rstd) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)

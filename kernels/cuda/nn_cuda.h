@@ -3,10 +3,13 @@
  * CUDA headers (under #ifdef DG_HAVE_CUDA).
  *
  * Same layouts and semantics as the CPU kernels (kernels/cpu/nn.h): every array contiguous, row
- * major; [..., D] is N rows of D.  dt is DG_F32 or DG_F64 and names the type of every float
- * pointer.  Row reductions (norms, log-sum-exp) and sums over rows (dw, dbias, the embedding's
- * scatter-add, the loss) accumulate in double for both types, in an order fixed by the shape
- * alone: no atomics on floats, so every result is reproducible bit for bit on a given device.
+ * major; [..., D] is N rows of D.  dt is DG_F32, DG_F64 or DG_BF16 and names the type of every
+ * float pointer, except where a comment says otherwise (the saved row statistics rstd and lse and
+ * the loss of cross-entropy are f32 when dt is bf16).  Row reductions (norms, log-sum-exp) and
+ * sums over rows (dw, dbias, the embedding's scatter-add, the loss) accumulate in double for f32
+ * and f64, in f32 for bf16 (bf16 is storage only: values are loaded to f32, computed in f32, and
+ * each output and gradient is rounded once to bf16), in an order fixed by the shape alone: no
+ * atomics on floats, so every result is reproducible bit for bit on a given device.
  * Gradients are written, not accumulated; a gradient pointer may be NULL when not wanted.
  *
  * Every entry point returns 0, or -1 with dg_error set (the failing CUDA call or kernel named);
@@ -36,6 +39,14 @@ int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x,
                                double eps, void *y, void *rstd);
 int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
                                const void *rstd, const void *dy, void *dx, void *dz, void *dw);
+/* add_rms_norm: r = h + y, x = r q w, q = 1/sqrt(mean(r^2) + eps) (rstd receives q);  x, r [N,D]
+ * outputs, h, y [N,D] inputs */
+int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w, double eps,
+                             void *x, void *r, void *rstd);
+/* dr_total = dr + q (g - r q^2 mean(g r)), g = dx w: the gradient of h and of y (one array);
+ * dw = sum_n dx r q.  r is recomputed from h and y (in f32 for bf16, as the forward had it). */
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
+                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw);
 /* l2norm: r_n = 1/sqrt(sum_d x^2 + eps), y = x r;  dx = r (dy - y sum(dy y)) */
 int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd);
 int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx);
@@ -46,6 +57,10 @@ int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, 
                        const void *bias, bool silu, void *y);
 int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T, int64_t D, int64_t W, const void *x, const void *w,
                        const void *bias, bool silu, const void *dy, void *dx, void *dw, void *dbias);
+
+/* ---- sums over rows (nn_util.cu) -------------------------------------------------------------- */
+/* out[m] = sum_n x[n,m], x [N,M] contiguous (a bias gradient) */
+int dg_cuda_nn_sum_rows(dg_dtype dt, int64_t N, int64_t M, const void *x, void *out);
 
 /* ---- swiglu (nn_swiglu.cu): y = silu(g) u over n elements ------------------------------------- */
 int dg_cuda_swiglu_fwd(dg_dtype dt, int64_t n, const void *g, const void *u, void *y);

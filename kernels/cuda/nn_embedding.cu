@@ -4,7 +4,8 @@
  * The scatter-add is deterministic and atomic-free: the positions 0..N-1 are sorted by id with
  * CUB's stable radix sort (so each id's positions stay in increasing order), each id's run
  * [start[v], start[v+1]) is found by binary search in the sorted ids, and one thread per (v, d)
- * sums its run in double, neighbouring threads reading neighbouring columns of dy.
+ * sums its run in double (f32 for bf16 storage, rounded once to bf16 at the end, so repeated ids
+ * lose no bits on the way), neighbouring threads reading neighbouring columns of dy.
  * Scratch: the sorted ids and positions (12 N bytes), CUB's temporary storage, V + 1 offsets. */
 #include "kernels/cuda/nn_util.h"
 
@@ -12,6 +13,7 @@
 
 namespace {
 
+/* a plain copy of rows: any storage type, bf16 included, moves bits unchanged */
 template <typename T> __global__ void emb_fwd_kernel(int64_t n, int64_t D, const T *w, const int64_t *ids, T *y) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = w[ids[i / D] * D + i % D];
@@ -34,13 +36,14 @@ __global__ void run_start_kernel(int64_t V, int n, const unsigned long long *sor
     }
 }
 
-template <typename T>
-__global__ void emb_bwd_kernel(int64_t V, int64_t D, const int *start, const int *pos, const T *dy, T *dw) {
+/* each (v, d) sums its run in the accumulation type (double; f32 for bf16), rounded once */
+template <typename S>
+__global__ void emb_bwd_kernel(int64_t V, int64_t D, const int *start, const int *pos, const S *dy, S *dw) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < V * D; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t v = i / D, d = i % D;
-        double acc = 0;
-        for (int k = start[v]; k < start[v + 1]; k++) acc += (double)dy[(int64_t)pos[k] * D + d];
-        dw[i] = (T)acc;
+        nn_acc<S> acc = 0;
+        for (int k = start[v]; k < start[v + 1]; k++) acc += (nn_acc<S>)nn_ld(dy, (int64_t)pos[k] * D + d);
+        nn_st(dw, i, (nn_compute<S>)acc);
     }
 }
 
@@ -54,21 +57,25 @@ int bits_for(int64_t V) {
 
 extern "C" int dg_cuda_embedding_fwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const void *w, const int64_t *ids,
                                      void *y) {
-    if (!nn_float_dt("cuda embedding", dt)) return -1;
+    if (!nn_float_or_bf16_dt("cuda embedding", dt)) return -1;
     int64_t n = N * D;
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
     unsigned grid = dg_grid_for(n, kNnThreads);
     if (dt == DG_F32)
         emb_fwd_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const float *)w, ids, (float *)y);
-    else emb_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const double *)w, ids, (double *)y);
+    else if (dt == DG_F64)
+        emb_fwd_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const double *)w, ids, (double *)y);
+    else
+        emb_fwd_kernel<uint16_t>
+            <<<grid, kNnThreads, 0, dg_cuda_stream()>>>(n, D, (const uint16_t *)w, ids, (uint16_t *)y);
     (void)V;
     return DG_LAUNCHED("embedding fwd");
 }
 
 extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t D, const int64_t *ids, const void *dy,
                                      void *dw) {
-    if (!nn_float_dt("cuda embedding bwd", dt)) return -1;
+    if (!nn_float_or_bf16_dt("cuda embedding bwd", dt)) return -1;
     if (N < 0 || N > INT32_MAX - 1 || V < 0 || D < 0) {
         dg_error("cuda embedding bwd: N %lld V %lld D %lld out of range (N < 2^31)", (long long)N, (long long)V,
                  (long long)D);
@@ -106,7 +113,11 @@ extern "C" int dg_cuda_embedding_bwd(dg_dtype dt, int64_t N, int64_t V, int64_t 
         unsigned grid = dg_grid_for(V * D, kNnThreads);
         if (dt == DG_F32)
             emb_bwd_kernel<float><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const float *)dy, (float *)dw);
-        else emb_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const double *)dy, (double *)dw);
+        else if (dt == DG_F64)
+            emb_bwd_kernel<double><<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const double *)dy, (double *)dw);
+        else
+            emb_bwd_kernel<__nv_bfloat16>
+                <<<grid, kNnThreads, 0, st>>>(V, D, start, pos, (const __nv_bfloat16 *)dy, (__nv_bfloat16 *)dw);
         rc = DG_LAUNCHED("embedding bwd");
     }
     dg_cuda_free(tmp);

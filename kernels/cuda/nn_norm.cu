@@ -2,40 +2,76 @@
  *   rms_norm        y = x r w,            r = 1/sqrt(mean(x^2) + eps)
  *   gated_rms_norm  y = x r w silu(z)
  *   l2norm          y = x r,              r = 1/sqrt(sum(x^2) + eps)
+ *   add_rms_norm    s = x + add (written out too),  y = s r w,  r of s: the residual add fused
+ *                   in front of rms_norm (the op's h, y, r, x are x, add, s, y here)
  * x, z, y, dy, dx, dz [N,D]; w, dw [D] (w NULL: ones); rstd [N].
- * One group of G threads per row (nn_util.h): a first pass sums over the row in double, a second
- * writes the row.  dw sums over rows by the two-pass column sums of nn_util.h. */
+ * One group of G threads per row (nn_util.h): a first pass sums over the row (double for f32 and
+ * f64, f32 for bf16), a second writes the row.  dw sums over rows by the two-pass column sums of
+ * nn_util.h.  Storage S is float, double or bf16 (computed in f32, rounded once at the store);
+ * rstd is of the compute type (f32 for bf16).  bf16 rows whose arrays are 16-byte aligned, D a
+ * multiple of 8, move 8 elements a load (bf16_vec.h; the l2norm backward and dw stay per element). */
 #include "kernels/cuda/nn_util.h"
+
+#include <type_traits>
 
 namespace {
 
 /* ---- rms_norm ---------------------------------------------------------------------------------- */
 
-/* mode 0: rms (mean of squares), 1: l2 (sum of squares); gated: y also times silu(z) */
-template <typename T, int G>
+/* mode 0: rms (mean of squares), 1: l2 (sum of squares); gated: y also times silu(z).
+ * add (add_rms_norm only): the row normalised is s = x + add, written to sum.
+ * A lane handles units of V consecutive elements (V = 8: bf16, D a multiple of 8, every array
+ * 16-byte aligned; else V = 1, element by element). */
+template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
-    norm_fwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode, T *y, T *rstd) {
-    __shared__ double smem[kNnThreads / 32];
+    norm_fwd_kernel(int64_t N, int64_t D, const S *x, const S *add, const S *z, const S *w, double eps, int mode, S *y,
+                    S *sum, nn_compute<S> *rstd) {
+    typedef nn_compute<S> C;
+    typedef nn_acc<S> A;
+    __shared__ A smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
     for (int64_t base = (int64_t)blockIdx.x * RPB; base < N; base += (int64_t)gridDim.x * RPB) {
         int64_t row = base + threadIdx.x / G;
         bool active = row < N;
-        const T *xr = x + (active ? row : 0) * D;
-        double ss = 0;
+        int64_t o = (active ? row : 0) * D;
+        const S *xr = x + o, *ar = add ? add + o : nullptr;
+        A ss = 0;
         if (active)
-            for (int64_t d = lane; d < D; d += G) ss += (double)xr[d] * (double)xr[d];
+            for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+                C v[V], av[V];
+                nn_ldv<V>(xr, d, v);
+                if (ar) nn_ldv<V>(ar, d, av);
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    if (ar) v[e] += av[e];
+                    ss += (A)v[e] * (A)v[e];
+                }
+            }
         ss = nn_group_sum<G>(ss, smem);
         if (!active) continue;
-        T r = (T)(1.0 / sqrt((mode == 0 ? ss / (double)D : ss) + eps));
+        C r = (C)(1.0 / sqrt((mode == 0 ? (double)ss / (double)D : (double)ss) + eps));
         if (lane == 0 && rstd) rstd[row] = r;
-        T *yr = y + row * D;
-        const T *zr = z ? z + row * D : nullptr;
-        for (int64_t d = lane; d < D; d += G) {
-            T v = xr[d] * r;
-            if (w) v = v * w[d];
-            if (zr) v = v * zr[d] * nn_sigmoid(zr[d]); /* the CPU kernel's order of products */
-            yr[d] = v;
+        const S *zr = z ? z + o : nullptr;
+        for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+            C xv[V], av[V], wv[V], zv[V], out[V];
+            nn_ldv<V>(xr, d, xv);
+            if (ar) {
+                nn_ldv<V>(ar, d, av);
+#pragma unroll
+                for (int e = 0; e < V; e++) xv[e] += av[e];
+                nn_stv<V>(sum, o + d, xv);
+            }
+            if (w) nn_ldv<V>(w, d, wv);
+            if (zr) nn_ldv<V>(zr, d, zv);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                C v = xv[e] * r;
+                if (w) v = v * wv[e];
+                if (zr) v = v * zv[e] * nn_sigmoid(zv[e]); /* the CPU kernel's order of products */
+                out[e] = v;
+            }
+            nn_stv<V>(y, o + d, out);
         }
     }
 }
@@ -43,112 +79,224 @@ __global__ void __launch_bounds__(kNnThreads)
 /* rms / gated rms backward of dx and dz, per row:
  *   forward y = xh (w silu(z)), xh = x r: the gradient reaching xh is g = dy w silu(z);
  *   dx = r (g - x c), c = r^2 sum_d(g_d x_d) / D;
- *   forward y = (x r w) silu(z): dz = dy x r w silu'(z), silu'(z) = s (1 + z (1 - s)) */
-template <typename T, int G>
+ *   forward y = (x r w) silu(z): dz = dy x r w silu'(z), silu'(z) = s (1 + z (1 - s)).
+ * add_rms_norm (add not NULL): x is s = x + add, and the gradient dsum of the output sum reaches s
+ *   too, so ds = dsum + r (g - s c), written to dx (the gradient of both x and add).
+ * Units of V elements as in norm_fwd_kernel. */
+template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
-    rms_bwd_kernel(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd, const T *dy, T *dx, T *dz) {
-    __shared__ double smem[kNnThreads / 32];
+    rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *add, const S *z, const S *w, const nn_compute<S> *rstd,
+                   const S *dy, const S *dsum, S *dx, S *dz) {
+    typedef nn_compute<S> C;
+    typedef nn_acc<S> A;
+    __shared__ A smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
     for (int64_t base = (int64_t)blockIdx.x * RPB; base < N; base += (int64_t)gridDim.x * RPB) {
         int64_t row = base + threadIdx.x / G;
         bool active = row < N;
         int64_t o = (active ? row : 0) * D;
-        const T *xr = x + o, *dyr = dy + o, *zr = z ? z + o : nullptr;
-        double dot = 0;
+        const S *xr = x + o, *ar = add ? add + o : nullptr, *dyr = dy + o, *zr = z ? z + o : nullptr;
+        A dot = 0;
         if (active && dx)
-            for (int64_t d = lane; d < D; d += G) {
-                T g = dyr[d];
-                if (w) g = g * w[d];
-                if (zr) g = g * zr[d] * nn_sigmoid(zr[d]);
-                dot += (double)g * (double)xr[d];
+            for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+                C g[V], xv[V], av[V], wv[V], zv[V];
+                nn_ldv<V>(dyr, d, g);
+                nn_ldv<V>(xr, d, xv);
+                if (ar) nn_ldv<V>(ar, d, av);
+                if (w) nn_ldv<V>(w, d, wv);
+                if (zr) nn_ldv<V>(zr, d, zv);
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    if (ar) xv[e] += av[e];
+                    if (w) g[e] = g[e] * wv[e];
+                    if (zr) g[e] = g[e] * zv[e] * nn_sigmoid(zv[e]);
+                    dot += (A)g[e] * (A)xv[e];
+                }
             }
         dot = nn_group_sum<G>(dot, smem);
         if (!active) continue;
-        T r = rstd[row];
-        T c = (T)(dot * (double)r * (double)r / (double)D);
-        for (int64_t d = lane; d < D; d += G) {
-            T wd = w ? w[d] : T(1);
-            if (zr) {
-                T s = nn_sigmoid(zr[d]);
-                if (dz) dz[o + d] = dyr[d] * xr[d] * r * wd * s * (T(1) + zr[d] * (T(1) - s));
-                if (dx) dx[o + d] = r * (dyr[d] * wd * zr[d] * s - xr[d] * c);
-            } else if (dx) {
-                dx[o + d] = r * (dyr[d] * wd - xr[d] * c);
+        C r = rstd[row];
+        C c = (C)((double)dot * (double)r * (double)r / (double)D);
+        for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
+            C xv[V], av[V], wv[V], dyv[V], zv[V], dsv[V], dxo[V], dzo[V];
+            nn_ldv<V>(xr, d, xv);
+            nn_ldv<V>(dyr, d, dyv);
+            if (ar) nn_ldv<V>(ar, d, av);
+            if (w) nn_ldv<V>(w, d, wv);
+            if (zr) nn_ldv<V>(zr, d, zv);
+            if (dsum) nn_ldv<V>(dsum + o, d, dsv);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                C wd = w ? wv[e] : C(1);
+                if (ar) xv[e] += av[e];
+                if (zr) {
+                    C s = nn_sigmoid(zv[e]);
+                    dzo[e] = dyv[e] * xv[e] * r * wd * s * (C(1) + zv[e] * (C(1) - s));
+                    dxo[e] = r * (dyv[e] * wd * zv[e] * s - xv[e] * c);
+                } else {
+                    dxo[e] = r * (dyv[e] * wd - xv[e] * c);
+                    if (dsum) dxo[e] += dsv[e];
+                }
             }
+            if (zr && dz) nn_stv<V>(dz, o + d, dzo);
+            if (dx) nn_stv<V>(dx, o + d, dxo);
         }
     }
 }
 
-/* dw[d] = sum_n dy x r (gated: times silu(z)) */
-template <typename T> struct RmsDwTerm {
-    const T *x, *z, *dy, *rstd;
+/* dw[d] = sum_n dy x r (gated: times silu(z); add_rms_norm: x + add in place of x) */
+template <typename S> struct RmsDwTerm {
+    const S *x, *add, *z, *dy;
+    const nn_compute<S> *rstd;
     int64_t D;
-    __device__ double operator()(int64_t n, int64_t d) const {
+    __device__ nn_acc<S> operator()(int64_t n, int64_t d) const {
+        typedef nn_compute<S> C;
         int64_t i = n * D + d;
-        T v = dy[i] * x[i] * rstd[n];
-        if (z) v = v * z[i] * nn_sigmoid(z[i]);
-        return (double)v;
+        C xv = nn_ld(x, i);
+        if (add) xv += nn_ld(add, i);
+        C v = nn_ld(dy, i) * xv * rstd[n];
+        if (z) {
+            C zv = nn_ld(z, i);
+            v = v * zv * nn_sigmoid(zv);
+        }
+        return (nn_acc<S>)v;
     }
 };
 
 /* l2norm backward: forward y_j = x_j r, dx_j = r (dy_j - x_j c), c = r^2 sum_d(dy_d x_d) */
-template <typename T, int G>
+template <typename S, int G>
 __global__ void __launch_bounds__(kNnThreads)
-    l2_bwd_kernel(int64_t N, int64_t D, const T *x, const T *rstd, const T *dy, T *dx) {
-    __shared__ double smem[kNnThreads / 32];
+    l2_bwd_kernel(int64_t N, int64_t D, const S *x, const nn_compute<S> *rstd, const S *dy, S *dx) {
+    typedef nn_compute<S> C;
+    typedef nn_acc<S> A;
+    __shared__ A smem[kNnThreads / 32];
     constexpr int RPB = kNnThreads / G;
     const int lane = threadIdx.x % G;
     for (int64_t base = (int64_t)blockIdx.x * RPB; base < N; base += (int64_t)gridDim.x * RPB) {
         int64_t row = base + threadIdx.x / G;
         bool active = row < N;
         int64_t o = (active ? row : 0) * D;
-        double dot = 0;
+        A dot = 0;
         if (active)
-            for (int64_t d = lane; d < D; d += G) dot += (double)dy[o + d] * (double)x[o + d];
+            for (int64_t d = lane; d < D; d += G) dot += (A)nn_ld(dy, o + d) * (A)nn_ld(x, o + d);
         dot = nn_group_sum<G>(dot, smem);
         if (!active) continue;
-        T r = rstd[row];
-        T c = (T)(dot * (double)r * (double)r);
-        for (int64_t d = lane; d < D; d += G) dx[o + d] = r * (dy[o + d] - x[o + d] * c);
+        C r = rstd[row];
+        C c = (C)((double)dot * (double)r * (double)r);
+        for (int64_t d = lane; d < D; d += G) nn_st(dx, o + d, r * (nn_ld(dy, o + d) - nn_ld(x, o + d) * c));
     }
 }
 
-template <typename T>
-int norm_fwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, double eps, int mode, T *y, T *rstd) {
+/* The pointers of one call, typed by the entry points below (absent ones NULL). */
+struct NormArgs {
+    const void *x, *add, *z, *w, *dy, *dsum, *rstd;
+    double eps;
+    int mode;
+    void *y, *sum, *rstd_out, *dx, *dz, *dw;
+};
+
+/* bf16 rows may go 8 elements a load: D a multiple of 8 and every array given 16-byte aligned */
+bool rows_vec8(int64_t D, const NormArgs &a) {
+    if (D % kBf16Vec) return false;
+    const void *p[] = {a.x, a.add, a.z, a.w, a.dy, a.dsum, a.y, a.sum, a.dx, a.dz};
+    for (const void *q : p)
+        if (!bf16x8_aligned(q)) return false;
+    return true;
+}
+
+template <typename S, int V> int norm_fwd_v(int64_t N, int64_t D, const NormArgs &a) {
+    typedef nn_compute<S> C;
     int G = nn_group_for(D);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-    if (G == 32) norm_fwd_kernel<T, 32><<<grid, kNnThreads, 0, s>>>(N, D, x, z, w, eps, mode, y, rstd);
-    else norm_fwd_kernel<T, 256><<<grid, kNnThreads, 0, s>>>(N, D, x, z, w, eps, mode, y, rstd);
-    return DG_LAUNCHED(mode ? "l2norm fwd" : "rms_norm fwd");
+#define DG_NORM_FWD(GG)                                                                                           \
+    norm_fwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
+                                                          (const S *)a.w, a.eps, a.mode, (S *)a.y, (S *)a.sum,    \
+                                                          (C *)a.rstd_out)
+    if (G == 32) DG_NORM_FWD(32);
+    else DG_NORM_FWD(256);
+#undef DG_NORM_FWD
+    return DG_LAUNCHED(a.mode ? "l2norm fwd" : "rms_norm fwd");
 }
 
-template <typename T>
-int rms_bwd(int64_t N, int64_t D, const T *x, const T *z, const T *w, const T *rstd, const T *dy, T *dx, T *dz, T *dw) {
+template <typename S> int norm_fwd(int64_t N, int64_t D, const NormArgs &a) {
+    if constexpr (std::is_same<S, __nv_bfloat16>::value)
+        return rows_vec8(D, a) ? norm_fwd_v<S, kBf16Vec>(N, D, a) : norm_fwd_v<S, 1>(N, D, a);
+    else return norm_fwd_v<S, 1>(N, D, a);
+}
+
+template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormArgs &a) {
+    typedef nn_compute<S> C;
+    int G = nn_group_for(D);
+    unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-    if (dx || dz) {
-        int G = nn_group_for(D);
-        unsigned grid = nn_row_grid(N, G);
-        if (G == 32) rms_bwd_kernel<T, 32><<<grid, kNnThreads, 0, s>>>(N, D, x, z, w, rstd, dy, dx, dz);
-        else rms_bwd_kernel<T, 256><<<grid, kNnThreads, 0, s>>>(N, D, x, z, w, rstd, dy, dx, dz);
-        if (DG_LAUNCHED(z ? "gated_rms_norm bwd" : "rms_norm bwd")) return -1;
+#define DG_RMS_BWD(GG)                                                                                           \
+    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
+                                                         (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
+                                                         (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
+    if (G == 32) DG_RMS_BWD(32);
+    else DG_RMS_BWD(256);
+#undef DG_RMS_BWD
+    return DG_LAUNCHED(a.z ? "gated_rms_norm bwd" : "rms_norm bwd");
+}
+
+template <typename S> int rms_bwd(int64_t N, int64_t D, const NormArgs &a) {
+    typedef nn_compute<S> C;
+    if (a.dx || a.dz) {
+        int rc;
+        if constexpr (std::is_same<S, __nv_bfloat16>::value)
+            rc = rows_vec8(D, a) ? rms_bwd_rows<S, kBf16Vec>(N, D, a) : rms_bwd_rows<S, 1>(N, D, a);
+        else rc = rms_bwd_rows<S, 1>(N, D, a);
+        if (rc) return -1;
     }
-    if (dw) {
-        RmsDwTerm<T> term{x, z, dy, rstd, D};
-        return nn_column_sums(sizeof(T) == 4 ? DG_F32 : DG_F64, term, N, D, dw, "rms_norm dw");
+    if (a.dw) {
+        RmsDwTerm<S> term{(const S *)a.x, (const S *)a.add, (const S *)a.z, (const S *)a.dy, (const C *)a.rstd, D};
+        return nn_column_sums(term, N, D, (S *)a.dw, "rms_norm dw");
     }
     return 0;
 }
 
+template <typename S> int l2_bwd(int64_t N, int64_t D, const NormArgs &a) {
+    typedef nn_compute<S> C;
+    int G = nn_group_for(D);
+    unsigned grid = nn_row_grid(N, G);
+    cudaStream_t s = dg_cuda_stream();
+    if (G == 32)
+        l2_bwd_kernel<S, 32>
+            <<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const C *)a.rstd, (const S *)a.dy, (S *)a.dx);
+    else
+        l2_bwd_kernel<S, 256>
+            <<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const C *)a.rstd, (const S *)a.dy, (S *)a.dx);
+    return DG_LAUNCHED("l2norm bwd");
+}
+
 bool ready(const char *who, dg_dtype dt, int64_t N, int64_t D) {
-    if (!nn_float_dt(who, dt)) return false;
+    if (!nn_float_or_bf16_dt(who, dt)) return false;
     if (N < 0 || D < 0) {
         dg_error("%s: negative size (N %lld, D %lld)", who, (long long)N, (long long)D);
         return false;
     }
     return dg_cuda_init() == 0;
 }
+
+/* F<S>(N, D, args) for S the storage type named by dt */
+template <template <typename> class F> int by_dtype(dg_dtype dt, int64_t N, int64_t D, const NormArgs &a) {
+    switch (dt) {
+    case DG_F32: return F<float>::run(N, D, a);
+    case DG_F64: return F<double>::run(N, D, a);
+    default: return F<__nv_bfloat16>::run(N, D, a);
+    }
+}
+template <typename S> struct Fwd {
+    static int run(int64_t N, int64_t D, const NormArgs &a) { return norm_fwd<S>(N, D, a); }
+};
+template <typename S> struct RmsBwd {
+    static int run(int64_t N, int64_t D, const NormArgs &a) { return rms_bwd<S>(N, D, a); }
+};
+template <typename S> struct L2Bwd {
+    static int run(int64_t N, int64_t D, const NormArgs &a) { return l2_bwd<S>(N, D, a); }
+};
 
 } // namespace
 
@@ -158,67 +306,69 @@ int dg_cuda_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const
                          void *rstd) {
     if (!ready("cuda rms_norm", dt, N, D)) return -1;
     if (N == 0) return 0;
-    if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, nullptr, (const float *)w, eps, 0, (float *)y, (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, nullptr, (const double *)w, eps, 0, (double *)y, (double *)rstd);
+    NormArgs a = {};
+    a.x = x, a.w = w, a.eps = eps, a.y = y, a.rstd_out = rstd;
+    return by_dtype<Fwd>(dt, N, D, a);
 }
 
 int dg_cuda_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *w, const void *rstd,
                          const void *dy, void *dx, void *dw) {
     if (!ready("cuda rms_norm bwd", dt, N, D)) return -1;
-    if (dt == DG_F32)
-        return rms_bwd<float>(N, D, (const float *)x, nullptr, (const float *)w, (const float *)rstd, (const float *)dy,
-                              (float *)dx, nullptr, (float *)dw);
-    return rms_bwd<double>(N, D, (const double *)x, nullptr, (const double *)w, (const double *)rstd,
-                           (const double *)dy, (double *)dx, nullptr, (double *)dw);
+    NormArgs a = {};
+    a.x = x, a.w = w, a.rstd = rstd, a.dy = dy, a.dx = dx, a.dw = dw;
+    return by_dtype<RmsBwd>(dt, N, D, a);
 }
 
 int dg_cuda_gated_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
                                double eps, void *y, void *rstd) {
     if (!ready("cuda gated_rms_norm", dt, N, D)) return -1;
     if (N == 0) return 0;
-    if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w, eps, 0, (float *)y,
-                               (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w, eps, 0, (double *)y,
-                            (double *)rstd);
+    NormArgs a = {};
+    a.x = x, a.z = z, a.w = w, a.eps = eps, a.y = y, a.rstd_out = rstd;
+    return by_dtype<Fwd>(dt, N, D, a);
 }
 
 int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *z, const void *w,
                                const void *rstd, const void *dy, void *dx, void *dz, void *dw) {
     if (!ready("cuda gated_rms_norm bwd", dt, N, D)) return -1;
-    if (dt == DG_F32)
-        return rms_bwd<float>(N, D, (const float *)x, (const float *)z, (const float *)w, (const float *)rstd,
-                              (const float *)dy, (float *)dx, (float *)dz, (float *)dw);
-    return rms_bwd<double>(N, D, (const double *)x, (const double *)z, (const double *)w, (const double *)rstd,
-                           (const double *)dy, (double *)dx, (double *)dz, (double *)dw);
+    NormArgs a = {};
+    a.x = x, a.z = z, a.w = w, a.rstd = rstd, a.dy = dy, a.dx = dx, a.dz = dz, a.dw = dw;
+    return by_dtype<RmsBwd>(dt, N, D, a);
 }
 
 int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd) {
     if (!ready("cuda l2norm", dt, N, D)) return -1;
     if (N == 0) return 0;
-    if (dt == DG_F32)
-        return norm_fwd<float>(N, D, (const float *)x, nullptr, nullptr, eps, 1, (float *)y, (float *)rstd);
-    return norm_fwd<double>(N, D, (const double *)x, nullptr, nullptr, eps, 1, (double *)y, (double *)rstd);
+    NormArgs a = {};
+    a.x = x, a.eps = eps, a.mode = 1, a.y = y, a.rstd_out = rstd;
+    return by_dtype<Fwd>(dt, N, D, a);
 }
 
 int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx) {
     if (!ready("cuda l2norm bwd", dt, N, D)) return -1;
     if (N == 0 || !dx) return 0;
-    int G = nn_group_for(D);
-    unsigned grid = nn_row_grid(N, G);
-    cudaStream_t s = dg_cuda_stream();
-#define DG_L2(T, GG) \
-    l2_bwd_kernel<T, GG><<<grid, kNnThreads, 0, s>>>(N, D, (const T *)x, (const T *)rstd, (const T *)dy, (T *)dx)
-    if (dt == DG_F32) {
-        if (G == 32) DG_L2(float, 32);
-        else DG_L2(float, 256);
-    } else {
-        if (G == 32) DG_L2(double, 32);
-        else DG_L2(double, 256);
-    }
-#undef DG_L2
-    return DG_LAUNCHED("l2norm bwd");
+    NormArgs a = {};
+    a.x = x, a.rstd = rstd, a.dy = dy, a.dx = dx;
+    return by_dtype<L2Bwd>(dt, N, D, a);
+}
+
+/* In the kernels' terms: the row normalised is x + add with x = h, add = y; the kernels' output y
+ * is the op's x, their output sum the op's r. */
+int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w, double eps,
+                             void *x, void *r, void *rstd) {
+    if (!ready("cuda add_rms_norm", dt, N, D)) return -1;
+    if (N == 0) return 0;
+    NormArgs a = {};
+    a.x = h, a.add = y, a.w = w, a.eps = eps, a.y = x, a.sum = r, a.rstd_out = rstd;
+    return by_dtype<Fwd>(dt, N, D, a);
+}
+
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
+                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw) {
+    if (!ready("cuda add_rms_norm bwd", dt, N, D)) return -1;
+    NormArgs a = {};
+    a.x = h, a.add = y, a.w = w, a.rstd = rstd, a.dy = dx, a.dsum = dr, a.dx = dr_total, a.dw = dw;
+    return by_dtype<RmsBwd>(dt, N, D, a);
 }
 
 } // extern "C"

@@ -1,17 +1,16 @@
-/* Shared pieces of the network-piece kernels: the second pass of the column sums (nn_util.h) and
- * the index check of embedding ids and cross-entropy targets. */
+/* Shared pieces of the network-piece kernels: the second pass of the column sums for double
+ * partials, the sum over the rows of a matrix (a bias gradient) and the index check of embedding
+ * ids and cross-entropy targets. */
 #include "kernels/cuda/nn_util.h"
 
 namespace {
 
-/* out[m] = sum_p part[p, m], p increasing; one thread per column, neighbours read neighbours */
-template <typename T> __global__ void colsum_kernel(int64_t P, int64_t M, const double *part, T *out) {
-    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
-        double acc = 0;
-        for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
-        out[m] = (T)acc;
-    }
-}
+/* term(n, m) = x[n, m] */
+template <typename S> struct RowTerm {
+    const S *x;
+    int64_t M;
+    __device__ nn_acc<S> operator()(int64_t n, int64_t m) const { return (nn_acc<S>)nn_ld(x, n * M + m); }
+};
 
 /* *first = the smallest n with a bad id (unsigned compare: untouched stays at ULLONG_MAX) */
 __global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip,
@@ -28,9 +27,25 @@ __global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool 
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out) {
     if (M <= 0) return 0;
     unsigned grid = dg_grid_for(M, kNnThreads);
-    if (dt == DG_F32) colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
-    else colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
+    if (dt == DG_F32) nn_colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
+    else nn_colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
     return DG_LAUNCHED("nn colsum");
+}
+
+extern "C" int dg_cuda_nn_sum_rows(dg_dtype dt, int64_t N, int64_t M, const void *x, void *out) {
+    if (!nn_float_or_bf16_dt("cuda sum over rows", dt)) return -1;
+    if (N < 0 || M < 0) {
+        dg_error("cuda sum over rows: negative size (N %lld, M %lld)", (long long)N, (long long)M);
+        return -1;
+    }
+    if (dg_cuda_init()) return -1;
+    switch (dt) {
+    case DG_F32: return nn_column_sums(RowTerm<float>{(const float *)x, M}, N, M, (float *)out, "sum over rows");
+    case DG_F64: return nn_column_sums(RowTerm<double>{(const double *)x, M}, N, M, (double *)out, "sum over rows");
+    default:
+        return nn_column_sums(RowTerm<__nv_bfloat16>{(const __nv_bfloat16 *)x, M}, N, M, (__nv_bfloat16 *)out,
+                              "sum over rows");
+    }
 }
 
 extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip,

@@ -3,16 +3,24 @@
  *
  * Rows: a row of D elements is handled by a group of G threads (G = 32, a warp, for D <= 1024;
  * G = 256, a whole block, above), lane l reading elements l, l + G, ... so loads are coalesced.
- * Group sums are in double, lanes summed by a fixed butterfly (and, for G = 256, the 8 warp sums
- * in index order), so a row's result depends only on D and G, never on the launch.
+ * Group sums are in the accumulation type, lanes summed by a fixed butterfly (and, for G = 256,
+ * the 8 warp sums in index order), so a row's result depends only on D and G, never on the launch.
  *
  * Columns: a sum over the N rows of a per-(row, column) term (dw = sum_n dy x r, dbias, ...) runs
  * in two passes.  The rows are cut into P chunks of at least 16 rows (P chosen from the shape
- * alone); pass one writes double partial sums part[p, m] (one thread per (p, m), m fastest, so
- * neighbouring threads read neighbouring columns), pass two adds them up in order of p. */
+ * alone); pass one writes partial sums part[p, m] in the accumulation type (one thread per
+ * (p, m), m fastest, so neighbouring threads read neighbouring columns), pass two adds them up in
+ * order of p and rounds once to the storage type.
+ *
+ * Types: a kernel is written once over its storage type S (float, double, __nv_bfloat16).  Values
+ * are loaded into the compute type nn_compute<S> (S itself for float and double; float for bf16)
+ * with nn_ld and stored back with nn_st, which rounds once.  Sums over a row or over rows run in
+ * nn_acc<S>: double for float and double (the f32 kernels match the CPU ones, which also sum in
+ * double), float for bf16 (mixed precision: bf16 storage, f32 arithmetic and f32 sums). */
 #ifndef DG_KERNELS_CUDA_NN_UTIL_H
 #define DG_KERNELS_CUDA_NN_UTIL_H
 
+#include "kernels/cuda/bf16_vec.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/nn_cuda.h"
 
@@ -20,23 +28,59 @@
 
 constexpr int kNnThreads = 256;
 
+/* ---- storage, compute and accumulation types ---- */
+template <typename S> struct NnTypes {
+    typedef S compute;
+    typedef double acc;
+};
+template <> struct NnTypes<__nv_bfloat16> {
+    typedef float compute;
+    typedef float acc;
+};
+template <typename S> using nn_compute = typename NnTypes<S>::compute;
+template <typename S> using nn_acc = typename NnTypes<S>::acc;
+
+template <typename S> __device__ __forceinline__ S nn_ld(const S *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float nn_ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+template <typename S> __device__ __forceinline__ void nn_st(S *p, int64_t i, S v) { p[i] = v; }
+__device__ __forceinline__ void nn_st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* V consecutive elements p[i .. i + V) in the compute type: V = 1 for any storage; V = 8 for bf16
+ * only, p + i 16-byte aligned (bf16_vec.h).  A kernel looping over units of V elements is, with
+ * V = 1, the plain per-element loop. */
+template <int V, typename S> __device__ __forceinline__ void nn_ldv(const S *p, int64_t i, nn_compute<S> *out) {
+    if constexpr (V == 1) out[0] = nn_ld(p, i);
+    else bf16x8_load(p + i, out);
+}
+template <int V, typename S> __device__ __forceinline__ void nn_stv(S *p, int64_t i, const nn_compute<S> *v) {
+    if constexpr (V == 1) nn_st(p, i, v[0]);
+    else bf16x8_store(p + i, v);
+}
+
+/* the dtype tag of a storage type */
+template <typename S> constexpr dg_dtype nn_dtype_of() {
+    return sizeof(S) == 8 ? DG_F64 : (sizeof(S) == 4 ? DG_F32 : DG_BF16);
+}
+
 /* ---- math overloads so one template body serves f32 and f64 ---- */
 __device__ __forceinline__ float nn_exp(float x) { return expf(x); }
 __device__ __forceinline__ double nn_exp(double x) { return exp(x); }
 __device__ __forceinline__ float nn_log(float x) { return logf(x); }
 __device__ __forceinline__ double nn_log(double x) { return log(x); }
+__device__ __forceinline__ float nn_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double nn_max(double a, double b) { return fmax(a, b); }
 /* the CPU kernels' form: 1 / (1 + exp(-z)) */
 template <typename T> __device__ __forceinline__ T nn_sigmoid(T z) { return T(1) / (T(1) + nn_exp(-z)); }
 
-/* Sum of v over the G lanes of a group, returned to every lane.  smem: kNnThreads / 32 doubles
- * (used when G = 256).  Every thread of the block must call it (it holds barriers for G = 256). */
-template <int G> __device__ __forceinline__ double nn_group_sum(double v, double *smem) {
+/* Sum of v over the G lanes of a group, returned to every lane.  smem: kNnThreads / 32 values of
+ * A (used when G = 256).  Every thread of the block must call it (it holds barriers for G = 256). */
+template <int G, typename A> __device__ __forceinline__ A nn_group_sum(A v, A *smem) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (G == 32) return v;
     if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
     __syncthreads();
-    double t = 0;
+    A t = 0;
 #pragma unroll
     for (int w = 0; w < kNnThreads / 32; w++) t += smem[w];
     __syncthreads(); /* smem is rewritten by the next call */
@@ -44,15 +88,15 @@ template <int G> __device__ __forceinline__ double nn_group_sum(double v, double
 }
 
 /* Maximum of v over the G lanes of a group, returned to every lane (same rules as nn_group_sum). */
-template <int G> __device__ __forceinline__ double nn_group_max(double v, double *smem) {
+template <int G, typename A> __device__ __forceinline__ A nn_group_max(A v, A *smem) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, off));
+    for (int off = 16; off > 0; off >>= 1) v = nn_max(v, __shfl_xor_sync(0xffffffffu, v, off));
     if (G == 32) return v;
     if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
     __syncthreads();
-    double t = smem[0];
+    A t = smem[0];
 #pragma unroll
-    for (int w = 1; w < kNnThreads / 32; w++) t = fmax(t, smem[w]);
+    for (int w = 1; w < kNnThreads / 32; w++) t = nn_max(t, smem[w]);
     __syncthreads();
     return t;
 }
@@ -80,42 +124,70 @@ static inline int64_t nn_col_chunks(int64_t N, int64_t M) {
 }
 
 /* Pass one: part[p, m] = sum_{n in chunk p} term(n, m), in increasing n.  TERM is a functor with
- * __device__ double operator()(int64_t n, int64_t m) const. */
-template <typename TERM>
+ * __device__ A operator()(int64_t n, int64_t m) const (A its accumulation type). */
+template <typename A, typename TERM>
 __global__ void __launch_bounds__(kNnThreads)
-    nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t P, int64_t chunk, double *part) {
+    nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t P, int64_t chunk, A *part) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P * M; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t m = i % M, p = i / M;
         int64_t n0 = p * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-        double acc = 0;
+        A acc = 0;
         for (int64_t n = n0; n < n1; n++) acc += term(n, m);
         part[i] = acc;
     }
 }
 
-/* out[m] (T) = sum_p part[p, m] in increasing p (nn_util.cu). */
+/* Pass two: out[m] = sum_p part[p, m] in increasing p, rounded once to S; one thread per column,
+ * neighbours read neighbours. */
+template <typename S, typename A> __global__ void nn_colsum_kernel(int64_t P, int64_t M, const A *part, S *out) {
+    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
+        A acc = 0;
+        for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
+        nn_st(out, m, (nn_compute<S>)acc);
+    }
+}
+
+/* Pass two alone for double partial sums and an f32 or f64 out (the optimiser's sums). */
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out);
 
-/* Both passes: out[m] = sum_n term(n, m), out of dtype dt ([M], contiguous). */
-template <typename TERM>
-static int nn_column_sums(dg_dtype dt, const TERM &term, int64_t N, int64_t M, void *out, const char *name) {
+/* Both passes: out[m] = sum_n term(n, m), out of storage type S ([M], contiguous). */
+template <typename S, typename TERM>
+static int nn_column_sums(const TERM &term, int64_t N, int64_t M, S *out, const char *name) {
+    typedef nn_acc<S> A;
     if (M <= 0) return 0;
     int64_t P = nn_col_chunks(N, M), chunk = (N + P - 1) / P;
-    if (N == 0) return dg_cuda_fill(dt, M, out, 0.0);
-    double *part = dg_cuda_scratch<double>((size_t)(P * M));
+    if (N == 0) return dg_cuda_fill(nn_dtype_of<S>(), M, out, 0.0);
+    A *part = dg_cuda_scratch<A>((size_t)(P * M));
     if (!part) return -1;
-    nn_col_partial_kernel<TERM>
+    nn_col_partial_kernel<A, TERM>
         <<<dg_grid_for(P * M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(term, N, M, P, chunk, part);
     int rc = DG_LAUNCHED(name);
-    if (rc == 0) rc = dg_cuda_nn_colsum(dt, P, M, part, out);
+    if (rc == 0) {
+        nn_colsum_kernel<S, A><<<dg_grid_for(M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, out);
+        rc = DG_LAUNCHED("nn colsum");
+    }
     dg_cuda_free(part);
     return rc;
 }
 
-/* dtype checks shared by the entry points */
+/* The same with double partials and an f32 or f64 out named by dt (the terms return double; the
+ * gate kernels of kernels/cuda/delta call this form). */
+template <typename TERM>
+static int nn_column_sums(dg_dtype dt, const TERM &term, int64_t N, int64_t M, void *out, const char *name) {
+    if (dt == DG_F32) return nn_column_sums(term, N, M, (float *)out, name);
+    return nn_column_sums(term, N, M, (double *)out, name);
+}
+
+/* dtype checks shared by the entry points: kernels of f32 and f64 only, and those that also take
+ * bf16 storage */
 static inline bool nn_float_dt(const char *who, dg_dtype dt) {
     if (dt == DG_F32 || dt == DG_F64) return true;
     dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
+    return false;
+}
+static inline bool nn_float_or_bf16_dt(const char *who, dg_dtype dt) {
+    if (dt == DG_F32 || dt == DG_F64 || dt == DG_BF16) return true;
+    dg_error("%s: dtype %s is not supported on CUDA (f32, f64 or bf16)", who, dg_dtype_name(dt));
     return false;
 }
 

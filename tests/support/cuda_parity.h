@@ -89,7 +89,13 @@ static inline void run_op(const dg_op_def *def, const dg_sample *s, dg_tensor *c
             loss = out[j];
             seed = w;
         } else {
-            dg_tensor *term = dg_sum_all(dg_mul(out[j], w));
+            /* bf16 outputs join the sum in f32 (the products of bf16 tensors are not what is tested) */
+            dg_tensor *o = out[j];
+            if (o->dtype == DG_BF16) {
+                o = dg_to_dtype(o, DG_F32);
+                w = dg_to_dtype(w, DG_F32);
+            }
+            dg_tensor *term = dg_sum_all(dg_mul(o, w));
             loss = loss ? dg_add(loss, term) : term;
         }
     }
@@ -186,6 +192,95 @@ static inline dg_tensor *as_f32(dg_tensor *t) {
     dg_tensor *f = dg_empty(t->ndim, t->shape, DG_F32);
     assert_int_equal(dg_copy_(f, t), 0);
     return f;
+}
+
+/* f32 host t in bf16 with t's layout: its storage rounded element by element, viewed with t's
+ * shape, strides and offset */
+static inline dg_tensor *bf16_same_layout(dg_tensor *t) {
+    int64_t n = (int64_t)(t->storage->nbytes / dg_dtype_size(t->dtype)), one = 1;
+    dg_tensor *flat = as_bf16(dg_make_view(t, 1, &n, &one, 0));
+    return dg_make_view(flat, t->ndim, t->shape, t->stride, t->offset);
+}
+
+/* One op in bf16 on the device against f32 on the CPU: every sample (drawn in f32), both layouts.
+ * The float inputs are rounded to bf16 (in their layout) for the device, and the CPU runs in f32
+ * from the same rounded values; the output weights are bf16-representable, given to the device
+ * in the dtype of its output (bf16, or f32 where the op returns f32 from bf16, as cross-entropy's
+ * loss) and to the CPU in f32.  Outputs and gradients must agree within tol (relative error norm);
+ * every gradient of a bf16 input must be bf16.  An op whose device forward refuses bf16 (an error
+ * that names bf16) is not run: *refusal receives the message (else it is left empty). */
+static inline op_stats parity_op_bf16(const dg_op_def *def, double tol, char *refusal, size_t refusal_size) {
+    op_stats st = {0};
+    refusal[0] = 0;
+    for (int i = 0;; i++) {
+        dg_scope_begin();
+        dg_sample s = {0};
+        if (def->sample(i, DG_F32, 3000 + (uint64_t)i, &s) <= 0) {
+            dg_sample_free(&s);
+            dg_scope_end();
+            break;
+        }
+        for (int layout = 0; layout < 2; layout++) {
+            dg_tensor *in_bf[DG_MAX_IO] = {0}, *in_ref[DG_MAX_IO] = {0};
+            bool diff[DG_MAX_IO] = {0};
+            for (int k = 0; k < def->n_in; k++) {
+                dg_tensor *x = layout ? doubled_strides(s.in[k]) : s.in[k];
+                bool fl = x && x->dtype == DG_F32;
+                in_bf[k] = fl ? bf16_same_layout(x) : x;
+                in_ref[k] = fl ? as_f32(in_bf[k]) : x;
+                diff[k] = s.differentiable[k];
+            }
+            /* the device forward alone, without gradients: does the op take bf16, and which dtype
+             * does each output have */
+            dg_dtype out_dt[DG_MAX_IO] = {0};
+            dg_scope_begin();
+            dg_tensor *probe_in[DG_MAX_IO] = {0}, *probe_out[DG_MAX_IO] = {0};
+            for (int k = 0; k < def->n_in; k++) probe_in[k] = same_layout_on(in_bf[k], DG_CUDA);
+            int rc = dg_apply(def, s.attrs, probe_in, probe_out, 0);
+            if (rc != 0 && strstr(dg_last_error(), "bf16")) snprintf(refusal, refusal_size, "%s", dg_last_error());
+            else if (rc != 0) fail_msg("%s, sample '%s': bf16 forward failed: %s", def->name, s.label, dg_last_error());
+            for (int j = 0; rc == 0 && j < def->n_out; j++) out_dt[j] = probe_out[j] ? probe_out[j]->dtype : DG_F32;
+            dg_scope_end();
+            if (rc != 0) {
+                dg_sample_free(&s);
+                dg_scope_end();
+                return st;
+            }
+            for (int v = 0; v < dg_op_variant_count(def); v++) {
+                run_result ref = {0}, gpu = {0};
+                dg_tensor *w_ref[DG_MAX_IO] = {0}, *w_dev[DG_MAX_IO] = {0}, *no_w[DG_MAX_IO] = {0};
+                run_op(def, &s, in_ref, diff, no_w, v, DG_CPU, &ref);
+                dg_rng rng = dg_rng_new(177 + (uint64_t)i);
+                for (int j = 0; j < def->n_out; j++) {
+                    if (!ref.out[j] || !dg_dtype_is_float(ref.out[j]->dtype)) continue;
+                    dg_tensor *wb = as_bf16(dg_randn(ref.out[j]->ndim, ref.out[j]->shape, DG_F32, &rng));
+                    w_ref[j] = as_f32(wb);
+                    w_dev[j] = out_dt[j] == DG_BF16 ? wb : w_ref[j];
+                }
+                result_free(&ref);
+                run_op(def, &s, in_ref, diff, w_ref, v, DG_CPU, &ref);
+                run_op(def, &s, in_bf, diff, w_dev, v, DG_CUDA, &gpu);
+                char what[64];
+                for (int j = 0; j < def->n_out; j++) {
+                    snprintf(what, sizeof what, "bf16 output %s", def->out_names[j] ? def->out_names[j] : "?");
+                    check_close(def, &s, layout, what, gpu.out[j], ref.out[j], tol, &st.worst_out);
+                }
+                for (int k = 0; k < def->n_in; k++) {
+                    snprintf(what, sizeof what, "bf16 gradient d%s", def->in_names[k] ? def->in_names[k] : "?");
+                    if (gpu.grad[k] && in_bf[k]->dtype == DG_BF16 && gpu.grad[k]->dtype != DG_BF16)
+                        fail_msg("%s, sample '%s': %s is %s, not bf16", def->name, s.label, what,
+                                 dg_dtype_name(gpu.grad[k]->dtype));
+                    check_close(def, &s, layout, what, gpu.grad[k], ref.grad[k], tol, &st.worst_grad);
+                }
+                result_free(&ref);
+                result_free(&gpu);
+                st.cases++;
+            }
+        }
+        dg_sample_free(&s);
+        dg_scope_end();
+    }
+    return st;
 }
 
 #endif
