@@ -24,8 +24,8 @@ bool dg_check_float_or_bf16(const char *op, const char *arg, const dg_tensor *t)
     if (!dg_check_not_null(op, arg, t)) return false;
     if (t->dtype == DG_BF16 && t->device == DG_CUDA) return true;
     if (t->dtype == DG_BF16) {
-        dg_error("%s: %s has dtype bf16 (shape %s) on %s; bf16 runs on cuda only (f32 or f64 here)", op, arg,
-                 dg_shp(t), dg_device_name(t->device));
+        dg_error("%s: %s has dtype bf16 (shape %s) on %s; bf16 runs on cuda only (f32 or f64 here)", op, arg, dg_shp(t),
+                 dg_device_name(t->device));
         return false;
     }
     return dg_check_float(op, arg, t);
