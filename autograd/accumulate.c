@@ -5,13 +5,13 @@
 #endif
 
 #ifdef DG_HAVE_CUDA
-/* dst += src on the device.  f32/f64 with dst contiguous: one broadcasting add kernel writing its
- * output over dst (each element reads dst[i] and writes dst[i] in the same thread, so in place is
- * safe; src may be strided or broadcast).  Otherwise (a strided dst, bf16, f16): through an f32/f64
- * contiguous temporary. */
+/* dst += src on the device.  f32/f64/bf16 with dst contiguous: one broadcasting add kernel writing
+ * its output over dst (each element reads dst[i] and writes dst[i] in the same thread, so in place
+ * is safe; src may be strided or broadcast; bf16 adds in f32 and rounds once).  Otherwise (a
+ * strided dst, f16): through an f32/f64 contiguous temporary. */
 static int accumulate_device(dg_tensor *dst, const dg_tensor *src) {
     bool fl = dst->dtype == DG_F32 || dst->dtype == DG_F64;
-    if (fl && dg_is_contiguous(dst))
+    if ((fl || dst->dtype == DG_BF16) && dg_is_contiguous(dst))
         return dg_cuda_binary(dst->dtype, DG_BIN_ADD, dst->ndim, dst->shape, dg_data_ptr(dst), dst->stride,
                               dg_data_ptr(src), src->stride, dg_data_ptr(dst));
     if (!fl && dst->dtype != DG_BF16 && dst->dtype != DG_F16) {

@@ -215,9 +215,14 @@ static int accumulate_into(dg_tensor *t, dg_tensor *g) {
         *slot = dg_retain(c);
         return 0;
     }
-    /* shared (another slot, a view of the same storage) or strided: copy before adding in place */
-    if ((*slot)->refcount > 1 || (*slot)->storage->refcount > 1 || !dg_is_contiguous(*slot)) {
-        dg_tensor *c = dg_clone(*slot);
+    /* the bf16 cast of an f32 tensor may take its gradient in f32 (matmul gives it so: ops/matmul.c);
+     * bf16 and f32 contributions to one slot add up in f32 */
+    bool widen = (*slot)->dtype == DG_BF16 && g->dtype == DG_F32;
+    if ((*slot)->dtype == DG_F32 && g->dtype == DG_BF16 && !(g = dg_to_dtype(g, DG_F32))) return -1;
+    /* widened, shared (another slot, a view of the same storage) or strided: a copy of its own
+     * before adding in place */
+    if (widen || (*slot)->refcount > 1 || (*slot)->storage->refcount > 1 || !dg_is_contiguous(*slot)) {
+        dg_tensor *c = widen ? dg_to_dtype(*slot, DG_F32) : dg_clone(*slot);
         if (!c) return -1;
         dg_release(*slot);
         *slot = dg_retain(c);

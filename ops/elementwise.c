@@ -7,11 +7,13 @@
  *   unary y = f(x)      dx = g * f'(x)           (kernels/cpu/elementwise_impl.h lists f')
  * sum_to reduces a broadcast gradient back to the input's shape.
  * Device tensors run the same math through kernels/cuda/elementwise.cu (dg_cuda_binary over the
- * broadcast strides, dg_cuda_unary / dg_cuda_unary_bwd on contiguous arrays). */
+ * broadcast strides, dg_cuda_unary / dg_cuda_unary_bwd on contiguous arrays), in f32, f64 and, on
+ * the device only, bf16: f32 arithmetic and each output and gradient rounded once to bf16 (the
+ * broadcast sums of products are formed in f32 and rounded after the sum: binary_backward_bf16). */
 #include "kernels/cpu/elementwise.h"
 #include "ops/op.h"
 #ifdef DG_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.h" /* the CUDA kernels, f32/f64 on the device */
+#include "kernels/cuda/cuda_kernels.h" /* the CUDA kernels: f32, f64 and bf16 on the device */
 #endif
 
 #include <string.h>
@@ -53,9 +55,63 @@ static int binary_forward(dg_node *n) {
     return 0;
 }
 
+#ifdef DG_HAVE_CUDA
+/* a op b broadcast, as f32, without autograd: the terms of a bf16 gradient kept in f32 until
+ * their broadcast sum rounds once (a and b are f32 or bf16, on the device) */
+static dg_tensor *wide_binary(dg_binary_op op, dg_tensor *a, dg_tensor *b) {
+    if (!a || !b) return NULL;
+    int nd;
+    int64_t shape[DG_MAX_DIMS];
+    dg_broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, &nd, shape);
+    dg_tensor *ae = dg_expand(a, nd, shape), *be = dg_expand(b, nd, shape);
+    dg_tensor *out = dg_empty_on(nd, shape, DG_F32, a->device);
+    if (!ae || !be || !out ||
+        dg_cuda_binary_mixed(a->dtype, b->dtype, DG_F32, op, nd, shape, dg_data_ptr(ae), ae->stride, dg_data_ptr(be),
+                             be->stride, dg_data_ptr(out)))
+        return NULL;
+    return out;
+}
+
+/* bf16: each gradient rounded once.  A gradient that is a product and is summed over broadcast
+ * dims is formed in f32 and rounded after the sum; without a broadcast it is the bf16 product
+ * (one rounding).  dy of div, -g x / y^2, runs in f32 throughout from x (not from the rounded
+ * output). */
+static int binary_backward_bf16(dg_node *n, dg_tensor *g, dg_tensor **gin) {
+    const ew_attrs *a = (const ew_attrs *)n->attrs;
+    dg_tensor *x = n->in[0], *y = n->in[1];
+    bool x_sum = !dg_same_shape(x, g), y_sum = !dg_same_shape(y, g);
+    dg_binary_op op = (dg_binary_op)a->op;
+    dg_tensor *gx = NULL, *gy = NULL;
+    if (op == DG_BIN_ADD || op == DG_BIN_SUB) {
+        if (n->needs_grad[0]) gx = dg_sum_to_shape(g, x->ndim, x->shape);
+        if (n->needs_grad[1]) {
+            gy = dg_sum_to_shape(g, y->ndim, y->shape);
+            if (op == DG_BIN_SUB) gy = dg_neg(gy); /* exact */
+        }
+    } else {
+        dg_binary_op gop = op == DG_BIN_MUL ? DG_BIN_MUL : DG_BIN_DIV; /* dx = g * y or g / y */
+        if (n->needs_grad[0])
+            gx = x_sum              ? dg_sum_to_shape_as(wide_binary(gop, g, y), x->ndim, x->shape, DG_BF16)
+                 : op == DG_BIN_MUL ? dg_mul(g, y)
+                                    : dg_div(g, y);
+        if (n->needs_grad[1] && op == DG_BIN_MUL)
+            gy = y_sum ? dg_sum_to_shape_as(wide_binary(DG_BIN_MUL, g, x), y->ndim, y->shape, DG_BF16) : dg_mul(g, x);
+        if (n->needs_grad[1] && op == DG_BIN_DIV) {
+            dg_tensor *t = wide_binary(DG_BIN_DIV, wide_binary(DG_BIN_DIV, wide_binary(DG_BIN_MUL, g, x), y), y);
+            gy = dg_neg(dg_sum_to_shape_as(t, y->ndim, y->shape, DG_BF16));
+        }
+    }
+    gin[0] = gx, gin[1] = gy;
+    return (n->needs_grad[0] && !gin[0]) || (n->needs_grad[1] && !gin[1]) ? -1 : 0;
+}
+#endif
+
 static int binary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     const ew_attrs *a = (const ew_attrs *)n->attrs;
     dg_tensor *x = n->in[0], *y = n->in[1], *g = gout[0];
+#ifdef DG_HAVE_CUDA
+    if (x->dtype == DG_BF16) return binary_backward_bf16(n, g, gin);
+#endif
     dg_tensor *gx = NULL, *gy = NULL;
     switch ((dg_binary_op)a->op) {
     case DG_BIN_ADD:
@@ -82,7 +138,7 @@ static int binary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
 }
 
 static dg_tensor *binary(const char *name, const dg_op_def *def, dg_binary_op op, dg_tensor *x, dg_tensor *y) {
-    if (!dg_check_float(name, "a", x) || !dg_check_float(name, "b", y)) return NULL;
+    if (!dg_check_float_or_bf16(name, "a", x) || !dg_check_float_or_bf16(name, "b", y)) return NULL;
     if (!dg_check_same_dtype(name, "b", y, "a", x) || !dg_check_same_device(name, "b", y, "a", x)) return NULL;
     int nd;
     int64_t shape[DG_MAX_DIMS];
@@ -192,7 +248,7 @@ static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
 }
 
 static dg_tensor *unary(const char *name, const dg_op_def *def, dg_unary_op op, double s, dg_tensor *x) {
-    if (!dg_check_float(name, "a", x)) return NULL;
+    if (!dg_check_float_or_bf16(name, "a", x)) return NULL;
     ew_attrs at = {op, s};
     return dg_apply1(def, &at, &x);
 }
@@ -204,9 +260,9 @@ static int unary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg_
     dg_tensor *a;
     switch (index) {
     case 0: a = positive ? DG_SAMPLE_RAND(&rng, dt, 0.5, 2.0, 7) : DG_SAMPLE_RANDN(&rng, dt, 7); break;
-    case 1:
+    case 1: /* bf16: scaled in f32 on the host (bf16 arithmetic is the device's), then rounded */
         a = positive ? DG_SAMPLE_RAND(&rng, dt, 0.5, 2.0, 3, 4, 5)
-                     : dg_mul_scalar(DG_SAMPLE_RANDN(&rng, dt, 3, 4, 5), 3.0);
+                     : dg_to_dtype(dg_mul_scalar(DG_SAMPLE_RANDN(&rng, dt == DG_BF16 ? DG_F32 : dt, 3, 4, 5), 3.0), dt);
         break;
     default: return 0;
     }

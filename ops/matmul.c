@@ -5,15 +5,30 @@
  *   dB = op(A)^T dC            (B^T stored: dB = dC^T op(A))
  * then summed over broadcast batch dims.  Any operand whose matrix is neither row- nor column-
  * major (unit stride in one of its last two dims) is copied; batch dims may have any stride,
- * including 0 (a broadcast weight is never copied per batch).
+ * including 0 (a broadcast weight is never copied per batch).  A transposed view is column major:
+ * it becomes a cuBLAS / CBLAS transpose flag, never a copy.
  *
  * On the device: cuBLAS through dg_cuda_gemm (kernels/cuda/blas.cu), strided batched.  The batch
  * dims are merged where every operand's strides allow (C is contiguous), the innermost merged run
  * becomes one strided batched call (a broadcast operand has batch stride 0) and any outer runs
- * loop on the host: one call in the usual cases ([B,M,K] x [K,N], equal batches).  f32 (strict,
- * no TF32) and f64; bf16 storage with f32 accumulation, on the device only: the product is
- * rounded once to bf16, and the gradients are computed in f32 (products and broadcast sums) and
- * rounded once to bf16. */
+ * loop on the host: one call in the usual cases ([B,M,K] x [K,N], equal batches).  A weight shared
+ * by the whole batch ([B,T,K] x [K,N]) folds the batch into the rows: one [B*T,K] x [K,N] product.
+ * f32 (strict, no TF32) and f64.
+ *
+ * bf16 (device only) is storage: cuBLAS multiplies bf16 operands on the tensor cores with f32
+ * accumulation (CUBLAS_COMPUTE_32F) and rounds the product once to bf16.  Backward:
+ *   - each gradient is one product accumulated in f32 and rounded once: cuBLAS writes bf16
+ *     directly when no batch dims are summed; otherwise the product is written in f32 and the
+ *     broadcast sum rounds once (dg_sum_to_shape_as).  A 2-d weight shared by a batch of rows
+ *     gets dB from one product over all rows (the batch folded into K), so the batch sum happens
+ *     inside the GEMM's f32 accumulator, with no [B, K, N] temporary.
+ *   - mixed precision: the bf16 operand made by dg_to_dtype from an f32 tensor (an f32 master
+ *     weight cast for the step) receives its gradient in f32, straight from cuBLAS (bf16 operands,
+ *     f32 result).  The cast's backward passes an f32 gradient through unchanged, so the master
+ *     weight's gradient is the f32 accumulator itself: no bf16 rounding at all, and no
+ *     round-to-bf16 and widen-to-f32 passes over it.  The autograd engine adds bf16 and f32
+ *     contributions to such a cast in f32 (autograd/engine.c, accumulate_into), so a cast used by
+ *     a matmul and by a bf16-only op still sums correctly. */
 #include <cblas.h>
 
 #include "ops/op.h"
@@ -66,6 +81,13 @@ static int matmul_cuda(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb,
     }
     int64_t inner = m ? size[m - 1] : 1, outer = 1;
     for (int d = 0; d + 1 < m; d++) outer *= size[d];
+    /* b shared by the whole batch (stride 0), and a's rows (op(a) = a, row major) spaced evenly
+     * through the batch as c's are: one product of inner * M rows instead of a batch of M-row
+     * products (the usual [B, T, K] x [K, N]; one large GEMM keeps the tensor cores busier) */
+    if (m == 1 && sb[0] == 0 && !ta && arow && sa[0] == M * lda && sc[0] == M * N) {
+        M *= inner;
+        inner = 1, m = 0;
+    }
     size_t ea = dg_dtype_size(a->dtype), ec = dg_dtype_size(c->dtype);
     const char *ap = dg_data_ptr(a), *bp = dg_data_ptr(b);
     char *cp = dg_data_ptr(c);
@@ -85,7 +107,6 @@ static int matmul_cuda(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb,
 }
 #endif
 
-#ifdef DG_HAVE_CUDA
 /* Output shape [batch..., M, N] of op(a) op(b). */
 static int out_shape(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb, int64_t *shape) {
     int da = a->ndim, db = b->ndim, nb;
@@ -94,7 +115,6 @@ static int out_shape(const dg_tensor *a, const dg_tensor *b, bool ta, bool tb, i
     shape[nb + 1] = tb ? b->shape[db - 2] : b->shape[db - 1];
     return nb + 2;
 }
-#endif
 
 /* The product without autograd, of dtype out_dt: the device path of forward and of the bf16
  * backward (f32 results of bf16 operands). */
@@ -172,19 +192,51 @@ static int matmul_forward(dg_node *n) {
     return 0;
 }
 
-/* bf16: products into f32, broadcast sums in f32, one rounding to bf16 at the end */
+/* t as [rows, cols] with its batch dims folded into the rows, when t (op(t) = t) is contiguous
+ * and has batch dims; NULL otherwise.  A view: no copy. */
+static dg_tensor *fold_rows(dg_tensor *t) {
+    if (t->ndim <= 2 || !dg_is_contiguous(t)) return NULL;
+    int64_t cols = t->shape[t->ndim - 1];
+    return dg_reshape(t, 2, (int64_t[]){cols ? dg_numel(t) / cols : 0, cols});
+}
+
+/* The dtype of the gradient of a bf16 operand: f32 when it is the bf16 cast of an f32 tensor
+ * (dg_to_dtype of an f32 weight), bf16 otherwise (see the file's head). */
+static dg_dtype bf16_grad_dtype(const dg_tensor *t) {
+    const dg_node *p = t->node;
+    return p && p->op == &dg_op_to_dtype && p->in[0] && p->in[0]->dtype == DG_F32 ? DG_F32 : DG_BF16;
+}
+
+/* The product c (the gradient of operand x, before any broadcast sum) as x's gradient: cuBLAS
+ * writes it in dt directly when no batch dims are summed (one rounding for bf16); otherwise it is
+ * made in f32 and summed, rounding once to dt. */
+static dg_tensor *bf16_operand_grad(dg_tensor *p, dg_tensor *q, bool tp, bool tq, const dg_tensor *x, dg_dtype dt) {
+    int64_t shape[DG_MAX_DIMS];
+    int nd = out_shape(p, q, tp, tq, shape);
+    bool same = nd == x->ndim && memcmp(shape, x->shape, sizeof(int64_t) * (size_t)nd) == 0;
+    if (same) return matmul_device(p, q, tp, tq, dt);
+    return dg_sum_to_shape_as(matmul_device(p, q, tp, tq, DG_F32), x->ndim, x->shape, dt);
+}
+
+/* bf16: products accumulate in f32; each gradient is rounded once to bf16 (or kept in f32 for the
+ * bf16 cast of an f32 tensor).  A weight b [K, N] shared by a batch of rows gets its gradient
+ * from one product over all rows (the batch folded into K), not a batch of products and a sum. */
 static int matmul_backward_bf16(dg_node *n, dg_tensor *g, dg_tensor **gin) {
     const matmul_attrs *at = (const matmul_attrs *)n->attrs;
     dg_tensor *a = n->in[0], *b = n->in[1];
     if (n->needs_grad[0]) {
-        dg_tensor *ga =
-            at->ta ? matmul_device(b, g, at->tb, true, DG_F32) : matmul_device(g, b, false, !at->tb, DG_F32);
-        if (!(gin[0] = dg_to_dtype(dg_sum_to_shape(ga, a->ndim, a->shape), DG_BF16))) return -1;
+        dg_dtype dt = bf16_grad_dtype(a);
+        gin[0] = at->ta ? bf16_operand_grad(b, g, at->tb, true, a, dt) : bf16_operand_grad(g, b, false, !at->tb, a, dt);
+        if (!gin[0]) return -1;
     }
     if (n->needs_grad[1]) {
-        dg_tensor *gb =
-            at->tb ? matmul_device(g, a, true, at->ta, DG_F32) : matmul_device(a, g, !at->ta, false, DG_F32);
-        if (!(gin[1] = dg_to_dtype(dg_sum_to_shape(gb, b->ndim, b->shape), DG_BF16))) return -1;
+        dg_dtype dt = bf16_grad_dtype(b);
+        dg_tensor *af = b->ndim == 2 && !at->ta ? fold_rows(a) : NULL, *gf = af ? fold_rows(g) : NULL;
+        if (af && gf) gin[1] = at->tb ? matmul_device(gf, af, true, false, dt) : matmul_device(af, gf, true, false, dt);
+        else
+            gin[1] =
+                at->tb ? bf16_operand_grad(g, a, true, at->ta, b, dt) : bf16_operand_grad(a, g, !at->ta, false, b, dt);
+        if (!gin[1]) return -1;
     }
     return 0;
 }
@@ -204,20 +256,8 @@ static int matmul_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     return 0;
 }
 
-/* f32 or f64 anywhere; bf16 on the device */
-static bool matmul_dtype_ok(const char *arg, const dg_tensor *t) {
-    if (!dg_check_not_null("matmul", arg, t)) return false;
-    if (t->dtype == DG_BF16 && t->device == DG_CUDA) return true;
-    if (t->dtype == DG_BF16) {
-        dg_error("matmul: %s has dtype bf16 (shape %s) on %s; bf16 products run on cuda only", arg, dg_shp(t),
-                 dg_device_name(t->device));
-        return false;
-    }
-    return dg_check_float("matmul", arg, t);
-}
-
 dg_tensor *dg_matmul_t(dg_tensor *a, dg_tensor *b, bool ta, bool tb) {
-    if (!matmul_dtype_ok("a", a) || !matmul_dtype_ok("b", b)) return NULL;
+    if (!dg_check_float_or_bf16("matmul", "a", a) || !dg_check_float_or_bf16("matmul", "b", b)) return NULL;
     if (!dg_check_same_dtype("matmul", "b", b, "a", a) || !dg_check_same_device("matmul", "b", b, "a", a)) return NULL;
     if (a->ndim < 2 || b->ndim < 2) {
         dg_error("matmul: a %s and b %s must have at least 2 dims", dg_shp(a), dg_shp(b));

@@ -42,6 +42,9 @@ void dg_sample_set(dg_sample *s, int i, dg_tensor *t, bool differentiable); /* t
 
 /* Reduces a broadcast gradient g back to `shape` by summing over the broadcast dims. */
 dg_tensor *dg_sum_to_shape(dg_tensor *g, int ndim, const int64_t *shape);
+/* The same, as dtype out_dt, for backward passes (no autograd): on the device one pass that sums
+ * in f64 and rounds once to out_dt (f32 terms of a bf16 gradient); elsewhere a sum then a cast. */
+dg_tensor *dg_sum_to_shape_as(dg_tensor *g, int ndim, const int64_t *shape, dg_dtype out_dt);
 
 /* validation helpers used by the typed entry points; each sets a message naming op and arg */
 bool dg_check_not_null(const char *op, const char *arg, const dg_tensor *t);

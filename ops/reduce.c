@@ -3,7 +3,12 @@
  *   mean: the same scaled by 1 / (number of reduced elements).
  * Layout: the reduced dims are permuted last and made contiguous, so each output element is the
  * sum of one contiguous row (accumulated in double).  On the device, one dg_cuda_sum over the
- * strided input (kernels/cuda/reduce.cu; f64 accumulation, no permuted copy). */
+ * strided input (kernels/cuda/reduce.cu; f64 accumulation, no permuted copy), for f32, f64 and
+ * bf16: a bf16 sum or mean accumulates in f64 too and is rounded once to bf16.  The mean's
+ * backward, g / n, is one rounding of g / n in bf16.
+ *
+ * dg_sum_to_shape_as, the broadcast sum of the backward passes, can change the dtype on the way:
+ * f32 terms of a bf16 gradient are summed and rounded once to bf16 in the same pass. */
 #include "ops/op.h"
 #ifdef DG_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
@@ -100,7 +105,7 @@ static int reduce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
 
 static dg_tensor *reduce(const char *name, const dg_op_def *def, bool mean, dg_tensor *x, int ndims, const int *dims,
                          bool keepdim) {
-    if (!dg_check_float(name, "a", x)) return NULL;
+    if (!dg_check_float_or_bf16(name, "a", x)) return NULL;
     reduce_attrs at = {.keepdim = keepdim, .mean = mean};
     if (ndims == 0 || !dims)
         for (int d = 0; d < x->ndim; d++) at.reduce[d] = true;
@@ -123,6 +128,26 @@ dg_tensor *dg_mean(dg_tensor *a, int ndims, const int *dims, bool keepdim) {
 }
 dg_tensor *dg_sum_all(dg_tensor *a) { return dg_sum(a, 0, NULL, false); }
 dg_tensor *dg_mean_all(dg_tensor *a) { return dg_mean(a, 0, NULL, false); }
+
+dg_tensor *dg_sum_to_shape_as(dg_tensor *g, int ndim, const int64_t *shape, dg_dtype out_dt) {
+    if (!g) return NULL;
+#ifdef DG_HAVE_CUDA
+    if (g->device == DG_CUDA && g->dtype != out_dt) {
+        /* the dims that broadcasting added or stretched from size 1, as in dg_sum_to_shape; the
+         * kept dims, in order, are `shape` */
+        int lead = g->ndim - ndim;
+        unsigned mask = 0;
+        for (int d = 0; d < g->ndim; d++)
+            if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) mask |= 1u << d;
+        dg_tensor *s = dg_empty_on(ndim, shape, out_dt, DG_CUDA);
+        if (!s || dg_cuda_sum_mixed(g->dtype, out_dt, g->ndim, g->shape, dg_data_ptr(g), g->stride, mask, 1.0,
+                                    dg_data_ptr(s)))
+            return NULL;
+        return s;
+    }
+#endif
+    return dg_to_dtype(dg_sum_to_shape(g, ndim, shape), out_dt);
+}
 
 static int reduce_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, bool mean) {
     dg_rng rng = dg_rng_new(seed);

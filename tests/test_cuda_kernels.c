@@ -167,8 +167,8 @@ static void test_unary(void **state) {
         }
     }
     dg_clear_error();
-    assert_int_equal(dg_cuda_unary(DG_BF16, DG_UN_EXP, 4, NULL, NULL, 0), -1);
-    assert_true(strstr(dg_last_error(), "bf16") != NULL);
+    assert_int_equal(dg_cuda_unary(DG_F16, DG_UN_EXP, 4, NULL, NULL, 0), -1);
+    assert_true(strstr(dg_last_error(), "f16") != NULL);
     dg_clear_error();
 }
 

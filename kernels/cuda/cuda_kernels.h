@@ -61,7 +61,8 @@ static inline int dg_cuda_ktime_add(dg_cuda_ktime *out, int m, int max, const ch
     return m;
 }
 
-/* ---- elementwise (elementwise.cu); dt is DG_F32 or DG_F64 unless said otherwise ---------------- */
+/* ---- elementwise (elementwise.cu); dt is DG_F32, DG_F64 or DG_BF16 (f32 arithmetic, one rounding
+ * of each result) unless said otherwise ---- */
 /* y[i] = f(x[i]) for n contiguous elements (y may alias x). */
 int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y, double a);
 /* gx[i] = gy[i] f'(x[i]) (gx may alias gy).  x may be NULL where f' is a function of the output
@@ -74,6 +75,10 @@ int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, con
  * out is contiguous of that shape.  Broadcasting is a stride of 0. */
 int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a, const int64_t *astride,
                    const void *b, const int64_t *bstride, void *out);
+/* The same with a dtype each: f64 throughout, or any mix of f32 and bf16 (f32 arithmetic, the
+ * result rounded once where it is bf16). */
+int dg_cuda_binary_mixed(dg_dtype a_dt, dg_dtype b_dt, dg_dtype out_dt, dg_binary_op op, int ndim, const int64_t *shape,
+                         const void *a, const int64_t *astride, const void *b, const int64_t *bstride, void *out);
 
 /* dg_cuda_fill, dg_cuda_copy_strided and dg_cuda_cast (also here) are declared in core/device.h:
  * core's copies call them. */
@@ -81,10 +86,13 @@ int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape,
 /* ---- reductions (reduce.cu) ---------------------------------------------------------------- */
 /* out = alpha * sum of x over the dims whose bit is set in reduce_mask (bit d: dim d).  x is the
  * ndim-d (0..6) view `shape` with strides xstride (NULL: contiguous); out is contiguous over the
- * kept dims in their order (keepdim is the caller's reshape).  f32 accumulates in f64; the result
- * does not depend on the launch (no atomics). */
+ * kept dims in their order (keepdim is the caller's reshape).  f32, f64 and bf16 accumulate in
+ * f64 and round once to the output; the result does not depend on the launch (no atomics). */
 int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x, const int64_t *xstride,
                 unsigned reduce_mask, double alpha, void *out);
+/* The same with x of dtype x_dt and out of out_dt: equal, or f32 and bf16 either way round. */
+int dg_cuda_sum_mixed(dg_dtype x_dt, dg_dtype out_dt, int ndim, const int64_t *shape, const void *x,
+                      const int64_t *xstride, unsigned reduce_mask, double alpha, void *out);
 
 /* ---- matrix products through cuBLAS (blas.cu) ------------------------------------------------- */
 /* Row-major, batched with element strides between batch members (a stride of 0 broadcasts A or

@@ -1,7 +1,17 @@
 /* Elementwise device kernels: unary maps and their backward maps, binary broadcasting arithmetic
  * over strided inputs, fill, strided copy and dtype casts.  All are memory bound: one grid-stride
- * pass, one read of each input and one write of the output per element.  Math in the storage
- * precision (f32 or f64), with the numerically stable forms of the CPU ops. */
+ * pass, one read of each input and one write of the output per element.
+ *
+ * Precision: f32 and f64 compute in their own precision, with the numerically stable forms of the
+ * CPU ops.  bf16 is a storage dtype: each element is loaded to f32, the math runs in f32 and each
+ * result is rounded once to bf16.  The unary backward of bf16 recomputes f(x) in f32 from x rather
+ * than reading the stored bf16 y (whose rounding 1 - y or y^3 would magnify).  Binary arithmetic
+ * also mixes dtypes (dg_cuda_binary_mixed: each of a, b, out f32 or bf16): the backward of a
+ * broadcast bf16 product keeps its terms in f32 until the broadcast sum has rounded once.
+ *
+ * Contiguous bf16 runs move 8 elements per 16-byte load and store when every pointer is 16-byte
+ * aligned (activations are [tokens, width] tensors of millions of elements); the last n mod 8
+ * elements, misaligned views and strided or broadcast operands take the one-element kernels. */
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/nd_index.h"
 
@@ -54,60 +64,124 @@ template <typename T> __device__ __forceinline__ T unary_f(int op, T x, T a) {
     }
 }
 
-template <typename T> __global__ void unary_kernel(int op, int64_t n, const T *x, T *y, T a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = unary_f<T>(op, x[i], a);
-}
-
-/* gx = gy * f'(x); y = f(x) when given (has_y), else recomputed where the derivative uses it. */
-template <typename T>
-__global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, const T *gy, T *gx, T a) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        T g = gy[i], xi = x ? x[i] : T(0), r;
-        switch (op) {
-        case DG_UN_EXP: { /* y = exp(x): dy/dx = y */ T y = yin ? yin[i] : d_exp(xi); r = g * y;
-        } break;
-        case DG_UN_LOG: r = g / xi; break; /* y = log(x): 1/x */
-        case DG_UN_SQRT: { /* y = sqrt(x): 1 / (2 y) */ T y = yin ? yin[i] : d_sqrt(xi); r = g * T(0.5) / y;
-        } break;
-        case DG_UN_RSQRT: { /* y = x^-1/2: -1/2 x^-3/2 = -y^3 / 2 */
-            T y = yin ? yin[i] : d_rsqrt(xi);
-            r = T(-0.5) * g * y * y * y;
-        } break;
-        case DG_UN_SIGMOID: { /* y = sigmoid(x): y (1 - y) */
-            T y = yin ? yin[i] : d_sigmoid(xi);
-            r = g * y * (T(1) - y);
-        } break;
-        case DG_UN_LOGSIGMOID: r = g * d_sigmoid(-xi); break; /* 1 - sigmoid(x) */
-        case DG_UN_SILU: { /* s (1 + x (1 - s)) */ T s = d_sigmoid(xi); r = g * s * (T(1) + xi * (T(1) - s));
-        } break;
-        case DG_UN_SOFTPLUS: r = g * d_sigmoid(xi); break;
-        case DG_UN_TANH: { /* 1 - y^2 */ T y = yin ? yin[i] : d_tanh(xi); r = g * (T(1) - y * y);
-        } break;
-        case DG_UN_NEG: r = -g; break;
-        case DG_UN_ADD_SCALAR: r = g; break;
-        case DG_UN_MUL_SCALAR: r = a * g; break;
-        default: /* pow: a x^(a-1); the exponent 0 gives a constant, so 0 (not 0 * inf at x = 0) */
-            r = a == T(0) ? T(0) : g * a * d_pow(xi, a - T(1));
-            break;
-        }
-        gx[i] = r;
+/* gy f'(x) for one element.  With has_y, y = f(x) is used where the derivative is a function of
+ * it; otherwise f is recomputed from x. */
+template <typename T> __device__ __forceinline__ T unary_grad(int op, T g, T xi, bool has_y, T yi, T a) {
+    switch (op) {
+    case DG_UN_EXP: return g * (has_y ? yi : d_exp(xi));            /* y = exp(x): dy/dx = y */
+    case DG_UN_LOG: return g / xi;                                  /* y = log(x): 1/x */
+    case DG_UN_SQRT: return g * T(0.5) / (has_y ? yi : d_sqrt(xi)); /* y = sqrt(x): 1 / (2 y) */
+    case DG_UN_RSQRT: {                                             /* y = x^-1/2: -1/2 x^-3/2 = -y^3 / 2 */
+        T y = has_y ? yi : d_rsqrt(xi);
+        return T(-0.5) * g * y * y * y;
+    }
+    case DG_UN_SIGMOID: { /* y = sigmoid(x): y (1 - y) */ T y = has_y ? yi : d_sigmoid(xi); return g * y * (T(1) - y);
+    }
+    case DG_UN_LOGSIGMOID: return g * d_sigmoid(-xi); /* 1 - sigmoid(x) */
+    case DG_UN_SILU: { /* s (1 + x (1 - s)) */ T s = d_sigmoid(xi); return g * s * (T(1) + xi * (T(1) - s));
+    }
+    case DG_UN_SOFTPLUS: return g * d_sigmoid(xi);
+    case DG_UN_TANH: { /* 1 - y^2 */ T y = has_y ? yi : d_tanh(xi); return g * (T(1) - y * y);
+    }
+    case DG_UN_NEG: return -g;
+    case DG_UN_ADD_SCALAR: return g;
+    case DG_UN_MUL_SCALAR: return a * g;
+    default: /* pow: a x^(a-1); the exponent 0 gives a constant, so 0 (not 0 * inf at x = 0) */
+        return a == T(0) ? T(0) : g * a * d_pow(xi, a - T(1));
     }
 }
 
-template <typename T, typename IT>
-__global__ void binary_kernel(int op, int64_t n, DgNd<2> nd, const T *a, const T *b, T *out) {
+template <typename T> __device__ __forceinline__ T binary_f(int op, T x, T y) {
+    switch (op) {
+    case DG_BIN_ADD: return x + y;
+    case DG_BIN_SUB: return x - y;
+    case DG_BIN_MUL: return x * y;
+    default: return x / y;
+    }
+}
+
+/* ---- storage and arithmetic: f32 and f64 compute in their own precision; bf16 is loaded to f32
+ * and each result is rounded once to bf16 (to nearest even) when stored ---- */
+template <typename T> struct Compute { typedef T type; };
+template <> struct Compute<__nv_bfloat16> { typedef float type; };
+__device__ __forceinline__ float to_c(float v) { return v; }
+__device__ __forceinline__ double to_c(double v) { return v; }
+__device__ __forceinline__ float to_c(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put(double *p, double v) { *p = v; }
+__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+/* 8 bf16 = 16 bytes: one vector load or store (the pointer must be 16-byte aligned) */
+constexpr int kVec = 8;
+struct alignas(16) Bf16x8 {
+    __nv_bfloat16 e[kVec];
+};
+__device__ __forceinline__ Bf16x8 load8(const __nv_bfloat16 *p) { return *reinterpret_cast<const Bf16x8 *>(p); }
+__device__ __forceinline__ void store8(__nv_bfloat16 *p, const Bf16x8 &v) { *reinterpret_cast<Bf16x8 *>(p) = v; }
+
+template <typename T> __global__ void unary_kernel(int op, int64_t n, const T *x, T *y, typename Compute<T>::type a) {
+    typedef typename Compute<T>::type C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        put(&y[i], unary_f<C>(op, to_c(x[i]), a));
+}
+
+/* gx = gy * f'(x); y = f(x) when given, else f is recomputed where the derivative uses it. */
+template <typename T>
+__global__ void unary_bwd_kernel(int op, int64_t n, const T *x, const T *yin, const T *gy, T *gx,
+                                 typename Compute<T>::type a) {
+    typedef typename Compute<T>::type C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        C xi = x ? to_c(x[i]) : C(0), yi = yin ? to_c(yin[i]) : C(0);
+        put(&gx[i], unary_grad<C>(op, to_c(gy[i]), xi, yin != nullptr, yi, a));
+    }
+}
+
+/* bf16, contiguous and 16-byte aligned: vector i covers elements [8 i, 8 i + 8). */
+__global__ void unary_bf16x8_kernel(int op, int64_t nvec, const __nv_bfloat16 *x, __nv_bfloat16 *y, float a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        Bf16x8 in = load8(x + i * kVec), out;
+#pragma unroll
+        for (int k = 0; k < kVec; k++) out.e[k] = __float2bfloat16_rn(unary_f<float>(op, __bfloat162float(in.e[k]), a));
+        store8(y + i * kVec, out);
+    }
+}
+
+/* x and y may each be NULL (as in unary_bwd_kernel); gy and gx are not. */
+__global__ void unary_bwd_bf16x8_kernel(int op, int64_t nvec, const __nv_bfloat16 *x, const __nv_bfloat16 *yin,
+                                        const __nv_bfloat16 *gy, __nv_bfloat16 *gx, float a) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        Bf16x8 g = load8(gy + i * kVec), xv = {}, yv = {}, out;
+        if (x) xv = load8(x + i * kVec);
+        if (yin) yv = load8(yin + i * kVec);
+#pragma unroll
+        for (int k = 0; k < kVec; k++) {
+            float xi = x ? __bfloat162float(xv.e[k]) : 0.0f, yi = yin ? __bfloat162float(yv.e[k]) : 0.0f;
+            out.e[k] = __float2bfloat16_rn(unary_grad<float>(op, __bfloat162float(g.e[k]), xi, yin != nullptr, yi, a));
+        }
+        store8(gx + i * kVec, out);
+    }
+}
+
+/* Any mix of f32 and bf16 operands and result (f32 arithmetic), or f64 throughout. */
+template <typename TA, typename TB, typename TO, typename IT>
+__global__ void binary_kernel(int op, int64_t n, DgNd<2> nd, const TA *a, const TB *b, TO *out) {
+    typedef typename Compute<TO>::type C;
     for (IT i = (IT)(blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < (IT)n; i += (IT)gridDim.x * (IT)blockDim.x) {
         IT off[2];
         dg_nd_offsets<IT, 2>(nd, i, off);
-        T x = a[off[0]], y = b[off[1]], r;
-        switch (op) {
-        case DG_BIN_ADD: r = x + y; break;
-        case DG_BIN_SUB: r = x - y; break;
-        case DG_BIN_MUL: r = x * y; break;
-        default: r = x / y; break;
-        }
-        out[i] = r;
+        put(&out[i], binary_f<C>(op, (C)to_c(a[off[0]]), (C)to_c(b[off[1]])));
+    }
+}
+
+/* bf16 operands and result, all contiguous over the same elements and 16-byte aligned. */
+__global__ void binary_bf16x8_kernel(int op, int64_t nvec, const __nv_bfloat16 *a, const __nv_bfloat16 *b,
+                                     __nv_bfloat16 *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        Bf16x8 x = load8(a + i * kVec), y = load8(b + i * kVec), r;
+#pragma unroll
+        for (int k = 0; k < kVec; k++)
+            r.e[k] = __float2bfloat16_rn(binary_f<float>(op, __bfloat162float(x.e[k]), __bfloat162float(y.e[k])));
+        store8(out + i * kVec, r);
     }
 }
 
@@ -155,10 +229,42 @@ template <typename D> int cast_from(int64_t n, D *dst, dg_dtype src_dt, const vo
     return DG_LAUNCHED("cast");
 }
 
-bool float_dtype(const char *who, dg_dtype dt) {
-    if (dt == DG_F32 || dt == DG_F64) return true;
-    dg_error("%s: dtype %s is not supported on CUDA (f32 or f64)", who, dg_dtype_name(dt));
+/* The dtypes of unary and binary arithmetic: f32 and f64, and bf16 storage (f32 arithmetic). */
+bool arith_dtype(const char *who, dg_dtype dt) {
+    if (dt == DG_F32 || dt == DG_F64 || dt == DG_BF16) return true;
+    dg_error("%s: dtype %s is not supported on CUDA (f32, f64 or bf16)", who, dg_dtype_name(dt));
     return false;
+}
+
+bool aligned16(const void *p) { return p == nullptr || ((uintptr_t)p & 15u) == 0; }
+
+/* The 8-wide kernels cover the first n - n % 8 elements; the scalar kernels the rest, from `done`. */
+int64_t vector_part(int64_t n, bool aligned) { return aligned ? n / kVec : 0; }
+
+template <typename TA, typename TB, typename TO>
+void launch_binary(int op, int64_t n, const DgNd<2> &nd, bool small, const void *a, const void *b, void *out) {
+    unsigned grid = dg_grid_for(n, kThreads);
+    cudaStream_t s = dg_cuda_stream();
+    if (small)
+        binary_kernel<TA, TB, TO, int32_t>
+            <<<grid, kThreads, 0, s>>>(op, n, nd, (const TA *)a, (const TB *)b, (TO *)out);
+    else
+        binary_kernel<TA, TB, TO, int64_t>
+            <<<grid, kThreads, 0, s>>>(op, n, nd, (const TA *)a, (const TB *)b, (TO *)out);
+}
+
+/* f32 arithmetic with each of a, b and out f32 or bf16 */
+template <typename TA, typename TB>
+void launch_binary_out(dg_dtype out_dt, int op, int64_t n, const DgNd<2> &nd, bool small, const void *a, const void *b,
+                       void *out) {
+    if (out_dt == DG_BF16) launch_binary<TA, TB, __nv_bfloat16>(op, n, nd, small, a, b, out);
+    else launch_binary<TA, TB, float>(op, n, nd, small, a, b, out);
+}
+template <typename TA>
+void launch_binary_b(dg_dtype b_dt, dg_dtype out_dt, int op, int64_t n, const DgNd<2> &nd, bool small, const void *a,
+                     const void *b, void *out) {
+    if (b_dt == DG_BF16) launch_binary_out<TA, __nv_bfloat16>(out_dt, op, n, nd, small, a, b, out);
+    else launch_binary_out<TA, float>(out_dt, op, n, nd, small, a, b, out);
 }
 
 bool check_ndim(const char *who, int ndim, const int64_t *shape) {
@@ -179,23 +285,34 @@ bool check_ndim(const char *who, int ndim, const int64_t *shape) {
 extern "C" {
 
 int dg_cuda_unary(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, void *y, double a) {
-    if (!float_dtype("cuda unary", dt)) return -1;
+    if (!arith_dtype("cuda unary", dt)) return -1;
     if ((int)op < 0 || op >= DG_UN_COUNT) {
         dg_error("cuda unary: unknown op %d", (int)op);
         return -1;
     }
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
-    unsigned grid = dg_grid_for(n, kThreads);
+    cudaStream_t s = dg_cuda_stream();
     if (dt == DG_F32)
-        unary_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const float *)x, (float *)y, (float)a);
-    else unary_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const double *)x, (double *)y, a);
+        unary_kernel<float>
+            <<<dg_grid_for(n, kThreads), kThreads, 0, s>>>(op, n, (const float *)x, (float *)y, (float)a);
+    else if (dt == DG_F64)
+        unary_kernel<double><<<dg_grid_for(n, kThreads), kThreads, 0, s>>>(op, n, (const double *)x, (double *)y, a);
+    else {
+        const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+        __nv_bfloat16 *yb = (__nv_bfloat16 *)y;
+        int64_t nvec = vector_part(n, aligned16(x) && aligned16(y)), done = nvec * kVec;
+        if (nvec) unary_bf16x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, s>>>(op, nvec, xb, yb, (float)a);
+        if (done < n)
+            unary_kernel<__nv_bfloat16>
+                <<<dg_grid_for(n - done, kThreads), kThreads, 0, s>>>(op, n - done, xb + done, yb + done, (float)a);
+    }
     return DG_LAUNCHED("unary");
 }
 
 int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, const void *y, const void *gy, void *gx,
                       double a) {
-    if (!float_dtype("cuda unary_bwd", dt)) return -1;
+    if (!arith_dtype("cuda unary_bwd", dt)) return -1;
     if ((int)op < 0 || op >= DG_UN_COUNT) {
         dg_error("cuda unary_bwd: unknown op %d", (int)op);
         return -1;
@@ -209,19 +326,42 @@ int dg_cuda_unary_bwd(dg_dtype dt, dg_unary_op op, int64_t n, const void *x, con
     }
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
-    unsigned grid = dg_grid_for(n, kThreads);
+    cudaStream_t s = dg_cuda_stream();
     if (dt == DG_F32)
-        unary_bwd_kernel<float><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const float *)x, (const float *)y,
-                                                                         (const float *)gy, (float *)gx, (float)a);
-    else
-        unary_bwd_kernel<double><<<grid, kThreads, 0, dg_cuda_stream()>>>(op, n, (const double *)x, (const double *)y,
-                                                                          (const double *)gy, (double *)gx, a);
+        unary_bwd_kernel<float><<<dg_grid_for(n, kThreads), kThreads, 0, s>>>(op, n, (const float *)x, (const float *)y,
+                                                                              (const float *)gy, (float *)gx, (float)a);
+    else if (dt == DG_F64)
+        unary_bwd_kernel<double><<<dg_grid_for(n, kThreads), kThreads, 0, s>>>(
+            op, n, (const double *)x, (const double *)y, (const double *)gy, (double *)gx, a);
+    else {
+        /* bf16: f' from x in f32 when x is given (the stored y carries a bf16 rounding, which
+         * 1 - y or y^3 would magnify), from y only without x */
+        const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x, *yb = x ? nullptr : (const __nv_bfloat16 *)y;
+        const __nv_bfloat16 *gyb = (const __nv_bfloat16 *)gy;
+        __nv_bfloat16 *gxb = (__nv_bfloat16 *)gx;
+        int64_t nvec = vector_part(n, aligned16(xb) && aligned16(yb) && aligned16(gy) && aligned16(gx));
+        int64_t done = nvec * kVec;
+        if (nvec)
+            unary_bwd_bf16x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, s>>>(op, nvec, xb, yb, gyb, gxb,
+                                                                                     (float)a);
+        if (done < n)
+            unary_bwd_kernel<__nv_bfloat16><<<dg_grid_for(n - done, kThreads), kThreads, 0, s>>>(
+                op, n - done, xb ? xb + done : nullptr, yb ? yb + done : nullptr, gyb + done, gxb + done, (float)a);
+    }
     return DG_LAUNCHED("unary_bwd");
 }
 
-int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a, const int64_t *astride,
-                   const void *b, const int64_t *bstride, void *out) {
-    if (!float_dtype("cuda binary", dt) || !check_ndim("cuda binary", ndim, shape)) return -1;
+int dg_cuda_binary_mixed(dg_dtype a_dt, dg_dtype b_dt, dg_dtype out_dt, dg_binary_op op, int ndim, const int64_t *shape,
+                         const void *a, const int64_t *astride, const void *b, const int64_t *bstride, void *out) {
+    if (!arith_dtype("cuda binary", a_dt) || !arith_dtype("cuda binary", b_dt) || !arith_dtype("cuda binary", out_dt) ||
+        !check_ndim("cuda binary", ndim, shape))
+        return -1;
+    bool f64 = a_dt == DG_F64 || b_dt == DG_F64 || out_dt == DG_F64;
+    if (f64 && !(a_dt == DG_F64 && b_dt == DG_F64 && out_dt == DG_F64)) {
+        dg_error("cuda binary: operands %s and %s with result %s: f64 does not mix with other dtypes",
+                 dg_dtype_name(a_dt), dg_dtype_name(b_dt), dg_dtype_name(out_dt));
+        return -1;
+    }
     if ((int)op < 0 || op >= DG_BIN_COUNT) {
         dg_error("cuda binary: unknown op %d", (int)op);
         return -1;
@@ -231,25 +371,33 @@ int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape,
     int64_t n = dg_nd_make<2>(&nd, ndim, shape, st);
     if (n == 0) return 0;
     if (dg_cuda_init()) return -1;
-    unsigned grid = dg_grid_for(n, kThreads);
     bool small = n < INT32_MAX && dg_nd_span(&nd) < INT32_MAX;
-    cudaStream_t s = dg_cuda_stream();
-    if (dt == DG_F32) {
-        if (small)
-            binary_kernel<float, int32_t>
-                <<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a, (const float *)b, (float *)out);
-        else
-            binary_kernel<float, int64_t>
-                <<<grid, kThreads, 0, s>>>(op, n, nd, (const float *)a, (const float *)b, (float *)out);
-    } else {
-        if (small)
-            binary_kernel<double, int32_t>
-                <<<grid, kThreads, 0, s>>>(op, n, nd, (const double *)a, (const double *)b, (double *)out);
-        else
-            binary_kernel<double, int64_t>
-                <<<grid, kThreads, 0, s>>>(op, n, nd, (const double *)a, (const double *)b, (double *)out);
-    }
+    bool all_bf16 = a_dt == DG_BF16 && b_dt == DG_BF16 && out_dt == DG_BF16;
+    /* one dim left with unit strides: a, b and out run over the same n contiguous elements */
+    bool flat = nd.ndim == 1 && nd.stride[0][0] == 1 && nd.stride[1][0] == 1;
+    if (all_bf16 && flat) {
+        const __nv_bfloat16 *ab = (const __nv_bfloat16 *)a, *bb = (const __nv_bfloat16 *)b;
+        __nv_bfloat16 *ob = (__nv_bfloat16 *)out;
+        int64_t nvec = vector_part(n, aligned16(a) && aligned16(b) && aligned16(out)), done = nvec * kVec;
+        if (nvec)
+            binary_bf16x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(op, nvec, ab, bb, ob);
+        if (done < n) {
+            DgNd<2> tail;
+            int64_t rest = n - done;
+            const int64_t *unit[2] = {nullptr, nullptr};
+            dg_nd_make<2>(&tail, 1, &rest, unit);
+            launch_binary<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16>(op, rest, tail, true, ab + done, bb + done,
+                                                                       ob + done);
+        }
+    } else if (f64) launch_binary<double, double, double>(op, n, nd, small, a, b, out);
+    else if (a_dt == DG_BF16) launch_binary_b<__nv_bfloat16>(b_dt, out_dt, op, n, nd, small, a, b, out);
+    else launch_binary_b<float>(b_dt, out_dt, op, n, nd, small, a, b, out);
     return DG_LAUNCHED("binary");
+}
+
+int dg_cuda_binary(dg_dtype dt, dg_binary_op op, int ndim, const int64_t *shape, const void *a, const int64_t *astride,
+                   const void *b, const int64_t *bstride, void *out) {
+    return dg_cuda_binary_mixed(dt, dt, dt, op, ndim, shape, a, astride, b, bstride, out);
 }
 
 int dg_cuda_fill(dg_dtype dt, int64_t n, void *p, double value) {

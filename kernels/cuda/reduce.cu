@@ -9,8 +9,11 @@
  *           per output loops over its terms, and neighbouring threads read neighbouring elements.
  * When M alone cannot fill the device, R is cut into `splits` equal ranges: the first pass
  * writes f64 partial sums [splits, M] to scratch and a second, column pass adds them up.  No
- * atomics, so the result does not depend on the schedule.  Accumulation is in f64 for f32 and
- * f64 inputs (the kernel is memory bound; the f64 adds are free). */
+ * atomics, so the result does not depend on the schedule.  Accumulation is in f64 for every
+ * input dtype, bf16 included (the kernel is memory bound; the f64 adds are free), and the result
+ * is rounded once to the output dtype: a bf16 sum of 10^6 ones is 10^6 rounded to bf16, not the
+ * 256 at which a bf16 accumulator stalls.  The output dtype may differ from the input's (f32 terms
+ * of a bf16 gradient summed into bf16, or bf16 terms into f32). */
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/nd_index.h"
 
@@ -18,7 +21,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
+__device__ __forceinline__ double to_acc(float v) { return (double)v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ double to_acc(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T from_acc(double v) { return (T)v; }
+/* one rounding from f64 to bf16 (to nearest even) */
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(double v) { return __double2bfloat16(v); }
 
 /* sum of x[red(r)] for r = r0, r0 + step, ... < r1; four loads in flight per round */
 template <typename TIn, typename IT>
@@ -32,12 +40,12 @@ __device__ __forceinline__ double sum_range(const DgNd<1> &red, const TIn *x, in
         dg_nd_offsets<IT, 1>(red, (IT)(r + 2 * step), o2);
         dg_nd_offsets<IT, 1>(red, (IT)(r + 3 * step), o3);
         TIn v0 = x[o0[0]], v1 = x[o1[0]], v2 = x[o2[0]], v3 = x[o3[0]];
-        a0 += (double)v0, a1 += (double)v1, a2 += (double)v2, a3 += (double)v3;
+        a0 += to_acc(v0), a1 += to_acc(v1), a2 += to_acc(v2), a3 += to_acc(v3);
     }
     for (; r < r1; r += step) {
         IT o[1];
         dg_nd_offsets<IT, 1>(red, (IT)r, o);
-        a0 += (double)x[o[0]];
+        a0 += to_acc(x[o[0]]);
     }
     return (a0 + a1) + (a2 + a3);
 }
@@ -137,8 +145,9 @@ int sum_pass(const DgNd<1> &kept, const DgNd<1> &red, int64_t M, int64_t R, int6
     return DG_LAUNCHED(rows ? "sum_rows" : "sum_cols");
 }
 
-template <typename T>
-int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride, unsigned mask, double alpha, T *out) {
+template <typename TIn, typename TOut>
+int sum_impl(int ndim, const int64_t *shape, const TIn *x, const int64_t *xstride, unsigned mask, double alpha,
+             dg_dtype out_dt, TOut *out) {
     int64_t cst[DG_ND_MAX];
     int64_t ks[DG_ND_MAX], kst[DG_ND_MAX], rs[DG_ND_MAX], rst[DG_ND_MAX];
     int nk = 0, nr = 0;
@@ -157,7 +166,7 @@ int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride,
     }
     if (M == 0) return 0;
     if (dg_cuda_init()) return -1;
-    if (R == 0) return dg_cuda_fill(sizeof(T) == 4 ? DG_F32 : DG_F64, M, out, 0.0);
+    if (R == 0) return dg_cuda_fill(out_dt, M, out, 0.0);
     DgNd<1> kept, red;
     const int64_t *kp[1] = {kst}, *rp[1] = {rst};
     dg_nd_make<1>(&kept, nk, ks, kp);
@@ -178,11 +187,11 @@ int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride,
         splits = want < most ? want : most;
     }
     if (splits < 1) splits = 1;
-    if (splits == 1) return sum_pass<T, T>(kept, red, M, R, 1, rows, G, x, out, alpha);
+    if (splits == 1) return sum_pass<TIn, TOut>(kept, red, M, R, 1, rows, G, x, out, alpha);
 
     double *part = dg_cuda_scratch<double>((size_t)(splits * M));
     if (!part) return -1;
-    int rc = sum_pass<T, double>(kept, red, M, R, splits, rows, G, x, part, 1.0);
+    int rc = sum_pass<TIn, double>(kept, red, M, R, splits, rows, G, x, part, 1.0);
     if (rc == 0) {
         /* part [splits, M] summed over splits: a column pass */
         DgNd<1> k2, r2;
@@ -190,16 +199,35 @@ int sum_impl(int ndim, const int64_t *shape, const T *x, const int64_t *xstride,
         const int64_t *kp2[1] = {&one}, *rp2[1] = {&sm};
         dg_nd_make<1>(&k2, 1, &M, kp2);
         dg_nd_make<1>(&r2, 1, &splits, rp2);
-        rc = sum_pass<double, T>(k2, r2, M, splits, 1, false, 32, part, out, alpha);
+        rc = sum_pass<double, TOut>(k2, r2, M, splits, 1, false, 32, part, out, alpha);
     }
     dg_cuda_free(part);
     return rc;
 }
 
+template <typename TIn>
+int sum_to(int ndim, const int64_t *shape, const TIn *x, const int64_t *xstride, unsigned mask, double alpha,
+           dg_dtype out_dt, void *out) {
+    switch (out_dt) {
+    case DG_F32: return sum_impl<TIn, float>(ndim, shape, x, xstride, mask, alpha, out_dt, (float *)out);
+    case DG_F64: return sum_impl<TIn, double>(ndim, shape, x, xstride, mask, alpha, out_dt, (double *)out);
+    default: return sum_impl<TIn, __nv_bfloat16>(ndim, shape, x, xstride, mask, alpha, out_dt, (__nv_bfloat16 *)out);
+    }
+}
+
 } // namespace
 
-extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x, const int64_t *xstride,
-                           unsigned reduce_mask, double alpha, void *out) {
+extern "C" int dg_cuda_sum_mixed(dg_dtype x_dt, dg_dtype out_dt, int ndim, const int64_t *shape, const void *x,
+                                 const int64_t *xstride, unsigned reduce_mask, double alpha, void *out) {
+    bool known = (x_dt == DG_F32 || x_dt == DG_F64 || x_dt == DG_BF16) &&
+                 (out_dt == DG_F32 || out_dt == DG_F64 || out_dt == DG_BF16);
+    /* f64 only with f64: a mixed f64 sum is never wanted and would hide a dtype mistake */
+    if (!known || ((x_dt == DG_F64) != (out_dt == DG_F64))) {
+        dg_error("cuda sum: input %s with result %s is not supported on CUDA (f32, f64 or bf16; f32 and bf16 "
+                 "mix)",
+                 dg_dtype_name(x_dt), dg_dtype_name(out_dt));
+        return -1;
+    }
     if (ndim < 0 || ndim > DG_ND_MAX) {
         dg_error("cuda sum: %d dims, at most %d are supported", ndim, DG_ND_MAX);
         return -1;
@@ -213,9 +241,15 @@ extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const vo
             dg_error("cuda sum: negative size %lld in dim %d", (long long)shape[d], d);
             return -1;
         }
-    if (dt == DG_F32) return sum_impl<float>(ndim, shape, (const float *)x, xstride, reduce_mask, alpha, (float *)out);
-    if (dt == DG_F64)
-        return sum_impl<double>(ndim, shape, (const double *)x, xstride, reduce_mask, alpha, (double *)out);
-    dg_error("cuda sum: dtype %s is not supported on CUDA (f32 or f64)", dg_dtype_name(dt));
-    return -1;
+    switch (x_dt) {
+    case DG_F32: return sum_to<float>(ndim, shape, (const float *)x, xstride, reduce_mask, alpha, out_dt, out);
+    case DG_F64: return sum_to<double>(ndim, shape, (const double *)x, xstride, reduce_mask, alpha, out_dt, out);
+    default:
+        return sum_to<__nv_bfloat16>(ndim, shape, (const __nv_bfloat16 *)x, xstride, reduce_mask, alpha, out_dt, out);
+    }
+}
+
+extern "C" int dg_cuda_sum(dg_dtype dt, int ndim, const int64_t *shape, const void *x, const int64_t *xstride,
+                           unsigned reduce_mask, double alpha, void *out) {
+    return dg_cuda_sum_mixed(dt, dt, ndim, shape, x, xstride, reduce_mask, alpha, out);
 }
