@@ -133,12 +133,6 @@ static dg_tensor *mixer_forward(const dg_lm *lm, int L, dg_tensor *x, dg_mixer_c
     }
 }
 
-/* TEMPORARY until the fused op lands */
-static dg_tensor *add_then_norm(dg_tensor *h, dg_tensor *y, dg_tensor *w, double eps, dg_tensor **r) {
-    *r = dg_add(h, y);
-    return dg_rms_norm(*r, w, eps);
-}
-
 /* The final hidden states; with rows (flat positions), only at those: the last block's mixer runs
  * its recurrence over every position but its output gate and projection, the residual, the MLP and
  * the final norm only at the rows ([n,D]). */
@@ -166,12 +160,12 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
         const bool last = L == c->num_hidden_layers - 1;
         dg_tensor *r = last ? rows : NULL;
         dg_tensor *m = mixer_forward(lm, L, x, cache ? &cache->layers[L] : NULL, r);
-        x = add_then_norm(dg_mixer_rows(h, r), m, dg_mixer_weight(mo, b->mlp_norm), c->norm_eps, &h);
+        x = dg_add_rms_norm(dg_mixer_rows(h, r), m, dg_mixer_weight(mo, b->mlp_norm), c->norm_eps, &h);
         dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, dg_mixer_weight(mo, b->gate_proj), NULL),
                                            dg_linear(x, dg_mixer_weight(mo, b->up_proj), NULL)),
                                  dg_mixer_weight(mo, b->down_proj), NULL);
         dg_tensor *next_norm = last ? lm->norm : lm->blocks[L + 1].attn_norm;
-        x = add_then_norm(h, y, dg_mixer_weight(mo, next_norm), c->norm_eps, &h);
+        x = dg_add_rms_norm(h, y, dg_mixer_weight(mo, next_norm), c->norm_eps, &h);
     }
     if (x && cache) cache->pos += ids->shape[1];
     return x;
