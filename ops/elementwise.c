@@ -39,7 +39,7 @@ static int binary_forward(dg_node *n) {
         if (dg_cuda_binary(x->dtype, (dg_binary_op)a->op, nd, shape, dg_data_ptr(xe), xe->stride, dg_data_ptr(ye),
                            ye->stride, dg_data_ptr(out)))
             return -1;
-        if (a->op == DG_BIN_DIV) dg_save(n, out);
+        if (a->op == DG_BIN_DIV && x->dtype != DG_BF16) dg_save(n, out); /* bf16's dy comes from x */
         n->out[0] = out;
         return 0;
 #endif
@@ -221,20 +221,20 @@ static int unary_forward(dg_node *n) {
         dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     else dg_cpu_unary_f64((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     dg_save(n, x);
-    dg_save(n, y);
+    if (x->dtype != DG_BF16) dg_save(n, y); /* bf16's derivative is recomputed from x in f32 */
     n->out[0] = y;
     return 0;
 }
 
 static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     const ew_attrs *a = (const ew_attrs *)n->attrs;
-    dg_tensor *x = n->saved[0], *y = n->saved[1], *g = dg_contiguous(gout[0]);
+    dg_tensor *x = n->saved[0], *y = n->n_saved > 1 ? n->saved[1] : NULL, *g = dg_contiguous(gout[0]);
     dg_tensor *dx = g ? dg_empty_like(x) : NULL;
     if (!dx) return -1;
     if (x->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), dg_data_ptr(g),
-                              dg_data_ptr(dx), a->s))
+        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), y ? dg_data_ptr(y) : NULL,
+                              dg_data_ptr(g), dg_data_ptr(dx), a->s))
             return -1;
 #endif
     } else if (x->dtype == DG_F32)

@@ -64,6 +64,16 @@ template <typename T> __device__ __forceinline__ T unary_f(int op, T x, T a) {
     }
 }
 
+/* the derivatives that are functions of the output y (or of sigmoid(x)) */
+template <typename T> __device__ __forceinline__ T rsqrt_slope(T y) { return T(-0.5) * y * y * y; } /* -y^3 / 2 */
+template <typename T> __device__ __forceinline__ T sigmoid_slope(T y) { return y * (T(1) - y); }
+template <typename T> __device__ __forceinline__ T tanh_slope(T y) { return T(1) - y * y; }
+/* d/dx x sigmoid(x) = s (1 + x (1 - s)), s = sigmoid(x) */
+template <typename T> __device__ __forceinline__ T silu_slope(T x) {
+    T s = d_sigmoid(x);
+    return s * (T(1) + x * (T(1) - s));
+}
+
 /* gy f'(x) for one element.  With has_y, y = f(x) is used where the derivative is a function of
  * it; otherwise f is recomputed from x. */
 template <typename T> __device__ __forceinline__ T unary_grad(int op, T g, T xi, bool has_y, T yi, T a) {
@@ -71,18 +81,12 @@ template <typename T> __device__ __forceinline__ T unary_grad(int op, T g, T xi,
     case DG_UN_EXP: return g * (has_y ? yi : d_exp(xi));            /* y = exp(x): dy/dx = y */
     case DG_UN_LOG: return g / xi;                                  /* y = log(x): 1/x */
     case DG_UN_SQRT: return g * T(0.5) / (has_y ? yi : d_sqrt(xi)); /* y = sqrt(x): 1 / (2 y) */
-    case DG_UN_RSQRT: {                                             /* y = x^-1/2: -1/2 x^-3/2 = -y^3 / 2 */
-        T y = has_y ? yi : d_rsqrt(xi);
-        return T(-0.5) * g * y * y * y;
-    }
-    case DG_UN_SIGMOID: { /* y = sigmoid(x): y (1 - y) */ T y = has_y ? yi : d_sigmoid(xi); return g * y * (T(1) - y);
-    }
+    case DG_UN_RSQRT: return g * rsqrt_slope(has_y ? yi : d_rsqrt(xi));
+    case DG_UN_SIGMOID: return g * sigmoid_slope(has_y ? yi : d_sigmoid(xi));
     case DG_UN_LOGSIGMOID: return g * d_sigmoid(-xi); /* 1 - sigmoid(x) */
-    case DG_UN_SILU: { /* s (1 + x (1 - s)) */ T s = d_sigmoid(xi); return g * s * (T(1) + xi * (T(1) - s));
-    }
+    case DG_UN_SILU: return g * silu_slope(xi);
     case DG_UN_SOFTPLUS: return g * d_sigmoid(xi);
-    case DG_UN_TANH: { /* 1 - y^2 */ T y = has_y ? yi : d_tanh(xi); return g * (T(1) - y * y);
-    }
+    case DG_UN_TANH: return g * tanh_slope(has_y ? yi : d_tanh(xi));
     case DG_UN_NEG: return -g;
     case DG_UN_ADD_SCALAR: return g;
     case DG_UN_MUL_SCALAR: return a * g;
