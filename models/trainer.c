@@ -338,8 +338,10 @@ static int score_batch(const dg_lm *lm, dg_tensor *in, dg_tensor *tg, double *lo
     dg_tensor *logits = NULL, *t = NULL;
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, &logits, &t);
     if (!loss) return -1;
-    /* the argmax on the host (a device model's scored logits, [n,V], are copied back) */
-    dg_tensor *lc = dg_contiguous(logits->device == DG_CPU ? logits : dg_to_device(logits, DG_CPU));
+    /* the argmax on the host (a device model's scored logits, [n,V], are copied back; bf16 logits of
+     * mixed precision are widened to f32 first, exactly) */
+    if (logits->dtype != DG_F32) logits = dg_to_dtype(dg_detach(logits), DG_F32);
+    dg_tensor *lc = logits ? dg_contiguous(logits->device == DG_CPU ? logits : dg_to_device(logits, DG_CPU)) : NULL;
     if (t && t->device != DG_CPU) t = dg_to_device(t, DG_CPU);
     if (!lc || !t) return -1;
     int64_t n = lc->shape[0], V = lc->shape[1];
