@@ -77,15 +77,15 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *db = n->needs_grad[LIN_B] ? dg_empty_like(n->in[LIN_B]) : NULL;
     if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db)) return -1;
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
+    bool on_device = x->device == DG_CUDA; /* only in builds with CUDA: the forward refused it else */
 #ifdef DG_HAVE_CUDA
-    if (x->device == DG_CUDA) {
-        if (linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
-    } else
+    if (on_device && linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
 #endif
-        if (!dg_nn_cpu_float("linear", x))
-        return -1;
-    else if (x->dtype == DG_F32) dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
-    else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+    if (!on_device) {
+        if (!dg_nn_cpu_float("linear", x)) return -1;
+        if (x->dtype == DG_F32) dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+        else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+    }
 #undef P
     gin[LIN_X] = dx;
     gin[LIN_W] = dw;

@@ -10,7 +10,7 @@
  *   f32  <= 1e-5   (the two sides differ by rounding only: the device kernels accumulate in
  *                   double where the CPU ones do, cuBLAS runs strict f32 without TF32);
  *   f64  <= 1e-12;
- *   bf16, every registered op (the delta family excepted) whose device forward takes bf16
+ *   bf16, every registered op (the delta family excepted) whose device kernels take bf16
  *        (bf16 storage, f32 arithmetic; matmul and the network ops): the device in bf16 against
  *        the CPU in f32 from the same bf16-rounded inputs and output weights (samples drawn in
  *        f32, both layouts): <= 2^-8 = 3.9e-3, one bf16 unit roundoff.  Derivation:
@@ -20,9 +20,10 @@
  *        (about D 2^-24, under 1e-5 here), and the relative error norm by at most the same;
  *        2^-8 leaves a factor 2 for that f32 part and for cancellation (dx = r (g - x c) of the
  *        norms).  A second rounding (a bf16 intermediate fed back into the sum) would show up
- *        as errors near 2^-8 in the table.  Ops whose device forward refuses bf16 (an error
- *        naming bf16) are listed by name as skipped; the network ops and matmul must not be
- *        among them.  Larger shapes in bf16 too (the same launch shapes as the f32 ones below).
+ *        as errors near 2^-8 in the table.  Ops whose device forward or backward refuses
+ *        bf16 (an error naming bf16) are listed by name as skipped; the network ops and matmul
+ *        must not be among them.  Larger shapes in bf16 too (the same launch shapes as the f32
+ *        ones below).
  * Device inputs keep the layout of the host ones (the whole storage is copied and viewed with the
  * same strides), so the strided paths of the device ops are exercised, not only the contiguous
  * ones.  Also: device copies (strided, dtype changes, both directions, fill), the optimiser's

@@ -2,9 +2,11 @@
  * network-piece kernels share.
  *
  * Rows: a row of D elements is handled by a group of G threads (G = 32, a warp, for D <= 1024;
- * G = 256, a whole block, above), lane l reading elements l, l + G, ... so loads are coalesced.
+ * G = 256, a whole block, above), lane l reading elements l, l + G, ... so loads are coalesced
+ * (or units of V = 8 elements l V, (l + G) V, ... where a kernel moves bf16 8 at a time, nn_ldv).
  * Group sums are in the accumulation type, lanes summed by a fixed butterfly (and, for G = 256,
- * the 8 warp sums in index order), so a row's result depends only on D and G, never on the launch.
+ * the 8 warp sums in index order), so a row's result depends only on D, G and V, never on the
+ * launch.
  *
  * Columns: a sum over the N rows of a per-(row, column) term (dw = sum_n dy x r, dbias, ...) runs
  * in two passes.  The rows are cut into P chunks of at least 16 rows (P chosen from the shape

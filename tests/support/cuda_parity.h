@@ -182,17 +182,14 @@ static inline op_stats parity_op(const dg_op_def *def, dg_dtype dt, double tol, 
 
 /* ---- bf16 ---- */
 
-/* t rounded to bf16 (on the host) */
-static inline dg_tensor *as_bf16(dg_tensor *t) {
-    dg_tensor *b = dg_empty(t->ndim, t->shape, DG_BF16);
-    assert_int_equal(dg_copy_(b, t), 0);
-    return b;
+/* t converted to dtype dt (on the host, contiguous): as_bf16 rounds */
+static inline dg_tensor *as_dtype(dg_tensor *t, dg_dtype dt) {
+    dg_tensor *c = dg_empty(t->ndim, t->shape, dt);
+    assert_int_equal(dg_copy_(c, t), 0);
+    return c;
 }
-static inline dg_tensor *as_f32(dg_tensor *t) {
-    dg_tensor *f = dg_empty(t->ndim, t->shape, DG_F32);
-    assert_int_equal(dg_copy_(f, t), 0);
-    return f;
-}
+static inline dg_tensor *as_bf16(dg_tensor *t) { return as_dtype(t, DG_BF16); }
+static inline dg_tensor *as_f32(dg_tensor *t) { return as_dtype(t, DG_F32); }
 
 /* f32 host t in bf16 with t's layout: its storage rounded element by element, viewed with t's
  * shape, strides and offset */
@@ -207,8 +204,10 @@ static inline dg_tensor *bf16_same_layout(dg_tensor *t) {
  * from the same rounded values; the output weights are bf16-representable, given to the device
  * in the dtype of its output (bf16, or f32 where the op returns f32 from bf16, as cross-entropy's
  * loss) and to the CPU in f32.  Outputs and gradients must agree within tol (relative error norm);
- * every gradient of a bf16 input must be bf16.  An op whose device forward refuses bf16 (an error
- * that names bf16) is not run: *refusal receives the message (else it is left empty). */
+ * every gradient of a bf16 input must be bf16.  (Each side gets the weights in the dtype of its
+ * own output: f64 for to_dtype's, for one.)  An op whose device forward or backward refuses bf16
+ * (an error that names bf16) is not compared: *refusal receives the message (else it is left
+ * empty). */
 static inline op_stats parity_op_bf16(const dg_op_def *def, double tol, char *refusal, size_t refusal_size) {
     op_stats st = {0};
     refusal[0] = 0;
@@ -230,16 +229,26 @@ static inline op_stats parity_op_bf16(const dg_op_def *def, double tol, char *re
                 in_ref[k] = fl ? as_f32(in_bf[k]) : x;
                 diff[k] = s.differentiable[k];
             }
-            /* the device forward alone, without gradients: does the op take bf16, and which dtype
-             * does each output have */
+            /* a first run on the device, forward and a backward from a zero gradient of the first
+             * output: does the op take bf16 both ways, and which dtype does each output have */
             dg_dtype out_dt[DG_MAX_IO] = {0};
             dg_scope_begin();
             dg_tensor *probe_in[DG_MAX_IO] = {0}, *probe_out[DG_MAX_IO] = {0};
-            for (int k = 0; k < def->n_in; k++) probe_in[k] = same_layout_on(in_bf[k], DG_CUDA);
+            for (int k = 0; k < def->n_in; k++) {
+                probe_in[k] = same_layout_on(in_bf[k], DG_CUDA);
+                if (probe_in[k] && diff[k]) dg_set_requires_grad(probe_in[k], true);
+            }
+            const char *way = "forward";
             int rc = dg_apply(def, s.attrs, probe_in, probe_out, 0);
-            if (rc != 0 && strstr(dg_last_error(), "bf16")) snprintf(refusal, refusal_size, "%s", dg_last_error());
-            else if (rc != 0) fail_msg("%s, sample '%s': bf16 forward failed: %s", def->name, s.label, dg_last_error());
             for (int j = 0; rc == 0 && j < def->n_out; j++) out_dt[j] = probe_out[j] ? probe_out[j]->dtype : DG_F32;
+            if (rc == 0 && probe_out[0] && probe_out[0]->requires_grad) {
+                dg_tensor *o = probe_out[0];
+                way = "backward";
+                rc = dg_backward(o, dg_zeros_on(o->ndim, o->shape, o->dtype, DG_CUDA));
+            }
+            if (rc != 0 && strstr(dg_last_error(), "bf16"))
+                snprintf(refusal, refusal_size, "%s: %s", way, dg_last_error());
+            else if (rc != 0) fail_msg("%s, sample '%s': bf16 %s failed: %s", def->name, s.label, way, dg_last_error());
             dg_scope_end();
             if (rc != 0) {
                 dg_sample_free(&s);
@@ -254,8 +263,8 @@ static inline op_stats parity_op_bf16(const dg_op_def *def, double tol, char *re
                 for (int j = 0; j < def->n_out; j++) {
                     if (!ref.out[j] || !dg_dtype_is_float(ref.out[j]->dtype)) continue;
                     dg_tensor *wb = as_bf16(dg_randn(ref.out[j]->ndim, ref.out[j]->shape, DG_F32, &rng));
-                    w_ref[j] = as_f32(wb);
-                    w_dev[j] = out_dt[j] == DG_BF16 ? wb : w_ref[j];
+                    w_ref[j] = as_dtype(wb, ref.out[j]->dtype);
+                    w_dev[j] = as_dtype(wb, out_dt[j]);
                 }
                 result_free(&ref);
                 run_op(def, &s, in_ref, diff, w_ref, v, DG_CPU, &ref);
