@@ -1,9 +1,9 @@
 /* Data-parallel training across processes (models/data_parallel.h). */
 #include "models/data_parallel.h"
 
-#include "core/device.h"
 #include "core/internal.h"
 #include "models/atomic_file.h"
+#include "models/metrics.h"
 #include "ops/collective.h"
 
 #include <errno.h>
@@ -19,8 +19,7 @@ static struct {
     bool active;
     int rank, world;
     dg_comm *comm;
-    dg_tensor *bucket;  /* f32 [DG_DP_BUCKET_FLOATS or less] on the GPU, made at the first all-reduce */
-    dg_tensor *scalars; /* f32 [2] on the GPU: the loss and the stop request */
+    dg_tensor *bucket; /* f32 [DG_DP_BUCKET_FLOATS or less] on the GPU, made at the first all-reduce */
     volatile sig_atomic_t *local_stop;
     volatile sig_atomic_t agreed_stop;
 } dp = {.world = 1};
@@ -148,18 +147,12 @@ static int read_id_file(const char *path, unsigned char *id, size_t n) {
     return rc;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int dg_dp_rendezvous_wait(const char *path, unsigned char *id, size_t n, double timeout_s) {
-    double deadline = now_s() + timeout_s;
+    double deadline = dg_progress_now() + timeout_s;
     for (;;) {
         int r = read_id_file(path, id, n);
         if (r) return r > 0 ? 0 : -1;
-        if (now_s() > deadline) {
+        if (dg_progress_now() > deadline) {
             dg_error("data-parallel: no rendezvous file '%s' after %g s: rank 0 did not start, or failed before "
                      "it wrote the file (DG_RENDEZVOUS_TIMEOUT sets the limit)",
                      path, timeout_s);
@@ -207,9 +200,8 @@ int dg_dp_world(void) { return dp.active ? dp.world : 1; }
 
 void dg_dp_shutdown(void) {
     dg_release(dp.bucket);
-    dg_release(dp.scalars);
     dg_comm_free(dp.comm);
-    dp.bucket = dp.scalars = NULL;
+    dp.bucket = NULL;
     dp.comm = NULL;
     dp.active = false;
     dp.rank = 0;
@@ -254,34 +246,23 @@ static int check_grad(const dg_tensor *p, int64_t i) {
 
 /* Copies the part [lo, hi) of the concatenation of the gradients (grad 0, grad 1, ...) between the
  * gradients and the bucket, which holds that part from its element 0: into the bucket (to_bucket) or
- * back.  Queued on the stream; no wait. */
+ * back; a parameter without a gradient gives zeros.  Device copies, queued on the stream: no wait. */
 static int copy_part(int64_t n, dg_tensor *const *params, int64_t lo, int64_t hi, bool to_bucket) {
-    float *b = dg_data_ptr(dp.bucket);
     int64_t off = 0;
     for (int64_t i = 0; i < n && off < hi; i++) {
         int64_t m = dg_numel(params[i]), a = lo > off ? lo : off, z = hi < off + m ? hi : off + m;
         if (a < z) {
-            dg_tensor *g = params[i]->grad;
-            size_t bytes = (size_t)(z - a) * sizeof(float);
-            float *gp = g ? (float *)dg_data_ptr(g) + (a - off) : NULL, *bp = b + (a - lo);
-            int rc = to_bucket ? (g ? dg_cuda_memcpy(bp, gp, bytes, 2) : dg_cuda_memset0(bp, bytes))
-                               : (g ? dg_cuda_memcpy(gp, bp, bytes, 2) : 0);
+            dg_tensor *g = params[i]->grad, *b = dg_slice(dp.bucket, 0, a - lo, z - lo);
+            dg_tensor *gs = g ? dg_slice(dg_reshape(g, DG_SHAPE(m)), 0, a - off, z - off) : NULL;
+            int rc = !b || (g && !gs) ? -1
+                     : to_bucket      ? (gs ? dg_copy_(b, gs) : dg_fill_(b, 0))
+                     : gs             ? dg_copy_(gs, b)
+                                      : 0;
             if (rc) return -1;
         }
         off += m;
     }
     return 0;
-}
-
-/* A persistent f32 [count] device tensor in *slot (made once, outside every scope). */
-static dg_tensor *persistent(dg_tensor **slot, int64_t count) {
-    if (!*slot) {
-        dg_scope_begin();
-        dg_tensor *b = dg_empty_on(DG_SHAPE(count), DG_F32, DG_CUDA);
-        *slot = b ? dg_keep(b) : NULL;
-        dg_scope_end();
-    }
-    return *slot;
 }
 
 int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss) {
@@ -291,16 +272,20 @@ int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss) {
         if (check_grad(params[i], i)) return -1;
         total += dg_numel(params[i]);
     }
-    if (!persistent(&dp.scalars, 2) ||
-        !persistent(&dp.bucket, total < DG_DP_BUCKET_FLOATS ? total : DG_DP_BUCKET_FLOATS))
-        return -1;
-    /* the loss and the stop request first, in their own small collective: their host-to-device copy
+    if (!dp.bucket) { /* made once, outside every scope */
+        dg_scope_begin();
+        dg_tensor *b =
+            dg_empty_on(DG_SHAPE(total < DG_DP_BUCKET_FLOATS ? total : DG_DP_BUCKET_FLOATS), DG_F32, DG_CUDA);
+        dp.bucket = b ? dg_keep(b) : NULL;
+        dg_scope_end();
+        if (!dp.bucket) return -1;
+    }
+    /* the loss and the stop request first, in their own small collective: their copy to the device
      * waits for the stream, which must come before any collective is queued (a wait behind a
      * collective whose peer died would never end); they are read back after dg_comm_wait */
     float scalars[2] = {(float)*loss, dp.local_stop && *dp.local_stop ? 1.0f : 0.0f};
-    if (dg_cuda_memcpy(dg_data_ptr(dp.scalars), scalars, sizeof scalars, 0) ||
-        dg_comm_allreduce_mean_(dp.comm, dp.scalars))
-        return -1;
+    dg_tensor *sc = dg_to_device(dg_from_data(DG_SHAPE(2), DG_F32, scalars), DG_CUDA);
+    if (!sc || dg_comm_allreduce_mean_(dp.comm, sc)) return -1;
     int64_t size = dg_numel(dp.bucket);
     for (int64_t lo = 0; lo < total; lo += size) {
         int64_t hi = lo + size < total ? lo + size : total;
@@ -309,7 +294,7 @@ int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss) {
             copy_part(n, params, lo, hi, false))
             return -1;
     }
-    if (dg_comm_wait(dp.comm) || dg_cuda_memcpy(scalars, dg_data_ptr(dp.scalars), sizeof scalars, 1)) return -1;
+    if (dg_comm_wait(dp.comm) || dg_copy_to_host(sc, scalars)) return -1;
     *loss = scalars[0];
     if (scalars[1] > 0 && !dp.agreed_stop) /* some rank was asked to stop: all stop after this step */
         dp.agreed_stop = dp.local_stop && *dp.local_stop ? *dp.local_stop : SIGTERM;

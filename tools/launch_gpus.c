@@ -15,6 +15,7 @@
 
 #include "core/device.h"
 #include "deltagrad.h"
+#include "models/metrics.h"
 #include "ops/collective.h"
 
 #include <errno.h>
@@ -33,12 +34,6 @@ static volatile sig_atomic_t launcher_signals; /* how many */
 static void on_launcher_signal(int sig) {
     launcher_signal = sig;
     launcher_signals++;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int visible_gpus(void) {
@@ -135,7 +130,7 @@ static int watch(pid_t *pids, int n, const char *out_dir) {
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid < 0 && errno != EINTR) break; /* no child left (should not happen while left > 0) */
         if (pid <= 0) {
-            if (kill_at > 0 && now_s() > kill_at) {
+            if (kill_at > 0 && dg_progress_now() > kill_at) {
                 signal_all(pids, done, n, SIGKILL);
                 kill_at = -1;
             }
@@ -148,9 +143,12 @@ static int watch(pid_t *pids, int n, const char *out_dir) {
         if (r == n) continue;
         done[r] = true;
         left--;
-        bool ok = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || (passed_on && WEXITSTATUS(st) == 128 + passed_on));
-        if (ok) {
-            if (WEXITSTATUS(st) != 0 && !failed) status = WEXITSTATUS(st);
+        /* a rank stopped by the signal passed on (with its checkpoint, or killed by it before it
+         * installed its handler, while starting) is not a failure */
+        bool by_signal = passed_on && ((WIFEXITED(st) && WEXITSTATUS(st) == 128 + passed_on) ||
+                                       (WIFSIGNALED(st) && WTERMSIG(st) == passed_on));
+        if ((WIFEXITED(st) && WEXITSTATUS(st) == 0) || by_signal) {
+            if (by_signal && !failed) status = 128 + passed_on;
             continue;
         }
         if (!failed) { /* the first failure: report it, stop the others */
@@ -163,7 +161,7 @@ static int watch(pid_t *pids, int n, const char *out_dir) {
             fprintf(stderr, "%s; the last checkpoint written, if any, is in %s\n",
                     left > 0 ? "; stopping the other ranks" : "", out_dir);
             signal_all(pids, done, n, SIGTERM);
-            kill_at = now_s() + DG_LAUNCH_GRACE_S;
+            kill_at = dg_progress_now() + DG_LAUNCH_GRACE_S;
         }
         failed = true;
         status = 1;
