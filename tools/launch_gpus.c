@@ -77,14 +77,11 @@ static int gpus_wanted(const dg_train_opts *o) {
     return n;
 }
 
-/* Starts rank r: the child process execs this program with argv; returns its pid, or -1. */
-static pid_t start_rank(int argc, char **argv, int r, int n, const char *rendezvous, pid_t parent) {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0) return pid; /* the parent (or -1) */
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1); /* the launcher died before prctl: do not run alone */
+/* Starts rank r: a child process that execs this program with args (NULL-terminated).  The
+ * environment and the arguments are made here, before fork: between fork and exec the child only
+ * makes system calls, as a child of a process with threads (OpenMP's, OpenBLAS's) must.  The pid,
+ * or -1. */
+static pid_t start_rank(char **args, int r, int n, const char *rendezvous, pid_t parent) {
     char s[32];
     snprintf(s, sizeof s, "%d", r);
     setenv("DG_RANK", s, 1);
@@ -93,13 +90,17 @@ static pid_t start_rank(int argc, char **argv, int r, int n, const char *rendezv
     setenv("DG_WORLD", s, 1);
     setenv("DG_RENDEZVOUS", rendezvous, 1);
     setenv("NCCL_NVLS_ENABLE", "0", 1); /* NVLink multicast needs a fabric manager set up for it */
-    char **args = calloc((size_t)argc + 2, sizeof *args);
-    if (args) {
-        args[0] = "deltagrad";
-        for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
-        execv("/proc/self/exe", args);
-    }
-    fprintf(stderr, "train: rank %d: cannot start /proc/self/exe: %s\n", r, strerror(errno));
+    unsetenv("DG_NCCL_ID");             /* the ranks meet through the file */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) return pid; /* the parent (or -1) */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1); /* the launcher died before prctl: do not run alone */
+    execv("/proc/self/exe", args);
+    static const char msg[] = "train: a rank could not start: execv(/proc/self/exe) failed\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
     _exit(127);
 }
 
@@ -195,14 +196,20 @@ bool dg_launch_gpus(int argc, char **argv, const dg_train_opts *o, int *status) 
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
+    char **args = calloc((size_t)argc + 2, sizeof *args); /* "deltagrad", "train", the options */
     int started = 0;
-    if (pids)
+    if (pids && args) {
+        args[0] = "deltagrad";
+        for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
         for (; started < n; started++)
-            if ((pids[started] = start_rank(argc, argv, started, n, path, getpid())) < 0) {
+            if ((pids[started] = start_rank(args, started, n, path, getpid())) < 0) {
                 fprintf(stderr, "train: cannot start rank %d: %s\n", started, strerror(errno));
                 break;
             }
-    if (!pids) {
+        const char *mine[] = {"DG_RANK", "DG_CUDA_DEVICE", "DG_WORLD", "DG_RENDEZVOUS"};
+        for (int i = 0; i < 4; i++) unsetenv(mine[i]); /* this process is no rank */
+    }
+    if (!pids || !args) {
         fprintf(stderr, "train: out of memory\n");
         *status = 1;
     } else if (started < n) {
@@ -213,6 +220,7 @@ bool dg_launch_gpus(int argc, char **argv, const dg_train_opts *o, int *status) 
         *status = watch(pids, n, o->tc.out_dir);
     }
     free(pids);
+    free(args);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     unlink(path); /* rank 0 removes it once every rank joined; not when the run failed before */
