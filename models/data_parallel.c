@@ -7,7 +7,6 @@
 #include "ops/collective.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
