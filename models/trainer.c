@@ -5,6 +5,7 @@
 #include "models/atomic_file.h"
 #include "models/chart.h"
 #include "models/checkpoint.h"
+#include "models/data_parallel.h"
 #include "models/infra_common.h"
 #include "models/memory_estimate.h"
 #include "models/metrics.h"
@@ -271,13 +272,19 @@ void dg_trainer_free(dg_trainer *t) {
 /* ---- one step ---------------------------------------------------------------------------------- */
 
 /* A training batch: inputs and targets i64 [B,T]. */
-static int next_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
+static int global_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
     const dg_train_config *tc = &t->tc;
     if (tc->task == DG_TASK_MQAR) return dg_mqar_batch(&tc->mqar, &t->data_rng, tc->batch, in, tg);
     dg_tensor *w = dg_text_batch(t->text, DG_SPLIT_TRAIN, &t->data_rng, tc->batch, tc->seq_len); /* [B,T+1] */
     *in = dg_slice(w, 1, 0, tc->seq_len);
     *tg = dg_slice(w, 1, 1, tc->seq_len + 1);
     return *in && *tg ? 0 : -1;
+}
+
+/* This process's batch: the whole one, or on one GPU of several its rows of the same global batch
+ * (every rank draws the global batch, so the data stream is that of one process). */
+static int next_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
+    return global_batch(t, in, tg) || dg_dp_take_slice(in, tg) ? -1 : 0;
 }
 
 int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
@@ -296,6 +303,8 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
 #endif
     if (t->profile) t2 = dg_progress_now();
     if (dg_backward(loss, NULL)) goto out;
+    /* several GPUs: the gradients and the loss become the means over the ranks (data_parallel.h) */
+    if (dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv)) goto out;
 #ifdef DG_HAVE_CUDA
     /* profiling a device run: wait for the queued backward so that its time is its own */
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
@@ -450,9 +459,13 @@ static const char *const csv_cols[NCOLS] = {"step",    "lr",      "loss",      "
 
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
+    /* on several GPUs rank 0 alone writes metrics, charts, checkpoints and the result line; the others
+     * train and evaluate alike (so that they stop at the same step) and write nothing */
+    bool writer = dg_dp_rank() == 0;
+    if (!writer) t->quiet = true;
     if (mkdir_p(tc->out_dir)) return -1;
     /* temporary files of a run killed while it wrote a checkpoint (models/atomic_file.h) */
-    int stale = dg_atomic_remove_stale(tc->out_dir);
+    int stale = writer ? dg_atomic_remove_stale(tc->out_dir) : 0;
     if (stale < 0) return -1;
     if (stale > 0 && !t->quiet)
         fprintf(stderr, "removed %d temporary file%s left in %s by a killed run\n", stale, stale > 1 ? "s" : "",
@@ -462,18 +475,19 @@ int dg_trainer_run(dg_trainer *t) {
     if (t->step >= tc->steps || at_target) { /* a finished run resumed: nothing to train, say where it stands */
         double el, ea;
         if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
-        fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n", tc->out_dir,
-                (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
-                at_target ? "a higher --target-acc trains further" : "raise --steps to train further", el,
-                tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
+        if (writer)
+            fprintf(stderr, "the run in %s is complete (step %lld of %lld%s; %s): eval loss %.4f, %s %.2f%%\n",
+                    tc->out_dir, (long long)t->step, (long long)tc->steps, at_target ? ", target accuracy reached" : "",
+                    at_target ? "a higher --target-acc trains further" : "raise --steps to train further", el,
+                    tc->task == DG_TASK_MQAR ? "held-out query accuracy" : "validation next-byte accuracy", 100 * ea);
         return 0;
     }
     char csv_path[1100], svg_path[1100];
     snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", tc->out_dir);
     snprintf(svg_path, sizeof svg_path, "%s/metrics.svg", tc->out_dir);
-    dg_csv *csv = dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1);
-    if (!csv) return -1;
-    if (csv->missing_steps > 0)
+    dg_csv *csv = writer ? dg_csv_open(csv_path, NCOLS, csv_cols, t->resumed ? t->step : -1) : NULL;
+    if (writer && !csv) return -1;
+    if (csv && csv->missing_steps > 0)
         fprintf(stderr,
                 "note: %s has no rows for %lld of the %lld steps before this resume (first gap: steps "
                 "%lld-%lld): the log was cut short or edited; the rows go on from step %lld and the chart "
@@ -570,11 +584,11 @@ int dg_trainer_run(dg_trainer *t) {
             if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && n_eval == 0 && ea >= tc->target_acc) reached = true;
         }
         if (!t->quiet) dg_progress_update(&pr, t->step, loss, last_acc, rate);
-        if (dg_csv_row(csv, row)) {
+        if (writer && dg_csv_row(csv, row)) {
             rc = -1;
             break;
         }
-        if (!isnan(row[C_EVAL_ACC]) && dg_chart_from_csv(csv_path, svg_path, title)) {
+        if (writer && !isnan(row[C_EVAL_ACC]) && dg_chart_from_csv(csv_path, svg_path, title)) {
             rc = -1;
             break;
         }
@@ -582,16 +596,16 @@ int dg_trainer_run(dg_trainer *t) {
         if ((tc->save_every > 0 && t->step % tc->save_every == 0) || stop || last) {
             t->elapsed_before += now - t_start;
             t_start = now;
-            if (dg_trainer_save(t)) {
+            if (writer && dg_trainer_save(t)) {
                 rc = -1;
                 break;
             }
         }
     }
     if (!t->quiet) dg_progress_finish(&pr);
-    dg_csv_close(csv);
-    if (rc == 0 && dg_chart_from_csv(csv_path, svg_path, title)) rc = -1;
-    if (rc == 0) { /* the result line, --quiet or not */
+    if (csv) dg_csv_close(csv);
+    if (writer && rc == 0 && dg_chart_from_csv(csv_path, svg_path, title)) rc = -1;
+    if (writer && rc == 0) { /* the result line, --quiet or not */
         double total = t->elapsed_before;
         if (reached)
             fprintf(stderr,

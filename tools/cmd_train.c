@@ -2,8 +2,10 @@
  * Options: tools/train_flags.c.  With --resume DIR the run's settings come from the checkpoint and
  * options given on the command line override them (model options must match the checkpoint). */
 #include "models/checkpoint.h"
+#include "models/data_parallel.h"
 #include "models/trainer.h"
 #include "tools/commands.h"
+#include "tools/launch_gpus.h"
 #include "tools/train_flags.h"
 
 #include <signal.h>
@@ -85,7 +87,7 @@ int dg_cmd_train(int argc, char **argv) {
         dg_train_flags_help(stdout);
         return 0;
     }
-    dg_train_opts o = {.mc = dg_model_default_config(), .tc = dg_train_default_config()};
+    dg_train_opts o = {.mc = dg_model_default_config(), .tc = dg_train_default_config(), .gpus = 1};
     if (resume) { /* the checkpoint's settings first, then the command line's */
         char *tj = NULL;
         if (dg_ckpt_read_meta(resume, &o.mc, &tj, NULL, NULL)) {
@@ -116,14 +118,29 @@ int dg_cmd_train(int argc, char **argv) {
         if (abs && strlen(abs) < sizeof o.tc.data) snprintf(o.tc.data, sizeof o.tc.data, "%s", abs);
         free(abs);
     }
+    /* several GPUs: this process starts and watches one process a GPU (tools/launch_gpus.c); each of
+     * those (DG_WORLD in its environment) joins the others, then trains as below on its slice */
+    int rank = 0, world = 1, launched;
+    if (dg_dp_env(&rank, &world)) {
+        dg_cmd_say_error("train");
+        return 2;
+    }
+    if (world == 1 && dg_launch_gpus(argc, argv, &o, &launched)) return launched;
+    if (dg_dp_init()) {
+        dg_cmd_say_error("train");
+        return 1;
+    }
+    if (rank > 0) o.quiet = true; /* rank 0 speaks for the run */
     dg_trainer *t = dg_trainer_open(&o.tc, &o.mc, resume);
     if (!t) {
         dg_cmd_say_error("train");
+        dg_dp_shutdown();
         return 1;
     }
     t->stop_at = o.stop_at;
     t->quiet = o.quiet;
-    t->interrupt = &interrupted;
+    /* the ranks of several GPUs stop together, after the step at which any of them got the signal */
+    t->interrupt = dg_dp_active() ? dg_dp_stop_flag(&interrupted) : &interrupted;
     const dg_model_config *mc = &t->lm->cfg;
     const dg_train_config *tc = &t->tc;
     if (!o.quiet) {
@@ -169,12 +186,15 @@ int dg_cmd_train(int argc, char **argv) {
         fprintf(stderr, "profile (s per step): data %.4f  forward %.4f  backward %.4f  clip+adamw %.4f  total %.4f\n",
                 t->t_data / n, t->t_fwd / n, t->t_bwd / n, t->t_opt / n, tot / n);
     }
+    int stopped_by = *t->interrupt;
     dg_trainer_free(t);
+    dg_dp_shutdown();
     if (rc) return 1;
-    if (interrupted) {
-        fprintf(stderr, "train: interrupted by %s at step %lld, checkpoint saved in %s (exit status %d)\n",
-                interrupted == SIGINT ? "SIGINT" : "SIGTERM", (long long)step_done, out_dir, 128 + (int)interrupted);
-        return 128 + (int)interrupted;
+    if (stopped_by) {
+        if (rank == 0)
+            fprintf(stderr, "train: interrupted by %s at step %lld, checkpoint saved in %s (exit status %d)\n",
+                    stopped_by == SIGINT ? "SIGINT" : "SIGTERM", (long long)step_done, out_dir, 128 + stopped_by);
+        return 128 + stopped_by;
     }
     return 0;
 }

@@ -80,6 +80,9 @@ static const flag flags[] = {
     {"precision", T_SPECIAL, 0, 0, "run",
      "bf16 (mixed precision: f32 master weights, bf16 step; cuda only), f32, or auto (bf16 on cuda, f32 on cpu)",
      false},
+    {"gpus", T_INT, OP(gpus), 0, "run",
+     "data-parallel training on N GPUs, one process each, the global --batch split evenly (0: every visible GPU)",
+     false},
     {"threads", T_INT, TC(threads), 0, "run", "CPU threads (0: all cores)", false},
     {"eval-every", T_I64, TC(eval_every), 0, "run", "evaluate every N steps (0: only at the end)", false},
     {"save-every", T_I64, TC(save_every), 0, "run", "checkpoint every N steps (and at the end)", false},
@@ -262,7 +265,7 @@ static void default_text(const flag *f, const dg_train_opts *d, char *buf, size_
 }
 
 void dg_train_flags_help(FILE *out) {
-    dg_train_opts d = {.mc = dg_model_default_config(), .tc = dg_train_default_config()};
+    dg_train_opts d = {.mc = dg_model_default_config(), .tc = dg_train_default_config(), .gpus = 1};
     fprintf(out,
             "usage: deltagrad train [OPTIONS]\n\n"
             "Trains a language model with a delta-rule mixer.  With no options: the default Gated DeltaNet on\n"

@@ -12,6 +12,7 @@ typedef struct dg_train_opts {
     dg_train_config tc;
     char resume[1024];
     int64_t stop_at;
+    int gpus; /* processes, one a GPU (0: every visible GPU); 1: this process alone */
     bool quiet;
     bool overwrite;    /* replace the run already in the output directory */
     bool out_given;    /* --out was on the command line */

@@ -1,5 +1,6 @@
-/* The CUDA runtime under the tensors: device 0, one stream, stream-ordered memory from the
- * device's default pool, and a cuBLAS handle.  Implements the hooks declared at the end of
+/* The CUDA runtime under the tensors: one device, one stream, stream-ordered memory from the
+ * device's default pool, and a cuBLAS handle.  The device is DG_CUDA_DEVICE when set (each process
+ * of a data-parallel run has its own GPU), else 0.  Implements the hooks declared at the end of
  * core/internal.h and the runtime calls of kernels/cuda/cuda_kernels.h.
  *
  * Memory: cudaMallocAsync / cudaFreeAsync on the library's stream, from the device's default
@@ -92,20 +93,34 @@ int init_once() {
     if (r.device_count == 0) return -1;
     const char *env = getenv("DG_CUDA_SYNC");
     r.sync_each = env && env[0] && strcmp(env, "0") != 0;
+    /* the device: DG_CUDA_DEVICE (one process a GPU in data-parallel training), else 0 */
+    int dev = 0;
+    const char *dev_env = getenv("DG_CUDA_DEVICE");
+    if (dev_env && dev_env[0]) {
+        char *end;
+        long d = strtol(dev_env, &end, 10);
+        if (*end || d < 0 || d >= r.device_count) {
+            snprintf(r.fail, sizeof r.fail, "cuda: DG_CUDA_DEVICE=%s names no device: %d CUDA device%s visible",
+                     dev_env, r.device_count, r.device_count == 1 ? " is" : "s are");
+            return -1;
+        }
+        dev = (int)d;
+    }
     cudaError_t e;
-    if ((e = cudaSetDevice(0)) != cudaSuccess) return init_fail("cudaSetDevice(0)", e);
-    if ((e = cudaDeviceGetAttribute(&r.sm_count, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess)
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) return init_fail("cudaSetDevice", e);
+    if ((e = cudaDeviceGetAttribute(&r.sm_count, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return init_fail("cudaDeviceGetAttribute(MultiProcessorCount)", e);
     int pools = 0;
-    if ((e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0)) != cudaSuccess)
+    if ((e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev)) != cudaSuccess)
         return init_fail("cudaDeviceGetAttribute(MemoryPoolsSupported)", e);
     if (!pools) {
         snprintf(r.fail, sizeof r.fail,
-                 "cuda: device 0 does not support stream-ordered memory pools (cudaMallocAsync)");
+                 "cuda: device %d does not support stream-ordered memory pools (cudaMallocAsync)", dev);
         return -1;
     }
     cudaMemPool_t pool;
-    if ((e = cudaDeviceGetDefaultMemPool(&pool, 0)) != cudaSuccess) return init_fail("cudaDeviceGetDefaultMemPool", e);
+    if ((e = cudaDeviceGetDefaultMemPool(&pool, dev)) != cudaSuccess)
+        return init_fail("cudaDeviceGetDefaultMemPool", e);
     uint64_t threshold = UINT64_MAX;
     if ((e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold)) != cudaSuccess)
         return init_fail("cudaMemPoolSetAttribute(ReleaseThreshold)", e);

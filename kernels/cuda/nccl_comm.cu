@@ -1,0 +1,198 @@
+/* The NCCL communicator of a data-parallel run (kernels/cuda/nccl_comm.h). */
+#include "kernels/cuda/nccl_comm.h"
+
+#include "kernels/cuda/cuda_util.h"
+
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static_assert(sizeof(ncclUniqueId) == DG_NCCL_ID_BYTES, "DG_NCCL_ID_BYTES must be sizeof(ncclUniqueId)");
+
+struct dg_nccl {
+    ncclComm_t comm;  /* NULL once aborted */
+    double timeout_s; /* the longest wait for progress */
+    int world, rank;
+    char failed[512]; /* why the communicator was aborted */
+};
+
+namespace {
+
+double now_s() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void pause_briefly() {
+    struct timespec ts = {0, 200 * 1000}; /* 0.2 ms: a poll costs little beside a step */
+    nanosleep(&ts, nullptr);
+}
+
+/* Aborts c's communicator after a failure described by what, and records it for later calls. */
+void abort_comm(dg_nccl *c, const char *what) {
+    snprintf(c->failed, sizeof c->failed, "%s", what);
+    if (c->comm) {
+        ncclCommAbort(c->comm);
+        c->comm = nullptr;
+    }
+    (void)cudaGetLastError(); /* the aborted kernels' error is not the caller's */
+    dg_error("nccl: rank %d of %d: %s", c->rank, c->world, c->failed);
+}
+
+/* An NCCL call's result: ncclSuccess, or ncclInProgress (a non-blocking communicator: the call goes
+ * on in the background), is fine; anything else fails the communicator. */
+int check_call(dg_nccl *c, ncclResult_t r, const char *call) {
+    if (r == ncclSuccess || r == ncclInProgress) return 0;
+    char msg[480];
+    const char *last = c->comm ? ncclGetLastError(c->comm) : nullptr;
+    snprintf(msg, sizeof msg, "%s failed: %s%s%s", call, ncclGetErrorString(r), last && *last ? ": " : "",
+             last ? last : "");
+    abort_comm(c, msg);
+    return -1;
+}
+
+/* Waits until the communicator has no call in progress (ncclCommGetAsyncError is ncclSuccess). */
+int wait_calls(dg_nccl *c, const char *call) {
+    double deadline = now_s() + c->timeout_s;
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
+        if (r != ncclSuccess)
+            return check_call(c, r == ncclInProgress ? ncclInternalError : r, "ncclCommGetAsyncError");
+        if (st == ncclSuccess) return 0;
+        if (st != ncclInProgress) return check_call(c, st, call);
+        if (now_s() > deadline) {
+            char msg[480];
+            snprintf(msg, sizeof msg,
+                     "%s did not complete within %.0f s: another rank did not join or stopped (DG_DP_TIMEOUT sets "
+                     "the limit)",
+                     call, c->timeout_s);
+            abort_comm(c, msg);
+            return -1;
+        }
+        pause_briefly();
+    }
+}
+
+int usable(dg_nccl *c) {
+    if (!c) {
+        dg_error("nccl: no communicator");
+        return -1;
+    }
+    if (!c->comm) {
+        dg_error("nccl: rank %d of %d: the communicator was aborted earlier: %s", c->rank, c->world, c->failed);
+        return -1;
+    }
+    return 0;
+}
+
+} // namespace
+
+extern "C" {
+
+int dg_nccl_unique_id(unsigned char id[DG_NCCL_ID_BYTES]) {
+    ncclUniqueId uid;
+    ncclResult_t r = ncclGetUniqueId(&uid);
+    if (r != ncclSuccess) {
+        dg_error("nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+        return -1;
+    }
+    memcpy(id, &uid, sizeof uid);
+    return 0;
+}
+
+dg_nccl *dg_nccl_init(const unsigned char id[DG_NCCL_ID_BYTES], int world, int rank, double timeout_s) {
+    if (world < 1 || rank < 0 || rank >= world || !(timeout_s > 0)) {
+        dg_error("nccl: rank %d of a world of %d with a timeout of %g s: need 0 <= rank < world and a positive "
+                 "timeout",
+                 rank, world, timeout_s);
+        return nullptr;
+    }
+    if (dg_cuda_init()) return nullptr; /* the device of this rank (DG_CUDA_DEVICE) is current from here on */
+    /* NVLink SHARP (multicast) needs a fabric manager set up for it; off unless the user asked */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    dg_nccl *c = (dg_nccl *)calloc(1, sizeof *c);
+    if (!c) {
+        dg_error("nccl: out of host memory");
+        return nullptr;
+    }
+    c->timeout_s = timeout_s;
+    c->world = world;
+    c->rank = rank;
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&c->comm, world, uid, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        /* a failed init may still have made a communicator to release */
+        check_call(c, r, "ncclCommInitRankConfig");
+        free(c);
+        return nullptr;
+    }
+    if (wait_calls(c, "ncclCommInitRankConfig (every rank joining)")) {
+        free(c);
+        return nullptr;
+    }
+    return c;
+}
+
+int dg_nccl_allreduce_mean_f32(dg_nccl *c, float *buf, int64_t n) {
+    if (usable(c)) return -1;
+    if (n <= 0) return 0;
+    if (!buf) {
+        dg_error("nccl: all-reduce of a NULL buffer of %lld floats", (long long)n);
+        return -1;
+    }
+    if (check_call(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclAvg, c->comm, dg_cuda_stream()),
+                   "ncclAllReduce"))
+        return -1;
+    return wait_calls(c, "ncclAllReduce (enqueueing)");
+}
+
+int dg_nccl_wait(dg_nccl *c) {
+    if (usable(c)) return -1;
+    double deadline = now_s() + c->timeout_s;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(dg_cuda_stream());
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) {
+            char msg[480];
+            snprintf(msg, sizeof msg, "the stream failed while waiting for a collective: %s (%s)", cudaGetErrorName(e),
+                     cudaGetErrorString(e));
+            abort_comm(c, msg);
+            return -1;
+        }
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+            return check_call(c, st == ncclSuccess ? ncclInternalError : st, "a collective (asynchronous error)");
+        if (now_s() > deadline) {
+            char msg[480];
+            snprintf(msg, sizeof msg,
+                     "the gradient all-reduce did not complete within %.0f s: another rank stopped or hangs "
+                     "(DG_DP_TIMEOUT sets the limit)",
+                     c->timeout_s);
+            abort_comm(c, msg);
+            return -1;
+        }
+        pause_briefly();
+    }
+}
+
+void dg_nccl_destroy(dg_nccl *c) {
+    if (!c) return;
+    if (c->comm) {
+        ncclResult_t r = ncclCommFinalize(c->comm);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            ncclCommAbort(c->comm);
+        } else if (wait_calls(c, "ncclCommFinalize") == 0) { /* wait_calls aborts on failure */
+            ncclCommDestroy(c->comm);
+        }
+        c->comm = nullptr;
+    }
+    free(c);
+}
+
+} // extern "C"

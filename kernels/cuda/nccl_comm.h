@@ -1,0 +1,43 @@
+/* NCCL under data-parallel training: one communicator per process (one process a GPU), created from
+ * a unique id that the ranks share through a rendezvous (models/data_parallel.c), and an all-reduce
+ * of an f32 device buffer on the library's stream.  Compiled only in a CUDA build that found NCCL
+ * (DG_HAVE_NCCL); ops/collective.c is the entry point that the host build also has.
+ *
+ * Nothing here can hang forever.  The communicator is non-blocking (ncclConfig_t.blocking = 0):
+ * initialisation and the enqueueing of a collective return at once and are polled with
+ * ncclCommGetAsyncError; completion of queued work is polled with cudaStreamQuery.  Each wait gives
+ * up after timeout_s seconds without completion (a peer that died, or never came): the communicator
+ * is then aborted (ncclCommAbort stops its kernels) and every later call fails with the reason. */
+#ifndef DG_KERNELS_CUDA_NCCL_COMM_H
+#define DG_KERNELS_CUDA_NCCL_COMM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+
+typedef struct dg_nccl dg_nccl;
+
+/* A new unique id (rank 0 makes it; the others receive it).  0, or -1 with dg_error. */
+int dg_nccl_unique_id(unsigned char id[DG_NCCL_ID_BYTES]);
+/* Joins the communicator of `world` ranks named by id as `rank`, on the library's device (which
+ * dg_cuda_init chose: DG_CUDA_DEVICE).  Waits at most timeout_s for every rank to join.  NULL with
+ * dg_error. */
+dg_nccl *dg_nccl_init(const unsigned char id[DG_NCCL_ID_BYTES], int world, int rank, double timeout_s);
+/* buf[0..n) = the mean over the ranks of their buf[0..n) (ncclAvg), in place, queued on the
+ * library's stream.  0, or -1 with dg_error. */
+int dg_nccl_allreduce_mean_f32(dg_nccl *c, float *buf, int64_t n);
+/* Waits until the library's stream has run everything queued on it, the collectives included, for at
+ * most the communicator's timeout.  0, or -1 with dg_error (the communicator is then aborted). */
+int dg_nccl_wait(dg_nccl *c);
+/* Finalises and frees the communicator (aborts it if that fails or times out).  NULL is a no-op. */
+void dg_nccl_destroy(dg_nccl *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

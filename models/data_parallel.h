@@ -1,0 +1,79 @@
+/* Data-parallel training: one process a GPU, each holding a whole replica of the model.  Every step
+ * each rank takes its own rows of the step's global batch (the same global batch that one process
+ * would train on, cut in `world` equal slices in rank order), runs forward and backward on them,
+ * and the ranks replace their gradients by the mean over the ranks before clipping and AdamW.  Each
+ * rank's loss is the mean over its slice, and the slices are of equal size, so the mean of the
+ * ranks' gradients is the gradient of the global batch's mean loss: N GPUs with a global batch B
+ * follow one GPU with batch B, up to the order of the sums.  Every rank then makes the same update
+ * on the same parameters, so the replicas stay equal without ever being compared.
+ *
+ * How processes meet (docs/MULTI_GPU.md): the environment names this process's place,
+ *   DG_WORLD          the number of ranks (absent or 1: a single process, nothing here is active)
+ *   DG_RANK           this process's rank, 0 .. DG_WORLD-1
+ *   DG_CUDA_DEVICE    the GPU it uses (the CUDA runtime reads it; the launcher sets the rank)
+ *   DG_RENDEZVOUS     a file through which rank 0 hands the communicator's id to the others, or
+ *   DG_NCCL_ID        the id itself (hex), when an outside launcher made it
+ *   DG_DP_TIMEOUT     seconds a rank waits for the others in a collective before it gives up (300)
+ *   DG_RENDEZVOUS_TIMEOUT  seconds a rank waits for the rendezvous file (60)
+ * `deltagrad train --gpus N` (tools/launch_gpus.c) sets them for the N processes it starts.
+ *
+ * The state is the process's (one communicator a process), so the trainer's code stays that of one
+ * GPU with three calls: take the slice, all-reduce the gradients, agree on stopping. */
+#ifndef DG_MODELS_DATA_PARALLEL_H
+#define DG_MODELS_DATA_PARALLEL_H
+
+#include "deltagrad.h"
+
+#include <signal.h>
+#include <stddef.h>
+
+/* Gradients travel in buckets of this many floats (about 25 MB): a bucket is packed from the
+ * gradients, all-reduced and unpacked, so the extra device memory is one bucket, not a copy of
+ * every gradient. */
+#define DG_DP_BUCKET_FLOATS ((int64_t)25 << 18)
+
+/* The place of this process from DG_WORLD and DG_RANK (both absent: rank 0 of 1).  0, or -1 with
+ * dg_error naming the variable that is malformed or out of range. */
+int dg_dp_env(int *rank, int *world);
+
+/* The rows [*start, *start + *count) of a global batch of `batch` rows that rank takes; batch must be
+ * a multiple of world (equal slices keep the mean of the ranks' means the global mean).  0, or -1
+ * with dg_error. */
+int dg_dp_slice(int64_t batch, int rank, int world, int64_t *start, int64_t *count);
+
+/* The rendezvous file: rank 0 writes the n bytes of id to path atomically (a temporary file renamed
+ * over it), the others wait for it, polling, at most timeout_s seconds, then fail with a message
+ * naming the file.  0, or -1 with dg_error. */
+int dg_dp_rendezvous_publish(const char *path, const unsigned char *id, size_t n);
+int dg_dp_rendezvous_wait(const char *path, unsigned char *id, size_t n, double timeout_s);
+/* id[0..n) from 2n hex digits.  0, or -1 with dg_error. */
+int dg_dp_id_from_hex(const char *hex, unsigned char *id, size_t n);
+
+/* Joins the run the environment describes: the rendezvous, then the communicator of the ranks on
+ * this process's GPU.  A single process: nothing to do.  0, or -1 with dg_error. */
+int dg_dp_init(void);
+/* Whether this process is one rank of several (after dg_dp_init). */
+bool dg_dp_active(void);
+int dg_dp_rank(void);  /* 0 when not active */
+int dg_dp_world(void); /* 1 when not active */
+
+/* Replaces *in and *tg, a global batch [B, ...], by this rank's rows of it (dg_dp_slice).  Not active:
+ * leaves them.  0, or -1 with dg_error. */
+int dg_dp_take_slice(dg_tensor **in, dg_tensor **tg);
+
+/* Each parameter's gradient (f32, contiguous, on the GPU; a parameter without one counts as zeros
+ * and still gets none) := the mean over the ranks of that gradient, *loss := the mean of the ranks'
+ * losses, and the ranks agree on stopping (see dg_dp_stop_flag).  Returns after the collectives
+ * have finished, or after DG_DP_TIMEOUT with an error.  Not active: nothing.  0, or -1 with dg_error. */
+int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss);
+
+/* Stopping on a signal must happen at the same step on every rank, or the ranks that go on wait for
+ * the ones that stopped.  The signal handler sets *local (this rank's request); each
+ * dg_dp_allreduce_grads shares the requests, and the flag returned here becomes non-zero on every
+ * rank after the same step once any rank asked.  The trainer reads the returned flag. */
+volatile sig_atomic_t *dg_dp_stop_flag(volatile sig_atomic_t *local);
+
+/* Leaves the run (frees the communicator).  Safe to call when not active. */
+void dg_dp_shutdown(void);
+
+#endif

@@ -1,0 +1,91 @@
+/* Collectives dispatched to NCCL when the build has it; see collective.h. */
+#include "ops/collective.h"
+
+#include <stdlib.h>
+
+#ifdef DG_HAVE_NCCL
+#include "kernels/cuda/nccl_comm.h"
+
+_Static_assert(DG_COMM_ID_BYTES == DG_NCCL_ID_BYTES, "a communicator id is an ncclUniqueId");
+
+/* the communicator is NCCL's: dg_comm is a name for dg_nccl */
+struct dg_comm {
+    dg_nccl *nccl;
+};
+
+bool dg_comm_available(void) { return true; }
+
+int dg_comm_unique_id(unsigned char id[DG_COMM_ID_BYTES]) { return dg_nccl_unique_id(id); }
+
+dg_comm *dg_comm_init(const unsigned char id[DG_COMM_ID_BYTES], int world, int rank, double timeout_s) {
+    dg_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        dg_error("comm: out of host memory");
+        return NULL;
+    }
+    if (!(c->nccl = dg_nccl_init(id, world, rank, timeout_s))) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+int dg_comm_allreduce_mean_(dg_comm *c, dg_tensor *x) {
+    if (!x) return -1;
+    if (x->dtype != DG_F32 || x->device != DG_CUDA || !dg_is_contiguous(x)) {
+        dg_error("allreduce_mean: x is %s %s on %s; an f32 contiguous CUDA tensor is required", dg_dtype_name(x->dtype),
+                 dg_shp(x), dg_device_name(x->device));
+        return -1;
+    }
+    return dg_nccl_allreduce_mean_f32(c ? c->nccl : NULL, dg_data_ptr(x), dg_numel(x));
+}
+
+int dg_comm_wait(dg_comm *c) { return dg_nccl_wait(c ? c->nccl : NULL); }
+
+void dg_comm_free(dg_comm *c) {
+    if (!c) return;
+    dg_nccl_destroy(c->nccl);
+    free(c);
+}
+
+#else /* no NCCL in this build */
+
+static int no_nccl(const char *who) {
+#ifdef DG_HAVE_CUDA
+    dg_error("%s: this build has no NCCL (nccl.h and libnccl were not found when it was configured: the CUDA "
+             "toolkit's, or the Python wheel nvidia-nccl's); training on several GPUs needs it",
+             who);
+#else
+    dg_error("%s: this build has no CUDA backend and so no NCCL; training on several GPUs needs a CUDA build with "
+             "NCCL",
+             who);
+#endif
+    return -1;
+}
+
+bool dg_comm_available(void) { return false; }
+
+int dg_comm_unique_id(unsigned char id[DG_COMM_ID_BYTES]) {
+    (void)id;
+    return no_nccl("comm_unique_id");
+}
+
+dg_comm *dg_comm_init(const unsigned char id[DG_COMM_ID_BYTES], int world, int rank, double timeout_s) {
+    (void)id, (void)world, (void)rank, (void)timeout_s;
+    no_nccl("comm_init");
+    return NULL;
+}
+
+int dg_comm_allreduce_mean_(dg_comm *c, dg_tensor *x) {
+    (void)c, (void)x;
+    return no_nccl("allreduce_mean");
+}
+
+int dg_comm_wait(dg_comm *c) {
+    (void)c;
+    return no_nccl("comm_wait");
+}
+
+void dg_comm_free(dg_comm *c) { (void)c; }
+
+#endif

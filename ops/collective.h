@@ -1,0 +1,30 @@
+/* Collectives across the processes of a data-parallel run: a communicator per process (one process
+ * a GPU) and an in-place mean over the ranks of an f32 device tensor.  The CUDA build with NCCL runs
+ * them through kernels/cuda/nccl_comm.cu (whose header tells how no wait can hang); any other build
+ * has the same calls, which fail with a message saying that this build has no NCCL. */
+#ifndef DG_OPS_COLLECTIVE_H
+#define DG_OPS_COLLECTIVE_H
+
+#include "core/internal.h"
+
+#define DG_COMM_ID_BYTES 128 /* the bytes of a communicator's unique id (NCCL's ncclUniqueId) */
+
+typedef struct dg_comm dg_comm;
+
+/* Whether this build can make communicators (CUDA with NCCL). */
+bool dg_comm_available(void);
+/* A fresh unique id for a new communicator.  0, or -1 with dg_error. */
+int dg_comm_unique_id(unsigned char id[DG_COMM_ID_BYTES]);
+/* Joins the communicator named by id as rank of world, on this process's GPU; each wait (for the
+ * others to join, for a collective to finish) gives up after timeout_s.  NULL with dg_error. */
+dg_comm *dg_comm_init(const unsigned char id[DG_COMM_ID_BYTES], int world, int rank, double timeout_s);
+/* x = the mean of x over the ranks, in place: x is an f32 contiguous CUDA tensor of the same numel
+ * on every rank.  Queued on the device's stream; dg_comm_wait waits for it.  0, or -1 with
+ * dg_error. */
+int dg_comm_allreduce_mean_(dg_comm *c, dg_tensor *x);
+/* Waits (at most the timeout) for the work queued so far, collectives included.  0 or -1. */
+int dg_comm_wait(dg_comm *c);
+/* Frees the communicator (NULL: no-op). */
+void dg_comm_free(dg_comm *c);
+
+#endif
