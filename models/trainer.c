@@ -303,8 +303,11 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
 #endif
     if (t->profile) t2 = dg_progress_now();
     if (dg_backward(loss, NULL)) goto out;
-    /* several GPUs: the gradients and the loss become the means over the ranks (data_parallel.h) */
-    if (dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv)) goto out;
+    /* several GPUs: the gradients and the loss become the means over the ranks (data_parallel.h);
+     * the loss is read first, for its small collective */
+    const bool dp = dg_dp_active();
+    double lv = dp ? dg_item(loss) : NAN;
+    if (dp && dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv)) goto out;
 #ifdef DG_HAVE_CUDA
     /* profiling a device run: wait for the queued backward so that its time is its own */
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
@@ -315,13 +318,15 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * non-finite norm or loss: no update, the step still counts), so nothing is read back before
      * the whole step is queued */
     if (!t->norm && !(t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, dg_lm_device(lm))))) goto out;
+    /* the ranks decide on their common (averaged) gradients alone, so that they decide alike */
     dg_adamw_fused_args fa = {
-        .lr = dg_lr_at(&t->sched, t->step), .max_norm = t->tc.clip, .loss = loss, .norm_out = t->norm};
+        .lr = dg_lr_at(&t->sched, t->step), .max_norm = t->tc.clip, .loss = dp ? NULL : loss, .norm_out = t->norm};
     if (dg_adamw_step_fused(t->opt, &fa)) goto out;
     dg_adamw_zero_grad(t->opt);
-    /* the step's first read-back: the loss and the norm, to log them */
-    double lv = dg_item(loss), gn = dg_item(t->norm);
-    if (!(isfinite(gn) && isfinite(lv))) t->skipped++; /* the decision the fused step made */
+    /* the step's first read-back on one GPU: the loss and the norm, to log them */
+    if (!dp) lv = dg_item(loss);
+    double gn = dg_item(t->norm);
+    if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++; /* the decision the fused step made */
     t->step++;
     if (loss_out) *loss_out = lv;
     if (gnorm_out) *gnorm_out = gn;
