@@ -23,6 +23,7 @@ void *dg_cuda_malloc(size_t n);
 void dg_cuda_free(void *p);
 int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 d2h, 2 d2d */
 int dg_cuda_memset0(void *p, size_t n);
+int dg_cuda_memset(void *p, int byte, size_t n); /* every byte of p[0..n) = byte */
 int dg_cuda_device_count(void);
 int dg_cuda_synchronize(void); /* waits for the stream; reports a failure of queued work */
 

@@ -15,8 +15,9 @@ const char *dg_shp(const dg_tensor *t);
 const char *dg_shape_text(int ndim, const int64_t *shape);
 
 /* ---- tensors ---- */
-dg_tensor *dg_tensor_alloc_header(void);                  /* refcount 1, no storage */
-dg_storage *dg_storage_new(size_t nbytes, dg_device dev); /* refcount 1, zero-filled */
+dg_tensor *dg_tensor_alloc_header(void); /* refcount 1, no storage */
+/* refcount 1; zero-filled only when asked (else uninitialised, or 0xFF bytes under DG_DEBUG_FILL_NAN) */
+dg_storage *dg_storage_new(size_t nbytes, dg_device dev, bool zero);
 void dg_storage_release(dg_storage *s);
 void dg_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* A view of t's storage with the given geometry; no autograd link; autoreleased. */

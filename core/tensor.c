@@ -101,10 +101,12 @@ static bool valid_shape(const char *op, int ndim, const int64_t *shape) {
     return true;
 }
 
-dg_tensor *dg_empty_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev) {
-    if (!valid_shape("empty", ndim, shape)) return NULL;
+/* A contiguous tensor on a new storage: cleared when zero, else uninitialised (the caller writes
+ * every element before anything reads it). */
+static dg_tensor *new_tensor(const char *op, int ndim, const int64_t *shape, dg_dtype dt, dg_device dev, bool zero) {
+    if (!valid_shape(op, ndim, shape)) return NULL;
     if (dt >= DG_NUM_DTYPES) {
-        dg_error("empty: unknown dtype %d", (int)dt);
+        dg_error("%s: unknown dtype %d", op, (int)dt);
         return NULL;
     }
     dg_tensor *t = dg_tensor_alloc_header();
@@ -114,7 +116,7 @@ dg_tensor *dg_empty_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device de
     t->ndim = ndim;
     for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
     dg_contiguous_strides(ndim, shape, t->stride);
-    t->storage = dg_storage_new((size_t)dg_numel(t) * dg_dtype_size(dt), dev);
+    t->storage = dg_storage_new((size_t)dg_numel(t) * dg_dtype_size(dt), dev, zero);
     if (!t->storage) {
         atomic_fetch_sub(&n_live_tensors, 1);
         free(t);
@@ -123,14 +125,16 @@ dg_tensor *dg_empty_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device de
     return dg_autorelease(t);
 }
 
-/* storage is zero-filled, so empty and zeros are the same allocation */
-dg_tensor *dg_empty(int ndim, const int64_t *shape, dg_dtype dt) { return dg_empty_on(ndim, shape, dt, DG_CPU); }
-dg_tensor *dg_zeros(int ndim, const int64_t *shape, dg_dtype dt) { return dg_empty_on(ndim, shape, dt, DG_CPU); }
-dg_tensor *dg_zeros_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev) {
-    return dg_empty_on(ndim, shape, dt, dev);
+dg_tensor *dg_empty_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev) {
+    return new_tensor("empty", ndim, shape, dt, dev, false);
 }
+dg_tensor *dg_zeros_on(int ndim, const int64_t *shape, dg_dtype dt, dg_device dev) {
+    return new_tensor("zeros", ndim, shape, dt, dev, true);
+}
+dg_tensor *dg_empty(int ndim, const int64_t *shape, dg_dtype dt) { return dg_empty_on(ndim, shape, dt, DG_CPU); }
+dg_tensor *dg_zeros(int ndim, const int64_t *shape, dg_dtype dt) { return dg_zeros_on(ndim, shape, dt, DG_CPU); }
 dg_tensor *dg_empty_like(const dg_tensor *t) { return t ? dg_empty_on(t->ndim, t->shape, t->dtype, t->device) : NULL; }
-dg_tensor *dg_zeros_like(const dg_tensor *t) { return dg_empty_like(t); }
+dg_tensor *dg_zeros_like(const dg_tensor *t) { return t ? dg_zeros_on(t->ndim, t->shape, t->dtype, t->device) : NULL; }
 
 dg_tensor *dg_full(int ndim, const int64_t *shape, dg_dtype dt, double value) {
     dg_tensor *t = dg_empty(ndim, shape, dt);

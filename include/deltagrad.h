@@ -82,6 +82,8 @@ size_t dg_peak_bytes(dg_device d);
 void dg_reset_peak_bytes(dg_device d);
 
 /* ---- creation --------------------------------------------------------------------------------- */
+/* empty: the elements are uninitialised (write every one before reading); zeros: cleared.  With
+ * DG_DEBUG_FILL_NAN=1 in the environment an empty tensor starts as NaN (integers as -1). */
 dg_tensor *dg_empty(int ndim, const int64_t *shape, dg_dtype dt);
 dg_tensor *dg_zeros(int ndim, const int64_t *shape, dg_dtype dt);
 dg_tensor *dg_ones(int ndim, const int64_t *shape, dg_dtype dt);

@@ -31,6 +31,7 @@
  *     a matmul and by a bf16-only op still sums correctly. */
 #include <cblas.h>
 
+#include "kernels/cpu/gemm.h"
 #include "ops/op.h"
 
 #include <string.h>
@@ -180,13 +181,13 @@ static int matmul_forward(dg_node *n) {
             if (bj >= 0 && b->shape[bj] != 1) bo += idx * b->stride[bj];
         }
         if (a->dtype == DG_F32)
-            cblas_sgemm(CblasRowMajor, tra, trb, (int)M, (int)N, (int)K, 1.0f, (const float *)(ap + ao * (int64_t)es),
-                        (int)lda, (const float *)(bp + bo * (int64_t)es), (int)ldb, 0.0f,
-                        (float *)(cp + i * M * N * (int64_t)es), (int)N);
+            dg_cpu_gemm_f32(tra == CblasTrans, trb == CblasTrans, M, N, K, 1.0f, (const float *)(ap + ao * (int64_t)es),
+                            lda, (const float *)(bp + bo * (int64_t)es), ldb, 0.0f,
+                            (float *)(cp + i * M * N * (int64_t)es), N);
         else
-            cblas_dgemm(CblasRowMajor, tra, trb, (int)M, (int)N, (int)K, 1.0, (const double *)(ap + ao * (int64_t)es),
-                        (int)lda, (const double *)(bp + bo * (int64_t)es), (int)ldb, 0.0,
-                        (double *)(cp + i * M * N * (int64_t)es), (int)N);
+            dg_cpu_gemm_f64(tra == CblasTrans, trb == CblasTrans, M, N, K, 1.0, (const double *)(ap + ao * (int64_t)es),
+                            lda, (const double *)(bp + bo * (int64_t)es), ldb, 0.0,
+                            (double *)(cp + i * M * N * (int64_t)es), N);
     }
     n->out[0] = c;
     return 0;

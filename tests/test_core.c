@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef DG_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
 static void test_views_share_storage(void **state) {
     dg_scope_begin();
     dg_tensor *x = dg_arange(0, 24, 1, DG_F32);
@@ -228,6 +232,50 @@ static void test_print(void **state) {
     dg_scope_end();
 }
 
+/* dg_zeros clears what the allocator hands back (here most likely the block just freed, which held
+ * 7s); dg_empty does not, and under DG_DEBUG_FILL_NAN every element of it starts as NaN (-1 in the
+ * integer dtypes). */
+static void test_zeros_and_empty(void **state) {
+    dg_scope_begin();
+    for (int round = 0; round < 3; round++) {
+        dg_tensor *sevens = dg_keep(dg_full(DG_SHAPE(1000), DG_F32, 7.0));
+        assert_non_null(sevens);
+        dg_release(sevens);
+        dg_tensor *z = dg_zeros(DG_SHAPE(1000), DG_F32);
+        assert_non_null(z);
+        const float *pz = dg_data_ptr(z);
+        for (int i = 0; i < 1000; i++) assert_true(pz[i] == 0.0f);
+        dg_tensor *zl = dg_zeros_like(dg_full(DG_SHAPE(10, 10), DG_F64, 3.0));
+        assert_true(dg_item(dg_sum_all(zl)) == 0.0);
+    }
+    const char *fill = getenv("DG_DEBUG_FILL_NAN");
+    if (fill && strcmp(fill, "0") != 0) {
+        dg_tensor *e = dg_empty(DG_SHAPE(33), DG_F32), *ei = dg_empty(DG_SHAPE(5), DG_I64);
+        for (int i = 0; i < 33; i++) assert_true(isnan(((const float *)dg_data_ptr(e))[i]));
+        for (int i = 0; i < 5; i++) assert_true(((const int64_t *)dg_data_ptr(ei))[i] == -1);
+    }
+    dg_scope_end();
+}
+
+/* The library sets jemalloc's page decay for every program that links it (core/storage.c): freed
+ * activations stay mapped from one step to the next.  MALLOC_CONF in the environment overrides it. */
+static void test_allocator_settings(void **state) {
+#ifdef DG_JEMALLOC
+    if (getenv("MALLOC_CONF")) {
+        dg_test_skip("MALLOC_CONF is set in the environment and overrides the library's settings");
+        return;
+    }
+    ssize_t dirty = 0, muzzy = 0;
+    size_t sz = sizeof dirty;
+    assert_int_equal(mallctl("opt.dirty_decay_ms", &dirty, &sz, NULL, 0), 0);
+    assert_int_equal(mallctl("opt.muzzy_decay_ms", &muzzy, &sz, NULL, 0), 0);
+    assert_true(dirty == -1);
+    assert_true(muzzy == -1);
+#else
+    dg_test_skip("built without jemalloc (the sanitizer build keeps ASan's allocator)");
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_views_share_storage),
@@ -238,6 +286,8 @@ int main(void) {
         cmocka_unit_test(test_errors_first_wins),
         cmocka_unit_test(test_print),
         cmocka_unit_test(test_f16_conversion),
+        cmocka_unit_test(test_zeros_and_empty),
+        cmocka_unit_test(test_allocator_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

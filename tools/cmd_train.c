@@ -25,13 +25,13 @@ static void on_stop_signal(int sig) {
 }
 
 /* Process settings that training needs and that only take effect when the process starts (libgomp
- * and jemalloc read them from the environment at load time): if they are unset, set them and
+ * and OpenBLAS read them from the environment at load time): if they are unset, set them and
  * re-execute this program once.  Measured on the 2-core machine (docs/TRAINING.md): OpenMP's default
  * active waiting spins on the cores OpenBLAS's threads need (steps 2-3x slower when anything else
  * runs); OpenBLAS's idle threads spin for 2^28 cycles after each GEMM, against the OpenMP threads
- * of the next op (a timeout of 2^4: 0.33 -> 0.28 s a step); jemalloc's default decay returns the
- * freed activations to the kernel after each step and page-faults them back in the next one (~25%
- * of a step).  DG_NO_REEXEC=1 turns this off. */
+ * of the next op (a timeout of 2^4 takes a sixth off a step).  jemalloc's settings are not among them:
+ * the library sets those for every program that links it (core/storage.c).  DG_NO_REEXEC=1 turns
+ * this off. */
 static void tune_process(int argc, char **argv) {
     if (getenv("DG_NO_REEXEC") || getenv("DG_TRAIN_REEXECED")) return;
     bool need = false;
@@ -43,12 +43,6 @@ static void tune_process(int argc, char **argv) {
         setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
         need = true;
     }
-#ifdef DG_JEMALLOC
-    if (!getenv("MALLOC_CONF")) {
-        setenv("MALLOC_CONF", "dirty_decay_ms:-1,muzzy_decay_ms:-1", 1);
-        need = true;
-    }
-#endif
     if (!need) return;
     setenv("DG_TRAIN_REEXECED", "1", 1);
     char **args = calloc((size_t)argc + 2, sizeof *args);

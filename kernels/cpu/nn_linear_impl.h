@@ -1,5 +1,5 @@
 /* Body of the linear kernels, included once per type by nn_linear.c with
- * R (float/double), FN(name) (name##_f32/_f64) and GEMM (cblas_sgemm/dgemm) defined.
+ * R (float/double), FN(name) (name##_f32/_f64) and GEMM (cblas_sgemm's arguments) defined.
  * Layout: x [N,IN], w [OUT,IN] (PyTorch's nn.Linear), b [OUT], y [N,OUT]; all row major. */
 
 /* y = x w^T + b: y starts as b broadcast over rows, then GEMM adds x w^T (beta = 1). */

@@ -256,10 +256,12 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
     return 0;
 }
 
-int dg_cuda_memset0(void *p, size_t n) {
+int dg_cuda_memset(void *p, int byte, size_t n) {
     if (n == 0) return 0;
     if (dg_cuda_init()) return -1;
-    return DG_CU(cudaMemsetAsync(p, 0, n, rt().stream));
+    return DG_CU(cudaMemsetAsync(p, byte, n, rt().stream));
 }
+
+int dg_cuda_memset0(void *p, size_t n) { return dg_cuda_memset(p, 0, n); }
 
 } // extern "C"

@@ -16,13 +16,14 @@
 
 #include "core/internal.h"
 #include "kernels/cpu/delta/dr_chunk_internal.h"
+#include "kernels/cpu/gemm.h"
 
 /* every header is included above: R below is a short macro */
 
 #if DR_F32
 #define R float
 #define DR_SFX f32
-#define DR_GEMM cblas_sgemm
+#define DR_GEMM dg_cpu_gemm_f32
 #define DR_SYRK cblas_ssyrk
 #define DR_VEXP dg_vexp_f32
 #define DR_VEXPDIFF dg_vexpdiff_f32
@@ -30,7 +31,7 @@
 #else
 #define R double
 #define DR_SFX f64
-#define DR_GEMM cblas_dgemm
+#define DR_GEMM dg_cpu_gemm_f64
 #define DR_SYRK cblas_dsyrk
 #define DR_VEXP dg_vexp_f64
 #define DR_VEXPDIFF dg_vexpdiff_f64
@@ -41,9 +42,11 @@
 #define DR_STATIC static __attribute__((unused))
 #define DR_BS 16 /* sub-block of the gated products and of the blocked solve_tril */
 
-/* OpenBLAS (pthread build) runs a GEMM with m*n*k above 65536*4 on all its threads; called from
- * several OpenMP threads at once those calls serialise on its lock.  Inside a parallel region the
- * product is therefore cut into pieces below that size (each then runs on the calling thread). */
+/* The products go to dg_cpu_gemm (kernels/cpu/gemm.h): OpenBLAS on the calling thread, a product
+ * outside a parallel region shared among OpenMP's threads.  Should a program have put OpenBLAS
+ * (pthread build) on several threads, it runs a GEMM with m*n*k above 65536*4 on all of them, and
+ * such calls from several OpenMP threads at once serialise on its lock: inside a parallel region the
+ * product is therefore cut into pieces below that size. */
 #define DR_SPLIT_MNK 262144
 
 /* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) is k x n; ta/tb: 1 = transposed (A stored
@@ -77,8 +80,7 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
         for (int i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(R) * (size_t)n);
         beta = 1;
     }
-    DR_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, (int)lda,
-            B, (int)ldb, beta, C, (int)ldc);
+    DR_GEMM(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* Products with an L x L lower-triangular operand skip its zero upper-right block: for L > 32 the
