@@ -208,7 +208,8 @@ static bool two_gpus(void) {
 
 #define TINY_GPU                                                                                               \
     "--layers 2 --hidden-size 64 --heads 2 --head-dim 32 --vocab-size 64 --seq-len 64 --kv-pairs 4 --batch 8 " \
-    "--eval-examples 32 --eval-every 0 --save-every 0 --lr 1e-3 --warmup 2 --clip 1 --seed 5 --device cuda --quiet"
+    "--eval-examples 32 --eval-every 0 --save-every 0 --lr 1e-3 --warmup 2 --clip 1 --seed 5 --device cuda "   \
+    "--precision f32 --quiet"
 
 static void train(const char *out, const char *extra) {
     char cmd[8192];
