@@ -13,6 +13,36 @@ static inline double FN(sumsq)(int64_t D, const R *x) {
     return ss;
 }
 
+/* The weight gradient of the three RMS norms, a column sum over the N rows,
+ *   dw[d] = sum_n g[n,d] u[n,d] r_n,
+ * where u is what the weight multiplied: x (rms_norm), x silu(z) (gated: u = x z sigmoid(z), kind
+ * DW_GATED, b = z) or h + y (add_rms_norm: kind DW_SUM, b = y).  The columns are cut into blocks
+ * that threads own, so each dw[d] is summed by one thread in row order (reproducible).  kind is a
+ * constant after inlining, so each call site gets its own branch-free loop. */
+#ifndef DG_NN_DW_KINDS /* the body is included once per type */
+#define DG_NN_DW_KINDS
+enum { DW_PLAIN, DW_GATED, DW_SUM };
+#endif
+static inline __attribute__((always_inline)) void FN(rms_dw)(int64_t N, int64_t D, const R *g, const R *a, const R *b,
+                                                             const R *rstd, R *dw, const int kind) {
+    int64_t nb = dg_nn_col_blocks(D, N * D), bs = (D + nb - 1) / nb;
+#pragma omp parallel for schedule(static) if (nb > 1)
+    for (int64_t ib = 0; ib < nb; ib++) {
+        int64_t d0 = ib * bs, d1 = dg_nn_min64(D, d0 + bs);
+        for (int64_t d = d0; d < d1; d++) dw[d] = 0;
+        for (int64_t n = 0; n < N; n++) {
+            const R *gr = g + n * D, *ar = a + n * D, *br = b ? b + n * D : NULL;
+            R r = rstd[n];
+            if (kind == DW_GATED)
+                for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * ar[d] * r * br[d] * FN(sigmoid_of)(br[d]);
+            else if (kind == DW_SUM)
+                for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * (ar[d] + br[d]) * r;
+            else
+                for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * ar[d] * r;
+        }
+    }
+}
+
 /* ---- rms_norm: r = 1/sqrt(mean(x^2) + eps), y = x r w ---------------------------------------- */
 void FN(dg_nn_rms_norm_fwd)(int64_t N, int64_t D, const R *x, const R *w, double eps, R *y, R *rstd) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
@@ -53,19 +83,8 @@ void FN(dg_nn_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *w, const 
             FN(rms_dx_from_g)(D, xr, rstd[n], dxr);
         }
     }
-    if (dw) { /* forward: y[n,d] = xh[n,d] w[d], so dw[d] = sum_n dy[n,d] x[n,d] r_n */
-        int64_t nb = dg_nn_col_blocks(D, N * D), bs = (D + nb - 1) / nb;
-#pragma omp parallel for schedule(static) if (nb > 1)
-        for (int64_t ib = 0; ib < nb; ib++) {
-            int64_t d0 = ib * bs, d1 = dg_nn_min64(D, d0 + bs);
-            for (int64_t d = d0; d < d1; d++) dw[d] = 0;
-            for (int64_t n = 0; n < N; n++) {
-                const R *xr = x + n * D, *dyr = dy + n * D;
-                R r = rstd[n];
-                for (int64_t d = d0; d < d1; d++) dw[d] += dyr[d] * xr[d] * r;
-            }
-        }
-    }
+    /* forward: y[n,d] = xh[n,d] w[d], so dw[d] = sum_n dy[n,d] x[n,d] r_n */
+    if (dw) FN(rms_dw)(N, D, dy, x, NULL, rstd, dw, DW_PLAIN);
 }
 
 /* ---- gated rms_norm: y = x r w silu(z) -------------------------------------------------------- */
@@ -122,19 +141,8 @@ void FN(dg_nn_gated_rms_norm_bwd)(int64_t N, int64_t D, const R *x, const R *z, 
 #undef DG_NN_GRMS_ROW
         }
     }
-    if (dw) { /* forward: y[n,d] = w[d] (xh silu(z))[n,d], so dw[d] = sum_n dy x r silu(z) */
-        int64_t nb = dg_nn_col_blocks(D, N * D), bs = (D + nb - 1) / nb;
-#pragma omp parallel for schedule(static) if (nb > 1)
-        for (int64_t ib = 0; ib < nb; ib++) {
-            int64_t d0 = ib * bs, d1 = dg_nn_min64(D, d0 + bs);
-            for (int64_t d = d0; d < d1; d++) dw[d] = 0;
-            for (int64_t n = 0; n < N; n++) {
-                const R *xr = x + n * D, *zr = z + n * D, *dyr = dy + n * D;
-                R r = rstd[n];
-                for (int64_t d = d0; d < d1; d++) dw[d] += dyr[d] * xr[d] * r * zr[d] * FN(sigmoid_of)(zr[d]);
-            }
-        }
-    }
+    /* forward: y[n,d] = w[d] (xh silu(z))[n,d], so dw[d] = sum_n dy x r silu(z) */
+    if (dw) FN(rms_dw)(N, D, dy, x, z, rstd, dw, DW_GATED);
 }
 
 /* ---- add_rms_norm: r = h + y, x = r q w, q = 1/sqrt(mean(r^2) + eps) ------------------------- */
@@ -170,19 +178,7 @@ void FN(dg_nn_add_rms_norm_bwd)(int64_t N, int64_t D, const R *h, const R *y, co
             for (int64_t d = 0; d < D; d++) out[d] = drr[d] + q * ((w ? dxr[d] * w[d] : dxr[d]) - (hr[d] + yr[d]) * c);
         }
     }
-    if (dw) {
-        int64_t nb = dg_nn_col_blocks(D, N * D), bs = (D + nb - 1) / nb;
-#pragma omp parallel for schedule(static) if (nb > 1)
-        for (int64_t ib = 0; ib < nb; ib++) {
-            int64_t d0 = ib * bs, d1 = dg_nn_min64(D, d0 + bs);
-            for (int64_t d = d0; d < d1; d++) dw[d] = 0;
-            for (int64_t n = 0; n < N; n++) {
-                const R *hr = h + n * D, *yr = y + n * D, *dxr = dx + n * D;
-                R q = rstd[n];
-                for (int64_t d = d0; d < d1; d++) dw[d] += dxr[d] * (hr[d] + yr[d]) * q;
-            }
-        }
-    }
+    if (dw) FN(rms_dw)(N, D, dx, h, y, rstd, dw, DW_SUM); /* dw[d] = sum_n dx (h + y) r */
 }
 
 /* ---- l2norm: r = 1/sqrt(sum(x^2) + eps), y = x r --------------------------------------------- */
