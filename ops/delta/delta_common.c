@@ -243,6 +243,24 @@ typedef struct prep {
 
 #define DPTR(t) ((t) ? dg_data_ptr(t) : NULL)
 
+/* The call descriptor's fields that forward and backward both take from the prepared inputs: the
+ * shape, dtypes, device, algorithm, q k v g beta h0 and the L2 norm's row scales; each adds its own
+ * outputs (and the backward its flags and gradients). */
+static dg_delta_call call_on(const prep *p, const char *op, dg_delta_algorithm algorithm, bool l2norm_qk) {
+    return (dg_delta_call){.op = op,
+                           .s = p->s,
+                           .dtype = p->dt,
+                           .device = p->dev,
+                           .algorithm = algorithm,
+                           .q = DPTR(p->q),
+                           .k = DPTR(p->k),
+                           .v = DPTR(p->v),
+                           .g = DPTR(p->g),
+                           .beta = DPTR(p->beta),
+                           .h0 = DPTR(p->h0),
+                           .l2 = {.on = l2norm_qk, .rq = DPTR(p->rq), .rk = DPTR(p->rk)}};
+}
+
 static dg_tensor *in_at(dg_node *n, int slot) { return slot >= 0 ? n->in[slot] : NULL; }
 
 static dg_tensor *contig(dg_tensor *t) { return t ? dg_contiguous(t) : NULL; }
@@ -359,25 +377,12 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     if (!o || !hT) return -1;
     const bool save = n->recording && at->keep_forward;
     /* p.q, p.k: the normalised rows, made by the call (q only where the backward will read it) */
-    dg_delta_call c = {.op = n->op->name,
-                       .s = p.s,
-                       .dtype = p.dt,
-                       .device = p.dev,
-                       .algorithm = at->algorithm,
-                       .q = DPTR(p.q),
-                       .k = DPTR(p.k),
-                       .v = DPTR(p.v),
-                       .g = DPTR(p.g),
-                       .beta = DPTR(p.beta),
-                       .h0 = DPTR(p.h0),
-                       .o = DPTR(o),
-                       .hT = DPTR(hT),
-                       .l2 = {.on = at->l2norm_qk,
-                              .qraw = DPTR(p.qraw),
-                              .kraw = DPTR(p.kraw),
-                              .rq = DPTR(p.rq),
-                              .rk = DPTR(p.rk),
-                              .for_bwd = save}};
+    dg_delta_call c = call_on(&p, n->op->name, at->algorithm, at->l2norm_qk);
+    c.o = DPTR(o);
+    c.hT = DPTR(hT);
+    c.l2.qraw = DPTR(p.qraw);
+    c.l2.kraw = DPTR(p.kraw);
+    c.l2.for_bwd = save;
     const dg_delta_backend *b = dg_delta_pick(&c);
     if (!b) return -1;
     /* the kernels' working set, kept for the backward (node->saved[SAVED_KEEP]) where they can */
@@ -432,29 +437,18 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_tensor *dq = maybe_empty(ng[sl->q], p.q), *dk = maybe_empty(ng[sl->k], p.k);
     dg_tensor *dv = maybe_empty(ng[sl->v], p.v), *dbeta = maybe_empty(ng[sl->beta], p.beta);
     dg_tensor *dg = maybe_empty(kern_dg, p.g), *dh0 = maybe_empty(want_h0, p.h0);
-    dg_delta_call c = {.op = op,
-                       .s = p.s,
-                       .dtype = p.dt,
-                       .device = p.dev,
-                       .algorithm = spec->algo,
-                       .bwd = spec->flags,
-                       .q = DPTR(p.q),
-                       .k = DPTR(p.k),
-                       .v = DPTR(p.v),
-                       .g = DPTR(p.g),
-                       .beta = DPTR(p.beta),
-                       .h0 = DPTR(p.h0),
-                       .dout = DPTR(dout),
-                       .dhT = DPTR(dhT),
-                       .dq = DPTR(dq),
-                       .dk = DPTR(dk),
-                       .dv = DPTR(dv),
-                       .dg = DPTR(dg),
-                       .dbeta = DPTR(dbeta),
-                       .dh0 = DPTR(dh0),
-                       .keep = kept,
-                       .kept = kept != NULL,
-                       .l2 = {.on = at->l2norm_qk, .rq = DPTR(p.rq), .rk = DPTR(p.rk)}};
+    dg_delta_call c = call_on(&p, op, spec->algo, at->l2norm_qk);
+    c.bwd = spec->flags;
+    c.dout = DPTR(dout);
+    c.dhT = DPTR(dhT);
+    c.dq = DPTR(dq);
+    c.dk = DPTR(dk);
+    c.dv = DPTR(dv);
+    c.dg = DPTR(dg);
+    c.dbeta = DPTR(dbeta);
+    c.dh0 = DPTR(dh0);
+    c.keep = kept;
+    c.kept = kept != NULL;
     if (dg_delta_bwd(NULL, &c)) return -1;
     /* (the 16-bit CUDA chunked kernels took the norm's backward with them: c.l2_done) */
     /* forward: qn = q / sqrt(|q|^2 + eps) (and k); dq = r (dqn - qn (dqn . qn)) */
