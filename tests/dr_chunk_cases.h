@@ -5,6 +5,7 @@
 #ifndef DG_TESTS_DR_CHUNK_CASES_H
 #define DG_TESTS_DR_CHUNK_CASES_H
 
+#include "tests/support/dr_shape.h"
 #include "core/f16.h"
 #include "core/internal.h"
 #include "kernels/cpu/delta/delta_rule.h"
@@ -100,17 +101,7 @@ typedef struct data { /* host inputs, already rounded to what the device holds *
 
 static void make(const cfg *c, int st, data *d) {
     memset(d, 0, sizeof *d);
-    d->s = (dg_dr_shape){.B = c->B,
-                         .T = c->T,
-                         .H = c->H,
-                         .HV = c->HV,
-                         .K = c->K,
-                         .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL,
-                         .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate,
-                         .scale = 1.0 / sqrt((double)c->K),
-                         .chunk = c->chunk};
+    d->s = dg_test_dr_shape(c->B, c->T, c->H, c->HV, c->K, c->V, c->cu, c->ncu, c->gate, c->chunk);
     const int64_t BT = c->B * c->T;
     d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
     d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;

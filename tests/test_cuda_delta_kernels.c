@@ -8,6 +8,7 @@
  *  - the delta ops' 16-bit L2 norm (bf16, f16; scalar and vector kernels) against f64.
  * Outputs are poisoned with NaN before each run, so an unwritten element fails.  Tests that need
  * a GPU skip where dg_cuda_device_count() is 0; argument checks run everywhere. */
+#include "tests/support/dr_shape.h"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,17 +55,7 @@ typedef struct dr_data { /* host inputs, already rounded to what the device hold
 
 static void dr_make(const dr_cfg *c, int bf16, dr_data *d) {
     memset(d, 0, sizeof *d);
-    d->s = (dg_dr_shape){.B = c->B,
-                         .T = c->T,
-                         .H = c->H,
-                         .HV = c->HV,
-                         .K = c->K,
-                         .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL,
-                         .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate,
-                         .scale = 1.0 / sqrt((double)c->K),
-                         .chunk = 16};
+    d->s = dg_test_dr_shape(c->B, c->T, c->H, c->HV, c->K, c->V, c->cu, c->ncu, c->gate, 16);
     const int64_t BT = c->B * c->T;
     d->nq = BT * c->H * c->K, d->nv = BT * c->HV * c->V, d->nb = BT * c->HV;
     d->ng = c->gate == DG_GATE_NONE ? 0 : c->gate == DG_GATE_HEAD ? BT * c->HV : BT * c->HV * c->K;

@@ -13,6 +13,7 @@
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
  * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
  * tests by name. */
+#include "tests/support/dr_shape.h"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,17 +68,7 @@ typedef struct outs {
 
 static void prob_make(const kcase *c, prob *p) {
     memset(p, 0, sizeof *p);
-    p->s = (dg_dr_shape){.B = c->B,
-                         .T = c->T,
-                         .H = c->H,
-                         .HV = c->HV,
-                         .K = c->K,
-                         .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL,
-                         .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = DG_GATE_CHANNEL,
-                         .scale = 1.0 / sqrt((double)c->K),
-                         .chunk = 64};
+    p->s = dg_test_dr_shape(c->B, c->T, c->H, c->HV, c->K, c->V, c->cu, c->ncu, DG_GATE_CHANNEL, 64);
     const int64_t BT = c->B * c->T, nh = p->s.N * c->HV * c->K * c->V;
     const int64_t nx[X_N] = {BT * c->H * c->K, BT * c->H * c->K, BT * c->HV * c->V, BT * c->HV * c->K,
                              BT * c->HV,       c->h0 ? nh : 0,   BT * c->HV * c->V, c->dhT ? nh : 0};

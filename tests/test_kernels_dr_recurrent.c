@@ -6,6 +6,7 @@
  *    and sequences long enough for several recompute segments;
  *  - f32 against f64;
  *  - the gate forward and backward against finite differences. */
+#include "tests/support/dr_shape.h"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,17 +46,7 @@ typedef struct prob {
 
 static void prob_make(const cfg *c, prob *p) {
     memset(p, 0, sizeof *p);
-    p->s = (dg_dr_shape){.B = c->B,
-                         .T = c->T,
-                         .H = c->H,
-                         .HV = c->HV,
-                         .K = c->K,
-                         .V = c->V,
-                         .cu_seqlens = c->ncu ? c->cu : NULL,
-                         .N = c->ncu ? c->ncu - 1 : c->B,
-                         .gate = c->gate,
-                         .scale = 1.0 / sqrt((double)c->K),
-                         .chunk = 16};
+    p->s = dg_test_dr_shape(c->B, c->T, c->H, c->HV, c->K, c->V, c->cu, c->ncu, c->gate, 16);
     const int64_t BT = c->B * c->T;
     p->nq = BT * c->H * c->K;
     p->nv = BT * c->HV * c->V;
