@@ -11,7 +11,6 @@
 #include "models/metrics.h"
 #include "models/safetensors.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -146,10 +145,8 @@ dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *src) {
     }
     t->tc = *tc;
     t->best_acc = NAN;
-    if (tc->threads > 0) {
-        omp_set_num_threads(tc->threads);
-        openblas_set_num_threads(tc->threads);
-    }
+    if (tc->threads > 0)
+        omp_set_num_threads(tc->threads); /* OpenMP's threads run the BLAS products too (kernels/cpu/gemm.c) */
     dg_ckpt_model m;
     if (dg_ckpt_load_model(src, &m)) goto fail;
     t->lm = m.lm;
@@ -216,10 +213,8 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
         goto fail;
     }
     if (check_memory(&mc, tc)) goto fail;
-    if (tc->threads > 0) {
-        omp_set_num_threads(tc->threads);
-        openblas_set_num_threads(tc->threads);
-    }
+    if (tc->threads > 0)
+        omp_set_num_threads(tc->threads); /* OpenMP's threads run the BLAS products too (kernels/cpu/gemm.c) */
     t = calloc(1, sizeof *t);
     if (!t) {
         dg_error("train: out of memory");

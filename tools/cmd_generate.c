@@ -6,7 +6,6 @@
 #include "models/train_config.h"
 #include "tools/commands.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -90,10 +89,8 @@ int dg_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "generate: --ckpt DIR and --prompt TEXT are required (see --help)\n");
         return 2;
     }
-    if (threads > 0) {
-        omp_set_num_threads((int)threads);
-        openblas_set_num_threads((int)threads);
-    }
+    if (threads > 0)
+        omp_set_num_threads((int)threads); /* OpenMP's threads run the BLAS products too (kernels/cpu/gemm.c) */
     dg_ckpt_model m;
     if (dg_ckpt_load_model(ckpt, &m)) {
         fprintf(stderr, "generate: %s\n", dg_last_error());
