@@ -76,7 +76,9 @@ int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *
     /* forward: grad mode off, temporaries in a scope of their own */
     dg_no_grad_begin();
     dg_scope_begin();
+    dg_prof_enter(def->name, DG_PROF_FWD);
     int rc = def->forward(n);
+    dg_prof_leave();
     for (int i = 0; i < def->n_out; i++) {
         if (rc == 0 && !n->out[i]) {
             dg_error("%s: forward produced no output %d", def->name, i);
@@ -275,7 +277,10 @@ int dg_backward(dg_tensor *loss, dg_tensor *grad) {
             if (!gout[i]) rc = -1;
         }
         const dg_backward_variant *bv = &n->op->bwd[n->variant];
-        if (rc == 0 && bv->fn(n, gout, gin) != 0) {
+        dg_prof_enter(n->op->name, DG_PROF_BWD);
+        const int brc = rc == 0 ? bv->fn(n, gout, gin) : 0;
+        dg_prof_leave();
+        if (rc == 0 && brc != 0) {
             if (!dg_has_error()) dg_error("backward of %s (%s) failed", n->op->name, bv->name);
             rc = -1;
         }
@@ -297,7 +302,9 @@ int dg_backward(dg_tensor *loss, dg_tensor *grad) {
                     break;
                 }
             }
+            dg_prof_enter(n->op->name, DG_PROF_ACC);
             rc = accumulate_into(n->in[i], gin[i]);
+            dg_prof_leave();
         }
         for (int i = 0; i < n->n_out; i++) {
             dg_release(n->grad_acc[i]);

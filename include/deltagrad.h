@@ -144,6 +144,21 @@ void dg_no_grad_end(void);
 void dg_set_anomaly_mode(bool on); /* also DG_DETECT_ANOMALY=1 in the environment */
 bool dg_anomaly_mode(void);
 
+/* The op profiler.  Between dg_profile_begin and dg_profile_end every outermost op's forward and
+ * backward, every gradient accumulation and every named region is timed twice: on the host (the
+ * wall clock while it is queued) and on the device (CUDA events on the library's stream; on the CPU
+ * the two are one).  An op called inside another op or a region counts to the outer one.
+ * dg_profile_flush waits for the device and adds the times so far into the totals (call it once a
+ * step: the events are reused); dg_profile_report prints the totals per name, largest first, as
+ * milliseconds per step over `steps`.  dg_profile_end stops and forgets. */
+int dg_profile_begin(dg_device device); /* DG_CUDA: device times from CUDA events */
+void dg_profile_region_begin(const char *name); /* name: a string that outlives the profile */
+void dg_profile_region_end(void);
+int dg_profile_flush(void);
+void dg_profile_report(FILE *f, int64_t steps);
+void dg_profile_end(void);
+bool dg_profile_on(void);
+
 /* ---- ops (the typed entry points; each is one registered op, see ops/) ------------------------ */
 /* elementwise, broadcasting as numpy */
 dg_tensor *dg_add(dg_tensor *a, dg_tensor *b);

@@ -245,7 +245,8 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     }
     free(mpath);
     const char *prof = getenv("DG_PROFILE");
-    t->profile = prof && prof[0] && strcmp(prof, "0") != 0;
+    t->profile_ops = prof && strcmp(prof, "ops") == 0;
+    t->profile = prof && prof[0] && strcmp(prof, "0") != 0 && !t->profile_ops;
     return t;
 fail:
     free(mpath);
@@ -255,6 +256,7 @@ fail:
 
 void dg_trainer_free(dg_trainer *t) {
     if (!t) return;
+    if (t->profile_ops) dg_profile_end();
     dg_adamw_free(t->opt);
     if (t->norm) dg_release(t->norm);
     dg_lm_free(t->lm);
@@ -286,9 +288,13 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     dg_lm *lm = t->lm;
     int rc = -1;
     double t0 = t->profile ? dg_progress_now() : 0, t1 = 0, t2 = 0, t3 = 0;
+    if (t->profile_ops && t->op_warmup++ == 2 && dg_profile_begin(dg_lm_device(lm))) return -1;
     dg_scope_begin();
     dg_tensor *in, *tg;
-    if (next_batch(t, &in, &tg)) goto out;
+    dg_profile_region_begin("batch");
+    const int brc = next_batch(t, &in, &tg);
+    dg_profile_region_end();
+    if (brc) goto out;
     if (t->profile) t1 = dg_progress_now();
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
     if (!loss) goto out;
@@ -302,7 +308,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * the loss is read first, for its small collective */
     const bool dp = dg_dp_active();
     double lv = dp ? dg_item(loss) : NAN;
-    if (dp && dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv)) goto out;
+    dg_profile_region_begin("all-reduce");
+    const int arc = dp ? dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv) : 0;
+    dg_profile_region_end();
+    if (arc) goto out;
 #ifdef DG_HAVE_CUDA
     /* profiling a device run: wait for the queued backward so that its time is its own */
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
@@ -316,7 +325,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     /* the ranks decide on their common (averaged) gradients alone, so that they decide alike */
     dg_adamw_fused_args fa = {
         .lr = dg_lr_at(&t->sched, t->step), .max_norm = t->tc.clip, .loss = dp ? NULL : loss, .norm_out = t->norm};
-    if (dg_adamw_step_fused(t->opt, &fa)) goto out;
+    dg_profile_region_begin("clip + adamw");
+    const int orc = dg_adamw_step_fused(t->opt, &fa);
+    dg_profile_region_end();
+    if (orc) goto out;
     dg_adamw_zero_grad(t->opt);
     /* the step's first read-back on one GPU: the loss and the norm, to log them */
     if (!dp) lv = dg_item(loss);
@@ -328,6 +340,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     rc = 0;
 out:
     dg_scope_end();
+    if (rc == 0 && dg_profile_on()) {
+        if (dg_profile_flush()) return -1;
+        t->op_steps++;
+    }
     if (t->profile && rc == 0) {
         double t4 = dg_progress_now();
         t->t_data += t1 - t0;

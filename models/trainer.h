@@ -45,6 +45,10 @@ typedef struct dg_trainer {
     bool profile;                       /* time the phases of each step (DG_PROFILE=1) */
     double t_data, t_fwd, t_bwd, t_opt; /* seconds per phase when profiling */
     int64_t profiled_steps;
+    /* DG_PROFILE=ops: the op profiler (deltagrad.h, dg_profile_*) over every step after the run's
+     * first two (warm-up: the memory pool grows, cuBLAS sets up) */
+    bool profile_ops;
+    int64_t op_steps, op_warmup;
 } dg_trainer;
 
 /* A new run (resume_dir NULL), or one continued from the checkpoint in resume_dir, whose model

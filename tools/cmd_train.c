@@ -174,12 +174,13 @@ int dg_cmd_train(int argc, char **argv) {
     int64_t step_done = t->step;
     char out_dir[sizeof t->tc.out_dir];
     snprintf(out_dir, sizeof out_dir, "%s", t->tc.out_dir);
-    if (t->profile && t->profiled_steps > 0 && !o.quiet) {
+    if (t->profile && t->profiled_steps > 0) { /* asked for in the environment: printed even when quiet */
         double n = (double)t->profiled_steps;
         double tot = t->t_data + t->t_fwd + t->t_bwd + t->t_opt;
         fprintf(stderr, "profile (s per step): data %.4f  forward %.4f  backward %.4f  clip+adamw %.4f  total %.4f\n",
                 t->t_data / n, t->t_fwd / n, t->t_bwd / n, t->t_opt / n, tot / n);
     }
+    if (t->op_steps > 0) dg_profile_report(stderr, t->op_steps);
     int stopped_by = *t->interrupt;
     dg_trainer_free(t);
     dg_dp_shutdown();

@@ -288,5 +288,6 @@ void dg_train_flags_help(FILE *out) {
         fprintf(out, "  %-22s %s [%s]\n", left, f->help, def);
     }
     fprintf(out, "\nEnvironment: DG_PROFILE=1 prints where each step's time goes (data, forward, backward, "
-                 "optimiser).\n");
+                 "optimiser);\nDG_PROFILE=ops prints it by op (each op's forward, backward and gradient "
+                 "accumulation; device time\nfrom CUDA events on a GPU), from the third step on.\n");
 }

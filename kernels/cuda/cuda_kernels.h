@@ -61,6 +61,15 @@ static inline int dg_cuda_ktime_add(dg_cuda_ktime *out, int m, int max, const ch
     return m;
 }
 
+/* ---- the op profiler's events (kernel_timer.cu), for autograd/profiler.c ----
+ * A pool of CUDA events that grows to the n asked for and is kept until dg_cuda_evpool_free.
+ * record queues event i on the library's stream; elapsed waits for event j and gives the
+ * milliseconds from i to j. */
+int dg_cuda_evpool_reserve(int n);
+int dg_cuda_evpool_record(int i);
+int dg_cuda_evpool_elapsed(int i, int j, float *ms);
+void dg_cuda_evpool_free(void);
+
 /* ---- elementwise (elementwise.cu); dt is DG_F32, DG_F64 or DG_BF16 (f32 arithmetic, one rounding
  * of each result) unless said otherwise ---- */
 /* y[i] = f(x[i]) for n contiguous elements (y may alias x). */

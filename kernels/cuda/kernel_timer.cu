@@ -64,4 +64,60 @@ int dg_cuda_ktime_end(dg_cuda_ktime *out, int max, int *dropped) {
     return m;
 }
 
+/* ---- the op profiler's events (autograd/profiler.c): a pool that grows and is kept ---- */
+
+namespace {
+struct EvPool {
+    cudaEvent_t *ev = nullptr;
+    int n = 0;
+};
+EvPool &evpool() {
+    static EvPool p;
+    return p;
+}
+} // namespace
+
+int dg_cuda_evpool_reserve(int n) {
+    if (dg_cuda_init()) return -1;
+    EvPool &p = evpool();
+    if (n <= p.n) return 0;
+    cudaEvent_t *ev = static_cast<cudaEvent_t *>(realloc(p.ev, sizeof *ev * (size_t)n));
+    if (!ev) {
+        dg_error("profiler: out of host memory for %d CUDA events", n);
+        return -1;
+    }
+    p.ev = ev;
+    for (; p.n < n; p.n++) DG_CU_TRY(cudaEventCreate(&p.ev[p.n]));
+    return 0;
+}
+
+int dg_cuda_evpool_record(int i) {
+    EvPool &p = evpool();
+    if (i < 0 || i >= p.n) {
+        dg_error("profiler: event %d outside the pool of %d", i, p.n);
+        return -1;
+    }
+    DG_CU_TRY(cudaEventRecord(p.ev[i], dg_cuda_stream()));
+    return 0;
+}
+
+int dg_cuda_evpool_elapsed(int i, int j, float *ms) {
+    EvPool &p = evpool();
+    if (i < 0 || j < 0 || i >= p.n || j >= p.n) {
+        dg_error("profiler: events %d, %d outside the pool of %d", i, j, p.n);
+        return -1;
+    }
+    DG_CU_TRY(cudaEventSynchronize(p.ev[j]));
+    DG_CU_TRY(cudaEventElapsedTime(ms, p.ev[i], p.ev[j]));
+    return 0;
+}
+
+void dg_cuda_evpool_free(void) {
+    EvPool &p = evpool();
+    for (int i = 0; i < p.n; i++) (void)cudaEventDestroy(p.ev[i]);
+    free(p.ev);
+    p.ev = nullptr;
+    p.n = 0;
+}
+
 } // extern "C"

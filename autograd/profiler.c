@@ -1,0 +1,166 @@
+/* The op profiler (deltagrad.h, dg_profile_*): where a step's time goes, by op.
+ *
+ * The engine brackets each op's forward (dg_apply_variant), each node's backward and each gradient
+ * accumulation with dg_prof_enter / dg_prof_leave; callers bracket other work with named regions.
+ * Only the outermost bracket is timed (depth 0): an op that calls ops, or ops inside a region, count
+ * to the outer name, so the timed spans never overlap and their sum is at most the step.
+ *
+ * A span is timed twice.  Host: the wall clock from enter to leave, the time spent queueing it (on
+ * a GPU run, launch and dispatch cost).  Device: on a CUDA profile, events 2i and 2i+1 of a pool
+ * (kernels/cuda/kernel_timer.cu) recorded on the library's stream around span i, read back at
+ * dg_profile_flush; on the CPU the host time is the device time.  Spans are kept per flush (a step)
+ * and summed into one total per (name, kind), so the report costs nothing per span beyond two
+ * events.  State is host-side and single-threaded, as the library's stream is. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+enum { PROF_MAX_SPANS = 1 << 15, PROF_MAX_KEYS = 512 };
+
+static const char *const KIND_NAME[] = {"forward", "backward", "accumulate", "region"};
+
+typedef struct {
+    const char *name;
+    dg_prof_kind kind;
+    double host_s, dev_ms;
+    int64_t calls;
+} prof_key;
+
+static struct {
+    bool on, cuda;
+    int depth;
+    int n, dropped; /* spans since the last flush; spans past PROF_MAX_SPANS are not timed */
+    int events;     /* CUDA events reserved in the pool (two a span) */
+    int open_key;   /* the key of the span being timed (depth > 0) */
+    double open_t0;
+    int span_key[PROF_MAX_SPANS];
+    double span_host[PROF_MAX_SPANS];
+    int nkeys;
+    prof_key keys[PROF_MAX_KEYS];
+} P;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int key_of(const char *name, dg_prof_kind kind) {
+    for (int i = 0; i < P.nkeys; i++)
+        if (P.keys[i].kind == kind && (P.keys[i].name == name || strcmp(P.keys[i].name, name) == 0)) return i;
+    if (P.nkeys == PROF_MAX_KEYS) return -1;
+    P.keys[P.nkeys] = (prof_key){.name = name, .kind = kind};
+    return P.nkeys++;
+}
+
+bool dg_profile_on(void) { return P.on; }
+
+int dg_profile_begin(dg_device device) {
+    memset(&P, 0, sizeof P);
+    P.cuda = device == DG_CUDA;
+#ifdef DG_HAVE_CUDA
+    P.events = 2 * 1024;
+    if (P.cuda && dg_cuda_evpool_reserve(P.events)) return -1;
+#else
+    if (P.cuda) {
+        dg_error("profile: this build has no CUDA backend");
+        return -1;
+    }
+#endif
+    P.on = true;
+    return 0;
+}
+
+void dg_prof_enter(const char *name, dg_prof_kind kind) {
+    if (!P.on || P.depth++ > 0) return;
+    P.open_key = key_of(name, kind);
+    if (P.open_key < 0 || P.n == PROF_MAX_SPANS) {
+        P.open_key = -1;
+        P.dropped++;
+        return;
+    }
+#ifdef DG_HAVE_CUDA
+    /* a failed record or reserve drops the span; dg_error stays untouched for the caller's work */
+    if (P.cuda && 2 * P.n + 2 > P.events && dg_cuda_evpool_reserve(P.events * 2) == 0) P.events *= 2;
+    if (P.cuda && (2 * P.n + 2 > P.events || dg_cuda_evpool_record(2 * P.n))) {
+        dg_clear_error();
+        P.open_key = -1;
+        P.dropped++;
+        return;
+    }
+#endif
+    P.open_t0 = now_s();
+}
+
+void dg_prof_leave(void) {
+    if (!P.on || P.depth == 0 || --P.depth > 0 || P.open_key < 0) return;
+#ifdef DG_HAVE_CUDA
+    if (P.cuda && dg_cuda_evpool_record(2 * P.n + 1)) {
+        dg_clear_error();
+        P.dropped++;
+        return;
+    }
+#endif
+    P.span_key[P.n] = P.open_key;
+    P.span_host[P.n] = now_s() - P.open_t0;
+    P.n++;
+}
+
+void dg_profile_region_begin(const char *name) { dg_prof_enter(name, DG_PROF_REGION); }
+void dg_profile_region_end(void) { dg_prof_leave(); }
+
+int dg_profile_flush(void) {
+    if (!P.on) return 0;
+    for (int i = 0; i < P.n; i++) {
+        prof_key *k = &P.keys[P.span_key[i]];
+        double ms = 1e3 * P.span_host[i];
+#ifdef DG_HAVE_CUDA
+        float dms = 0.0f;
+        if (P.cuda && dg_cuda_evpool_elapsed(2 * i, 2 * i + 1, &dms)) return -1;
+        if (P.cuda) ms = dms;
+#endif
+        k->host_s += P.span_host[i];
+        k->dev_ms += ms;
+        k->calls++;
+    }
+    P.n = 0;
+    return 0;
+}
+
+static int by_dev_ms(const void *a, const void *b) {
+    const prof_key *x = a, *y = b;
+    return (x->dev_ms < y->dev_ms) - (x->dev_ms > y->dev_ms);
+}
+
+void dg_profile_report(FILE *f, int64_t steps) {
+    if (!P.on || steps <= 0) return;
+    prof_key *k = malloc(sizeof *k * (size_t)(P.nkeys ? P.nkeys : 1));
+    if (!k) return;
+    memcpy(k, P.keys, sizeof *k * (size_t)P.nkeys);
+    qsort(k, (size_t)P.nkeys, sizeof *k, by_dev_ms);
+    double tot_dev = 0, tot_host = 0;
+    for (int i = 0; i < P.nkeys; i++) tot_dev += k[i].dev_ms, tot_host += k[i].host_s;
+    const double n = (double)steps;
+    fprintf(f, "op profile, per step over %lld steps (%s time; host = the time spent queueing):\n", (long long)steps,
+            P.cuda ? "device: CUDA events" : "CPU");
+    fprintf(f, "  %-28s %-10s %8s %11s %7s %10s\n", "name", "kind", "calls", "device ms", "share", "host ms");
+    for (int i = 0; i < P.nkeys; i++)
+        fprintf(f, "  %-28s %-10s %8.1f %11.3f %6.1f%% %10.3f\n", k[i].name, KIND_NAME[k[i].kind], (double)k[i].calls / n,
+                k[i].dev_ms / n, tot_dev > 0 ? 100.0 * k[i].dev_ms / tot_dev : 0.0, 1e3 * k[i].host_s / n);
+    fprintf(f, "  %-28s %-10s %8s %11.3f %6.1f%% %10.3f\n", "all timed", "", "", tot_dev / n, 100.0, 1e3 * tot_host / n);
+    if (P.dropped) fprintf(f, "  (%d spans not timed: past the profiler's room)\n", P.dropped);
+    free(k);
+}
+
+void dg_profile_end(void) {
+    memset(&P, 0, sizeof P);
+#ifdef DG_HAVE_CUDA
+    dg_cuda_evpool_free();
+#endif
+}
