@@ -48,14 +48,7 @@ dg_tensor *dg_deltanet_layer_forward(const dg_deltanet_layer *l, dg_tensor *x, c
     if (dg_qkv_conv(x, proj, l->conv_w, l->conv_b, true, H, K, H, V, mo, cache, &q, &k, &v)) return NULL;
     dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL));
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
-    dg_delta_opts o = {
-        .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
-        .backward = mo ? mo->backward : NULL,
-        .chunk_size = mo ? mo->chunk_size : 0,
-        .use_qk_l2norm_in_kernel = true,
-        .initial_state = cache ? cache->state : NULL,
-        .output_final_state = cache != NULL,
-    };
+    dg_delta_opts o = dg_mixer_delta_opts(mo, cache);
     dg_tensor *fs = NULL;
     dg_tensor *out = dg_delta_rule(q, k, v, beta, &o, cache ? &fs : NULL);
     if (!out) return NULL;

@@ -57,17 +57,10 @@ dg_tensor *dg_gdn_layer_forward(const dg_gdn_layer *l, dg_tensor *x, const dg_mi
     dg_tensor *beta = dg_sigmoid(dg_linear(x, dg_mixer_weight(mo, l->b_proj), NULL)); /* [B,T,HV] */
     if (c->allow_neg_eigval) beta = dg_mul_scalar(beta, 2.0);
     dg_tensor *a = dg_mixer_f32(dg_linear(x, dg_mixer_weight(mo, l->a_proj), NULL)); /* [B,T,HV], f32 */
-    dg_delta_opts o = {
-        .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
-        .backward = mo ? mo->backward : NULL,
-        .chunk_size = mo ? mo->chunk_size : 0,
-        .use_qk_l2norm_in_kernel = true,
-        .use_gate_in_kernel = true,
-        .A_log = l->A_log,
-        .dt_bias = l->dt_bias,
-        .initial_state = cache ? cache->state : NULL,
-        .output_final_state = cache != NULL,
-    };
+    dg_delta_opts o = dg_mixer_delta_opts(mo, cache);
+    o.use_gate_in_kernel = true;
+    o.A_log = l->A_log;
+    o.dt_bias = l->dt_bias;
     dg_tensor *fs = NULL;
     dg_tensor *out = dg_gated_delta_rule(q, k, v, a, beta, &o, cache ? &fs : NULL); /* [B,T,HV,V] */
     if (!out) return NULL;

@@ -4,6 +4,7 @@
 #define DG_MODELS_MIXER_H
 
 #include "deltagrad.h"
+#include "deltagrad_delta.h"
 
 /* The state of one mixer layer between calls (generation): the last conv_size-1 inputs of the q, k
  * and v short convolutions, [B, W-1, D] each, and the delta rule's state S [B, HV, K, V].  NULL
@@ -52,7 +53,25 @@ typedef struct dg_mixer_opts {
     int chunk_size;               /* chunked: 16, 32 or 64 (0: the op's default, 64) */
     const char *backward;         /* backward variant by name, NULL: the op's default */
     bool bf16;                    /* mixed precision (models/lm.h): bf16 weights and activations */
+    /* the delta op keeps its forward's working set for the backward (faster backward, about 8
+     * times v's bytes a layer more memory: dg_delta_opts.recompute_in_backward); off, FLA's way */
+    bool keep_delta_work;
 } dg_mixer_opts;
+
+/* The delta op's options that follow from the mixer options and the decoding cache: the algorithm,
+ * the backward, the chunk, what the backward recomputes, the state carried in and out; the L2 norm
+ * of q, k in the kernel.  A layer adds its gate. */
+static inline dg_delta_opts dg_mixer_delta_opts(const dg_mixer_opts *mo, const dg_mixer_cache *cache) {
+    return (dg_delta_opts){
+        .algorithm = mo ? mo->algorithm : DG_DELTA_CHUNKED,
+        .backward = mo ? mo->backward : NULL,
+        .chunk_size = mo ? mo->chunk_size : 0,
+        .recompute_in_backward = !(mo && mo->keep_delta_work),
+        .use_qk_l2norm_in_kernel = true,
+        .initial_state = cache ? cache->state : NULL,
+        .output_final_state = cache != NULL,
+    };
+}
 
 /* The weight w as the step uses it: under mixed precision a bf16 copy of the f32 parameter, made by
  * the differentiable cast (its gradient comes back through the cast into the f32 parameter's

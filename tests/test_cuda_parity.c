@@ -190,6 +190,7 @@ static dg_tensor *f_grms(dg_tensor *const *in) { return dg_gated_rms_norm(in[0],
 static dg_tensor *f_l2(dg_tensor *const *in) { return dg_l2norm(in[0], 1e-6); }
 static dg_tensor *f_ce(dg_tensor *const *in) { return dg_cross_entropy(in[0], in[1], -100); }
 static dg_tensor *f_conv(dg_tensor *const *in) { return dg_conv1d(in[0], in[1], in[2], true); }
+static dg_tensor *f_conv_plain(dg_tensor *const *in) { return dg_conv1d(in[0], in[1], NULL, false); }
 static dg_tensor *f_emb(dg_tensor *const *in) { return dg_embedding(in[0], in[1]); }
 static dg_tensor *f_lin(dg_tensor *const *in) { return dg_linear(in[0], in[1], in[2]); }
 static dg_tensor *f_swiglu(dg_tensor *const *in) { return dg_swiglu(in[0], in[1]); }
@@ -275,6 +276,12 @@ static void test_larger_shapes(void **state) {
              (dg_tensor *[]){dg_mul_scalar(RN(64, 3000), 3.0), ids_below(&r, DG_SHAPE(64), 3000, 7)});
     big_case("cross_entropy [2000,10]", f_ce, 2, (dg_tensor *[]){RN(2000, 10), ids_below(&r, DG_SHAPE(2000), 10, 5)});
     big_case("conv1d [3,400,48] W 4 (dw in chunks)", f_conv, 3, (dg_tensor *[]){RN(3, 400, 48), RN(48, 4), RN(48)});
+    /* the device kernel's tiles: 128 channels by 64 steps, windows of at most 4 or 32 */
+    big_case("conv1d [2,200,300] W 4 (3 channel blocks, 4 tiles)", f_conv, 3,
+             (dg_tensor *[]){RN(2, 200, 300), RN(300, 4), RN(300)});
+    big_case("conv1d [2,130,70] W 7, plain", f_conv_plain, 2, (dg_tensor *[]){RN(2, 130, 70), RN(70, 7)});
+    big_case("conv1d [1,70,5] W 32 (window across tiles)", f_conv, 3, (dg_tensor *[]){RN(1, 70, 5), RN(5, 32), RN(5)});
+    big_case("conv1d [3,64,130] W 1", f_conv, 3, (dg_tensor *[]){RN(3, 64, 130), RN(130, 1), RN(130)});
     big_case("embedding [50,64] x 4000 ids", f_emb, 2,
              (dg_tensor *[]){RN(50, 64), ids_below(&r, DG_SHAPE(40, 100), 50, 0)});
     big_case("linear [300,70] x [90,70]", f_lin, 3, (dg_tensor *[]){RN(300, 70), RN(90, 70), RN(90)});

@@ -133,6 +133,7 @@ int dg_cmd_train(int argc, char **argv) {
     }
     t->stop_at = o.stop_at;
     t->quiet = o.quiet;
+    t->lm->mixer_opts.keep_delta_work = o.keep_delta_work;
     /* the ranks of several GPUs stop together, after the step at which any of them got the signal */
     t->interrupt = dg_dp_active() ? dg_dp_stop_flag(&interrupted) : &interrupted;
     const dg_model_config *mc = &t->lm->cfg;

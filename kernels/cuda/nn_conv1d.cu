@@ -1,130 +1,202 @@
 /* Causal depthwise conv1d on the device (the math of kernels/cpu/nn_conv1d_impl.h).
  * x, y, dy, dx [B,T,D] (channels contiguous), w, dw [D,W], bias, dbias [D]:
  *   p[b,t,d] = bias[d] + sum_{j<W} w[d,j] x[b,t-W+1+j,d]  (x = 0 before t = 0),  y = silu(p) or p.
- * Forward and dx: one thread per element (neighbouring threads are neighbouring channels).
- * Backward: dp = dy silu'(p) (p recomputed) goes to scratch when silu is on; then
+ * Backward, with dp = dy silu'(p) (p recomputed) when silu is on, else dp = dy:
  *   dx[b,s,d] = sum_j w[d,j] dp[b,s+W-1-j,d]   (terms with s+W-1-j < T),
- *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],  dbias[d] = sum_{b,t} dp[b,t,d]
- * the last two as column sums over the B T rows (nn_util.h) of D W + D columns.
- * Storage S is float, double or bf16 (computed in f32, with dp kept in f32, and each output and
- * gradient rounded once). */
+ *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],  dbias[d] = sum_{b,t} dp[b,t,d].
+ *
+ * Layout of the work: a block takes kConvThreads neighbouring channels (one thread each, so a warp
+ * reads 32 neighbouring elements of a row) of one sequence b over a tile of kConvTile time steps,
+ * and walks the tile in time keeping the last W inputs (and in the backward the last W of dp) in
+ * registers: every element of x and dy is read from memory about once, and no index is divided.
+ * The windows are arrays of WMAX (a compile-time bound, 4 or 32, on the kernel width W) with
+ * static indices; entries at distance W or more are never used.  The backward recomputes dp for
+ * the W - 1 steps after its tile (the halo its last dx need).  dw and dbias: each block writes its
+ * tile's sums (in nn_acc: f64 for f32/f64 storage, f32 for bf16) as one row of partials, and
+ * nn_colsum_kernel adds the rows in order: the result does not depend on the launch.
+ * Storage S is float, double or bf16 (computed in f32 for bf16, with dp kept in f32, each output
+ * and gradient rounded once). */
 #include "kernels/cuda/nn_util.h"
 
 namespace {
 
-/* p at (row bt = b T + t, channel d), in the compute type */
+constexpr int kConvThreads = 128; /* channels a block */
+constexpr int kConvTile = 64;     /* time steps a block */
+constexpr int kConvMaxW = 32;     /* the widest kernel the device takes */
+
+/* x[b, t, d] in the compute type, 0 outside [0, T) */
 template <typename S>
-__device__ __forceinline__ nn_compute<S> conv_p(int64_t T_, int64_t D, int64_t W, const S *x, const S *w, const S *bias,
-                                                int64_t bt, int64_t d) {
-    typedef nn_compute<S> C;
-    int64_t t = bt % T_;
-    C acc = bias ? nn_ld(bias, d) : C(0);
-    for (int64_t j = 0; j < W; j++) {
-        int64_t s = t - W + 1 + j;
-        if (s < 0) continue;
-        acc += nn_ld(w, d * W + j) * nn_ld(x, (bt - t + s) * D + d);
-    }
+__device__ __forceinline__ nn_compute<S> conv_x(const S *x, int64_t row0, int64_t T_, int64_t D, int64_t t, int64_t d) {
+    return t >= 0 && t < T_ ? nn_ld(x, (row0 + t) * D + d) : nn_compute<S>(0);
+}
+
+/* The causal window at time t: win[WMAX-1-k] = x[t-k] for k < W.  Shift in x[t]. */
+template <int WMAX, typename C> __device__ __forceinline__ void conv_push(C *win, C v) {
+#pragma unroll
+    for (int k = 0; k < WMAX - 1; k++) win[k] = win[k + 1];
+    win[WMAX - 1] = v;
+}
+
+/* p = bias + sum_{k<W} w[d, W-1-k] x[t-k] = bias + sum_k wr[k] win[WMAX-1-k] */
+template <int WMAX, typename C> __device__ __forceinline__ C conv_dot(const C *wr, const C *win, int W, C bias) {
+    C acc = bias;
+#pragma unroll
+    for (int k = 0; k < WMAX; k++)
+        if (k < W) acc += wr[k] * win[WMAX - 1 - k];
     return acc;
 }
 
-template <typename S>
-__global__ void conv_fwd_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const S *x, const S *w, const S *bias,
-                                bool silu, S *y) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        nn_compute<S> p = conv_p(T_, D, W, x, w, bias, i / D, i % D);
-        nn_st(y, i, silu ? p * nn_sigmoid(p) : p);
-    }
-}
-
-/* forward y = silu(p): dp = dy s (1 + p (1 - s)), kept in the compute type (f32 for bf16: dp is
- * an intermediate, not a gradient the op returns, so it is not rounded) */
-template <typename S>
-__global__ void conv_dp_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const S *x, const S *w, const S *bias,
-                               const S *dy, nn_compute<S> *dp) {
-    typedef nn_compute<S> C;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        C p = conv_p(T_, D, W, x, w, bias, i / D, i % D), s = nn_sigmoid(p);
-        dp[i] = nn_ld(dy, i) * s * (C(1) + p * (C(1) - s));
-    }
-}
-
-/* forward p[t] += w[:,j] x[t-W+1+j]: x at s collects w[:,j] dp[s+W-1-j] for outputs < T.
- * DP (the type of dp) is S when dp is dy itself, the compute type when it is the scratch above. */
-template <typename S, typename DP>
-__global__ void conv_dx_kernel(int64_t n, int64_t T_, int64_t D, int64_t W, const S *w, const DP *dp, S *dx) {
-    typedef nn_compute<S> C;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t bs = i / D, d = i % D, s = bs % T_;
-        C acc = C(0);
-        for (int64_t j = 0; j < W; j++) {
-            int64_t t = s + W - 1 - j;
-            if (t >= T_) continue;
-            acc += nn_ld(w, d * W + j) * (C)nn_ld(dp, (bs - s + t) * D + d);
-        }
-        nn_st(dx, i, acc);
-    }
-}
-
-/* columns m < D W: dw[d = m / W, j = m % W]; m >= D W: dbias[m - D W].  Row n = b T + t. */
-template <typename S, typename DP> struct ConvDwTerm {
-    const S *x;
-    const DP *dp;
-    int64_t T_, D, W;
-    __device__ nn_acc<S> operator()(int64_t n, int64_t m) const {
-        typedef nn_acc<S> A;
-        typedef nn_compute<S> C;
-        if (m >= D * W) return (A)nn_ld(dp, n * D + (m - D * W));
-        int64_t d = m / W, j = m % W, t = n % T_, s = t - W + 1 + j;
-        if (s < 0) return A(0);
-        return (A)((C)nn_ld(dp, n * D + d) * nn_ld(x, (n - t + s) * D + d));
-    }
+/* this thread's channel d, sequence b and tile [t0, t1); false for a thread past the last channel */
+struct ConvTile {
+    int64_t d, row0, t0, t1;
 };
-
-/* dx, dw and dbias from dp (of type DP) */
-template <typename S, typename DP>
-int conv_bwd_from_dp(int64_t B, int64_t T_, int64_t D, int64_t W, const S *x, const S *w, const DP *dp, S *dx, S *dw,
-                     S *dbias) {
-    int64_t n = B * T_ * D;
-    int rc = 0;
-    if (dx && n > 0) {
-        conv_dx_kernel<S, DP><<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(n, T_, D, W, w, dp, dx);
-        rc = DG_LAUNCHED("conv1d dx");
-    }
-    if (rc == 0 && (dw || dbias)) {
-        /* both sums in one pass into a [D W + D] buffer, then split */
-        int64_t M = D * W + D;
-        S *sums = dg_cuda_scratch<S>((size_t)(M > 0 ? M : 1));
-        if (!sums) rc = -1;
-        if (rc == 0) rc = nn_column_sums(ConvDwTerm<S, DP>{x, dp, T_, D, W}, B * T_, M, sums, "conv1d dw");
-        if (rc == 0 && dw) rc = dg_cuda_memcpy(dw, sums, sizeof(S) * (size_t)(D * W), 2);
-        if (rc == 0 && dbias) rc = dg_cuda_memcpy(dbias, sums + D * W, sizeof(S) * (size_t)D, 2);
-        dg_cuda_free(sums);
-    }
-    return rc;
+__device__ __forceinline__ bool conv_tile(int64_t T_, int64_t D, ConvTile *c) {
+    c->d = blockIdx.x * (int64_t)kConvThreads + threadIdx.x;
+    c->row0 = blockIdx.z * T_;
+    c->t0 = blockIdx.y * (int64_t)kConvTile;
+    c->t1 = c->t0 + kConvTile < T_ ? c->t0 + kConvTile : T_;
+    return c->d < D;
 }
 
-template <typename S>
-int conv_bwd(int64_t B, int64_t T_, int64_t D, int64_t W, const void *x_, const void *w_, const void *bias, bool silu,
-             const void *dy_, void *dx, void *dw, void *dbias) {
+/* wr[k] = w[d, W-1-k] (newest input first), wf[k] = w[d, k]; 0 for k >= W */
+template <int WMAX, typename S>
+__device__ __forceinline__ void conv_weights(const S *w, int64_t d, int W, nn_compute<S> *wr, nn_compute<S> *wf) {
+#pragma unroll
+    for (int k = 0; k < WMAX; k++) {
+        wr[k] = k < W ? nn_ld(w, d * W + (W - 1 - k)) : nn_compute<S>(0);
+        if (wf) wf[k] = k < W ? nn_ld(w, d * W + k) : nn_compute<S>(0);
+    }
+}
+
+/* the window before time t0: win[WMAX-1-k] = x[t0-1-k] for k < W-1, 0 beyond (the walk's first
+ * push brings in x[t0]) */
+template <int WMAX, typename S>
+__device__ __forceinline__ void conv_window_before(const S *x, const ConvTile &c, int64_t T_, int64_t D, int W,
+                                                   nn_compute<S> *win) {
+#pragma unroll
+    for (int k = 0; k < WMAX; k++) win[WMAX - 1 - k] = k < W - 1 ? conv_x(x, c.row0, T_, D, c.t0 - 1 - k, c.d) : 0;
+}
+
+template <typename S, int WMAX>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_fwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, S *y) {
     typedef nn_compute<S> C;
-    const S *x = (const S *)x_, *w = (const S *)w_, *dy = (const S *)dy_;
-    int64_t n = B * T_ * D;
-    if (!silu || n == 0) return conv_bwd_from_dp<S, S>(B, T_, D, W, x, w, dy, (S *)dx, (S *)dw, (S *)dbias);
-    C *dp = dg_cuda_scratch<C>((size_t)n);
-    if (!dp) return -1;
-    conv_dp_kernel<S>
-        <<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(n, T_, D, W, x, w, (const S *)bias, dy, dp);
-    int rc = DG_LAUNCHED("conv1d dp");
-    if (rc == 0) rc = conv_bwd_from_dp<S, C>(B, T_, D, W, x, w, dp, (S *)dx, (S *)dw, (S *)dbias);
-    dg_cuda_free(dp);
-    return rc;
+    ConvTile c;
+    if (!conv_tile(T_, D, &c)) return;
+    C wr[WMAX], win[WMAX];
+    conv_weights<WMAX>(w, c.d, W, wr, (C *)nullptr);
+    conv_window_before<WMAX>(x, c, T_, D, W, win);
+    const C b0 = bias ? nn_ld(bias, c.d) : C(0);
+    for (int64_t t = c.t0; t < c.t1; t++) {
+        conv_push<WMAX>(win, nn_ld(x, (c.row0 + t) * D + c.d));
+        C p = conv_dot<WMAX>(wr, win, W, b0);
+        nn_st(y, (c.row0 + t) * D + c.d, silu ? p * nn_sigmoid(p) : p);
+    }
+}
+
+/* Backward of one tile: dx of the tile; this tile's dw (partw row, [D W]) and dbias (partb row, [D])
+ * sums.  The walk runs W - 1 steps past t1 for the dp that dx[t1 - 1] needs. */
+template <typename S, int WMAX>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_bwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, const S *dy, S *dx,
+                    nn_acc<S> *partw, nn_acc<S> *partb) {
+    typedef nn_compute<S> C;
+    typedef nn_acc<S> A;
+    ConvTile c;
+    if (!conv_tile(T_, D, &c)) return;
+    C wr[WMAX], wf[WMAX], win[WMAX], dps[WMAX];
+    A dwr[WMAX], db = 0;
+    conv_weights<WMAX>(w, c.d, W, wr, wf);
+    conv_window_before<WMAX>(x, c, T_, D, W, win);
+#pragma unroll
+    for (int k = 0; k < WMAX; k++) dps[k] = 0, dwr[k] = 0;
+    const C b0 = bias ? nn_ld(bias, c.d) : C(0);
+    const int64_t tend = c.t1 + W - 1 < T_ ? c.t1 + W - 1 : T_; /* dp is 0 from T on */
+    for (int64_t t = c.t0; t < c.t1 + W - 1; t++) {
+        C dp = 0;
+        if (t < tend) {
+            const int64_t i = (c.row0 + t) * D + c.d;
+            conv_push<WMAX>(win, nn_ld(x, i));
+            dp = nn_ld(dy, i);
+            if (silu) {
+                C p = conv_dot<WMAX>(wr, win, W, b0), s = nn_sigmoid(p);
+                dp *= s * (C(1) + p * (C(1) - s));
+            }
+        }
+        if (t < c.t1) { /* this tile's own steps: dw[d, W-1-k] += dp[t] x[t-k] */
+#pragma unroll
+            for (int k = 0; k < WMAX; k++)
+                if (k < W) dwr[k] += (A)(dp * win[WMAX - 1 - k]);
+            db += (A)dp;
+        }
+        conv_push<WMAX>(dps, dp); /* dps[WMAX-1-m] = dp[t-m] */
+        const int64_t s = t - (W - 1);
+        if (dx && s >= c.t0) { /* dx[s] = sum_{m<W} w[d, m] dp[s+W-1-m] = sum_m wf[m] dps[WMAX-1-m] */
+            C acc = 0;
+#pragma unroll
+            for (int m = 0; m < WMAX; m++)
+                if (m < W) acc += wf[m] * dps[WMAX - 1 - m];
+            nn_st(dx, (c.row0 + s) * D + c.d, acc);
+        }
+    }
+    const int64_t prow = blockIdx.z * (int64_t)gridDim.y + blockIdx.y; /* this block's partial row */
+    if (partw)
+#pragma unroll
+        for (int k = 0; k < WMAX; k++)
+            if (k < W) partw[prow * D * W + c.d * W + (W - 1 - k)] = dwr[k];
+    if (partb) partb[prow * D + c.d] = db;
+}
+
+dim3 conv_grid(int64_t B, int64_t T_, int64_t D) {
+    return dim3((unsigned)((D + kConvThreads - 1) / kConvThreads), (unsigned)((T_ + kConvTile - 1) / kConvTile),
+                (unsigned)B);
 }
 
 template <typename S>
-void conv_fwd(int64_t n, int64_t T_, int64_t D, int64_t W, const void *x, const void *w, const void *bias, bool silu,
-              void *y) {
-    conv_fwd_kernel<S><<<dg_grid_for(n, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(
-        n, T_, D, W, (const S *)x, (const S *)w, (const S *)bias, silu, (S *)y);
+int conv_fwd(int64_t B, int64_t T_, int64_t D, int W, const void *x, const void *w, const void *bias, bool silu,
+             void *y) {
+    dim3 g = conv_grid(B, T_, D);
+    if (W <= 4)
+        conv_fwd_kernel<S, 4><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
+                                                                         (const S *)bias, silu, (S *)y);
+    else
+        conv_fwd_kernel<S, kConvMaxW><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
+                                                                                 (const S *)bias, silu, (S *)y);
+    return DG_LAUNCHED("conv1d fwd");
+}
+
+template <typename S>
+int conv_bwd(int64_t B, int64_t T_, int64_t D, int W, const void *x_, const void *w_, const void *bias_, bool silu,
+             const void *dy_, void *dx_, void *dw, void *dbias) {
+    typedef nn_acc<S> A;
+    const S *x = (const S *)x_, *w = (const S *)w_, *bias = (const S *)bias_, *dy = (const S *)dy_;
+    S *dx = (S *)dx_;
+    dim3 g = conv_grid(B, T_, D);
+    const int64_t P = (int64_t)g.y * B; /* partial rows: one per (sequence, tile) */
+    A *partw = dw ? dg_cuda_scratch<A>((size_t)(P * D * W)) : nullptr;
+    A *partb = dbias ? dg_cuda_scratch<A>((size_t)(P * D)) : nullptr;
+    int rc = (dw && !partw) || (dbias && !partb) ? -1 : 0;
+    if (rc == 0) {
+        if (W <= 4)
+            conv_bwd_kernel<S, 4><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw,
+                                                                             partb);
+        else
+            conv_bwd_kernel<S, kConvMaxW>
+                <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
+        rc = DG_LAUNCHED("conv1d bwd");
+    }
+    if (rc == 0 && dw) {
+        nn_colsum_kernel<S, A>
+            <<<dg_grid_for(D * W, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, D * W, partw, (S *)dw);
+        rc = DG_LAUNCHED("conv1d dw");
+    }
+    if (rc == 0 && dbias) {
+        nn_colsum_kernel<S, A><<<dg_grid_for(D, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, D, partb, (S *)dbias);
+        rc = DG_LAUNCHED("conv1d dbias");
+    }
+    dg_cuda_free(partw);
+    dg_cuda_free(partb);
+    return rc;
 }
 
 bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W) {
@@ -132,6 +204,16 @@ bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64
     if (B < 0 || T_ < 0 || D < 0 || W < 1) {
         dg_error("%s: bad sizes B %lld T %lld D %lld W %lld", who, (long long)B, (long long)T_, (long long)D,
                  (long long)W);
+        return false;
+    }
+    if (W > kConvMaxW) {
+        dg_error("%s: kernel width W %lld is wider than the device kernels take (at most %d; the CPU takes any)", who,
+                 (long long)W, kConvMaxW);
+        return false;
+    }
+    if (B > 65535 || (T_ + kConvTile - 1) / kConvTile > 65535) {
+        dg_error("%s: B %lld x T %lld is past the launch grid (B at most 65535, T at most %lld)", who, (long long)B,
+                 (long long)T_, 65535LL * kConvTile);
         return false;
     }
     return dg_cuda_init() == 0;
@@ -142,19 +224,21 @@ bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64
 extern "C" int dg_cuda_conv1d_fwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W, const void *x,
                                   const void *w, const void *bias, bool silu, void *y) {
     if (!ready("cuda conv1d", dt, B, T_, D, W)) return -1;
-    int64_t n = B * T_ * D;
-    if (n == 0) return 0;
-    if (dt == DG_F32) conv_fwd<float>(n, T_, D, W, x, w, bias, silu, y);
-    else if (dt == DG_F64) conv_fwd<double>(n, T_, D, W, x, w, bias, silu, y);
-    else conv_fwd<__nv_bfloat16>(n, T_, D, W, x, w, bias, silu, y);
-    return DG_LAUNCHED("conv1d fwd");
+    if (B * T_ * D == 0) return 0;
+    if (dt == DG_F32) return conv_fwd<float>(B, T_, D, (int)W, x, w, bias, silu, y);
+    if (dt == DG_F64) return conv_fwd<double>(B, T_, D, (int)W, x, w, bias, silu, y);
+    return conv_fwd<__nv_bfloat16>(B, T_, D, (int)W, x, w, bias, silu, y);
 }
 
 extern "C" int dg_cuda_conv1d_bwd(dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64_t W, const void *x,
                                   const void *w, const void *bias, bool silu, const void *dy, void *dx, void *dw,
                                   void *dbias) {
     if (!ready("cuda conv1d bwd", dt, B, T_, D, W)) return -1;
-    if (dt == DG_F32) return conv_bwd<float>(B, T_, D, W, x, w, bias, silu, dy, dx, dw, dbias);
-    if (dt == DG_F64) return conv_bwd<double>(B, T_, D, W, x, w, bias, silu, dy, dx, dw, dbias);
-    return conv_bwd<__nv_bfloat16>(B, T_, D, W, x, w, bias, silu, dy, dx, dw, dbias);
+    if (B * T_ * D == 0) { /* no rows: the sums are zero */
+        int rc = dw ? dg_cuda_fill(dt, D * W, dw, 0.0) : 0;
+        return rc == 0 && dbias ? dg_cuda_fill(dt, D, dbias, 0.0) : rc;
+    }
+    if (dt == DG_F32) return conv_bwd<float>(B, T_, D, (int)W, x, w, bias, silu, dy, dx, dw, dbias);
+    if (dt == DG_F64) return conv_bwd<double>(B, T_, D, (int)W, x, w, bias, silu, dy, dx, dw, dbias);
+    return conv_bwd<__nv_bfloat16>(B, T_, D, (int)W, x, w, bias, silu, dy, dx, dw, dbias);
 }

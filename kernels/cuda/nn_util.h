@@ -116,10 +116,11 @@ static inline unsigned nn_row_grid(int64_t N, int G) { return dg_grid_for(N * (i
  * rounds (idle rows still reach the barriers of nn_group_sum; a warp is never split between
  * rows, so the shuffles always see all 32 lanes). */
 
-/* Number of row chunks for a sum over N rows of M columns: about 64k threads in pass one, at
+/* Number of row chunks for a sum over N rows of M columns: about 1M threads in pass one (enough
+ * to fill the GPU with rows in flight; the partials are a few MB), at
  * least 16 rows a chunk. */
 static inline int64_t nn_col_chunks(int64_t N, int64_t M) {
-    int64_t want = (65536 + M - 1) / (M > 0 ? M : 1);
+    int64_t want = ((1 << 20) + M - 1) / (M > 0 ? M : 1);
     int64_t most = (N + 15) / 16;
     if (want > most) want = most;
     return want < 1 ? 1 : want;
