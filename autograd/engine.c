@@ -22,6 +22,27 @@ static void node_release(dg_node *n) {
     free(n);
 }
 
+/* What the tape keeps of input t when the backward reads none of its data (bwd_skips_in): t's
+ * shape, strides, dtype and device and its link to its producer, without the storage.  NULL when
+ * the header cannot be had (the caller keeps t itself). */
+static dg_tensor *input_shell(const dg_tensor *t) {
+    dg_tensor *s = dg_tensor_alloc_header();
+    if (!s) {
+        dg_clear_error();
+        return NULL;
+    }
+    s->dtype = t->dtype;
+    s->device = t->device;
+    s->ndim = t->ndim;
+    memcpy(s->shape, t->shape, sizeof s->shape);
+    memcpy(s->stride, t->stride, sizeof s->stride);
+    s->requires_grad = t->requires_grad;
+    s->node = t->node;
+    s->node->refcount++; /* released by dg_release through dg_node_release_hook */
+    s->out_index = t->out_index;
+    return s;
+}
+
 void dg_save(dg_node *n, dg_tensor *t) {
     if (n->n_saved >= DG_MAX_SAVED) {
         fprintf(stderr, "deltagrad: op %s saves more than %d tensors\n", n->op->name, DG_MAX_SAVED);
@@ -108,7 +129,12 @@ int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *
     }
     if (record) {
         n->seq = atomic_fetch_add(&next_seq, 1);
-        for (int i = 0; i < def->n_in; i++) dg_retain(in[i]);
+        /* an input the backward reads only the shape of, produced by another node (a leaf is kept
+         * whole: its gradient lives in the tensor), is kept as a shell */
+        for (int i = 0; i < def->n_in; i++) {
+            dg_tensor *shell = in[i] && in[i]->node && (def->bwd_skips_in >> i & 1u) ? input_shell(in[i]) : NULL;
+            n->in[i] = shell ? shell : dg_retain(in[i]);
+        }
         n->refcount = 0;
         for (int i = 0; i < def->n_out; i++) {
             dg_tensor *o = n->out[i];

@@ -84,6 +84,10 @@ struct dg_op_def {
     dg_sample_fn sample;
     double atol_f64, rtol_f64, atol_f32, rtol_f32; /* gradcheck / comparison tolerances */
     bool is_view;                                  /* outputs share the first input's storage */
+    /* bit i set: the backward reads only the shape, dtype and device of input i, never its data.
+     * The tape then keeps a shell of that input (engine.c) and its memory goes as soon as nothing
+     * else holds it (add_rms_norm's terms, whose sum it saves; a cast's source). */
+    unsigned bwd_skips_in;
 };
 
 /* The number of backward variants of def (its bwd entries before the first {NULL}). */

@@ -98,6 +98,7 @@ const dg_op_def dg_op_to_dtype = {.name = "to_dtype",
                                   .attrs_size = sizeof(copy_attrs),
                                   .forward = to_dtype_forward,
                                   .bwd = {{"default", to_dtype_backward}},
+                                  .bwd_skips_in = 1u, /* the backward reads the source's dtype only */
                                   .sample = to_dtype_sample,
                                   .atol_f64 = 1e-5,
                                   .rtol_f64 = 1e-4,

@@ -1,8 +1,9 @@
 /* add_rms_norm: a block's residual add and the next RMSNorm in one pass over the rows.
  *   h, y [..., D] (the residual stream and what a mixer or MLP adds to it), w [D] or NULL (ones)
  *   r = h + y,   x = r q w,   q = 1/sqrt(mean_d(r^2) + eps)        outputs x (0) and r (1)
- * Forward saves q [N] (f32 for bf16); backward recomputes r from h and y.  Both outputs may carry
- * a gradient; r reaches them both, so
+ * Forward saves q [N] (f32 for bf16) and its output r, which the backward reads in place of h and
+ * y (the tape keeps only shells of those: bwd_skips_in).  Both outputs may carry a gradient; r
+ * reaches them both, so
  *   g = dx w,  dr_total = dr + q (g - r c),  c = q^2 sum_d(g_d r_d) / D,   dh = dy = dr_total,
  *   dw = sum_n dx r q
  * (one array serves as dh and dy).  CPU: kernels/cpu/nn_norm_impl.h; device tensors (f32, f64,
@@ -33,6 +34,7 @@ static int add_rms_norm_forward(dg_node *n) {
     NN_CALL(rc, h, add_rms_norm_fwd, N, D, P(h), P(y), P(w), at->eps, P(x), P(r), P(rstd));
     if (rc) return -1;
     dg_save(n, rstd);
+    dg_save(n, r);
     n->out[ARN_OUT_X] = x;
     n->out[ARN_OUT_R] = r;
     return 0;
@@ -40,17 +42,17 @@ static int add_rms_norm_forward(dg_node *n) {
 
 static int add_rms_norm_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     bool fail = false;
-    dg_tensor *h = dg_nn_contig(n->in[ARN_H], &fail), *y = dg_nn_contig(n->in[ARN_Y], &fail);
+    dg_tensor *r = n->saved[1]; /* made contiguous by the forward */
     dg_tensor *w = dg_nn_contig(n->in[ARN_W], &fail);
     dg_tensor *dx = dg_nn_contig(gout[ARN_OUT_X], &fail), *dr = dg_nn_contig(gout[ARN_OUT_R], &fail);
     if (fail) return -1;
     bool want_r = n->needs_grad[ARN_H] || n->needs_grad[ARN_Y];
-    dg_tensor *dr_total = want_r ? dg_empty_like(h) : NULL;
+    dg_tensor *dr_total = want_r ? dg_empty_like(r) : NULL;
     dg_tensor *dw = n->needs_grad[ARN_W] ? dg_empty_like(w) : NULL;
     if ((want_r && !dr_total) || (n->needs_grad[ARN_W] && !dw)) return -1;
-    int64_t N = dg_nn_rows(h), D = dg_nn_last(h);
+    int64_t N = dg_nn_rows(r), D = dg_nn_last(r);
     int rc = 0;
-    NN_CALL(rc, h, add_rms_norm_bwd, N, D, P(h), P(y), P(w), P(n->saved[0]), P(dx), P(dr), P(dr_total), P(dw));
+    NN_CALL(rc, r, add_rms_norm_bwd, N, D, P(r), P(w), P(n->saved[0]), P(dx), P(dr), P(dr_total), P(dw));
     if (rc) return -1;
     /* the engine copies a gradient shared between two inputs before it adds anything into it */
     gin[ARN_H] = n->needs_grad[ARN_H] ? dr_total : NULL;
@@ -124,6 +126,7 @@ const dg_op_def dg_op_add_rms_norm = {.name = "add_rms_norm",
                                       .attrs_size = sizeof(add_rms_attrs),
                                       .forward = add_rms_norm_forward,
                                       .bwd = {{"default", add_rms_norm_backward}},
+                                      .bwd_skips_in = 1u << ARN_H | 1u << ARN_Y,
                                       .sample = add_rms_norm_sample,
                                       .atol_f64 = 1e-7,
                                       .rtol_f64 = 1e-6,

@@ -1,5 +1,5 @@
 /* autograd: diamonds, reuse, no-grad, several outputs, anomaly mode, gradcheck catching a wrong
- * backward, flat memory over many iterations. */
+ * backward, inputs kept as shells, flat memory over many iterations. */
 #include "tests/support/test_support.h"
 
 #include "ops/gradcheck.h"
@@ -158,6 +158,40 @@ static long rss_kb(void) {
 
 /* 10,000 forward+backward iterations of a small graph: live tensors and bytes return to where they
  * started after each step, and resident memory stays flat. */
+/* An input whose data the backward never reads is kept by the tape as a shell (bwd_skips_in):
+ * add_rms_norm saves its sum r and keeps shells of its terms h and y, so their storage goes when
+ * the caller lets go of them, and the gradients through the shells are those through leaves. */
+static void test_tape_keeps_shells(void **state) {
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(6);
+    const int64_t N = 64, D = 256, bytes = N * D * 8;
+    dg_tensor *a = dg_randn(DG_SHAPE(N, D), DG_F64, &rng), *b = dg_randn(DG_SHAPE(N, D), DG_F64, &rng);
+    dg_set_requires_grad(a, true);
+    dg_set_requires_grad(b, true);
+    /* reference: h = a + b and y = a - b as leaves (add and sub keep no data of their own) */
+    dg_tensor *h0 = dg_add(a, b), *y0 = dg_sub(a, b);
+    dg_tensor *hl = dg_clone(dg_detach(h0)), *yl = dg_clone(dg_detach(y0)), *r = NULL;
+    dg_set_requires_grad(hl, true);
+    dg_set_requires_grad(yl, true);
+    dg_tensor *x = dg_add_rms_norm(hl, yl, NULL, 1e-6, &r);
+    assert_int_equal(dg_backward(dg_sum_all(dg_mul(x, dg_exp(r))), NULL), 0);
+    /* the same through non-leaf h, y, released before the backward */
+    const size_t before = dg_live_bytes(DG_CPU);
+    dg_tensor *loss;
+    dg_scope_begin();
+    x = dg_add_rms_norm(dg_add(a, b), dg_sub(a, b), NULL, 1e-6, &r);
+    loss = dg_keep(dg_sum_all(dg_mul(x, dg_exp(r))));
+    dg_scope_end();
+    /* alive now: x, r, exp(r), the product (the terms h, y would be two more), rstd, the loss */
+    const int64_t grown = (int64_t)dg_live_bytes(DG_CPU) - (int64_t)before;
+    assert_true(grown >= 4 * bytes && grown < 5 * bytes);
+    assert_int_equal(dg_backward(loss, NULL), 0);
+    dg_release(loss);
+    assert_true(dg_test_max_abs_diff(a->grad, dg_add(hl->grad, yl->grad)) < 1e-12);
+    assert_true(dg_test_max_abs_diff(b->grad, dg_sub(hl->grad, yl->grad)) < 1e-12);
+    dg_scope_end();
+}
+
 static void test_flat_memory(void **state) {
     dg_rng r = dg_rng_new(9);
     dg_tensor *w = dg_keep(dg_randn(DG_SHAPE(16, 16), DG_F32, &r));
@@ -195,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_two_outputs_one_used),
         cmocka_unit_test(test_gradcheck_catches_wrong_backward),
         cmocka_unit_test(test_anomaly_mode),
+        cmocka_unit_test(test_tape_keeps_shells),
         cmocka_unit_test(test_flat_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

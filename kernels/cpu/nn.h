@@ -40,8 +40,8 @@
     void dg_nn_add_rms_norm_fwd_##SFX(int64_t N, int64_t D, const R *h, const R *y, const R *w, double eps, R *x,      \
                                       R *r, R *rstd);                                                                  \
     /* dr_total = dr + (the gradient of x through rms_norm(r) w) = dh = dy; dw = sum_n dx r rstd */                    \
-    void dg_nn_add_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *h, const R *y, const R *w, const R *rstd,         \
-                                      const R *dx, const R *dr, R *dr_total, R *dw);                                   \
+    void dg_nn_add_rms_norm_bwd_##SFX(int64_t N, int64_t D, const R *r, const R *w, const R *rstd, const R *dx,        \
+                                      const R *dr, R *dr_total, R *dw);                                                \
                                                                                                                        \
     /* l2norm: r_n = 1/sqrt(sum_d x[n,d]^2 + eps), y = x r */                                                          \
     void dg_nn_l2norm_fwd_##SFX(int64_t N, int64_t D, const R *x, double eps, R *y, R *rstd);                          \

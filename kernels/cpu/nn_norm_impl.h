@@ -15,13 +15,13 @@ static inline double FN(sumsq)(int64_t D, const R *x) {
 
 /* The weight gradient of the three RMS norms, a column sum over the N rows,
  *   dw[d] = sum_n g[n,d] u[n,d] r_n,
- * where u is what the weight multiplied: x (rms_norm), x silu(z) (gated: u = x z sigmoid(z), kind
- * DW_GATED, b = z) or h + y (add_rms_norm: kind DW_SUM, b = y).  The columns are cut into blocks
+ * where u is what the weight multiplied: x (rms_norm, and add_rms_norm with x its sum r) or
+ * x silu(z) (gated: u = x z sigmoid(z), kind DW_GATED, b = z).  The columns are cut into blocks
  * that threads own, so each dw[d] is summed by one thread in row order (reproducible).  kind is a
  * constant after inlining, so each call site gets its own branch-free loop. */
 #ifndef DG_NN_DW_KINDS /* the body is included once per type */
 #define DG_NN_DW_KINDS
-enum { DW_PLAIN, DW_GATED, DW_SUM };
+enum { DW_PLAIN, DW_GATED };
 #endif
 static inline __attribute__((always_inline)) void FN(rms_dw)(int64_t N, int64_t D, const R *g, const R *a, const R *b,
                                                              const R *rstd, R *dw, const int kind) {
@@ -35,8 +35,6 @@ static inline __attribute__((always_inline)) void FN(rms_dw)(int64_t N, int64_t 
             R r = rstd[n];
             if (kind == DW_GATED)
                 for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * ar[d] * r * br[d] * FN(sigmoid_of)(br[d]);
-            else if (kind == DW_SUM)
-                for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * (ar[d] + br[d]) * r;
             else
                 for (int64_t d = d0; d < d1; d++) dw[d] += gr[d] * ar[d] * r;
         }
@@ -164,21 +162,21 @@ void FN(dg_nn_add_rms_norm_fwd)(int64_t N, int64_t D, const R *h, const R *y, co
 
 /* forward: r = h + y feeds both the output r and x = rms_norm(r) w, so the gradient reaching r is
  *   dr_total = dr + q (g - r c),  g = dx w,  c = q^2 sum_d(g_d r_d) / D   (as in rms_dx_from_g)
- * and dh = dy = dr_total (one array); dw[d] = sum_n dx[n,d] r[n,d] q_n.  r is recomputed. */
-void FN(dg_nn_add_rms_norm_bwd)(int64_t N, int64_t D, const R *h, const R *y, const R *w, const R *rstd, const R *dx,
-                                const R *dr, R *dr_total, R *dw) {
+ * and dh = dy = dr_total (one array); dw[d] = sum_n dx[n,d] r[n,d] q_n.  r is the forward's output. */
+void FN(dg_nn_add_rms_norm_bwd)(int64_t N, int64_t D, const R *r, const R *w, const R *rstd, const R *dx, const R *dr,
+                                R *dr_total, R *dw) {
     if (dr_total) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
-            const R *hr = h + n * D, *yr = y + n * D, *dxr = dx + n * D, *drr = dr + n * D;
+            const R *rr = r + n * D, *dxr = dx + n * D, *drr = dr + n * D;
             R *out = dr_total + n * D, q = rstd[n];
             double dot = 0;
-            for (int64_t d = 0; d < D; d++) dot += (double)(w ? dxr[d] * w[d] : dxr[d]) * (R)(hr[d] + yr[d]);
+            for (int64_t d = 0; d < D; d++) dot += (double)(w ? dxr[d] * w[d] : dxr[d]) * rr[d];
             R c = (R)(dot * (double)q * (double)q / (double)D);
-            for (int64_t d = 0; d < D; d++) out[d] = drr[d] + q * ((w ? dxr[d] * w[d] : dxr[d]) - (hr[d] + yr[d]) * c);
+            for (int64_t d = 0; d < D; d++) out[d] = drr[d] + q * ((w ? dxr[d] * w[d] : dxr[d]) - rr[d] * c);
         }
     }
-    if (dw) FN(rms_dw)(N, D, dx, h, y, rstd, dw, DW_SUM); /* dw[d] = sum_n dx (h + y) r */
+    if (dw) FN(rms_dw)(N, D, dx, r, NULL, rstd, dw, DW_PLAIN); /* dw[d] = sum_n dx r q */
 }
 
 /* ---- l2norm: r = 1/sqrt(sum(x^2) + eps), y = x r --------------------------------------------- */

@@ -9,11 +9,11 @@
  * reads 32 neighbouring elements of a row) of one sequence b over a tile of kConvTile time steps,
  * and walks the tile in time keeping the last W inputs (and in the backward the last W of dp) in
  * registers: every element of x and dy is read from memory about once, and no index is divided.
- * The windows are arrays of WMAX (a compile-time bound, 4 or 32, on the kernel width W) with
+ * The windows are arrays of WMAX (a compile-time bound, 4 or 8, on the kernel width W) with
  * static indices; entries at distance W or more are never used.  The backward recomputes dp for
  * the W - 1 steps after its tile (the halo its last dx need).  dw and dbias: each block writes its
  * tile's sums (in nn_acc: f64 for f32/f64 storage, f32 for bf16) as one row of partials, and
- * nn_colsum_kernel adds the rows in order: the result does not depend on the launch.
+ * nn_colsum_launch adds the rows up (nn_util.h): the result does not depend on the launch.
  * Storage S is float, double or bf16 (computed in f32 for bf16, with dp kept in f32, each output
  * and gradient rounded once). */
 #include "kernels/cuda/nn_util.h"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr int kConvThreads = 128; /* channels a block */
 constexpr int kConvTile = 64;     /* time steps a block */
-constexpr int kConvMaxW = 32;     /* the widest kernel the device takes */
+constexpr int kConvMaxW = 8;      /* the widest kernel (the op takes W in 1..8) */
 
 /* x[b, t, d] in the compute type, 0 outside [0, T) */
 template <typename S>
@@ -185,15 +185,8 @@ int conv_bwd(int64_t B, int64_t T_, int64_t D, int W, const void *x_, const void
                 <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
         rc = DG_LAUNCHED("conv1d bwd");
     }
-    if (rc == 0 && dw) {
-        nn_colsum_kernel<S, A>
-            <<<dg_grid_for(D * W, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, D * W, partw, (S *)dw);
-        rc = DG_LAUNCHED("conv1d dw");
-    }
-    if (rc == 0 && dbias) {
-        nn_colsum_kernel<S, A><<<dg_grid_for(D, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, D, partb, (S *)dbias);
-        rc = DG_LAUNCHED("conv1d dbias");
-    }
+    if (rc == 0 && dw) rc = nn_colsum_launch(P, D * W, partw, (S *)dw, "conv1d dw");
+    if (rc == 0 && dbias) rc = nn_colsum_launch(P, D, partb, (S *)dbias, "conv1d dbias");
     dg_cuda_free(partw);
     dg_cuda_free(partb);
     return rc;
@@ -207,8 +200,7 @@ bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64
         return false;
     }
     if (W > kConvMaxW) {
-        dg_error("%s: kernel width W %lld is wider than the device kernels take (at most %d; the CPU takes any)", who,
-                 (long long)W, kConvMaxW);
+        dg_error("%s: kernel width W %lld is wider than the kernels take (at most %d)", who, (long long)W, kConvMaxW);
         return false;
     }
     if (B > 65535 || (T_ + kConvTile - 1) / kConvTile > 65535) {

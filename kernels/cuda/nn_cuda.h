@@ -44,9 +44,9 @@ int dg_cuda_gated_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x,
 int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w, double eps,
                              void *x, void *r, void *rstd);
 /* dr_total = dr + q (g - r q^2 mean(g r)), g = dx w: the gradient of h and of y (one array);
- * dw = sum_n dx r q.  r is recomputed from h and y (in f32 for bf16, as the forward had it). */
-int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
-                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw);
+ * dw = sum_n dx r q.  r is the forward's stored sum (the forward normalises it as stored). */
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *r, const void *w, const void *rstd,
+                             const void *dx, const void *dr, void *dr_total, void *dw);
 /* l2norm: r_n = 1/sqrt(sum_d x^2 + eps), y = x r;  dx = r (dy - y sum(dy y)) */
 int dg_cuda_l2norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *x, double eps, void *y, void *rstd);
 int dg_cuda_l2norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *x, const void *rstd, const void *dy, void *dx);

@@ -19,7 +19,8 @@ namespace {
 /* ---- rms_norm ---------------------------------------------------------------------------------- */
 
 /* mode 0: rms (mean of squares), 1: l2 (sum of squares); gated: y also times silu(z).
- * add (add_rms_norm only): the row normalised is s = x + add, written to sum.
+ * add (add_rms_norm only): the row normalised is s = x + add as written to sum (rounded to S: the
+ * backward reads the stored s, so the forward normalises the same values).
  * A lane handles units of V consecutive elements (V = 8: bf16, D a multiple of 8, every array
  * 16-byte aligned; else V = 1, element by element). */
 template <typename S, int G, int V>
@@ -44,7 +45,7 @@ __global__ void __launch_bounds__(kNnThreads)
                 if (ar) nn_ldv<V>(ar, d, av);
 #pragma unroll
                 for (int e = 0; e < V; e++) {
-                    if (ar) v[e] += av[e];
+                    if (ar) v[e] = nn_round<S>(v[e] + av[e]);
                     ss += (A)v[e] * (A)v[e];
                 }
             }
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kNnThreads)
             if (ar) {
                 nn_ldv<V>(ar, d, av);
 #pragma unroll
-                for (int e = 0; e < V; e++) xv[e] += av[e];
+                for (int e = 0; e < V; e++) xv[e] = nn_round<S>(xv[e] + av[e]);
                 nn_stv<V>(sum, o + d, xv);
             }
             if (w) nn_ldv<V>(w, d, wv);
@@ -80,12 +81,12 @@ __global__ void __launch_bounds__(kNnThreads)
  *   forward y = xh (w silu(z)), xh = x r: the gradient reaching xh is g = dy w silu(z);
  *   dx = r (g - x c), c = r^2 sum_d(g_d x_d) / D;
  *   forward y = (x r w) silu(z): dz = dy x r w silu'(z), silu'(z) = s (1 + z (1 - s)).
- * add_rms_norm (add not NULL): x is s = x + add, and the gradient dsum of the output sum reaches s
- *   too, so ds = dsum + r (g - s c), written to dx (the gradient of both x and add).
+ * add_rms_norm (dsum not NULL): x is the stored sum s, whose own gradient dsum reaches it too, so
+ *   ds = dsum + r (g - s c), written to dx (the gradient of both terms of the sum).
  * Units of V elements as in norm_fwd_kernel. */
 template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
-    rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *add, const S *z, const S *w, const nn_compute<S> *rstd,
+    rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *z, const S *w, const nn_compute<S> *rstd,
                    const S *dy, const S *dsum, S *dx, S *dz) {
     typedef nn_compute<S> C;
     typedef nn_acc<S> A;
@@ -96,19 +97,17 @@ __global__ void __launch_bounds__(kNnThreads)
         int64_t row = base + threadIdx.x / G;
         bool active = row < N;
         int64_t o = (active ? row : 0) * D;
-        const S *xr = x + o, *ar = add ? add + o : nullptr, *dyr = dy + o, *zr = z ? z + o : nullptr;
+        const S *xr = x + o, *dyr = dy + o, *zr = z ? z + o : nullptr;
         A dot = 0;
         if (active && dx)
             for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
-                C g[V], xv[V], av[V], wv[V], zv[V];
+                C g[V], xv[V], wv[V], zv[V];
                 nn_ldv<V>(dyr, d, g);
                 nn_ldv<V>(xr, d, xv);
-                if (ar) nn_ldv<V>(ar, d, av);
                 if (w) nn_ldv<V>(w, d, wv);
                 if (zr) nn_ldv<V>(zr, d, zv);
 #pragma unroll
                 for (int e = 0; e < V; e++) {
-                    if (ar) xv[e] += av[e];
                     if (w) g[e] = g[e] * wv[e];
                     if (zr) g[e] = g[e] * zv[e] * nn_sigmoid(zv[e]);
                     dot += (A)g[e] * (A)xv[e];
@@ -119,17 +118,15 @@ __global__ void __launch_bounds__(kNnThreads)
         C r = rstd[row];
         C c = (C)((double)dot * (double)r * (double)r / (double)D);
         for (int64_t d = (int64_t)lane * V; d < D; d += (int64_t)G * V) {
-            C xv[V], av[V], wv[V], dyv[V], zv[V], dsv[V], dxo[V], dzo[V];
+            C xv[V], wv[V], dyv[V], zv[V], dsv[V], dxo[V], dzo[V];
             nn_ldv<V>(xr, d, xv);
             nn_ldv<V>(dyr, d, dyv);
-            if (ar) nn_ldv<V>(ar, d, av);
             if (w) nn_ldv<V>(w, d, wv);
             if (zr) nn_ldv<V>(zr, d, zv);
             if (dsum) nn_ldv<V>(dsum + o, d, dsv);
 #pragma unroll
             for (int e = 0; e < V; e++) {
                 C wd = w ? wv[e] : C(1);
-                if (ar) xv[e] += av[e];
                 if (zr) {
                     C s = nn_sigmoid(zv[e]);
                     dzo[e] = dyv[e] * xv[e] * r * wd * s * (C(1) + zv[e] * (C(1) - s));
@@ -145,16 +142,15 @@ __global__ void __launch_bounds__(kNnThreads)
     }
 }
 
-/* dw[d] = sum_n dy x r (gated: times silu(z); add_rms_norm: x + add in place of x) */
+/* dw[d] = sum_n dy x r (gated: times silu(z); add_rms_norm: x is the stored sum) */
 template <typename S> struct RmsDwTerm {
-    const S *x, *add, *z, *dy;
+    const S *x, *z, *dy;
     const nn_compute<S> *rstd;
     int64_t D;
     __device__ nn_acc<S> operator()(int64_t n, int64_t d) const {
         typedef nn_compute<S> C;
         int64_t i = n * D + d;
         C xv = nn_ld(x, i);
-        if (add) xv += nn_ld(add, i);
         C v = nn_ld(dy, i) * xv * rstd[n];
         if (z) {
             C zv = nn_ld(z, i);
@@ -232,7 +228,7 @@ template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormAr
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
 #define DG_RMS_BWD(GG)                                                                                           \
-    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
+    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, \
                                                          (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
                                                          (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
     if (G == 32) DG_RMS_BWD(32);
@@ -251,7 +247,7 @@ template <typename S> int rms_bwd(int64_t N, int64_t D, const NormArgs &a) {
         if (rc) return -1;
     }
     if (a.dw) {
-        RmsDwTerm<S> term{(const S *)a.x, (const S *)a.add, (const S *)a.z, (const S *)a.dy, (const C *)a.rstd, D};
+        RmsDwTerm<S> term{(const S *)a.x, (const S *)a.z, (const S *)a.dy, (const C *)a.rstd, D};
         return nn_column_sums(term, N, D, (S *)a.dw, "rms_norm dw");
     }
     return 0;
@@ -363,11 +359,11 @@ int dg_cuda_add_rms_norm_fwd(dg_dtype dt, int64_t N, int64_t D, const void *h, c
     return by_dtype<Fwd>(dt, N, D, a);
 }
 
-int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *h, const void *y, const void *w,
-                             const void *rstd, const void *dx, const void *dr, void *dr_total, void *dw) {
+int dg_cuda_add_rms_norm_bwd(dg_dtype dt, int64_t N, int64_t D, const void *r, const void *w, const void *rstd,
+                             const void *dx, const void *dr, void *dr_total, void *dw) {
     if (!ready("cuda add_rms_norm bwd", dt, N, D)) return -1;
     NormArgs a = {};
-    a.x = h, a.add = y, a.w = w, a.rstd = rstd, a.dy = dx, a.dsum = dr, a.dx = dr_total, a.dw = dw;
+    a.x = r, a.w = w, a.rstd = rstd, a.dy = dx, a.dsum = dr, a.dx = dr_total, a.dw = dw;
     return by_dtype<RmsBwd>(dt, N, D, a);
 }
 

@@ -25,11 +25,8 @@ __global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool 
 } // namespace
 
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out) {
-    if (M <= 0) return 0;
-    unsigned grid = dg_grid_for(M, kNnThreads);
-    if (dt == DG_F32) nn_colsum_kernel<float><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
-    else nn_colsum_kernel<double><<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
-    return DG_LAUNCHED("nn colsum");
+    if (dt == DG_F32) return nn_colsum_launch(P, M, part, (float *)out, "nn colsum");
+    return nn_colsum_launch(P, M, part, (double *)out, "nn colsum");
 }
 
 extern "C" int dg_cuda_nn_sum_rows(dg_dtype dt, int64_t N, int64_t M, const void *x, void *out) {

@@ -9,10 +9,12 @@
  * launch.
  *
  * Columns: a sum over the N rows of a per-(row, column) term (dw = sum_n dy x r, dbias, ...) runs
- * in two passes.  The rows are cut into P chunks of at least 16 rows (P chosen from the shape
- * alone); pass one writes partial sums part[p, m] in the accumulation type (one thread per
- * (p, m), m fastest, so neighbouring threads read neighbouring columns), pass two adds them up in
- * order of p and rounds once to the storage type.
+ * in two passes, each in blocks of 32 columns by 8 row lanes (a warp reads 32 neighbouring columns
+ * of a row; lane l takes rows l, l + 8, ...; the 8 lane sums are added in lane order).  The rows
+ * are cut into P chunks of at least 64 rows, P chosen from the shape alone so that pass one has
+ * about a million threads whether there are many columns or few (a per-head norm weight has 128);
+ * pass one writes partial sums part[p, m] in the accumulation type, pass two adds them over p the
+ * same way and rounds once to the storage type.  The bits depend on the shape only.
  *
  * Types: a kernel is written once over its storage type S (float, double, __nv_bfloat16).  Values
  * are loaded into the compute type nn_compute<S> (S itself for float and double; float for bf16)
@@ -46,6 +48,12 @@ template <typename S> __device__ __forceinline__ S nn_ld(const S *p, int64_t i) 
 __device__ __forceinline__ float nn_ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 template <typename S> __device__ __forceinline__ void nn_st(S *p, int64_t i, S v) { p[i] = v; }
 __device__ __forceinline__ void nn_st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* v as storage S holds it (bf16: rounded to nearest even; f32, f64: v itself) */
+template <typename S> __device__ __forceinline__ nn_compute<S> nn_round(nn_compute<S> v) {
+    if constexpr (sizeof(S) == 2) return __bfloat162float(__float2bfloat16_rn(v));
+    else return v;
+}
 
 /* V consecutive elements p[i .. i + V) in the compute type: V = 1 for any storage; V = 8 for bf16
  * only, p + i 16-byte aligned (bf16_vec.h).  A kernel looping over units of V elements is, with
@@ -116,38 +124,64 @@ static inline unsigned nn_row_grid(int64_t N, int G) { return dg_grid_for(N * (i
  * rounds (idle rows still reach the barriers of nn_group_sum; a warp is never split between
  * rows, so the shuffles always see all 32 lanes). */
 
-/* Number of row chunks for a sum over N rows of M columns: about 1M threads in pass one (enough
- * to fill the GPU with rows in flight; the partials are a few MB), at
- * least 16 rows a chunk. */
+/* The column-sum blocks: kColW columns by kColLanes row lanes. */
+constexpr int kColW = 32, kColLanes = 8;
+
+/* Number of row chunks for a sum over N rows of M columns: about 1M threads in pass one, at least
+ * 64 rows (8 a lane) a chunk. */
 static inline int64_t nn_col_chunks(int64_t N, int64_t M) {
-    int64_t want = ((1 << 20) + M - 1) / (M > 0 ? M : 1);
-    int64_t most = (N + 15) / 16;
+    int64_t cols = (M + kColW - 1) / kColW * kColW;
+    int64_t want = ((int64_t)1 << 20) / ((cols > 0 ? cols : kColW) * kColLanes);
+    int64_t most = (N + 63) / 64;
     if (want > most) want = most;
     return want < 1 ? 1 : want;
 }
 
-/* Pass one: part[p, m] = sum_{n in chunk p} term(n, m), in increasing n.  TERM is a functor with
- * __device__ A operator()(int64_t n, int64_t m) const (A its accumulation type). */
-template <typename A, typename TERM>
-__global__ void __launch_bounds__(kNnThreads)
-    nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t P, int64_t chunk, A *part) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P * M; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t m = i % M, p = i / M;
-        int64_t n0 = p * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-        A acc = 0;
-        for (int64_t n = n0; n < n1; n++) acc += term(n, m);
-        part[i] = acc;
-    }
+/* The sum of the kColLanes lane values of column threadIdx.x, in lane order; valid in lane 0. */
+template <typename A> __device__ __forceinline__ A nn_col_lanes_sum(A v, A (*sm)[kColW + 1]) {
+    sm[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    A t = 0;
+    if (threadIdx.y == 0)
+#pragma unroll
+        for (int l = 0; l < kColLanes; l++) t += sm[l][threadIdx.x];
+    return t;
 }
 
-/* Pass two: out[m] = sum_p part[p, m] in increasing p, rounded once to S; one thread per column,
- * neighbours read neighbours. */
-template <typename S, typename A> __global__ void nn_colsum_kernel(int64_t P, int64_t M, const A *part, S *out) {
-    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
-        A acc = 0;
-        for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
-        nn_st(out, m, (nn_compute<S>)acc);
-    }
+/* Pass one: part[p, m] = sum_{n in chunk p} term(n, m); block (column tile, chunk p).  TERM is a
+ * functor with __device__ A operator()(int64_t n, int64_t m) const (A its accumulation type). */
+template <typename A, typename TERM>
+__global__ void __launch_bounds__(kColW *kColLanes)
+    nn_col_partial_kernel(TERM term, int64_t N, int64_t M, int64_t chunk, A *part) {
+    __shared__ A sm[kColLanes][kColW + 1];
+    const int64_t m = blockIdx.x * (int64_t)kColW + threadIdx.x, p = blockIdx.y;
+    const int64_t n0 = p * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+    A acc = 0;
+    if (m < M)
+        for (int64_t n = n0 + threadIdx.y; n < n1; n += kColLanes) acc += term(n, m);
+    acc = nn_col_lanes_sum(acc, sm);
+    if (threadIdx.y == 0 && m < M) part[p * M + m] = acc;
+}
+
+/* Pass two: out[m] = sum_p part[p, m], rounded once to S; block per column tile. */
+template <typename S, typename A>
+__global__ void __launch_bounds__(kColW *kColLanes) nn_colsum_kernel(int64_t P, int64_t M, const A *part, S *out) {
+    __shared__ A sm[kColLanes][kColW + 1];
+    const int64_t m = blockIdx.x * (int64_t)kColW + threadIdx.x;
+    A acc = 0;
+    if (m < M)
+        for (int64_t p = threadIdx.y; p < P; p += kColLanes) acc += part[p * M + m];
+    acc = nn_col_lanes_sum(acc, sm);
+    if (threadIdx.y == 0 && m < M) nn_st(out, m, (nn_compute<S>)acc);
+}
+
+/* Launches pass two (also for callers that wrote their own partials). */
+template <typename S, typename A>
+static int nn_colsum_launch(int64_t P, int64_t M, const A *part, S *out, const char *name) {
+    if (M <= 0) return 0;
+    nn_colsum_kernel<S, A><<<(unsigned)((M + kColW - 1) / kColW), dim3(kColW, kColLanes), 0, dg_cuda_stream()>>>(
+        P, M, part, out);
+    return DG_LAUNCHED(name);
 }
 
 /* Pass two alone for double partial sums and an f32 or f64 out (the optimiser's sums). */
@@ -162,13 +196,10 @@ static int nn_column_sums(const TERM &term, int64_t N, int64_t M, S *out, const 
     if (N == 0) return dg_cuda_fill(nn_dtype_of<S>(), M, out, 0.0);
     A *part = dg_cuda_scratch<A>((size_t)(P * M));
     if (!part) return -1;
-    nn_col_partial_kernel<A, TERM>
-        <<<dg_grid_for(P * M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(term, N, M, P, chunk, part);
+    dim3 grid((unsigned)((M + kColW - 1) / kColW), (unsigned)P);
+    nn_col_partial_kernel<A, TERM><<<grid, dim3(kColW, kColLanes), 0, dg_cuda_stream()>>>(term, N, M, chunk, part);
     int rc = DG_LAUNCHED(name);
-    if (rc == 0) {
-        nn_colsum_kernel<S, A><<<dg_grid_for(M, kNnThreads), kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, out);
-        rc = DG_LAUNCHED("nn colsum");
-    }
+    if (rc == 0) rc = nn_colsum_launch(P, M, part, out, "nn colsum");
     dg_cuda_free(part);
     return rc;
 }
