@@ -8,7 +8,9 @@
  * A span is timed twice.  Host: the wall clock from enter to leave, the time spent queueing it (on
  * a GPU run, launch and dispatch cost).  Device: on a CUDA profile, events 2i and 2i+1 of a pool
  * (kernels/cuda/kernel_timer.cu) recorded on the library's stream around span i, read back at
- * dg_profile_flush; on the CPU the host time is the device time.  Spans are kept per flush (a step)
+ * dg_profile_flush; on the CPU the host time is the device time.  On CUDA the span also counts
+ * the host's waits for the device inside it (dg_cuda_wait_stats): a wait empties the queue, and
+ * the device idles while the host queues what follows.  Spans are kept per flush (a step)
  * and summed into one total per (name, kind), so the report costs nothing per span beyond two
  * events.  State is host-side and single-threaded, as the library's stream is. */
 #include <stdio.h>
@@ -28,8 +30,8 @@ static const char *const KIND_NAME[] = {"forward", "backward", "accumulate", "re
 typedef struct {
     const char *name;
     dg_prof_kind kind;
-    double host_s, dev_ms;
-    int64_t calls;
+    double host_s, dev_ms, wait_s;
+    int64_t calls, waits;
 } prof_key;
 
 static struct {
@@ -38,9 +40,11 @@ static struct {
     int n, dropped; /* spans since the last flush; spans past PROF_MAX_SPANS are not timed */
     int events;     /* CUDA events reserved in the pool (two a span) */
     int open_key;   /* the key of the span being timed (depth > 0) */
-    double open_t0;
+    double open_t0, open_wait_s;
+    int64_t open_waits;
     int span_key[PROF_MAX_SPANS];
-    double span_host[PROF_MAX_SPANS];
+    double span_host[PROF_MAX_SPANS], span_wait_s[PROF_MAX_SPANS];
+    int64_t span_waits[PROF_MAX_SPANS];
     int nkeys;
     prof_key keys[PROF_MAX_KEYS];
 } P;
@@ -94,6 +98,7 @@ void dg_prof_enter(const char *name, dg_prof_kind kind) {
         P.dropped++;
         return;
     }
+    if (P.cuda) dg_cuda_wait_stats(&P.open_wait_s, &P.open_waits);
 #endif
     P.open_t0 = now_s();
 }
@@ -109,6 +114,17 @@ void dg_prof_leave(void) {
 #endif
     P.span_key[P.n] = P.open_key;
     P.span_host[P.n] = now_s() - P.open_t0;
+    P.span_wait_s[P.n] = 0;
+    P.span_waits[P.n] = 0;
+#ifdef DG_HAVE_CUDA
+    if (P.cuda) {
+        double w;
+        int64_t c;
+        dg_cuda_wait_stats(&w, &c);
+        P.span_wait_s[P.n] = w - P.open_wait_s;
+        P.span_waits[P.n] = c - P.open_waits;
+    }
+#endif
     P.n++;
 }
 
@@ -127,6 +143,8 @@ int dg_profile_flush(void) {
 #endif
         k->host_s += P.span_host[i];
         k->dev_ms += ms;
+        k->wait_s += P.span_wait_s[i];
+        k->waits += P.span_waits[i];
         k->calls++;
     }
     P.n = 0;
@@ -144,16 +162,23 @@ void dg_profile_report(FILE *f, int64_t steps) {
     if (!k) return;
     memcpy(k, P.keys, sizeof *k * (size_t)P.nkeys);
     qsort(k, (size_t)P.nkeys, sizeof *k, by_dev_ms);
-    double tot_dev = 0, tot_host = 0;
-    for (int i = 0; i < P.nkeys; i++) tot_dev += k[i].dev_ms, tot_host += k[i].host_s;
-    const double n = (double)steps;
-    fprintf(f, "op profile, per step over %lld steps (%s time; host = the time spent queueing):\n", (long long)steps,
-            P.cuda ? "device: CUDA events" : "CPU");
-    fprintf(f, "  %-28s %-10s %8s %11s %7s %10s\n", "name", "kind", "calls", "device ms", "share", "host ms");
+    double tot_dev = 0, tot_host = 0, tot_wait = 0;
+    int64_t tot_waits = 0;
     for (int i = 0; i < P.nkeys; i++)
-        fprintf(f, "  %-28s %-10s %8.1f %11.3f %6.1f%% %10.3f\n", k[i].name, KIND_NAME[k[i].kind], (double)k[i].calls / n,
-                k[i].dev_ms / n, tot_dev > 0 ? 100.0 * k[i].dev_ms / tot_dev : 0.0, 1e3 * k[i].host_s / n);
-    fprintf(f, "  %-28s %-10s %8s %11.3f %6.1f%% %10.3f\n", "all timed", "", "", tot_dev / n, 100.0, 1e3 * tot_host / n);
+        tot_dev += k[i].dev_ms, tot_host += k[i].host_s, tot_wait += k[i].wait_s, tot_waits += k[i].waits;
+    const double n = (double)steps;
+    fprintf(f,
+            "op profile, per step over %lld steps (%s time; host: the time spent queueing, of which waits: for the "
+            "device)\n",
+            (long long)steps, P.cuda ? "device: CUDA events" : "CPU");
+    fprintf(f, "  %-28s %-10s %8s %11s %7s %10s %7s %9s\n", "name", "kind", "calls", "device ms", "share", "host ms",
+            "waits", "wait ms");
+    for (int i = 0; i < P.nkeys; i++)
+        fprintf(f, "  %-28s %-10s %8.1f %11.3f %6.1f%% %10.3f %7.1f %9.3f\n", k[i].name, KIND_NAME[k[i].kind],
+                (double)k[i].calls / n, k[i].dev_ms / n, tot_dev > 0 ? 100.0 * k[i].dev_ms / tot_dev : 0.0,
+                1e3 * k[i].host_s / n, (double)k[i].waits / n, 1e3 * k[i].wait_s / n);
+    fprintf(f, "  %-28s %-10s %8s %11.3f %6.1f%% %10.3f %7.1f %9.3f\n", "all timed", "", "", tot_dev / n, 100.0,
+            1e3 * tot_host / n, (double)tot_waits / n, 1e3 * tot_wait / n);
     if (P.dropped) fprintf(f, "  (%d spans not timed: past the profiler's room)\n", P.dropped);
     free(k);
 }

@@ -155,17 +155,24 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
      * (h, x) = (h + y, rms_norm(h + y) w) */
     dg_tensor *h = dg_embedding(dg_mixer_weight(mo, lm->embeddings), ids);
     dg_tensor *x = dg_rms_norm(h, dg_mixer_weight(mo, lm->blocks[0].attn_norm), c->norm_eps);
+    /* each block in a scope of its own, from which only (x, h) go on: what the tape does not hold
+     * (the terms of a residual sum, temporaries) is freed as the forward goes, not at the step's end */
     for (int L = 0; L < c->num_hidden_layers && x; L++) {
         const dg_lm_block *b = &lm->blocks[L];
         const bool last = L == c->num_hidden_layers - 1;
         dg_tensor *r = last ? rows : NULL;
+        dg_scope_begin();
         dg_tensor *m = mixer_forward(lm, L, x, cache ? &cache->layers[L] : NULL, r);
         x = dg_add_rms_norm(dg_mixer_rows(h, r), m, dg_mixer_weight(mo, b->mlp_norm), c->norm_eps, &h);
         dg_tensor *y = dg_linear(dg_swiglu(dg_linear(x, dg_mixer_weight(mo, b->gate_proj), NULL),
                                            dg_linear(x, dg_mixer_weight(mo, b->up_proj), NULL)),
                                  dg_mixer_weight(mo, b->down_proj), NULL);
         dg_tensor *next_norm = last ? lm->norm : lm->blocks[L + 1].attn_norm;
-        x = dg_add_rms_norm(h, y, dg_mixer_weight(mo, next_norm), c->norm_eps, &h);
+        x = dg_keep(dg_add_rms_norm(h, y, dg_mixer_weight(mo, next_norm), c->norm_eps, &h));
+        h = x ? dg_keep(h) : NULL;
+        dg_scope_end();
+        dg_autorelease(x);
+        dg_autorelease(h);
     }
     if (x && cache) cache->pos += ids->shape[1];
     return x;

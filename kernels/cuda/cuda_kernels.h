@@ -65,6 +65,9 @@ static inline int dg_cuda_ktime_add(dg_cuda_ktime *out, int m, int max, const ch
  * A pool of CUDA events that grows to the n asked for and is kept until dg_cuda_evpool_free.
  * record queues event i on the library's stream; elapsed waits for event j and gives the
  * milliseconds from i to j. */
+/* The host's waits for the device so far (stream and event synchronisations inside the library):
+ * seconds and count. */
+void dg_cuda_wait_stats(double *seconds, int64_t *count);
 int dg_cuda_evpool_reserve(int n);
 int dg_cuda_evpool_record(int i);
 int dg_cuda_evpool_elapsed(int i, int j, float *ms);

@@ -22,11 +22,24 @@ __global__ void bad_index_kernel(int64_t N, const int64_t *ids, int64_t V, bool 
     }
 }
 
+/* out[m] = sum_p part[p, m] strictly in order of p, one thread a column: the optimiser's norms,
+ * whose fused and unfused paths add the same partials in the same order */
+template <typename S> __global__ void colsum_in_order_kernel(int64_t P, int64_t M, const double *part, S *out) {
+    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
+        double acc = 0;
+        for (int64_t p = 0; p < P; p++) acc += part[p * M + m];
+        out[m] = (S)acc;
+    }
+}
+
 } // namespace
 
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out) {
-    if (dt == DG_F32) return nn_colsum_launch(P, M, part, (float *)out, "nn colsum");
-    return nn_colsum_launch(P, M, part, (double *)out, "nn colsum");
+    if (M <= 0) return 0;
+    unsigned grid = dg_grid_for(M, kNnThreads);
+    if (dt == DG_F32) colsum_in_order_kernel<<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (float *)out);
+    else colsum_in_order_kernel<<<grid, kNnThreads, 0, dg_cuda_stream()>>>(P, M, part, (double *)out);
+    return DG_LAUNCHED("nn colsum in order");
 }
 
 extern "C" int dg_cuda_nn_sum_rows(dg_dtype dt, int64_t N, int64_t M, const void *x, void *out) {

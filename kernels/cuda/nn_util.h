@@ -184,7 +184,8 @@ static int nn_colsum_launch(int64_t P, int64_t M, const A *part, S *out, const c
     return DG_LAUNCHED(name);
 }
 
-/* Pass two alone for double partial sums and an f32 or f64 out (the optimiser's sums). */
+/* Pass two alone for double partial sums, added strictly in order of p, into an f32 or f64 out
+ * (the optimiser's norms: its fused and unfused paths must add alike). */
 int dg_cuda_nn_colsum(dg_dtype dt, int64_t P, int64_t M, const double *part, void *out);
 
 /* Both passes: out[m] = sum_n term(n, m), out of storage type S ([M], contiguous). */

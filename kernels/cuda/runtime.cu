@@ -27,6 +27,7 @@
 #include "kernels/cuda/cuda_util.h"
 
 #include <mutex>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,9 +181,39 @@ cublasHandle_t dg_cuda_cublas(void) {
     return rt().blas;
 }
 
+/* Host waits for the device, counted for the op profiler (dg_cuda_wait_stats) */
+namespace {
+double g_wait_s;
+int64_t g_waits;
+double host_now() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+cudaError_t counted_stream(cudaError_t (*wait)(cudaStream_t), cudaStream_t s) {
+    double t0 = host_now();
+    cudaError_t e = wait(s);
+    g_wait_s += host_now() - t0;
+    g_waits++;
+    return e;
+}
+cudaError_t counted_event(cudaError_t (*wait)(cudaEvent_t), cudaEvent_t ev) {
+    double t0 = host_now();
+    cudaError_t e = wait(ev);
+    g_wait_s += host_now() - t0;
+    g_waits++;
+    return e;
+}
+} // namespace
+
+void dg_cuda_wait_stats(double *seconds, int64_t *count) {
+    if (seconds) *seconds = g_wait_s;
+    if (count) *count = g_waits;
+}
+
 int dg_cuda_synchronize(void) {
     if (dg_cuda_init()) return -1;
-    return DG_CU(cudaStreamSynchronize(rt().stream));
+    return DG_CU(counted_stream(cudaStreamSynchronize, rt().stream));
 }
 
 void *dg_cuda_malloc(size_t n) {
@@ -223,7 +254,7 @@ static int staged_h2d(void *dst, const void *src, size_t n) {
             return 0;
         }
     }
-    if (s.used) DG_CU_TRY(cudaEventSynchronize(s.done)); /* its previous copy has been read */
+    if (s.used) DG_CU_TRY(counted_event(cudaEventSynchronize, s.done)); /* its previous copy has been read */
     memcpy(s.host, src, n);
     DG_CU_TRY(cudaMemcpyAsync(dst, s.host, n, cudaMemcpyHostToDevice, r.stream));
     DG_CU_TRY(cudaEventRecord(s.done, r.stream));
@@ -252,7 +283,7 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
     }
     DG_CU_TRY(cudaMemcpyAsync(dst, src, n, k, rt().stream));
     /* host memory is involved: the caller may read dst or reuse src as soon as we return */
-    if (kind != 2) DG_CU_TRY(cudaStreamSynchronize(rt().stream));
+    if (kind != 2) DG_CU_TRY(counted_stream(cudaStreamSynchronize, rt().stream));
     return 0;
 }
 

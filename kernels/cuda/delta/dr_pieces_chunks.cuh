@@ -85,7 +85,7 @@ static inline int drp_chunks_init(DrpChunks *t, const char *what, int64_t B, int
         rc = DG_CU(cudaMemcpyAsync(t->row0, r0, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, dg_cuda_stream()));
     if (rc == 0)
         rc = DG_CU(cudaMemcpyAsync(t->len, ln, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, dg_cuda_stream()));
-    if (rc == 0) rc = DG_CU(cudaStreamSynchronize(dg_cuda_stream()));
+    if (rc == 0) rc = dg_cuda_synchronize();
     free(r0);
     free(ln);
     if (rc) {
