@@ -5,7 +5,8 @@
  *   add_rms_norm    s = x + add (written out too),  y = s r w,  r of s: the residual add fused
  *                   in front of rms_norm (the op's h, y, r, x are x, add, s, y here)
  * x, z, y, dy, dx, dz [N,D]; w, dw [D] (w NULL: ones); rstd [N].
- * One group of G threads per row (nn_util.h): a first pass sums over the row (double for f32 and
+ * One group of G threads per row (nn_util.h; rms and gated norms take the fewest of 8, 16, 32 lanes
+ * that cover a row, so per-head rows of 128 do not leave half a warp idle): a first pass sums over the row (double for f32 and
  * f64, f32 for bf16), a second writes the row.  dw sums over rows by the two-pass column sums of
  * nn_util.h.  Storage S is float, double or bf16 (computed in f32, rounded once at the store);
  * rstd is of the compute type (f32 for bf16).  bf16 rows whose arrays are 16-byte aligned, D a
@@ -203,14 +204,16 @@ bool rows_vec8(int64_t D, const NormArgs &a) {
 
 template <typename S, int V> int norm_fwd_v(int64_t N, int64_t D, const NormArgs &a) {
     typedef nn_compute<S> C;
-    int G = nn_group_for(D);
+    int G = nn_group_for_units(D, V);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
 #define DG_NORM_FWD(GG)                                                                                           \
     norm_fwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
                                                           (const S *)a.w, a.eps, a.mode, (S *)a.y, (S *)a.sum,    \
                                                           (C *)a.rstd_out)
-    if (G == 32) DG_NORM_FWD(32);
+    if (G == 8) DG_NORM_FWD(8);
+    else if (G == 16) DG_NORM_FWD(16);
+    else if (G == 32) DG_NORM_FWD(32);
     else DG_NORM_FWD(256);
 #undef DG_NORM_FWD
     return DG_LAUNCHED(a.mode ? "l2norm fwd" : "rms_norm fwd");
@@ -224,14 +227,16 @@ template <typename S> int norm_fwd(int64_t N, int64_t D, const NormArgs &a) {
 
 template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormArgs &a) {
     typedef nn_compute<S> C;
-    int G = nn_group_for(D);
+    int G = nn_group_for_units(D, V);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
 #define DG_RMS_BWD(GG)                                                                                           \
     rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, \
                                                          (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
                                                          (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
-    if (G == 32) DG_RMS_BWD(32);
+    if (G == 8) DG_RMS_BWD(8);
+    else if (G == 16) DG_RMS_BWD(16);
+    else if (G == 32) DG_RMS_BWD(32);
     else DG_RMS_BWD(256);
 #undef DG_RMS_BWD
     return DG_LAUNCHED(a.z ? "gated_rms_norm bwd" : "rms_norm bwd");

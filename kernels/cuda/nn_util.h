@@ -82,12 +82,13 @@ __device__ __forceinline__ double nn_max(double a, double b) { return fmax(a, b)
 /* the CPU kernels' form: 1 / (1 + exp(-z)) */
 template <typename T> __device__ __forceinline__ T nn_sigmoid(T z) { return T(1) / (T(1) + nn_exp(-z)); }
 
-/* Sum of v over the G lanes of a group, returned to every lane.  smem: kNnThreads / 32 values of
- * A (used when G = 256).  Every thread of the block must call it (it holds barriers for G = 256). */
+/* Sum of v over the G lanes of a group (G = 8, 16, 32: aligned lanes of one warp; 256: the block),
+ * returned to every lane.  smem: kNnThreads / 32 values of A (used when G = 256).  Every thread of
+ * the block must call it (it holds barriers for G = 256). */
 template <int G, typename A> __device__ __forceinline__ A nn_group_sum(A v, A *smem) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (G == 32) return v;
+    for (int off = (G < 32 ? G : 32) / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (G <= 32) return v;
     if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
     __syncthreads();
     A t = 0;
@@ -113,6 +114,12 @@ template <int G, typename A> __device__ __forceinline__ A nn_group_max(A v, A *s
 
 /* Group size for rows of D elements. */
 static inline int nn_group_for(int64_t D) { return D > 1024 ? 256 : 32; }
+/* The same for a kernel that moves V elements a lane and takes groups of 8 and 16 too: the fewest
+ * lanes that cover a row (a per-head norm of 128 bf16 is 16 units of 8). */
+static inline int nn_group_for_units(int64_t D, int V) {
+    int64_t units = (D + V - 1) / V;
+    return D > 1024 ? 256 : units <= 8 ? 8 : units <= 16 ? 16 : 32;
+}
 
 /* Grid for N rows handled by groups of G threads (the kernels loop over rows). */
 static inline unsigned nn_row_grid(int64_t N, int G) { return dg_grid_for(N * (int64_t)G, kNnThreads); }
