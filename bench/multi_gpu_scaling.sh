@@ -6,7 +6,8 @@
 #   bench/multi_gpu_scaling.sh [N [MODEL [STEPS]]]
 #     N      GPUs (default: every visible one)
 #     MODEL  56m  (hidden 1024, 4 layers, 8 heads of 128, batch 8 x 2048 a GPU; the default)
-#            400m (hidden 2048, 12 layers, 16 heads of 128, batch 4 x 4096 a GPU)
+#            400m (hidden 2048, 12 layers, 16 heads of 128, batch 4 x 4096 a GPU: 669M parameters)
+#            both with FLA's MLP rule (hidden ratio 4), the models of bench/train_side_by_side.sh
 #     STEPS  steps a run (default 30; the first WARM=5 are not timed)
 # Environment: DG_BIN (default build/release/deltagrad), OUT (default a temporary directory).
 set -euo pipefail
@@ -19,13 +20,15 @@ WARM=5
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/dg-scaling.XXXXXX")}
 mkdir -p "$OUT"
 case "$MODEL" in
-56m) ARCH=(--hidden-size 1024 --layers 4 --heads 8 --head-dim 128 --expand-v 1); PER=8; T=2048 ;;
-400m) ARCH=(--hidden-size 2048 --layers 12 --heads 16 --head-dim 128 --expand-v 1); PER=4; T=4096 ;;
+56m) ARCH=(--hidden-size 1024 --layers 4 --heads 8 --head-dim 128 --expand-v 1 --hidden-ratio 4 --intermediate-size 0)
+    PER=8; T=2048 ;;
+400m) ARCH=(--hidden-size 2048 --layers 12 --heads 16 --head-dim 128 --expand-v 1 --hidden-ratio 4 --intermediate-size 0)
+    PER=4; T=4096 ;;
 *) echo "MODEL is 56m or 400m, not $MODEL" >&2; exit 2 ;;
 esac
 # a deterministic ~32 MB byte file (the numbers 1, 2, ... one a line): throughput does not depend on the text
 DATA="$OUT/data.txt"
-[ -s "$DATA" ] || seq 1 5000000 | head -c 32000000 >"$DATA"
+[ -s "$DATA" ] || { seq 1 5000000 || true; } | head -c 32000000 >"$DATA" # seq stops early when head has enough
 
 # run GPUS: trains on GPUS GPUs and prints its training tokens a second after the warm-up steps
 run() {
