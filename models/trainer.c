@@ -308,10 +308,12 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * the loss is read first, for its small collective */
     const bool dp = dg_dp_active();
     double lv = dp ? dg_item(loss) : NAN;
-    dg_profile_region_begin("all-reduce");
-    const int arc = dp ? dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv) : 0;
-    dg_profile_region_end();
-    if (arc) goto out;
+    if (dp) {
+        dg_profile_region_begin("all-reduce");
+        const int arc = dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv);
+        dg_profile_region_end();
+        if (arc) goto out;
+    }
 #ifdef DG_HAVE_CUDA
     /* profiling a device run: wait for the queued backward so that its time is its own */
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;

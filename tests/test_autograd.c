@@ -1,11 +1,12 @@
 /* autograd: diamonds, reuse, no-grad, several outputs, anomaly mode, gradcheck catching a wrong
- * backward, inputs kept as shells, flat memory over many iterations. */
+ * backward, inputs kept as shells, the op profiler, flat memory over many iterations. */
 #include "tests/support/test_support.h"
 
 #include "ops/gradcheck.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -192,6 +193,47 @@ static void test_tape_keeps_shells(void **state) {
     dg_scope_end();
 }
 
+/* The op profiler: outermost spans only (an op inside a region counts to the region), forward,
+ * backward and accumulation rows per op, calls per step over the flushed steps. */
+static void test_op_profiler(void **state) {
+    dg_scope_begin();
+    assert_int_equal(dg_profile_begin(DG_CPU), 0);
+    assert_true(dg_profile_on());
+    dg_tensor *x = param(1000, 9);
+    for (int step = 0; step < 2; step++) {
+        dg_tensor *y = dg_sum_all(dg_mul(dg_exp(x), x)); /* exp, mul, sum: one call each a step */
+        assert_int_equal(dg_backward(y, NULL), 0);
+        dg_profile_region_begin("my region");
+        dg_tensor *z = dg_exp(x); /* inside the region: no exp row of its own */
+        dg_profile_region_end();
+        assert_non_null(z);
+        assert_int_equal(dg_profile_flush(), 0);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    dg_profile_report(f, 2);
+    fclose(f);
+    /* "name kind calls ...": exp forward once a step (the region's exp is the region's), mul's
+     * backward once, and its two gradients (of exp(x) and of x) accumulated */
+    double calls;
+    char *row = strstr(text, "exp                          forward");
+    assert_non_null(row);
+    assert_int_equal(sscanf(row + 40, "%lf", &calls), 1);
+    assert_true(calls == 1.0);
+    assert_non_null(strstr(text, "mul                          backward"));
+    assert_non_null(strstr(text, "my region                    region"));
+    row = strstr(text, "mul                          accumulate");
+    assert_non_null(row);
+    assert_int_equal(sscanf(row + 40, "%lf", &calls), 1);
+    assert_true(calls == 2.0);
+    free(text);
+    dg_profile_end();
+    assert_false(dg_profile_on());
+    dg_scope_end();
+}
+
 static void test_flat_memory(void **state) {
     dg_rng r = dg_rng_new(9);
     dg_tensor *w = dg_keep(dg_randn(DG_SHAPE(16, 16), DG_F32, &r));
@@ -230,6 +272,7 @@ int main(void) {
         cmocka_unit_test(test_gradcheck_catches_wrong_backward),
         cmocka_unit_test(test_anomaly_mode),
         cmocka_unit_test(test_tape_keeps_shells),
+        cmocka_unit_test(test_op_profiler),
         cmocka_unit_test(test_flat_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -95,6 +95,22 @@ run_too_big_is_refused() {
     [ $rc -eq 1 ] && grep -q "this run needs about" out || fail "--seq-len: exit status $rc, $(cat out)"
 }
 
+# DG_PROFILE=ops: a table of the ops' time from the third step on, printed even when quiet
+profile_ops_prints_a_table() {
+    DG_PROFILE=ops "$DG_BIN" train "${TINY[@]}" --steps 4 --eval-every 0 --quiet --out run >out 2>&1 || fail "$(cat out)"
+    cat out
+    grep -q "^op profile, per step over 2 steps" out || fail "no op profile over the last 2 steps"
+    grep -Eq "^  gated_delta_rule +backward" out || fail "no row for the delta rule's backward"
+}
+
+# --keep-delta-work trades memory for time; the losses are the same bits
+keep_delta_work_same_losses() {
+    "$DG_BIN" train "${TINY[@]}" --steps 3 --quiet --out a >/dev/null 2>&1 || fail "the plain run failed"
+    "$DG_BIN" train "${TINY[@]}" --steps 3 --quiet --keep-delta-work --out b >/dev/null 2>&1 || fail "the keeping run failed"
+    cut -d, -f3 a/metrics.csv >la && cut -d, -f3 b/metrics.csv >lb || fail "no metrics"
+    cmp -s la lb || fail "the losses differ: $(paste la lb | tr '\n' ' ')"
+}
+
 run_case eval_unknown_option
 run_case run_too_big_is_refused
 run_case diverging_run_fails
@@ -102,4 +118,6 @@ run_case nan_weights_refused
 run_case quiet_keeps_the_result_line
 run_case rerun_refused_then_overwrite
 run_case eval_of_a_fifo_does_not_hang
+run_case profile_ops_prints_a_table
+run_case keep_delta_work_same_losses
 finish
