@@ -151,7 +151,7 @@ bool dg_anomaly_mode(void);
  * dg_profile_flush waits for the device and adds the times so far into the totals (call it once a
  * step: the events are reused); dg_profile_report prints the totals per name, largest first, as
  * milliseconds per step over `steps`.  dg_profile_end stops and forgets. */
-int dg_profile_begin(dg_device device); /* DG_CUDA: device times from CUDA events */
+int dg_profile_begin(dg_device device);         /* DG_CUDA: device times from CUDA events */
 void dg_profile_region_begin(const char *name); /* name: a string that outlives the profile */
 void dg_profile_region_end(void);
 int dg_profile_flush(void);

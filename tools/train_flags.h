@@ -15,10 +15,10 @@ typedef struct dg_train_opts {
     int gpus; /* processes, one a GPU (0: every visible GPU); 1: this process alone */
     bool quiet;
     bool keep_delta_work; /* the delta op keeps its forward's work for the backward (dg_mixer_opts) */
-    bool overwrite;    /* replace the run already in the output directory */
-    bool out_given;    /* --out was on the command line */
-    bool model_given;  /* some model option was on the command line */
-    bool device_given; /* --device was on the command line */
+    bool overwrite;       /* replace the run already in the output directory */
+    bool out_given;       /* --out was on the command line */
+    bool model_given;     /* some model option was on the command line */
+    bool device_given;    /* --device was on the command line */
 } dg_train_opts;
 
 /* Finds "--resume DIR" / "--resume=DIR" in argv (NULL if absent) and whether --help is there. */

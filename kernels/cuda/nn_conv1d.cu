@@ -158,10 +158,10 @@ int conv_fwd(int64_t B, int64_t T_, int64_t D, int W, const void *x, const void 
     dim3 g = conv_grid(B, T_, D);
     if (W <= 4)
         conv_fwd_kernel<S, 4><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
-                                                                         (const S *)bias, silu, (S *)y);
+                                                                        (const S *)bias, silu, (S *)y);
     else
         conv_fwd_kernel<S, kConvMaxW><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
-                                                                                 (const S *)bias, silu, (S *)y);
+                                                                                (const S *)bias, silu, (S *)y);
     return DG_LAUNCHED("conv1d fwd");
 }
 
@@ -178,8 +178,8 @@ int conv_bwd(int64_t B, int64_t T_, int64_t D, int W, const void *x_, const void
     int rc = (dw && !partw) || (dbias && !partb) ? -1 : 0;
     if (rc == 0) {
         if (W <= 4)
-            conv_bwd_kernel<S, 4><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw,
-                                                                             partb);
+            conv_bwd_kernel<S, 4>
+                <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
         else
             conv_bwd_kernel<S, kConvMaxW>
                 <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);

@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kNnThreads)
  * Units of V elements as in norm_fwd_kernel. */
 template <typename S, int G, int V>
 __global__ void __launch_bounds__(kNnThreads)
-    rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *z, const S *w, const nn_compute<S> *rstd,
-                   const S *dy, const S *dsum, S *dx, S *dz) {
+    rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *z, const S *w, const nn_compute<S> *rstd, const S *dy,
+                   const S *dsum, S *dx, S *dz) {
     typedef nn_compute<S> C;
     typedef nn_acc<S> A;
     __shared__ A smem[kNnThreads / 32];
@@ -230,10 +230,10 @@ template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormAr
     int G = nn_group_for_units(D, V);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-#define DG_RMS_BWD(GG)                                                                                           \
-    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, \
-                                                         (const S *)a.w, (const C *)a.rstd, (const S *)a.dy,     \
-                                                         (const S *)a.dsum, (S *)a.dx, (S *)a.dz)
+#define DG_RMS_BWD(GG)                                                                                          \
+    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, (const S *)a.w,  \
+                                                         (const C *)a.rstd, (const S *)a.dy, (const S *)a.dsum, \
+                                                         (S *)a.dx, (S *)a.dz)
     if (G == 8) DG_RMS_BWD(8);
     else if (G == 16) DG_RMS_BWD(16);
     else if (G == 32) DG_RMS_BWD(32);

@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(kColW *kColLanes) nn_colsum_kernel(int64_t P, 
 template <typename S, typename A>
 static int nn_colsum_launch(int64_t P, int64_t M, const A *part, S *out, const char *name) {
     if (M <= 0) return 0;
-    nn_colsum_kernel<S, A><<<(unsigned)((M + kColW - 1) / kColW), dim3(kColW, kColLanes), 0, dg_cuda_stream()>>>(
-        P, M, part, out);
+    nn_colsum_kernel<S, A>
+        <<<(unsigned)((M + kColW - 1) / kColW), dim3(kColW, kColLanes), 0, dg_cuda_stream()>>>(P, M, part, out);
     return DG_LAUNCHED(name);
 }
 
