@@ -167,18 +167,29 @@ void dg_profile_report(FILE *f, int64_t steps) {
     for (int i = 0; i < P.nkeys; i++)
         tot_dev += k[i].dev_ms, tot_host += k[i].host_s, tot_wait += k[i].wait_s, tot_waits += k[i].waits;
     const double n = (double)steps;
-    fprintf(f,
-            "op profile, per step over %lld steps (%s time; host: the time spent queueing, of which waits: for the "
-            "device)\n",
-            (long long)steps, P.cuda ? "device: CUDA events" : "CPU");
-    fprintf(f, "  %-28s %-10s %8s %11s %7s %10s %7s %9s\n", "name", "kind", "calls", "device ms", "share", "host ms",
-            "waits", "wait ms");
-    for (int i = 0; i < P.nkeys; i++)
-        fprintf(f, "  %-28s %-10s %8.1f %11.3f %6.1f%% %10.3f %7.1f %9.3f\n", k[i].name, KIND_NAME[k[i].kind],
-                (double)k[i].calls / n, k[i].dev_ms / n, tot_dev > 0 ? 100.0 * k[i].dev_ms / tot_dev : 0.0,
-                1e3 * k[i].host_s / n, (double)k[i].waits / n, 1e3 * k[i].wait_s / n);
-    fprintf(f, "  %-28s %-10s %8s %11.3f %6.1f%% %10.3f %7.1f %9.3f\n", "all timed", "", "", tot_dev / n, 100.0,
-            1e3 * tot_host / n, (double)tot_waits / n, 1e3 * tot_wait / n);
+    /* on the CPU the host time is the time and nothing waits: the columns of a GPU run only */
+    if (P.cuda) {
+        fprintf(f, "op profile, per step over %lld steps (device: CUDA events; host: the time spent queueing, of "
+                   "which waits: for the device)\n",
+                (long long)steps);
+        fprintf(f, "  %-28s %-10s %8s %11s %7s %10s %7s %9s\n", "name", "kind", "calls", "device ms", "share",
+                "host ms", "waits", "wait ms");
+    } else {
+        fprintf(f, "op profile, per step over %lld steps (CPU: wall time on the calling thread)\n", (long long)steps);
+        fprintf(f, "  %-28s %-10s %8s %11s %7s\n", "name", "kind", "calls", "ms", "share");
+    }
+    for (int i = 0; i <= P.nkeys; i++) {
+        const bool all = i == P.nkeys; /* the last row: the sums */
+        const prof_key *r = all ? NULL : &k[i];
+        const double dev = all ? tot_dev : r->dev_ms, host = all ? tot_host : r->host_s;
+        const double waits = all ? (double)tot_waits : (double)r->waits, wait = all ? tot_wait : r->wait_s;
+        char calls[32] = "";
+        if (!all) snprintf(calls, sizeof calls, "%.1f", (double)r->calls / n);
+        fprintf(f, "  %-28s %-10s %8s %11.3f %6.1f%%", all ? "all timed" : r->name, all ? "" : KIND_NAME[r->kind],
+                calls, dev / n, tot_dev > 0 ? 100.0 * dev / tot_dev : 0.0);
+        if (P.cuda) fprintf(f, " %10.3f %7.1f %9.3f", 1e3 * host / n, waits / n, 1e3 * wait / n);
+        fputc('\n', f);
+    }
     if (P.dropped) fprintf(f, "  (%d spans not timed: past the profiler's room)\n", P.dropped);
     free(k);
 }
