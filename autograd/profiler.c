@@ -169,8 +169,9 @@ void dg_profile_report(FILE *f, int64_t steps) {
     const double n = (double)steps;
     /* on the CPU the host time is the time and nothing waits: the columns of a GPU run only */
     if (P.cuda) {
-        fprintf(f, "op profile, per step over %lld steps (device: CUDA events; host: the time spent queueing, of "
-                   "which waits: for the device)\n",
+        fprintf(f,
+                "op profile, per step over %lld steps (device: CUDA events; host: the time spent queueing, of "
+                "which waits: for the device)\n",
                 (long long)steps);
         fprintf(f, "  %-28s %-10s %8s %11s %7s %10s %7s %9s\n", "name", "kind", "calls", "device ms", "share",
                 "host ms", "waits", "wait ms");

@@ -25,6 +25,7 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 0 h2d, 1 
 int dg_cuda_memset0(void *p, size_t n);
 int dg_cuda_memset(void *p, int byte, size_t n); /* every byte of p[0..n) = byte */
 int dg_cuda_device_count(void);
+int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes); /* the process's device */
 int dg_cuda_synchronize(void); /* waits for the stream; reports a failure of queued work */
 
 /* ---- copies on the device (elementwise.cu) ---- */

@@ -15,3 +15,12 @@ bool dg_cuda_available(void) {
     return false;
 #endif
 }
+
+double dg_cuda_free_bytes(void) {
+#ifdef DG_HAVE_CUDA
+    size_t free_bytes = 0, total = 0;
+    if (dg_cuda_available() && dg_cuda_mem_info(&free_bytes, &total) == 0) return (double)free_bytes;
+    dg_clear_error();
+#endif
+    return -1;
+}

@@ -2,6 +2,7 @@
  * can be checked once at its end; dg_error_force overwrites. */
 #include "core/internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +25,24 @@ void dg_error_force(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+}
+
+/* Notes already printed (their texts' hashes); past the table's room a note prints every time. */
+enum { NOTES_MAX = 64 };
+static uint64_t notes_seen[NOTES_MAX];
+static int notes_n;
+static pthread_mutex_t notes_mu = PTHREAD_MUTEX_INITIALIZER;
+
+bool dg_note_once(const char *text) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *c = text; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    pthread_mutex_lock(&notes_mu);
+    bool seen = false;
+    for (int i = 0; i < notes_n && !seen; i++) seen = notes_seen[i] == h;
+    if (!seen && notes_n < NOTES_MAX) notes_seen[notes_n++] = h;
+    pthread_mutex_unlock(&notes_mu);
+    if (!seen) fprintf(stderr, "deltagrad: note: %s\n", text);
+    return !seen;
 }
 
 const char *dg_shape_text(int ndim, const int64_t *shape) {

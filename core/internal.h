@@ -10,6 +10,9 @@
 void dg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Overwrites whatever was set. */
 void dg_error_force(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "deltagrad: note: TEXT" on stderr the first time this text comes (a slower path taken, said once
+ * a process); true when it printed. */
+bool dg_note_once(const char *text);
 /* A shape as text in one of 8 rotating thread-local buffers, so several fit in one message. */
 const char *dg_shp(const dg_tensor *t);
 const char *dg_shape_text(int ndim, const int64_t *shape);

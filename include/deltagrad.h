@@ -64,7 +64,8 @@ bool dg_has_error(void);
 size_t dg_dtype_size(dg_dtype dt);
 const char *dg_dtype_name(dg_dtype dt);
 bool dg_dtype_is_float(dg_dtype dt);
-bool dg_cuda_available(void); /* compiled with CUDA and a GPU is present */
+bool dg_cuda_available(void);    /* compiled with CUDA and a GPU is present */
+double dg_cuda_free_bytes(void); /* free memory of the process's GPU; -1 without one */
 const char *dg_device_name(dg_device d);
 
 /* ---- lifetime ---------------------------------------------------------------------------------- */

@@ -5,6 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* parameters: embedding and head, per layer q/k/v/o/gate projections, beta and decay, the MLP */
+static double param_estimate(const dg_model_config *mc) {
+    const double d = (double)mc->hidden_size, L = (double)mc->num_hidden_layers, V = (double)mc->vocab_size;
+    const double H = (double)mc->num_heads, K = (double)mc->head_dim, HV = (double)dg_model_num_v_heads(mc);
+    const double Vd = (double)dg_model_head_v_dim(mc), mlp = (double)dg_model_intermediate_size(mc);
+    return V * d * (mc->tie_word_embeddings ? 1 : 2) +
+           L * (d * (2 * H * K + 3 * HV * Vd) + 2 * d * HV + 3 * d * mlp + 4 * d);
+}
+
+double dg_train_state_bytes(const dg_model_config *mc, bool mixed) { return (mixed ? 18 : 16) * param_estimate(mc); }
+
 double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config *tc) {
     const double d = (double)mc->hidden_size, L = (double)mc->num_hidden_layers, V = (double)mc->vocab_size;
     const double H = (double)mc->num_heads, K = (double)mc->head_dim, HV = (double)dg_model_num_v_heads(mc);
@@ -13,9 +24,7 @@ double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config
     const double C = (double)(tc->chunk_size > 0 ? tc->chunk_size : 64);
     const double T = (double)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
     const double tokens = (double)tc->batch * T;
-    /* parameters: embedding and head, per layer q/k/v/o/gate projections, beta and decay, the MLP */
-    double params = V * d * (mc->tie_word_embeddings ? 1 : 2) +
-                    L * (d * (2 * H * K + 3 * HV * Vd) + 2 * d * HV + 3 * d * mlp + 4 * d);
+    const double params = param_estimate(mc);
     /* floats saved per token and layer (fitted to the measured peak of the chunked CPU path):
      * residual stream and norms ~6d, the MLP ~2 mlp, q/k/v and their convolutions ~4 (HK + HV Vd),
      * the state at every chunk boundary 2 HV K Vd / C, chunk-local matrices 2 HV C */

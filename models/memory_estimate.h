@@ -15,6 +15,11 @@
  * KDA models, chunked or recurrent (tests/test_model_memory.c checks it). */
 double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config *tc);
 
+/* Bytes of the training state alone: the parameters, their gradients and AdamW's two moments, all
+ * f32 (16 bytes a parameter), and with mixed precision the parameters' bf16 copies (18).  A GPU
+ * run whose state does not fit in the GPU's free memory is refused before the first step. */
+double dg_train_state_bytes(const dg_model_config *mc, bool mixed);
+
 /* Bytes this process may still allocate: MemAvailable of /proc/meminfo, lowered to what the cgroup's
  * limit leaves (containers); -1 when unknown. */
 double dg_memory_available(void);

@@ -120,9 +120,23 @@ static int check_device(dg_device dev, const char *who) {
 }
 
 /* A run on the host that cannot fit in the memory left is refused before it allocates anything
- * (the machine would otherwise swap or be out of memory, with no message).  A GPU run is not checked
- * here: the device allocator reports its own out-of-memory error. */
+ * (the machine would otherwise swap or be out of memory, with no message).  On a GPU, a model whose
+ * training state alone (parameters, gradients, AdamW's moments) does not fit in the free memory is
+ * refused the same way; activations past the rest are the device allocator's out-of-memory error at
+ * the first step, before anything is written. */
 static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
+    if (tc->device == DG_CUDA) {
+        const bool mixed = dg_train_precision(tc) == DG_BF16;
+        double need = dg_train_state_bytes(mc, mixed), avail = dg_cuda_free_bytes();
+        if (avail < 0 || need <= avail) return 0;
+        char n_s[32], a_s[32];
+        dg_error("train: the model's %.4g M parameters need about %s of GPU memory for themselves, their gradients "
+                 "and AdamW's two moments (%d bytes each), and the GPU has %s free: train a smaller model (on "
+                 "several GPUs each holds all of it)",
+                 need / (mixed ? 18 : 16) / 1e6, dg_format_bytes(need, n_s, sizeof n_s), mixed ? 18 : 16,
+                 dg_format_bytes(avail, a_s, sizeof a_s));
+        return -1;
+    }
     if (tc->device != DG_CPU) return 0;
     double need = dg_train_memory_estimate(mc, tc), avail = dg_memory_available();
     if (avail < 0 || need <= avail) return 0;

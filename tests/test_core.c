@@ -276,6 +276,14 @@ static void test_allocator_settings(void **state) {
 #endif
 }
 
+/* a note prints the first time its text comes, and only then */
+static void test_note_once(void **state) {
+    (void)state;
+    assert_true(dg_note_once("test_core: a note"));
+    assert_false(dg_note_once("test_core: a note"));
+    assert_true(dg_note_once("test_core: another note"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_views_share_storage),
@@ -288,6 +296,7 @@ int main(void) {
         cmocka_unit_test(test_f16_conversion),
         cmocka_unit_test(test_zeros_and_empty),
         cmocka_unit_test(test_allocator_settings),
+        cmocka_unit_test(test_note_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -604,6 +604,9 @@ static void test_pieces(void **st) {
 
 /* ---- the backend table (ops/delta/delta_backends.c) ---------------------------------------------- */
 
+/* the slow-path note of the last call picked (dg_delta_slow_note), "" when none */
+static char picked_note[320];
+
 /* the row dg_delta_pick takes for a call of this kind (pointers are never dereferenced: accepts()
  * reads shapes, dtypes and alignment only), or "" when none does */
 static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kind gate, int64_t K, int64_t V, int chunk,
@@ -622,6 +625,7 @@ static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kin
         .force_generic = force_generic};
     const dg_delta_backend *b = dg_delta_pick(&c);
     dg_clear_error();
+    if (!dg_delta_slow_note(b, &c, picked_note, sizeof picked_note)) picked_note[0] = 0;
     return b ? b->name : "";
 }
 
@@ -670,7 +674,14 @@ static void test_backend_table(void **state) {
         if (strcmp(got, cases[i].row))
             fail_msg("case %zu (%s K=%lld V=%lld chunk %d): row '%s', expected '%s'", i, dg_dtype_name(cases[i].dt),
                      (long long)cases[i].K, (long long)cases[i].V, cases[i].chunk, got, cases[i].row);
+        /* a 16-bit call that lands on the generic kernels unasked gets its one line */
+        const bool slow = !strcmp(cases[i].row, "cuda_chunk_generic") &&
+                          (cases[i].dt == DG_BF16 || cases[i].dt == DG_F16) && !cases[i].force_generic;
+        if (slow != (picked_note[0] != 0))
+            fail_msg("case %zu: note '%s', expected %s", i, picked_note, slow ? "one" : "none");
     }
+    picked(DG_CUDA, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 512, 64, al, false);
+    assert_non_null(strstr(picked_note, "test in bf16 with K = 256, V = 512, chunk 64 runs on the generic"));
 #endif
     /* a misspelled row is an error that lists the rows */
     dg_clear_error();

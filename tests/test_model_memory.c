@@ -58,6 +58,27 @@ static void test_estimate_follows_the_peak(void **state) {
     check(small, tc, "KDA, d 64, 3 layers");
 }
 
+/* The training state from the config alone: 16 bytes a parameter of the built model (18 with its
+ * bf16 copies), within the few norm and convolution weights the count leaves out. */
+static void test_state_bytes(void **state) {
+    dg_model_config mc = dg_model_default_config();
+    mc.hidden_size = 256;
+    mc.num_heads = 2;
+    mc.head_dim = 64;
+    dg_train_config tc = dg_train_default_config();
+    tc.device = DG_CPU;
+    tc.eval_examples = 16;
+    snprintf(tc.out_dir, sizeof tc.out_dir, "%s", tmp_path("state"));
+    dg_trainer *t = dg_trainer_open(&tc, &mc, NULL);
+    assert_non_null(t);
+    const double n = (double)dg_param_count(&t->lm->params);
+    dg_trainer_free(t);
+    print_message("  %.0f parameters; state %.0f and %.0f bytes\n", n, dg_train_state_bytes(&mc, false),
+                  dg_train_state_bytes(&mc, true));
+    assert_true(fabs(dg_train_state_bytes(&mc, false) / (16 * n) - 1) < 0.02);
+    assert_true(fabs(dg_train_state_bytes(&mc, true) / (18 * n) - 1) < 0.02);
+}
+
 static void test_too_big_is_refused(void **state) {
     dg_model_config mc = dg_model_default_config();
     dg_train_config tc = dg_train_default_config();
@@ -81,6 +102,7 @@ static void test_too_big_is_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_estimate_follows_the_peak, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_state_bytes, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_too_big_is_refused, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

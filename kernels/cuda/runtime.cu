@@ -211,6 +211,11 @@ void dg_cuda_wait_stats(double *seconds, int64_t *count) {
     if (count) *count = g_waits;
 }
 
+int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    if (dg_cuda_init()) return -1;
+    return DG_CU(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 int dg_cuda_synchronize(void) {
     if (dg_cuda_init()) return -1;
     return DG_CU(counted_stream(cudaStreamSynchronize, rt().stream));

@@ -179,6 +179,16 @@ const dg_delta_backend *dg_delta_pick(const dg_delta_call *c) {
     return NULL;
 }
 
+bool dg_delta_slow_note(const dg_delta_backend *b, const dg_delta_call *c, char *buf, size_t n) {
+    if (!b || strcmp(b->name, "cuda_chunk_generic") || !dg_delta_call_storage16(c) || c->force_generic) return false;
+    snprintf(buf, n,
+             "%s in %s with K = %lld, V = %lld, chunk %d runs on the generic chunked CUDA kernels (f32 arithmetic, "
+             "many times slower): the tensor-core kernels take chunks of 64, K of 64 or 128 and V a multiple of 64 "
+             "(KDA: in bf16), with rows aligned to 16 bytes",
+             c->op, dg_dtype_name(c->dtype), (long long)c->s.K, (long long)c->s.V, c->s.chunk);
+    return true;
+}
+
 const dg_delta_backend *dg_delta_backend_named(const char *name) {
     for (int i = 0; name && i < N_ROWS; i++)
         if (!strcmp(rows[i].name, name)) return &rows[i];

@@ -31,6 +31,10 @@ const dg_delta_backend *dg_delta_backend_at(int i);
 /* The first row that accepts c, or NULL with dg_error set (naming the call's device, dtype and
  * algorithm: a dtype the family does not take on that device, or a build without CUDA). */
 const dg_delta_backend *dg_delta_pick(const dg_delta_call *c);
+/* A 16-bit chunked CUDA call that only the generic kernels take (f32 arithmetic, many times slower
+ * than the tensor-core rows) and that did not ask for them (force_generic): one line saying so, in
+ * buf, and true; false for every other call and row. */
+bool dg_delta_slow_note(const dg_delta_backend *b, const dg_delta_call *c, char *buf, size_t n);
 /* The row of that name, or NULL with dg_error listing the valid names. */
 const dg_delta_backend *dg_delta_backend_named(const char *name);
 

@@ -385,6 +385,8 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     c.l2.for_bwd = save;
     const dg_delta_backend *b = dg_delta_pick(&c);
     if (!b) return -1;
+    char note[320];
+    if (dg_delta_slow_note(b, &c, note, sizeof note)) dg_note_once(note);
     /* the kernels' working set, kept for the backward (node->saved[SAVED_KEEP]) where they can */
     dg_tensor *keep = NULL;
     if (save) {
