@@ -205,6 +205,17 @@ BINARY_OP(div, DG_BIN_DIV)
 
 /* ---- unary ---- */
 
+/* What the derivative of op reads: the input x (log, pow, logsigmoid, silu, softplus), the output y
+ * (exp, sqrt, rsqrt, sigmoid, tanh) or neither (neg, add_scalar, mul_scalar).  bf16 recomputes
+ * from x in f32 wherever f' is not constant (its y is rounded). */
+static void unary_reads(dg_unary_op op, dg_dtype dt, bool *x, bool *y) {
+    const bool constant = op == DG_UN_NEG || op == DG_UN_ADD_SCALAR || op == DG_UN_MUL_SCALAR;
+    const bool of_y =
+        op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT || op == DG_UN_SIGMOID || op == DG_UN_TANH;
+    *y = !constant && of_y && dt != DG_BF16;
+    *x = !constant && !*y;
+}
+
 static int unary_forward(dg_node *n) {
     const ew_attrs *a = (const ew_attrs *)n->attrs;
     dg_tensor *x = dg_contiguous(n->in[0]);
@@ -220,29 +231,28 @@ static int unary_forward(dg_node *n) {
     } else if (x->dtype == DG_F32)
         dg_cpu_unary_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
     else dg_cpu_unary_f64((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y));
-    dg_save(n, x);
-    if (x->dtype != DG_BF16) dg_save(n, y); /* bf16's derivative is recomputed from x in f32 */
+    bool keep_x, keep_y;
+    unary_reads((dg_unary_op)a->op, x->dtype, &keep_x, &keep_y);
+    dg_save(n, keep_x ? x : NULL); /* saved[0]: x or NULL, saved[1]: y or NULL */
+    dg_save(n, keep_y ? y : NULL);
     n->out[0] = y;
     return 0;
 }
 
 static int unary_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     const ew_attrs *a = (const ew_attrs *)n->attrs;
-    dg_tensor *x = n->saved[0], *y = n->n_saved > 1 ? n->saved[1] : NULL, *g = dg_contiguous(gout[0]);
-    dg_tensor *dx = g ? dg_empty_like(x) : NULL;
+    dg_tensor *x = n->saved[0], *y = n->saved[1], *g = dg_contiguous(gout[0]);
+    dg_tensor *dx = g ? dg_empty_like(g) : NULL;
     if (!dx) return -1;
-    if (x->device == DG_CUDA) {
+    const void *xp = x ? dg_data_ptr(x) : NULL, *yp = y ? dg_data_ptr(y) : NULL;
+    if (g->device == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        if (dg_cuda_unary_bwd(x->dtype, (dg_unary_op)a->op, dg_numel(x), dg_data_ptr(x), y ? dg_data_ptr(y) : NULL,
-                              dg_data_ptr(g), dg_data_ptr(dx), a->s))
+        if (dg_cuda_unary_bwd(g->dtype, (dg_unary_op)a->op, dg_numel(g), xp, yp, dg_data_ptr(g), dg_data_ptr(dx), a->s))
             return -1;
 #endif
-    } else if (x->dtype == DG_F32)
-        dg_cpu_unary_bwd_f32((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), dg_data_ptr(g),
-                             dg_data_ptr(dx));
-    else
-        dg_cpu_unary_bwd_f64((dg_unary_op)a->op, a->s, dg_numel(x), dg_data_ptr(x), dg_data_ptr(y), dg_data_ptr(g),
-                             dg_data_ptr(dx));
+    } else if (g->dtype == DG_F32)
+        dg_cpu_unary_bwd_f32((dg_unary_op)a->op, a->s, dg_numel(g), xp, yp, dg_data_ptr(g), dg_data_ptr(dx));
+    else dg_cpu_unary_bwd_f64((dg_unary_op)a->op, a->s, dg_numel(g), xp, yp, dg_data_ptr(g), dg_data_ptr(dx));
     gin[0] = dx;
     return 0;
 }
@@ -273,22 +283,26 @@ static int unary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg_
     return 1;
 }
 
-#define UNARY_DEF(NAME, OP, SCALAR)                                             \
-    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) { \
-        return unary_sample(i, dt, seed, s, OP, SCALAR);                        \
-    }                                                                           \
-    const dg_op_def dg_op_##NAME = {.name = #NAME,                              \
-                                    .n_in = 1,                                  \
-                                    .n_out = 1,                                 \
-                                    .in_names = {"a"},                          \
-                                    .out_names = {"out"},                       \
-                                    .attrs_size = sizeof(ew_attrs),             \
-                                    .forward = unary_forward,                   \
-                                    .bwd = {{"default", unary_backward}},       \
-                                    .sample = NAME##_sample,                    \
-                                    .atol_f64 = 1e-7,                           \
-                                    .rtol_f64 = 1e-6,                           \
-                                    .atol_f32 = 1e-5,                           \
+/* neg, add_scalar, mul_scalar: the backward reads neither x nor y (a shell of x is enough) */
+#define UNARY_CONSTANT_DERIVATIVE(OP) \
+    ((OP) == DG_UN_NEG || (OP) == DG_UN_ADD_SCALAR || (OP) == DG_UN_MUL_SCALAR ? 1u : 0u)
+#define UNARY_DEF(NAME, OP, SCALAR)                                                \
+    static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {    \
+        return unary_sample(i, dt, seed, s, OP, SCALAR);                           \
+    }                                                                              \
+    const dg_op_def dg_op_##NAME = {.name = #NAME,                                 \
+                                    .n_in = 1,                                     \
+                                    .n_out = 1,                                    \
+                                    .in_names = {"a"},                             \
+                                    .out_names = {"out"},                          \
+                                    .attrs_size = sizeof(ew_attrs),                \
+                                    .forward = unary_forward,                      \
+                                    .bwd = {{"default", unary_backward}},          \
+                                    .bwd_skips_in = UNARY_CONSTANT_DERIVATIVE(OP), \
+                                    .sample = NAME##_sample,                       \
+                                    .atol_f64 = 1e-7,                              \
+                                    .rtol_f64 = 1e-6,                              \
+                                    .atol_f32 = 1e-5,                              \
                                     .rtol_f32 = 1e-4};
 #define UNARY_OP(NAME, OP) \
     UNARY_DEF(NAME, OP, 0) \

@@ -40,7 +40,7 @@ void CAT(dg_cpu_unary_bwd_, SFX)(dg_unary_op op, double s, int64_t n, const R *x
     R rs = (R)s;
 #pragma omp parallel for if (n > 32768) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        R v = x[i], o = y[i], d;
+        R v = x ? x[i] : 0, o = y ? y[i] : 0, d; /* each op reads the one its derivative needs */
         switch (op) {
         case DG_UN_NEG: d = -1; break;
         case DG_UN_ADD_SCALAR: d = 1; break;
