@@ -28,6 +28,13 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
 
 int dg_cuda_synchronize(void) { return 0; } /* launches run to completion in the calling thread */
 
+int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) { /* host memory: nothing to report */
+    (void)free_bytes;
+    (void)total_bytes;
+    dg_error("emu: the emulated device has no memory of its own to report");
+    return -1;
+}
+
 /* the per-kernel timer (kernel_timer.cu on the GPU): wall-clock time of each emulated launch */
 enum { EMU_KT_MAX = 256 };
 static struct {
