@@ -161,22 +161,15 @@ void FN(dg_nn_add_rms_norm_fwd)(int64_t N, int64_t D, const R *h, const R *y, co
 }
 
 /* forward: r = h + y feeds both the output r and x = rms_norm(r) w, so the gradient reaching r is
- *   dr_total = dr + q (g - r c),  g = dx w,  c = q^2 sum_d(g_d r_d) / D   (as in rms_dx_from_g)
- * and dh = dy = dr_total (one array); dw[d] = sum_n dx[n,d] r[n,d] q_n.  r is the forward's output. */
+ *   dr_total = dr + (the gradient of r through rms_norm(r) w: rms_norm's backward with x = r)
+ * and dh = dy = dr_total (one array); dw is rms_norm's.  r is the forward's output. */
 void FN(dg_nn_add_rms_norm_bwd)(int64_t N, int64_t D, const R *r, const R *w, const R *rstd, const R *dx, const R *dr,
                                 R *dr_total, R *dw) {
+    FN(dg_nn_rms_norm_bwd)(N, D, r, w, rstd, dx, dr_total, dw);
     if (dr_total) {
 #pragma omp parallel for schedule(static) if (N * D >= DG_NN_PAR_MIN)
-        for (int64_t n = 0; n < N; n++) {
-            const R *rr = r + n * D, *dxr = dx + n * D, *drr = dr + n * D;
-            R *out = dr_total + n * D, q = rstd[n];
-            double dot = 0;
-            for (int64_t d = 0; d < D; d++) dot += (double)(w ? dxr[d] * w[d] : dxr[d]) * rr[d];
-            R c = (R)(dot * (double)q * (double)q / (double)D);
-            for (int64_t d = 0; d < D; d++) out[d] = drr[d] + q * ((w ? dxr[d] * w[d] : dxr[d]) - rr[d] * c);
-        }
+        for (int64_t i = 0; i < N * D; i++) dr_total[i] += dr[i];
     }
-    if (dw) FN(rms_dw)(N, D, dx, r, NULL, rstd, dw, DW_PLAIN); /* dw[d] = sum_n dx r q */
 }
 
 /* ---- l2norm: r = 1/sqrt(sum(x^2) + eps), y = x r --------------------------------------------- */
