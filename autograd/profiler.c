@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "autograd/autograd.h"
 #ifdef DG_HAVE_CUDA
@@ -48,12 +47,6 @@ static struct {
     int nkeys;
     prof_key keys[PROF_MAX_KEYS];
 } P;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int key_of(const char *name, dg_prof_kind kind) {
     for (int i = 0; i < P.nkeys; i++)
@@ -100,7 +93,7 @@ void dg_prof_enter(const char *name, dg_prof_kind kind) {
     }
     if (P.cuda) dg_cuda_wait_stats(&P.open_wait_s, &P.open_waits);
 #endif
-    P.open_t0 = now_s();
+    P.open_t0 = dg_now_s();
 }
 
 void dg_prof_leave(void) {
@@ -113,7 +106,7 @@ void dg_prof_leave(void) {
     }
 #endif
     P.span_key[P.n] = P.open_key;
-    P.span_host[P.n] = now_s() - P.open_t0;
+    P.span_host[P.n] = dg_now_s() - P.open_t0;
     P.span_wait_s[P.n] = 0;
     P.span_waits[P.n] = 0;
 #ifdef DG_HAVE_CUDA

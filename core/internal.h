@@ -4,6 +4,7 @@
 
 #include "deltagrad.h"
 #include <stdarg.h>
+#include <time.h>
 
 /* ---- errors ---- */
 /* Sets the thread-local message unless one is already set (the first error wins). */
@@ -16,6 +17,14 @@ bool dg_note_once(const char *text);
 /* A shape as text in one of 8 rotating thread-local buffers, so several fit in one message. */
 const char *dg_shp(const dg_tensor *t);
 const char *dg_shape_text(int ndim, const int64_t *shape);
+
+/* ---- time ---- */
+/* Seconds on the monotonic clock (timing a span: the difference of two readings). */
+static inline double dg_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* ---- tensors ---- */
 dg_tensor *dg_tensor_alloc_header(void); /* refcount 1, no storage */

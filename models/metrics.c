@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ---- CSV ------------------------------------------------------------------------------------- */
@@ -269,11 +268,7 @@ fail:
 
 /* ---- progress display ------------------------------------------------------------------------- */
 
-double dg_progress_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double dg_progress_now(void) { return dg_now_s(); }
 
 char *dg_format_duration(double s, char *buf, size_t n) {
     if (!isfinite(s) || s < 0) {

@@ -18,6 +18,7 @@
  *   (K K^T, W = T K, Q K^T: 2C^2K each; U = T V, (QK^T) V': 2C^2V each; W S, state update, Q S:
  *   2KV each per token); the backward is counted as twice the forward (the usual convention;
  *   its products are about that many).  The triangular solve (C^3/3 per chunk) is left out. */
+#include "core/internal.h"
 #include "kernels/cpu/gemm.h"
 #include "tools/bench_cuda.h"
 #include "tools/commands.h"
@@ -28,7 +29,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_LIST 8
 
@@ -42,12 +42,6 @@ typedef struct cfg {
     bool markdown, no_recurrent;
 } cfg;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* best of reps of a 1024^3 SGEMM (2 GFLOP), all cores: through dg_cpu_gemm, as the library's own
  * products (OpenBLAS on each OpenMP thread, a block of rows each) */
 static double sgemm_gflops(int reps) {
@@ -58,9 +52,9 @@ static double sgemm_gflops(int reps) {
         for (int i = 0; i < n * n; i++) a[i] = b[i] = (float)((i % 17) - 8) / 8.0f;
         dg_cpu_gemm_f32(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
         for (int r = 0; r < reps; r++) {
-            double t = now_s();
+            double t = dg_now_s();
             dg_cpu_gemm_f32(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            best = fmin(best, now_s() - t);
+            best = fmin(best, dg_now_s() - t);
         }
     }
     free(a);
@@ -102,11 +96,11 @@ static int time_op(const runner *r, dg_tensor *const *in, const bool *grad, cons
             x[k] = in[k] && grad[k] ? dg_detach(in[k]) : in[k];
             if (in[k] && grad[k]) dg_set_requires_grad(x[k], any = true);
         }
-        double t0 = now_s();
+        double t0 = dg_now_s();
         dg_no_grad_begin();
         rc = run_forward(r, in, o1);
         dg_no_grad_end();
-        double t1 = now_s();
+        double t1 = dg_now_s();
         if (rc == 0) rc = run_forward(r, x, o2);
         if (rc == 0 && !dO) {
             dg_rng rng = dg_rng_new(7);
@@ -115,7 +109,7 @@ static int time_op(const runner *r, dg_tensor *const *in, const bool *grad, cons
         }
         const bool backward = rc == 0 && any && o2[0]->requires_grad;
         if (backward) rc = dg_backward(o2[0], dO);
-        double t2 = now_s();
+        double t2 = dg_now_s();
         if (rep >= 0 && rc == 0) {
             best->fwd = fmin(best->fwd, t1 - t0);
             best->fwdbwd = backward ? fmin(best->fwdbwd, t2 - t1) : NAN;

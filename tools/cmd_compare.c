@@ -25,7 +25,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct cfg {
     const dg_op_def *def;
@@ -67,12 +66,6 @@ typedef struct row {
     bool ok;
     char error[256];
 } row;
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static bool is_16bit(dg_dtype dt) { return dt == DG_BF16 || dt == DG_F16; }
 
@@ -129,7 +122,7 @@ static int run_path(const cfg *c, cmp_case *cs, const path *p, dg_dtype dt, dg_d
     sync_dev(dev);
     dg_reset_peak_bytes(dev);
     const size_t base = dg_live_bytes(dev);
-    const double t0 = now_ms();
+    const double t0 = 1e3 * dg_now_s();
     int rc;
     if (p->kind == P_DECOMPOSE) rc = def->decompose(cs->attrs, x, out);
     else if (c->sized)
@@ -137,7 +130,7 @@ static int run_path(const cfg *c, cmp_case *cs, const path *p, dg_dtype dt, dg_d
                                  p->kind == P_GATE_SEPARATE, out);
     else rc = dg_apply(def, cs->attrs, x, out, p->variant);
     sync_dev(dev);
-    const double t1 = now_ms();
+    const double t1 = 1e3 * dg_now_s();
     if (rc != 0) return -1;
     dg_tensor *loss = NULL;
     for (int j = 0; j < def->n_out; j++) {
@@ -151,10 +144,10 @@ static int run_path(const cfg *c, cmp_case *cs, const path *p, dg_dtype dt, dg_d
         if (!loss) return -1;
     }
     sync_dev(dev);
-    const double t2 = now_ms();
+    const double t2 = 1e3 * dg_now_s();
     if (!loss || dg_backward(loss, NULL) != 0) return -1;
     sync_dev(dev);
-    const double t3 = now_ms();
+    const double t3 = 1e3 * dg_now_s();
     r->fwd_ms = t1 - t0;
     r->bwd_ms = t3 - t2;
     r->peak = dg_peak_bytes(dev) - base;

@@ -19,12 +19,6 @@ struct dg_nccl {
 
 namespace {
 
-double now_s() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void pause_briefly() {
     struct timespec ts = {0, 200 * 1000}; /* 0.2 ms: a poll costs little beside a step */
     nanosleep(&ts, nullptr);
@@ -55,7 +49,7 @@ int check_call(dg_nccl *c, ncclResult_t r, const char *call) {
 
 /* Waits until the communicator has no call in progress (ncclCommGetAsyncError is ncclSuccess). */
 int wait_calls(dg_nccl *c, const char *call) {
-    double deadline = now_s() + c->timeout_s;
+    double deadline = dg_now_s() + c->timeout_s;
     for (;;) {
         ncclResult_t st = ncclInProgress;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
@@ -63,7 +57,7 @@ int wait_calls(dg_nccl *c, const char *call) {
             return check_call(c, r == ncclInProgress ? ncclInternalError : r, "ncclCommGetAsyncError");
         if (st == ncclSuccess) return 0;
         if (st != ncclInProgress) return check_call(c, st, call);
-        if (now_s() > deadline) {
+        if (dg_now_s() > deadline) {
             char msg[480];
             snprintf(msg, sizeof msg,
                      "%s did not complete within %.0f s: another rank did not join or stopped (DG_DP_TIMEOUT sets "
@@ -154,7 +148,7 @@ int dg_nccl_allreduce_mean_f32(dg_nccl *c, float *buf, int64_t n) {
 
 int dg_nccl_wait(dg_nccl *c) {
     if (usable(c)) return -1;
-    double deadline = now_s() + c->timeout_s;
+    double deadline = dg_now_s() + c->timeout_s;
     for (;;) {
         cudaError_t e = cudaStreamQuery(dg_cuda_stream());
         if (e == cudaSuccess) return 0;
@@ -168,7 +162,7 @@ int dg_nccl_wait(dg_nccl *c) {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(c->comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
             return check_call(c, st == ncclSuccess ? ncclInternalError : st, "a collective (asynchronous error)");
-        if (now_s() > deadline) {
+        if (dg_now_s() > deadline) {
             char msg[480];
             snprintf(msg, sizeof msg,
                      "the gradient all-reduce did not complete within %.0f s: another rank stopped or hangs "

@@ -27,7 +27,6 @@
 #include "kernels/cuda/cuda_util.h"
 
 #include <mutex>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,22 +184,17 @@ cublasHandle_t dg_cuda_cublas(void) {
 namespace {
 double g_wait_s;
 int64_t g_waits;
-double host_now() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 cudaError_t counted_stream(cudaError_t (*wait)(cudaStream_t), cudaStream_t s) {
-    double t0 = host_now();
+    double t0 = dg_now_s();
     cudaError_t e = wait(s);
-    g_wait_s += host_now() - t0;
+    g_wait_s += dg_now_s() - t0;
     g_waits++;
     return e;
 }
 cudaError_t counted_event(cudaError_t (*wait)(cudaEvent_t), cudaEvent_t ev) {
-    double t0 = host_now();
+    double t0 = dg_now_s();
     cudaError_t e = wait(ev);
-    g_wait_s += host_now() - t0;
+    g_wait_s += dg_now_s() - t0;
     g_waits++;
     return e;
 }
