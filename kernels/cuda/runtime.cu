@@ -151,6 +151,18 @@ void create_blas() {
     r.blas = h;
 }
 
+/* Host waits for the device (a stream's or an event's synchronisation), counted for the op
+ * profiler (dg_cuda_wait_stats) */
+double g_wait_s;
+int64_t g_waits;
+template <typename H> cudaError_t counted(cudaError_t (*wait)(H), H handle) {
+    double t0 = dg_now_s();
+    cudaError_t e = wait(handle);
+    g_wait_s += dg_now_s() - t0;
+    g_waits++;
+    return e;
+}
+
 } // namespace
 
 extern "C" {
@@ -180,26 +192,6 @@ cublasHandle_t dg_cuda_cublas(void) {
     return rt().blas;
 }
 
-/* Host waits for the device, counted for the op profiler (dg_cuda_wait_stats) */
-namespace {
-double g_wait_s;
-int64_t g_waits;
-cudaError_t counted_stream(cudaError_t (*wait)(cudaStream_t), cudaStream_t s) {
-    double t0 = dg_now_s();
-    cudaError_t e = wait(s);
-    g_wait_s += dg_now_s() - t0;
-    g_waits++;
-    return e;
-}
-cudaError_t counted_event(cudaError_t (*wait)(cudaEvent_t), cudaEvent_t ev) {
-    double t0 = dg_now_s();
-    cudaError_t e = wait(ev);
-    g_wait_s += dg_now_s() - t0;
-    g_waits++;
-    return e;
-}
-} // namespace
-
 void dg_cuda_wait_stats(double *seconds, int64_t *count) {
     if (seconds) *seconds = g_wait_s;
     if (count) *count = g_waits;
@@ -212,7 +204,7 @@ int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
 
 int dg_cuda_synchronize(void) {
     if (dg_cuda_init()) return -1;
-    return DG_CU(counted_stream(cudaStreamSynchronize, rt().stream));
+    return DG_CU(counted(cudaStreamSynchronize, rt().stream));
 }
 
 void *dg_cuda_malloc(size_t n) {
@@ -253,7 +245,7 @@ static int staged_h2d(void *dst, const void *src, size_t n) {
             return 0;
         }
     }
-    if (s.used) DG_CU_TRY(counted_event(cudaEventSynchronize, s.done)); /* its previous copy has been read */
+    if (s.used) DG_CU_TRY(counted(cudaEventSynchronize, s.done)); /* its previous copy has been read */
     memcpy(s.host, src, n);
     DG_CU_TRY(cudaMemcpyAsync(dst, s.host, n, cudaMemcpyHostToDevice, r.stream));
     DG_CU_TRY(cudaEventRecord(s.done, r.stream));
@@ -282,7 +274,7 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
     }
     DG_CU_TRY(cudaMemcpyAsync(dst, src, n, k, rt().stream));
     /* host memory is involved: the caller may read dst or reuse src as soon as we return */
-    if (kind != 2) DG_CU_TRY(counted_stream(cudaStreamSynchronize, rt().stream));
+    if (kind != 2) DG_CU_TRY(counted(cudaStreamSynchronize, rt().stream));
     return 0;
 }
 
