@@ -207,15 +207,11 @@ template <typename S, int V> int norm_fwd_v(int64_t N, int64_t D, const NormArgs
     int G = nn_group_for_units(D, V);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-#define DG_NORM_FWD(GG)                                                                                           \
-    norm_fwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, \
-                                                          (const S *)a.w, a.eps, a.mode, (S *)a.y, (S *)a.sum,    \
-                                                          (C *)a.rstd_out)
-    if (G == 8) DG_NORM_FWD(8);
-    else if (G == 16) DG_NORM_FWD(16);
-    else if (G == 32) DG_NORM_FWD(32);
-    else DG_NORM_FWD(256);
-#undef DG_NORM_FWD
+    nn_with_group(G, [&](auto g) {
+        norm_fwd_kernel<S, decltype(g)::value, V>
+            <<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.add, (const S *)a.z, (const S *)a.w, a.eps,
+                                         a.mode, (S *)a.y, (S *)a.sum, (C *)a.rstd_out);
+    });
     return DG_LAUNCHED(a.mode ? "l2norm fwd" : "rms_norm fwd");
 }
 
@@ -230,15 +226,11 @@ template <typename S, int V> int rms_bwd_rows(int64_t N, int64_t D, const NormAr
     int G = nn_group_for_units(D, V);
     unsigned grid = nn_row_grid(N, G);
     cudaStream_t s = dg_cuda_stream();
-#define DG_RMS_BWD(GG)                                                                                          \
-    rms_bwd_kernel<S, GG, V><<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, (const S *)a.w,  \
-                                                         (const C *)a.rstd, (const S *)a.dy, (const S *)a.dsum, \
-                                                         (S *)a.dx, (S *)a.dz)
-    if (G == 8) DG_RMS_BWD(8);
-    else if (G == 16) DG_RMS_BWD(16);
-    else if (G == 32) DG_RMS_BWD(32);
-    else DG_RMS_BWD(256);
-#undef DG_RMS_BWD
+    nn_with_group(G, [&](auto g) {
+        rms_bwd_kernel<S, decltype(g)::value, V>
+            <<<grid, kNnThreads, 0, s>>>(N, D, (const S *)a.x, (const S *)a.z, (const S *)a.w, (const C *)a.rstd,
+                                         (const S *)a.dy, (const S *)a.dsum, (S *)a.dx, (S *)a.dz);
+    });
     return DG_LAUNCHED(a.z ? "gated_rms_norm bwd" : "rms_norm bwd");
 }
 

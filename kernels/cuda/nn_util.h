@@ -29,6 +29,7 @@
 #include "kernels/cuda/nn_cuda.h"
 
 #include <math.h>
+#include <type_traits>
 
 constexpr int kNnThreads = 256;
 
@@ -119,6 +120,14 @@ static inline int nn_group_for(int64_t D) { return D > 1024 ? 256 : 32; }
 static inline int nn_group_for_units(int64_t D, int V) {
     int64_t units = (D + V - 1) / V;
     return D > 1024 ? 256 : units <= 8 ? 8 : units <= 16 ? 16 : 32;
+}
+/* Calls launch(std::integral_constant<int, G>()) for G = nn_group_for_units's 8, 16, 32 or 256: a
+ * kernel templated on its group size, launched for the size picked at run time. */
+template <typename F> static void nn_with_group(int G, F &&launch) {
+    if (G == 8) launch(std::integral_constant<int, 8>());
+    else if (G == 16) launch(std::integral_constant<int, 16>());
+    else if (G == 32) launch(std::integral_constant<int, 32>());
+    else launch(std::integral_constant<int, 256>());
 }
 
 /* Grid for N rows handled by groups of G threads (the kernels loop over rows). */
