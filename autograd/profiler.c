@@ -10,9 +10,9 @@
  * (kernels/cuda/kernel_timer.cu) recorded on the library's stream around span i, read back at
  * dg_profile_flush; on the CPU the host time is the device time.  On CUDA the span also counts
  * the host's waits for the device inside it (dg_cuda_wait_stats): a wait empties the queue, and
- * the device idles while the host queues what follows.  Spans are kept per flush (a step)
- * and summed into one total per (name, kind), so the report costs nothing per span beyond two
- * events.  State is host-side and single-threaded, as the library's stream is. */
+ * the device idles while the host queues what follows.  The host times, the waits and the calls
+ * go into one total per (name, kind) as each span ends; only a CUDA span's events wait for the
+ * flush (a step), which reads their elapsed times.  State is host-side and single-threaded, as the library's stream is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,14 +36,12 @@ typedef struct {
 static struct {
     bool on, cuda;
     int depth;
-    int n, dropped; /* spans since the last flush; spans past PROF_MAX_SPANS are not timed */
+    int n, dropped; /* CUDA spans since the last flush; spans past PROF_MAX_SPANS are not timed */
     int events;     /* CUDA events reserved in the pool (two a span) */
     int open_key;   /* the key of the span being timed (depth > 0) */
     double open_t0, open_wait_s;
     int64_t open_waits;
-    int span_key[PROF_MAX_SPANS];
-    double span_host[PROF_MAX_SPANS], span_wait_s[PROF_MAX_SPANS];
-    int64_t span_waits[PROF_MAX_SPANS];
+    int span_key[PROF_MAX_SPANS]; /* the key of CUDA span i, whose events are 2i and 2i+1 */
     int nkeys;
     prof_key keys[PROF_MAX_KEYS];
 } P;
@@ -105,20 +103,22 @@ void dg_prof_leave(void) {
         return;
     }
 #endif
-    P.span_key[P.n] = P.open_key;
-    P.span_host[P.n] = dg_now_s() - P.open_t0;
-    P.span_wait_s[P.n] = 0;
-    P.span_waits[P.n] = 0;
+    prof_key *k = &P.keys[P.open_key];
+    const double host = dg_now_s() - P.open_t0;
+    k->host_s += host;
+    k->calls++;
 #ifdef DG_HAVE_CUDA
     if (P.cuda) {
         double w;
         int64_t c;
         dg_cuda_wait_stats(&w, &c);
-        P.span_wait_s[P.n] = w - P.open_wait_s;
-        P.span_waits[P.n] = c - P.open_waits;
+        k->wait_s += w - P.open_wait_s;
+        k->waits += c - P.open_waits;
+        P.span_key[P.n++] = P.open_key; /* its device time at the flush */
+        return;
     }
 #endif
-    P.n++;
+    k->dev_ms += 1e3 * host; /* on the CPU the host time is the time */
 }
 
 void dg_profile_region_begin(const char *name) { dg_prof_enter(name, DG_PROF_REGION); }
@@ -126,20 +126,13 @@ void dg_profile_region_end(void) { dg_prof_leave(); }
 
 int dg_profile_flush(void) {
     if (!P.on) return 0;
-    for (int i = 0; i < P.n; i++) {
-        prof_key *k = &P.keys[P.span_key[i]];
-        double ms = 1e3 * P.span_host[i];
 #ifdef DG_HAVE_CUDA
-        float dms = 0.0f;
-        if (P.cuda && dg_cuda_evpool_elapsed(2 * i, 2 * i + 1, &dms)) return -1;
-        if (P.cuda) ms = dms;
-#endif
-        k->host_s += P.span_host[i];
-        k->dev_ms += ms;
-        k->wait_s += P.span_wait_s[i];
-        k->waits += P.span_waits[i];
-        k->calls++;
+    for (int i = 0; i < P.n; i++) {
+        float ms = 0.0f;
+        if (dg_cuda_evpool_elapsed(2 * i, 2 * i + 1, &ms)) return -1;
+        P.keys[P.span_key[i]].dev_ms += ms;
     }
+#endif
     P.n = 0;
     return 0;
 }
