@@ -192,45 +192,105 @@ static int by_seq_desc(const void *a, const void *b) {
     return x < y ? 1 : (x > y ? -1 : 0);
 }
 
+/* A map from pointers to counts, open addressing with linear probing: the set of nodes visited
+ * while ordering the graph, and the number of nodes still to run that feed each leaf. */
+typedef struct ptr_map {
+    const void **keys;
+    int64_t *vals;
+    size_t cap, used;
+} ptr_map;
+
+static void ptr_map_free(ptr_map *m) {
+    free(m->keys);
+    free(m->vals);
+    *m = (ptr_map){0};
+}
+
+static size_t ptr_map_probe(const ptr_map *m, const void *key) {
+    size_t h = ((uintptr_t)key >> 4) & (m->cap - 1);
+    while (m->keys[h] && m->keys[h] != key) h = (h + 1) & (m->cap - 1);
+    return h;
+}
+
+/* The count of key, inserted as 0 when absent (*fresh says so).  NULL when out of memory. */
+static int64_t *ptr_map_at(ptr_map *m, const void *key, bool *fresh) {
+    if ((m->used + 1) * 2 > m->cap) { /* grow and rehash */
+        ptr_map g = {.cap = m->cap ? m->cap * 2 : 1024};
+        g.keys = calloc(g.cap, sizeof *g.keys);
+        g.vals = calloc(g.cap, sizeof *g.vals);
+        if (!g.keys || !g.vals) {
+            ptr_map_free(&g);
+            return NULL;
+        }
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->keys[i]) {
+                size_t k = ptr_map_probe(&g, m->keys[i]);
+                g.keys[k] = m->keys[i];
+                g.vals[k] = m->vals[i];
+            }
+        g.used = m->used;
+        ptr_map_free(m);
+        *m = g;
+    }
+    size_t h = ptr_map_probe(m, key);
+    *fresh = !m->keys[h];
+    if (*fresh) {
+        m->keys[h] = key;
+        m->vals[h] = 0;
+        m->used++;
+    }
+    return &m->vals[h];
+}
+
 /* All nodes reachable from `root`, each once, newest first. */
 static int collect(dg_node *root, node_list *order) {
     node_list stack = {0};
+    ptr_map seen = {0};
     int rc = push(&stack, root);
-    /* visited: a node is marked by storing its pointer in `order`; a simple open-addressing set */
-    size_t cap = 1024, used = 0;
-    dg_node **set = calloc(cap, sizeof *set);
-    if (!set) rc = -1;
     while (rc == 0 && stack.n) {
         dg_node *n = stack.items[--stack.n];
-        size_t h = ((uintptr_t)n >> 4) & (cap - 1);
-        while (set[h] && set[h] != n) h = (h + 1) & (cap - 1);
-        if (set[h]) continue;
-        set[h] = n;
-        if (++used * 2 > cap) { /* grow and rehash */
-            size_t ncap = cap * 2;
-            dg_node **ns = calloc(ncap, sizeof *ns);
-            if (!ns) {
-                rc = -1;
-                break;
-            }
-            for (size_t i = 0; i < cap; i++)
-                if (set[i]) {
-                    size_t k = ((uintptr_t)set[i] >> 4) & (ncap - 1);
-                    while (ns[k]) k = (k + 1) & (ncap - 1);
-                    ns[k] = set[i];
-                }
-            free(set);
-            set = ns;
-            cap = ncap;
-        }
+        bool fresh;
+        if (!ptr_map_at(&seen, n, &fresh)) rc = -1;
+        if (rc || !fresh) continue;
         if (push(order, n) != 0) rc = -1;
         for (int i = 0; i < n->n_in && rc == 0; i++)
             if (n->needs_grad[i] && n->in[i]->node) rc = push(&stack, n->in[i]->node);
     }
-    free(set);
+    ptr_map_free(&seen);
     free(stack.items);
     if (rc == 0) qsort(order->items, order->n, sizeof *order->items, by_seq_desc);
     return rc;
+}
+
+/* Whether input i of node n is a leaf that takes a gradient. */
+static bool leaf_input(const dg_node *n, int i) { return n->needs_grad[i] && n->in[i] && !n->in[i]->node; }
+
+/* pending[leaf] = the number of (node, input) pairs in order that feed the leaf. */
+static int count_leaf_uses(const node_list *order, ptr_map *pending) {
+    for (size_t k = 0; k < order->n; k++)
+        for (int i = 0; i < order->items[k]->n_in; i++) {
+            if (!leaf_input(order->items[k], i)) continue;
+            bool fresh;
+            int64_t *c = ptr_map_at(pending, order->items[k]->in[i], &fresh);
+            if (!c) return -1;
+            ++*c;
+        }
+    return 0;
+}
+
+/* Node n has run (or had nothing to do): each leaf it fed whose last user it was is final. */
+static int leaves_done(const dg_node *n, ptr_map *pending, dg_leaf_ready_fn ready, void *ctx) {
+    for (int i = 0; i < n->n_in; i++) {
+        if (!leaf_input(n, i)) continue;
+        bool fresh;
+        int64_t *c = ptr_map_at(pending, n->in[i], &fresh);
+        if (!c || fresh) return -1; /* every leaf was counted before the walk */
+        if (--*c == 0 && ready(n->in[i], ctx)) {
+            if (!dg_has_error()) dg_error("backward: the hook on a finished leaf gradient failed");
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* Adds g into the gradient slot of tensor t: its producer's grad_acc, or t->grad for a leaf. */
@@ -258,7 +318,9 @@ static int accumulate_into(dg_tensor *t, dg_tensor *g) {
     return dg_accumulate_(*slot, g);
 }
 
-int dg_backward(dg_tensor *loss, dg_tensor *grad) {
+int dg_backward(dg_tensor *loss, dg_tensor *grad) { return dg_backward_hooked(loss, grad, NULL, NULL); }
+
+int dg_backward_hooked(dg_tensor *loss, dg_tensor *grad, dg_leaf_ready_fn leaf_ready, void *ctx) {
     if (!loss) {
         dg_error("backward: loss is NULL");
         return -1;
@@ -288,11 +350,19 @@ int dg_backward(dg_tensor *loss, dg_tensor *grad) {
         dg_error("backward: out of memory ordering the graph");
         rc = -1;
     }
+    ptr_map pending = {0};
+    if (rc == 0 && leaf_ready && count_leaf_uses(&order, &pending)) {
+        dg_error("backward: out of memory counting the leaves' uses");
+        rc = -1;
+    }
     for (size_t k = 0; k < order.n && rc == 0; k++) {
         dg_node *n = order.items[k];
         bool any = false;
         for (int i = 0; i < n->n_out; i++) any |= n->grad_acc[i] != NULL;
-        if (!any) continue;
+        if (!any) {
+            if (leaf_ready) rc = leaves_done(n, &pending, leaf_ready, ctx);
+            continue;
+        }
         dg_scope_begin();
         dg_tensor *gout[DG_MAX_IO] = {0}, *gin[DG_MAX_IO] = {0};
         for (int i = 0; i < n->n_out && rc == 0; i++) {
@@ -337,7 +407,9 @@ int dg_backward(dg_tensor *loss, dg_tensor *grad) {
             n->grad_acc[i] = NULL;
         }
         dg_scope_end();
+        if (rc == 0 && leaf_ready) rc = leaves_done(n, &pending, leaf_ready, ctx);
     }
+    ptr_map_free(&pending);
     for (size_t k = 0; k < order.n; k++)
         for (int i = 0; i < order.items[k]->n_out; i++) {
             dg_release(order.items[k]->grad_acc[i]);

@@ -9,7 +9,8 @@
 #            400m (hidden 2048, 12 layers, 16 heads of 128, batch 4 x 4096 a GPU: 669M parameters)
 #            both with FLA's MLP rule (hidden ratio 4), the models of bench/train_side_by_side.sh
 #     STEPS  steps a run (default 30; the first WARM=5 are not timed)
-# Environment: DG_BIN (default build/release/deltagrad), OUT (default a temporary directory).
+# Environment: DG_BIN (default build/release/deltagrad), OUT (default a temporary directory), EXTRA
+# (more options for both runs, e.g. EXTRA=--bf16-all-reduce).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DG_BIN:-build/release/deltagrad}
@@ -35,7 +36,7 @@ run() {
     local g=$1 dir="$OUT/run-$1gpu"
     "$BIN" train --task text --data "$DATA" --device cuda "${ARCH[@]}" --seq-len $T --batch $((PER * g)) \
         --steps "$STEPS" --eval-every 0 --eval-batches 1 --save-every 0 --gpus "$g" --out "$dir" --overwrite \
-        --quiet >"$dir.log" 2>&1 || { echo "the $g-GPU run failed:" >&2; tail -5 "$dir.log" >&2; exit 1; }
+        --quiet ${EXTRA:-} >"$dir.log" 2>&1 || { echo "the $g-GPU run failed:" >&2; tail -5 "$dir.log" >&2; exit 1; }
     # elapsed_s of the rows after the warm-up: tokens / seconds between the first and the last of them
     awk -F, -v warm=$WARM -v tok=$((PER * g * T)) '
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
@@ -44,7 +45,7 @@ run() {
         END { if (t1 <= t0) exit 1; printf "%.0f\n", (s1 - s0) * tok / (t1 - t0) }' "$dir/metrics.csv"
 }
 
-echo "model $MODEL: ${ARCH[*]}, batch $PER x $T a GPU, $STEPS steps (the first $WARM not timed); output in $OUT"
+echo "model $MODEL: ${ARCH[*]} ${EXTRA:-}, batch $PER x $T a GPU, $STEPS steps (the first $WARM not timed); output in $OUT"
 one=$(run 1)
 echo "1 GPU:  $one tokens/s"
 if [ "$N" -gt 1 ]; then

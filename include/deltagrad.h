@@ -138,6 +138,14 @@ void dg_set_name(dg_tensor *t, const char *name);
 /* ---- autograd ---------------------------------------------------------------------------------- */
 void dg_set_requires_grad(dg_tensor *t, bool on);
 int dg_backward(dg_tensor *loss, dg_tensor *grad); /* grad NULL: loss must have one element */
+/* dg_backward that calls leaf_ready(leaf, ctx) for each leaf tensor the walk reaches (a tensor that
+ * requires grad and was made by no op: a parameter), once, as soon as the last contribution to its
+ * .grad has been queued; .grad is NULL when no contribution came.  The calls come in the order the
+ * leaves become final, which depends on the graph alone, so processes that run the same program
+ * see the same order (data-parallel training starts a leaf's all-reduce from here, overlapping
+ * the rest of the backward).  A non-zero return from leaf_ready stops the backward with an error. */
+typedef int (*dg_leaf_ready_fn)(dg_tensor *leaf, void *ctx);
+int dg_backward_hooked(dg_tensor *loss, dg_tensor *grad, dg_leaf_ready_fn leaf_ready, void *ctx);
 void dg_zero_grad(dg_tensor *t);
 bool dg_grad_enabled(void);
 void dg_no_grad_begin(void);

@@ -18,10 +18,23 @@ static struct {
     bool active;
     int rank, world;
     dg_comm *comm;
-    dg_tensor *bucket; /* f32 [DG_DP_BUCKET_FLOATS or less] on the GPU, made at the first all-reduce */
     volatile sig_atomic_t *local_stop;
     volatile sig_atomic_t agreed_stop;
-} dp = {.world = 1};
+    /* the step's all-reduce (dg_dp_step_begin .. dg_dp_step_finish); the buffers are made at the
+     * first step, outside every scope */
+    dg_dtype grad_dtype; /* what the gradients travel and are averaged in: f32 (the default) or bf16 */
+    dg_tensor *bucket;   /* grad_dtype [DG_DP_BUCKET_FLOATS or less] on the GPU */
+    dg_tensor *scalars;  /* f32 [2] on the GPU: the loss, the stop request */
+    dg_tensor *const *params;
+    int64_t n_params;
+    bool *placed; /* [n_params]: its gradient is in a bucket already this step */
+    struct dp_seg {
+        dg_tensor *grad;          /* NULL: a parameter without a gradient, zeros */
+        int64_t grad_off, off, n; /* grad[grad_off, +n) is bucket[off, +n) */
+    } * segs;                     /* the open bucket's pieces, [n_params] */
+    int64_t n_segs, fill;         /* pieces and floats in the open bucket */
+    bool in_step;
+} dp = {.world = 1, .grad_dtype = DG_F32};
 
 /* ---- the environment --------------------------------------------------------------------------- */
 
@@ -199,8 +212,15 @@ int dg_dp_world(void) { return dp.active ? dp.world : 1; }
 
 void dg_dp_shutdown(void) {
     dg_release(dp.bucket);
+    dg_release(dp.scalars);
+    free(dp.placed);
+    free(dp.segs);
     dg_comm_free(dp.comm);
-    dp.bucket = NULL;
+    dp.bucket = dp.scalars = NULL;
+    dp.placed = NULL;
+    dp.segs = NULL;
+    dp.n_params = 0;
+    dp.in_step = false;
     dp.comm = NULL;
     dp.active = false;
     dp.rank = 0;
@@ -243,57 +263,138 @@ static int check_grad(const dg_tensor *p, int64_t i) {
     return 0;
 }
 
-/* Copies the part [lo, hi) of the concatenation of the gradients (grad 0, grad 1, ...) between the
- * gradients and the bucket, which holds that part from its element 0: into the bucket (to_bucket) or
- * back; a parameter without a gradient gives zeros.  Device copies, queued on the stream: no wait. */
-static int copy_part(int64_t n, dg_tensor *const *params, int64_t lo, int64_t hi, bool to_bucket) {
-    int64_t off = 0;
-    for (int64_t i = 0; i < n && off < hi; i++) {
-        int64_t m = dg_numel(params[i]), a = lo > off ? lo : off, z = hi < off + m ? hi : off + m;
-        if (a < z) {
-            dg_tensor *g = params[i]->grad, *b = dg_slice(dp.bucket, 0, a - lo, z - lo);
-            dg_tensor *gs = g ? dg_slice(dg_reshape(g, DG_SHAPE(m)), 0, a - off, z - off) : NULL;
-            int rc = !b || (g && !gs) ? -1
-                     : to_bucket      ? (gs ? dg_copy_(b, gs) : dg_fill_(b, 0))
-                     : gs             ? dg_copy_(gs, b)
-                                      : 0;
-            if (rc) return -1;
-        }
-        off += m;
+/* The open bucket, full or the last of the step, on the side stream: packed from the gradients,
+ * averaged over the ranks and unpacked into them, after everything queued so far on the device's
+ * stream (which made those gradients).  The backward goes on meanwhile; the device's stream waits
+ * for the side stream only at dg_dp_step_end. */
+static int launch_bucket(void) {
+    if (!dp.fill) return 0;
+    dg_tensor *part = dp.fill == dg_numel(dp.bucket) ? dp.bucket : dg_slice(dp.bucket, 0, 0, dp.fill);
+    if (!part || dg_comm_side_begin(dp.comm)) return -1;
+    for (int64_t i = 0; i < dp.n_segs; i++) {
+        const struct dp_seg *sg = &dp.segs[i];
+        if (dg_comm_side_copy_(dp.comm, dp.bucket, sg->off, sg->grad, sg->grad_off, sg->n)) return -1;
+    }
+    if (dg_comm_side_mean_(dp.comm, part)) return -1;
+    for (int64_t i = 0; i < dp.n_segs; i++) {
+        const struct dp_seg *sg = &dp.segs[i];
+        if (sg->grad && dg_comm_side_copy_(dp.comm, sg->grad, sg->grad_off, dp.bucket, sg->off, sg->n)) return -1;
+    }
+    dp.fill = dp.n_segs = 0;
+    return 0;
+}
+
+/* Parameter i's gradient is final: its elements join the open bucket, which is launched each time
+ * it fills (a gradient larger than what is left is cut across buckets).  The ranks place the
+ * parameters in the same order (the backward's, which depends on the graph alone), so bucket k
+ * holds the same elements on every rank and the collectives are issued in the same order. */
+static int place(int64_t i) {
+    dg_tensor *p = dp.params[i];
+    if (check_grad(p, i)) return -1;
+    dp.placed[i] = true;
+    int64_t m = dg_numel(p), size = dg_numel(dp.bucket);
+    for (int64_t done = 0; done < m;) {
+        int64_t take = m - done < size - dp.fill ? m - done : size - dp.fill;
+        dp.segs[dp.n_segs++] = (struct dp_seg){.grad = p->grad, .grad_off = done, .off = dp.fill, .n = take};
+        dp.fill += take;
+        done += take;
+        if (dp.fill == size && launch_bucket()) return -1;
     }
     return 0;
 }
 
-int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss) {
-    if (!dp.active) return 0;
+/* Makes the step's buffers at the first step (outside every scope: they live until shutdown). */
+static int make_buffers(int64_t n, dg_tensor *const *params) {
+    if (dp.bucket && dp.n_params == n && dp.bucket->dtype == dp.grad_dtype) return 0;
     int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n; i++) total += dg_numel(params[i]);
+    free(dp.placed);
+    free(dp.segs);
+    dp.placed = calloc((size_t)(n ? n : 1), sizeof *dp.placed);
+    dp.segs = calloc((size_t)(n ? n : 1), sizeof *dp.segs);
+    dp.n_params = n;
+    if (!dp.placed || !dp.segs) {
+        dg_error("data-parallel: out of host memory");
+        return -1;
+    }
+    dg_release(dp.bucket);
+    dp.bucket = NULL;
+    dg_scope_begin();
+    int64_t size = total < DG_DP_BUCKET_FLOATS ? total : DG_DP_BUCKET_FLOATS;
+    dg_tensor *b = dg_empty_on(DG_SHAPE(size > 0 ? size : 1), dp.grad_dtype, DG_CUDA);
+    dg_tensor *sc = dp.scalars ? dp.scalars : dg_empty_on(DG_SHAPE(2), DG_F32, DG_CUDA);
+    dp.bucket = b ? dg_keep(b) : NULL;
+    if (!dp.scalars && sc) dp.scalars = dg_keep(sc);
+    dg_scope_end();
+    return dp.bucket && dp.scalars ? 0 : -1;
+}
+
+int dg_dp_set_grad_dtype(dg_dtype dt) {
+    if (dt != DG_F32 && dt != DG_BF16) {
+        dg_error("data-parallel: gradients are averaged in f32 or bf16, not %s", dg_dtype_name(dt));
+        return -1;
+    }
+    if (dp.in_step) {
+        dg_error("data-parallel: the gradients' dtype cannot change during a step");
+        return -1;
+    }
+    dp.grad_dtype = dt;
+    return 0;
+}
+
+int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
+    if (!dp.active) return 0;
+    if (dp.in_step) {
+        dg_error("data-parallel: a step began before the last one finished");
+        return -1;
+    }
+    if (!loss || dg_numel(loss) != 1) {
+        dg_error("data-parallel: the loss must be one number; got %s", loss ? dg_shp(loss) : "none");
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
         if (check_grad(params[i], i)) return -1;
-        total += dg_numel(params[i]);
+    if (make_buffers(n, params)) return -1;
+    dp.params = params;
+    memset(dp.placed, 0, (size_t)n * sizeof *dp.placed);
+    dp.fill = dp.n_segs = 0;
+    /* the loss and the stop request travel first, in their own small collective; both are written
+     * on the device (a copy, and a fill whose value is a kernel argument): no host-to-device copy
+     * that could wait behind a collective */
+    dg_tensor *l = dg_reshape(dg_to_dtype(loss, DG_F32), DG_SHAPE(1));
+    const double stop = dp.local_stop && *dp.local_stop ? 1.0 : 0.0;
+    if (!l || dg_copy_(dg_slice(dp.scalars, 0, 0, 1), l) || dg_fill_(dg_slice(dp.scalars, 0, 1, 2), stop) ||
+        dg_comm_side_begin(dp.comm) || dg_comm_side_mean_(dp.comm, dp.scalars))
+        return -1;
+    dp.in_step = true;
+    return 0;
+}
+
+int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx) {
+    (void)ctx;
+    if (!dp.active || !dp.in_step) return 0;
+    for (int64_t i = 0; i < dp.n_params; i++)
+        if (dp.params[i] == leaf) return dp.placed[i] ? 0 : place(i);
+    return 0; /* a leaf that is not a parameter: not reduced */
+}
+
+int dg_dp_step_end(void) {
+    if (!dp.active) return 0;
+    if (!dp.in_step) {
+        dg_error("data-parallel: dg_dp_step_end without dg_dp_step_begin");
+        return -1;
     }
-    if (!dp.bucket) { /* made once, outside every scope */
-        dg_scope_begin();
-        dg_tensor *b =
-            dg_empty_on(DG_SHAPE(total < DG_DP_BUCKET_FLOATS ? total : DG_DP_BUCKET_FLOATS), DG_F32, DG_CUDA);
-        dp.bucket = b ? dg_keep(b) : NULL;
-        dg_scope_end();
-        if (!dp.bucket) return -1;
-    }
-    /* the loss and the stop request first, in their own small collective: their copy to the device
-     * waits for the stream, which must come before any collective is queued (a wait behind a
-     * collective whose peer died would never end); they are read back after dg_comm_wait */
-    float scalars[2] = {(float)*loss, dp.local_stop && *dp.local_stop ? 1.0f : 0.0f};
-    dg_tensor *sc = dg_to_device(dg_from_data(DG_SHAPE(2), DG_F32, scalars), DG_CUDA);
-    if (!sc || dg_comm_allreduce_mean_(dp.comm, sc)) return -1;
-    int64_t size = dg_numel(dp.bucket);
-    for (int64_t lo = 0; lo < total; lo += size) {
-        int64_t hi = lo + size < total ? lo + size : total;
-        dg_tensor *part = hi - lo == size ? dp.bucket : dg_slice(dp.bucket, 0, 0, hi - lo);
-        if (!part || copy_part(n, params, lo, hi, true) || dg_comm_allreduce_mean_(dp.comm, part) ||
-            copy_part(n, params, lo, hi, false))
-            return -1;
-    }
-    if (dg_comm_wait(dp.comm) || dg_copy_to_host(sc, scalars)) return -1;
+    /* the parameters the backward did not report (not reached: no gradient), in their order */
+    for (int64_t i = 0; i < dp.n_params; i++)
+        if (!dp.placed[i] && place(i)) return -1;
+    return launch_bucket() || dg_comm_side_join(dp.comm) ? -1 : 0;
+}
+
+int dg_dp_step_finish(double *loss) {
+    if (!dp.active) return 0;
+    dp.in_step = false;
+    float scalars[2];
+    if (dg_comm_wait(dp.comm) || dg_copy_to_host(dp.scalars, scalars)) return -1;
     *loss = scalars[0];
     if (scalars[1] > 0 && !dp.agreed_stop) /* some rank was asked to stop: all stop after this step */
         dp.agreed_stop = dp.local_stop && *dp.local_stop ? *dp.local_stop : SIGTERM;

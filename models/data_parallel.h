@@ -61,15 +61,40 @@ int dg_dp_world(void); /* 1 when not active */
  * leaves them.  0, or -1 with dg_error. */
 int dg_dp_take_slice(dg_tensor **in, dg_tensor **tg);
 
-/* Each parameter's gradient (f32, contiguous, on the GPU; a parameter without one counts as zeros
- * and still gets none) := the mean over the ranks of that gradient, *loss := the mean of the ranks'
- * losses, and the ranks agree on stopping (see dg_dp_stop_flag).  Returns after the collectives
- * have finished, or after DG_DP_TIMEOUT with an error.  Not active: nothing.  0, or -1 with dg_error. */
-int dg_dp_allreduce_grads(int64_t n, dg_tensor *const *params, double *loss);
+/* What the gradients travel and are averaged in: DG_F32 (the default: the mean is that of the f32
+ * gradients, up to the order of the sums) or DG_BF16 (half the bytes; each rank's gradient and the
+ * mean are rounded to bf16, as PyTorch DDP's bf16 compression hook does; the optimiser still works
+ * in f32).  0, or -1 with dg_error. */
+int dg_dp_set_grad_dtype(dg_dtype dt);
+
+/* A step's all-reduce, overlapped with the backward.  Afterwards each parameter's gradient (f32,
+ * contiguous, on the GPU; a parameter without one counts as zeros and still gets none) is the mean
+ * over the ranks of that gradient, the loss is the mean of the ranks' losses, and the ranks agree
+ * on stopping (see dg_dp_stop_flag):
+ *
+ *   dg_dp_step_begin(n, params, loss)   after the forward: queues the loss's and the stop request's
+ *                                       small collective
+ *   dg_backward_hooked(loss, NULL, dg_dp_leaf_ready, NULL)
+ *                                       each gradient joins the open bucket as soon as it is final;
+ *                                       a full bucket is packed, all-reduced and unpacked on the
+ *                                       side stream while the backward goes on
+ *   dg_dp_step_end()                    the parameters not reached, the last bucket; the device's
+ *                                       stream waits for the side stream from here on
+ *   ... the optimiser, queued ...
+ *   dg_dp_step_finish(&loss)            waits for all of it (at most DG_DP_TIMEOUT, else an error)
+ *                                       and reads the mean loss and the stop request
+ *
+ * The buckets are cut in the order the gradients become final (the reverse of the forward), the
+ * same on every rank, so every rank issues the same collectives in the same order.  Not active:
+ * nothing.  Each returns 0, or -1 with dg_error. */
+int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss);
+int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx);
+int dg_dp_step_end(void);
+int dg_dp_step_finish(double *loss);
 
 /* Stopping on a signal must happen at the same step on every rank, or the ranks that go on wait for
  * the ones that stopped.  The signal handler sets *local (this rank's request); each
- * dg_dp_allreduce_grads shares the requests, and the flag returned here becomes non-zero on every
+ * step shares the requests, and the flag returned here becomes non-zero on every
  * rank after the same step once any rank asked.  The trainer reads the returned flag. */
 volatile sig_atomic_t *dg_dp_stop_flag(volatile sig_atomic_t *local);
 

@@ -317,14 +317,17 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     if (t->profile && t->tc.device == DG_CUDA && dg_cuda_synchronize()) goto out;
 #endif
     if (t->profile) t2 = dg_progress_now();
-    if (dg_backward(loss, NULL)) goto out;
-    /* several GPUs: the gradients and the loss become the means over the ranks (data_parallel.h);
-     * the loss is read first, for its small collective */
+    /* several GPUs: the gradients and the loss become the means over the ranks, each bucket of
+     * gradients all-reduced as soon as its gradients are final, overlapping the rest of the
+     * backward (data_parallel.h) */
     const bool dp = dg_dp_active();
-    double lv = dp ? dg_item(loss) : NAN;
+    double lv = NAN;
+    if (dg_dp_step_begin(lm->params.n, lm->params.t, loss) ||
+        dg_backward_hooked(loss, NULL, dp ? dg_dp_leaf_ready : NULL, NULL))
+        goto out;
     if (dp) {
         dg_profile_region_begin("all-reduce");
-        const int arc = dg_dp_allreduce_grads(lm->params.n, lm->params.t, &lv);
+        const int arc = dg_dp_step_end();
         dg_profile_region_end();
         if (arc) goto out;
     }
@@ -346,8 +349,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     dg_profile_region_end();
     if (orc) goto out;
     dg_adamw_zero_grad(t->opt);
-    /* the step's first read-back on one GPU: the loss and the norm, to log them */
+    /* the step's first read-back: the loss and the norm, to log them (several GPUs: after a wait
+     * with a limit, since a rank that died leaves the collectives unfinished) */
     if (!dp) lv = dg_item(loss);
+    else if (dg_dp_step_finish(&lv)) goto out;
     double gn = dg_item(t->norm);
     if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++; /* the decision the fused step made */
     t->step++;

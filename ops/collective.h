@@ -18,11 +18,19 @@ int dg_comm_unique_id(unsigned char id[DG_COMM_ID_BYTES]);
 /* Joins the communicator named by id as rank of world, on this process's GPU; each wait (for the
  * others to join, for a collective to finish) gives up after timeout_s.  NULL with dg_error. */
 dg_comm *dg_comm_init(const unsigned char id[DG_COMM_ID_BYTES], int world, int rank, double timeout_s);
-/* x = the mean of x over the ranks, in place: x is an f32 contiguous CUDA tensor of the same numel
- * on every rank.  Queued on the device's stream; dg_comm_wait waits for it.  0, or -1 with
- * dg_error. */
-int dg_comm_allreduce_mean_(dg_comm *c, dg_tensor *x);
-/* Waits (at most the timeout) for the work queued so far, collectives included.  0 or -1. */
+/* The side stream, for collectives that overlap the device's stream (kernels/cuda/nccl_comm.h):
+ *   side_begin      what comes next on the side stream waits for all queued so far on the device's
+ *   side_copy_      dst[dst_off, +n) = src[src_off, +n) on the side stream, contiguous CUDA
+ *                   tensors, each f32 or bf16 (converted as they go; src NULL: zeros)
+ *   side_mean_      x = the mean of x over the ranks, in place, on the side stream: x is an f32 or
+ *                   bf16 contiguous CUDA tensor of the same numel on every rank
+ *   side_join       what comes next on the device's stream waits for all queued on the side stream
+ * No host wait in any of them.  0, or -1 with dg_error. */
+int dg_comm_side_begin(dg_comm *c);
+int dg_comm_side_copy_(dg_comm *c, dg_tensor *dst, int64_t dst_off, const dg_tensor *src, int64_t src_off, int64_t n);
+int dg_comm_side_mean_(dg_comm *c, dg_tensor *x);
+int dg_comm_side_join(dg_comm *c);
+/* Waits (at most the timeout) for the work queued so far on both streams, collectives included.  0 or -1. */
 int dg_comm_wait(dg_comm *c);
 /* Frees the communicator (NULL: no-op). */
 void dg_comm_free(dg_comm *c);

@@ -1,5 +1,6 @@
-/* autograd: diamonds, reuse, no-grad, several outputs, anomaly mode, gradcheck catching a wrong
- * backward, inputs kept as shells, the op profiler, flat memory over many iterations. */
+/* autograd: diamonds, reuse, no-grad, several outputs, the hook on finished leaf gradients, anomaly
+ * mode, gradcheck catching a wrong backward, inputs kept as shells, the op profiler, flat memory
+ * over many iterations. */
 #include "tests/support/test_support.h"
 
 #include "ops/gradcheck.h"
@@ -100,6 +101,53 @@ static void test_two_outputs_one_used(void **state) {
     dg_zero_grad(x);
     assert_int_equal(dg_backward(dg_sum_all(out[0]), NULL), 0);
     for (int64_t i = 0; i < 3; i++) assert_true(fabs(dg_get(x->grad, &i) - 2) < 1e-12);
+    dg_scope_end();
+}
+
+/* dg_backward_hooked reports each leaf once, when its gradient is final, in the order they become
+ * final: loss = sum(((x w1) w2) w3) + sum(w1).  w1 feeds the newest op and the oldest one, so it is
+ * final only after the oldest; the order is w3, w2, w1 and each gradient seen at its call is the
+ * gradient at the end. */
+typedef struct {
+    dg_tensor *leaf[8];
+    double first[8]; /* element 0 of the gradient when reported */
+    int n, fail_at;
+} hook_log;
+
+static int log_leaf(dg_tensor *leaf, void *ctx) {
+    hook_log *l = ctx;
+    if (l->n == l->fail_at) {
+        dg_error("hook refused leaf %d", l->n);
+        return -1;
+    }
+    int64_t i0 = 0;
+    l->first[l->n] = leaf->grad ? dg_get(leaf->grad, &i0) : NAN;
+    l->leaf[l->n++] = leaf;
+    return 0;
+}
+
+static void test_leaf_ready_hook(void **state) {
+    dg_scope_begin();
+    dg_rng r = dg_rng_new(9);
+    dg_tensor *x = dg_randn(DG_SHAPE(4), DG_F64, &r), *w1 = param(4, 10), *w2 = param(4, 11), *w3 = param(4, 12);
+    dg_tensor *unused = param(4, 13); /* requires grad, not in the graph: never reported */
+    dg_tensor *loss = dg_add(dg_sum_all(dg_mul(dg_mul(dg_mul(x, w1), w2), w3)), dg_sum_all(w1));
+    hook_log l = {.fail_at = -1};
+    assert_int_equal(dg_backward_hooked(loss, NULL, log_leaf, &l), 0);
+    assert_int_equal(l.n, 3);
+    assert_ptr_equal(l.leaf[0], w3);
+    assert_ptr_equal(l.leaf[1], w2);
+    assert_ptr_equal(l.leaf[2], w1);
+    int64_t i0 = 0;
+    for (int k = 0; k < 3; k++) assert_true(l.first[k] == dg_get(l.leaf[k]->grad, &i0));
+    assert_true(fabs(dg_get(w1->grad, &i0) - (dg_get(x, &i0) * dg_get(w2, &i0) * dg_get(w3, &i0) + 1)) < 1e-12);
+    assert_null(unused->grad);
+    /* a hook that fails stops the backward with its error */
+    dg_zero_grad(w1), dg_zero_grad(w2), dg_zero_grad(w3);
+    hook_log f = {.fail_at = 1};
+    assert_int_equal(dg_backward_hooked(loss, NULL, log_leaf, &f), -1);
+    assert_non_null(strstr(dg_last_error(), "hook refused leaf 1"));
+    dg_clear_error();
     dg_scope_end();
 }
 
@@ -274,15 +322,11 @@ static void test_flat_memory(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_diamond),
-        cmocka_unit_test(test_reuse_and_accumulate),
-        cmocka_unit_test(test_no_grad),
-        cmocka_unit_test(test_two_outputs_one_used),
-        cmocka_unit_test(test_gradcheck_catches_wrong_backward),
-        cmocka_unit_test(test_anomaly_mode),
-        cmocka_unit_test(test_tape_keeps_shells),
-        cmocka_unit_test(test_op_profiler),
-        cmocka_unit_test(test_flat_memory),
+        cmocka_unit_test(test_diamond),         cmocka_unit_test(test_reuse_and_accumulate),
+        cmocka_unit_test(test_no_grad),         cmocka_unit_test(test_two_outputs_one_used),
+        cmocka_unit_test(test_leaf_ready_hook), cmocka_unit_test(test_gradcheck_catches_wrong_backward),
+        cmocka_unit_test(test_anomaly_mode),    cmocka_unit_test(test_tape_keeps_shells),
+        cmocka_unit_test(test_op_profiler),     cmocka_unit_test(test_flat_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

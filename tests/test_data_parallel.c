@@ -294,6 +294,23 @@ static void test_two_gpus_follow_one(void **state) {
     compare_params("one", "two");
 }
 
+/* The gradients averaged in bf16 (--bf16-all-reduce): each rank's gradient and the mean are rounded
+ * to bf16, 2^-9 relative each (not 1e-7), but AdamW's update is nearly the sign of the gradient in
+ * the first steps and a ratio of moments after, so a relative perturbation of 4e-3 at most moves
+ * each update by about that fraction of lr: 20 steps, at most 20 * 1e-3 * 4e-3 = 8e-5 an element,
+ * inside compare_params' 2e-4; the losses move by the product of those differences with the
+ * gradient, far inside 1e-4 relative.  The same bounds as f32 hold, and are what is checked. */
+static void test_bf16_all_reduce_follows_one(void **state) {
+    (void)state;
+    if (!two_gpus()) return;
+    char done[600];
+    snprintf(done, sizeof done, "%s/one/model.safetensors", tmpdir);
+    if (access(done, F_OK) != 0) train("one", "--steps 20 --gpus 1");
+    train("two_bf16", "--steps 20 --gpus 2 --bf16-all-reduce");
+    compare_curves("one", "two_bf16");
+    compare_params("one", "two_bf16");
+}
+
 /* A run checkpointed on two GPUs resumes on one (and the other way), and ends where one GPU ends. */
 static void test_checkpoint_resumes_on_another_count(void **state) {
     (void)state;
@@ -336,6 +353,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_id_from_hex),
         cmocka_unit_test(test_worker_without_rank0_times_out),
         cmocka_unit_test(test_two_gpus_follow_one),
+        cmocka_unit_test(test_bf16_all_reduce_follows_one),
         cmocka_unit_test(test_checkpoint_resumes_on_another_count),
     };
     int rc = dg_test_run_filtered(tests);

@@ -120,7 +120,7 @@ int dg_cmd_train(int argc, char **argv) {
         return 2;
     }
     if (world == 1 && dg_launch_gpus(argc, argv, &o, &launched)) return launched;
-    if (dg_dp_init()) {
+    if (dg_dp_init() || (o.bf16_all_reduce && dg_dp_set_grad_dtype(DG_BF16))) {
         dg_cmd_say_error("train");
         return 1;
     }

@@ -83,6 +83,10 @@ static const flag flags[] = {
     {"gpus", T_INT, OP(gpus), 0, "run",
      "data-parallel training on N GPUs, one process each, the global --batch split evenly (0: every visible GPU)",
      false},
+    {"bf16-all-reduce", T_BOOL, OP(bf16_all_reduce), 0, "run",
+     "several GPUs: the gradients travel and are averaged in bf16 (half the bytes, each mean rounded to bf16) instead "
+     "of f32",
+     false},
     {"threads", T_INT, TC(threads), 0, "run", "CPU threads (0: all cores)", false},
     {"keep-delta-work", T_BOOL, OP(keep_delta_work), 0, "run",
      "the delta-rule forward keeps its working set for the backward: a faster backward for about 8 times v's bytes "

@@ -15,6 +15,7 @@ typedef struct dg_train_opts {
     int gpus; /* processes, one a GPU (0: every visible GPU); 1: this process alone */
     bool quiet;
     bool keep_delta_work; /* the delta op keeps its forward's work for the backward (dg_mixer_opts) */
+    bool bf16_all_reduce; /* several GPUs: the gradients are averaged in bf16 (dg_dp_set_grad_dtype) */
     bool overwrite;       /* replace the run already in the output directory */
     bool out_given;       /* --out was on the command line */
     bool model_given;     /* some model option was on the command line */

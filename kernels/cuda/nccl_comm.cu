@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/cuda_util.h"
 
+#include <cuda_bf16.h>
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +12,10 @@
 static_assert(sizeof(ncclUniqueId) == DG_NCCL_ID_BYTES, "DG_NCCL_ID_BYTES must be sizeof(ncclUniqueId)");
 
 struct dg_nccl {
-    ncclComm_t comm;  /* NULL once aborted */
-    double timeout_s; /* the longest wait for progress */
+    ncclComm_t comm;             /* NULL once aborted */
+    cudaStream_t side;           /* the side stream (nccl_comm.h), made at init */
+    cudaEvent_t to_side, to_lib; /* the library's stream -> side stream, and back */
+    double timeout_s;            /* the longest wait for progress */
     int world, rank;
     char failed[512]; /* why the communicator was aborted */
 };
@@ -82,6 +85,44 @@ int usable(dg_nccl *c) {
     return 0;
 }
 
+/* A CUDA call on the communicator's streams: fails the communicator unless it succeeded. */
+int cuda_ok(dg_nccl *c, cudaError_t e, const char *call) {
+    if (e == cudaSuccess) return 0;
+    char msg[480];
+    snprintf(msg, sizeof msg, "%s failed: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
+    abort_comm(c, msg);
+    return -1;
+}
+
+/* buf[0..n) := the mean over the ranks, in place, queued on stream. */
+int allreduce_mean_on(dg_nccl *c, void *buf, ncclDataType_t type, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return 0;
+    if (!buf) {
+        dg_error("nccl: all-reduce of a NULL buffer of %lld elements", (long long)n);
+        return -1;
+    }
+    if (check_call(c, ncclAllReduce(buf, buf, (size_t)n, type, ncclAvg, c->comm, stream), "ncclAllReduce")) return -1;
+    return wait_calls(c, "ncclAllReduce (enqueueing)");
+}
+
+/* The casts of the side stream's copies (grid-stride). */
+__global__ void f32_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void bf16_to_f32(float *dst, const __nv_bfloat16 *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+/* Releases c's streams and events and c itself. */
+void free_nccl(dg_nccl *c) {
+    if (c->to_side) cudaEventDestroy(c->to_side);
+    if (c->to_lib) cudaEventDestroy(c->to_lib);
+    if (c->side) cudaStreamDestroy(c->side);
+    free(c);
+}
+
 } // namespace
 
 extern "C" {
@@ -115,6 +156,19 @@ dg_nccl *dg_nccl_init(const unsigned char id[DG_NCCL_ID_BYTES], int world, int r
     c->timeout_s = timeout_s;
     c->world = world;
     c->rank = rank;
+    /* the side stream at the highest priority: a collective's kernels are scheduled ahead of the
+     * backward's queued blocks, so the all-reduce is not left to the backward's tail */
+    int lo_prio = 0, hi_prio = 0;
+    cudaError_t ce = cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, hi_prio);
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&c->to_side, cudaEventDisableTiming);
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&c->to_lib, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+        dg_error("nccl: cannot make the side stream and its events: %s (%s)", cudaGetErrorName(ce),
+                 cudaGetErrorString(ce));
+        free_nccl(c);
+        return nullptr;
+    }
     ncclUniqueId uid;
     memcpy(&uid, id, sizeof uid);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -123,27 +177,48 @@ dg_nccl *dg_nccl_init(const unsigned char id[DG_NCCL_ID_BYTES], int world, int r
     if (r != ncclSuccess && r != ncclInProgress) {
         /* a failed init may still have made a communicator to release */
         check_call(c, r, "ncclCommInitRankConfig");
-        free(c);
+        free_nccl(c);
         return nullptr;
     }
     if (wait_calls(c, "ncclCommInitRankConfig (every rank joining)")) {
-        free(c);
+        free_nccl(c);
         return nullptr;
     }
     return c;
 }
 
-int dg_nccl_allreduce_mean_f32(dg_nccl *c, float *buf, int64_t n) {
+int dg_nccl_side_begin(dg_nccl *c) {
+    if (usable(c)) return -1;
+    return cuda_ok(c, cudaEventRecord(c->to_side, dg_cuda_stream()), "cudaEventRecord") ||
+                   cuda_ok(c, cudaStreamWaitEvent(c->side, c->to_side, 0), "cudaStreamWaitEvent")
+               ? -1
+               : 0;
+}
+
+int dg_nccl_side_copy(dg_nccl *c, void *dst, bool dst_bf16, const void *src, bool src_bf16, int64_t n) {
     if (usable(c)) return -1;
     if (n <= 0) return 0;
-    if (!buf) {
-        dg_error("nccl: all-reduce of a NULL buffer of %lld floats", (long long)n);
-        return -1;
-    }
-    if (check_call(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclAvg, c->comm, dg_cuda_stream()),
-                   "ncclAllReduce"))
-        return -1;
-    return wait_calls(c, "ncclAllReduce (enqueueing)");
+    const size_t bytes = (size_t)n * (dst_bf16 ? 2 : 4);
+    if (!src) return cuda_ok(c, cudaMemsetAsync(dst, 0, bytes, c->side), "cudaMemsetAsync");
+    if (dst_bf16 == src_bf16)
+        return cuda_ok(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->side), "cudaMemcpyAsync");
+    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    if (dst_bf16) f32_to_bf16<<<blocks, 256, 0, c->side>>>((__nv_bfloat16 *)dst, (const float *)src, n);
+    else bf16_to_f32<<<blocks, 256, 0, c->side>>>((float *)dst, (const __nv_bfloat16 *)src, n);
+    return cuda_ok(c, cudaGetLastError(), "a cast on the side stream");
+}
+
+int dg_nccl_side_allreduce_mean(dg_nccl *c, void *buf, bool bf16, int64_t n) {
+    if (usable(c)) return -1;
+    return allreduce_mean_on(c, buf, bf16 ? ncclBfloat16 : ncclFloat, n, c->side);
+}
+
+int dg_nccl_side_join(dg_nccl *c) {
+    if (usable(c)) return -1;
+    return cuda_ok(c, cudaEventRecord(c->to_lib, c->side), "cudaEventRecord") ||
+                   cuda_ok(c, cudaStreamWaitEvent(dg_cuda_stream(), c->to_lib, 0), "cudaStreamWaitEvent")
+               ? -1
+               : 0;
 }
 
 int dg_nccl_wait(dg_nccl *c) {
@@ -151,6 +226,7 @@ int dg_nccl_wait(dg_nccl *c) {
     double deadline = dg_now_s() + c->timeout_s;
     for (;;) {
         cudaError_t e = cudaStreamQuery(dg_cuda_stream());
+        if (e == cudaSuccess) e = cudaStreamQuery(c->side);
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) {
             char msg[480];
@@ -186,7 +262,7 @@ void dg_nccl_destroy(dg_nccl *c) {
         }
         c->comm = nullptr;
     }
-    free(c);
+    free_nccl(c);
 }
 
 } // extern "C"
