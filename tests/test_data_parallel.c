@@ -251,8 +251,9 @@ static void compare_curves(const char *a, const char *b) {
     dg_csv_table_free(tb);
 }
 
-/* The final parameters of run b against run a and against the initialisation. */
-static void compare_params(const char *a, const char *b) {
+/* The final parameters of run b against run a (each element within max_elem) and against the
+ * initialisation. */
+static void compare_params(const char *a, const char *b, double max_elem) {
     char pa[600], pb[600];
     snprintf(pa, sizeof pa, "%s/%s", tmpdir, a);
     snprintf(pb, sizeof pb, "%s/%s", tmpdir, b);
@@ -277,7 +278,8 @@ static void compare_params(const char *a, const char *b) {
     printf("  %s vs %s: max |difference| %.3g, ||difference|| / ||movement|| %.3g\n", a, b, max_diff,
            sqrt(diff2 / moved2));
     assert_true(moved2 > 0);
-    if (!(max_diff <= 2e-4)) fail_msg("a parameter differs by %g (> 2e-4) between %s and %s", max_diff, a, b);
+    if (!(max_diff <= max_elem))
+        fail_msg("a parameter differs by %g (> %g) between %s and %s", max_diff, max_elem, a, b);
     if (!(sqrt(diff2) <= 1e-2 * sqrt(moved2)))
         fail_msg("the runs are %g apart, more than 1%% of the %g the parameters moved", sqrt(diff2), sqrt(moved2));
     dg_lm_free(init);
@@ -291,15 +293,17 @@ static void test_two_gpus_follow_one(void **state) {
     train("one", "--steps 20 --gpus 1");
     train("two", "--steps 20 --gpus 2");
     compare_curves("one", "two");
-    compare_params("one", "two");
+    compare_params("one", "two", 2e-4);
 }
 
-/* The gradients averaged in bf16 (--bf16-all-reduce): each rank's gradient and the mean are rounded
- * to bf16, 2^-9 relative each (not 1e-7), but AdamW's update is nearly the sign of the gradient in
- * the first steps and a ratio of moments after, so a relative perturbation of 4e-3 at most moves
- * each update by about that fraction of lr: 20 steps, at most 20 * 1e-3 * 4e-3 = 8e-5 an element,
- * inside compare_params' 2e-4; the losses move by the product of those differences with the
- * gradient, far inside 1e-4 relative.  The same bounds as f32 hold, and are what is checked. */
+/* The gradients averaged in bf16 (--bf16-all-reduce): each rank's gradient is rounded to bf16
+ * before the mean, and the mean after it.  Where the ranks' gradients nearly cancel, the mean's
+ * error is 2^-9 of the ranks' gradients, not of the mean, so an element can take a different
+ * AdamW update (whose size is about lr whatever the gradient's): single elements may differ by up
+ * to the 20 * lr = 2e-2 that 20 steps can move them, which is the bound per element here.  Taken
+ * over all the parameters the roundings stay small: the loss and gradient-norm curves keep the f32
+ * bounds (1e-4 and 1e-3 relative), and the runs' distance stays within 1% of the distance the
+ * parameters moved. */
 static void test_bf16_all_reduce_follows_one(void **state) {
     (void)state;
     if (!two_gpus()) return;
@@ -308,7 +312,7 @@ static void test_bf16_all_reduce_follows_one(void **state) {
     if (access(done, F_OK) != 0) train("one", "--steps 20 --gpus 1");
     train("two_bf16", "--steps 20 --gpus 2 --bf16-all-reduce");
     compare_curves("one", "two_bf16");
-    compare_params("one", "two_bf16");
+    compare_params("one", "two_bf16", 2e-2);
 }
 
 /* A run checkpointed on two GPUs resumes on one (and the other way), and ends where one GPU ends. */
@@ -323,12 +327,12 @@ static void test_checkpoint_resumes_on_another_count(void **state) {
     snprintf(cmd, sizeof cmd, "cd %s && timeout 300 %s train --resume two_then_one --gpus 1 --quiet > r1.log 2>&1",
              tmpdir, tool);
     assert_int_equal(system(cmd), 0);
-    compare_params("one", "two_then_one");
+    compare_params("one", "two_then_one", 2e-4);
     train("one_then_two", "--steps 20 --stop-at 10 --gpus 1");
     snprintf(cmd, sizeof cmd, "cd %s && timeout 300 %s train --resume one_then_two --gpus 2 --quiet > r2.log 2>&1",
              tmpdir, tool);
     assert_int_equal(system(cmd), 0);
-    compare_params("one", "one_then_two");
+    compare_params("one", "one_then_two", 2e-4);
 }
 
 int main(int argc, char **argv) {
