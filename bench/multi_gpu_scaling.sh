@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Data-parallel scaling of `deltagrad train --gpus N` (docs/MULTI_GPU.md): the same text model on 1 GPU
 # at its per-GPU batch and on N GPUs at N times that batch (the same work a GPU), training tokens a
-# second over the steps after the first WARM, and the efficiency tokens_N / (N * tokens_1).
+# second over the steps after the first WARM, and the efficiency tokens_N / (N * tokens_1); then N
+# independent 1-GPU runs at once, whose summed rate against N lone runs is the ceiling the machine
+# sets (power, clocks, shared host) with no communication at all.
 #
 #   bench/multi_gpu_scaling.sh [N [MODEL [STEPS]]]
 #     N      GPUs (default: every visible one)
@@ -31,12 +33,12 @@ esac
 DATA="$OUT/data.txt"
 [ -s "$DATA" ] || { seq 1 5000000 || true; } | head -c 32000000 >"$DATA" # seq stops early when head has enough
 
-# run GPUS: trains on GPUS GPUs and prints its training tokens a second after the warm-up steps
+# run GPUS NAME: trains on GPUS GPUs (in $OUT/NAME) and prints its training tokens a second after the warm-up steps
 run() {
-    local g=$1 dir="$OUT/run-$1gpu"
+    local g=$1 dir="$OUT/$2"
     "$BIN" train --task text --data "$DATA" --device cuda "${ARCH[@]}" --seq-len $T --batch $((PER * g)) \
         --steps "$STEPS" --eval-every 0 --eval-batches 1 --save-every 0 --gpus "$g" --out "$dir" --overwrite \
-        --quiet ${EXTRA:-} >"$dir.log" 2>&1 || { echo "the $g-GPU run failed:" >&2; tail -5 "$dir.log" >&2; exit 1; }
+        --quiet ${EXTRA:-} >"$dir.log" 2>&1 || { echo "the run $2 failed:" >&2; tail -5 "$dir.log" >&2; exit 1; }
     # elapsed_s of the rows after the warm-up: tokens / seconds between the first and the last of them
     awk -F, -v warm=$WARM -v tok=$((PER * g * T)) '
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
@@ -46,10 +48,19 @@ run() {
 }
 
 echo "model $MODEL: ${ARCH[*]} ${EXTRA:-}, batch $PER x $T a GPU, $STEPS steps (the first $WARM not timed); output in $OUT"
-one=$(run 1)
+one=$(run 1 run-1gpu)
 echo "1 GPU:  $one tokens/s"
 if [ "$N" -gt 1 ]; then
-    many=$(run "$N")
+    many=$(run "$N" "run-${N}gpu")
     eff=$(awk -v a="$many" -v b="$one" -v n="$N" 'BEGIN { printf "%.1f", 100 * a / (n * b) }')
     echo "$N GPUs: $many tokens/s, scaling efficiency $eff% (target: >= 90% for 56m on 4 GPUs, >= 95% for 400m)"
+    # the ceiling that the machine itself sets: N independent 1-GPU runs at once (no communication),
+    # each on its own GPU; their summed rate against N lone runs
+    for ((i = 0; i < N; i++)); do
+        (CUDA_VISIBLE_DEVICES=$i run 1 "alone-$i" >"$OUT/alone-$i.rate") &
+    done
+    wait
+    sum=$(cat "$OUT"/alone-*.rate | awk '{ s += $1 } END { printf "%.0f", s }')
+    ceil=$(awk -v a="$sum" -v b="$one" -v n="$N" 'BEGIN { printf "%.1f", 100 * a / (n * b) }')
+    echo "$N independent 1-GPU runs at once: $sum tokens/s together, $ceil% of $N lone runs (the ceiling)"
 fi

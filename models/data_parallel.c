@@ -23,7 +23,7 @@ static struct {
     /* the step's all-reduce (dg_dp_step_begin .. dg_dp_step_finish); the buffers are made at the
      * first step, outside every scope */
     dg_dtype grad_dtype; /* what the gradients travel and are averaged in: f32 (the default) or bf16 */
-    dg_tensor *bucket;   /* grad_dtype [DG_DP_BUCKET_FLOATS or less] on the GPU */
+    dg_tensor *bucket;   /* grad_dtype [DG_DP_BUCKET_MB or less] on the GPU */
     dg_tensor *scalars;  /* f32 [2] on the GPU: the loss, the stop request */
     dg_tensor *const *params;
     int64_t n_params;
@@ -53,8 +53,8 @@ static int env_int(const char *name, long lo, long hi, long *out) {
     return 1;
 }
 
-/* A positive number of seconds from the environment, or def. */
-static double env_seconds(const char *name, double def) {
+/* A positive number from the environment, or def. */
+static double env_positive(const char *name, double def) {
     const char *s = getenv(name);
     if (!s || !*s) return def;
     char *end;
@@ -192,10 +192,10 @@ int dg_dp_init(void) {
         return -1;
     } else if (rank == 0) {
         if (dg_comm_unique_id(id) || dg_dp_rendezvous_publish(path, id, sizeof id)) return -1;
-    } else if (dg_dp_rendezvous_wait(path, id, sizeof id, env_seconds("DG_RENDEZVOUS_TIMEOUT", 60))) {
+    } else if (dg_dp_rendezvous_wait(path, id, sizeof id, env_positive("DG_RENDEZVOUS_TIMEOUT", 60))) {
         return -1;
     }
-    dp.comm = dg_comm_init(id, world, rank, env_seconds("DG_DP_TIMEOUT", 300));
+    dp.comm = dg_comm_init(id, world, rank, env_positive("DG_DP_TIMEOUT", 300));
     /* joined: every rank has read the file; failed: it names a communicator that will not be; either
      * way no stale id is left for a later run */
     if (rank == 0 && !(hex && *hex)) unlink(path);
@@ -320,7 +320,9 @@ static int make_buffers(int64_t n, dg_tensor *const *params) {
     dg_release(dp.bucket);
     dp.bucket = NULL;
     dg_scope_begin();
-    int64_t size = total < DG_DP_BUCKET_FLOATS ? total : DG_DP_BUCKET_FLOATS;
+    const int64_t cap = (int64_t)(env_positive("DG_DP_BUCKET_MB", DG_DP_BUCKET_MB_DEFAULT) * (1 << 20)) /
+                        (int64_t)dg_dtype_size(dp.grad_dtype);
+    int64_t size = total < cap ? total : cap;
     dg_tensor *b = dg_empty_on(DG_SHAPE(size > 0 ? size : 1), dp.grad_dtype, DG_CUDA);
     dg_tensor *sc = dp.scalars ? dp.scalars : dg_empty_on(DG_SHAPE(2), DG_F32, DG_CUDA);
     dp.bucket = b ? dg_keep(b) : NULL;

@@ -15,6 +15,7 @@
  *   DG_NCCL_ID        the id itself (hex), when an outside launcher made it
  *   DG_DP_TIMEOUT     seconds a rank waits for the others in a collective before it gives up (300)
  *   DG_RENDEZVOUS_TIMEOUT  seconds a rank waits for the rendezvous file (60)
+ *   DG_DP_BUCKET_MB   megabytes of gradients a bucket of the all-reduce holds (25)
  * `deltagrad train --gpus N` (tools/launch_gpus.c) sets them for the N processes it starts.
  *
  * The state is the process's (one communicator a process), so the trainer's code stays that of one
@@ -27,10 +28,10 @@
 #include <signal.h>
 #include <stddef.h>
 
-/* Gradients travel in buckets of this many floats (about 25 MB): a bucket is packed from the
- * gradients, all-reduced and unpacked, so the extra device memory is one bucket, not a copy of
- * every gradient. */
-#define DG_DP_BUCKET_FLOATS ((int64_t)25 << 18)
+/* Gradients travel in buckets of DG_DP_BUCKET_MB megabytes (25 by default, as PyTorch DDP's
+ * bucket_cap_mb): a bucket is packed from the gradients, all-reduced and unpacked, so the extra
+ * device memory is one bucket, not a copy of every gradient. */
+#define DG_DP_BUCKET_MB_DEFAULT 25
 
 /* The place of this process from DG_WORLD and DG_RANK (both absent: rank 0 of 1).  0, or -1 with
  * dg_error naming the variable that is malformed or out of range. */
