@@ -29,21 +29,23 @@ typedef struct FN(bctx) {
     int final_dg;
 } FN(bctx);
 
-/* Phase C for sequence n, head hv. */
+/* Phase C for sequence n, head hv.  As in the state pass, the products of a dS known to be zero
+ * (the last chunk's, without dhT) are skipped, and so is the dS entering the first chunk when
+ * nothing reads it (no dh0); dSst still holds the zeros, which D1 does not read (it knows them). */
 static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
     const FN(ctx) *x = b->x;
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
+    bool zero = !b->dhT; /* dS is exactly zero */
     if (b->dhT) memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    else memset(dS, 0, sizeof(R) * (size_t)K * V);
     for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
         FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
-        memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+        if (!zero) memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
         const R *dO = b->dout + off * V;
         R *dVn = b->dVn + off * V;
         const R *kd = p.k, *qg = p.q;
@@ -57,13 +59,18 @@ static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
         }
         /* dV' = P^T dO (f2) + Kd dS1 (f3) */
         FN(gemm_tri)(1, L, V, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
-        FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
+        if (!zero) FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
+        if ((x->pl->edge[c] & DR_FIRST) && !dh0) break; /* the gradient entering the sequence: unread */
         /* dS0 = exp(G_last) dS1 (f3) + scale Qg^T dO (f2) - W^T dV' (f1) */
-        FN(decay_state)(&p.gate, dS, V, e);
-        FN(gemm)(1, 0, K, V, L, x->scale, qg, ldqg, dO, p.ldv, 1, dS, V);
+        if (!zero) FN(decay_state)(&p.gate, dS, V, e);
+        FN(gemm)(1, 0, K, V, L, x->scale, qg, ldqg, dO, p.ldv, zero ? 0 : 1, dS, V);
         FN(gemm)(1, 0, K, V, L, -1, x->W + off * K, (int64_t)HV * K, dVn, p.ldv, 1, dS, V);
+        zero = false;
     }
-    if (dh0) memcpy(dh0 + (n * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+    if (dh0) {
+        if (zero) memset(dS, 0, sizeof(R) * (size_t)K * V); /* a sequence without chunks (T = 0) */
+        memcpy(dh0 + (n * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+    }
 }
 
 /* dG (L x gs) += sgn * X o Y (CHANNEL) or rowsum(X o Y) (HEAD). */
@@ -89,7 +96,9 @@ static void FN(add_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ld
 }
 
 /* Phase D1 for chunk c, head hv: writes dq, dk (per value head), dW (ld ldw) and dG (ld ldG, the
- * gradient of the cumulative gate, last-row terms included). */
+ * gradient of the cumulative gate, last-row terms included).  The terms of a zero S0 (the first
+ * chunk without h0) or a zero dS1 (the last chunk without dhT) are zeros, not products: the same
+ * bits, and dSst is not read there (phase C leaves it unwritten). */
 static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t ldw, R *dG, int64_t ldG, R *ws) {
     const FN(ctx) *x = b->x;
     FN(cp) p;
@@ -109,14 +118,19 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         p.gate.E = Eh;
     }
     int partial = gs && !b->final_dg;
+    const bool s0zero = (x->pl->edge[c] & DR_FIRST) && !x->h0, s1zero = (x->pl->edge[c] & DR_LAST) && !b->dhT;
     if (gs) {
         FN(zero_rows)(L, gs, dG, ldG);
         memset(dGl, 0, sizeof(R) * (size_t)gs);
     }
     /* (f2) dQg = scale dO S0^T;  dQ = exp(G) o dQg */
-    FN(gemm)(0, 1, L, K, V, x->scale, dO, p.ldv, S0, V, 0, dQg, K);
-    FN(gate_rows)(g, 0, dQg, K, dq, ldk, e);
-    if (partial) FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
+    if (s0zero) {
+        FN(zero_rows)(L, K, dq, ldk);
+    } else {
+        FN(gemm)(0, 1, L, K, V, x->scale, dO, p.ldv, S0, V, 0, dQg, K);
+        FN(gate_rows)(g, 0, dQg, K, dq, ldk, e);
+        if (partial) FN(dg_add_prod)(g, 1, p.q, p.ldq, dq, ldk, dG, ldG);
+    }
     /* (f2, f6) dP = dO V'^T (lower);  dQ += dP Gamma K,  dK = dP^T Gamma Q (scaled) */
     FN(gemm_lowc)(L, V, 1, dO, p.ldv, Vn, p.ldv, 0, dP, C);
     FN(mask_lower)(L, dP, C, 0);
@@ -131,10 +145,12 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         FN(head_rowcol_dg)(L, dP, C, x->P + off * C, p.ldc, dG, ldG);
     }
     /* (f3) dKd = V' dS1^T;  dK += exp(G_last - G) o dKd */
-    FN(gemm)(0, 1, L, K, V, 1, Vn, p.ldv, dS1, V, 0, dKd, K);
-    FN(gate_rows)(g, 1, dKd, K, rp, K, e);
-    FN(add_rows)(L, K, rp, K, dKp, K);
-    if (gs) {
+    if (!s1zero) {
+        FN(gemm)(0, 1, L, K, V, 1, Vn, p.ldv, dS1, V, 0, dKd, K);
+        FN(gate_rows)(g, 1, dKd, K, rp, K, e);
+        FN(add_rows)(L, K, rp, K, dKp, K);
+    }
+    if (gs && !s1zero) {
         /* dG_last += sum_i K_i o dK_i(f3) + exp(G_last) o rowsum(S0 o dS1);  dG_i -= K_i o dK_i(f3) */
         R *tmp = dKd; /* reuse: L x gs zeros */
         FN(zero_rows)(L, gs, tmp, gs);
@@ -147,7 +163,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         const R *Gl = g->G + (L - 1) * g->ldg;
         for (int j = 0; j < gs; j++) e[j] = Gl[j];
         DR_VEXP(gs, e, e);
-        for (int r = 0; r < K; r++) {
+        for (int r = 0; r < K && !s0zero; r++) {
             R s = 0;
             for (int j = 0; j < V; j++) s += S0[(int64_t)r * V + j] * dS1[(int64_t)r * V + j];
             dGl[gs == 1 ? 0 : r] += s * e[gs == 1 ? 0 : r];
@@ -161,7 +177,8 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
     }
     for (int j = 0; j < gs; j++) dG[(L - 1) * ldG + j] += dGl[j];
     /* (f1) dW = -dV' S0^T */
-    FN(gemm)(0, 1, L, K, V, -1, dVn, p.ldv, S0, V, 0, dW, ldw);
+    if (s0zero) FN(zero_rows)(L, K, dW, ldw);
+    else FN(gemm)(0, 1, L, K, V, -1, dVn, p.ldv, S0, V, 0, dW, ldw);
 }
 
 /* Phase D2 for chunk c, head hv: the WY backward from dW (ld ldw) and dU = dV'; adds to dk and dG,

@@ -159,13 +159,18 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
 
 /* The state pass for sequence n, head hv (phase B).  Forward: o (and hT) written, V' kept in ws.
  * Backward recompute (Sst != NULL): the state entering each chunk c is stored at
- * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL. */
+ * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL.
+ * Products with a state known to be zero (the first chunk's, without h0) are skipped, and so is
+ * the state leaving the last chunk when nothing reads it (no hT): on short sequences (MQAR's 128
+ * tokens are two chunks) that is half of the pass's products.  Adding a product of zeros adds
+ * exact zeros, so the results are the same bits either way (for finite inputs). */
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
+    bool zero = !x->h0; /* S is exactly zero */
     if (x->h0) memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    else memset(S, 0, sizeof(R) * (size_t)K * V);
+    else if (Sst) memset(S, 0, sizeof(R) * (size_t)K * V); /* stored for the backward */
     for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
         FN(cp) p;
         FN(cp_init)(x, c, hv, &p);
@@ -182,21 +187,22 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         } else {
             FN(copy_rows)(L, V, x->U + off * V, p.ldv, Vn, V);
         }
-        FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
+        if (!zero) FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
         /* O = scale (exp(G) o Q) S + P V' */
         if (o) {
             const R *qg = p.q;
             int64_t ldqg = p.ldq;
-            if (x->gs) {
+            if (x->gs && !zero) {
                 FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
                 qg = Qg;
                 ldqg = K;
             }
-            FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
-            FN(gemm_tri)(0, L, V, 1, x->P + off * C, p.ldc, Vn, ldvn, 1, o + off * V, p.ldv);
+            if (!zero) FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
+            FN(gemm_tri)(0, L, V, 1, x->P + off * C, p.ldc, Vn, ldvn, zero ? 0 : 1, o + off * V, p.ldv);
         }
+        if ((x->pl->edge[c] & DR_LAST) && !hT) break; /* the state leaving the sequence: unread */
         /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
-        FN(decay_state)(&p.gate, S, V, e);
+        if (!zero) FN(decay_state)(&p.gate, S, V, e);
         const R *kd = p.k;
         int64_t ldkd = p.ldq;
         if (x->gs) {
@@ -204,9 +210,13 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
             kd = Kd;
             ldkd = K;
         }
-        FN(gemm)(1, 0, K, V, L, 1, kd, ldkd, Vn, ldvn, 1, S, V);
+        FN(gemm)(1, 0, K, V, L, 1, kd, ldkd, Vn, ldvn, zero ? 0 : 1, S, V);
+        zero = false;
     }
-    if (hT) memcpy(hT + (n * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+    if (hT) {
+        if (zero) memset(S, 0, sizeof(R) * (size_t)K * V); /* a sequence without chunks (T = 0) */
+        memcpy(hT + (n * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+    }
 }
 
 /* Runs the body for it in [0, n) on all threads (only when the local int dr_par_ says the call is

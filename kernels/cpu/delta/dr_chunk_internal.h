@@ -18,13 +18,17 @@
 #include "kernels/cpu/delta/delta_rule.h"
 
 typedef struct dg_drc_plan {
-    int64_t nseq;       /* N */
-    int64_t nchunks;    /* chunks over all sequences */
-    int64_t rows;       /* B*T */
-    int64_t *row0;      /* [nchunks] first row of each chunk */
-    int *len;           /* [nchunks] rows in each chunk (1..C) */
-    int64_t *seq_chunk; /* [N+1] chunks of sequence n are seq_chunk[n] .. seq_chunk[n+1]-1 */
+    int64_t nseq;        /* N */
+    int64_t nchunks;     /* chunks over all sequences */
+    int64_t rows;        /* B*T */
+    int64_t *row0;       /* [nchunks] first row of each chunk */
+    int *len;            /* [nchunks] rows in each chunk (1..C) */
+    int64_t *seq_chunk;  /* [N+1] chunks of sequence n are seq_chunk[n] .. seq_chunk[n+1]-1 */
+    unsigned char *edge; /* [nchunks] DR_FIRST | DR_LAST: the chunk begins / ends its sequence */
 } dg_drc_plan;
+
+#define DR_FIRST 1u
+#define DR_LAST 2u
 
 /* Validates the shape fields the chunked kernels use (what names the op in messages: "dr_chunk_fwd",
  * "solve_tril", ...) and builds the plan.  need: bit 1 = H/HV/K used, bit 2 = V used.  Returns 0, or

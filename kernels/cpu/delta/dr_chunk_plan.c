@@ -76,7 +76,8 @@ int dg_drc_plan_init(dg_drc_plan *p, const dg_dr_shape *s, const char *what, int
     p->nchunks = p->seq_chunk[N];
     p->row0 = malloc(sizeof(int64_t) * (size_t)(p->nchunks + 1));
     p->len = malloc(sizeof(int) * (size_t)(p->nchunks + 1));
-    if (!p->row0 || !p->len) goto oom;
+    p->edge = malloc((size_t)(p->nchunks + 1));
+    if (!p->row0 || !p->len || !p->edge) goto oom;
     for (int64_t n = 0; n < N; n++) {
         int64_t bos = s->cu_seqlens ? s->cu_seqlens[n] : n * s->T;
         int64_t eos = s->cu_seqlens ? s->cu_seqlens[n + 1] : (n + 1) * s->T;
@@ -84,6 +85,8 @@ int dg_drc_plan_init(dg_drc_plan *p, const dg_dr_shape *s, const char *what, int
             int64_t r0 = bos + (c - p->seq_chunk[n]) * C;
             p->row0[c] = r0;
             p->len[c] = (int)(eos - r0 < C ? eos - r0 : C);
+            p->edge[c] =
+                (unsigned char)((c == p->seq_chunk[n] ? DR_FIRST : 0) | (c + 1 == p->seq_chunk[n + 1] ? DR_LAST : 0));
         }
     }
     return 0;
@@ -97,5 +100,6 @@ void dg_drc_plan_free(dg_drc_plan *p) {
     free(p->row0);
     free(p->len);
     free(p->seq_chunk);
+    free(p->edge);
     memset(p, 0, sizeof *p);
 }
