@@ -287,13 +287,27 @@ static void compare_params(const char *a, const char *b, double max_elem) {
     dg_ckpt_model_free(&mb);
 }
 
+/* The 1-GPU run "one" of 20 steps, trained once for every test that compares against it. */
+static void train_one(void) {
+    char done[600];
+    snprintf(done, sizeof done, "%s/one/model.safetensors", tmpdir);
+    if (access(done, F_OK) != 0) train("one", "--steps 20 --gpus 1");
+}
+
+/* run: 20 steps on two GPUs with the options extra, against "one" (each parameter within max_elem). */
+static void two_follow_one(const char *run, const char *extra, double max_elem) {
+    if (!two_gpus()) return;
+    train_one();
+    char opts[256];
+    snprintf(opts, sizeof opts, "--steps 20 --gpus 2 %s", extra);
+    train(run, opts);
+    compare_curves("one", run);
+    compare_params("one", run, max_elem);
+}
+
 static void test_two_gpus_follow_one(void **state) {
     (void)state;
-    if (!two_gpus()) return;
-    train("one", "--steps 20 --gpus 1");
-    train("two", "--steps 20 --gpus 2");
-    compare_curves("one", "two");
-    compare_params("one", "two", 2e-4);
+    two_follow_one("two", "", 2e-4);
 }
 
 /* The gradients averaged in bf16 (--bf16-all-reduce): each rank's gradient is rounded to bf16
@@ -306,22 +320,14 @@ static void test_two_gpus_follow_one(void **state) {
  * parameters moved. */
 static void test_bf16_all_reduce_follows_one(void **state) {
     (void)state;
-    if (!two_gpus()) return;
-    char done[600];
-    snprintf(done, sizeof done, "%s/one/model.safetensors", tmpdir);
-    if (access(done, F_OK) != 0) train("one", "--steps 20 --gpus 1");
-    train("two_bf16", "--steps 20 --gpus 2 --bf16-all-reduce");
-    compare_curves("one", "two_bf16");
-    compare_params("one", "two_bf16", 2e-2);
+    two_follow_one("two_bf16", "--bf16-all-reduce", 2e-2);
 }
 
 /* A run checkpointed on two GPUs resumes on one (and the other way), and ends where one GPU ends. */
 static void test_checkpoint_resumes_on_another_count(void **state) {
     (void)state;
     if (!two_gpus()) return;
-    char done[600];
-    snprintf(done, sizeof done, "%s/one/model.safetensors", tmpdir);
-    if (access(done, F_OK) != 0) train("one", "--steps 20 --gpus 1");
+    train_one();
     train("two_then_one", "--steps 20 --stop-at 10 --gpus 2");
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "cd %s && timeout 300 %s train --resume two_then_one --gpus 1 --quiet > r1.log 2>&1",
