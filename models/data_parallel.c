@@ -3,6 +3,7 @@
 
 #include "core/internal.h"
 #include "models/atomic_file.h"
+#include "models/dp_buckets.h"
 #include "models/metrics.h"
 #include "ops/collective.h"
 
@@ -26,13 +27,8 @@ static struct {
     dg_tensor *bucket;   /* grad_dtype [DG_DP_BUCKET_MB or less] on the GPU */
     dg_tensor *scalars;  /* f32 [2] on the GPU: the loss, the stop request */
     dg_tensor *const *params;
-    int64_t n_params;
-    bool *placed; /* [n_params]: its gradient is in a bucket already this step */
-    struct dp_seg {
-        dg_tensor *grad;          /* NULL: a parameter without a gradient, zeros */
-        int64_t grad_off, off, n; /* grad[grad_off, +n) is bucket[off, +n) */
-    } * segs;                     /* the open bucket's pieces, [n_params] */
-    int64_t n_segs, fill;         /* pieces and floats in the open bucket */
+    const char **names; /* [n_params]: the parameters' names, for errors */
+    dg_dp_buckets bk;   /* which gradients fill which bucket (models/dp_buckets.h) */
     bool in_step;
 } dp = {.world = 1, .grad_dtype = DG_F32};
 
@@ -213,13 +209,11 @@ int dg_dp_world(void) { return dp.active ? dp.world : 1; }
 void dg_dp_shutdown(void) {
     dg_release(dp.bucket);
     dg_release(dp.scalars);
-    free(dp.placed);
-    free(dp.segs);
+    dg_dp_buckets_free(&dp.bk);
+    free(dp.names);
     dg_comm_free(dp.comm);
     dp.bucket = dp.scalars = NULL;
-    dp.placed = NULL;
-    dp.segs = NULL;
-    dp.n_params = 0;
+    dp.names = NULL;
     dp.in_step = false;
     dp.comm = NULL;
     dp.active = false;
@@ -263,67 +257,57 @@ static int check_grad(const dg_tensor *p, int64_t i) {
     return 0;
 }
 
-/* The open bucket, full or the last of the step, on the side stream: packed from the gradients,
- * averaged over the ranks and unpacked into them, after everything queued so far on the device's
- * stream (which made those gradients).  The backward goes on meanwhile; the device's stream waits
- * for the side stream only at dg_dp_step_end. */
-static int launch_bucket(void) {
-    if (!dp.fill) return 0;
-    dg_tensor *part = dp.fill == dg_numel(dp.bucket) ? dp.bucket : dg_slice(dp.bucket, 0, 0, dp.fill);
+/* A bucket, full or the last of the step, on the side stream (the launch of dp_buckets.h): packed
+ * from the gradients (zeros for a parameter without one), averaged over the ranks and unpacked into
+ * them, after everything queued so far on the device's stream (which made those gradients).  The
+ * backward goes on meanwhile; the device's stream waits for the side stream only at
+ * dg_dp_step_end. */
+static int launch_bucket(void *ctx, const dg_dp_seg *segs, int64_t n_segs, int64_t fill) {
+    (void)ctx;
+    dg_tensor *part = fill == dg_numel(dp.bucket) ? dp.bucket : dg_slice(dp.bucket, 0, 0, fill);
     if (!part || dg_comm_side_begin(dp.comm)) return -1;
-    for (int64_t i = 0; i < dp.n_segs; i++) {
-        const struct dp_seg *sg = &dp.segs[i];
-        if (dg_comm_side_copy_(dp.comm, dp.bucket, sg->off, sg->grad, sg->grad_off, sg->n)) return -1;
+    for (int64_t i = 0; i < n_segs; i++) {
+        const dg_dp_seg *sg = &segs[i];
+        if (dg_comm_side_copy_(dp.comm, dp.bucket, sg->off, dp.params[sg->param]->grad, sg->grad_off, sg->n)) return -1;
     }
     if (dg_comm_side_mean_(dp.comm, part)) return -1;
-    for (int64_t i = 0; i < dp.n_segs; i++) {
-        const struct dp_seg *sg = &dp.segs[i];
-        if (sg->grad && dg_comm_side_copy_(dp.comm, sg->grad, sg->grad_off, dp.bucket, sg->off, sg->n)) return -1;
-    }
-    dp.fill = dp.n_segs = 0;
-    return 0;
-}
-
-/* Parameter i's gradient is final: its elements join the open bucket, which is launched each time
- * it fills (a gradient larger than what is left is cut across buckets).  The ranks place the
- * parameters in the same order (the backward's, which depends on the graph alone), so bucket k
- * holds the same elements on every rank and the collectives are issued in the same order. */
-static int place(int64_t i) {
-    dg_tensor *p = dp.params[i];
-    if (check_grad(p, i)) return -1;
-    dp.placed[i] = true;
-    int64_t m = dg_numel(p), size = dg_numel(dp.bucket);
-    for (int64_t done = 0; done < m;) {
-        int64_t take = m - done < size - dp.fill ? m - done : size - dp.fill;
-        dp.segs[dp.n_segs++] = (struct dp_seg){.grad = p->grad, .grad_off = done, .off = dp.fill, .n = take};
-        dp.fill += take;
-        done += take;
-        if (dp.fill == size && launch_bucket()) return -1;
+    for (int64_t i = 0; i < n_segs; i++) {
+        const dg_dp_seg *sg = &segs[i];
+        dg_tensor *g = dp.params[sg->param]->grad;
+        if (g && dg_comm_side_copy_(dp.comm, g, sg->grad_off, dp.bucket, sg->off, sg->n)) return -1;
     }
     return 0;
 }
 
-/* Makes the step's buffers at the first step (outside every scope: they live until shutdown). */
+/* Makes the step's buffers at the first step (the device buffers outside every scope: they live
+ * until shutdown). */
 static int make_buffers(int64_t n, dg_tensor *const *params) {
-    if (dp.bucket && dp.n_params == n && dp.bucket->dtype == dp.grad_dtype) return 0;
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) total += dg_numel(params[i]);
-    free(dp.placed);
-    free(dp.segs);
-    dp.placed = calloc((size_t)(n ? n : 1), sizeof *dp.placed);
-    dp.segs = calloc((size_t)(n ? n : 1), sizeof *dp.segs);
-    dp.n_params = n;
-    if (!dp.placed || !dp.segs) {
+    if (dp.bucket && dp.bk.n_params == n && dp.bucket->dtype == dp.grad_dtype) return 0;
+    const int64_t cap = (int64_t)(env_positive("DG_DP_BUCKET_MB", DG_DP_BUCKET_MB_DEFAULT) * (1 << 20)) /
+                        (int64_t)dg_dtype_size(dp.grad_dtype);
+    int64_t total = 0, *numel = malloc((size_t)(n ? n : 1) * sizeof *numel);
+    free(dp.names);
+    dp.names = malloc((size_t)(n ? n : 1) * sizeof *dp.names);
+    if (!numel || !dp.names) {
+        free(numel);
         dg_error("data-parallel: out of host memory");
         return -1;
     }
+    for (int64_t i = 0; i < n; i++) {
+        numel[i] = dg_numel(params[i]);
+        dp.names[i] = params[i]->name;
+        total += numel[i];
+    }
+    int64_t size = total < cap ? total : cap;
+    size = size > 0 ? size : 1;
+    dg_dp_buckets_free(&dp.bk);
+    const int brc = dg_dp_buckets_init(&dp.bk, n, numel, size, launch_bucket, NULL);
+    free(numel);
+    if (brc) return -1;
     dg_release(dp.bucket);
     dp.bucket = NULL;
     dg_scope_begin();
-    const int64_t cap = (int64_t)(env_positive("DG_DP_BUCKET_MB", DG_DP_BUCKET_MB_DEFAULT) * (1 << 20)) /
-                        (int64_t)dg_dtype_size(dp.grad_dtype);
-    int64_t size = total < cap ? total : cap;
-    dg_tensor *b = dg_empty_on(DG_SHAPE(size > 0 ? size : 1), dp.grad_dtype, DG_CUDA);
+    dg_tensor *b = dg_empty_on(DG_SHAPE(size), dp.grad_dtype, DG_CUDA);
     dg_tensor *sc = dp.scalars ? dp.scalars : dg_empty_on(DG_SHAPE(2), DG_F32, DG_CUDA);
     dp.bucket = b ? dg_keep(b) : NULL;
     if (!dp.scalars && sc) dp.scalars = dg_keep(sc);
@@ -358,8 +342,7 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
         if (check_grad(params[i], i)) return -1;
     if (make_buffers(n, params)) return -1;
     dp.params = params;
-    memset(dp.placed, 0, (size_t)n * sizeof *dp.placed);
-    dp.fill = dp.n_segs = 0;
+    dg_dp_buckets_begin(&dp.bk);
     /* the loss and the stop request travel first, in their own small collective; both are written
      * on the device (a copy, and a fill whose value is a kernel argument): no host-to-device copy
      * that could wait behind a collective */
@@ -375,8 +358,8 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
 int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx) {
     (void)ctx;
     if (!dp.active || !dp.in_step) return 0;
-    for (int64_t i = 0; i < dp.n_params; i++)
-        if (dp.params[i] == leaf) return dp.placed[i] ? 0 : place(i);
+    for (int64_t i = 0; i < dp.bk.n_params; i++)
+        if (dp.params[i] == leaf) return check_grad(leaf, i) || dg_dp_buckets_place(&dp.bk, i, dp.names) ? -1 : 0;
     return 0; /* a leaf that is not a parameter: not reduced */
 }
 
@@ -387,9 +370,9 @@ int dg_dp_step_end(void) {
         return -1;
     }
     /* the parameters the backward did not report (not reached: no gradient), in their order */
-    for (int64_t i = 0; i < dp.n_params; i++)
-        if (!dp.placed[i] && place(i)) return -1;
-    return launch_bucket() || dg_comm_side_join(dp.comm) ? -1 : 0;
+    for (int64_t i = 0; i < dp.bk.n_params; i++)
+        if (check_grad(dp.params[i], i)) return -1;
+    return dg_dp_buckets_end(&dp.bk, dp.names) || dg_comm_side_join(dp.comm) ? -1 : 0;
 }
 
 int dg_dp_step_finish(double *loss) {

@@ -1,7 +1,8 @@
 /* Data-parallel training (models/data_parallel.h, tools/launch_gpus.c).
  *
  * On the CPU: the place of a process from the environment, the split of a global batch into the
- * ranks' slices, and the rendezvous file (written atomically, waited for with a timeout).
+ * ranks' slices, the rendezvous file (written atomically, waited for with a timeout), and the
+ * gradients' buckets (cut in the order of placement, the same order required at every step).
  *
  * On two GPUs (skipped with fewer, or without NCCL): `deltagrad train --gpus 2` against `--gpus 1`
  * on the same global batch, a tiny f32 model for 20 steps.  The two runs see the same sequences and
@@ -21,6 +22,7 @@
 #include "core/device.h"
 #include "models/checkpoint.h"
 #include "models/data_parallel.h"
+#include "models/dp_buckets.h"
 #include "models/metrics.h"
 #include "ops/collective.h"
 #include "tests/support/test_support.h"
@@ -165,6 +167,94 @@ static void test_id_from_hex(void **state) {
     assert_error_contains("6 hex digits");
     assert_int_equal(dg_dp_id_from_hex("00ffg7", id, 3), -1);
     assert_error_contains("'g'");
+}
+
+/* ---- the buckets (models/dp_buckets.h) ---------------------------------------------------------- */
+
+/* What launch saw: the concatenation, bucket by bucket, of (param, element) for every element. */
+typedef struct {
+    int64_t param[64], elem[64], n;
+    int64_t fills[16], n_buckets;
+} launch_log;
+
+static int log_launch(void *ctx, const dg_dp_seg *segs, int64_t n_segs, int64_t fill) {
+    launch_log *l = ctx;
+    int64_t at = 0;
+    for (int64_t s = 0; s < n_segs; s++) {
+        if (segs[s].off != at)
+            fail_msg("segment %lld starts at %lld, not %lld", (long long)s, (long long)segs[s].off, (long long)at);
+        for (int64_t e = 0; e < segs[s].n; e++) {
+            l->param[l->n] = segs[s].param;
+            l->elem[l->n++] = segs[s].grad_off + e;
+        }
+        at += segs[s].n;
+    }
+    assert_int_equal(at, fill);
+    l->fills[l->n_buckets++] = fill;
+    return 0;
+}
+
+/* Parameters of 5, 3, 10 and 2 elements in buckets of 4, finished in the order 2, 0, 3 (1 never
+ * reached): every bucket but the last is full, a gradient larger than the room left is cut across
+ * buckets, and the elements arrive in the order of placement, the unreached parameter last. */
+static void test_buckets_follow_the_order_of_placement(void **state) {
+    (void)state;
+    const int64_t numel[4] = {5, 3, 10, 2};
+    launch_log l = {0};
+    dg_dp_buckets b;
+    assert_int_equal(dg_dp_buckets_init(&b, 4, numel, 4, log_launch, &l), 0);
+    dg_dp_buckets_begin(&b);
+    assert_int_equal(dg_dp_buckets_place(&b, 2, NULL), 0);
+    assert_int_equal(l.n_buckets, 2); /* 10 elements: two full buckets, 2 left open */
+    assert_int_equal(dg_dp_buckets_place(&b, 0, NULL), 0);
+    assert_int_equal(dg_dp_buckets_place(&b, 2, NULL), 0); /* placed twice: nothing */
+    assert_int_equal(dg_dp_buckets_place(&b, 3, NULL), 0);
+    assert_int_equal(dg_dp_buckets_end(&b, NULL), 0);
+    const int64_t want_param[20] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 3, 3, 1, 1, 1};
+    const int64_t want_elem[20] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 0, 1, 0, 1, 2};
+    assert_int_equal(l.n, 20);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(l.param[i], want_param[i]);
+        assert_int_equal(l.elem[i], want_elem[i]);
+    }
+    assert_int_equal(l.n_buckets, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(l.fills[i], 4);
+    /* the next step in the same order cuts the same buckets */
+    launch_log l2 = {0};
+    b.ctx = &l2;
+    dg_dp_buckets_begin(&b);
+    assert_int_equal(dg_dp_buckets_place(&b, 2, NULL), 0);
+    assert_int_equal(dg_dp_buckets_place(&b, 0, NULL), 0);
+    assert_int_equal(dg_dp_buckets_place(&b, 3, NULL), 0);
+    assert_int_equal(dg_dp_buckets_end(&b, NULL), 0);
+    assert_memory_equal(l.param, l2.param, sizeof l.param);
+    assert_memory_equal(l.elem, l2.elem, sizeof l.elem);
+    dg_dp_buckets_free(&b);
+}
+
+/* A later step that finishes the parameters in another order is stopped, naming both, before the
+ * bucket holding the stray parameter is sent. */
+static void test_buckets_refuse_another_order(void **state) {
+    (void)state;
+    const int64_t numel[3] = {4, 4, 4};
+    const char *names[3] = {"embed", "w1", "head"};
+    launch_log l = {0};
+    dg_dp_buckets b;
+    assert_int_equal(dg_dp_buckets_init(&b, 3, numel, 8, log_launch, &l), 0);
+    dg_dp_buckets_begin(&b);
+    assert_int_equal(dg_dp_buckets_place(&b, 2, names), 0);
+    assert_int_equal(dg_dp_buckets_place(&b, 1, names), 0);
+    assert_int_equal(dg_dp_buckets_end(&b, names), 0);
+    assert_int_equal(l.n_buckets, 2);
+    dg_dp_buckets_begin(&b);
+    assert_int_equal(dg_dp_buckets_place(&b, 2, names), 0);
+    assert_int_equal(dg_dp_buckets_place(&b, 0, names), -1);
+    assert_error_contains("parameter 0 (embed) where the first step finished 1 (w1)");
+    assert_int_equal(l.n_buckets, 2); /* nothing more was sent */
+    dg_dp_buckets_free(&b);
+    /* a bucket of no elements is refused */
+    assert_int_equal(dg_dp_buckets_init(&b, 3, numel, 0, log_launch, &l), -1);
+    assert_error_contains("buckets of 0 elements");
 }
 
 /* A rank whose rank 0 never writes the file: a clear error after the timeout, not a hang. */
@@ -361,6 +451,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rendezvous_wait_times_out_naming_the_file),
         cmocka_unit_test(test_rendezvous_refuses_a_foreign_file),
         cmocka_unit_test(test_id_from_hex),
+        cmocka_unit_test(test_buckets_follow_the_order_of_placement),
+        cmocka_unit_test(test_buckets_refuse_another_order),
         cmocka_unit_test(test_worker_without_rank0_times_out),
         cmocka_unit_test(test_two_gpus_follow_one),
         cmocka_unit_test(test_bf16_all_reduce_follows_one),
