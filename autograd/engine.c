@@ -212,6 +212,13 @@ static size_t ptr_map_probe(const ptr_map *m, const void *key) {
     return h;
 }
 
+/* The count of key, or NULL when key is absent. */
+static int64_t *ptr_map_find(const ptr_map *m, const void *key) {
+    if (!m->cap) return NULL;
+    size_t h = ptr_map_probe(m, key);
+    return m->keys[h] ? &m->vals[h] : NULL;
+}
+
 /* The count of key, inserted as 0 when absent (*fresh says so).  NULL when out of memory. */
 static int64_t *ptr_map_at(ptr_map *m, const void *key, bool *fresh) {
     if ((m->used + 1) * 2 > m->cap) { /* grow and rehash */
@@ -279,12 +286,14 @@ static int count_leaf_uses(const node_list *order, ptr_map *pending) {
 }
 
 /* Node n has run (or had nothing to do): each leaf it fed whose last user it was is final. */
-static int leaves_done(const dg_node *n, ptr_map *pending, dg_leaf_ready_fn ready, void *ctx) {
+static int leaves_done(const dg_node *n, const ptr_map *pending, dg_leaf_ready_fn ready, void *ctx) {
     for (int i = 0; i < n->n_in; i++) {
         if (!leaf_input(n, i)) continue;
-        bool fresh;
-        int64_t *c = ptr_map_at(pending, n->in[i], &fresh);
-        if (!c || fresh) return -1; /* every leaf was counted before the walk */
+        int64_t *c = ptr_map_find(pending, n->in[i]);
+        if (!c) { /* every leaf of the walk was counted before it */
+            dg_error("backward: a leaf input of %s was not counted before the walk", n->op->name);
+            return -1;
+        }
         if (--*c == 0 && ready(n->in[i], ctx)) {
             if (!dg_has_error()) dg_error("backward: the hook on a finished leaf gradient failed");
             return -1;

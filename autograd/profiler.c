@@ -12,7 +12,8 @@
  * the host's waits for the device inside it (dg_cuda_wait_stats): a wait empties the queue, and
  * the device idles while the host queues what follows.  The host times, the waits and the calls
  * go into one total per (name, kind) as each span ends; only a CUDA span's events wait for the
- * flush (a step), which reads their elapsed times.  State is host-side and single-threaded, as the library's stream is. */
+ * flush (a step), which reads their elapsed times.  State is host-side and single-threaded, as the
+ * library's stream is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -60,6 +60,9 @@ if [ "$N" -gt 1 ]; then
         (CUDA_VISIBLE_DEVICES=$i run 1 "alone-$i" >"$OUT/alone-$i.rate") &
     done
     wait
+    for ((i = 0; i < N; i++)); do
+        [ -s "$OUT/alone-$i.rate" ] || { echo "the independent run on GPU $i failed ($OUT/alone-$i.log)" >&2; exit 1; }
+    done
     sum=$(cat "$OUT"/alone-*.rate | awk '{ s += $1 } END { printf "%.0f", s }')
     ceil=$(awk -v a="$sum" -v b="$one" -v n="$N" 'BEGIN { printf "%.1f", 100 * a / (n * b) }')
     echo "$N independent 1-GPU runs at once: $sum tokens/s together, $ceil% of $N lone runs (the ceiling)"

@@ -369,9 +369,9 @@ int dg_dp_step_end(void) {
         dg_error("data-parallel: dg_dp_step_end without dg_dp_step_begin");
         return -1;
     }
-    /* the parameters the backward did not report (not reached: no gradient), in their order */
+    /* the parameters the backward did not report (not reached: no gradient) go last, in their order */
     for (int64_t i = 0; i < dp.bk.n_params; i++)
-        if (check_grad(dp.params[i], i)) return -1;
+        if (!dp.bk.placed[i] && check_grad(dp.params[i], i)) return -1;
     return dg_dp_buckets_end(&dp.bk, dp.names) || dg_comm_side_join(dp.comm) ? -1 : 0;
 }
 

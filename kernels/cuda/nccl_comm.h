@@ -1,7 +1,8 @@
 /* NCCL under data-parallel training: one communicator per process (one process a GPU), created from
- * a unique id that the ranks share through a rendezvous (models/data_parallel.c), and an all-reduce
- * of f32 device buffers on a side stream of its own, which overlaps the library's stream.  Compiled only in a CUDA build that found NCCL
- * (DG_HAVE_NCCL); ops/collective.c is the entry point that the host build also has.
+ * a unique id that the ranks share through a rendezvous (models/data_parallel.c), and the mean of
+ * device buffers over the ranks on a side stream of its own, which overlaps the library's stream.
+ * Compiled only in a CUDA build that found NCCL (DG_HAVE_NCCL); ops/collective.c is the entry point
+ * that the host build also has.
  *
  * Nothing here can hang forever.  The communicator is non-blocking (ncclConfig_t.blocking = 0):
  * initialisation and the enqueueing of a collective return at once and are polled with
@@ -33,15 +34,16 @@ dg_nccl *dg_nccl_init(const unsigned char id[DG_NCCL_ID_BYTES], int world, int r
  * on the library's stream so far; side_copy copies n elements device to device on the side stream,
  * each f32 or bf16 (f32 to bf16 rounds to nearest even; src NULL: writes zeros); side_allreduce
  * makes buf[0..n) (f32 or bf16) the mean over the ranks of their buf[0..n) (ncclAvg), in place, on
- * the side stream; side_join
- * makes what is queued next on the library's stream wait for everything queued on the side stream.
+ * the side stream; side_join makes what is queued next on the library's stream wait for everything
+ * queued on the side stream.
  * None of them waits on the host.  0, or -1 with dg_error. */
 int dg_nccl_side_begin(dg_nccl *c);
 int dg_nccl_side_copy(dg_nccl *c, void *dst, bool dst_bf16, const void *src, bool src_bf16, int64_t n);
 int dg_nccl_side_allreduce_mean(dg_nccl *c, void *buf, bool bf16, int64_t n);
 int dg_nccl_side_join(dg_nccl *c);
 /* Waits until the library's stream and the side stream have run everything queued on them, the
- * collectives included, for at most the communicator's timeout.  0, or -1 with dg_error (the communicator is then aborted). */
+ * collectives included, for at most the communicator's timeout.  0, or -1 with dg_error (the
+ * communicator is then aborted). */
 int dg_nccl_wait(dg_nccl *c);
 /* Finalises and frees the communicator (aborts it if that fails or times out).  NULL is a no-op. */
 void dg_nccl_destroy(dg_nccl *c);
