@@ -205,11 +205,15 @@ BINARY_OP(div, DG_BIN_DIV)
 
 /* ---- unary ---- */
 
+/* neg, add_scalar, mul_scalar: the backward reads neither x nor y (a shell of x is enough) */
+#define UNARY_CONSTANT_DERIVATIVE(OP) \
+    ((OP) == DG_UN_NEG || (OP) == DG_UN_ADD_SCALAR || (OP) == DG_UN_MUL_SCALAR ? 1u : 0u)
+
 /* What the derivative of op reads: the input x (log, pow, logsigmoid, silu, softplus), the output y
  * (exp, sqrt, rsqrt, sigmoid, tanh) or neither (neg, add_scalar, mul_scalar).  bf16 recomputes
  * from x in f32 wherever f' is not constant (its y is rounded). */
 static void unary_reads(dg_unary_op op, dg_dtype dt, bool *x, bool *y) {
-    const bool constant = op == DG_UN_NEG || op == DG_UN_ADD_SCALAR || op == DG_UN_MUL_SCALAR;
+    const bool constant = UNARY_CONSTANT_DERIVATIVE(op);
     const bool of_y =
         op == DG_UN_EXP || op == DG_UN_SQRT || op == DG_UN_RSQRT || op == DG_UN_SIGMOID || op == DG_UN_TANH;
     *y = !constant && of_y && dt != DG_BF16;
@@ -283,9 +287,6 @@ static int unary_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s, dg_
     return 1;
 }
 
-/* neg, add_scalar, mul_scalar: the backward reads neither x nor y (a shell of x is enough) */
-#define UNARY_CONSTANT_DERIVATIVE(OP) \
-    ((OP) == DG_UN_NEG || (OP) == DG_UN_ADD_SCALAR || (OP) == DG_UN_MUL_SCALAR ? 1u : 0u)
 #define UNARY_DEF(NAME, OP, SCALAR)                                                \
     static int NAME##_sample(int i, dg_dtype dt, uint64_t seed, dg_sample *s) {    \
         return unary_sample(i, dt, seed, s, OP, SCALAR);                           \
