@@ -11,6 +11,7 @@
 static inline dg_drc_family drc_family_of(const dg_delta_call *c) {
     if (dg_cuda_dr_chunk_accepts(DG_DRC_KDA_MMA, c)) return DG_DRC_KDA_MMA;
     if (dg_cuda_dr_chunk_accepts(DG_DRC_MMA, c)) return DG_DRC_MMA;
+    if (dg_cuda_dr_chunk_accepts(DG_DRC_TF32, c)) return DG_DRC_TF32;
     return DG_DRC_GENERIC;
 }
 static inline int64_t drc_kept_bytes(const dg_delta_call *c) {

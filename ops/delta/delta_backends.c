@@ -136,6 +136,7 @@ static int cuda_chunk_fwd(dg_drc_family fam, dg_delta_call *c) {
     static int cuda_chunk_##SFX##_bwd(dg_delta_call *c) { return dg_cuda_dr_chunk_bwd(FAM, c); }
 CUDA_CHUNK_ROW(DG_DRC_KDA_MMA, kda_mma)
 CUDA_CHUNK_ROW(DG_DRC_MMA, mma)
+CUDA_CHUNK_ROW(DG_DRC_TF32, tf32)
 CUDA_CHUNK_ROW(DG_DRC_GENERIC, generic)
 
 #endif /* DG_HAVE_CUDA */
@@ -153,6 +154,8 @@ static const dg_delta_backend rows[] = {
      cuda_chunk_kda_mma_kept_bytes, cuda_chunk_kda_mma_fwd, cuda_chunk_kda_mma_bwd},
     {"cuda_chunk_mma", "CUDA, chunked, tensor cores, gate none or head", cuda_chunk_mma_accepts,
      cuda_chunk_mma_kept_bytes, cuda_chunk_mma_fwd, cuda_chunk_mma_bwd},
+    {"cuda_chunk_tf32", "CUDA, chunked, TF32 tensor cores, 128 < K <= 256", cuda_chunk_tf32_accepts,
+     cuda_chunk_tf32_kept_bytes, cuda_chunk_tf32_fwd, cuda_chunk_tf32_bwd},
     {"cuda_chunk_generic", "CUDA, chunked, f32 arithmetic", cuda_chunk_generic_accepts, cuda_chunk_generic_kept_bytes,
      cuda_chunk_generic_fwd, cuda_chunk_generic_bwd},
 #endif

@@ -172,6 +172,7 @@ void plan_free(Plan *p) {
 static bool family_shape(dg_drc_family fam, const Geom &G, bool f16) {
     if (fam == DG_DRC_KDA_MMA) return !f16 && kda_ok(G);
     if (fam == DG_DRC_MMA) return fast_ok(G);
+    if (fam == DG_DRC_TF32) return G.K > 128 && G.K <= 256;
     return false;
 }
 
@@ -187,7 +188,7 @@ static Geom vsplit_geom(Geom G, int R) {
  * (else 64) columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the
  * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one) */
 static int vsplit_ways(dg_drc_family fam, const Geom &G, bool f16) {
-    if (fam == DG_DRC_GENERIC || family_shape(fam, G, f16)) return 1;
+    if (fam == DG_DRC_GENERIC || fam == DG_DRC_TF32 || family_shape(fam, G, f16)) return 1;
     for (int Vs = 128; Vs >= 64; Vs -= 64) {
         const int R = G.V / Vs;
         if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && family_shape(fam, vsplit_geom(G, R), f16))
@@ -365,7 +366,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
     int rc;
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value; /* fp16: the head-gate kernels' fp16 build; KDA generic */
-        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA;
+        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
         if (l2 && !(fast && r.l2_fuse)) {
             rc = fwd_l2_first<T>(r, p, io, keep, kept, *l2);
             plan_free(&p);
@@ -374,6 +375,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         if (l2) io.l2q = l2->q, io.l2k = l2->k, io.l2rq = l2->rq, io.l2rk = l2->rk, io.l2eps = l2->eps;
         rc = kda    ? kda_fwd(p, io_bits(io), keep)
              : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
+             : tf32 ? generic_fwd<T, true>(p, io)
                     : generic_fwd<T>(p, io);
         if (!rc) *kept = keep && (kda || fast);
     } else {
@@ -402,9 +404,10 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
     int rc;
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value;
-        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA;
+        const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
         rc = kda    ? kda_bwd(p, var, io_bits(io), kept)
              : fast ? (f16 ? fast_h::bwd(p, var, io_bits(io), kept) : fast::bwd(p, var, io_bits(io), kept))
+             : tf32 ? generic_bwd<T, true>(p, var, io)
                     : generic_bwd<T>(p, var, io);
         /* (the L2 norm's backward, io.rq / io.rk: each path applies it, dr_chunk_heads.cu) */
     } else {
@@ -417,7 +420,10 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
 /* ---- the entry points on the call descriptor ---- */
 
 static const char *family_name(dg_drc_family fam) {
-    return fam == DG_DRC_MMA ? "tensor cores" : fam == DG_DRC_KDA_MMA ? "kda tensor cores" : "generic";
+    return fam == DG_DRC_MMA       ? "tensor cores"
+           : fam == DG_DRC_KDA_MMA ? "kda tensor cores"
+           : fam == DG_DRC_TF32    ? "tf32 tensor cores"
+                                   : "generic";
 }
 
 /* the tensor-core kernels load q, k, v, dout (and the norm's raw and normalised rows) as 16-byte
@@ -446,6 +452,7 @@ static bool accepts(dg_drc_family fam, const dg_delta_call *c) {
     const bool f16 = c->dtype == DG_F16;
     if (c->dtype == DG_F32 || c->force_generic || c->s.K > 256 || c->s.V > (1 << 20) || c->s.H < 1) return false;
     const Geom G = loose_geom(c->s);
+    if (fam == DG_DRC_TF32) return family_shape(fam, G, f16); /* (element loads: any alignment) */
     return (family_shape(fam, G, f16) || vsplit_ways(fam, G, f16) > 1) && call_aligned(c);
 }
 
@@ -458,7 +465,7 @@ static const char *who_of(const dg_delta_call *c, bool bwd) {
 
 /* the call is one this family takes (a named row may be forced on any call) */
 static bool check_family(dg_drc_family fam, const dg_delta_call *c, const char *who) {
-    if (fam != DG_DRC_GENERIC && fam != DG_DRC_MMA && fam != DG_DRC_KDA_MMA) {
+    if (fam != DG_DRC_GENERIC && fam != DG_DRC_MMA && fam != DG_DRC_KDA_MMA && fam != DG_DRC_TF32) {
         dg_error("%s: unknown kernel family %d", who, (int)fam);
         return false;
     }
@@ -552,7 +559,7 @@ extern "C" {
 bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c) { return drc::accepts(fam, c); }
 
 int64_t dg_cuda_dr_chunk_kept_bytes(dg_drc_family fam, const dg_delta_call *c) {
-    if (!drc::accepts(fam, c) || c->dtype == DG_F32 || fam == DG_DRC_GENERIC) return 0;
+    if (!drc::accepts(fam, c) || c->dtype == DG_F32 || fam == DG_DRC_GENERIC || fam == DG_DRC_TF32) return 0;
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
     if (drc::plan_init("cuda dr_chunk_kept_bytes", &c->s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
         return -1;

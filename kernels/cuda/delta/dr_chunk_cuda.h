@@ -16,8 +16,12 @@
  * Return 0, or -1 with dg_error set (bad shape or pointer, CUDA failure).  Work is queued on the
  * library's stream (kernels/cuda/cuda_kernels.h).
  *
- * Three kernel families (dg_drc_family):
+ * Four kernel families (dg_drc_family):
  *  - DG_DRC_GENERIC: f32 arithmetic, every dtype, gate kind and chunk size;
+ *  - DG_DRC_TF32: the generic kernels with their products on TF32 tensor cores (mma.sync m16n8k8:
+ *    every product operand rounded to 10 mantissa bits, f32 accumulation; the triangular inverse and
+ *    the per-channel gate's gated products stay f32): 16-bit calls with 128 < K <= 256, every
+ *    gate, chunk and V (dr_chunk_blk_mm.cuh);
  *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 calls, and fp16 calls with gate NONE or
  *    HEAD; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
  *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a
@@ -55,6 +59,7 @@ typedef enum {
     DG_DRC_GENERIC = 0, /* dr_chunk_generic.cu: f32 arithmetic, every call */
     DG_DRC_MMA = 1,     /* dr_chunk_mma_*.cu: tensor cores, gate none or head, bf16 and fp16 */
     DG_DRC_KDA_MMA = 2, /* dr_chunk_kda_mma_*.cu: tensor cores, per-channel gate, bf16 */
+    DG_DRC_TF32 = 3,    /* dr_chunk_generic_*.cu on TF32 tensor cores: 16-bit, 128 < K <= 256 */
 } dg_drc_family;
 
 /* Whether family fam takes call c: a CUDA chunked call of its dtypes, gates and shapes, with the

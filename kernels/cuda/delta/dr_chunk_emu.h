@@ -383,6 +383,48 @@ template <float (*to_f32)(uint16_t)> inline void mma16816_as(float c[4], const u
     }
 }
 inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_as<bf16_bits_to_float>(c, a, b); }
+/* cvt.rna.tf32.f32: x rounded to 10 mantissa bits, to nearest with ties away from zero (the low 13
+ * bits of the word zero); NaN and infinity kept */
+inline uint32_t tf32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+/* mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, g = l/4, t = l%4 (each register one tf32
+ * word): a0: A[g][t]  a1: A[g+8][t]  a2: A[g][t+4]  a3: A[g+8][t+4];  b0: B[t][g]  b1: B[t+4][g];
+ * c as mma16816's */
+inline void mma1688_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    memcpy(slot(lane()), mine, sizeof mine);
+    syncwarp();
+    const int g = lane() / 4, t = lane() % 4;
+    auto f = [](uint32_t x) {
+        float y;
+        memcpy(&y, &x, 4);
+        return y;
+    };
+    float A[2][8], B[2][8]; /* my two rows of A, my two columns of B */
+    for (int l = 0; l < 32; l++) {
+        uint32_t r[6];
+        memcpy(r, slot(l), sizeof r);
+        const int gl = l / 4, tl = l % 4;
+        if (gl == g) {
+            A[0][tl] = f(r[0]), A[1][tl] = f(r[1]);
+            A[0][tl + 4] = f(r[2]), A[1][tl + 4] = f(r[3]);
+        }
+        for (int q = 0; q < 2; q++)
+            if (gl == 2 * t + q) B[q][tl] = f(r[4]), B[q][tl + 4] = f(r[5]);
+    }
+    syncwarp();
+    for (int q = 0; q < 4; q++) {
+        float s = c[q];
+        for (int k = 0; k < 8; k++) s += A[q >> 1][k] * B[q & 1][k];
+        c[q] = s;
+    }
+}
+
 inline void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_as<dg_f16_to_f32>(c, a, b); }
 
 } // namespace drc_emu

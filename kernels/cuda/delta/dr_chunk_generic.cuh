@@ -29,7 +29,7 @@
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_GENERIC_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_GENERIC_CUH
 
-#include "kernels/cuda/delta/dr_chunk_internal.cuh"
+#include "kernels/cuda/delta/dr_chunk_blk_mm.cuh"
 
 namespace drc {
 namespace {
@@ -71,17 +71,33 @@ template <typename T> __device__ __forceinline__ CP<T> cp_at(const Geom &G, int6
     return p;
 }
 
+/* Row strides of the shared-memory tiles (floats): C x C matrices, C x K rows, and the state and
+ * value tiles of BV columns (BV + 8: the B operand of blk_mm reads them without bank conflicts) */
+__host__ __device__ __forceinline__ int ld_c(const Geom &G) { return G.C + 4; }
+__host__ __device__ __forceinline__ int ld_k(const Geom &G) { return G.K + 4; }
+__host__ __device__ __forceinline__ int ld_bv(int BV) { return BV + 8; }
+
 /* ---------------------------------------------------------------- prep (forward, and backward
- * recompute): cumsum -> Gc; Mkk, A; Ai; W, U; P.  Smem: b[C], Gh[C], A, Y, Tmp [C*C]. */
-template <typename T, int GATE>
+ * recompute): cumsum -> Gc; Mkk, A; Ai; W, U; P.  Smem: b[C], Gh[C]; A, Y, Tmp [C x ld_c]; K
+ * [C x ld_k] (raw, then scaled by beta e^G for W); X: Q for P, then V in tiles of prep_vt columns
+ * for U. */
+__host__ __device__ __forceinline__ int prep_vt(const Geom &G) { return G.V < 256 ? G.V : 256; }
+__host__ __device__ __forceinline__ int prep_ldx(const Geom &G) { return (G.K > prep_vt(G) ? G.K : prep_vt(G)) + 4; }
+inline size_t prep_smem(const Geom &G) {
+    return sizeof(float) * (size_t)(2 * G.C + 3 * G.C * ld_c(G) + G.C * ld_k(G) + G.C * prep_ldx(G));
+}
+
+template <typename T, int GATE, bool TC>
 __global__ void __launch_bounds__(NT)
     k_prep(Geom G, const T *q, const T *k, const T *v, const float *g, const T *beta, float *Gc, float *W, float *U,
            float *P, float *Ai_out, float *Mkk_out, int blocked) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const int LC = ld_c(G), LK = ld_k(G), LX = prep_ldx(G), VT = prep_vt(G);
     const CP<T> p = cp_at<T>(G, blockIdx.x / HV, (int)(blockIdx.x % HV));
     const int L = p.L;
-    float *sb = sm, *sh = sb + C, *sA = sh + C, *sY = sA + C * C, *sT = sY + C * C;
+    float *sb = sm, *sh = sb + C, *sA = sh + C, *sY = sA + C * LC, *sT = sY + C * LC, *sK = sT + C * LC;
+    float *sX = sK + C * LK;
     const T *kc = k + p.oq, *qc = q + p.oq, *vc = v + p.ov;
     float *Gcc = GATE != DG_GATE_NONE ? Gc + p.og : nullptr;
     /* G = chunk-local cumsum of g */
@@ -94,25 +110,47 @@ __global__ void __launch_bounds__(NT)
             }
         }
     for (int i = tid; i < C; i += NT) sb[i] = i < L ? ldx(beta + p.ob + i * (int64_t)HV) : 0.0f;
+    for (int e = tid; e < C * LC; e += NT) sA[e] = 0.0f, sY[e] = 0.0f;
+    for (int e = tid; e < L * K; e += NT) {
+        const int i = e / K, c = e % K;
+        sK[i * LK + c] = ldx(kc + i * p.ldq + c);
+        sX[i * LX + c] = ldx(qc + i * p.ldq + c);
+    }
     bsync();
     for (int i = tid; i < C; i += NT) sh[i] = GATE == DG_GATE_HEAD && i < L ? Gcc[i * p.ldg] : 0.0f;
-    /* Mkk_ij = sum_c k_ic k_jc Gamma(i,j,c) (j < i);  A = diag(beta) Mkk */
-    for (int e = tid; e < C * C; e += NT) {
-        int i = e / C, j = e % C;
-        float m = 0.0f;
-        if (j < i && i < L) {
-            const T *ki = kc + i * p.ldq, *kj = kc + j * p.ldq;
-            if (GATE == DG_GATE_CHANNEL) {
-                const float *Gi = Gcc + i * p.ldg, *Gj = Gcc + j * p.ldg;
-                for (int c = 0; c < K; c++) m += ldx(ki + c) * ldx(kj + c) * expf(Gi[c] - Gj[c]);
-            } else {
-                for (int c = 0; c < K; c++) m += ldx(ki + c) * ldx(kj + c);
-                if (GATE == DG_GATE_HEAD) m *= expf(Gcc[i * p.ldg] - Gcc[j * p.ldg]);
-            }
+    bsync();
+    /* Mkk_ij = sum_c k_ic k_jc Gamma(i,j,c) (j < i);  A = diag(beta) Mkk;
+     * P_ij = scale sum_c q_ic k_jc Gamma(i,j,c) (j <= i) */
+    if constexpr (GATE != DG_GATE_CHANNEL) {
+        const Mat Kt{sK, 1, LK}; /* K^T */
+        blk_mm<TC, NT>(L, L, Term{Mat{sK, LK, 1}, Kt, K}, [&](int i, int j, float m) {
+            if (j >= i) return;
+            if (GATE == DG_GATE_HEAD) m *= expf(sh[i] - sh[j]);
             if (Mkk_out) Mkk_out[p.oc + i * p.ldc + j] = m;
+            sA[i * LC + j] = sb[i] * m;
+        });
+        blk_mm<TC, NT>(L, L, Term{Mat{sX, LX, 1}, Kt, K}, [&](int i, int j, float m) {
+            if (j > i) return;
+            if (GATE == DG_GATE_HEAD) m *= expf(sh[i] - sh[j]);
+            P[p.oc + i * p.ldc + j] = G.scale * m;
+        });
+    } else { /* the gate inside the sum over c: f32 FMAs */
+        for (int e = tid; e < L * L; e += NT) {
+            const int i = e / L, j = e % L;
+            if (j > i) continue;
+            const float *Gi = Gcc + i * p.ldg, *Gj = Gcc + j * p.ldg;
+            float m = 0.0f, pq = 0.0f;
+            for (int c = 0; c < K; c++) {
+                const float gm = expf(Gi[c] - Gj[c]), kj = sK[j * LK + c];
+                m += sK[i * LK + c] * kj * gm;
+                pq += sX[i * LX + c] * kj * gm;
+            }
+            if (j < i) {
+                if (Mkk_out) Mkk_out[p.oc + i * p.ldc + j] = m;
+                sA[i * LC + j] = sb[i] * m;
+            }
+            P[p.oc + i * p.ldc + j] = G.scale * pq;
         }
-        sA[e] = sb[i] * m;
-        sY[e] = 0.0f;
     }
     bsync();
     /* Y = (I + A)^-1: forward substitution by columns, Y_ic = delta_ic - sum_{c<=j<i} A_ij Y_jc,
@@ -123,11 +161,11 @@ __global__ void __launch_bounds__(NT)
         int b0 = t / bs * bs, col = t;
         if (col >= L) continue;
         int i1 = b0 + bs < L ? b0 + bs : L;
-        sY[col * C + col] = 1.0f;
+        sY[col * LC + col] = 1.0f;
         for (int i = col + 1; i < i1; i++) {
             float s = 0.0f;
-            for (int j = col; j < i; j++) s += sA[i * C + j] * sY[j * C + col];
-            sY[i * C + col] = -s;
+            for (int j = col; j < i; j++) s += sA[i * LC + j] * sY[j * LC + col];
+            sY[i * LC + col] = -s;
         }
     }
     bsync();
@@ -137,55 +175,45 @@ __global__ void __launch_bounds__(NT)
         for (int e = tid; e < (i1 - i0) * i0; e += NT) {
             int i = i0 + e / i0, c = e % i0;
             float s = 0.0f;
-            for (int m = c; m < i0; m++) s += sA[i * C + m] * sY[m * C + c];
-            sT[i * C + c] = s;
+            for (int m = c; m < i0; m++) s += sA[i * LC + m] * sY[m * LC + c];
+            sT[i * LC + c] = s;
         }
         bsync();
         for (int e = tid; e < (i1 - i0) * i0; e += NT) {
             int i = i0 + e / i0, c = e % i0;
             float s = 0.0f;
-            for (int m = i0; m <= i; m++) s += sY[i * C + m] * sT[m * C + c];
-            sY[i * C + c] = -s;
+            for (int m = i0; m <= i; m++) s += sY[i * LC + m] * sT[m * LC + c];
+            sY[i * LC + c] = -s;
         }
         bsync();
     }
     if (Ai_out)
         for (int e = tid; e < L * C; e += NT) {
             int i = e / C, j = e % C;
-            if (j <= i) Ai_out[p.oc + i * p.ldc + j] = sY[i * C + j];
+            if (j <= i) Ai_out[p.oc + i * p.ldc + j] = sY[i * LC + j];
         }
-    /* W_ic = sum_{j<=i} Y_ij beta_j exp(G_jc) k_jc;  U_iv = sum_{j<=i} Y_ij beta_j v_jv */
+    /* W = Y Kbg, Kbg_jc = beta_j exp(G_jc) k_jc (K scaled in place: Mkk and P are done) */
     for (int e = tid; e < L * K; e += NT) {
-        int i = e / K, c = e % K;
-        float s = 0.0f;
-        for (int j = 0; j <= i; j++) {
-            float kb = sb[j] * ldx(kc + j * p.ldq + c);
-            if (GATE == DG_GATE_HEAD) kb *= expf(sh[j]);
-            if (GATE == DG_GATE_CHANNEL) kb *= expf(Gcc[j * p.ldg + c]);
-            s += sY[i * C + j] * kb;
-        }
-        W[p.ok + i * p.ldk + c] = s;
+        const int j = e / K, c = e % K;
+        float f = sb[j];
+        if (GATE == DG_GATE_HEAD) f *= expf(sh[j]);
+        if (GATE == DG_GATE_CHANNEL) f *= expf(Gcc[j * p.ldg + c]);
+        sK[j * LK + c] *= f;
     }
-    for (int e = tid; e < L * V; e += NT) {
-        int i = e / V, c = e % V;
-        float s = 0.0f;
-        for (int j = 0; j <= i; j++) s += sY[i * C + j] * (sb[j] * ldx(vc + j * p.ldv + c));
-        U[p.ov + i * p.ldv + c] = s;
-    }
-    /* P_ij = scale sum_c q_ic k_jc Gamma(i,j,c), j <= i */
-    for (int e = tid; e < L * L; e += NT) {
-        int i = e / L, j = e % L;
-        if (j > i) continue;
-        const T *qi = qc + i * p.ldq, *kj = kc + j * p.ldq;
-        float m = 0.0f;
-        if (GATE == DG_GATE_CHANNEL) {
-            const float *Gi = Gcc + i * p.ldg, *Gj = Gcc + j * p.ldg;
-            for (int c = 0; c < K; c++) m += ldx(qi + c) * ldx(kj + c) * expf(Gi[c] - Gj[c]);
-        } else {
-            for (int c = 0; c < K; c++) m += ldx(qi + c) * ldx(kj + c);
-            if (GATE == DG_GATE_HEAD) m *= expf(sh[i] - sh[j]);
+    bsync();
+    blk_mm<TC, NT>(L, K, Term{Mat{sY, LC, 1}, Mat{sK, LK, 1}, L},
+                   [&](int i, int c, float x) { W[p.ok + i * p.ldk + c] = x; });
+    /* U = Y Vb, Vb_jv = beta_j v_jv, by tiles of VT columns of V in X (P is done) */
+    for (int v0 = 0; v0 < V; v0 += VT) {
+        const int nv = V - v0 < VT ? V - v0 : VT;
+        for (int e = tid; e < L * nv; e += NT) {
+            const int j = e / nv, c = e % nv;
+            sX[j * LX + c] = sb[j] * ldx(vc + j * p.ldv + v0 + c);
         }
-        P[p.oc + i * p.ldc + j] = G.scale * m;
+        bsync();
+        blk_mm<TC, NT>(L, nv, Term{Mat{sY, LC, 1}, Mat{sX, LX, 1}, L},
+                       [&](int i, int c, float x) { U[p.ov + i * p.ldv + v0 + c] = x; });
+        bsync();
     }
 }
 
@@ -194,21 +222,26 @@ template <int GATE> __device__ __forceinline__ float last_decay(const float *Gl,
 
 /* ---------------------------------------------------------------- state pass, block per
  * (sequence n, value head hv, V tile of BV columns).  UV holds U on entry and V' on exit.
- * Smem: S [K*BV], X [C*K], Vn [C*BV], dec [K]. */
-template <typename T, int GATE>
+ * Smem: S [K x ld_bv], X [C x ld_k] (W, then Kd), Vn [C x ld_bv], dec [K]. */
+inline size_t state_smem(const Geom &G, int BV) {
+    return sizeof(float) * (size_t)(G.K * ld_bv(BV) + G.C * ld_k(G) + G.C * ld_bv(BV) + G.K);
+}
+
+template <typename T, int GATE, bool TC>
 __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const float *Gc, const float *W, float *UV,
                                               const float *h0, float *hT, float *Hst) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const int LK = ld_k(G), LS = ld_bv(BV);
     const int NVT = (V + BV - 1) / BV;
     const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);
     const int64_t n = blockIdx.x / NVT / HV;
     const int j0 = vt * BV, nbv = V - j0 < BV ? V - j0 : BV;
-    float *sS = sm, *sX = sS + K * BV, *sV = sX + C * K, *sdec = sV + C * BV;
+    float *sS = sm, *sX = sS + K * LS, *sV = sX + C * LK, *sdec = sV + C * LS;
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + j0;
-    for (int e = tid; e < K * BV; e += NT) {
-        int r = e / BV, j = e % BV;
-        sS[e] = h0 && j < nbv ? h0[hb + (int64_t)r * V + j] : 0.0f;
+    for (int e = tid; e < K * nbv; e += NT) {
+        int r = e / nbv, j = e % nbv;
+        sS[r * LS + j] = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f;
     }
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -218,27 +251,20 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
         const int L = p.L;
         if (Hst) {
             const int64_t sb = (c * HV + hv) * (int64_t)K * V + j0;
-            for (int e = tid; e < K * BV; e += NT) {
-                int r = e / BV, j = e % BV;
-                if (j < nbv) Hst[sb + (int64_t)r * V + j] = sS[e];
+            for (int e = tid; e < K * nbv; e += NT) {
+                int r = e / nbv, j = e % nbv;
+                Hst[sb + (int64_t)r * V + j] = sS[r * LS + j];
             }
         }
-        for (int e = tid; e < L * K; e += NT) sX[e] = W[p.ok + (e / K) * p.ldk + e % K];
+        for (int e = tid; e < L * K; e += NT) sX[(e / K) * LK + e % K] = W[p.ok + (e / K) * p.ldk + e % K];
         bsync();
         /* V' = U - W S */
-        for (int e = tid; e < L * BV; e += NT) {
-            int i = e / BV, j = e % BV;
-            if (j >= nbv) {
-                sV[e] = 0.0f;
-                continue;
-            }
-            float s = 0.0f;
-            for (int r = 0; r < K; r++) s += sX[i * K + r] * sS[r * BV + j];
+        blk_mm<TC, NT>(L, nbv, Term{Mat{sX, LK, 1}, Mat{sS, LS, 1}, K}, [&](int i, int j, float x) {
             float *u = UV + p.ov + i * p.ldv + j0 + j;
-            s = *u - s;
+            const float s = *u - x;
             *u = s;
-            sV[e] = s;
-        }
+            sV[i * LS + j] = s;
+        });
         bsync();
         /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
         const float *Gl = GATE != DG_GATE_NONE ? Gc + p.og + (L - 1) * p.ldg : nullptr;
@@ -246,28 +272,25 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
             int i = e / K, r = e % K;
             float kk = ldx(k + p.oq + i * p.ldq + r);
             if (GATE != DG_GATE_NONE) kk *= gam<GATE>(Gl, Gc + p.og + i * p.ldg, r);
-            sX[e] = kk;
+            sX[i * LK + r] = kk;
         }
         for (int r = tid; r < K; r += NT) sdec[r] = last_decay<GATE>(Gl, r);
         bsync();
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            float s = sdec[r] * sS[e];
-            for (int i = 0; i < L; i++) s += sX[i * K + r] * sV[i * BV + j];
-            sS[e] = s;
-        }
+        blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sV, LS, 1}, L},
+                       [&](int r, int j, float x) { sS[r * LS + j] = sdec[r] * sS[r * LS + j] + x; });
         bsync();
     }
     if (hT)
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            if (j < nbv) hT[hb + (int64_t)r * V + j] = sS[e];
+        for (int e = tid; e < K * nbv; e += NT) {
+            int r = e / nbv, j = e % nbv;
+            hT[hb + (int64_t)r * V + j] = sS[r * LS + j];
         }
 }
 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
-/* (the largest shared-memory request, the fused backward at K = 256 and C = 64, is 196864 bytes,
- * under the 232448 a block may have on sm_90; plan_init rejects K > 256) */
+/* (the largest shared-memory requests, at K = 256 and C = 64: dhu 195584 bytes, prep 185856 (V >=
+ * 256), the fused backward 222016 (the per-channel gate runs the pair instead), all under the
+ * 232448 a block may have on sm_90; plan_init rejects K > 256) */
 
 } // namespace
 } // namespace drc

@@ -10,22 +10,28 @@ namespace {
  * V tile), chunks in reverse; dS is the gradient of the state leaving the chunk:
  *   dV' = P^T dO + Kd dS                    Kd = exp(G_last - G) o K
  *   dS <- exp(G_last) dS + scale Qg^T dO - W^T dV'      Qg = exp(G) o Q
- * dSo[c] = dS leaving chunk c.  Smem: dS [K*BV], X [C*K], dVn [C*BV], dO [C*BV], P [C*C], dec [K]. */
-template <typename T, int GATE>
+ * dSo[c] = dS leaving chunk c.  Smem: dS [K x ld_bv], X [C x ld_k] (Kd, then scale Qg, then W),
+ * dVn, dO [C x ld_bv], P [C x ld_c], dec [K]. */
+inline size_t dhu_smem(const Geom &G, int BV) {
+    return sizeof(float) * (size_t)(G.K * ld_bv(BV) + G.C * ld_k(G) + 2 * G.C * ld_bv(BV) + G.C * ld_c(G) + G.K);
+}
+
+template <typename T, int GATE, bool TC>
 __global__ void __launch_bounds__(NT)
     k_dhu(Geom G, int BV, const T *q, const T *k, const float *Gc, const float *W, const float *P, const T *dout,
           const float *dhT, float *dVn, float *dSo, float *dh0) {
     DRC_SMEM(float, sm);
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const int LC = ld_c(G), LK = ld_k(G), LS = ld_bv(BV);
     const int NVT = (V + BV - 1) / BV;
     const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);
     const int64_t n = blockIdx.x / NVT / HV;
     const int j0 = vt * BV, nbv = V - j0 < BV ? V - j0 : BV;
-    float *sS = sm, *sX = sS + K * BV, *sV = sX + C * K, *sO = sV + C * BV, *sP = sO + C * BV, *sdec = sP + C * C;
+    float *sS = sm, *sX = sS + K * LS, *sV = sX + C * LK, *sO = sV + C * LS, *sP = sO + C * LS, *sdec = sP + C * LC;
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + j0;
-    for (int e = tid; e < K * BV; e += NT) {
-        int r = e / BV, j = e % BV;
-        sS[e] = dhT && j < nbv ? dhT[hb + (int64_t)r * V + j] : 0.0f;
+    for (int e = tid; e < K * nbv; e += NT) {
+        int r = e / nbv, j = e % nbv;
+        sS[r * LS + j] = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f;
     }
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
@@ -34,64 +40,53 @@ __global__ void __launch_bounds__(NT)
         const CP<T> p = cp_at<T>(G, c, hv);
         const int L = p.L;
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + j0;
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            if (j < nbv) dSo[sb + (int64_t)r * V + j] = sS[e];
+        for (int e = tid; e < K * nbv; e += NT) {
+            int r = e / nbv, j = e % nbv;
+            dSo[sb + (int64_t)r * V + j] = sS[r * LS + j];
         }
         const float *Gl = GATE != DG_GATE_NONE ? Gc + p.og + (L - 1) * p.ldg : nullptr;
         for (int e = tid; e < L * K; e += NT) {
             int i = e / K, r = e % K;
             float kk = ldx(k + p.oq + i * p.ldq + r);
             if (GATE != DG_GATE_NONE) kk *= gam<GATE>(Gl, Gc + p.og + i * p.ldg, r);
-            sX[e] = kk;
+            sX[i * LK + r] = kk;
         }
         for (int r = tid; r < K; r += NT) sdec[r] = last_decay<GATE>(Gl, r);
-        for (int e = tid; e < L * BV; e += NT) {
-            int i = e / BV, j = e % BV;
-            sO[e] = j < nbv ? ldx(dout + p.ov + i * p.ldv + j0 + j) : 0.0f;
+        for (int e = tid; e < L * nbv; e += NT) {
+            int i = e / nbv, j = e % nbv;
+            sO[i * LS + j] = ldx(dout + p.ov + i * p.ldv + j0 + j);
         }
-        for (int e = tid; e < L * C; e += NT) {
-            int i = e / C, j = e % C;
-            sP[e] = j <= i ? P[p.oc + i * p.ldc + j] : 0.0f;
+        for (int e = tid; e < L * L; e += NT) {
+            int i = e / L, j = e % L;
+            sP[i * LC + j] = j <= i ? P[p.oc + i * p.ldc + j] : 0.0f;
         }
         bsync();
-        for (int e = tid; e < L * BV; e += NT) {
-            int i = e / BV, j = e % BV;
-            float s = 0.0f;
-            for (int m = i; m < L; m++) s += sP[m * C + i] * sO[m * BV + j];
-            for (int r = 0; r < K; r++) s += sX[i * K + r] * sS[r * BV + j];
-            sV[e] = s;
-            if (j < nbv) dVn[p.ov + i * p.ldv + j0 + j] = s;
-        }
+        blk_mm2<TC, NT>(L, nbv, Term{Mat{sP, 1, LC}, Mat{sO, LS, 1}, L}, Term{Mat{sX, LK, 1}, Mat{sS, LS, 1}, K},
+                        [&](int i, int j, float x) {
+                            sV[i * LS + j] = x;
+                            dVn[p.ov + i * p.ldv + j0 + j] = x;
+                        });
         bsync();
         for (int e = tid; e < L * K; e += NT) {
             int i = e / K, r = e % K;
-            float x = ldx(q + p.oq + i * p.ldq + r);
+            float x = G.scale * ldx(q + p.oq + i * p.ldq + r);
             if (GATE != DG_GATE_NONE) x *= gexp<GATE>(Gc + p.og + i * p.ldg, r);
-            sX[e] = x;
+            sX[i * LK + r] = x;
         }
         bsync();
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            float s = 0.0f;
-            for (int i = 0; i < L; i++) s += sX[i * K + r] * sO[i * BV + j];
-            sS[e] = sdec[r] * sS[e] + G.scale * s;
-        }
+        blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sO, LS, 1}, L},
+                       [&](int r, int j, float x) { sS[r * LS + j] = sdec[r] * sS[r * LS + j] + x; });
         bsync();
-        for (int e = tid; e < L * K; e += NT) sX[e] = W[p.ok + (e / K) * p.ldk + e % K];
+        for (int e = tid; e < L * K; e += NT) sX[(e / K) * LK + e % K] = W[p.ok + (e / K) * p.ldk + e % K];
         bsync();
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            float s = 0.0f;
-            for (int i = 0; i < L; i++) s += sX[i * K + r] * sV[i * BV + j];
-            sS[e] -= s;
-        }
+        blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sV, LS, 1}, L},
+                       [&](int r, int j, float x) { sS[r * LS + j] -= x; });
         bsync();
     }
     if (dh0)
-        for (int e = tid; e < K * BV; e += NT) {
-            int r = e / BV, j = e % BV;
-            if (j < nbv) dh0[hb + (int64_t)r * V + j] = sS[e];
+        for (int e = tid; e < K * nbv; e += NT) {
+            int r = e / nbv, j = e % nbv;
+            dh0[hb + (int64_t)r * V + j] = sS[r * LS + j];
         }
 }
 
@@ -107,122 +102,196 @@ template <typename T> struct BwdArgs {
     int final_dg;
 };
 
+/* the tiles of dqkwg: KT columns of K (its outputs), VT columns of V (the sums over V) at a time */
+__host__ __device__ __forceinline__ int dq_kt(const Geom &G) { return G.K < 64 ? G.K : 64; }
+__host__ __device__ __forceinline__ int dq_vt(const Geom &G) { return G.V < 32 ? G.V : 32; }
+/* shared-memory floats of dqkwg_body: dP [C x ld_c]; f2, dkd, dw, Q, K [C x (KT + 4)]; dO, V', dV'
+ * [C x (VT + 8)]; S0, dS1 [KT x (VT + 8)]; row sums [C], column sums [KT], reduction [2 NW] */
+__host__ __device__ inline int64_t dqkwg_smem(const Geom &G) {
+    const int64_t C = G.C, LT = dq_kt(G) + 4, LV = dq_vt(G) + 8;
+    return C * ld_c(G) + 5 * C * LT + 3 * C * LV + 2 * dq_kt(G) * LV + C + dq_kt(G) + 2 * NW;
+}
+
 /* ---------------------------------------------------------------- dqkwg for one chunk (block).
  * Writes dq, dk (value head) to dqv, dkv; dW (ld ldw) and dG (ld ldG; the gradient of the
- * cumulative gate, last-row terms included).  Warp per row i; lanes split the inner sums.
+ * cumulative gate, last-row terms included).
  *   (f2) dq = exp(G) o (scale dO S0^T) + scale (dP o Gamma) K,  dP = lower_incl(dO V'^T)
  *   (f6) dk = scale (dP o Gamma)^T Q
  *   (f3) dk += exp(G_last - G) o (V' dS1^T)
  *   (f1) dW = -dV' S0^T
- * Smem: dP [C*C], Gl partials [NW*K], red [2*NW]. */
-template <typename T, int GATE>
+ * dP first (summed over tiles of V), then the outputs by tiles of KT columns, each summing its
+ * products with S0 and dS1 over tiles of V.  Row and column sums go in a fixed order (no atomics):
+ * the results are the same bits from run to run. */
+template <typename T, int GATE, bool TC>
 __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, float *dW, int64_t ldw, float *dG,
                            int64_t ldG, float *sm) {
     const int C = G.C, K = G.K, V = G.V, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const CP<T> p = cp_at<T>(G, c, hv);
-    const int L = p.L;
+    const int L = p.L, KT = dq_kt(G), VT = dq_vt(G), LC = ld_c(G), LT = KT + 4, LV = VT + 8;
     const float scale = G.scale;
-    float *sDP = sm, *sGl = sDP + C * C, *sred = sGl + NW * K;
+    float *sDP = sm, *sF2 = sDP + C * LC, *sDKD = sF2 + C * LT, *sDW = sDKD + C * LT, *sQt = sDW + C * LT;
+    float *sKt = sQt + C * LT, *sO = sKt + C * LT, *sVn = sO + C * LV, *sdVn = sVn + C * LV, *sS0 = sdVn + C * LV;
+    float *sdS1 = sS0 + KT * LV, *sRow = sdS1 + KT * LV, *sCol = sRow + C, *sred = sCol + KT;
     const float *S0 = a.Hst + (c * G.HV + hv) * (int64_t)K * V, *dS1 = a.dSo + (c * G.HV + hv) * (int64_t)K * V;
     const T *qc = a.q + p.oq, *kc = a.k + p.oq, *dO = a.dout + p.ov;
     const float *Vn = a.Vn + p.ov, *dVn = a.dVn + p.ov;
     const float *Gcc = GATE != DG_GATE_NONE ? a.Gc + p.og : nullptr;
-    const int partial = GATE != DG_GATE_NONE && !a.final_dg;
-    /* dP_il = sum_j dO_ij V'_lj, l <= i (warp per entry) */
-    for (int e = warp; e < C * C; e += NW) {
-        int i = e / C, l = e % C;
-        float s = 0.0f;
-        if (l <= i && i < L)
-            for (int j = lane; j < V; j += 32) s += ldx(dO + i * p.ldv + j) * Vn[l * p.ldv + j];
-        s = warp_sum(s);
-        if (lane == 0) sDP[e] = s;
-    }
-    for (int e = tid; e < NW * K; e += NT) sGl[e] = 0.0f;
-    bsync();
-    float kf3_head = 0.0f; /* HEAD: this warp's sum of k o f3 */
-    for (int i = warp; i < L; i += NW) {
-        float rowsum = 0.0f;
-        const float *Gi = GATE != DG_GATE_NONE ? Gcc + i * p.ldg : nullptr;
-        for (int cc = 0; cc < K; cc++) {
-            float f2 = 0.0f, dkd = 0.0f, dw = 0.0f, rp = 0.0f, dkp = 0.0f;
-            for (int j = lane; j < V; j += 32) {
-                float s0 = S0[(int64_t)cc * V + j];
-                f2 += ldx(dO + i * p.ldv + j) * s0;
-                dkd += Vn[i * p.ldv + j] * dS1[(int64_t)cc * V + j];
-                dw += dVn[i * p.ldv + j] * s0;
-            }
-            for (int l = lane; l <= i; l += 32)
-                rp += sDP[i * C + l] * ldx(kc + l * p.ldq + cc) *
-                      (GATE != DG_GATE_NONE ? gam<GATE>(Gi, Gcc + l * p.ldg, cc) : 1.0f);
-            for (int m = i + lane; m < L; m += 32)
-                dkp += sDP[m * C + i] * ldx(qc + m * p.ldq + cc) *
-                       (GATE != DG_GATE_NONE ? gam<GATE>(Gcc + m * p.ldg, Gi, cc) : 1.0f);
-            f2 = warp_sum(f2), dkd = warp_sum(dkd), dw = warp_sum(dw);
-            rp = scale * warp_sum(rp), dkp = scale * warp_sum(dkp);
-            if (lane == 0) {
-                const float qv = ldx(qc + i * p.ldq + cc), kv = ldx(kc + i * p.ldq + cc);
-                float dqf2 = scale * f2, f3 = dkd;
-                if (GATE != DG_GATE_NONE) {
-                    dqf2 *= gexp<GATE>(Gi, cc);
-                    f3 *= gam<GATE>(Gcc + (L - 1) * p.ldg, Gi, cc);
-                }
-                const float dq = dqf2 + rp, dk = dkp + f3;
-                a.dqv[p.ok + i * p.ldk + cc] = dq;
-                a.dkv[p.ok + i * p.ldk + cc] = dk;
-                dW[i * ldw + cc] = -dw;
-                if (GATE != DG_GATE_NONE) {
-                    float contrib;
-                    if (!partial) contrib = qv * dq - kv * dk;
-                    else if (GATE == DG_GATE_CHANNEL) contrib = qv * dqf2 + qv * rp - kv * dkp - kv * f3;
-                    else contrib = qv * dqf2 - kv * f3;
-                    if (GATE == DG_GATE_CHANNEL) {
-                        dG[i * ldG + cc] = contrib;
-                        sGl[warp * K + cc] += kv * f3;
-                    } else {
-                        rowsum += contrib;
-                        kf3_head += kv * f3;
-                    }
-                }
-            }
+    const float *Gl = GATE != DG_GATE_NONE ? Gcc + (L - 1) * p.ldg : nullptr;
+    const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
+    /* dP_il = sum_j dO_ij V'_lj */
+    for (int v0 = 0; v0 < V; v0 += VT) {
+        const int nv = V - v0 < VT ? V - v0 : VT;
+        for (int e = tid; e < L * nv; e += NT) {
+            const int i = e / nv, j = e % nv;
+            sO[i * LV + j] = ldx(dO + i * p.ldv + v0 + j);
+            sVn[i * LV + j] = Vn[i * p.ldv + v0 + j];
         }
-        if (GATE == DG_GATE_HEAD) {
-            float rc = 0.0f; /* partial: rowcol(dP, P) = sum_l dP_il P_il - sum_m dP_mi P_mi */
-            if (partial) {
-                for (int l = lane; l <= i; l += 32) rc += sDP[i * C + l] * a.P[p.oc + i * p.ldc + l];
-                for (int m = i + lane; m < L; m += 32) rc -= sDP[m * C + i] * a.P[p.oc + m * p.ldc + i];
-                rc = warp_sum(rc);
-            }
-            if (lane == 0) dG[i * ldG] = rowsum + rc;
-        }
-    }
-    if (GATE == DG_GATE_HEAD && lane == 0) sred[NW + warp] = kf3_head;
-    bsync();
-    /* last row: dG_last += sum_i k_i o f3_i + exp(G_last) o rowsum(S0 o dS1) */
-    if (GATE == DG_GATE_CHANNEL) {
-        const float *Gl = Gcc + (L - 1) * p.ldg;
-        for (int cc = warp; cc < K; cc += NW) {
-            float t = 0.0f;
-            for (int j = lane; j < V; j += 32) t += S0[(int64_t)cc * V + j] * dS1[(int64_t)cc * V + j];
-            t = warp_sum(t);
-            if (lane == 0) {
-                float s = 0.0f;
-                for (int w = 0; w < NW; w++) s += sGl[w * K + cc];
-                dG[(L - 1) * ldG + cc] += s + expf(Gl[cc]) * t;
-            }
-        }
-    } else if (GATE == DG_GATE_HEAD) {
-        float t = 0.0f;
-        for (int64_t e = tid; e < (int64_t)K * V; e += NT) t += S0[e] * dS1[e];
-        t = warp_sum(t);
-        if (lane == 0) sred[warp] = t;
         bsync();
-        if (tid == 0) {
-            float st = 0.0f, sk = 0.0f;
-            for (int w = 0; w < NW; w++) st += sred[w], sk += sred[NW + w];
-            dG[(L - 1) * ldG] += sk + expf(Gcc[(L - 1) * p.ldg]) * st;
+        blk_mm<TC, NT>(L, L, Term{Mat{sO, LV, 1}, Mat{sVn, 1, LV}, nv},
+                       [&](int i, int l, float x) { sDP[i * LC + l] = (v0 ? sDP[i * LC + l] : 0.0f) + x; });
+        bsync();
+    }
+    /* HEAD, partial terms: rowcol(dP, P) = sum_l dP_il P_il - sum_m dP_mi P_mi starts the row sums */
+    for (int i = warp; i < L; i += NW) {
+        float rc = 0.0f;
+        if (head_partial) {
+            for (int l = lane; l <= i; l += 32) rc += sDP[i * LC + l] * a.P[p.oc + i * p.ldc + l];
+            for (int m = i + lane; m < L; m += 32) rc -= sDP[m * LC + i] * a.P[p.oc + m * p.ldc + i];
+            rc = warp_sum(rc);
+        }
+        if (lane == 0) sRow[i] = rc;
+    }
+    bsync();
+    /* dP masked to l <= i; gate none or head: scale dP o Gamma, the operand of both products */
+    for (int e = tid; e < L * L; e += NT) {
+        const int i = e / L, l = e % L;
+        float x = l <= i ? sDP[i * LC + l] : 0.0f;
+        if (GATE != DG_GATE_CHANNEL) x *= scale;
+        if (GATE == DG_GATE_HEAD) x *= expf(Gcc[i * p.ldg] - Gcc[l * p.ldg]);
+        sDP[i * LC + l] = x;
+    }
+    float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
+    for (int cc0 = 0; cc0 < K; cc0 += KT) {
+        const int nk = K - cc0 < KT ? K - cc0 : KT;
+        for (int e = tid; e < L * nk; e += NT) {
+            const int i = e / nk, cc = e % nk;
+            sQt[i * LT + cc] = ldx(qc + i * p.ldq + cc0 + cc);
+            sKt[i * LT + cc] = ldx(kc + i * p.ldq + cc0 + cc);
+        }
+        for (int v0 = 0; v0 < V; v0 += VT) {
+            const int nv = V - v0 < VT ? V - v0 : VT;
+            for (int e = tid; e < L * nv; e += NT) {
+                const int i = e / nv, j = e % nv;
+                sO[i * LV + j] = ldx(dO + i * p.ldv + v0 + j);
+                sVn[i * LV + j] = Vn[i * p.ldv + v0 + j];
+                sdVn[i * LV + j] = dVn[i * p.ldv + v0 + j];
+            }
+            for (int e = tid; e < nk * nv; e += NT) {
+                const int cc = e / nv, j = e % nv;
+                const float s0 = S0[(int64_t)(cc0 + cc) * V + v0 + j], d1 = dS1[(int64_t)(cc0 + cc) * V + v0 + j];
+                sS0[cc * LV + j] = s0, sdS1[cc * LV + j] = d1;
+                if (GATE == DG_GATE_HEAD) hs += s0 * d1;
+            }
+            bsync();
+            if (GATE == DG_GATE_CHANNEL) /* the last row's sum_j S0 o dS1 of each column cc */
+                for (int cc = tid; cc < nk; cc += NT) {
+                    float t = v0 ? sCol[cc] : 0.0f;
+                    for (int j = 0; j < nv; j++) t += sS0[cc * LV + j] * sdS1[cc * LV + j];
+                    sCol[cc] = t;
+                }
+            const bool first = v0 == 0;
+            const Mat S0t{sS0, 1, LV}, dS1t{sdS1, 1, LV};
+            blk_mm<TC, NT>(L, nk, Term{Mat{sO, LV, 1}, S0t, nv},
+                           [&](int i, int cc, float x) { sF2[i * LT + cc] = (first ? 0.0f : sF2[i * LT + cc]) + x; });
+            blk_mm<TC, NT>(L, nk, Term{Mat{sVn, LV, 1}, dS1t, nv}, [&](int i, int cc, float x) {
+                sDKD[i * LT + cc] = (first ? 0.0f : sDKD[i * LT + cc]) + x;
+            });
+            blk_mm<TC, NT>(L, nk, Term{Mat{sdVn, LV, 1}, S0t, nv},
+                           [&](int i, int cc, float x) { sDW[i * LT + cc] = (first ? 0.0f : sDW[i * LT + cc]) + x; });
+            bsync();
+        }
+        /* dq = scale e^G o f2 + rp; F2 then holds q o (dq, or its f2 term for HEAD's partial terms) */
+        const auto fin_q = [&](int i, int cc, float rp) {
+            float dqf2 = scale * sF2[i * LT + cc];
+            if (GATE != DG_GATE_NONE) dqf2 *= gexp<GATE>(Gcc + i * p.ldg, cc0 + cc);
+            const float dq = dqf2 + rp;
+            a.dqv[p.ok + i * p.ldk + cc0 + cc] = dq;
+            sF2[i * LT + cc] = sQt[i * LT + cc] * (head_partial ? dqf2 : dq);
+        };
+        /* dk = dkp + f3, f3 = e^{G_last - G} o dkd; dW = -dw; the gate's terms: DKD then holds k o f3 */
+        const auto fin_k = [&](int i, int cc, float dkp) {
+            float f3 = sDKD[i * LT + cc];
+            if (GATE != DG_GATE_NONE) f3 *= gam<GATE>(Gl, Gcc + i * p.ldg, cc0 + cc);
+            const float dk = dkp + f3, kv = sKt[i * LT + cc];
+            a.dkv[p.ok + i * p.ldk + cc0 + cc] = dk;
+            dW[i * ldw + cc0 + cc] = -sDW[i * LT + cc];
+            const float contrib = sF2[i * LT + cc] - kv * (head_partial ? f3 : dk);
+            if (GATE == DG_GATE_CHANNEL) dG[i * ldG + cc0 + cc] = contrib;
+            sF2[i * LT + cc] = contrib;
+            sDKD[i * LT + cc] = kv * f3;
+        };
+        if constexpr (GATE != DG_GATE_CHANNEL) {
+            blk_mm<TC, NT>(L, nk, Term{Mat{sDP, LC, 1}, Mat{sKt, LT, 1}, L}, fin_q);
+            bsync();
+            blk_mm<TC, NT>(L, nk, Term{Mat{sDP, 1, LC}, Mat{sQt, LT, 1}, L}, fin_k);
+        } else { /* the gate inside the sums over l: f32 FMAs */
+            for (int e = tid; e < L * nk; e += NT) {
+                const int i = e / nk, cc = e % nk;
+                const float *Gi = Gcc + i * p.ldg;
+                float rp = 0.0f;
+                for (int l = 0; l <= i; l++) rp += sDP[i * LC + l] * sKt[l * LT + cc] * gam<GATE>(Gi, Gcc + l * p.ldg, cc0 + cc);
+                fin_q(i, cc, scale * rp);
+            }
+            bsync();
+            for (int e = tid; e < L * nk; e += NT) {
+                const int i = e / nk, cc = e % nk;
+                const float *Gi = Gcc + i * p.ldg;
+                float dkp = 0.0f;
+                for (int m = i; m < L; m++) dkp += sDP[m * LC + i] * sQt[m * LT + cc] * gam<GATE>(Gcc + m * p.ldg, Gi, cc0 + cc);
+                fin_k(i, cc, scale * dkp);
+            }
+        }
+        bsync();
+        if (GATE == DG_GATE_HEAD) {
+            for (int i = tid; i < L; i += NT) {
+                float s = sRow[i];
+                for (int cc = 0; cc < nk; cc++) s += sF2[i * LT + cc], hk += sDKD[i * LT + cc];
+                sRow[i] = s;
+            }
+        } else if (GATE == DG_GATE_CHANNEL) { /* last row: sum_i k o f3 + exp(G_last) o sum_j S0 o dS1 */
+            for (int cc = tid; cc < nk; cc += NT) {
+                float s = 0.0f;
+                for (int i = 0; i < L; i++) s += sDKD[i * LT + cc];
+                dG[(L - 1) * ldG + cc0 + cc] += s + expf(Gl[cc0 + cc]) * sCol[cc];
+            }
+        }
+        bsync();
+    }
+    if (GATE == DG_GATE_HEAD) { /* dG rows; the last row: sum_i k o f3 + exp(G_last) sum S0 o dS1 */
+        hk = warp_sum(hk), hs = warp_sum(hs);
+        if (lane == 0) sred[warp] = hk, sred[NW + warp] = hs;
+        bsync();
+        for (int i = tid; i < L; i += NT) {
+            float x = sRow[i];
+            if (i == L - 1) {
+                float sk = 0.0f, st = 0.0f;
+                for (int w = 0; w < NW; w++) sk += sred[w], st += sred[NW + w];
+                x += sk + expf(Gl[0]) * st;
+            }
+            dG[i * ldG] = x;
         }
     }
     bsync();
+}
+
+/* the tiles of wy: XT columns of K or V at a time */
+__host__ __device__ __forceinline__ int wy_xt(const Geom &G) {
+    const int m = G.K > G.V ? G.K : G.V;
+    return m < 64 ? m : 64;
+}
+/* shared-memory floats of wy_body: Ai, dAi, T, dA [C x ld_c]; X, Y, R [C x (XT + 8)]; db [C] */
+__host__ __device__ inline int64_t wy_smem(const Geom &G) {
+    return 4 * (int64_t)G.C * ld_c(G) + 3 * (int64_t)G.C * (wy_xt(G) + 8) + G.C;
 }
 
 /* ---------------------------------------------------------------- WY backward for one chunk
@@ -233,119 +302,130 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
  *   dA = strictly_lower(-Ai^T dAi Ai^T);  dbeta += rowsum(dA o Mkk);  dMkk = diag(beta) dA
  *   Mkk = K K^T o Gamma:  dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K, and its dG
  *   dg = reverse chunk-local cumsum of dG.
- * Smem: Ai, dAi, T, dA [C*C], db [C]. */
-template <typename T, int GATE>
+ * The sums over K and V go by tiles of XT columns (X, Y), the row sums through R in order. */
+template <typename T, int GATE, bool TC>
 __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, const float *dW, int64_t ldw, float *dG,
                         int64_t ldG, float *sm) {
     const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const CP<T> p = cp_at<T>(G, c, hv);
-    const int L = p.L;
-    float *sAi = sm, *sdAi = sAi + C * C, *sT = sdAi + C * C, *sdA = sT + C * C, *sdb = sdA + C * C;
+    const int L = p.L, LC = ld_c(G), XT = wy_xt(G), LX = XT + 8;
+    float *sAi = sm, *sdAi = sAi + C * LC, *sT = sdAi + C * LC, *sdA = sT + C * LC, *sX = sdA + C * LC;
+    float *sY = sX + C * LX, *sR = sY + C * LX, *sdb = sR + C * LX;
     const T *kc = a.k + p.oq, *vc = a.v + p.ov;
     const float *dU = a.dVn + p.ov;
     const float *Gcc = GATE != DG_GATE_NONE ? a.Gc + p.og : nullptr;
-    for (int e = tid; e < C * C; e += NT) {
-        int i = e / C, j = e % C;
-        sAi[e] = j <= i && i < L ? a.Ai[p.oc + i * p.ldc + j] : 0.0f;
+    for (int e = tid; e < L * L; e += NT) {
+        int i = e / L, j = e % L;
+        sAi[i * LC + j] = j <= i ? a.Ai[p.oc + i * p.ldc + j] : 0.0f;
     }
-    /* dAi_ij = sum_c dW_ic Kbg_jc + sum_v dU_iv Vb_jv, j <= i (warp per entry) */
-    for (int e = warp; e < C * C; e += NW) {
-        int i = e / C, j = e % C;
-        float s = 0.0f;
-        if (j <= i && i < L) {
-            const float bj = ldx(a.beta + p.ob + j * (int64_t)HV);
-            for (int cc = lane; cc < K; cc += 32) {
-                float kb = ldx(kc + j * p.ldq + cc);
-                if (GATE != DG_GATE_NONE) kb *= gexp<GATE>(Gcc + j * p.ldg, cc);
-                s += dW[i * ldw + cc] * kb;
+    for (int i = tid; i < L; i += NT) sdb[i] = 0.0f;
+    const Mat AiT{sAi, 1, LC};
+    /* over tiles of K (X = dW, Y = Kg), then of V (X = dU, Y = V): dAi's sums, dKbg and dVb */
+    const int nkt = (K + XT - 1) / XT, nvt = (V + XT - 1) / XT;
+    for (int t = 0; t < nkt + nvt; t++) {
+        const bool kt = t < nkt;
+        const int x0 = (kt ? t : t - nkt) * XT, W_ = kt ? K : V, nx = W_ - x0 < XT ? W_ - x0 : XT;
+        for (int e = tid; e < L * nx; e += NT) {
+            const int i = e / nx, x = e % nx;
+            if (kt) {
+                float kg = ldx(kc + i * p.ldq + x0 + x);
+                if (GATE != DG_GATE_NONE) kg *= gexp<GATE>(Gcc + i * p.ldg, x0 + x);
+                sX[i * LX + x] = dW[i * ldw + x0 + x];
+                sY[i * LX + x] = kg;
+            } else {
+                sX[i * LX + x] = dU[i * p.ldv + x0 + x];
+                sY[i * LX + x] = ldx(vc + i * p.ldv + x0 + x);
             }
-            for (int vv = lane; vv < V; vv += 32) s += dU[i * p.ldv + vv] * ldx(vc + j * p.ldv + vv);
-            s *= bj;
         }
-        s = warp_sum(s);
-        if (lane == 0) sdAi[e] = s;
+        bsync();
+        blk_mm<TC, NT>(L, L, Term{Mat{sX, LX, 1}, Mat{sY, 1, LX}, nx},
+                       [&](int i, int j, float x) { sdAi[i * LC + j] = (t ? sdAi[i * LC + j] : 0.0f) + x; });
+        /* row j of dKbg (dVb): R = Kg o dKbg (V o dVb) for dbeta; dk, dG (dv) element by element */
+        blk_mm<TC, NT>(L, nx, Term{AiT, Mat{sX, LX, 1}, L}, [&](int j, int x, float s) {
+            const float bj = ldx(a.beta + p.ob + j * (int64_t)HV), y = sY[j * LX + x];
+            sR[j * LX + x] = y * s;
+            if (kt) {
+                const float e = GATE != DG_GATE_NONE ? gexp<GATE>(Gcc + j * p.ldg, x0 + x) : 1.0f;
+                a.dkv[p.ok + j * p.ldk + x0 + x] += e * (bj * s);
+                if (GATE == DG_GATE_CHANNEL) dG[j * ldG + x0 + x] += y * (bj * s);
+            } else if (a.dv) {
+                stx(a.dv + p.ov + j * p.ldv + x0 + x, bj * s);
+            }
+        });
+        bsync();
+        for (int j = tid; j < L; j += NT) {
+            float s = 0.0f;
+            for (int x = 0; x < nx; x++) s += sR[j * LX + x];
+            sdb[j] += s;
+            if (kt && GATE == DG_GATE_HEAD) dG[j * ldG] += ldx(a.beta + p.ob + j * (int64_t)HV) * s;
+        }
+        bsync();
+    }
+    /* dAi = lower_incl(...) diag(beta) */
+    for (int e = tid; e < L * L; e += NT) {
+        const int i = e / L, j = e % L;
+        sdAi[i * LC + j] = j <= i ? sdAi[i * LC + j] * ldx(a.beta + p.ob + j * (int64_t)HV) : 0.0f;
     }
     bsync();
-    /* row j: dKbg, dVb -> dv, dbeta, dk, dG */
-    for (int j = warp; j < L; j += NW) {
-        const float bj = ldx(a.beta + p.ob + j * (int64_t)HV);
-        float db = 0.0f, dgr = 0.0f;
-        for (int vv = lane; vv < V; vv += 32) {
-            float s = 0.0f;
-            for (int i = j; i < L; i++) s += sAi[i * C + j] * dU[i * p.ldv + vv];
-            db += ldx(vc + j * p.ldv + vv) * s;
-            if (a.dv) stx(a.dv + p.ov + j * p.ldv + vv, bj * s);
-        }
-        for (int cc = lane; cc < K; cc += 32) {
-            float s = 0.0f;
-            for (int i = j; i < L; i++) s += sAi[i * C + j] * dW[i * ldw + cc];
-            const float kv = ldx(kc + j * p.ldq + cc);
-            const float e = GATE != DG_GATE_NONE ? gexp<GATE>(Gcc + j * p.ldg, cc) : 1.0f;
-            db += kv * e * s;
-            const float rp = e * (bj * s);
-            a.dkv[p.ok + j * p.ldk + cc] += rp;
-            if (GATE == DG_GATE_CHANNEL) dG[j * ldG + cc] += kv * rp;
-            if (GATE == DG_GATE_HEAD) dgr += kv * rp;
-        }
-        db = warp_sum(db);
-        if (GATE == DG_GATE_HEAD) dgr = warp_sum(dgr);
-        if (lane == 0) {
-            sdb[j] = db;
-            if (GATE == DG_GATE_HEAD) dG[j * ldG] += dgr;
-        }
-    }
-    /* T = Ai^T dAi (dAi lower incl. diagonal) */
-    for (int e = tid; e < C * C; e += NT) {
-        int i = e / C, j = e % C, m0 = i > j ? i : j;
-        float s = 0.0f;
-        for (int m = m0; m < L; m++) s += sAi[m * C + i] * sdAi[m * C + j];
-        sT[e] = s;
-    }
+    /* T = Ai^T dAi;  dA = strictly_lower(-T Ai^T) */
+    blk_mm<TC, NT>(L, L, Term{AiT, Mat{sdAi, LC, 1}, L}, [&](int i, int j, float x) { sT[i * LC + j] = x; });
     bsync();
-    /* dA_ij = -sum_{m<=j} T_im Ai_jm, j < i */
-    for (int e = tid; e < C * C; e += NT) {
-        int i = e / C, j = e % C;
-        float s = 0.0f;
-        if (j < i && i < L)
-            for (int m = 0; m <= j; m++) s += sT[i * C + m] * sAi[j * C + m];
-        sdA[e] = -s;
-    }
+    blk_mm<TC, NT>(L, L, Term{Mat{sT, LC, 1}, AiT, L},
+                   [&](int i, int j, float x) { sdA[i * LC + j] = j < i ? -x : 0.0f; });
     bsync();
     /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA */
     for (int i = warp; i < L; i += NW) {
         const float bi = ldx(a.beta + p.ob + i * (int64_t)HV);
         float s = 0.0f;
         for (int j = lane; j < i; j += 32) {
-            s += sdA[i * C + j] * a.Mkk[p.oc + i * p.ldc + j];
-            sdA[i * C + j] *= bi;
+            s += sdA[i * LC + j] * a.Mkk[p.oc + i * p.ldc + j];
+            sdA[i * LC + j] *= bi;
         }
         s = warp_sum(s);
         if (lane == 0) sdb[i] += s;
     }
     bsync();
-    /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dG from both sides */
-    for (int i = warp; i < L; i += NW) {
-        const float *Gi = GATE != DG_GATE_NONE ? Gcc + i * p.ldg : nullptr;
-        for (int cc = lane; cc < K; cc += 32) {
-            float rp = 0.0f, cp = 0.0f;
-            for (int j = 0; j < i; j++)
-                rp += sdA[i * C + j] * ldx(kc + j * p.ldq + cc) *
-                      (GATE != DG_GATE_NONE ? gam<GATE>(Gi, Gcc + j * p.ldg, cc) : 1.0f);
-            for (int m = i + 1; m < L; m++)
-                cp += sdA[m * C + i] * ldx(kc + m * p.ldq + cc) *
-                      (GATE != DG_GATE_NONE ? gam<GATE>(Gcc + m * p.ldg, Gi, cc) : 1.0f);
-            a.dkv[p.ok + i * p.ldk + cc] += rp + cp;
-            if (GATE == DG_GATE_CHANNEL) dG[i * ldG + cc] += ldx(kc + i * p.ldq + cc) * (rp - cp);
-        }
-        if (GATE == DG_GATE_HEAD) {
+    /* HEAD: dG_i += sum_j dMkk_ij Mkk_ij - sum_m dMkk_mi Mkk_mi */
+    if (GATE == DG_GATE_HEAD)
+        for (int i = warp; i < L; i += NW) {
             float s = 0.0f;
-            for (int j = lane; j < i; j += 32) s += sdA[i * C + j] * a.Mkk[p.oc + i * p.ldc + j];
-            for (int m = i + 1 + lane; m < L; m += 32) s -= sdA[m * C + i] * a.Mkk[p.oc + m * p.ldc + i];
+            for (int j = lane; j < i; j += 32) s += sdA[i * LC + j] * a.Mkk[p.oc + i * p.ldc + j];
+            for (int m = i + 1 + lane; m < L; m += 32) s -= sdA[m * LC + i] * a.Mkk[p.oc + m * p.ldc + i];
             s = warp_sum(s);
             if (lane == 0) dG[i * ldG] += s;
         }
-        if (lane == 0 && a.dbetaf) a.dbetaf[p.ob + i * (int64_t)HV] = sdb[i];
-        else if (lane == 0 && a.dbeta) stx(a.dbeta + p.ob + i * (int64_t)HV, sdb[i]);
+    bsync();
+    /* dk += (dMkk o Gamma) K + (dMkk o Gamma)^T K, by tiles of K columns */
+    if constexpr (GATE != DG_GATE_CHANNEL) {
+        if (GATE == DG_GATE_HEAD)
+            for (int e = tid; e < L * L; e += NT) {
+                const int i = e / L, j = e % L;
+                if (j < i) sdA[i * LC + j] *= expf(Gcc[i * p.ldg] - Gcc[j * p.ldg]);
+            }
+        for (int x0 = 0; x0 < K; x0 += XT) {
+            const int nx = K - x0 < XT ? K - x0 : XT;
+            for (int e = tid; e < L * nx; e += NT) sY[(e / nx) * LX + e % nx] = ldx(kc + (e / nx) * p.ldq + x0 + e % nx);
+            bsync();
+            blk_mm2<TC, NT>(L, nx, Term{Mat{sdA, LC, 1}, Mat{sY, LX, 1}, L}, Term{Mat{sdA, 1, LC}, Mat{sY, LX, 1}, L},
+                            [&](int i, int x, float s) { a.dkv[p.ok + i * p.ldk + x0 + x] += s; });
+            bsync();
+        }
+    } else { /* the gate inside the sums: f32 FMAs, and dG from both sides */
+        for (int i = warp; i < L; i += NW) {
+            const float *Gi = Gcc + i * p.ldg;
+            for (int cc = lane; cc < K; cc += 32) {
+                float rp = 0.0f, cp = 0.0f;
+                for (int j = 0; j < i; j++) rp += sdA[i * LC + j] * ldx(kc + j * p.ldq + cc) * gam<GATE>(Gi, Gcc + j * p.ldg, cc);
+                for (int m = i + 1; m < L; m++) cp += sdA[m * LC + i] * ldx(kc + m * p.ldq + cc) * gam<GATE>(Gcc + m * p.ldg, Gi, cc);
+                a.dkv[p.ok + i * p.ldk + cc] += rp + cp;
+                dG[i * ldG + cc] += ldx(kc + i * p.ldq + cc) * (rp - cp);
+            }
+        }
+        bsync();
+    }
+    for (int i = tid; i < L; i += NT) {
+        if (a.dbetaf) a.dbetaf[p.ob + i * (int64_t)HV] = sdb[i];
+        else if (a.dbeta) stx(a.dbeta + p.ob + i * (int64_t)HV, sdb[i]);
     }
     bsync();
     /* dg = reverse cumsum of dG over the chunk */
@@ -359,47 +439,49 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
         }
 }
 
-/* shared-memory floats of dqkwg_body and wy_body */
-__host__ __device__ inline int64_t dqkwg_smem(const Geom &G) { return (int64_t)G.C * G.C + NW * G.K + 2 * NW; }
-__host__ __device__ inline int64_t wy_smem(const Geom &G) { return 4 * (int64_t)G.C * G.C + G.C; }
-
 /* fused: dW [C*K] and dG [C*gs] in shared memory, then the two bodies */
-template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_fused(Geom G, BwdArgs<T> a) {
+inline int64_t fused_smem(const Geom &G) {
+    const int64_t body = dqkwg_smem(G) > wy_smem(G) ? dqkwg_smem(G) : wy_smem(G);
+    return (int64_t)G.C * G.K + (int64_t)G.C * G.gs + body;
+}
+template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k_bwd_fused(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
     float *sdW = sm, *sdG = sdW + G.C * G.K, *rest = sdG + G.C * G.gs;
-    dqkwg_body<T, GATE>(G, a, c, hv, sdW, G.K, sdG, G.gs, rest);
-    wy_body<T, GATE>(G, a, c, hv, sdW, G.K, sdG, G.gs, rest);
+    dqkwg_body<T, GATE, TC>(G, a, c, hv, sdW, G.K, sdG, G.gs, rest);
+    wy_body<T, GATE, TC>(G, a, c, hv, sdW, G.K, sdG, G.gs, rest);
 }
 
-template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_dqkwg(Geom G, BwdArgs<T> a) {
+template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k_bwd_dqkwg(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
     const Chunk ch = chunk_at(G, c);
     const int64_t off = ch.r0 * G.HV + hv;
-    dqkwg_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
-                        (int64_t)G.HV * G.gs, sm);
+    dqkwg_body<T, GATE, TC>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K,
+                            G.gs ? a.dGg + off * G.gs : nullptr, (int64_t)G.HV * G.gs, sm);
 }
 
-template <typename T, int GATE> __global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
+template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
     DRC_SMEM(float, sm);
     const int64_t c = blockIdx.x / G.HV;
     const int hv = (int)(blockIdx.x % G.HV);
     const Chunk ch = chunk_at(G, c);
     const int64_t off = ch.r0 * G.HV + hv;
-    wy_body<T, GATE>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
-                     (int64_t)G.HV * G.gs, sm);
+    wy_body<T, GATE, TC>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
+                         (int64_t)G.HV * G.gs, sm);
 }
 
 /* ---------------------------------------------------------------- host side */
 
-template <typename T, int GATE> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
+template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
-    const bool fused = var.dw_on_chip != 0;
+    /* dw_on_chip where dW and dG fit in shared memory beside the bodies' tiles (not at K = 256
+     * with the per-channel gate, whose dG is C x K): else the pair of kernels, the same arithmetic */
+    const bool fused = var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
     W = scratch<float>((size_t)(rows * HV * G.K));
@@ -420,30 +502,32 @@ template <typename T, int GATE> int bwd_gate(const Plan &pl, const dg_dr_variant
     bool ok = W && U && P && Ai && Mkk && Hst && dSo && dVn && dqv && dkv && (!G.gs || Gc) &&
               (fused || (dWg && (!G.gs || dGg)));
     if (ok) {
-        size_t sm1 = sizeof(float) * (size_t)(2 * G.C + 3 * G.C * G.C);
-        size_t sm2 = sizeof(float) * (size_t)(G.K * BV + G.C * G.K + G.C * BV + G.K);
-        size_t sm4 = sizeof(float) * (size_t)(G.K * BV + G.C * G.K + 2 * G.C * BV + G.C * G.C + G.K);
-        int64_t body = dqkwg_smem(G) > wy_smem(G) ? dqkwg_smem(G) : wy_smem(G);
-        size_t sm5 = sizeof(float) * (size_t)(G.C * G.K + G.C * G.gs + body);
         BwdArgs<T> a;
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
-        rc = DRC_LAUNCH("dr_chunk prep", (k_prep<T, GATE>), G.nchunks * HV, NT, sm1, G, io.q, io.k, io.v, io.g, io.beta,
-                        Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);
+        rc = DRC_LAUNCH(TC ? "dr_chunk tf32 prep" : "dr_chunk prep", (k_prep<T, GATE, TC>), G.nchunks * HV, NT,
+                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk state", (k_state<T, GATE>), G.N * HV * NVT, NT, sm2, G, BV, io.k,
-                            (const float *)Gc, (const float *)W, U, io.h0, (float *)nullptr, Hst);
+            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 state" : "dr_chunk state", (k_state<T, GATE, TC>), G.N * HV * NVT, NT,
+                            state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U, io.h0,
+                            (float *)nullptr, Hst);
         if (!rc)
-            rc = DRC_LAUNCH("dr_chunk dhu", (k_dhu<T, GATE>), G.N * HV * NVT, NT, sm4, G, BV, io.q, io.k,
-                            (const float *)Gc, (const float *)W, (const float *)P, io.dout, io.dhT, dVn, dSo, io.dh0);
-        if (!rc && fused) rc = DRC_LAUNCH("dr_chunk bwd fused", (k_bwd_fused<T, GATE>), G.nchunks * HV, NT, sm5, G, a);
+            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dhu" : "dr_chunk dhu", (k_dhu<T, GATE, TC>), G.N * HV * NVT, NT,
+                            dhu_smem(G, BV), G, BV, io.q, io.k, (const float *)Gc, (const float *)W, (const float *)P,
+                            io.dout, io.dhT, dVn, dSo, io.dh0);
+        if (!rc && fused)
+            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
+                            G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
         if (!rc && !fused) {
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
-            rc = DRC_LAUNCH("dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE>), G.nchunks * HV, NT, sd, G, a);
-            if (!rc) rc = DRC_LAUNCH("dr_chunk wy", (k_bwd_wy<T, GATE>), G.nchunks * HV, NT, sw, G, a);
+            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>), G.nchunks * HV,
+                            NT, sd, G, a);
+            if (!rc)
+                rc = DRC_LAUNCH(TC ? "dr_chunk tf32 wy" : "dr_chunk wy", (k_bwd_wy<T, GATE, TC>), G.nchunks * HV, NT,
+                                sw, G, a);
         }
         /* summed over value heads, the L2 norm's backward with it (16-bit storage, io.rq / io.rk) */
         const int fmt = sizeof(T) == 4 ? VS_F32 : is_bf16<T>::value ? VS_BF16 : VS_F16;
@@ -457,16 +541,18 @@ template <typename T, int GATE> int bwd_gate(const Plan &pl, const dg_dr_variant
 
 } // namespace
 
-template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io) {
+template <typename T, bool TC> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io) {
     switch (p.G.gate) {
-    case DG_GATE_NONE: return bwd_gate<T, DG_GATE_NONE>(p, var, io);
-    case DG_GATE_HEAD: return bwd_gate<T, DG_GATE_HEAD>(p, var, io);
-    default: return bwd_gate<T, DG_GATE_CHANNEL>(p, var, io);
+    case DG_GATE_NONE: return bwd_gate<T, DG_GATE_NONE, TC>(p, var, io);
+    case DG_GATE_HEAD: return bwd_gate<T, DG_GATE_HEAD, TC>(p, var, io);
+    default: return bwd_gate<T, DG_GATE_CHANNEL, TC>(p, var, io);
     }
 }
 
-template int generic_bwd<float>(const Plan &, const dg_dr_variant &, const Io<float> &);
-template int generic_bwd<uint16_t>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
-template int generic_bwd<f16bits>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
+template int generic_bwd<float, false>(const Plan &, const dg_dr_variant &, const Io<float> &);
+template int generic_bwd<uint16_t, false>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
+template int generic_bwd<f16bits, false>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
+template int generic_bwd<uint16_t, true>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
+template int generic_bwd<f16bits, true>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
 
 } // namespace drc

@@ -37,6 +37,8 @@ extern "C" {
 
 namespace drc {
 
+constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
+
 /* ---- geometry ---- */
 struct Geom {
     int64_t T;                   /* tokens per batch row (the total when cu_seqlens) */
@@ -170,6 +172,10 @@ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[
 __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     drc_emu::mma16816_f16(c, a, b);
 }
+__forceinline__ uint32_t tf32(float x) { return drc_emu::tf32_bits(x); }
+__forceinline__ void mma1688_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    drc_emu::mma1688_tf32(c, a, b);
+}
 /* the emulation copies at once (a later wait has nothing to wait for) */
 __forceinline__ void cp_async16(void *s, const void *g, bool valid) {
     if (valid) memcpy(s, g, 16);
@@ -243,6 +249,19 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
 /* the same with IEEE fp16 operands (f32 accumulation) */
 __device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* x rounded to TF32 (10 mantissa bits, to nearest, ties away), the operand word of mma1688_tf32 */
+__device__ __forceinline__ uint32_t tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+/* c += A B, A 16 x 8 and B 8 x 8 TF32, f32 accumulation (fragments: dr_chunk_emu.h, mma1688_tf32) */
+__device__ __forceinline__ void mma1688_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -402,8 +421,9 @@ template <class F> char *carve_into(void *given, F place, bool *ok) {
 }
 
 /* the generic path (dr_chunk_generic.cuh, _fwd.cu, _bwd.cu): f32 arithmetic, every gate and chunk size */
-template <typename T> int generic_fwd(const Plan &p, const Io<T> &io);
-template <typename T> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
+/* TC: the TF32 family (the generic kernels with their products on TF32 tensor cores; 16-bit T) */
+template <typename T, bool TC = false> int generic_fwd(const Plan &p, const Io<T> &io);
+template <typename T, bool TC = false> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
 /* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): 16-bit storage, gate NONE or HEAD, C = 64, K and
  * V in {64, 128}; fast_ok says whether a shape qualifies.  Two builds of the same kernels
  * (dr_chunk_mma.cuh, DRC_OPERAND_F16): fast:: takes bf16 bits, fast_h:: fp16 bits (the f16bits of

@@ -628,14 +628,14 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
 
 template <int K, int V, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkL<K, V, ONE_SM_NTH / 32>;
-    static_assert(Lay::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
     return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G, a);
 }
 
 template <int K, int V>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
           uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuL<K, 64>::bytes <= fast::SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= fast::SMEM_MAX,
+    static_assert(DhuL<K, 64>::bytes <= SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= SMEM_MAX,
                   "shared memory");
     const Geom &G = p.G;
     const bool bv32 = fast::dhu_bv(G) == 32;

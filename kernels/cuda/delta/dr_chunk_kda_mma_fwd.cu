@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(NTH)
 }
 
 template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras) {
-    static_assert(PrepL<K, V>::bytes <= fast::SMEM_MAX && StateL<K, 64>::bytes <= fast::SMEM_MAX / 2 &&
-                      StateL<K, 32, ks_prefetch<32>()>::bytes <= fast::SMEM_MAX / 2,
+    static_assert(PrepL<K, V>::bytes <= SMEM_MAX && StateL<K, 64>::bytes <= SMEM_MAX / 2 &&
+                      StateL<K, 32, ks_prefetch<32>()>::bytes <= SMEM_MAX / 2,
                   "shared memory");
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
@@ -368,7 +368,7 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
 }
 
 template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
-    static_assert(OutL<K, V>::bytes <= fast::SMEM_MAX, "shared memory");
+    static_assert(OutL<K, V>::bytes <= SMEM_MAX, "shared memory");
     const Geom &G = p.G;
     return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
                       (size_t)(OutL<K, V>::bytes), G, io.q, io.k, io.g, b, io.o, keep ? 1 : 0);

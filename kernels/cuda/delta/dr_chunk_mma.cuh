@@ -86,7 +86,6 @@ constexpr int FNT = 256; /* threads per block */
 constexpr int ONE_SM_NTH = 512;
 constexpr int FC = 64; /* chunk */
 constexpr int PAD = 8;
-constexpr int SMEM_MAX = 232448; /* bytes of dynamic shared memory a block may have on sm_90 */
 /* value columns per block of the forward passes (f_out, f_state by default): V = 128 runs as two
  * blocks per (sequence, head), so that the 128 (S1) sequence-heads fill two blocks per
  * multiprocessor */

@@ -1,0 +1,98 @@
+/* Block-wide products of f32 matrices in shared memory, the arithmetic of the generic kernels
+ * (dr_chunk_generic.cuh):
+ *     Out(i, j) = sum over the terms of sum_{r < kd} A(i, r) B(r, j),    i < M, j < N,
+ * each element handed once, by one thread of the block, to the epilogue epi(i, j, x), which stores
+ * it, masks it or adds it where the caller wants.  Two forms, chosen at compile time:
+ *   TC = false  f32 FMAs, a thread per output element, r in order: the generic family (f32
+ *               arithmetic on every storage type; the reference on the GPU).
+ *   TC = true   TF32 tensor cores (mma.sync m16n8k8; operands rounded to 10 mantissa bits,
+ *               relative 2^-11 against bf16's 2^-8; f32 accumulation): the TF32 family.  A warp
+ *               takes output tiles of 16 x 32 in turn; the A fragment of a k step serves four
+ *               n tiles.
+ * A matrix is a pointer and two strides, A(i, r) = p[i * s0 + r * s1]: a transposed operand is the
+ * same array with its strides swapped.  Nothing outside i < M, r < kd, j < N is read (it enters as
+ * zero), so the rows and columns past a partial chunk or tile may hold anything.
+ * Bank conflicts of the TC loads: a warp reads A at rows g = 0..7 and columns t = 0..3 of a k step
+ * (free when s0 = 4 mod 32, s1 = 1, or s0 = 1, s1 = 8 mod 32) and B at rows t, columns g (free when
+ * s0 = 8 mod 32, s1 = 1, or s0 = 1, s1 = 4 mod 32); the kernels pad their strides by 4 or 8. */
+#ifndef DG_KERNELS_CUDA_DR_CHUNK_BLK_MM_CUH
+#define DG_KERNELS_CUDA_DR_CHUNK_BLK_MM_CUH
+
+#include "kernels/cuda/delta/dr_chunk_internal.cuh"
+
+namespace drc {
+
+struct Mat {
+    const float *p;
+    int s0, s1;
+};
+/* one product of the sum: A [M, kd] times B [kd, N] (kd = 0: no term) */
+struct Term {
+    Mat A, B;
+    int kd;
+};
+
+__device__ __forceinline__ float mat_at(const Mat &m, int i, int r, int ni, int nr) {
+    return i < ni && r < nr ? m.p[i * m.s0 + r * m.s1] : 0.0f;
+}
+
+/* the TC form of one term into a warp's 16 x 32 accumulator at (m0, n0) */
+__device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    for (int k0 = 0; k0 < t.kd; k0 += 8) {
+        uint32_t a[4];
+        a[0] = tf32(mat_at(t.A, m0 + g, k0 + q, M, t.kd));
+        a[1] = tf32(mat_at(t.A, m0 + g + 8, k0 + q, M, t.kd));
+        a[2] = tf32(mat_at(t.A, m0 + g, k0 + q + 4, M, t.kd));
+        a[3] = tf32(mat_at(t.A, m0 + g + 8, k0 + q + 4, M, t.kd));
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int j = n0 + nt * 8 + g;
+            if (n0 + nt * 8 >= N) break; /* (the same for the whole warp) */
+            uint32_t b[2];
+            b[0] = tf32(j < N ? mat_at(t.B, k0 + q, j, t.kd, N) : 0.0f);
+            b[1] = tf32(j < N ? mat_at(t.B, k0 + q + 4, j, t.kd, N) : 0.0f);
+            mma1688_tf32(acc[nt], a, b);
+        }
+    }
+}
+
+/* Out = t1 + t2 (t2.kd = 0: t1 alone) by the block's NTH threads; no barrier inside (the caller
+ * puts one between writing an operand and the product that reads it, and after the epilogue's
+ * stores where another thread reads them) */
+template <bool TC, int NTH, class Epi>
+__device__ __forceinline__ void blk_mm2(int M, int N, const Term &t1, const Term &t2, Epi epi) {
+    if constexpr (!TC) {
+        for (int e = threadIdx.x; e < M * N; e += NTH) {
+            const int i = e / N, j = e % N;
+            float s = 0.0f;
+            for (int r = 0; r < t1.kd; r++) s += t1.A.p[i * t1.A.s0 + r * t1.A.s1] * t1.B.p[r * t1.B.s0 + j * t1.B.s1];
+            for (int r = 0; r < t2.kd; r++) s += t2.A.p[i * t2.A.s0 + r * t2.A.s1] * t2.B.p[r * t2.B.s0 + j * t2.B.s1];
+            epi(i, j, s);
+        }
+    } else {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+        const int tn = (N + 31) / 32, ntile = (M + 15) / 16 * tn;
+        for (int w = warp; w < ntile; w += NTH / 32) {
+            const int m0 = w / tn * 16, n0 = w % tn * 32;
+            float acc[4][4] = {};
+            warp_mm_tf32(acc, t1, M, N, m0, n0);
+            if (t2.kd) warp_mm_tf32(acc, t2, M, N, m0, n0);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = m0 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * q + (e & 1);
+                    if (i < M && j < N) epi(i, j, acc[nt][e]);
+                }
+        }
+    }
+}
+
+template <bool TC, int NTH, class Epi> __device__ __forceinline__ void blk_mm(int M, int N, const Term &t, Epi epi) {
+    blk_mm2<TC, NTH>(M, N, t, Term{t.A, t.B, 0}, epi);
+}
+
+} // namespace drc
+
+#endif
