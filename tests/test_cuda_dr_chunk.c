@@ -43,9 +43,11 @@ static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
                                          {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
 
-/* whether fp16 calls of this case take the tensor-core kernels (dr_chunk_cuda.h; V = 192, 256 ...
- * as heads of 64 or 128 columns) */
+/* whether fp16 calls of this case take tensor cores (dr_chunk_cuda.h): the mma kernels (V = 192,
+ * 256 ... as heads of 64 or 128 columns), or the TF32 family at 128 < K <= 256, whose intermediates
+ * round to 2^-11 as the fp16 mma kernels' do (F16_MMA_TOL's derivation holds for both) */
 static int f16_mma(const cfg *c) {
+    if (c->K > 128 && c->K <= 256) return 1;
     return c->gate != DG_GATE_CHANNEL && c->chunk == 64 && (c->K == 64 || c->K == 128) && c->V % 64 == 0;
 }
 
@@ -193,6 +195,38 @@ static void test_dr_chunk_vsplit(void **state) {
                          launches_of(kt, m, "dr_chunk vsplit"), prep, launches_of(kt, m, prep));
         }
         if (i < 2) paths_compare(c, S_BF16, "split mma vs generic", 5e-3);
+    }
+}
+
+/* 128 < K <= 256 in 16-bit storage: the TF32 family (the generic kernels' structure on TF32 tensor
+ * cores, dr_chunk_blk_mm.cuh), every gate, against the f64 recurrence in bf16 and fp16 (the
+ * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
+ * dW and dG do not fit in shared memory: the per-channel gate at K = 256), against the generic
+ * kernels forced; the launches show the TF32 kernels ran. */
+static const cfg tf32_cases[] = {
+    {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
+    {"tf32: channel, K=256, V=32, C32", 1, 70, 1, 1, 256, 32, DG_GATE_CHANNEL, 32, 0, {0}, 1, 1, 0},
+    {"tf32: head, K=256, V=512, T=3, some grads", 2, 3, 1, 1, 256, 512, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 1},
+};
+
+static void test_dr_chunk_tf32(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    for (size_t i = 0; i < sizeof tf32_cases / sizeof tf32_cases[0]; i++) {
+        const cfg *c = &tf32_cases[i];
+        for (int st = S_BF16; st <= S_F16; st++) {
+            dg_cuda_ktime kt[32];
+            int dropped = -1;
+            assert_int_equal(dg_cuda_ktime_begin(), 0);
+            run_case(c, st, st == S_BF16 && i < 3);
+            const int m = dg_cuda_ktime_end(kt, 32, &dropped);
+            assert_int_equal(dropped, 0);
+            if (launches_of(kt, m, "dr_chunk tf32 state") == 0 || launches_of(kt, m, "dr_chunk state") != 0)
+                fail_msg("%s %s: the TF32 state pass did not run (%d), or the generic one did (%d)", c->name,
+                         st_names[st], launches_of(kt, m, "dr_chunk tf32 state"), launches_of(kt, m, "dr_chunk state"));
+        }
+        paths_compare(c, S_BF16, "tf32 vs generic", 5e-3);
     }
 }
 
@@ -710,6 +744,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_bad_input),        cmocka_unit_test(test_dr_chunk_f32),
         cmocka_unit_test(test_dr_chunk_f32_variants),     cmocka_unit_test(test_dr_chunk_bf16),
         cmocka_unit_test(test_dr_chunk_bf16_paths_agree), cmocka_unit_test(test_dr_chunk_vsplit),
+        cmocka_unit_test(test_dr_chunk_tf32),
         cmocka_unit_test(test_dr_chunk_bf16_unaligned),   cmocka_unit_test(test_dr_chunk_bf16_long),
         cmocka_unit_test(test_dr_chunk_bf16_draws),       cmocka_unit_test(test_dr_chunk_f16),
         cmocka_unit_test(test_dr_chunk_f16_paths),        cmocka_unit_test(test_dr_chunk_l2_fold),
