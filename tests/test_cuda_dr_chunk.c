@@ -613,7 +613,14 @@ static void test_dr_chunk_sanitize(void **state) {
                               1,
                               1,
                               0};
+    /* the TF32 family: partial tiles of V (40 of 64), a partial chunk, both backward kernels' forms */
+    static const cfg tf32[] = {
+        {"sanitize: tf32 head, GVA, K=256, V=40", 1, 70, 1, 2, 256, 40, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"sanitize: tf32 channel, varlen, K=160, C32", 1, 50, 1, 1, 160, 24, DG_GATE_CHANNEL, 32, 3, {0, 20, 50}, 1, 1, 0},
+    };
     static const dg_dr_variant v000 = {0, 0, 0};
+    run_case(&tf32[0], S_BF16, 1);
+    run_case(&tf32[1], S_F16, 1);
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
     run_case(&split, S_BF16, 0);

@@ -658,8 +658,11 @@ static void test_backend_table(void **state) {
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_kda_mma"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 64, 192, 64, al, false, "cuda_chunk_kda_mma"},
         {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_generic"},
-        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
-        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_tf32"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_tf32"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 192, 40, 32, odd, false, "cuda_chunk_tf32"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, true, "cuda_chunk_generic"},
+        {DG_F32, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false, "cuda_chunk_generic"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 32, al, false, "cuda_chunk_generic"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, odd, false, "cuda_chunk_generic"},
@@ -680,8 +683,8 @@ static void test_backend_table(void **state) {
         if (slow != (picked_note[0] != 0))
             fail_msg("case %zu: note '%s', expected %s", i, picked_note, slow ? "one" : "none");
     }
-    picked(DG_CUDA, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 512, 64, al, false);
-    assert_non_null(strstr(picked_note, "test in bf16 with K = 256, V = 512, chunk 64 runs on the generic"));
+    picked(DG_CUDA, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false);
+    assert_non_null(strstr(picked_note, "test in bf16 with K = 128, V = 96, chunk 64 runs on the generic"));
 #endif
     /* a misspelled row is an error that lists the rows */
     dg_clear_error();

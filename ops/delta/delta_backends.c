@@ -187,7 +187,7 @@ bool dg_delta_slow_note(const dg_delta_backend *b, const dg_delta_call *c, char 
     snprintf(buf, n,
              "%s in %s with K = %lld, V = %lld, chunk %d runs on the generic chunked CUDA kernels (f32 arithmetic, "
              "many times slower): the tensor-core kernels take chunks of 64, K of 64 or 128 and V a multiple of 64 "
-             "(KDA: in bf16), with rows aligned to 16 bytes",
+             "(KDA: in bf16), with rows aligned to 16 bytes, or K from 129 to 256 (TF32)",
              c->op, dg_dtype_name(c->dtype), (long long)c->s.K, (long long)c->s.V, c->s.chunk);
     return true;
 }
