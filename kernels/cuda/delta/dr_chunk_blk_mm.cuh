@@ -93,6 +93,37 @@ template <bool TC, int NTH, class Epi> __device__ __forceinline__ void blk_mm(in
     blk_mm2<TC, NTH>(M, N, t, Term{t.A, t.B, 0}, epi);
 }
 
+/* The operands' way into shared memory: rows x cols of a row-major matrix of S (float, or 16-bit
+ * bits read through ldx) at src (row stride lds) to dst (row stride ldd), each element x of row i,
+ * column c stored as f(i, c, x).  16-byte loads, several in flight a thread, where the row length,
+ * the strides and the address allow (element loads one after another leave a multiprocessor's
+ * memory pipe nearly idle); element loads otherwise. */
+template <int NTH, typename S, class F>
+__device__ __forceinline__ void stage(float *dst, int ldd, const S *src, int64_t lds, int rows, int cols, F f) {
+    constexpr int VEC = 16 / sizeof(S);
+    if (cols % VEC == 0 && lds % VEC == 0 && ((uintptr_t)src & 15) == 0) {
+        const int cv = cols / VEC;
+#pragma unroll 4
+        for (int e = threadIdx.x; e < rows * cv; e += NTH) {
+            const int i = e / cv, c = e % cv * VEC;
+            const uint4 w = *(const uint4 *)(src + i * lds + c);
+            S v[VEC];
+            memcpy(v, &w, 16);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) dst[i * ldd + c + k] = f(i, c + k, ldx(v + k));
+        }
+    } else {
+        for (int e = threadIdx.x; e < rows * cols; e += NTH) {
+            const int i = e / cols, c = e % cols;
+            dst[i * ldd + c] = f(i, c, ldx(src + i * lds + c));
+        }
+    }
+}
+/* stage with the elements as they are */
+struct AsIs {
+    __device__ __forceinline__ float operator()(int, int, float x) const { return x; }
+};
+
 } // namespace drc
 
 #endif

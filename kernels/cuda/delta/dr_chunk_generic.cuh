@@ -111,11 +111,8 @@ __global__ void __launch_bounds__(NT)
         }
     for (int i = tid; i < C; i += NT) sb[i] = i < L ? ldx(beta + p.ob + i * (int64_t)HV) : 0.0f;
     for (int e = tid; e < C * LC; e += NT) sA[e] = 0.0f, sY[e] = 0.0f;
-    for (int e = tid; e < L * K; e += NT) {
-        const int i = e / K, c = e % K;
-        sK[i * LK + c] = ldx(kc + i * p.ldq + c);
-        sX[i * LX + c] = ldx(qc + i * p.ldq + c);
-    }
+    stage<NT>(sK, LK, kc, p.ldq, L, K, AsIs{});
+    stage<NT>(sX, LX, qc, p.ldq, L, K, AsIs{});
     bsync();
     for (int i = tid; i < C; i += NT) sh[i] = GATE == DG_GATE_HEAD && i < L ? Gcc[i * p.ldg] : 0.0f;
     bsync();
@@ -206,10 +203,7 @@ __global__ void __launch_bounds__(NT)
     /* U = Y Vb, Vb_jv = beta_j v_jv, by tiles of VT columns of V in X (P is done) */
     for (int v0 = 0; v0 < V; v0 += VT) {
         const int nv = V - v0 < VT ? V - v0 : VT;
-        for (int e = tid; e < L * nv; e += NT) {
-            const int j = e / nv, c = e % nv;
-            sX[j * LX + c] = sb[j] * ldx(vc + j * p.ldv + v0 + c);
-        }
+        stage<NT>(sX, LX, vc + v0, p.ldv, L, nv, [&](int j, int, float x) { return sb[j] * x; });
         bsync();
         blk_mm<TC, NT>(L, nv, Term{Mat{sY, LC, 1}, Mat{sX, LX, 1}, L},
                        [&](int i, int c, float x) { U[p.ov + i * p.ldv + v0 + c] = x; });
@@ -256,24 +250,21 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
                 Hst[sb + (int64_t)r * V + j] = sS[r * LS + j];
             }
         }
-        for (int e = tid; e < L * K; e += NT) sX[(e / K) * LK + e % K] = W[p.ok + (e / K) * p.ldk + e % K];
+        stage<NT>(sX, LK, W + p.ok, p.ldk, L, K, AsIs{});
+        stage<NT>(sV, LS, UV + p.ov + j0, p.ldv, L, nbv, AsIs{}); /* U */
         bsync();
         /* V' = U - W S */
         blk_mm<TC, NT>(L, nbv, Term{Mat{sX, LK, 1}, Mat{sS, LS, 1}, K}, [&](int i, int j, float x) {
-            float *u = UV + p.ov + i * p.ldv + j0 + j;
-            const float s = *u - x;
-            *u = s;
+            const float s = sV[i * LS + j] - x;
+            UV[p.ov + i * p.ldv + j0 + j] = s;
             sV[i * LS + j] = s;
         });
         bsync();
         /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
         const float *Gl = GATE != DG_GATE_NONE ? Gc + p.og + (L - 1) * p.ldg : nullptr;
-        for (int e = tid; e < L * K; e += NT) {
-            int i = e / K, r = e % K;
-            float kk = ldx(k + p.oq + i * p.ldq + r);
-            if (GATE != DG_GATE_NONE) kk *= gam<GATE>(Gl, Gc + p.og + i * p.ldg, r);
-            sX[i * LK + r] = kk;
-        }
+        stage<NT>(sX, LK, k + p.oq, p.ldq, L, K, [&](int i, int r, float kk) {
+            return GATE != DG_GATE_NONE ? kk * gam<GATE>(Gl, Gc + p.og + i * p.ldg, r) : kk;
+        });
         for (int r = tid; r < K; r += NT) sdec[r] = last_decay<GATE>(Gl, r);
         bsync();
         blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sV, LS, 1}, L},

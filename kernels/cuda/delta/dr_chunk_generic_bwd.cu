@@ -45,21 +45,12 @@ __global__ void __launch_bounds__(NT)
             dSo[sb + (int64_t)r * V + j] = sS[r * LS + j];
         }
         const float *Gl = GATE != DG_GATE_NONE ? Gc + p.og + (L - 1) * p.ldg : nullptr;
-        for (int e = tid; e < L * K; e += NT) {
-            int i = e / K, r = e % K;
-            float kk = ldx(k + p.oq + i * p.ldq + r);
-            if (GATE != DG_GATE_NONE) kk *= gam<GATE>(Gl, Gc + p.og + i * p.ldg, r);
-            sX[i * LK + r] = kk;
-        }
+        stage<NT>(sX, LK, k + p.oq, p.ldq, L, K, [&](int i, int r, float kk) {
+            return GATE != DG_GATE_NONE ? kk * gam<GATE>(Gl, Gc + p.og + i * p.ldg, r) : kk;
+        });
         for (int r = tid; r < K; r += NT) sdec[r] = last_decay<GATE>(Gl, r);
-        for (int e = tid; e < L * nbv; e += NT) {
-            int i = e / nbv, j = e % nbv;
-            sO[i * LS + j] = ldx(dout + p.ov + i * p.ldv + j0 + j);
-        }
-        for (int e = tid; e < L * L; e += NT) {
-            int i = e / L, j = e % L;
-            sP[i * LC + j] = j <= i ? P[p.oc + i * p.ldc + j] : 0.0f;
-        }
+        stage<NT>(sO, LS, dout + p.ov + j0, p.ldv, L, nbv, AsIs{});
+        stage<NT>(sP, LC, P + p.oc, p.ldc, L, L, [](int i, int j, float x) { return j <= i ? x : 0.0f; });
         bsync();
         blk_mm2<TC, NT>(L, nbv, Term{Mat{sP, 1, LC}, Mat{sO, LS, 1}, L}, Term{Mat{sX, LK, 1}, Mat{sS, LS, 1}, K},
                         [&](int i, int j, float x) {
@@ -67,17 +58,15 @@ __global__ void __launch_bounds__(NT)
                             dVn[p.ov + i * p.ldv + j0 + j] = x;
                         });
         bsync();
-        for (int e = tid; e < L * K; e += NT) {
-            int i = e / K, r = e % K;
-            float x = G.scale * ldx(q + p.oq + i * p.ldq + r);
-            if (GATE != DG_GATE_NONE) x *= gexp<GATE>(Gc + p.og + i * p.ldg, r);
-            sX[i * LK + r] = x;
-        }
+        stage<NT>(sX, LK, q + p.oq, p.ldq, L, K, [&](int i, int r, float x) {
+            x *= G.scale;
+            return GATE != DG_GATE_NONE ? x * gexp<GATE>(Gc + p.og + i * p.ldg, r) : x;
+        });
         bsync();
         blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sO, LS, 1}, L},
                        [&](int r, int j, float x) { sS[r * LS + j] = sdec[r] * sS[r * LS + j] + x; });
         bsync();
-        for (int e = tid; e < L * K; e += NT) sX[(e / K) * LK + e % K] = W[p.ok + (e / K) * p.ldk + e % K];
+        stage<NT>(sX, LK, W + p.ok, p.ldk, L, K, AsIs{});
         bsync();
         blk_mm<TC, NT>(K, nbv, Term{Mat{sX, 1, LK}, Mat{sV, LS, 1}, L},
                        [&](int r, int j, float x) { sS[r * LS + j] -= x; });
@@ -141,11 +130,8 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
     /* dP_il = sum_j dO_ij V'_lj */
     for (int v0 = 0; v0 < V; v0 += VT) {
         const int nv = V - v0 < VT ? V - v0 : VT;
-        for (int e = tid; e < L * nv; e += NT) {
-            const int i = e / nv, j = e % nv;
-            sO[i * LV + j] = ldx(dO + i * p.ldv + v0 + j);
-            sVn[i * LV + j] = Vn[i * p.ldv + v0 + j];
-        }
+        stage<NT>(sO, LV, dO + v0, p.ldv, L, nv, AsIs{});
+        stage<NT>(sVn, LV, Vn + v0, p.ldv, L, nv, AsIs{});
         bsync();
         blk_mm<TC, NT>(L, L, Term{Mat{sO, LV, 1}, Mat{sVn, 1, LV}, nv},
                        [&](int i, int l, float x) { sDP[i * LC + l] = (v0 ? sDP[i * LC + l] : 0.0f) + x; });
@@ -173,26 +159,18 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
     float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
     for (int cc0 = 0; cc0 < K; cc0 += KT) {
         const int nk = K - cc0 < KT ? K - cc0 : KT;
-        for (int e = tid; e < L * nk; e += NT) {
-            const int i = e / nk, cc = e % nk;
-            sQt[i * LT + cc] = ldx(qc + i * p.ldq + cc0 + cc);
-            sKt[i * LT + cc] = ldx(kc + i * p.ldq + cc0 + cc);
-        }
+        stage<NT>(sQt, LT, qc + cc0, p.ldq, L, nk, AsIs{});
+        stage<NT>(sKt, LT, kc + cc0, p.ldq, L, nk, AsIs{});
         for (int v0 = 0; v0 < V; v0 += VT) {
             const int nv = V - v0 < VT ? V - v0 : VT;
-            for (int e = tid; e < L * nv; e += NT) {
-                const int i = e / nv, j = e % nv;
-                sO[i * LV + j] = ldx(dO + i * p.ldv + v0 + j);
-                sVn[i * LV + j] = Vn[i * p.ldv + v0 + j];
-                sdVn[i * LV + j] = dVn[i * p.ldv + v0 + j];
-            }
-            for (int e = tid; e < nk * nv; e += NT) {
-                const int cc = e / nv, j = e % nv;
-                const float s0 = S0[(int64_t)(cc0 + cc) * V + v0 + j], d1 = dS1[(int64_t)(cc0 + cc) * V + v0 + j];
-                sS0[cc * LV + j] = s0, sdS1[cc * LV + j] = d1;
-                if (GATE == DG_GATE_HEAD) hs += s0 * d1;
-            }
+            stage<NT>(sO, LV, dO + v0, p.ldv, L, nv, AsIs{});
+            stage<NT>(sVn, LV, Vn + v0, p.ldv, L, nv, AsIs{});
+            stage<NT>(sdVn, LV, dVn + v0, p.ldv, L, nv, AsIs{});
+            stage<NT>(sS0, LV, S0 + (int64_t)cc0 * V + v0, V, nk, nv, AsIs{});
+            stage<NT>(sdS1, LV, dS1 + (int64_t)cc0 * V + v0, V, nk, nv, AsIs{});
             bsync();
+            if (GATE == DG_GATE_HEAD) /* this thread's share of sum S0 o dS1, in a fixed order */
+                for (int e = tid; e < nk * nv; e += NT) hs += sS0[(e / nv) * LV + e % nv] * sdS1[(e / nv) * LV + e % nv];
             if (GATE == DG_GATE_CHANNEL) /* the last row's sum_j S0 o dS1 of each column cc */
                 for (int cc = tid; cc < nk; cc += NT) {
                     float t = v0 ? sCol[cc] : 0.0f;
@@ -314,10 +292,7 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
     const T *kc = a.k + p.oq, *vc = a.v + p.ov;
     const float *dU = a.dVn + p.ov;
     const float *Gcc = GATE != DG_GATE_NONE ? a.Gc + p.og : nullptr;
-    for (int e = tid; e < L * L; e += NT) {
-        int i = e / L, j = e % L;
-        sAi[i * LC + j] = j <= i ? a.Ai[p.oc + i * p.ldc + j] : 0.0f;
-    }
+    stage<NT>(sAi, LC, a.Ai + p.oc, p.ldc, L, L, [](int i, int j, float x) { return j <= i ? x : 0.0f; });
     for (int i = tid; i < L; i += NT) sdb[i] = 0.0f;
     const Mat AiT{sAi, 1, LC};
     /* over tiles of K (X = dW, Y = Kg), then of V (X = dU, Y = V): dAi's sums, dKbg and dVb */
@@ -325,17 +300,14 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
     for (int t = 0; t < nkt + nvt; t++) {
         const bool kt = t < nkt;
         const int x0 = (kt ? t : t - nkt) * XT, W_ = kt ? K : V, nx = W_ - x0 < XT ? W_ - x0 : XT;
-        for (int e = tid; e < L * nx; e += NT) {
-            const int i = e / nx, x = e % nx;
-            if (kt) {
-                float kg = ldx(kc + i * p.ldq + x0 + x);
-                if (GATE != DG_GATE_NONE) kg *= gexp<GATE>(Gcc + i * p.ldg, x0 + x);
-                sX[i * LX + x] = dW[i * ldw + x0 + x];
-                sY[i * LX + x] = kg;
-            } else {
-                sX[i * LX + x] = dU[i * p.ldv + x0 + x];
-                sY[i * LX + x] = ldx(vc + i * p.ldv + x0 + x);
-            }
+        if (kt) {
+            stage<NT>(sX, LX, dW + x0, ldw, L, nx, AsIs{});
+            stage<NT>(sY, LX, kc + x0, p.ldq, L, nx, [&](int i, int x, float kg) {
+                return GATE != DG_GATE_NONE ? kg * gexp<GATE>(Gcc + i * p.ldg, x0 + x) : kg;
+            });
+        } else {
+            stage<NT>(sX, LX, dU + x0, p.ldv, L, nx, AsIs{});
+            stage<NT>(sY, LX, vc + x0, p.ldv, L, nx, AsIs{});
         }
         bsync();
         blk_mm<TC, NT>(L, L, Term{Mat{sX, LX, 1}, Mat{sY, 1, LX}, nx},
@@ -404,7 +376,7 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
             }
         for (int x0 = 0; x0 < K; x0 += XT) {
             const int nx = K - x0 < XT ? K - x0 : XT;
-            for (int e = tid; e < L * nx; e += NT) sY[(e / nx) * LX + e % nx] = ldx(kc + (e / nx) * p.ldq + x0 + e % nx);
+            stage<NT>(sY, LX, kc + x0, p.ldq, L, nx, AsIs{});
             bsync();
             blk_mm2<TC, NT>(L, nx, Term{Mat{sdA, LC, 1}, Mat{sY, LX, 1}, L}, Term{Mat{sdA, 1, LC}, Mat{sY, LX, 1}, L},
                             [&](int i, int x, float s) { a.dkv[p.ok + i * p.ldk + x0 + x] += s; });

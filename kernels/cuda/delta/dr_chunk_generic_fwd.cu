@@ -26,25 +26,13 @@ __global__ void __launch_bounds__(NT)
     const CP<T> p = cp_at<T>(G, c, hv);
     const int L = p.L;
     float *sQ = sm, *sS = sQ + C * LK, *sP = sS + K * LS, *sV = sP + C * LC;
-    for (int e = tid; e < L * K; e += NT) {
-        int i = e / K, r = e % K;
-        float x = G.scale * ldx(q + p.oq + i * p.ldq + r);
-        if (GATE != DG_GATE_NONE) x *= gexp<GATE>(Gc + p.og + i * p.ldg, r);
-        sQ[i * LK + r] = x;
-    }
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V + j0;
-    for (int e = tid; e < K * nbv; e += NT) {
-        int r = e / nbv, j = e % nbv;
-        sS[r * LS + j] = Hst[sb + (int64_t)r * V + j];
-    }
-    for (int e = tid; e < L * L; e += NT) {
-        int i = e / L, j = e % L;
-        sP[i * LC + j] = j <= i ? P[p.oc + i * p.ldc + j] : 0.0f;
-    }
-    for (int e = tid; e < L * nbv; e += NT) {
-        int i = e / nbv, j = e % nbv;
-        sV[i * LS + j] = Vn[p.ov + i * p.ldv + j0 + j];
-    }
+    stage<NT>(sQ, LK, q + p.oq, p.ldq, L, K, [&](int i, int r, float x) {
+        x *= G.scale;
+        return GATE != DG_GATE_NONE ? x * gexp<GATE>(Gc + p.og + i * p.ldg, r) : x;
+    });
+    stage<NT>(sS, LS, Hst + (c * HV + hv) * (int64_t)K * V + j0, V, K, nbv, AsIs{});
+    stage<NT>(sP, LC, P + p.oc, p.ldc, L, L, [](int i, int j, float x) { return j <= i ? x : 0.0f; });
+    stage<NT>(sV, LS, Vn + p.ov + j0, p.ldv, L, nbv, AsIs{});
     bsync();
     blk_mm2<TC, NT>(L, nbv, Term{Mat{sQ, LK, 1}, Mat{sS, LS, 1}, K}, Term{Mat{sP, LC, 1}, Mat{sV, LS, 1}, L},
                     [&](int i, int j, float x) { stx(o + p.ov + i * p.ldv + j0 + j, x); });
