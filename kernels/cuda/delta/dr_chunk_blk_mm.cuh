@@ -36,10 +36,24 @@ __device__ __forceinline__ float mat_at(const Mat &m, int i, int r, int ni, int 
     return i < ni && r < nr ? m.p[i * m.s0 + r * m.s1] : 0.0f;
 }
 
-/* the TC form of one term into a warp's 16 x 32 accumulator at (m0, n0) */
+/* the TC form of one term into a warp's 16 x 32 accumulator at (m0, n0): k steps inside the tile
+ * without the bounds tests, the partial ones (the tile's edges) with them */
 __device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    for (int k0 = 0; k0 < t.kd; k0 += 8) {
+    int k0 = 0;
+    if (m0 + 16 <= M && n0 + 32 <= N) {
+        const float *A = t.A.p + (m0 + g) * t.A.s0 + q * t.A.s1, *B = t.B.p + q * t.B.s0 + (n0 + g) * t.B.s1;
+        const int a8 = 8 * t.A.s0, a4 = 4 * t.A.s1, b4 = 4 * t.B.s0, b8 = 8 * t.B.s1;
+        for (; k0 + 8 <= t.kd; k0 += 8, A += 2 * a4, B += 2 * b4) {
+            const uint32_t a[4] = {tf32(A[0]), tf32(A[a8]), tf32(A[a4]), tf32(A[a8 + a4])};
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const uint32_t b[2] = {tf32(B[nt * b8]), tf32(B[nt * b8 + b4])};
+                mma1688_tf32(acc[nt], a, b);
+            }
+        }
+    }
+    for (; k0 < t.kd; k0 += 8) {
         uint32_t a[4];
         a[0] = tf32(mat_at(t.A, m0 + g, k0 + q, M, t.kd));
         a[1] = tf32(mat_at(t.A, m0 + g + 8, k0 + q, M, t.kd));

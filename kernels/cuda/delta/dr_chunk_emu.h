@@ -383,12 +383,11 @@ template <float (*to_f32)(uint16_t)> inline void mma16816_as(float c[4], const u
     }
 }
 inline void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) { mma16816_as<bf16_bits_to_float>(c, a, b); }
-/* cvt.rna.tf32.f32: x rounded to 10 mantissa bits, to nearest with ties away from zero (the low 13
- * bits of the word zero); NaN and infinity kept */
+/* x rounded to TF32 as the kernels round it (dr_chunk_internal.cuh, tf32): 10 mantissa bits, the
+ * magnitude to nearest with ties away from zero (the low 13 bits of the word zero) */
 inline uint32_t tf32_bits(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return u;
     return (u + 0x1000u) & 0xffffe000u;
 }
 

@@ -34,7 +34,7 @@
 namespace drc {
 namespace {
 
-constexpr int NT = 256; /* threads of every generic kernel */
+constexpr int NT = 512; /* threads of every generic kernel (16 warps: one block a multiprocessor at K = 256) */
 constexpr int NW = NT / 32;
 
 /* exp(G_i - G_j) of channel c (G rows with their gate values), exp(G_i), for each gate kind */

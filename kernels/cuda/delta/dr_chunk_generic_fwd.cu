@@ -17,7 +17,7 @@ template <typename T, int GATE, bool TC>
 __global__ void __launch_bounds__(NT)
     k_out(Geom G, int BV, const T *q, const float *Gc, const float *P, const float *Vn, const float *Hst, T *o) {
     DRC_SMEM(float, sm);
-    const int C = G.C, K = G.K, V = G.V, HV = G.HV, tid = threadIdx.x;
+    const int C = G.C, K = G.K, V = G.V, HV = G.HV;
     const int LC = ld_c(G), LK = ld_k(G), LS = ld_bv(BV);
     const int NVT = (V + BV - 1) / BV;
     const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);

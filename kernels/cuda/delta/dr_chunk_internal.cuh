@@ -253,12 +253,12 @@ __device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], co
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-/* x rounded to TF32 (10 mantissa bits, to nearest, ties away), the operand word of mma1688_tf32 */
-__device__ __forceinline__ uint32_t tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
+/* x rounded to TF32, the operand word of mma1688_tf32: 10 mantissa bits, the magnitude to nearest
+ * with ties away from zero, as cvt.rna.tf32.f32 rounds finite values, in two integer instructions
+ * (cvt.rna is a sequence of about ten on sm_90: ncu, the TF32 state pass at S3).  A magnitude within
+ * half a step of the largest finite float rounds to infinity, as it should; a NaN whose payload lies
+ * in the low 13 bits only becomes infinity. */
+__device__ __forceinline__ uint32_t tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 /* c += A B, A 16 x 8 and B 8 x 8 TF32, f32 accumulation (fragments: dr_chunk_emu.h, mma1688_tf32) */
 __device__ __forceinline__ void mma1688_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
