@@ -7,8 +7,8 @@
  *               arithmetic on every storage type; the reference on the GPU).
  *   TC = true   TF32 tensor cores (mma.sync m16n8k8; operands rounded to 10 mantissa bits,
  *               relative 2^-11 against bf16's 2^-8; f32 accumulation): the TF32 family.  A warp
- *               takes output tiles of 16 x 32 in turn; the A fragment of a k step serves four
- *               n tiles.
+ *               takes output tiles of 16 x 32 in turn (the A fragment of a k step serves four
+ *               n tiles), or of 16 x 16 where tiles of 32 columns would leave warps idle.
  * A matrix is a pointer and two strides, A(i, r) = p[i * s0 + r * s1]: a transposed operand is the
  * same array with its strides swapped.  Nothing outside i < M, r < kd, j < N is read (it enters as
  * zero), so the rows and columns past a partial chunk or tile may hold anything.
@@ -38,16 +38,17 @@ __device__ __forceinline__ float mat_at(const Mat &m, int i, int r, int ni, int 
 
 /* the TC form of one term into a warp's 16 x 32 accumulator at (m0, n0): k steps inside the tile
  * without the bounds tests, the partial ones (the tile's edges) with them */
-__device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0) {
+__device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0, int nn) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int k0 = 0;
-    if (m0 + 16 <= M && n0 + 32 <= N) {
+    if (m0 + 16 <= M && n0 + 8 * nn <= N) {
         const float *A = t.A.p + (m0 + g) * t.A.s0 + q * t.A.s1, *B = t.B.p + q * t.B.s0 + (n0 + g) * t.B.s1;
         const int a8 = 8 * t.A.s0, a4 = 4 * t.A.s1, b4 = 4 * t.B.s0, b8 = 8 * t.B.s1;
         for (; k0 + 8 <= t.kd; k0 += 8, A += 2 * a4, B += 2 * b4) {
             const uint32_t a[4] = {tf32(A[0]), tf32(A[a8]), tf32(A[a4]), tf32(A[a8 + a4])};
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
+                if (nt >= nn) break;
                 const uint32_t b[2] = {tf32(B[nt * b8]), tf32(B[nt * b8 + b4])};
                 mma1688_tf32(acc[nt], a, b);
             }
@@ -62,7 +63,7 @@ __device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, 
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int j = n0 + nt * 8 + g;
-            if (n0 + nt * 8 >= N) break; /* (the same for the whole warp) */
+            if (nt >= nn || n0 + nt * 8 >= N) break; /* (the same for the whole warp) */
             uint32_t b[2];
             b[0] = tf32(j < N ? mat_at(t.B, k0 + q, j, t.kd, N) : 0.0f);
             b[1] = tf32(j < N ? mat_at(t.B, k0 + q + 4, j, t.kd, N) : 0.0f);
@@ -86,18 +87,20 @@ __device__ __forceinline__ void blk_mm2(int M, int N, const Term &t1, const Term
         }
     } else {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-        const int tn = (N + 31) / 32, ntile = (M + 15) / 16 * tn;
+        /* tiles of 16 x 32, or of 16 x 16 where those would leave warps idle (a 64 x 64 product) */
+        const int nn = (M + 15) / 16 * ((N + 31) / 32) < NTH / 32 ? 2 : 4;
+        const int tn = (N + 8 * nn - 1) / (8 * nn), ntile = (M + 15) / 16 * tn;
         for (int w = warp; w < ntile; w += NTH / 32) {
-            const int m0 = w / tn * 16, n0 = w % tn * 32;
+            const int m0 = w / tn * 16, n0 = w % tn * 8 * nn;
             float acc[4][4] = {};
-            warp_mm_tf32(acc, t1, M, N, m0, n0);
-            if (t2.kd) warp_mm_tf32(acc, t2, M, N, m0, n0);
+            warp_mm_tf32(acc, t1, M, N, m0, n0, nn);
+            if (t2.kd) warp_mm_tf32(acc, t2, M, N, m0, n0, nn);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = m0 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * q + (e & 1);
-                    if (i < M && j < N) epi(i, j, acc[nt][e]);
+                    if (nt < nn && i < M && j < N) epi(i, j, acc[nt][e]);
                 }
         }
     }
