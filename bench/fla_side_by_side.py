@@ -326,7 +326,7 @@ def main():
             notes.append("FLA #640 Hopper guard switched off")
         notes.append(r["dtype"])
         if r["K"] > 128:
-            notes.append("ours: generic kernels (K = V = 256)")
+            notes.append("ours: TF32 family (K = V = 256)")
         if r.get("ours_nonfinite"):
             notes.append(f"ours: {r['ours_nonfinite']} non-finite values")
         if "fla_kernels_error" in r:

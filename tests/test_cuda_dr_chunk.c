@@ -11,6 +11,8 @@
  *    against each other, and KDA in fp16 the same bits as the generic path forced;
  *  - value heads of V = 192, 256, 320 on the tensor-core kernels as 3, 2, 5 heads of 64 or 128
  *    columns (kernels/cuda/delta/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
+ *  - 128 < K <= 256 on the TF32 family (every gate, V up to 512), bf16 and fp16, against the
+ *    reference with the tensor-core bounds and against the generic kernels;
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -616,7 +618,7 @@ static void test_dr_chunk_sanitize(void **state) {
     /* the TF32 family: partial tiles of V (40 of 64), a partial chunk, both backward kernels' forms */
     static const cfg tf32[] = {
         {"sanitize: tf32 head, GVA, K=256, V=40", 1, 70, 1, 2, 256, 40, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
-        {"sanitize: tf32 channel, varlen, K=160, C32", 1, 50, 1, 1, 160, 24, DG_GATE_CHANNEL, 32, 3, {0, 20, 50}, 1, 1, 0},
+        {"sanitize: tf32 channel, varlen, C32", 1, 50, 1, 1, 160, 24, DG_GATE_CHANNEL, 32, 3, {0, 20, 50}, 1, 1, 0},
     };
     static const dg_dr_variant v000 = {0, 0, 0};
     run_case(&tf32[0], S_BF16, 1);
@@ -748,14 +750,21 @@ static void test_dr_chunk_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dr_chunk_bad_input),        cmocka_unit_test(test_dr_chunk_f32),
-        cmocka_unit_test(test_dr_chunk_f32_variants),     cmocka_unit_test(test_dr_chunk_bf16),
-        cmocka_unit_test(test_dr_chunk_bf16_paths_agree), cmocka_unit_test(test_dr_chunk_vsplit),
+        cmocka_unit_test(test_dr_chunk_bad_input),
+        cmocka_unit_test(test_dr_chunk_f32),
+        cmocka_unit_test(test_dr_chunk_f32_variants),
+        cmocka_unit_test(test_dr_chunk_bf16),
+        cmocka_unit_test(test_dr_chunk_bf16_paths_agree),
+        cmocka_unit_test(test_dr_chunk_vsplit),
         cmocka_unit_test(test_dr_chunk_tf32),
-        cmocka_unit_test(test_dr_chunk_bf16_unaligned),   cmocka_unit_test(test_dr_chunk_bf16_long),
-        cmocka_unit_test(test_dr_chunk_bf16_draws),       cmocka_unit_test(test_dr_chunk_f16),
-        cmocka_unit_test(test_dr_chunk_f16_paths),        cmocka_unit_test(test_dr_chunk_l2_fold),
-        cmocka_unit_test(test_dr_chunk_l2_fused),         cmocka_unit_test(test_dr_chunk_sanitize),
+        cmocka_unit_test(test_dr_chunk_bf16_unaligned),
+        cmocka_unit_test(test_dr_chunk_bf16_long),
+        cmocka_unit_test(test_dr_chunk_bf16_draws),
+        cmocka_unit_test(test_dr_chunk_f16),
+        cmocka_unit_test(test_dr_chunk_f16_paths),
+        cmocka_unit_test(test_dr_chunk_l2_fold),
+        cmocka_unit_test(test_dr_chunk_l2_fused),
+        cmocka_unit_test(test_dr_chunk_sanitize),
     };
     return dg_test_run_filtered(tests);
 }

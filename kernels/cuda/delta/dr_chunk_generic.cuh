@@ -1,5 +1,8 @@
 /* The generic chunked delta-rule kernels: f32 arithmetic on f32, bf16 or fp16 storage, every gate kind
- * (NONE, HEAD, CHANNEL), chunk 16/32/64, any V, K <= 256.  The math is that of the CPU kernels
+ * (NONE, HEAD, CHANNEL), chunk 16/32/64, any V, K <= 256.  Each kernel stages its operands in shared
+ * memory (stage) and forms its products with blk_mm (dr_chunk_blk_mm.cuh); built with the template
+ * argument TC = true, the same kernels run those products on TF32 tensor cores: the TF32 family
+ * (16-bit storage, 128 < K <= 256).  The math is that of the CPU kernels
  * (kernels/cpu/delta/dr_chunk_fwd_impl.h, dr_chunk_bwd_impl.h), with FLA's structure of parallel and
  * sequential stages.  Per chunk of L rows (value head hv, key head h = hv / (HV/H)), G the
  * chunk-local cumulative gate and Gamma(i,j) = exp(G_i - G_j) for i >= j (per channel c for
@@ -16,8 +19,9 @@
  *   dhu     block per (seq, hv, V tile):      dV', dS (reverse)           (sequential)
  *   dqkwg   block per (chunk, hv):            dq, dk, dW, dG of the output and state terms
  *   wy      block per (chunk, hv):            WY backward: dk, dv, dbeta, dG; dg = rev cumsum dG
- *           (dw_on_chip: dqkwg and wy in one kernel, dW and dG in shared memory; otherwise two
- *            kernels with dW and dG in global scratch)
+ *           (dw_on_chip: dqkwg and wy in one kernel, dW and dG in shared memory where they fit
+ *            (not the per-channel gate's dG at K = 256); otherwise two kernels with dW and dG in
+ *            global scratch)
  *   gva     dq, dk summed over the value heads of each key head, stored in the storage type.
  * Scratch (f32): G [rows,HV,gs]; W [rows,HV,K]; U/V' [rows,HV,V]; P, Ai, Mkk [rows,HV,C];
  * states S_in and dS_out [nchunks,HV,K,V]; dV' [rows,HV,V]; per value head dq, dk [rows,HV,K];

@@ -170,7 +170,8 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
             stage<NT>(sdS1, LV, dS1 + (int64_t)cc0 * V + v0, V, nk, nv, AsIs{});
             bsync();
             if (GATE == DG_GATE_HEAD) /* this thread's share of sum S0 o dS1, in a fixed order */
-                for (int e = tid; e < nk * nv; e += NT) hs += sS0[(e / nv) * LV + e % nv] * sdS1[(e / nv) * LV + e % nv];
+                for (int e = tid; e < nk * nv; e += NT)
+                    hs += sS0[(e / nv) * LV + e % nv] * sdS1[(e / nv) * LV + e % nv];
             if (GATE == DG_GATE_CHANNEL) /* the last row's sum_j S0 o dS1 of each column cc */
                 for (int cc = tid; cc < nk; cc += NT) {
                     float t = v0 ? sCol[cc] : 0.0f;
@@ -181,9 +182,8 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
             const Mat S0t{sS0, 1, LV}, dS1t{sdS1, 1, LV};
             blk_mm<TC, NT>(L, nk, Term{Mat{sO, LV, 1}, S0t, nv},
                            [&](int i, int cc, float x) { sF2[i * LT + cc] = (first ? 0.0f : sF2[i * LT + cc]) + x; });
-            blk_mm<TC, NT>(L, nk, Term{Mat{sVn, LV, 1}, dS1t, nv}, [&](int i, int cc, float x) {
-                sDKD[i * LT + cc] = (first ? 0.0f : sDKD[i * LT + cc]) + x;
-            });
+            blk_mm<TC, NT>(L, nk, Term{Mat{sVn, LV, 1}, dS1t, nv},
+                           [&](int i, int cc, float x) { sDKD[i * LT + cc] = (first ? 0.0f : sDKD[i * LT + cc]) + x; });
             blk_mm<TC, NT>(L, nk, Term{Mat{sdVn, LV, 1}, S0t, nv},
                            [&](int i, int cc, float x) { sDW[i * LT + cc] = (first ? 0.0f : sDW[i * LT + cc]) + x; });
             bsync();
@@ -217,7 +217,8 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
                 const int i = e / nk, cc = e % nk;
                 const float *Gi = Gcc + i * p.ldg;
                 float rp = 0.0f;
-                for (int l = 0; l <= i; l++) rp += sDP[i * LC + l] * sKt[l * LT + cc] * gam<GATE>(Gi, Gcc + l * p.ldg, cc0 + cc);
+                for (int l = 0; l <= i; l++)
+                    rp += sDP[i * LC + l] * sKt[l * LT + cc] * gam<GATE>(Gi, Gcc + l * p.ldg, cc0 + cc);
                 fin_q(i, cc, scale * rp);
             }
             bsync();
@@ -225,7 +226,8 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
                 const int i = e / nk, cc = e % nk;
                 const float *Gi = Gcc + i * p.ldg;
                 float dkp = 0.0f;
-                for (int m = i; m < L; m++) dkp += sDP[m * LC + i] * sQt[m * LT + cc] * gam<GATE>(Gcc + m * p.ldg, Gi, cc0 + cc);
+                for (int m = i; m < L; m++)
+                    dkp += sDP[m * LC + i] * sQt[m * LT + cc] * gam<GATE>(Gcc + m * p.ldg, Gi, cc0 + cc);
                 fin_k(i, cc, scale * dkp);
             }
         }
@@ -387,8 +389,10 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
             const float *Gi = Gcc + i * p.ldg;
             for (int cc = lane; cc < K; cc += 32) {
                 float rp = 0.0f, cp = 0.0f;
-                for (int j = 0; j < i; j++) rp += sdA[i * LC + j] * ldx(kc + j * p.ldq + cc) * gam<GATE>(Gi, Gcc + j * p.ldg, cc);
-                for (int m = i + 1; m < L; m++) cp += sdA[m * LC + i] * ldx(kc + m * p.ldq + cc) * gam<GATE>(Gcc + m * p.ldg, Gi, cc);
+                for (int j = 0; j < i; j++)
+                    rp += sdA[i * LC + j] * ldx(kc + j * p.ldq + cc) * gam<GATE>(Gi, Gcc + j * p.ldg, cc);
+                for (int m = i + 1; m < L; m++)
+                    cp += sdA[m * LC + i] * ldx(kc + m * p.ldq + cc) * gam<GATE>(Gcc + m * p.ldg, Gi, cc);
                 a.dkv[p.ok + i * p.ldk + cc] += rp + cp;
                 dG[i * ldG + cc] += ldx(kc + i * p.ldq + cc) * (rp - cp);
             }
@@ -431,8 +435,8 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
     const int hv = (int)(blockIdx.x % G.HV);
     const Chunk ch = chunk_at(G, c);
     const int64_t off = ch.r0 * G.HV + hv;
-    dqkwg_body<T, GATE, TC>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K,
-                            G.gs ? a.dGg + off * G.gs : nullptr, (int64_t)G.HV * G.gs, sm);
+    dqkwg_body<T, GATE, TC>(G, a, c, hv, a.dWg + off * G.K, (int64_t)G.HV * G.K, G.gs ? a.dGg + off * G.gs : nullptr,
+                            (int64_t)G.HV * G.gs, sm);
 }
 
 template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k_bwd_wy(Geom G, BwdArgs<T> a) {
