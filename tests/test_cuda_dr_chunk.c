@@ -203,7 +203,7 @@ static void test_dr_chunk_vsplit(void **state) {
 /* 128 < K <= 256 in 16-bit storage: the TF32 family (the generic kernels' structure on TF32 tensor
  * cores, dr_chunk_blk_mm.cuh), every gate, against the f64 recurrence in bf16 and fp16 (the
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
- * dW and dG do not fit in shared memory: the per-channel gate at K = 256), against the generic
+ * dW and dG do not fit in shared memory: K > 128), against the generic
  * kernels forced; the launches show the TF32 kernels ran. */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},

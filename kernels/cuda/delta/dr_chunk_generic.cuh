@@ -19,9 +19,9 @@
  *   dhu     block per (seq, hv, V tile):      dV', dS (reverse)           (sequential)
  *   dqkwg   block per (chunk, hv):            dq, dk, dW, dG of the output and state terms
  *   wy      block per (chunk, hv):            WY backward: dk, dv, dbeta, dG; dg = rev cumsum dG
- *           (dw_on_chip: dqkwg and wy in one kernel, dW and dG in shared memory where they fit
- *            (not the per-channel gate's dG at K = 256); otherwise two kernels with dW and dG in
- *            global scratch)
+ *           (dw_on_chip: dqkwg and wy in one kernel, dW and dG in shared memory where they fit:
+ *            K <= 128 at chunk 64, K <= 64 with the per-channel gate; otherwise two kernels with
+ *            dW and dG in global scratch)
  *   gva     dq, dk summed over the value heads of each key head, stored in the storage type.
  * Scratch (f32): G [rows,HV,gs]; W [rows,HV,K]; U/V' [rows,HV,V]; P, Ai, Mkk [rows,HV,C];
  * states S_in and dS_out [nchunks,HV,K,V]; dV' [rows,HV,V]; per value head dq, dk [rows,HV,K];
@@ -283,9 +283,9 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
 }
 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
-/* (the largest shared-memory requests, at K = 256 and C = 64: dhu 195584 bytes, prep 185856 (V >=
- * 256), the fused backward 222016 (the per-channel gate runs the pair instead), all under the
- * 232448 a block may have on sm_90; plan_init rejects K > 256) */
+/* (the largest shared-memory requests, at C = 64: dqkwg 197248 bytes, dhu 195584 at K = 256, prep
+ * 185856 at K = 256 and V >= 256, the fused backward up to the limit (it runs where it fits), all
+ * under the 232448 a block may have on sm_90; plan_init rejects K > 256) */
 
 } // namespace
 } // namespace drc

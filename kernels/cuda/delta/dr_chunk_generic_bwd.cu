@@ -93,7 +93,7 @@ template <typename T> struct BwdArgs {
 
 /* the tiles of dqkwg: KT columns of K (its outputs), VT columns of V (the sums over V) at a time */
 __host__ __device__ __forceinline__ int dq_kt(const Geom &G) { return G.K < 64 ? G.K : 64; }
-__host__ __device__ __forceinline__ int dq_vt(const Geom &G) { return G.V < 32 ? G.V : 32; }
+__host__ __device__ __forceinline__ int dq_vt(const Geom &G) { return G.V < 64 ? G.V : 64; }
 /* shared-memory floats of dqkwg_body: dP [C x ld_c]; f2, dkd, dw, Q, K [C x (KT + 4)]; dO, V', dV'
  * [C x (VT + 8)]; S0, dS1 [KT x (VT + 8)]; row sums [C], column sums [KT], reduction [2 NW] */
 __host__ __device__ inline int64_t dqkwg_smem(const Geom &G) {
@@ -455,8 +455,10 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
-    /* dw_on_chip where dW and dG fit in shared memory beside the bodies' tiles (not at K = 256
-     * with the per-channel gate, whose dG is C x K): else the pair of kernels, the same arithmetic */
+    /* dw_on_chip where dW and dG fit in shared memory beside the bodies' tiles (at chunk 64: K <= 128
+     * with a head gate, K <= 64 with the per-channel one, whose dG is C x K): else the pair of
+     * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
+     * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
     const bool fused = var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
