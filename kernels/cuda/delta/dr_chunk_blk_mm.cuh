@@ -36,8 +36,9 @@ __device__ __forceinline__ float mat_at(const Mat &m, int i, int r, int ni, int 
     return i < ni && r < nr ? m.p[i * m.s0 + r * m.s1] : 0.0f;
 }
 
-/* the TC form of one term into a warp's 16 x 32 accumulator at (m0, n0): k steps inside the tile
- * without the bounds tests, the partial ones (the tile's edges) with them */
+/* the TC form of one term into a warp's accumulator of 16 rows and nn n tiles of 8 columns at (m0,
+ * n0): k steps inside the tile without the bounds tests, the partial ones (the tile's edges) with
+ * them */
 __device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0, int nn) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int k0 = 0;
