@@ -98,6 +98,8 @@ def parse():
     ap.add_argument("--batch", type=int, default=None, help="sequences per step, for every chosen config")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per sequence, for every chosen config")
     ap.add_argument("--skip-fla", action="store_true", help="deltagrad only (no torch needed)")
+    ap.add_argument("--also-no-graph", action="store_true",
+                    help="a second deltagrad row per config with --no-graph (each step launched kernel by kernel)")
     ap.add_argument("--fla-unfused", action="store_true",
                     help="FLA with fuse_norm, fuse_swiglu, fuse_cross_entropy off (default: FLA's defaults, on)")
     ap.add_argument("--fla-path", default=None,
@@ -293,14 +295,17 @@ def read_metrics(path, warm, tokens_per_step):
     return res
 
 
-def run_deltagrad(key, cfg, args, data, precision_flag):
+def run_deltagrad(key, cfg, args, data, precision_flag, extra=()):
+    """one deltagrad run; extra: more options (e.g. --no-graph), which name the row's side too"""
     m = model_of(cfg)
-    out_dir = os.path.join(args.out, "runs", f"{key}-deltagrad")
+    tag = "".join(extra)
+    out_dir = os.path.join(args.out, "runs", f"{key}-deltagrad{tag}")
     cmd_args, B, T = deltagrad_args(cfg, m, args, data, out_dir, precision_flag)
-    log_path = os.path.join(args.out, "logs", f"{key}-deltagrad.log")
+    cmd_args += list(extra)
+    log_path = os.path.join(args.out, "logs", f"{key}-deltagrad{tag}.log")
     log(f"[{key}] deltagrad: {args.deltagrad} " + " ".join(cmd_args))
     rc, secs, tail = run_logged([args.deltagrad] + cmd_args, log_path, args.timeout)
-    row = {"side": "deltagrad", "wall_s": round(secs, 1), "log": log_path,
+    row = {"side": " ".join(["deltagrad", *extra]), "wall_s": round(secs, 1), "log": log_path,
            "precision": args.precision if precision_flag else "f32 (no --precision in this build)"}
     if args.device_cpu_smoke:
         row["precision"] = "f32 (cpu)"
@@ -564,6 +569,11 @@ def main():
             diff = check_config_json(dg["config_json"], m)
             if diff:
                 dg["error"] = "deltagrad's config.json differs from the configuration: " + "; ".join(diff)
+        if args.also_no_graph and not args.device_cpu_smoke:
+            ng = run_deltagrad(key, cfg, args, data, precision_flag, extra=("--no-graph",))
+            if "error" not in dg and "error" not in ng:
+                ng["note"] = f"the CUDA graph's rate is {dg['tokens_per_s'] / ng['tokens_per_s']:.2f}x this"
+            entry["rows"].append(ng)
         if not args.skip_fla:
             fl = run_fla(key, cfg, args, data)
             entry["rows"].append(fl)
@@ -604,6 +614,8 @@ def write_results(args, env, results, show):
             dg = r["side"] == "deltagrad"
             note = r.get("error", "")[:300].replace("\n", " ").replace("|", "/")
             failed += bool(note)
+            if r.get("note"):
+                note = (note + "; " if note else "") + r["note"]
             if not dg and r.get("fla_hopper_guard_640_off"):
                 note = (note + "; " if note else "") + "FLA #640 Hopper guard switched off"
             table.append({"config": f"{e['config']} ({e['name']}, {e['task']})",

@@ -200,6 +200,13 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
     }
     if (ids->ndim != 2) return dg_lm_hidden(lm, ids, NULL); /* reports the shape error */
     int64_t B = ids->shape[0], T = ids->shape[1], N = B * T;
+    if (targets->device != DG_CPU) {
+        /* targets on the device (the buffers of a captured step, models/train_graph.h): every
+         * position through the head, the ignored ones skipped by the cross-entropy there; nothing
+         * is read back */
+        *targets_out = on_model_device(lm, dg_reshape(targets, DG_SHAPE(N)));
+        return head(lm, dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)));
+    }
     /* the scored positions are found on the host (a model on the device gets a host batch from
      * the trainer: nothing to copy back) */
     dg_tensor *tc = dg_contiguous(targets->device == DG_CPU ? targets : dg_to_device(targets, DG_CPU));

@@ -10,6 +10,7 @@
 #include "models/memory_estimate.h"
 #include "models/metrics.h"
 #include "models/safetensors.h"
+#include "models/train_graph.h"
 
 #include <errno.h>
 #include <math.h>
@@ -271,6 +272,7 @@ fail:
 void dg_trainer_free(dg_trainer *t) {
     if (!t) return;
     if (t->profile_ops) dg_profile_end();
+    dg_train_graph_free(t);
     dg_adamw_free(t->opt);
     if (t->norm) dg_release(t->norm);
     dg_lm_free(t->lm);
@@ -298,7 +300,28 @@ static int next_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
     return global_batch(t, in, tg) || dg_dp_take_slice(in, tg) ? -1 : 0;
 }
 
+/* The step's accounting once its loss lv and norm gn are read back: a non-finite one was skipped
+ * (the decision the fused step made on the device). */
+static void count_step(dg_trainer *t, double lv, double gn, bool dp, double *loss_out, double *gnorm_out) {
+    if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++;
+    t->step++;
+    if (loss_out) *loss_out = lv;
+    if (gnorm_out) *gnorm_out = gn;
+}
+
+/* A step through the CUDA graph (train_graph.h): the batch drawn here, the rest there. */
+static int graph_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
+    dg_scope_begin();
+    dg_tensor *in, *tg;
+    double lv, gn;
+    int rc = next_batch(t, &in, &tg) || dg_train_graph_step(t, in, tg, dg_lr_at(&t->sched, t->step), &lv, &gn);
+    dg_scope_end();
+    if (!rc) count_step(t, lv, gn, false, loss_out, gnorm_out);
+    return rc ? -1 : 0;
+}
+
 int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
+    if (dg_train_graph_usable(t)) return graph_step(t, loss_out, gnorm_out);
     dg_lm *lm = t->lm;
     int rc = -1;
     double t0 = t->profile ? dg_progress_now() : 0, t1 = 0, t2 = 0, t3 = 0;
@@ -353,11 +376,7 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * with a limit, since a rank that died leaves the collectives unfinished) */
     if (!dp) lv = dg_item(loss);
     else if (dg_dp_step_finish(&lv)) goto out;
-    double gn = dg_item(t->norm);
-    if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++; /* the decision the fused step made */
-    t->step++;
-    if (loss_out) *loss_out = lv;
-    if (gnorm_out) *gnorm_out = gn;
+    count_step(t, lv, dg_item(t->norm), dp, loss_out, gnorm_out);
     rc = 0;
 out:
     dg_scope_end();

@@ -23,6 +23,8 @@
 /* Consecutive steps with a non-finite loss or gradient after which the run counts as diverged. */
 #define DG_DIVERGED_STEPS 10
 
+typedef struct dg_train_graph dg_train_graph; /* models/train_graph.h */
+
 typedef struct dg_trainer {
     dg_train_config tc;
     char *train_json; /* tc as JSON (stored in checkpoints) */
@@ -49,6 +51,8 @@ typedef struct dg_trainer {
      * first two (warm-up: the memory pool grows, cuBLAS sets up) */
     bool profile_ops;
     int64_t op_steps, op_warmup;
+    bool graph_off;        /* --no-graph, or a capture that failed: no CUDA graph, every step eager */
+    dg_train_graph *graph; /* the device step's buffers and graph (train_graph.h), NULL before */
 } dg_trainer;
 
 /* A new run (resume_dir NULL), or one continued from the checkpoint in resume_dir, whose model

@@ -9,6 +9,7 @@
 
 #include "models/checkpoint.h"
 #include "models/generate.h"
+#include "models/train_graph.h"
 #include "models/trainer.h"
 
 #include <math.h>
@@ -202,7 +203,8 @@ static void test_cuda_checkpoint_loads_on_cpu(void **state) {
 
 /* Every step allocates and frees the same on the device: over 200 steps (and evaluations) live
  * tensors and bytes, and the pool's used bytes, are equal after every step from the 4th on; the
- * pool reserves nothing more.  In bf16 mixed precision, the default on cuda. */
+ * pool reserves nothing more.  In bf16 mixed precision and with the step as a CUDA graph, the
+ * defaults on cuda (the graph's memory is its own, allocated once at the capture). */
 static void test_cuda_memory_flat(void **state) {
     dg_test_require_cuda();
 #ifdef DG_HAVE_CUDA
@@ -317,6 +319,47 @@ static void test_cuda_bf16_gradients_follow_f32(void **state) {
     dg_lm_free(lm);
 }
 
+/* Every parameter of a and b (on any devices) equal bit for bit. */
+static bool params_identical(const dg_lm *a, const dg_lm *b) {
+    assert_int_equal(a->params.n, b->params.n);
+    bool same = true;
+    for (int i = 0; i < a->params.n && same; i++) {
+        dg_scope_begin();
+        dg_tensor *x = dg_to_device(a->params.t[i], DG_CPU), *y = dg_to_device(b->params.t[i], DG_CPU);
+        assert_true(x && y);
+        same = !memcmp(dg_data_ptr(x), dg_data_ptr(y), (size_t)dg_numel(x) * dg_dtype_size(x->dtype));
+        dg_scope_end();
+    }
+    return same;
+}
+
+/* The step as a CUDA graph (models/train_graph.h) replays the step it captured exactly: the same
+ * run with the graph and with --no-graph (the same kernels on the same buffers, launched one by
+ * one) gives the same loss and gradient norm at every step and the same parameters, bit for bit:
+ * step 1 eager, step 2 captured and launched, steps 3-8 replays; bf16 mixed precision, MQAR with
+ * its ignored positions. */
+static void test_cuda_graph_replays_exactly(void **state) {
+    dg_test_require_cuda();
+    dg_train_config tg = tiny_run(tmp_path("graph"), DG_CUDA), te = tiny_run(tmp_path("eager"), DG_CUDA);
+    tg.precision = te.precision = DG_PRECISION_BF16;
+    dg_model_config mc = tiny_model();
+    dg_trainer *g = dg_trainer_open(&tg, &mc, NULL), *e = dg_trainer_open(&te, &mc, NULL);
+    if (!g || !e) fail_msg("%s", dg_last_error());
+    e->graph_off = true;
+    for (int s = 0; s < 8; s++) {
+        double lg, gg, le, ge;
+        if (dg_trainer_step(g, &lg, &gg) || dg_trainer_step(e, &le, &ge)) fail_msg("step %d: %s", s + 1, dg_last_error());
+        printf("step %d: loss graph %.9g eager %.9g, grad norm graph %.9g eager %.9g\n", s + 1, lg, le, gg, ge);
+        if (!(lg == le && gg == ge)) fail_msg("step %d: the graph's loss or norm differs from the eager step's", s + 1);
+        assert_true(isfinite(lg) && isfinite(gg));
+        assert_int_equal(dg_train_graph_captured(g), s >= 1);
+    }
+    assert_false(dg_train_graph_captured(e));
+    assert_true(params_identical(g->lm, e->lm));
+    dg_trainer_free(g);
+    dg_trainer_free(e);
+}
+
 /* bf16 mixed precision resumes exactly: 3 steps + checkpoint + resume + 3 steps gives the
  * parameters of 6 straight steps (the master weights and moments are f32 in the checkpoint; the
  * device kernels are deterministic). */
@@ -399,6 +442,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cuda_generate_matches_cpu, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cuda_bf16_gradients_follow_f32, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_cuda_bf16_resume_exact, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_graph_replays_exactly, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_refused_on_cpu, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

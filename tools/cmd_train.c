@@ -81,7 +81,7 @@ int dg_cmd_train(int argc, char **argv) {
         dg_train_flags_help(stdout);
         return 0;
     }
-    dg_train_opts o = {.mc = dg_model_default_config(), .tc = dg_train_default_config(), .gpus = 1};
+    dg_train_opts o = dg_train_opts_default();
     if (resume) { /* the checkpoint's settings first, then the command line's */
         char *tj = NULL;
         if (dg_ckpt_read_meta(resume, &o.mc, &tj, NULL, NULL)) {
@@ -133,6 +133,7 @@ int dg_cmd_train(int argc, char **argv) {
     }
     t->stop_at = o.stop_at;
     t->quiet = o.quiet;
+    t->graph_off = !o.graph;
     t->lm->mixer_opts.keep_delta_work = o.keep_delta_work;
     /* the ranks of several GPUs stop together, after the step at which any of them got the signal */
     t->interrupt = dg_dp_active() ? dg_dp_stop_flag(&interrupted) : &interrupted;

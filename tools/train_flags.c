@@ -92,6 +92,10 @@ static const flag flags[] = {
      "the delta-rule forward keeps its working set for the backward: a faster backward for about 8 times v's bytes "
      "a layer (off: recomputed, as FLA does; the results are the same bits)",
      false},
+    {"graph", T_BOOL, OP(graph), 0, "run",
+     "cuda, one GPU: capture the training step in a CUDA graph once and replay it (--no-graph: every step launched "
+     "kernel by kernel)",
+     false},
     {"eval-every", T_I64, TC(eval_every), 0, "run", "evaluate every N steps (0: only at the end)", false},
     {"save-every", T_I64, TC(save_every), 0, "run", "checkpoint every N steps (and at the end)", false},
     {"log-every", T_I64, TC(log_every), 0, "run", "plain log line every N steps (when not on a terminal)", false},
@@ -272,8 +276,12 @@ static void default_text(const flag *f, const dg_train_opts *d, char *buf, size_
     }
 }
 
+dg_train_opts dg_train_opts_default(void) {
+    return (dg_train_opts){.mc = dg_model_default_config(), .tc = dg_train_default_config(), .gpus = 1, .graph = true};
+}
+
 void dg_train_flags_help(FILE *out) {
-    dg_train_opts d = {.mc = dg_model_default_config(), .tc = dg_train_default_config(), .gpus = 1};
+    dg_train_opts d = dg_train_opts_default();
     fprintf(out,
             "usage: deltagrad train [OPTIONS]\n\n"
             "Trains a language model with a delta-rule mixer.  With no options: the default Gated DeltaNet on\n"

@@ -14,6 +14,7 @@ typedef struct dg_train_opts {
     int64_t stop_at;
     int gpus; /* processes, one a GPU (0: every visible GPU); 1: this process alone */
     bool quiet;
+    bool graph;           /* cuda, one GPU: the step as a CUDA graph (models/train_graph.h) */
     bool keep_delta_work; /* the delta op keeps its forward's work for the backward (dg_mixer_opts) */
     bool bf16_all_reduce; /* several GPUs: the gradients are averaged in bf16 (dg_dp_set_grad_dtype) */
     bool overwrite;       /* replace the run already in the output directory */
@@ -22,6 +23,8 @@ typedef struct dg_train_opts {
     bool device_given;    /* --device was on the command line */
 } dg_train_opts;
 
+/* The defaults of every option. */
+dg_train_opts dg_train_opts_default(void);
 /* Finds "--resume DIR" / "--resume=DIR" in argv (NULL if absent) and whether --help is there. */
 const char *dg_train_flags_find_resume(int argc, char **argv, bool *help);
 /* Applies every option of argv[1..] to o.  0, or -1 with a message on stderr. */

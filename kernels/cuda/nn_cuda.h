@@ -69,7 +69,8 @@ int dg_cuda_swiglu_bwd(dg_dtype dt, int64_t n, const void *g, const void *u, con
 /* ---- indices (nn_util.cu) ---------------------------------------------------------------------- */
 /* The first n (in order) with ids[n] outside [0,V) and, when allow_skip, != skip: *bad_pos = n and
  * *bad_val = ids[n], or *bad_pos = -1 when every id is valid.  ids is a device array of N i64.
- * Synchronises (the answer is copied to the host). */
+ * Synchronises (the answer is copied to the host); inside a CUDA graph capture it checks nothing
+ * and reports every id valid: the capture's owner checks them on the host (graph.cu). */
 int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, bool allow_skip, int64_t skip, int64_t *bad_pos,
                            int64_t *bad_val);
 

@@ -1,6 +1,7 @@
 /* Shared pieces of the network-piece kernels: the second pass of the column sums for double
  * partials, the sum over the rows of a matrix (a bias gradient) and the index check of embedding
  * ids and cross-entropy targets. */
+#include "kernels/cuda/capture.h"
 #include "kernels/cuda/nn_util.h"
 
 namespace {
@@ -62,7 +63,9 @@ extern "C" int dg_cuda_find_bad_index(int64_t N, const int64_t *ids, int64_t V, 
                                       int64_t *bad_pos, int64_t *bad_val) {
     *bad_pos = -1;
     *bad_val = 0;
-    if (N <= 0) return 0;
+    /* inside a graph capture nothing runs and nothing can be read back: the step's owner checks
+     * the indices on the host before each replay (graph.cu) */
+    if (N <= 0 || dg_cuda_capturing()) return 0;
     if (dg_cuda_init()) return -1;
     unsigned long long *first = dg_cuda_scratch<unsigned long long>(1);
     if (!first) return -1;

@@ -21,9 +21,15 @@
  * the batch a training step uploads, and the small index tables the ops make on the host, cost
  * no round trip.
  *
+ * Capture (graph.cu): while the stream is captured into a CUDA graph, a host-to-device copy goes
+ * from a pinned buffer of its own that the graph keeps (a slot of the ring would be rewritten
+ * before the graph replays), and a copy to the host or a wait for the stream is refused with a
+ * message: inside a capture nothing runs, so there is nothing to read.
+ *
  * Nothing here aborts: without a driver or a GPU, dg_cuda_device_count() is 0 and every other
  * call fails with a message.  Initialisation happens once; if it failed, its message is reported
  * again by every later call (dg_error is per thread). */
+#include "kernels/cuda/capture.h"
 #include "kernels/cuda/cuda_util.h"
 
 #include <mutex>
@@ -55,6 +61,8 @@ struct Runtime {
     StageSlot stage[kStageSlots];
     int stage_next = 0;
     bool stage_off = false; /* pinned memory could not be had: every copy waits */
+    bool capturing = false;       /* the stream is being captured (dg_cuda_capture_begin) */
+    std::vector<void *> pins;     /* the capture's pinned copies of uploaded host memory */
 };
 
 Runtime &rt() {
@@ -202,8 +210,17 @@ int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
     return DG_CU(cudaMemGetInfo(free_bytes, total_bytes));
 }
 
+/* A wait for the device inside a capture: refused (the captured work has not run). */
+static int refuse_in_capture(const char *what) {
+    if (!rt().capturing) return 0;
+    dg_error("cuda: %s while the stream is captured into a CUDA graph: a captured step cannot wait for the "
+             "device or read from it",
+             what);
+    return -1;
+}
+
 int dg_cuda_synchronize(void) {
-    if (dg_cuda_init()) return -1;
+    if (dg_cuda_init() || refuse_in_capture("dg_cuda_synchronize")) return -1;
     return DG_CU(counted(cudaStreamSynchronize, rt().stream));
 }
 
@@ -226,6 +243,16 @@ void dg_cuda_free(void *p) {
     /* at process exit the runtime may already be gone; nothing is left to free then */
     if (e == cudaErrorCudartUnloading) return;
     dg_cu_report(e, "cudaFreeAsync(p, stream)", __FILE__, __LINE__);
+}
+
+/* A host-to-device copy inside a capture: from a pinned copy of src that lives as long as the
+ * graph (the graph's memcpy node reads it at every replay). */
+static int captured_h2d(void *dst, const void *src, size_t n) {
+    void *pin = nullptr;
+    DG_CU_TRY(cudaMallocHost(&pin, n));
+    rt().pins.push_back(pin);
+    memcpy(pin, src, n);
+    return DG_CU(cudaMemcpyAsync(dst, pin, n, cudaMemcpyHostToDevice, rt().stream));
 }
 
 /* Queues a host-to-device copy of n <= kStageBytes through the next staging slot; 1 when it did,
@@ -268,6 +295,8 @@ int dg_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
         dg_error("cuda: dg_cuda_memcpy: NULL %s pointer", dst ? "source" : "destination");
         return -1;
     }
+    if (kind == 0 && rt().capturing) return captured_h2d(dst, src, n);
+    if (kind == 1 && refuse_in_capture("a copy from the device to the host")) return -1;
     if (kind == 0 && n <= kStageBytes) {
         int rc = staged_h2d(dst, src, n);
         if (rc != 0) return rc < 0 ? -1 : 0;
@@ -287,3 +316,15 @@ int dg_cuda_memset(void *p, int byte, size_t n) {
 int dg_cuda_memset0(void *p, size_t n) { return dg_cuda_memset(p, 0, n); }
 
 } // extern "C"
+
+/* ---- the capture's state (capture.h) ---- */
+
+void dg_cuda_capture_mark(bool on) { rt().capturing = on; }
+
+bool dg_cuda_capturing() { return rt().capturing; }
+
+std::vector<void *> dg_cuda_capture_take_pins() {
+    std::vector<void *> v;
+    v.swap(rt().pins);
+    return v;
+}

@@ -1,0 +1,160 @@
+/* The training step as a CUDA graph (models/train_graph.h). */
+#include "models/train_graph.h"
+
+#include "core/device_graph.h"
+#include "core/internal.h"
+#include "models/data_parallel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct dg_train_graph {
+    dg_tensor *in, *tg;  /* the batch's device buffers, i64 [B,T] (kept) */
+    dg_tensor *lr;       /* the step's learning rate, f64 [1] on the device, read by AdamW */
+    dg_tensor *loss;     /* the step's loss, copied out of the step (the loss's dtype, 0-dim) */
+    dg_cuda_graph *exec; /* NULL until captured */
+    int eager_steps;     /* steps run before the capture */
+};
+
+#ifdef DG_HAVE_CUDA
+
+/* Eager steps before the capture: the first makes what lives across steps (gradients, AdamW's
+ * device state and tables, cuBLAS's workspace, kernels' attributes), so that the captured step
+ * allocates and frees only its own memory. */
+enum { EAGER_STEPS = 1 };
+
+bool dg_train_graph_usable(const dg_trainer *t) {
+    return t->tc.device == DG_CUDA && !t->profile && !t->profile_ops && !dg_dp_active();
+}
+
+bool dg_train_graph_captured(const dg_trainer *t) { return t->graph && t->graph->exec; }
+
+void dg_train_graph_free(dg_trainer *t) {
+    dg_train_graph *g = t->graph;
+    if (!g) return;
+    dg_cuda_graph_free(g->exec);
+    dg_release(g->in), dg_release(g->tg), dg_release(g->lr), dg_release(g->loss);
+    free(g);
+    t->graph = NULL;
+}
+
+/* ids in [0, vocab); targets in [0, vocab) or the ignore index.  Checked on the host, because the
+ * captured step's ops cannot read the device to check them (kernels/cuda/graph.cu). */
+static int check_batch(const dg_tensor *in, const dg_tensor *tg, int64_t vocab) {
+    const int64_t *ids = dg_data_ptr(in), *tgt = dg_data_ptr(tg), n = dg_numel(in);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            dg_error("train: input id %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld)",
+                     (long long)ids[i], (long long)i, dg_shp(in), (long long)vocab);
+            return -1;
+        }
+        if (tgt[i] != DG_MQAR_IGNORE && (tgt[i] < 0 || tgt[i] >= vocab)) {
+            dg_error("train: target %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld) "
+                     "and not the ignore index %d",
+                     (long long)tgt[i], (long long)i, dg_shp(tg), (long long)vocab, DG_MQAR_IGNORE);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The step's buffers, made once, before any capture. */
+static dg_train_graph *buffers(dg_trainer *t, const dg_tensor *in) {
+    if (t->graph) return t->graph;
+    dg_train_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        dg_error("train: out of host memory");
+        return NULL;
+    }
+    t->graph = g;
+    g->in = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
+    g->tg = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
+    g->lr = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
+    if (!t->norm) t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
+    return g->in && g->tg && g->lr && t->norm ? g : NULL;
+}
+
+/* The work of one step on the device buffers: forward, backward, clip + AdamW, zeroed gradients,
+ * the loss copied out.  Run eagerly, or captured (nothing in it reads the device). */
+static int body(dg_trainer *t, dg_train_graph *g) {
+    dg_scope_begin();
+    int rc = -1;
+    dg_tensor *loss = dg_lm_loss(t->lm, g->in, g->tg, DG_MQAR_IGNORE, NULL, NULL);
+    if (!loss || dg_backward(loss, NULL)) goto out;
+    if (!g->loss && !(g->loss = dg_keep(dg_empty_on(0, NULL, loss->dtype, DG_CUDA)))) goto out;
+    dg_adamw_fused_args fa = {.lr_dev = g->lr, .max_norm = t->tc.clip, .loss = loss, .norm_out = t->norm};
+    if (dg_adamw_step_fused(t->opt, &fa)) goto out;
+    dg_adamw_zero_grad(t->opt);
+    rc = dg_copy_(g->loss, loss);
+out:
+    dg_scope_end();
+    return rc;
+}
+
+/* The capture of the step (which queues nothing that runs) and its first launch.  A capture that
+ * fails leaves the run without a graph: one note, then the step runs eagerly. */
+static int capture(dg_trainer *t, dg_train_graph *g) {
+    if (dg_cuda_graph_begin()) return -1;
+    const int brc = body(t, g);
+    char inner[600];
+    snprintf(inner, sizeof inner, "%s", brc ? dg_last_error() : "");
+    dg_clear_error();
+    g->exec = dg_cuda_graph_end();
+    if (!brc && g->exec) return dg_cuda_graph_launch(g->exec);
+    char note[1200];
+    snprintf(note, sizeof note, "the training step could not be captured in a CUDA graph (%s); it runs without one",
+             brc ? inner : dg_last_error());
+    dg_clear_error();
+    dg_note_once(note);
+    dg_cuda_graph_free(g->exec);
+    g->exec = NULL;
+    t->graph_off = true;
+    return body(t, g);
+}
+
+int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, double *loss, double *gnorm) {
+    dg_scope_begin();
+    dg_train_graph *g = buffers(t, in);
+    dg_tensor *ic = dg_contiguous(in), *tc = dg_contiguous(tg);
+    int rc = g && ic && tc && dg_same_shape(ic, g->in) ? 0 : -1;
+    if (!rc && !dg_same_shape(tc, g->tg)) rc = -1;
+    if (rc && g && ic && tc)
+        dg_error("train: the batch %s / %s differs in shape from the captured step's %s", dg_shp(ic), dg_shp(tc),
+                 dg_shp(g->in));
+    if (!rc) rc = check_batch(ic, tc, t->lm->cfg.vocab_size);
+    /* the uploads are queued ahead of the step and do not wait for the device */
+    if (!rc) rc = dg_copy_(g->in, ic) || dg_copy_(g->tg, tc);
+    if (!rc) rc = dg_cuda_memcpy(dg_data_ptr(g->lr), &lr, sizeof lr, 0);
+    dg_scope_end();
+    if (rc) return -1;
+    if (g->exec) rc = dg_cuda_graph_launch(g->exec);
+    else if (g->eager_steps < EAGER_STEPS || t->graph_off) rc = body(t, g), g->eager_steps++;
+    else rc = capture(t, g);
+    if (rc) return -1;
+    /* the step's first read-back */
+    *loss = dg_item(g->loss);
+    *gnorm = dg_item(t->norm);
+    return 0;
+}
+
+#else /* no CUDA: a run on the CPU never takes this path */
+
+bool dg_train_graph_usable(const dg_trainer *t) {
+    (void)t;
+    return false;
+}
+
+bool dg_train_graph_captured(const dg_trainer *t) {
+    (void)t;
+    return false;
+}
+
+void dg_train_graph_free(dg_trainer *t) { (void)t; }
+
+int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, double *loss, double *gnorm) {
+    (void)t, (void)in, (void)tg, (void)lr, (void)loss, (void)gnorm;
+    dg_error("train: CUDA graphs need a build with the CUDA backend");
+    return -1;
+}
+
+#endif
