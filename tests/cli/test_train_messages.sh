@@ -111,6 +111,15 @@ keep_delta_work_same_losses() {
     cmp -s la lb || fail "the losses differ: $(paste la lb | tr '\n' ' ')"
 }
 
+# --no-graph runs the step eagerly: on a GPU the same kernels as the captured graph, so the same
+# bits; on the CPU (no graph there) it is accepted and changes nothing
+no_graph_same_losses() {
+    "$DG_BIN" train "${TINY[@]}" --steps 3 --quiet --out a >/dev/null 2>&1 || fail "the default run failed"
+    "$DG_BIN" train "${TINY[@]}" --steps 3 --quiet --no-graph --out b >/dev/null 2>&1 || fail "the --no-graph run failed"
+    cut -d, -f3 a/metrics.csv >la && cut -d, -f3 b/metrics.csv >lb || fail "no metrics"
+    cmp -s la lb || fail "the losses differ: $(paste la lb | tr '\n' ' ')"
+}
+
 run_case eval_unknown_option
 run_case run_too_big_is_refused
 run_case diverging_run_fails
@@ -120,4 +129,5 @@ run_case rerun_refused_then_overwrite
 run_case eval_of_a_fifo_does_not_hang
 run_case profile_ops_prints_a_table
 run_case keep_delta_work_same_losses
+run_case no_graph_same_losses
 finish
