@@ -38,13 +38,18 @@ import time
 
 # B, T, H, K, V.  S1-S3: the reference shapes (the default); S4 (with --shapes S4): FLA's layer default
 # V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu); L1 (with
-# --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096
+# --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096;
+# Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
+# B4 T4096 (FLA's layer repeats q and k over each group of value heads before its kernels: so does
+# the FLA side here, inside the timed call)
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
-          "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512)}
-DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16"}
+          "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128)}
+VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
+DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16"}
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
-         ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1")]
+         ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
+         ("gated_delta_rule", "Q1")]
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg"]
 
 
@@ -137,6 +142,9 @@ def main():
     log("environment:", json.dumps(env))
 
     def fla_call(op, q, k, v, g, beta, safe=False):
+        if v.shape[2] != q.shape[2]:  # grouped value heads: q, k repeated over each group, as FLA's layer
+            grp = v.shape[2] // q.shape[2]
+            q, k = q.repeat_interleave(grp, dim=2), k.repeat_interleave(grp, dim=2)
         if op == "gated_delta_rule":
             return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
         if op == "kda":
@@ -202,9 +210,10 @@ def main():
         if shape not in want_shapes or op not in want_ops:
             continue
         B, T, H, K, V = SHAPES[shape]
+        HV = VALUE_HEADS.get(shape, H)
         dname = args.dtype or DTYPES[shape]
         dt = torch.float16 if dname == "f16" else torch.bfloat16
-        row = {"op": op, "shape": shape, "B": B, "T": T, "H": H, "K": K, "V": V, "dtype": dname,
+        row = {"op": op, "shape": shape, "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": dname,
                "fla_guard_off": guard_on and op == "gated_delta_rule"}
         rows.append(row)
         t0 = time.time()
@@ -213,12 +222,12 @@ def main():
         dev = "cuda"
         q = torch.randn(B, T, H, K, device=dev, dtype=dt, generator=gen)
         k = torch.randn(B, T, H, K, device=dev, dtype=dt, generator=gen)
-        v = torch.randn(B, T, H, V, device=dev, dtype=dt, generator=gen)
-        do = torch.randn(B, T, H, V, device=dev, dtype=dt, generator=gen)
-        beta = torch.randn(B, T, H, device=dev, dtype=torch.float32, generator=gen).sigmoid().to(dt)
+        v = torch.randn(B, T, HV, V, device=dev, dtype=dt, generator=gen)
+        do = torch.randn(B, T, HV, V, device=dev, dtype=dt, generator=gen)
+        beta = torch.randn(B, T, HV, device=dev, dtype=torch.float32, generator=gen).sigmoid().to(dt)
         g = None
         if op != "delta_rule":
-            gshape = (B, T, H) if op == "gated_delta_rule" else (B, T, H, K)
+            gshape = (B, T, HV) if op == "gated_delta_rule" else (B, T, HV, K)
             g = F.logsigmoid(torch.randn(*gshape, device=dev, dtype=torch.float32, generator=gen)).clamp_min(-5.0)
         path = os.path.join(args.work, f"{shape}_{op}.safetensors")
         tensors = {"q": q, "k": k, "v": v, "do": do, "beta": beta}
