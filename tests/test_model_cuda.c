@@ -348,7 +348,8 @@ static void test_cuda_graph_replays_exactly(void **state) {
     e->graph_off = true;
     for (int s = 0; s < 8; s++) {
         double lg, gg, le, ge;
-        if (dg_trainer_step(g, &lg, &gg) || dg_trainer_step(e, &le, &ge)) fail_msg("step %d: %s", s + 1, dg_last_error());
+        if (dg_trainer_step(g, &lg, &gg) || dg_trainer_step(e, &le, &ge))
+            fail_msg("step %d: %s", s + 1, dg_last_error());
         printf("step %d: loss graph %.9g eager %.9g, grad norm graph %.9g eager %.9g\n", s + 1, lg, le, gg, ge);
         if (!(lg == le && gg == ge)) fail_msg("step %d: the graph's loss or norm differs from the eager step's", s + 1);
         assert_true(isfinite(lg) && isfinite(gg));

@@ -67,7 +67,7 @@ extern "C" dg_cuda_graph *dg_cuda_graph_end(void) {
         char inner[400];
         snprintf(inner, sizeof inner, "%s", dg_last_error());
         dg_error_force("cuda graph: the capture failed: %s (%s)%s%s", cudaGetErrorName(e), cudaGetErrorString(e),
-                 inner[0] ? "; inside it: " : "", inner);
+                       inner[0] ? "; inside it: " : "", inner);
         return nullptr;
     }
     cudaGraphExec_t exec = nullptr;

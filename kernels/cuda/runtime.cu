@@ -60,9 +60,9 @@ struct Runtime {
     std::mutex stage_mu;
     StageSlot stage[kStageSlots];
     int stage_next = 0;
-    bool stage_off = false; /* pinned memory could not be had: every copy waits */
-    bool capturing = false;       /* the stream is being captured (dg_cuda_capture_begin) */
-    std::vector<void *> pins;     /* the capture's pinned copies of uploaded host memory */
+    bool stage_off = false;   /* pinned memory could not be had: every copy waits */
+    bool capturing = false;   /* the stream is being captured (graph.cu)      */
+    std::vector<void *> pins; /* the capture's pinned copies of uploaded host memory */
 };
 
 Runtime &rt() {
