@@ -61,7 +61,7 @@ struct Runtime {
     StageSlot stage[kStageSlots];
     int stage_next = 0;
     bool stage_off = false;   /* pinned memory could not be had: every copy waits */
-    bool capturing = false;   /* the stream is being captured (graph.cu)      */
+    bool capturing = false;   /* the stream is being captured (graph.cu) */
     std::vector<void *> pins; /* the capture's pinned copies of uploaded host memory */
 };
 
