@@ -119,8 +119,8 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, 
     int rc = g && ic && tc && dg_same_shape(ic, g->in) ? 0 : -1;
     if (!rc && !dg_same_shape(tc, g->tg)) rc = -1;
     if (rc && g && ic && tc)
-        dg_error("train: the batch %s / %s differs in shape from the captured step's %s", dg_shp(ic), dg_shp(tc),
-                 dg_shp(g->in));
+        dg_error("train: the batch %s / %s differs in shape from the run's first, %s: the device step takes one shape",
+                 dg_shp(ic), dg_shp(tc), dg_shp(g->in));
     if (!rc) rc = check_batch(ic, tc, t->lm->cfg.vocab_size);
     /* the uploads are queued ahead of the step and do not wait for the device */
     if (!rc) rc = dg_copy_(g->in, ic) || dg_copy_(g->tg, tc);
@@ -128,7 +128,8 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, 
     dg_scope_end();
     if (rc) return -1;
     if (g->exec) rc = dg_cuda_graph_launch(g->exec);
-    else if (g->eager_steps < EAGER_STEPS || t->graph_off) rc = body(t, g), g->eager_steps++;
+    else if (t->graph_off) rc = body(t, g);
+    else if (g->eager_steps < EAGER_STEPS) rc = body(t, g), g->eager_steps++;
     else rc = capture(t, g);
     if (rc) return -1;
     /* the step's first read-back */
