@@ -3,6 +3,7 @@
  * options given on the command line override them (model options must match the checkpoint). */
 #include "models/checkpoint.h"
 #include "models/data_parallel.h"
+#include "models/train_graph.h"
 #include "models/trainer.h"
 #include "tools/commands.h"
 #include "tools/launch_gpus.h"
@@ -158,13 +159,16 @@ int dg_cmd_train(int argc, char **argv) {
                     tc->val_fraction);
         fprintf(stderr,
                 "steps %lld, batch %lld, lr %g (warmup %lld, cosine to %g), weight decay %g, clip %g, seed "
-                "%llu, %s algorithm on %s in %s%s; output %s%s\n",
+                "%llu, %s algorithm on %s in %s%s%s; output %s%s\n",
                 (long long)tc->steps, (long long)tc->batch, tc->lr, (long long)tc->warmup, tc->lr * tc->min_lr_ratio,
                 tc->weight_decay, tc->clip, (unsigned long long)tc->seed,
                 tc->algorithm == DG_DELTA_RECURRENT ? "recurrent" : "chunked", dg_device_name(tc->device),
                 dg_dtype_name(dg_train_precision(tc)),
-                dg_train_precision(tc) == DG_BF16 ? " (mixed precision: f32 master weights)" : "", tc->out_dir,
-                t->resumed ? " (resumed)" : "");
+                dg_train_precision(tc) == DG_BF16 ? " (mixed precision: f32 master weights)" : "",
+                !dg_train_graph_usable(t) ? ""
+                : t->graph_off            ? ", each step launched kernel by kernel (--no-graph)"
+                                          : ", the step as a CUDA graph",
+                tc->out_dir, t->resumed ? " (resumed)" : "");
         if (t->resumed) fprintf(stderr, "resuming at step %lld\n", (long long)t->step);
     }
     signal(SIGINT, on_stop_signal);
