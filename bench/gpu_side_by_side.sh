@@ -32,7 +32,7 @@ if [ "${1:-}" = prepare ]; then
     scons -j2 cuda=1 build/release/deltagrad
     mkdir -p .gpu-bench
     strip -o .gpu-bench/deltagrad build/release/deltagrad
-    cp bench/gpu_side_by_side.sh bench/fla_side_by_side.py .gpu-bench/
+    cp bench/gpu_side_by_side.sh bench/fla_side_by_side.py bench/triton_cache.sh .gpu-bench/
     echo "$(git log -1 --format='%h %cd %s' --date=iso-strict | cut -c1-120)$(git diff --quiet HEAD -- . || echo ' (+ uncommitted changes)')" \
         > .gpu-bench/BUILD_INFO
     if [ ! -f third_party_fla/fla/__init__.py ]; then
@@ -71,12 +71,8 @@ if [ ! -x "$bin" ]; then
     timeout 300 scons -j16 cuda=1 build/release/deltagrad >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 fi
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
-mkdir -p "$TRITON_CACHE_DIR"
-# the cache comes back in parts of < 16 MiB (the device tool's limit on a returned file)
-if ls .gpu-bench/triton_cache.tgz.* >/dev/null 2>&1; then
-    cat .gpu-bench/triton_cache.tgz.* | tar -xz -C "$TRITON_CACHE_DIR" && echo "Triton cache restored"
-fi
-kernels_before=$(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l)
+source "$here/triton_cache.sh"
+triton_cache_restore triton_cache
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
@@ -96,14 +92,5 @@ echo "== FLA side by side"
 PYTHONUNBUFFERED=1 timeout "${SBS_T:-190}" python3 "$here/fla_side_by_side.py" --deltagrad "$bin" \
     --fla third_party_fla --out "$OUT" ${SBS_ARGS:-} 2>&1 | tee "$OUT/side_by_side.txt"
 
-# Send the cache back only when this run compiled new kernels, and only what a cache hit reads:
-# the cubins and the json (metadata, groups, autotuning results); Triton's loader skips a group's
-# missing intermediate files (ptx, llir, ttir, ttgir, source), as with TRITON_STORE_BINARY_ONLY.
-kernels_after=$(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l)
-if [ "$kernels_after" != "$kernels_before" ]; then
-    find "$TRITON_CACHE_DIR" -type f \( -name '*.llir' -o -name '*.ptx' -o -name '*.ttir' -o -name '*.ttgir' \
-        -o -name '*.source' \) -delete
-    tar -cz -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m -d - "$OUT/triton_cache.tgz."
-    echo "Triton cache: $kernels_before -> $kernels_after kernels; copy $OUT/triton_cache.tgz.* into .gpu-bench/"
-fi
+triton_cache_save triton_cache "$OUT"
 ls -la "$OUT"
