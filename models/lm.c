@@ -207,9 +207,8 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
         *targets_out = on_model_device(lm, dg_reshape(targets, DG_SHAPE(N)));
         return head(lm, dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)));
     }
-    /* the scored positions are found on the host (a model on the device gets a host batch from
-     * the trainer: nothing to copy back) */
-    dg_tensor *tc = dg_contiguous(targets->device == DG_CPU ? targets : dg_to_device(targets, DG_CPU));
+    /* host targets: the scored positions are found on the host */
+    dg_tensor *tc = dg_contiguous(targets);
     if (!tc) return NULL;
     const int64_t *tg = dg_data_ptr(tc);
     int64_t n = 0;

@@ -70,8 +70,7 @@ static dg_train_graph *buffers(dg_trainer *t, const dg_tensor *in) {
     g->in = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->tg = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->lr = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
-    if (!t->norm) t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
-    return g->in && g->tg && g->lr && t->norm ? g : NULL;
+    return g->in && g->tg && g->lr ? g : NULL;
 }
 
 /* The work of one step on the device buffers: forward, backward, clip + AdamW, zeroed gradients,

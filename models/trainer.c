@@ -250,6 +250,7 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
     dg_adamw_config ac = {
         .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->adam_eps, .weight_decay = tc->weight_decay};
     if (!(t->opt = dg_adamw_new(t->lm->params.n, t->lm->params.t, &ac))) goto fail;
+    if (!(t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, tc->device)))) goto fail;
     t->data_rng = dg_rng_new(data_seed(tc->seed));
     t->sched = (dg_lr_schedule){
         .peak_lr = tc->lr, .warmup_steps = tc->warmup, .total_steps = tc->steps, .min_lr_ratio = tc->min_lr_ratio};
@@ -363,7 +364,6 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * it is queued behind the backward and decides there whether the step is skipped (a
      * non-finite norm or loss: no update, the step still counts), so nothing is read back before
      * the whole step is queued */
-    if (!t->norm && !(t->norm = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, dg_lm_device(lm))))) goto out;
     /* the ranks decide on their common (averaged) gradients alone, so that they decide alike */
     dg_adamw_fused_args fa = {
         .lr = dg_lr_at(&t->sched, t->step), .max_norm = t->tc.clip, .loss = dp ? NULL : loss, .norm_out = t->norm};
