@@ -170,7 +170,7 @@ def deltagrad_args(cfg, m, args, data, out_dir, precision_flag):
          "--lr", TRAIN["lr"], "--min-lr-ratio", TRAIN["min_lr_ratio"], "--warmup", TRAIN["warmup"],
          "--weight-decay", TRAIN["weight_decay"], "--beta1", TRAIN["beta1"], "--beta2", TRAIN["beta2"],
          "--adam-eps", TRAIN["adam_eps"], "--clip", TRAIN["clip"], "--seed", TRAIN["seed"],
-         "--eval-every", 0, "--save-every", 0, "--log-every", 1, "--quiet", "--overwrite", "--out", out_dir]
+         "--eval-every", 0, "--save-every", 0, "--log-every", 50, "--quiet", "--overwrite", "--out", out_dir]
     if cfg["task"] == "text":
         a += ["--data", data, "--eval-batches", 1]
     else:

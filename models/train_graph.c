@@ -4,6 +4,8 @@
 #include "core/device_graph.h"
 #include "core/internal.h"
 #include "models/data_parallel.h"
+#include "models/metrics.h"
+#include "ops/step_log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,9 @@
 struct dg_train_graph {
     dg_tensor *in, *tg;  /* the batch's device buffers, i64 [B,T] (kept) */
     dg_tensor *lr;       /* the step's learning rate, f64 [1] on the device, read by AdamW */
-    dg_tensor *loss;     /* the step's loss, copied out of the step (the loss's dtype, 0-dim) */
+    dg_tensor *ring;     /* the steps' records, f64 [DG_STEP_RESULTS, 3] (ops/step_log.h) */
+    dg_tensor *count;    /* records written, i64 [1] on the device */
+    int64_t queued;      /* steps queued (the device's count once they have run) */
     dg_cuda_graph *exec; /* NULL until captured */
     int eager_steps;     /* steps run before the capture */
 };
@@ -33,7 +37,8 @@ void dg_train_graph_free(dg_trainer *t) {
     dg_train_graph *g = t->graph;
     if (!g) return;
     dg_cuda_graph_free(g->exec);
-    dg_release(g->in), dg_release(g->tg), dg_release(g->lr), dg_release(g->loss);
+    dg_release(g->in), dg_release(g->tg), dg_release(g->lr);
+    dg_release(g->ring), dg_release(g->count);
     free(g);
     t->graph = NULL;
 }
@@ -70,21 +75,23 @@ static dg_train_graph *buffers(dg_trainer *t, const dg_tensor *in) {
     g->in = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->tg = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->lr = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
-    return g->in && g->tg && g->lr ? g : NULL;
+    g->ring = dg_keep(dg_empty_on(2, (int64_t[]){DG_STEP_RESULTS, 3}, DG_F64, DG_CUDA));
+    g->count = dg_keep(dg_zeros_on(1, (int64_t[]){1}, DG_I64, DG_CUDA));
+    return g->in && g->tg && g->lr && g->ring && g->count ? g : NULL;
 }
 
 /* The work of one step on the device buffers: forward, backward, clip + AdamW, zeroed gradients,
- * the loss copied out.  Run eagerly, or captured (nothing in it reads the device). */
+ * the step's record appended to the ring.  Run eagerly, or captured (nothing in it reads the
+ * device). */
 static int body(dg_trainer *t, dg_train_graph *g) {
     dg_scope_begin();
     int rc = -1;
     dg_tensor *loss = dg_lm_loss(t->lm, g->in, g->tg, DG_MQAR_IGNORE, NULL, NULL);
     if (!loss || dg_backward(loss, NULL)) goto out;
-    if (!g->loss && !(g->loss = dg_keep(dg_empty_on(0, NULL, loss->dtype, DG_CUDA)))) goto out;
     dg_adamw_fused_args fa = {.lr_dev = g->lr, .max_norm = t->tc.clip, .loss = loss, .norm_out = t->norm};
     if (dg_adamw_step_fused(t->opt, &fa)) goto out;
     dg_adamw_zero_grad(t->opt);
-    rc = dg_copy_(g->loss, loss);
+    rc = dg_step_log_put_(g->ring, g->count, loss, t->norm);
 out:
     dg_scope_end();
     return rc;
@@ -111,7 +118,7 @@ static int capture(dg_trainer *t, dg_train_graph *g) {
     return body(t, g);
 }
 
-int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, double *loss, double *gnorm) {
+int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr) {
     dg_scope_begin();
     dg_train_graph *g = buffers(t, in);
     dg_tensor *ic = dg_contiguous(in), *tc = dg_contiguous(tg);
@@ -131,9 +138,29 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, 
     else if (g->eager_steps < EAGER_STEPS) rc = body(t, g), g->eager_steps++;
     else rc = capture(t, g);
     if (rc) return -1;
-    /* the step's first read-back */
-    *loss = dg_item(g->loss);
-    *gnorm = dg_item(t->norm);
+    g->queued++;
+    return 0;
+}
+
+int dg_train_graph_read(dg_trainer *t, int n, dg_step_result *out) {
+    dg_train_graph *g = t->graph;
+    if (!g || n < 1 || n > DG_STEP_RESULTS || n > g->queued) {
+        dg_error("train: the records of %d steps were asked for, of the %lld steps queued (at most %d are kept)", n,
+                 (long long)(g ? g->queued : 0), DG_STEP_RESULTS);
+        return -1;
+    }
+    double rows[DG_STEP_RESULTS][3];
+    /* the copy waits for the queued steps; the host's clock right after it stands for the device's
+     * time of the last record, and the earlier ones are placed by their differences from it */
+    if (dg_cuda_memcpy(rows, dg_data_ptr(g->ring), sizeof rows, 1)) return -1;
+    const double now = dg_progress_now();
+    const double *last = rows[(g->queued - 1) % DG_STEP_RESULTS];
+    for (int i = 0; i < n; i++) {
+        const double *r = rows[(g->queued - n + i) % DG_STEP_RESULTS];
+        out[i].loss = r[0];
+        out[i].grad_norm = r[1];
+        out[i].time_s = now - (last[2] - r[2]);
+    }
     return 0;
 }
 
@@ -151,8 +178,14 @@ bool dg_train_graph_captured(const dg_trainer *t) {
 
 void dg_train_graph_free(dg_trainer *t) { (void)t; }
 
-int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, double *loss, double *gnorm) {
-    (void)t, (void)in, (void)tg, (void)lr, (void)loss, (void)gnorm;
+int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr) {
+    (void)t, (void)in, (void)tg, (void)lr;
+    dg_error("train: CUDA graphs need a build with the CUDA backend");
+    return -1;
+}
+
+int dg_train_graph_read(dg_trainer *t, int n, dg_step_result *out) {
+    (void)t, (void)n, (void)out;
     dg_error("train: CUDA graphs need a build with the CUDA backend");
     return -1;
 }

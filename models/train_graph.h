@@ -24,9 +24,14 @@
 /* Whether t's steps take this path (captured, or eagerly with graph_off): cuda, one process, no
  * profiling. */
 bool dg_train_graph_usable(const dg_trainer *t);
-/* One step on the host batch in, tg (i64 [B,T]) at learning rate lr; the loss and the gradient
- * norm (before clipping) read back.  0 or -1 with dg_error. */
-int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr, double *loss, double *gnorm);
+/* One step on the host batch in, tg (i64 [B,T]) at learning rate lr, queued: nothing is read back
+ * and the host does not wait for the device (except for a slot of the upload ring).  0 or -1 with
+ * dg_error. */
+int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr);
+/* The records of the last n steps queued (1 <= n <= DG_STEP_RESULTS), oldest first: out[i]'s loss,
+ * grad_norm and time_s (when the step finished on the device, on dg_progress_now's clock); step
+ * is left to the caller.  One copy from the device, which waits for the queued work.  0 or -1. */
+int dg_train_graph_read(dg_trainer *t, int n, dg_step_result *out);
 /* Whether the step has been captured (its later steps are launches of the graph). */
 bool dg_train_graph_captured(const dg_trainer *t);
 /* The graph and its buffers (t->graph) released. */

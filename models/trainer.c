@@ -301,28 +301,26 @@ static int next_batch(dg_trainer *t, dg_tensor **in, dg_tensor **tg) {
     return global_batch(t, in, tg) || dg_dp_take_slice(in, tg) ? -1 : 0;
 }
 
-/* The step's accounting once its loss lv and norm gn are read back: a non-finite one was skipped
- * (the decision the fused step made on the device). */
-static void count_step(dg_trainer *t, double lv, double gn, bool dp, double *loss_out, double *gnorm_out) {
+/* A step whose loss lv or norm gn is not finite was skipped: the decision the fused step made on
+ * the device (several GPUs decide on their common norm alone). */
+static void count_skipped(dg_trainer *t, double lv, double gn, bool dp) {
     if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++;
-    t->step++;
-    if (loss_out) *loss_out = lv;
-    if (gnorm_out) *gnorm_out = gn;
 }
 
-/* A step through the CUDA graph (train_graph.h): the batch drawn here, the rest there. */
-static int graph_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
+/* A step through the CUDA graph (train_graph.h), queued: the batch drawn here, the rest there. */
+static int graph_step(dg_trainer *t) {
     dg_scope_begin();
     dg_tensor *in, *tg;
-    double lv, gn;
-    int rc = next_batch(t, &in, &tg) || dg_train_graph_step(t, in, tg, dg_lr_at(&t->sched, t->step), &lv, &gn);
+    int rc = next_batch(t, &in, &tg) || dg_train_graph_step(t, in, tg, dg_lr_at(&t->sched, t->step));
     dg_scope_end();
-    if (!rc) count_step(t, lv, gn, false, loss_out, gnorm_out);
-    return rc ? -1 : 0;
+    if (rc) return -1;
+    t->step++;
+    t->n_device++;
+    return 0;
 }
 
-int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
-    if (dg_train_graph_usable(t)) return graph_step(t, loss_out, gnorm_out);
+/* A step run op by op (the CPU, several GPUs, profiling), its loss and norm read back at its end. */
+static int eager_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     dg_lm *lm = t->lm;
     int rc = -1;
     double t0 = t->profile ? dg_progress_now() : 0, t1 = 0, t2 = 0, t3 = 0;
@@ -376,7 +374,10 @@ int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
      * with a limit, since a rank that died leaves the collectives unfinished) */
     if (!dp) lv = dg_item(loss);
     else if (dg_dp_step_finish(&lv)) goto out;
-    count_step(t, lv, dg_item(t->norm), dp, loss_out, gnorm_out);
+    *loss_out = lv;
+    *gnorm_out = dg_item(t->norm);
+    count_skipped(t, lv, *gnorm_out, dp);
+    t->step++;
     rc = 0;
 out:
     dg_scope_end();
@@ -393,6 +394,47 @@ out:
         t->profiled_steps++;
     }
     return rc;
+}
+
+int dg_trainer_step_queued(dg_trainer *t) {
+    if (t->n_device + t->n_host >= DG_STEP_RESULTS) {
+        dg_error("train: the results of %d steps are waiting; take them (dg_trainer_results) before queueing more",
+                 t->n_device + t->n_host);
+        return -1;
+    }
+    if (dg_train_graph_usable(t)) return graph_step(t);
+    double lv, gn;
+    if (eager_step(t, &lv, &gn)) return -1;
+    t->host_results[t->n_host++] =
+        (dg_step_result){.step = t->step, .loss = lv, .grad_norm = gn, .time_s = dg_progress_now()};
+    return 0;
+}
+
+int dg_trainer_results(dg_trainer *t, dg_step_result *out) {
+    /* a run queues on one path only (dg_train_graph_usable does not change), so the device's
+     * results are the last n_device steps */
+    const int nd = t->n_device, nh = t->n_host;
+    if (nd > 0 && dg_train_graph_read(t, nd, out)) return -1;
+    for (int i = 0; i < nd; i++) {
+        out[i].step = t->step - nd + 1 + i;
+        count_skipped(t, out[i].loss, out[i].grad_norm, false);
+    }
+    memcpy(out + nd, t->host_results, (size_t)nh * sizeof *out);
+    t->n_device = t->n_host = 0;
+    return nd + nh;
+}
+
+int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
+    if (t->n_device + t->n_host > 0) {
+        dg_error("train: the results of %d queued steps are waiting; take them (dg_trainer_results) first",
+                 t->n_device + t->n_host);
+        return -1;
+    }
+    dg_step_result r[DG_STEP_RESULTS];
+    if (dg_trainer_step_queued(t) || dg_trainer_results(t, r) != 1) return -1;
+    if (loss_out) *loss_out = r[0].loss;
+    if (gnorm_out) *gnorm_out = r[0].grad_norm;
+    return 0;
 }
 
 /* ---- evaluation -------------------------------------------------------------------------------- */
@@ -477,6 +519,12 @@ int dg_trainer_eval(dg_trainer *t, int64_t max_examples, double *loss, double *a
 /* ---- checkpoints ------------------------------------------------------------------------------- */
 
 int dg_trainer_save(dg_trainer *t) {
+    if (t->n_device > 0) {
+        dg_error("train: save: the results of %d queued steps are still on the device; take them "
+                 "(dg_trainer_results) first, so that the checkpoint counts their skipped steps",
+                 t->n_device);
+        return -1;
+    }
     char step_s[32], seed_s[32], ctr_s[32], skip_s[32], el_s[40], best_s[40];
     snprintf(step_s, sizeof step_s, "%lld", (long long)t->step);
     snprintf(seed_s, sizeof seed_s, "%llu", (unsigned long long)t->data_rng.seed);
@@ -512,6 +560,42 @@ enum { C_STEP, C_LR, C_LOSS, C_GNORM, C_TOKS, C_ELAPSED, C_LIVE, C_PEAK, C_EVAL_
 static const char *const csv_cols[NCOLS] = {"step",    "lr",      "loss",      "grad_norm", "tokens_per_s", "elapsed_s",
                                             "live_mb", "peak_mb", "eval_loss", "eval_acc",  "eval_examples"};
 #define QUICK_EVAL 250
+
+/* The evaluation of a logged row: its eval columns filled and said.  mqar: a quick look at the
+ * first QUICK_EVAL held-out examples; the whole set when that is near the target (it decides the
+ * early stop) and at the end; *reached when the whole set is at the target.  0, or -1 (a held-out
+ * loss that is not finite is a divergence). */
+static int eval_row(dg_trainer *t, dg_progress *pr, double *row, bool last, double *last_acc, bool *reached) {
+    const dg_train_config *tc = &t->tc;
+    const bool mqar = tc->task == DG_TASK_MQAR;
+    double el, ea;
+    int64_t n_eval = mqar && !last && QUICK_EVAL < t->heldout->n ? QUICK_EVAL : 0;
+    if (dg_trainer_eval(t, n_eval, &el, &ea)) return -1;
+    const bool near = mqar && tc->target_acc > 0 && ea >= tc->target_acc - 0.01;
+    if (n_eval > 0 && near) {
+        n_eval = 0;
+        if (dg_trainer_eval(t, 0, &el, &ea)) return -1;
+    }
+    if (!isfinite(el)) {
+        dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last "
+                 "checkpoint, if any, is in %s",
+                 el, (long long)t->step, tc->lr, tc->out_dir);
+        return -1;
+    }
+    const int64_t n_done = n_eval > 0 ? n_eval : mqar ? t->heldout->n : -1;
+    row[C_EVAL_LOSS] = el;
+    row[C_EVAL_ACC] = *last_acc = ea;
+    row[C_EVAL_N] = (double)n_done;
+    if (n_eval == 0 && (isnan(t->best_acc) || ea > t->best_acc)) t->best_acc = ea;
+    if (!t->quiet && mqar)
+        dg_progress_message(pr, "step %lld  eval loss %.4f  held-out query accuracy %.2f%% (%lld examples)  (%.0fs)",
+                            (long long)t->step, el, 100 * ea, (long long)n_done, row[C_ELAPSED]);
+    else if (!t->quiet)
+        dg_progress_message(pr, "step %lld  validation loss %.4f (%.3f bits/byte)  next-byte accuracy %.2f%%  (%.0fs)",
+                            (long long)t->step, el, el / log(2.0), 100 * ea, row[C_ELAPSED]);
+    if (mqar && tc->target_acc > 0 && n_eval == 0 && ea >= tc->target_acc) *reached = true;
+    return 0;
+}
 
 int dg_trainer_run(dg_trainer *t) {
     const dg_train_config *tc = &t->tc;
@@ -569,87 +653,79 @@ int dg_trainer_run(dg_trainer *t) {
             "(every %lld steps) reaches %.0f%% held-out accuracy",
             (long long)tc->steps, (long long)tc->eval_every, 100 * tc->target_acc);
     }
+    /* Steps are queued and their results taken in runs: at every logged step (log_every), at
+     * least once a second, and before an evaluation, a checkpoint or the end.  On one GPU a step
+     * then reads nothing back (train_graph.h) and the host stays ahead of the device; each result
+     * carries the time its step finished there, so the rows' times are the device's. */
     int64_t nonfinite_streak = 0;
+    double t_taken = t_start;
+    dg_step_result res[DG_STEP_RESULTS];
     while (t->step < tc->steps && !stop) {
-        double loss, gn;
-        if (dg_trainer_step(t, &loss, &gn)) {
+        if (dg_trainer_step_queued(t)) {
             rc = -1;
             break;
         }
-        /* a step with a non-finite loss or gradient makes no update; a run of them is a divergence,
-         * which ends the run as an error before a checkpoint of its weights is written */
-        nonfinite_streak = isfinite(loss) && isfinite(gn) ? 0 : nonfinite_streak + 1;
-        if (nonfinite_streak >= DG_DIVERGED_STEPS) {
-            dg_error("train: the run diverged: the loss or the gradient was not finite for the last %d steps (step "
-                     "%lld: loss %g, gradient norm %g); lower --lr (%g); the last checkpoint, if any, is in %s",
-                     DG_DIVERGED_STEPS, (long long)t->step, loss, gn, tc->lr, tc->out_dir);
+        const int64_t s = t->step;
+        const bool last = s == tc->steps;
+        const bool eval_now = (tc->eval_every > 0 && s % tc->eval_every == 0) || last;
+        const bool save_now = tc->save_every > 0 && s % tc->save_every == 0;
+        const bool stop_now = (t->stop_at > 0 && s >= t->stop_at) || (t->interrupt && *t->interrupt);
+        if (!(eval_now || save_now || stop_now || s % tc->log_every == 0 ||
+              t->n_device + t->n_host >= DG_STEP_RESULTS || dg_progress_now() - t_taken >= 1.0))
+            continue;
+        const int n = dg_trainer_results(t, res);
+        if (n < 0) {
             rc = -1;
             break;
         }
-        double now = dg_progress_now(), dt = now - t_prev;
-        t_prev = now;
-        /* tokens/s smoothed over the last steps (an exponential average of step times) */
-        rate = isnan(rate) ? tokens_per_step / dt : 0.9 * rate + 0.1 * (tokens_per_step / dt);
-        double row[NCOLS];
-        for (int i = 0; i < NCOLS; i++) row[i] = NAN;
-        row[C_STEP] = (double)t->step;
-        row[C_LR] = dg_lr_at(&t->sched, t->step - 1);
-        row[C_LOSS] = loss;
-        row[C_GNORM] = gn;
-        row[C_TOKS] = rate;
-        row[C_ELAPSED] = t->elapsed_before + (now - t_start);
-        row[C_LIVE] = (double)dg_live_bytes(tc->device) / 1e6; /* tensor bytes on the run's device */
-        row[C_PEAK] = (double)dg_peak_bytes(tc->device) / 1e6; /* their peak so far (a step's activations) */
-        bool last = t->step == tc->steps;
-        if ((tc->eval_every > 0 && t->step % tc->eval_every == 0) || last) {
-            /* mqar: a quick look at the first QUICK_EVAL held-out examples; the whole set when that
-             * is near the target (it decides the early stop) and at the end */
-            double el, ea;
-            int64_t n_eval = tc->task == DG_TASK_MQAR && !last && QUICK_EVAL < t->heldout->n ? QUICK_EVAL : 0;
-            if (dg_trainer_eval(t, n_eval, &el, &ea)) {
+        t_taken = dg_progress_now();
+        double now = t_prev;
+        for (int i = 0; i < n && rc == 0; i++) {
+            const dg_step_result *r = &res[i];
+            /* a step with a non-finite loss or gradient makes no update; a run of them is a
+             * divergence, which ends the run as an error before a checkpoint of its weights is
+             * written */
+            nonfinite_streak = isfinite(r->loss) && isfinite(r->grad_norm) ? 0 : nonfinite_streak + 1;
+            if (nonfinite_streak >= DG_DIVERGED_STEPS) {
+                dg_error("train: the run diverged: the loss or the gradient was not finite for the last %d steps "
+                         "(step %lld: loss %g, gradient norm %g); lower --lr (%g); the last checkpoint, if any, is "
+                         "in %s",
+                         DG_DIVERGED_STEPS, (long long)r->step, r->loss, r->grad_norm, tc->lr, tc->out_dir);
                 rc = -1;
                 break;
             }
-            bool near = tc->task == DG_TASK_MQAR && tc->target_acc > 0 && ea >= tc->target_acc - 0.01;
-            if (n_eval > 0 && near) {
-                n_eval = 0;
-                if (dg_trainer_eval(t, 0, &el, &ea)) {
-                    rc = -1;
-                    break;
-                }
-            }
-            if (!isfinite(el)) {
-                dg_error("train: the run diverged: the held-out loss is %g at step %lld; lower --lr (%g); the last "
-                         "checkpoint, if any, "
-                         "is in %s",
-                         el, (long long)t->step, tc->lr, tc->out_dir);
+            now = r->time_s;
+            double dt = now - t_prev;
+            t_prev = now;
+            /* tokens/s smoothed over the last steps (an exponential average of step times) */
+            rate = isnan(rate) ? tokens_per_step / dt : 0.9 * rate + 0.1 * (tokens_per_step / dt);
+            double row[NCOLS];
+            for (int c = 0; c < NCOLS; c++) row[c] = NAN;
+            row[C_STEP] = (double)r->step;
+            row[C_LR] = dg_lr_at(&t->sched, r->step - 1);
+            row[C_LOSS] = r->loss;
+            row[C_GNORM] = r->grad_norm;
+            row[C_TOKS] = rate;
+            row[C_ELAPSED] = t->elapsed_before + (now - t_start);
+            row[C_LIVE] = (double)dg_live_bytes(tc->device) / 1e6; /* tensor bytes on the run's device */
+            row[C_PEAK] = (double)dg_peak_bytes(tc->device) / 1e6; /* their peak so far (a step's activations) */
+            if (r->step == s && eval_now && eval_row(t, &pr, row, last, &last_acc, &reached)) {
                 rc = -1;
                 break;
             }
-            int64_t n_done = n_eval > 0 ? n_eval : tc->task == DG_TASK_MQAR ? t->heldout->n : -1;
-            row[C_EVAL_LOSS] = el;
-            row[C_EVAL_ACC] = last_acc = ea;
-            row[C_EVAL_N] = (double)n_done;
-            if (n_eval == 0 && (isnan(t->best_acc) || ea > t->best_acc)) t->best_acc = ea;
-            if (tc->task == DG_TASK_MQAR)
-                SAY("step %lld  eval loss %.4f  held-out query accuracy %.2f%% (%lld examples)  (%.0fs)",
-                    (long long)t->step, el, 100 * ea, (long long)n_done, row[C_ELAPSED]);
-            else
-                SAY("step %lld  validation loss %.4f (%.3f bits/byte)  next-byte accuracy %.2f%%  (%.0fs)",
-                    (long long)t->step, el, el / log(2.0), 100 * ea, row[C_ELAPSED]);
-            if (tc->task == DG_TASK_MQAR && tc->target_acc > 0 && n_eval == 0 && ea >= tc->target_acc) reached = true;
+            if (!t->quiet) dg_progress_update(&pr, r->step, r->loss, last_acc, rate);
+            if (writer && dg_csv_row(csv, row)) {
+                rc = -1;
+                break;
+            }
+            if (writer && !isnan(row[C_EVAL_ACC]) && dg_chart_from_csv(csv_path, svg_path, title)) {
+                rc = -1;
+                break;
+            }
         }
-        if (!t->quiet) dg_progress_update(&pr, t->step, loss, last_acc, rate);
-        if (writer && dg_csv_row(csv, row)) {
-            rc = -1;
-            break;
-        }
-        if (writer && !isnan(row[C_EVAL_ACC]) && dg_chart_from_csv(csv_path, svg_path, title)) {
-            rc = -1;
-            break;
-        }
-        stop = reached || (t->stop_at > 0 && t->step >= t->stop_at) || (t->interrupt && *t->interrupt);
-        if ((tc->save_every > 0 && t->step % tc->save_every == 0) || stop || last) {
+        if (rc) break;
+        stop = reached || stop_now;
+        if (save_now || stop || last) {
             t->elapsed_before += now - t_start;
             t_start = now;
             if (writer && dg_trainer_save(t)) {

@@ -25,6 +25,17 @@
 
 typedef struct dg_train_graph dg_train_graph; /* models/train_graph.h */
 
+/* What one step gives back: its number (the update count after it), its loss (mean over scored
+ * positions), the gradient norm before clipping, and when it finished (seconds on
+ * dg_progress_now's clock). */
+typedef struct dg_step_result {
+    int64_t step;
+    double loss, grad_norm, time_s;
+} dg_step_result;
+
+/* Steps that may be queued before their results are taken (dg_trainer_results). */
+#define DG_STEP_RESULTS 256
+
 typedef struct dg_trainer {
     dg_train_config tc;
     char *train_json; /* tc as JSON (stored in checkpoints) */
@@ -53,6 +64,10 @@ typedef struct dg_trainer {
     int64_t op_steps, op_warmup;
     bool graph_off;        /* --no-graph, or a capture that failed: no CUDA graph, every step eager */
     dg_train_graph *graph; /* the device step's buffers and graph (train_graph.h), NULL before */
+    /* steps queued whose results have not been taken: n_device of them still on the device (the
+     * graph path's ring), n_host already read (the other paths read each step's at once) */
+    int n_device, n_host;
+    dg_step_result host_results[DG_STEP_RESULTS];
 } dg_trainer;
 
 /* A new run (resume_dir NULL), or one continued from the checkpoint in resume_dir, whose model
@@ -63,12 +78,23 @@ dg_trainer *dg_trainer_open(const dg_train_config *tc, const dg_model_config *mc
 dg_trainer *dg_trainer_open_eval(const dg_train_config *tc, const char *dir_or_file);
 void dg_trainer_free(dg_trainer *t);
 
-/* One update.  loss (mean over scored positions) and the gradient norm before clipping. 0 or -1. */
+/* One update.  loss (mean over scored positions) and the gradient norm before clipping, read
+ * back at once.  No other step's result may be waiting (dg_trainer_results).  0 or -1. */
 int dg_trainer_step(dg_trainer *t, double *loss, double *grad_norm);
+/* One update queued: on one GPU (the CUDA graph's path, train_graph.h) nothing is read back and
+ * the host goes on while the device works; its result comes with dg_trainer_results.  Elsewhere
+ * the step is read back as in dg_trainer_step and its result waits on the host.  At most
+ * DG_STEP_RESULTS steps may wait.  0 or -1. */
+int dg_trainer_step_queued(dg_trainer *t);
+/* The results of the steps queued since the last call, oldest first, into out (room for
+ * DG_STEP_RESULTS); waits for the device.  A step whose loss or norm is not finite was skipped (no
+ * update) and is counted in t->skipped here.  The number of results, or -1 with dg_error. */
+int dg_trainer_results(dg_trainer *t, dg_step_result *out);
 /* Held-out loss and accuracy (mqar: the fixed set, queries only; text: up to eval_batches batches of
  * validation windows, next-byte accuracy).  max_examples > 0 caps the examples/windows.  0 or -1. */
 int dg_trainer_eval(dg_trainer *t, int64_t max_examples, double *loss, double *acc);
-/* Checkpoint into tc.out_dir at the current step.  0 or -1. */
+/* Checkpoint into tc.out_dir at the current step; the queued steps' results must have been taken
+ * (the checkpoint counts the skipped steps).  0 or -1. */
 int dg_trainer_save(dg_trainer *t);
 /* The loop up to tc.steps (or the target accuracy, stop_at, an interrupt).  Writes
  * OUT/metrics.csv and OUT/metrics.svg, checkpoints every save_every steps and at the end.

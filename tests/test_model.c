@@ -216,6 +216,30 @@ static void test_mqar_loss_drops(void **state) {
     dg_trainer_free(t);
 }
 
+/* Steps queued and their results taken together (the run loop's way) give what steps read one by
+ * one give, bit for bit, with step numbers in order; dg_trainer_step refuses while results wait. */
+static void test_queued_steps_equal_single_steps(void **state) {
+    dg_train_config tq = tiny_mqar(tmp_path("queued")), ts = tiny_mqar(tmp_path("single"));
+    dg_model_config mc = small_model();
+    dg_trainer *q = dg_trainer_open(&tq, &mc, NULL), *s1 = dg_trainer_open(&ts, &mc, NULL);
+    assert_non_null(q);
+    assert_non_null(s1);
+    for (int s = 0; s < 3; s++) assert_int_equal(dg_trainer_step_queued(q), 0);
+    assert_int_equal(dg_trainer_step(q, NULL, NULL), -1);
+    dg_clear_error();
+    dg_step_result r[DG_STEP_RESULTS];
+    assert_int_equal(dg_trainer_results(q, r), 3);
+    for (int s = 0; s < 3; s++) {
+        double loss, gn;
+        assert_int_equal(dg_trainer_step(s1, &loss, &gn), 0);
+        assert_int_equal(r[s].step, s + 1);
+        assert_true(r[s].loss == loss && r[s].grad_norm == gn);
+    }
+    assert_int_equal(dg_trainer_results(q, r), 0);
+    dg_trainer_free(q);
+    dg_trainer_free(s1);
+}
+
 /* a training step allocates and frees the same: live bytes are the same after every step */
 static void test_memory_flat(void **state) {
     dg_train_config tc = tiny_mqar(tmp_path("flat"));
@@ -478,6 +502,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_bit_identical, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_corrupted_checkpoints, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_memory_flat, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_queued_steps_equal_single_steps, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_mqar_loss_drops, test_setup, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -337,7 +337,8 @@ static bool params_identical(const dg_lm *a, const dg_lm *b) {
  * run with the graph and with --no-graph (the same kernels on the same buffers, launched one by
  * one) gives the same loss and gradient norm at every step and the same parameters, bit for bit:
  * step 1 eager, step 2 captured and launched, steps 3-8 replays; bf16 mixed precision, MQAR with
- * its ignored positions. */
+ * its ignored positions.  The graph's steps are queued with nothing read back and their results
+ * taken at once from the device's log ring (times in order); the eager run reads each step's. */
 static void test_cuda_graph_replays_exactly(void **state) {
     dg_test_require_cuda();
     dg_train_config tg = tiny_run(tmp_path("graph"), DG_CUDA), te = tiny_run(tmp_path("eager"), DG_CUDA);
@@ -346,17 +347,31 @@ static void test_cuda_graph_replays_exactly(void **state) {
     dg_trainer *g = dg_trainer_open(&tg, &mc, NULL), *e = dg_trainer_open(&te, &mc, NULL);
     if (!g || !e) fail_msg("%s", dg_last_error());
     e->graph_off = true;
-    for (int s = 0; s < 8; s++) {
-        double lg, gg, le, ge;
-        if (dg_trainer_step(g, &lg, &gg) || dg_trainer_step(e, &le, &ge))
-            fail_msg("step %d: %s", s + 1, dg_last_error());
-        printf("step %d: loss graph %.9g eager %.9g, grad norm graph %.9g eager %.9g\n", s + 1, lg, le, gg, ge);
-        if (!(lg == le && gg == ge)) fail_msg("step %d: the graph's loss or norm differs from the eager step's", s + 1);
-        assert_true(isfinite(lg) && isfinite(gg));
+    enum { STEPS = 8 };
+    for (int s = 0; s < STEPS; s++) {
+        if (dg_trainer_step_queued(g)) fail_msg("step %d: %s", s + 1, dg_last_error());
         assert_int_equal(dg_train_graph_captured(g), s >= 1);
+    }
+    /* a checkpoint waits until the queued steps' results are taken */
+    assert_int_equal(dg_trainer_save(g), -1);
+    dg_clear_error();
+    dg_step_result r[DG_STEP_RESULTS];
+    assert_int_equal(dg_trainer_results(g, r), STEPS);
+    for (int s = 0; s < STEPS; s++) {
+        double le, ge;
+        if (dg_trainer_step(e, &le, &ge)) fail_msg("step %d: %s", s + 1, dg_last_error());
+        printf("step %d: loss graph %.9g eager %.9g, grad norm graph %.9g eager %.9g\n", s + 1, r[s].loss, le,
+               r[s].grad_norm, ge);
+        assert_int_equal(r[s].step, s + 1);
+        if (!(r[s].loss == le && r[s].grad_norm == ge))
+            fail_msg("step %d: the graph's loss or norm differs from the eager step's", s + 1);
+        assert_true(isfinite(le) && isfinite(ge));
+        if (s > 0 && !(r[s].time_s > r[s - 1].time_s))
+            fail_msg("step %d finished at %.6f s, not after step %d (%.6f s)", s + 1, r[s].time_s, s, r[s - 1].time_s);
     }
     assert_false(dg_train_graph_captured(e));
     assert_true(params_identical(g->lm, e->lm));
+    assert_int_equal(dg_trainer_results(g, r), 0);
     dg_trainer_free(g);
     dg_trainer_free(e);
 }

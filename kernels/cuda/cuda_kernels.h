@@ -32,6 +32,11 @@ extern "C" {
 int dg_cuda_init(void);     /* lazy: device 0, the stream, the pool; 0 or -1 with dg_error */
 int dg_cuda_sm_count(void); /* multiprocessors of the device (0 without one) */
 
+/* ---- the training run's per-step log (step_log.cu; ops/step_log.h has the layout) ----
+ * ring[3 * (*count mod R)] = (loss, *norm, the GPU's global timer in seconds), then *count += 1;
+ * one thread, queued on the stream (capturable).  loss is a double if loss_f64, else a float. */
+int dg_cuda_step_log_put(double *ring, int64_t R, int64_t *count, const void *loss, bool loss_f64, const double *norm);
+
 /* ---- per-kernel times (kernel_timer.cu), for benchmarks ----
  * Between dg_cuda_ktime_begin and dg_cuda_ktime_end every launch of the chunked delta-rule kernels
  * (their DRC_LAUNCH) is bracketed by CUDA events on the stream.  end waits for the stream and fills
