@@ -276,18 +276,17 @@ static void test_larger_shapes(void **state) {
              (dg_tensor *[]){dg_mul_scalar(RN(64, 3000), 3.0), ids_below(&r, DG_SHAPE(64), 3000, 7)});
     big_case("cross_entropy [2000,10]", f_ce, 2, (dg_tensor *[]){RN(2000, 10), ids_below(&r, DG_SHAPE(2000), 10, 5)});
     big_case("conv1d [3,400,48] W 4 (dw in chunks)", f_conv, 3, (dg_tensor *[]){RN(3, 400, 48), RN(48, 4), RN(48)});
-    /* the device kernel's tiles: 128 threads of 1 channel (8 in bf16 when the channels are a
-     * multiple of 8) by 64 steps, or 32 / 16 on small grids; windows of at most 4 or 8 */
+    /* the device kernel's tiles: 128 channels by 64 steps, windows of at most 4 or 8 */
     big_case("conv1d [2,200,300] W 4 (3 channel blocks, 4 tiles)", f_conv, 3,
              (dg_tensor *[]){RN(2, 200, 300), RN(300, 4), RN(300)});
     big_case("conv1d [2,130,70] W 7, plain", f_conv_plain, 2, (dg_tensor *[]){RN(2, 130, 70), RN(70, 7)});
     big_case("conv1d [1,70,5] W 8 (window across tiles)", f_conv, 3, (dg_tensor *[]){RN(1, 70, 5), RN(5, 8), RN(5)});
     big_case("conv1d [3,64,130] W 1", f_conv, 3, (dg_tensor *[]){RN(3, 64, 130), RN(130, 1), RN(130)});
-    big_case("conv1d [2,150,1040] W 4 (bf16 by 8 channels, 2 channel blocks)", f_conv, 3,
+    big_case("conv1d [2,150,1040] W 4 (9 channel blocks, the last partial)", f_conv, 3,
              (dg_tensor *[]){RN(2, 150, 1040), RN(1040, 4), RN(1040)});
-    big_case("conv1d [1,70,16] W 8 (bf16 by 8 channels, window across tiles)", f_conv, 3,
+    big_case("conv1d [1,70,16] W 8 (16 channels, window across tiles)", f_conv, 3,
              (dg_tensor *[]){RN(1, 70, 16), RN(16, 8), RN(16)});
-    big_case("conv1d [16,2200,256] W 4 (tiles of 64)", f_conv, 3,
+    big_case("conv1d [16,2200,256] W 4 (35 tiles a sequence, the last partial)", f_conv, 3,
              (dg_tensor *[]){RN(16, 2200, 256), RN(256, 4), RN(256)});
     big_case("embedding [50,64] x 4000 ids", f_emb, 2,
              (dg_tensor *[]){RN(50, 64), ids_below(&r, DG_SHAPE(40, 100), 50, 0)});

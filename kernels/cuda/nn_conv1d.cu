@@ -5,14 +5,10 @@
  *   dx[b,s,d] = sum_j w[d,j] dp[b,s+W-1-j,d]   (terms with s+W-1-j < T),
  *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],  dbias[d] = sum_{b,t} dp[b,t,d].
  *
- * Layout of the work: a block takes kConvThreads threads, each V neighbouring channels (V = 8 for
- * bf16 when D is a multiple of 8 and every array 16-byte aligned: one 16-byte load a row, so a
- * warp reads 512 contiguous bytes; else V = 1, a warp reading 32 neighbouring elements), of one
- * sequence b over a tile of `tile` time steps (64, or 32 / 16 when fewer tiles would leave the
- * GPU short of warps), and walks the tile in time keeping the last W inputs (and in the backward
- * the last W of dp) in registers: every element of x and dy is read from memory about once, and
- * no index is divided.  The walk loads the next step's row before it computes the current one, so
- * that each thread has a load in flight while it works.
+ * Layout of the work: a block takes kConvThreads neighbouring channels (one thread each, so a warp
+ * reads 32 neighbouring elements of a row) of one sequence b over a tile of kConvTile time steps,
+ * and walks the tile in time keeping the last W inputs (and in the backward the last W of dp) in
+ * registers: every element of x and dy is read from memory about once, and no index is divided.
  * The windows are arrays of WMAX (a compile-time bound, 4 or 8, on the kernel width W) with
  * static indices; entries at distance W or more are never used.  The backward recomputes dp for
  * the W - 1 steps after its tile (the halo its last dx need).  dw and dbias: each block writes its
@@ -22,236 +18,151 @@
  * and gradient rounded once). */
 #include "kernels/cuda/nn_util.h"
 
-#include <initializer_list>
-
 namespace {
 
-constexpr int kConvThreads = 128; /* threads a block */
+constexpr int kConvThreads = 128; /* channels a block */
+constexpr int kConvTile = 64;     /* time steps a block */
 constexpr int kConvMaxW = 8;      /* the widest kernel (the op takes W in 1..8) */
 
-/* V elements of row t of a [T, D] sequence at channel d in the compute type, 0 outside [0, T) */
-template <int V, typename S>
-__device__ __forceinline__ void conv_row(const S *x, int64_t row0, int64_t T_, int64_t D, int64_t t, int64_t d,
-                                         nn_compute<S> *out) {
-    if (t >= 0 && t < T_) nn_ldv<V>(x, (row0 + t) * D + d, out);
-    else
-#pragma unroll
-        for (int v = 0; v < V; v++) out[v] = nn_compute<S>(0);
+/* x[b, t, d] in the compute type, 0 outside [0, T) */
+template <typename S>
+__device__ __forceinline__ nn_compute<S> conv_x(const S *x, int64_t row0, int64_t T_, int64_t D, int64_t t, int64_t d) {
+    return t >= 0 && t < T_ ? nn_ld(x, (row0 + t) * D + d) : nn_compute<S>(0);
 }
 
-/* The causal window at time t: win[WMAX-1-k][v] = x[t-k, d+v] for k < W.  Shift in x[t]. */
-template <int WMAX, int V, typename C> __device__ __forceinline__ void conv_push(C (*win)[V], const C *row) {
+/* The causal window at time t: win[WMAX-1-k] = x[t-k] for k < W.  Shift in x[t]. */
+template <int WMAX, typename C> __device__ __forceinline__ void conv_push(C *win, C v) {
 #pragma unroll
-    for (int k = 0; k < WMAX - 1; k++)
-#pragma unroll
-        for (int v = 0; v < V; v++) win[k][v] = win[k + 1][v];
-#pragma unroll
-    for (int v = 0; v < V; v++) win[WMAX - 1][v] = row[v];
+    for (int k = 0; k < WMAX - 1; k++) win[k] = win[k + 1];
+    win[WMAX - 1] = v;
 }
 
-/* p = bias + sum_{k<W} w[d, W-1-k] x[t-k] = bias + sum_k wr[k] win[WMAX-1-k], channel v */
-template <int WMAX, int V, typename C>
-__device__ __forceinline__ C conv_dot(const C (*wr)[V], const C (*win)[V], int W, C bias, int v) {
+/* p = bias + sum_{k<W} w[d, W-1-k] x[t-k] = bias + sum_k wr[k] win[WMAX-1-k] */
+template <int WMAX, typename C> __device__ __forceinline__ C conv_dot(const C *wr, const C *win, int W, C bias) {
     C acc = bias;
 #pragma unroll
     for (int k = 0; k < WMAX; k++)
-        if (k < W) acc += wr[k][v] * win[WMAX - 1 - k][v];
+        if (k < W) acc += wr[k] * win[WMAX - 1 - k];
     return acc;
 }
 
-/* this thread's first channel d, sequence b and tile [t0, t1); false for a thread past the last
- * channel (D is a multiple of V) */
+/* this thread's channel d, sequence b and tile [t0, t1); false for a thread past the last channel */
 struct ConvTile {
     int64_t d, row0, t0, t1;
 };
-template <int V> __device__ __forceinline__ bool conv_tile(int64_t T_, int64_t D, int tile, ConvTile *c) {
-    c->d = (blockIdx.x * (int64_t)kConvThreads + threadIdx.x) * V;
+__device__ __forceinline__ bool conv_tile(int64_t T_, int64_t D, ConvTile *c) {
+    c->d = blockIdx.x * (int64_t)kConvThreads + threadIdx.x;
     c->row0 = blockIdx.z * T_;
-    c->t0 = blockIdx.y * (int64_t)tile;
-    c->t1 = c->t0 + tile < T_ ? c->t0 + tile : T_;
+    c->t0 = blockIdx.y * (int64_t)kConvTile;
+    c->t1 = c->t0 + kConvTile < T_ ? c->t0 + kConvTile : T_;
     return c->d < D;
 }
 
-/* wr[k][v] = w[d+v, W-1-k] (newest input first), wf[k][v] = w[d+v, k]; 0 for k >= W */
-template <int WMAX, int V, typename S>
-__device__ __forceinline__ void conv_weights(const S *w, int64_t d, int W, nn_compute<S> (*wr)[V],
-                                             nn_compute<S> (*wf)[V]) {
+/* wr[k] = w[d, W-1-k] (newest input first), wf[k] = w[d, k]; 0 for k >= W */
+template <int WMAX, typename S>
+__device__ __forceinline__ void conv_weights(const S *w, int64_t d, int W, nn_compute<S> *wr, nn_compute<S> *wf) {
 #pragma unroll
-    for (int k = 0; k < WMAX; k++)
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            wr[k][v] = k < W ? nn_ld(w, (d + v) * W + (W - 1 - k)) : nn_compute<S>(0);
-            if (wf) wf[k][v] = k < W ? nn_ld(w, (d + v) * W + k) : nn_compute<S>(0);
-        }
+    for (int k = 0; k < WMAX; k++) {
+        wr[k] = k < W ? nn_ld(w, d * W + (W - 1 - k)) : nn_compute<S>(0);
+        if (wf) wf[k] = k < W ? nn_ld(w, d * W + k) : nn_compute<S>(0);
+    }
 }
 
 /* the window before time t0: win[WMAX-1-k] = x[t0-1-k] for k < W-1, 0 beyond (the walk's first
  * push brings in x[t0]) */
-template <int WMAX, int V, typename S>
+template <int WMAX, typename S>
 __device__ __forceinline__ void conv_window_before(const S *x, const ConvTile &c, int64_t T_, int64_t D, int W,
-                                                   nn_compute<S> (*win)[V]) {
+                                                   nn_compute<S> *win) {
 #pragma unroll
-    for (int k = 0; k < WMAX; k++) {
-        if (k < W - 1) conv_row<V>(x, c.row0, T_, D, c.t0 - 1 - k, c.d, win[WMAX - 1 - k]);
-        else
-#pragma unroll
-            for (int v = 0; v < V; v++) win[WMAX - 1 - k][v] = 0;
-    }
+    for (int k = 0; k < WMAX; k++) win[WMAX - 1 - k] = k < W - 1 ? conv_x(x, c.row0, T_, D, c.t0 - 1 - k, c.d) : 0;
 }
 
-template <typename S, int WMAX, int V>
-__global__ void __launch_bounds__(kConvThreads) conv_fwd_kernel(int64_t T_, int64_t D, int W, int tile, const S *x,
-                                                                const S *w, const S *bias, bool silu, S *y) {
+template <typename S, int WMAX>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_fwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, S *y) {
     typedef nn_compute<S> C;
     ConvTile c;
-    if (!conv_tile<V>(T_, D, tile, &c)) return;
-    C wr[WMAX][V], win[WMAX][V], b0[V], nxt[V];
-    conv_weights<WMAX, V>(w, c.d, W, wr, (C(*)[V]) nullptr);
-    conv_window_before<WMAX, V>(x, c, T_, D, W, win);
-#pragma unroll
-    for (int v = 0; v < V; v++) b0[v] = bias ? nn_ld(bias, c.d + v) : C(0);
-    conv_row<V>(x, c.row0, T_, D, c.t0, c.d, nxt);
+    if (!conv_tile(T_, D, &c)) return;
+    C wr[WMAX], win[WMAX];
+    conv_weights<WMAX>(w, c.d, W, wr, (C *)nullptr);
+    conv_window_before<WMAX>(x, c, T_, D, W, win);
+    const C b0 = bias ? nn_ld(bias, c.d) : C(0);
     for (int64_t t = c.t0; t < c.t1; t++) {
-        conv_push<WMAX, V>(win, nxt);
-        if (t + 1 < c.t1) conv_row<V>(x, c.row0, T_, D, t + 1, c.d, nxt); /* in flight during the sums */
-        C out[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            C p = conv_dot<WMAX, V>(wr, win, W, b0[v], v);
-            out[v] = silu ? p * nn_sigmoid(p) : p;
-        }
-        nn_stv<V>(y, (c.row0 + t) * D + c.d, out);
+        conv_push<WMAX>(win, nn_ld(x, (c.row0 + t) * D + c.d));
+        C p = conv_dot<WMAX>(wr, win, W, b0);
+        nn_st(y, (c.row0 + t) * D + c.d, silu ? p * nn_sigmoid(p) : p);
     }
 }
 
 /* Backward of one tile: dx of the tile; this tile's dw (partw row, [D W]) and dbias (partb row, [D])
  * sums.  The walk runs W - 1 steps past t1 for the dp that dx[t1 - 1] needs. */
-template <typename S, int WMAX, int V>
+template <typename S, int WMAX>
 __global__ void __launch_bounds__(kConvThreads)
-    conv_bwd_kernel(int64_t T_, int64_t D, int W, int tile, const S *x, const S *w, const S *bias, bool silu,
-                    const S *dy, S *dx, nn_acc<S> *partw, nn_acc<S> *partb) {
+    conv_bwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, const S *dy, S *dx,
+                    nn_acc<S> *partw, nn_acc<S> *partb) {
     typedef nn_compute<S> C;
     typedef nn_acc<S> A;
     ConvTile c;
-    if (!conv_tile<V>(T_, D, tile, &c)) return;
-    C wr[WMAX][V], wf[WMAX][V], win[WMAX][V], dps[WMAX][V], b0[V], xn[V], dyn[V];
-    A dwr[WMAX][V], db[V];
-    conv_weights<WMAX, V>(w, c.d, W, wr, wf);
-    conv_window_before<WMAX, V>(x, c, T_, D, W, win);
+    if (!conv_tile(T_, D, &c)) return;
+    C wr[WMAX], wf[WMAX], win[WMAX], dps[WMAX];
+    A dwr[WMAX], db = 0;
+    conv_weights<WMAX>(w, c.d, W, wr, wf);
+    conv_window_before<WMAX>(x, c, T_, D, W, win);
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        b0[v] = bias ? nn_ld(bias, c.d + v) : C(0);
-        db[v] = 0;
-#pragma unroll
-        for (int k = 0; k < WMAX; k++) dps[k][v] = 0, dwr[k][v] = 0;
-    }
+    for (int k = 0; k < WMAX; k++) dps[k] = 0, dwr[k] = 0;
+    const C b0 = bias ? nn_ld(bias, c.d) : C(0);
     const int64_t tend = c.t1 + W - 1 < T_ ? c.t1 + W - 1 : T_; /* dp is 0 from T on */
-    if (c.t0 < tend) conv_row<V>(x, c.row0, T_, D, c.t0, c.d, xn), conv_row<V>(dy, c.row0, T_, D, c.t0, c.d, dyn);
     for (int64_t t = c.t0; t < c.t1 + W - 1; t++) {
-        C dp[V];
+        C dp = 0;
         if (t < tend) {
-            conv_push<WMAX, V>(win, xn);
-#pragma unroll
-            for (int v = 0; v < V; v++) dp[v] = dyn[v];
-            if (t + 1 < tend) /* the next step's rows in flight during this step's sums */
-                conv_row<V>(x, c.row0, T_, D, t + 1, c.d, xn), conv_row<V>(dy, c.row0, T_, D, t + 1, c.d, dyn);
-            if (silu)
-#pragma unroll
-                for (int v = 0; v < V; v++) {
-                    C p = conv_dot<WMAX, V>(wr, win, W, b0[v], v), s = nn_sigmoid(p);
-                    dp[v] *= s * (C(1) + p * (C(1) - s));
-                }
-        } else
-#pragma unroll
-            for (int v = 0; v < V; v++) dp[v] = 0;
-        if (t < c.t1) /* this tile's own steps: dw[d, W-1-k] += dp[t] x[t-k] */
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-#pragma unroll
-                for (int k = 0; k < WMAX; k++)
-                    if (k < W) dwr[k][v] += (A)(dp[v] * win[WMAX - 1 - k][v]);
-                db[v] += (A)dp[v];
+            const int64_t i = (c.row0 + t) * D + c.d;
+            conv_push<WMAX>(win, nn_ld(x, i));
+            dp = nn_ld(dy, i);
+            if (silu) {
+                C p = conv_dot<WMAX>(wr, win, W, b0), s = nn_sigmoid(p);
+                dp *= s * (C(1) + p * (C(1) - s));
             }
-        conv_push<WMAX, V>(dps, dp); /* dps[WMAX-1-m] = dp[t-m] */
+        }
+        if (t < c.t1) { /* this tile's own steps: dw[d, W-1-k] += dp[t] x[t-k] */
+#pragma unroll
+            for (int k = 0; k < WMAX; k++)
+                if (k < W) dwr[k] += (A)(dp * win[WMAX - 1 - k]);
+            db += (A)dp;
+        }
+        conv_push<WMAX>(dps, dp); /* dps[WMAX-1-m] = dp[t-m] */
         const int64_t s = t - (W - 1);
         if (dx && s >= c.t0) { /* dx[s] = sum_{m<W} w[d, m] dp[s+W-1-m] = sum_m wf[m] dps[WMAX-1-m] */
-            C acc[V];
+            C acc = 0;
 #pragma unroll
-            for (int v = 0; v < V; v++) {
-                acc[v] = 0;
-#pragma unroll
-                for (int m = 0; m < WMAX; m++)
-                    if (m < W) acc[v] += wf[m][v] * dps[WMAX - 1 - m][v];
-            }
-            nn_stv<V>(dx, (c.row0 + s) * D + c.d, acc);
+            for (int m = 0; m < WMAX; m++)
+                if (m < W) acc += wf[m] * dps[WMAX - 1 - m];
+            nn_st(dx, (c.row0 + s) * D + c.d, acc);
         }
     }
     const int64_t prow = blockIdx.z * (int64_t)gridDim.y + blockIdx.y; /* this block's partial row */
+    if (partw)
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        if (partw)
-#pragma unroll
-            for (int k = 0; k < WMAX; k++)
-                if (k < W) partw[prow * D * W + (c.d + v) * W + (W - 1 - k)] = dwr[k][v];
-        if (partb) partb[prow * D + c.d + v] = db[v];
-    }
+        for (int k = 0; k < WMAX; k++)
+            if (k < W) partw[prow * D * W + c.d * W + (W - 1 - k)] = dwr[k];
+    if (partb) partb[prow * D + c.d] = db;
 }
 
-/* The launch: V channels a thread where the arrays allow it; tiles of 64 steps, shortened while
- * the grid would have fewer than 4 blocks a multiprocessor. */
-struct ConvPlan {
-    int V, tile;
-    dim3 grid;
-};
-ConvPlan conv_plan(bool vec, int64_t B, int64_t T_, int64_t D) {
-    ConvPlan p;
-    p.V = vec ? kBf16Vec : 1;
-    const int64_t gx = (D / p.V + kConvThreads - 1) / kConvThreads;
-    const int64_t want = 4 * (int64_t)(dg_cuda_sm_count() > 0 ? dg_cuda_sm_count() : 1);
-    p.tile = 64;
-    while (p.tile > 16 && gx * B * ((T_ + p.tile - 1) / p.tile) < want) p.tile /= 2;
-    p.grid = dim3((unsigned)gx, (unsigned)((T_ + p.tile - 1) / p.tile), (unsigned)B);
-    return p;
-}
-
-/* bf16 in units of 8 channels: D a multiple of 8 and every array given 16-byte aligned */
-template <typename S> bool conv_vec(int64_t D, std::initializer_list<const void *> arrays) {
-    bool ok = sizeof(S) == 2 && D % kBf16Vec == 0;
-    for (const void *a : arrays) ok = ok && bf16x8_aligned(a);
-    return ok;
-}
-
-template <typename S, int V>
-int conv_fwd_v(const ConvPlan &pl, int64_t T_, int64_t D, int W, const void *x, const void *w, const void *bias,
-               bool silu, void *y) {
-    if (W <= 4)
-        conv_fwd_kernel<S, 4, V><<<pl.grid, kConvThreads, 0, dg_cuda_stream()>>>(
-            T_, D, W, pl.tile, (const S *)x, (const S *)w, (const S *)bias, silu, (S *)y);
-    else
-        conv_fwd_kernel<S, kConvMaxW, V><<<pl.grid, kConvThreads, 0, dg_cuda_stream()>>>(
-            T_, D, W, pl.tile, (const S *)x, (const S *)w, (const S *)bias, silu, (S *)y);
-    return DG_LAUNCHED("conv1d fwd");
+dim3 conv_grid(int64_t B, int64_t T_, int64_t D) {
+    return dim3((unsigned)((D + kConvThreads - 1) / kConvThreads), (unsigned)((T_ + kConvTile - 1) / kConvTile),
+                (unsigned)B);
 }
 
 template <typename S>
 int conv_fwd(int64_t B, int64_t T_, int64_t D, int W, const void *x, const void *w, const void *bias, bool silu,
              void *y) {
-    const ConvPlan pl = conv_plan(conv_vec<S>(D, {x, y}), B, T_, D);
-    if constexpr (sizeof(S) == 2)
-        if (pl.V > 1) return conv_fwd_v<S, kBf16Vec>(pl, T_, D, W, x, w, bias, silu, y);
-    return conv_fwd_v<S, 1>(pl, T_, D, W, x, w, bias, silu, y);
-}
-
-template <typename S, int V>
-int conv_bwd_v(const ConvPlan &pl, int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu,
-               const S *dy, S *dx, nn_acc<S> *partw, nn_acc<S> *partb) {
+    dim3 g = conv_grid(B, T_, D);
     if (W <= 4)
-        conv_bwd_kernel<S, 4, V>
-            <<<pl.grid, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, pl.tile, x, w, bias, silu, dy, dx, partw, partb);
+        conv_fwd_kernel<S, 4><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
+                                                                        (const S *)bias, silu, (S *)y);
     else
-        conv_bwd_kernel<S, kConvMaxW, V>
-            <<<pl.grid, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, pl.tile, x, w, bias, silu, dy, dx, partw, partb);
-    return DG_LAUNCHED("conv1d bwd");
+        conv_fwd_kernel<S, kConvMaxW><<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, (const S *)x, (const S *)w,
+                                                                                (const S *)bias, silu, (S *)y);
+    return DG_LAUNCHED("conv1d fwd");
 }
 
 template <typename S>
@@ -260,16 +171,19 @@ int conv_bwd(int64_t B, int64_t T_, int64_t D, int W, const void *x_, const void
     typedef nn_acc<S> A;
     const S *x = (const S *)x_, *w = (const S *)w_, *bias = (const S *)bias_, *dy = (const S *)dy_;
     S *dx = (S *)dx_;
-    const ConvPlan pl = conv_plan(conv_vec<S>(D, {x, dy, dx}), B, T_, D);
-    const int64_t P = (int64_t)pl.grid.y * B; /* partial rows: one per (sequence, tile) */
+    dim3 g = conv_grid(B, T_, D);
+    const int64_t P = (int64_t)g.y * B; /* partial rows: one per (sequence, tile) */
     A *partw = dw ? dg_cuda_scratch<A>((size_t)(P * D * W)) : nullptr;
     A *partb = dbias ? dg_cuda_scratch<A>((size_t)(P * D)) : nullptr;
     int rc = (dw && !partw) || (dbias && !partb) ? -1 : 0;
-    bool pl_done = false;
     if (rc == 0) {
-        if constexpr (sizeof(S) == 2)
-            if (pl.V > 1) rc = conv_bwd_v<S, kBf16Vec>(pl, T_, D, W, x, w, bias, silu, dy, dx, partw, partb), pl_done = true;
-        if (!pl_done) rc = conv_bwd_v<S, 1>(pl, T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
+        if (W <= 4)
+            conv_bwd_kernel<S, 4>
+                <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
+        else
+            conv_bwd_kernel<S, kConvMaxW>
+                <<<g, kConvThreads, 0, dg_cuda_stream()>>>(T_, D, W, x, w, bias, silu, dy, dx, partw, partb);
+        rc = DG_LAUNCHED("conv1d bwd");
     }
     if (rc == 0 && dw) rc = nn_colsum_launch(P, D * W, partw, (S *)dw, "conv1d dw");
     if (rc == 0 && dbias) rc = nn_colsum_launch(P, D, partb, (S *)dbias, "conv1d dbias");
@@ -289,9 +203,9 @@ bool ready(const char *who, dg_dtype dt, int64_t B, int64_t T_, int64_t D, int64
         dg_error("%s: kernel width W %lld is wider than the kernels take (at most %d)", who, (long long)W, kConvMaxW);
         return false;
     }
-    if (B > 65535 || (T_ + 63) / 64 > 65535) {
+    if (B > 65535 || (T_ + kConvTile - 1) / kConvTile > 65535) {
         dg_error("%s: B %lld x T %lld is past the launch grid (B at most 65535, T at most %lld)", who, (long long)B,
-                 (long long)T_, 65535LL * 64);
+                 (long long)T_, 65535LL * kConvTile);
         return false;
     }
     return dg_cuda_init() == 0;
