@@ -38,7 +38,8 @@ static void puts_and_check(dg_device dev) {
         const double *row = r + 3 * (n % R);
         assert_true(row[0] == want_loss[n]);
         assert_true(row[1] == want_norm[n]);
-        if (!(row[2] >= prev_time)) fail_msg("record %d's time %.9f is before the previous record's %.9f", n, row[2], prev_time);
+        if (!(row[2] >= prev_time))
+            fail_msg("record %d's time %.9f is before the previous record's %.9f", n, row[2], prev_time);
         prev_time = row[2];
     }
     dg_scope_end();
