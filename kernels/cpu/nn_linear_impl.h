@@ -42,9 +42,9 @@ static void FN(lin_bwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, c
 #pragma omp parallel for schedule(static) if (nb > 1)
         for (int64_t ib = 0; ib < nb; ib++) {
             int64_t i0 = ib * bs, i1 = dg_nn_min64(IN, i0 + bs);
-            for (int64_t o = 0; o < OUT; o++)
-                for (int64_t i = i0; i < i1; i++) dw[o * IN + i] = 0;
-            for (int64_t n = 0; n < N; n++) {
+            for (int64_t o = 0; o < OUT; o++) /* row 0's terms start the sums */
+                for (int64_t i = i0; i < i1; i++) dw[o * IN + i] = dy[o] * x[i];
+            for (int64_t n = 1; n < N; n++) {
                 const R *xr = x + n * IN;
                 for (int64_t o = 0; o < OUT; o++) {
                     R g = dy[n * OUT + o];
