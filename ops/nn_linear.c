@@ -112,7 +112,8 @@ dg_tensor *dg_linear(dg_tensor *x, dg_tensor *w, dg_tensor *b) {
 }
 
 /* Samples: plain 2-D with bias; 3-D x without bias; x stored transposed (non-contiguous) with
- * bias; one output feature. */
+ * bias; one output feature; ten output features (the CPU runs fewer than 8 without a GEMM:
+ * kernels/cpu/nn_linear.c, so this one is the GEMM path's). */
 static int linear_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
     dg_rng rng = dg_rng_new(seed);
     dg_tensor *x, *w, *b = NULL;
@@ -135,6 +136,11 @@ static int linear_sample(int index, dg_dtype dt, uint64_t seed, dg_sample *s) {
         x = DG_SAMPLE_RANDN(&rng, dt, 4, 8);
         w = DG_SAMPLE_RANDN(&rng, dt, 1, 8);
         b = DG_SAMPLE_RANDN(&rng, dt, 1);
+        break;
+    case 4:
+        x = DG_SAMPLE_RANDN(&rng, dt, 6, 9);
+        w = DG_SAMPLE_RANDN(&rng, dt, 10, 9);
+        b = DG_SAMPLE_RANDN(&rng, dt, 10);
         break;
     default: return 0;
     }

@@ -50,20 +50,21 @@ static dg_tensor *weighted_sum(dg_tensor *y, dg_tensor *r) { return dg_sum_all(d
 
 /* ---- linear ---------------------------------------------------------------------------------- */
 
-static void test_linear_forward(void **state) {
-    dg_tensor *x = randn(DG_SHAPE(2, 3, 5), DG_F64), *w = randn(DG_SHAPE(4, 5), DG_F64),
-              *b = randn(DG_SHAPE(4), DG_F64);
+/* y against the sum written out, for x [B,T,IN] and w [OUT,IN] */
+static void check_linear_forward(int64_t B, int64_t T, int64_t IN, int64_t OUT) {
+    dg_tensor *x = randn(DG_SHAPE(B, T, IN), DG_F64), *w = randn(DG_SHAPE(OUT, IN), DG_F64),
+              *b = randn(DG_SHAPE(OUT), DG_F64);
     dg_tensor *y = dg_linear(x, w, b), *y0 = dg_linear(x, w, NULL);
     assert_non_null(y);
     assert_non_null(y0);
     assert_int_equal(y->ndim, 3);
-    assert_int_equal(y->shape[2], 4);
-    dg_tensor *ref = dg_zeros(DG_SHAPE(2, 3, 4), DG_F64);
-    for (int n = 0; n < 6; n++)
-        for (int o = 0; o < 4; o++) {
+    assert_int_equal(y->shape[2], OUT);
+    dg_tensor *ref = dg_zeros(DG_SHAPE(B, T, OUT), DG_F64);
+    for (int64_t n = 0; n < B * T; n++)
+        for (int64_t o = 0; o < OUT; o++) {
             double s = f64p(b)[o];
-            for (int i = 0; i < 5; i++) s += f64p(x)[n * 5 + i] * f64p(w)[o * 5 + i];
-            f64p(ref)[n * 4 + o] = s;
+            for (int64_t i = 0; i < IN; i++) s += f64p(x)[n * IN + i] * f64p(w)[o * IN + i];
+            f64p(ref)[n * OUT + o] = s;
         }
     assert_close(y, ref, 1e-12, "linear");
     assert_close(dg_add(y0, b), ref, 1e-12, "linear without bias");
@@ -73,21 +74,43 @@ static void test_linear_forward(void **state) {
     assert_close(dg_linear(xt, w, b), ref, 1e-12, "linear, strided x");
 }
 
-/* loss = sum(linear(x, w, b)): db[o] = number of rows, dw[o,i] = sum over every row of x[..,i] */
-static void test_linear_grads_sum_over_leading_dims(void **state) {
-    dg_tensor *x = randn(DG_SHAPE(2, 3, 5), DG_F64), *w = randn(DG_SHAPE(4, 5), DG_F64),
-              *b = randn(DG_SHAPE(4), DG_F64);
+/* a few output features (the CPU's loops without a product), many (the product), and both with
+ * enough rows for the threads to share them */
+static void test_linear_forward(void **state) {
+    check_linear_forward(2, 3, 5, 4);
+    check_linear_forward(2, 3, 5, 12);
+    check_linear_forward(2, 300, 70, 1);
+    check_linear_forward(2, 300, 70, 9);
+}
+
+/* loss = sum(linear(x, w, b)): db[o] = number of rows, dw[o,i] = sum over every row of x[..,i],
+ * dx[n,i] = sum over o of w[o,i]; with OUT = 4 (loops) and 10 (products), rows enough for threads */
+static void check_linear_grads_sum(int64_t N, int64_t IN, int64_t OUT) {
+    dg_tensor *x = randn(DG_SHAPE(2, N / 2, IN), DG_F64), *w = randn(DG_SHAPE(OUT, IN), DG_F64),
+              *b = randn(DG_SHAPE(OUT), DG_F64);
+    dg_set_requires_grad(x, true);
     dg_set_requires_grad(w, true);
     dg_set_requires_grad(b, true);
     assert_int_equal(dg_backward(dg_sum_all(dg_linear(x, w, b)), NULL), 0);
-    for (int o = 0; o < 4; o++) {
-        assert_true(fabs(dg_get(b->grad, (int64_t[]){o}) - 6.0) < 1e-12);
-        for (int i = 0; i < 5; i++) {
+    for (int64_t i = 0; i < IN; i++) {
+        double s = 0;
+        for (int64_t o = 0; o < OUT; o++) s += f64p(w)[o * IN + i];
+        for (int64_t n = 0; n < N; n++) assert_true(fabs(f64p(x->grad)[n * IN + i] - s) < 1e-12);
+    }
+    for (int64_t o = 0; o < OUT; o++) {
+        assert_true(fabs(dg_get(b->grad, (int64_t[]){o}) - (double)N) < 1e-12);
+        for (int64_t i = 0; i < IN; i++) {
             double s = 0;
-            for (int n = 0; n < 6; n++) s += f64p(x)[n * 5 + i];
-            assert_true(fabs(dg_get(w->grad, (int64_t[]){o, i}) - s) < 1e-12);
+            for (int64_t n = 0; n < N; n++) s += f64p(x)[n * IN + i];
+            assert_true(fabs(dg_get(w->grad, (int64_t[]){o, i}) - s) < 1e-9);
         }
     }
+}
+
+static void test_linear_grads_sum_over_leading_dims(void **state) {
+    check_linear_grads_sum(6, 5, 4);
+    check_linear_grads_sum(6, 5, 10);
+    check_linear_grads_sum(600, 70, 2);
 }
 
 static void test_linear_bad_input(void **state) {

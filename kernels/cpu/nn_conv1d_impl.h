@@ -8,17 +8,16 @@
 
 static inline R FN(conv_sigmoid)(R p) { return (R)1 / ((R)1 + EXP(-p)); }
 
-/* p[b,t,:] for one row into out (length D) */
-static inline void FN(conv_row)(int64_t T, int64_t D, int64_t W, const R *xb, const R *wt, const R *bias, int64_t t,
-                                R *out) {
-    for (int64_t d = 0; d < D; d++) out[d] = bias ? bias[d] : (R)0;
+/* p[b,t,d] for channels d0 <= d < d1 of one row into out[d - d0] */
+static inline void FN(conv_row)(int64_t D, int64_t W, const R *xb, const R *wt, const R *bias, int64_t t, int64_t d0,
+                                int64_t d1, R *out) {
+    for (int64_t d = d0; d < d1; d++) out[d - d0] = bias ? bias[d] : (R)0;
     for (int64_t j = 0; j < W; j++) {
         int64_t s = t - W + 1 + j;
         if (s < 0) continue;
         const R *xs = xb + s * D, *wj = wt + j * D;
-        for (int64_t d = 0; d < D; d++) out[d] += wj[d] * xs[d];
+        for (int64_t d = d0; d < d1; d++) out[d - d0] += wj[d] * xs[d];
     }
-    (void)T;
 }
 
 /* wt[j,d] = w[d,j]; returns NULL if out of memory */
@@ -38,7 +37,7 @@ int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         R *yr = y + bt * D;
-        FN(conv_row)(T, D, W, x + b * T * D, wt, bias, t, yr);
+        FN(conv_row)(D, W, x + b * T * D, wt, bias, t, 0, D, yr);
         if (silu)
             for (int64_t d = 0; d < D; d++) yr[d] = yr[d] * FN(conv_sigmoid)(yr[d]);
     }
@@ -46,85 +45,83 @@ int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
     return 0;
 }
 
+/* Backward in one sweep per (channel block, sequence): threads own blocks of channels, so dw and
+ * dbias are sums over (b, t) in order for every channel whatever the thread count, and what a
+ * sequence's block needs (dp of its T rows: T x block values) stays in the thread's cache.
+ *   forward: y = silu(p), so dp = dy silu'(p) = dy s (1 + p (1 - s)), p recomputed from x;
+ *   p[t] += w[:,j] x[t-W+1+j], so x at s collects w[:,j] dp[s+W-1-j] for each tap j whose output
+ *   s+W-1-j exists (< T), and dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d], dbias[d] = sum dp. */
 int FN(dg_nn_conv1d_bwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x, const R *w, const R *bias, int silu,
                          const R *dy, R *dx, R *dw, R *dbias) {
-    int64_t BTD = B * T * D;
     R *wt = FN(conv_taps)(D, W, w);
-    R *dpbuf = silu ? malloc((size_t)(BTD > 0 ? BTD : 1) * sizeof(R)) : NULL;
-    R *dwt = dw ? malloc((size_t)(W * D > 0 ? W * D : 1) * sizeof(R)) : NULL;
-    if (!wt || (silu && !dpbuf) || (dw && !dwt)) {
-        free(wt);
-        free(dpbuf);
-        free(dwt);
-        return -1;
-    }
-    /* forward: y = silu(p), so dp = dy silu'(p) = dy s (1 + p (1 - s)); p is recomputed */
-    const R *dp = dy;
-    if (silu) {
-#pragma omp parallel for schedule(static) if (BTD * W >= DG_NN_PAR_MIN)
-        for (int64_t bt = 0; bt < B * T; bt++) {
-            int64_t b = bt / T, t = bt % T;
-            R *dpr = dpbuf + bt * D;
-            const R *dyr = dy + bt * D;
-            FN(conv_row)(T, D, W, x + b * T * D, wt, bias, t, dpr); /* p */
-            for (int64_t d = 0; d < D; d++) {
-                R p = dpr[d], s = FN(conv_sigmoid)(p);
-                dpr[d] = dyr[d] * s * ((R)1 + p * ((R)1 - s));
-            }
-        }
-        dp = dpbuf;
-    }
-    /* forward: p[t] += w[:,j] x[t-W+1+j], so x at s collects w[:,j] dp[s+W-1-j] for each tap j
-     * whose output s+W-1-j exists (< T) */
-    if (dx) {
-#pragma omp parallel for schedule(static) if (BTD * W >= DG_NN_PAR_MIN)
-        for (int64_t bs = 0; bs < B * T; bs++) {
-            int64_t b = bs / T, s = bs % T;
-            R *dxr = dx + bs * D;
-            for (int64_t d = 0; d < D; d++) dxr[d] = 0;
-            for (int64_t j = 0; j < W; j++) {
-                int64_t t = s + W - 1 - j;
-                if (t >= T) continue;
-                const R *dpt = dp + (b * T + t) * D, *wj = wt + j * D;
-                for (int64_t d = 0; d < D; d++) dxr[d] += wj[d] * dpt[d];
-            }
-        }
-    }
-    /* forward: p[b,t,d] = bias[d] + sum_j w[d,j] x[b,t-W+1+j,d], so
-     *   dw[d,j] = sum_{b,t} dp[b,t,d] x[b,t-W+1+j,d],  dbias[d] = sum_{b,t} dp[b,t,d].
-     * Threads own channel blocks; dwt [W,D] is the transposed accumulator. */
-    if (dw || dbias) {
-        int64_t nb = dg_nn_col_blocks(D, BTD * W), bsz = (D + nb - 1) / nb;
+    if (!wt) return -1;
+    int64_t nb = dg_nn_col_blocks(D, B * T * D * W), bsz = (D + nb - 1) / nb;
+    int fail = 0;
 #pragma omp parallel for schedule(static) if (nb > 1)
-        for (int64_t ib = 0; ib < nb; ib++) {
-            int64_t d0 = ib * bsz, d1 = dg_nn_min64(D, d0 + bsz);
-            if (dwt)
-                for (int64_t j = 0; j < W; j++)
-                    for (int64_t d = d0; d < d1; d++) dwt[j * D + d] = 0;
-            if (dbias)
-                for (int64_t d = d0; d < d1; d++) dbias[d] = 0;
-            for (int64_t b = 0; b < B; b++) {
+    for (int64_t ib = 0; ib < nb; ib++) {
+        int64_t d0 = ib * bsz, d1 = dg_nn_min64(D, d0 + bsz), n = d1 - d0;
+        /* dpb [T, n]: dp of one sequence's rows, channels d0..d1 (silu only: else dp = dy);
+         * acc [W, n]: dw transposed */
+        R *dpb = silu ? malloc((size_t)(T * n > 0 ? T * n : 1) * sizeof(R)) : NULL;
+        R *acc = dw ? malloc((size_t)(W * n > 0 ? W * n : 1) * sizeof(R)) : NULL;
+        if ((silu && !dpb) || (dw && !acc)) {
+#pragma omp atomic write
+            fail = 1;
+            free(dpb);
+            free(acc);
+            continue;
+        }
+        if (acc)
+            for (int64_t i = 0; i < W * n; i++) acc[i] = 0;
+        if (dbias)
+            for (int64_t d = d0; d < d1; d++) dbias[d] = 0;
+        for (int64_t b = 0; b < B; b++) {
+            const R *xb = x + b * T * D, *dyb = dy + b * T * D;
+            if (silu)
                 for (int64_t t = 0; t < T; t++) {
-                    const R *dpt = dp + (b * T + t) * D;
+                    R *dpr = dpb + t * n;
+                    const R *dyr = dyb + t * D + d0;
+                    FN(conv_row)(D, W, xb, wt, bias, t, d0, d1, dpr); /* p */
+                    for (int64_t k = 0; k < n; k++) {
+                        R p = dpr[k], sg = FN(conv_sigmoid)(p);
+                        dpr[k] = dyr[k] * sg * ((R)1 + p * ((R)1 - sg));
+                    }
+                }
+                /* row t of dp (channels d0..d1) */
+#define DP_ROW(t) (silu ? dpb + (t)*n : dyb + (t)*D + d0)
+            if (dx)
+                for (int64_t s = 0; s < T; s++) {
+                    R *dxr = dx + (b * T + s) * D + d0;
+                    for (int64_t k = 0; k < n; k++) dxr[k] = 0;
+                    for (int64_t j = 0; j < W; j++) {
+                        int64_t t = s + W - 1 - j;
+                        if (t >= T) continue;
+                        const R *dpt = DP_ROW(t), *wj = wt + j * D + d0;
+                        for (int64_t k = 0; k < n; k++) dxr[k] += wj[k] * dpt[k];
+                    }
+                }
+            if (dbias || acc)
+                for (int64_t t = 0; t < T; t++) {
+                    const R *dpt = DP_ROW(t);
                     if (dbias)
-                        for (int64_t d = d0; d < d1; d++) dbias[d] += dpt[d];
-                    if (!dwt) continue;
+                        for (int64_t k = 0; k < n; k++) dbias[d0 + k] += dpt[k];
+                    if (!acc) continue;
                     for (int64_t j = 0; j < W; j++) {
                         int64_t s = t - W + 1 + j;
                         if (s < 0) continue;
-                        const R *xs = x + (b * T + s) * D;
-                        R *acc = dwt + j * D;
-                        for (int64_t d = d0; d < d1; d++) acc[d] += dpt[d] * xs[d];
+                        const R *xs = xb + s * D + d0;
+                        R *a = acc + j * n;
+                        for (int64_t k = 0; k < n; k++) a[k] += dpt[k] * xs[k];
                     }
                 }
-            }
-            if (dw)
-                for (int64_t d = d0; d < d1; d++)
-                    for (int64_t j = 0; j < W; j++) dw[d * W + j] = dwt[j * D + d];
+#undef DP_ROW
         }
+        if (dw)
+            for (int64_t k = 0; k < n; k++)
+                for (int64_t j = 0; j < W; j++) dw[(d0 + k) * W + j] = acc[j * n + k];
+        free(dpb);
+        free(acc);
     }
     free(wt);
-    free(dpbuf);
-    free(dwt);
-    return 0;
+    return fail ? -1 : 0;
 }

@@ -6,6 +6,9 @@
 
 #include <cblas.h>
 
+/* fewer output features than this: the loops of nn_linear_impl.h instead of a product */
+#define DG_NN_LINEAR_NARROW 8
+
 /* the CBLAS call that nn_linear_impl.h writes, on dg_cpu_gemm */
 #define LINEAR_GEMM(SFX, order, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) \
     dg_cpu_gemm_##SFX((ta) == CblasTrans, (tb) == CblasTrans, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
