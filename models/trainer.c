@@ -307,6 +307,9 @@ static void count_skipped(dg_trainer *t, double lv, double gn, bool dp) {
     if (!(isfinite(gn) && (dp || isfinite(lv)))) t->skipped++;
 }
 
+/* Steps queued whose results have not been taken (dg_trainer_results). */
+static int results_waiting(const dg_trainer *t) { return t->n_device + t->n_host; }
+
 /* A step through the CUDA graph (train_graph.h), queued: the batch drawn here, the rest there. */
 static int graph_step(dg_trainer *t) {
     dg_scope_begin();
@@ -397,9 +400,9 @@ out:
 }
 
 int dg_trainer_step_queued(dg_trainer *t) {
-    if (t->n_device + t->n_host >= DG_STEP_RESULTS) {
+    if (results_waiting(t) >= DG_STEP_RESULTS) {
         dg_error("train: the results of %d steps are waiting; take them (dg_trainer_results) before queueing more",
-                 t->n_device + t->n_host);
+                 results_waiting(t));
         return -1;
     }
     if (dg_train_graph_usable(t)) return graph_step(t);
@@ -425,9 +428,9 @@ int dg_trainer_results(dg_trainer *t, dg_step_result *out) {
 }
 
 int dg_trainer_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
-    if (t->n_device + t->n_host > 0) {
+    if (results_waiting(t) > 0) {
         dg_error("train: the results of %d queued steps are waiting; take them (dg_trainer_results) first",
-                 t->n_device + t->n_host);
+                 results_waiting(t));
         return -1;
     }
     dg_step_result r[DG_STEP_RESULTS];
@@ -670,8 +673,8 @@ int dg_trainer_run(dg_trainer *t) {
         const bool eval_now = (tc->eval_every > 0 && s % tc->eval_every == 0) || last;
         const bool save_now = tc->save_every > 0 && s % tc->save_every == 0;
         const bool stop_now = (t->stop_at > 0 && s >= t->stop_at) || (t->interrupt && *t->interrupt);
-        if (!(eval_now || save_now || stop_now || s % tc->log_every == 0 ||
-              t->n_device + t->n_host >= DG_STEP_RESULTS || dg_progress_now() - t_taken >= 1.0))
+        if (!(eval_now || save_now || stop_now || s % tc->log_every == 0 || results_waiting(t) >= DG_STEP_RESULTS ||
+              dg_progress_now() - t_taken >= 1.0))
             continue;
         const int n = dg_trainer_results(t, res);
         if (n < 0) {
