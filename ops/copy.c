@@ -70,6 +70,12 @@ static int to_dtype_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin
     return gin[0] ? 0 : -1;
 }
 
+dg_dtype dg_cast_grad_dtype(const dg_tensor *t) {
+    const dg_node *p = t->node;
+    bool master = t->dtype == DG_BF16 && p && p->op == &dg_op_to_dtype && p->in[0] && p->in[0]->dtype == DG_F32;
+    return master ? DG_F32 : t->dtype;
+}
+
 dg_tensor *dg_to_dtype(dg_tensor *t, dg_dtype dt) {
     if (!dg_check_not_null("to_dtype", "a", t)) return NULL;
     if (dt >= DG_NUM_DTYPES) {

@@ -201,13 +201,6 @@ static dg_tensor *fold_rows(dg_tensor *t) {
     return dg_reshape(t, 2, (int64_t[]){cols ? dg_numel(t) / cols : 0, cols});
 }
 
-/* The dtype of the gradient of a bf16 operand: f32 when it is the bf16 cast of an f32 tensor
- * (dg_to_dtype of an f32 weight), bf16 otherwise (see the file's head). */
-static dg_dtype bf16_grad_dtype(const dg_tensor *t) {
-    const dg_node *p = t->node;
-    return p && p->op == &dg_op_to_dtype && p->in[0] && p->in[0]->dtype == DG_F32 ? DG_F32 : DG_BF16;
-}
-
 /* The product c (the gradient of operand x, before any broadcast sum) as x's gradient: cuBLAS
  * writes it in dt directly when no batch dims are summed (one rounding for bf16); otherwise it is
  * made in f32 and summed, rounding once to dt. */
@@ -226,12 +219,12 @@ static int matmul_backward_bf16(dg_node *n, dg_tensor *g, dg_tensor **gin) {
     const matmul_attrs *at = (const matmul_attrs *)n->attrs;
     dg_tensor *a = n->in[0], *b = n->in[1];
     if (n->needs_grad[0]) {
-        dg_dtype dt = bf16_grad_dtype(a);
+        dg_dtype dt = dg_cast_grad_dtype(a);
         gin[0] = at->ta ? bf16_operand_grad(b, g, at->tb, true, a, dt) : bf16_operand_grad(g, b, false, !at->tb, a, dt);
         if (!gin[0]) return -1;
     }
     if (n->needs_grad[1]) {
-        dg_dtype dt = bf16_grad_dtype(b);
+        dg_dtype dt = dg_cast_grad_dtype(b);
         dg_tensor *af = b->ndim == 2 && !at->ta ? fold_rows(a) : NULL, *gf = af ? fold_rows(g) : NULL;
         if (af && gf) gin[1] = at->tb ? matmul_device(gf, af, true, false, dt) : matmul_device(af, gf, true, false, dt);
         else

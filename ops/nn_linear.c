@@ -5,7 +5,9 @@
  * On the device: cuBLAS (dg_cuda_gemm; strict f32, no TF32); the bias is broadcast into y first
  * and the product added with beta = 1; db is a column sum (dg_cuda_sum, f64 accumulation).
  * bf16 on the device: the products are bf16 gemms accumulating in f32 (the bias joins the f32 sum
- * before the one rounding of y), and db sums the rows in f32 (dg_cuda_nn_sum_rows), rounded once. */
+ * before the one rounding of y), and db sums the rows in f32 (dg_cuda_nn_sum_rows), rounded once.
+ * Under mixed precision w is the bf16 cast of an f32 master weight, and dw comes out of cuBLAS in
+ * f32 (dg_cast_grad_dtype, ops/op.h): the cast's backward passes it on as the master's gradient. */
 #include "ops/nn_common.h"
 
 #include <limits.h>
@@ -20,12 +22,12 @@ static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, cons
     return dg_cuda_gemm(dt, dt, false, true, N, OUT, IN, 1.0, x, IN, 0, w, IN, 0, b ? 1.0 : 0.0, y, OUT, 0, 1);
 }
 
-static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, const void *x, const void *w,
-                           const void *dy, void *dx, void *dw, void *db) {
+static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, dg_dtype dw_dt, const void *x,
+                           const void *w, const void *dy, void *dx, void *dw, void *db) {
     /* dx[N,IN] = dy[N,OUT] w[OUT,IN] */
     if (dx && dg_cuda_gemm(dt, dt, false, false, N, IN, OUT, 1.0, dy, OUT, 0, w, IN, 0, 0.0, dx, IN, 0, 1)) return -1;
     /* dw[OUT,IN] = dy^T x: dy stored [N,OUT] is op(A)^T */
-    if (dw && dg_cuda_gemm(dt, dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, 0.0, dw, IN, 0, 1)) return -1;
+    if (dw && dg_cuda_gemm(dt, dw_dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, 0.0, dw, IN, 0, 1)) return -1;
     /* db[OUT] = sum over rows of dy */
     if (db && dt == DG_BF16) return dg_cuda_nn_sum_rows(dt, N, OUT, dy, db);
     if (db && dg_cuda_sum(dt, 2, (int64_t[]){N, OUT}, dy, NULL, 1u, 1.0, db)) return -1;
@@ -34,6 +36,11 @@ static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, cons
 #endif
 
 enum { LIN_X, LIN_W, LIN_B };
+
+/* dw's dtype: f32 for the bf16 cast of an f32 master weight on the device, w's own otherwise */
+static dg_dtype dw_dtype(const dg_tensor *x, const dg_tensor *w) {
+    return x->device == DG_CUDA && x->dtype == DG_BF16 ? dg_cast_grad_dtype(w) : w->dtype;
+}
 
 static int linear_forward(dg_node *n) {
 #ifndef DG_HAVE_CUDA
@@ -73,13 +80,14 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     if (fail) return -1;
     int64_t OUT = w->shape[0], IN = w->shape[1], N = dg_nn_rows(x);
     dg_tensor *dx = n->needs_grad[LIN_X] ? dg_empty_like(x) : NULL;
-    dg_tensor *dw = n->needs_grad[LIN_W] ? dg_empty_like(w) : NULL;
+    const dg_dtype dw_dt = dw_dtype(x, n->in[LIN_W]);
+    dg_tensor *dw = n->needs_grad[LIN_W] ? dg_empty_on(w->ndim, w->shape, dw_dt, w->device) : NULL;
     dg_tensor *db = n->needs_grad[LIN_B] ? dg_empty_like(n->in[LIN_B]) : NULL;
     if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db)) return -1;
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
     bool on_device = x->device == DG_CUDA; /* only in builds with CUDA: the forward refused it else */
 #ifdef DG_HAVE_CUDA
-    if (on_device && linear_bwd_cuda(N, IN, OUT, x->dtype, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
+    if (on_device && linear_bwd_cuda(N, IN, OUT, x->dtype, dw_dt, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
 #endif
     if (!on_device) {
         if (!dg_nn_cpu_float("linear", x)) return -1;

@@ -46,6 +46,12 @@ dg_tensor *dg_sum_to_shape(dg_tensor *g, int ndim, const int64_t *shape);
  * in f64 and rounds once to out_dt (f32 terms of a bf16 gradient); elsewhere a sum then a cast. */
 dg_tensor *dg_sum_to_shape_as(dg_tensor *g, int ndim, const int64_t *shape, dg_dtype out_dt);
 
+/* The dtype a product's backward gives the gradient of its bf16 operand t: f32 when t is the bf16
+ * cast of an f32 tensor (dg_to_dtype of an f32 master weight under mixed precision), so that the
+ * master's gradient is the GEMM's f32 accumulator itself, passed through the cast's backward
+ * unchanged; t's own dtype otherwise (ops/copy.c). */
+dg_dtype dg_cast_grad_dtype(const dg_tensor *t);
+
 /* validation helpers used by the typed entry points; each sets a message naming op and arg */
 bool dg_check_not_null(const char *op, const char *arg, const dg_tensor *t);
 bool dg_check_float(const char *op, const char *arg, const dg_tensor *t);

@@ -6,10 +6,11 @@
  *  - the 8-wide kernels of contiguous bf16 (unary, its backward, binary) give the bits of the
  *    one-element kernels (a misaligned view of the same values takes those), for lengths around
  *    multiples of 8, and match the CPU f32 result of the same inputs within one bf16 rounding;
+ *  - so do the 8-wide f32 <-> bf16 casts and f32 binary arithmetic, which equal the host's bits;
  *  - the gradient of a broadcast bf16 product is summed before its one rounding: terms
  *    (1 + 2^-7)^2 - (1 + 2^-7) sum to 2 + 2^-6 exactly, where rounding each product to bf16 first
  *    gives 2;
- *  - an f32 weight cast to bf16 for a matmul gets its gradient in f32 straight from cuBLAS (a
+ *  - an f32 weight cast to bf16 for a matmul or a linear gets its gradient in f32 straight from cuBLAS (a
  *    value that bf16 cannot hold survives), with the batch folded into the product, and the
  *    contributions of a matmul (f32) and of a bf16 op to the same cast add up;
  *  - the kernels refuse dtypes they do not take (before touching the device: runs everywhere).
@@ -78,11 +79,11 @@ static void test_sum_of_ones_is_exact(void **state) {
 static double wave(int64_t i) { return 3.0 * sin(0.37 * (double)i + 0.1); }
 static double positive(int64_t i) { return 0.6 + 0.5 * (1.0 + sin(0.11 * (double)i)); }
 
-/* the first n elements of a fresh [n + 1] device copy of x starting at element `at` (0: 16-byte
- * aligned, the 8-wide kernels; 1: 2 bytes off, the one-element kernels) */
+/* the first n elements of a fresh [n + 1] device copy of x (its dtype) starting at element `at`
+ * (0: 16-byte aligned, the 8-wide kernels; 1: one element off, the one-element kernels) */
 static dg_tensor *placed(dg_tensor *x, int at) {
     int64_t n = dg_numel(x);
-    dg_tensor *base = dg_zeros_on(1, (int64_t[]){n + 1}, DG_BF16, DG_CUDA);
+    dg_tensor *base = dg_zeros_on(1, (int64_t[]){n + 1}, x->dtype, DG_CUDA);
     dg_tensor *v = dg_slice(base, 0, at, at + n);
     assert_int_equal(dg_copy_(v, x), 0);
     return v;
@@ -90,7 +91,7 @@ static dg_tensor *placed(dg_tensor *x, int at) {
 
 static void expect_same_bits(const char *what, int64_t n, dg_tensor *a, dg_tensor *b) {
     dg_tensor *ha = dg_contiguous(dg_to_device(a, DG_CPU)), *hb = dg_contiguous(dg_to_device(b, DG_CPU));
-    if (memcmp(dg_data_ptr(ha), dg_data_ptr(hb), (size_t)n * 2))
+    if (a->dtype != b->dtype || memcmp(dg_data_ptr(ha), dg_data_ptr(hb), (size_t)n * dg_dtype_size(a->dtype)))
         fail_msg("%s, n = %lld: the 8-wide and one-element kernels differ", what, (long long)n);
 }
 
@@ -149,6 +150,46 @@ static void test_elementwise_vector_paths(void **state) {
     }
 }
 
+/* f32 <-> bf16 casts and f32 binary arithmetic (the master weights' casts and gradient sums): the
+ * 8-wide kernels give the bits of the one-element kernels and of the host (the cast rounds to
+ * nearest even, the sum is one f32 addition) */
+static void test_f32_vector_paths(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    const int64_t lengths[] = {1, 7, 8, 9, 17, 4099, (1 << 20) + 5};
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        int64_t n = lengths[li];
+        dg_scope_begin();
+        dg_tensor *xh = dg_empty(1, &n, DG_F32), *yh = dg_empty(1, &n, DG_F32);
+        float *xp = dg_data_ptr(xh), *yp = dg_data_ptr(yh);
+        for (int64_t i = 0; i < n; i++) { /* values between bf16's: the rounding is exercised */
+            xp[i] = (float)(wave(i) * (1.0 + 1e-3 * (double)(i % 97)));
+            yp[i] = (float)positive(i) * 1e-3f;
+        }
+        dg_tensor *x = dg_to_device(xh, DG_CUDA), *y = dg_to_device(yh, DG_CUDA);
+        dg_tensor *down[2], *up[2], *sum[2];
+        for (int at = 0; at < 2; at++) {
+            down[at] = dg_to_dtype(placed(x, at), DG_BF16);
+            up[at] = dg_to_dtype(placed(down[0], at), DG_F32);
+            sum[at] = dg_add(placed(x, at), placed(y, at));
+        }
+        expect_same_bits("cast f32 -> bf16", n, down[0], down[1]);
+        expect_same_bits("cast bf16 -> f32", n, up[0], up[1]);
+        expect_same_bits("add f32", n, sum[0], sum[1]);
+        const float *dp = dg_data_ptr(host_f32(down[0])), *up0 = dg_data_ptr(host_f32(up[0]));
+        const float *sp = dg_data_ptr(host_f32(sum[0]));
+        for (int64_t i = 0; i < n; i++) {
+            if (dp[i] != bf16_round(xp[i]) || up0[i] != dp[i])
+                fail_msg("cast, n = %lld, element %lld: %.9g -> %.9g -> %.9g, not round to nearest even %.9g",
+                         (long long)n, (long long)i, xp[i], dp[i], up0[i], bf16_round(xp[i]));
+            if (sp[i] != xp[i] + yp[i])
+                fail_msg("add f32, n = %lld, element %lld: %.9g, not %.9g", (long long)n, (long long)i, sp[i],
+                         xp[i] + yp[i]);
+        }
+        dg_scope_end();
+    }
+}
+
 /* ---- one rounding of broadcast gradients ---- */
 
 static double alternating(int64_t i) { return (i / 4) % 2 ? -1.0 : 1.0 + 1.0 / 128; }
@@ -202,6 +243,15 @@ static void test_matmul_f32_weight_gradient(void **state) {
     const float *p = dg_data_ptr(host_f32(w->grad));
     for (int i = 0; i < 20; i++)
         if (p[i] != (float)want) fail_msg("dw[%d] = %.9g, not %.9g (rounded to bf16 on the way?)", i, p[i], want);
+    /* linear (y = a w^T) gives the master weight [5, 4] its gradient in f32 the same way */
+    dg_tensor *w2 = dg_to_device(dg_full(2, (int64_t[]){5, 4}, DG_F32, 0.5), DG_CUDA);
+    dg_set_requires_grad(w2, true);
+    dg_tensor *y = dg_linear(dg_reshape(a, 2, (int64_t[]){6, 4}), dg_to_dtype(w2, DG_BF16), NULL);
+    assert_int_equal(dg_backward(y, device_bf16(2, (int64_t[]){6, 5}, just_above_one)), 0);
+    assert_int_equal(w2->grad->dtype, DG_F32);
+    p = dg_data_ptr(host_f32(w2->grad));
+    for (int i = 0; i < 20; i++)
+        if (p[i] != (float)want) fail_msg("linear: dw[%d] = %.9g, not %.9g", i, p[i], want);
     /* the same cast also used by a bf16 op: its bf16 contribution adds to the f32 one */
     dg_zero_grad(w);
     wb = dg_to_dtype(w, DG_BF16);
@@ -242,7 +292,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels_refuse_other_dtypes), cmocka_unit_test(test_sum_of_ones_is_exact),
         cmocka_unit_test(test_elementwise_vector_paths),    cmocka_unit_test(test_broadcast_gradient_rounds_once),
-        cmocka_unit_test(test_matmul_f32_weight_gradient),
+        cmocka_unit_test(test_matmul_f32_weight_gradient),  cmocka_unit_test(test_f32_vector_paths),
     };
     return dg_test_run_filtered(tests);
 }

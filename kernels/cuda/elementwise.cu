@@ -10,8 +10,10 @@
  * broadcast bf16 product keeps its terms in f32 until the broadcast sum has rounded once.
  *
  * Contiguous bf16 runs move 8 elements per 16-byte load and store when every pointer is 16-byte
- * aligned (activations are [tokens, width] tensors of millions of elements); the last n mod 8
- * elements, misaligned views and strided or broadcast operands take the one-element kernels. */
+ * aligned (activations are [tokens, width] tensors of millions of elements); so do contiguous f32
+ * binary arithmetic (the gradient sums of the f32 master weights) and the f32 <-> bf16 casts, 8
+ * elements a thread.  The last n mod 8 elements, misaligned views and strided or broadcast
+ * operands take the one-element kernels. */
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/nd_index.h"
 
@@ -186,6 +188,58 @@ __global__ void binary_bf16x8_kernel(int op, int64_t nvec, const __nv_bfloat16 *
         for (int k = 0; k < kVec; k++)
             r.e[k] = __float2bfloat16_rn(binary_f<float>(op, __bfloat162float(x.e[k]), __bfloat162float(y.e[k])));
         store8(out + i * kVec, r);
+    }
+}
+
+/* f32 operands and result, all contiguous over the same elements and 16-byte aligned: 8 a thread
+ * (two 16-byte loads of each operand, as the bf16 kernel's one). */
+struct alignas(16) F32x4 {
+    float e[4];
+};
+__global__ void binary_f32x8_kernel(int op, int64_t nvec, const float *a, const float *b, float *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        const F32x4 *pa = reinterpret_cast<const F32x4 *>(a + i * kVec),
+                    *pb = reinterpret_cast<const F32x4 *>(b + i * kVec);
+        F32x4 x0 = pa[0], x1 = pa[1], y0 = pb[0], y1 = pb[1], r0, r1;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r0.e[k] = binary_f<float>(op, x0.e[k], y0.e[k]);
+            r1.e[k] = binary_f<float>(op, x1.e[k], y1.e[k]);
+        }
+        F32x4 *po = reinterpret_cast<F32x4 *>(out + i * kVec);
+        po[0] = r0;
+        po[1] = r1;
+    }
+}
+
+/* f32 <-> bf16 over 8 contiguous, 16-byte aligned elements a thread (the mixed-precision step casts
+ * every weight and its gradient: hundreds of MB a step).  f32 -> bf16 rounds to nearest even, as
+ * the one-element cast through f64 does (an f32 is exact in f64). */
+__global__ void cast_f32_bf16x8_kernel(int64_t nvec, __nv_bfloat16 *dst, const float *src) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        const F32x4 *ps = reinterpret_cast<const F32x4 *>(src + i * kVec);
+        F32x4 x0 = ps[0], x1 = ps[1];
+        Bf16x8 r;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r.e[k] = __float2bfloat16_rn(x0.e[k]);
+            r.e[4 + k] = __float2bfloat16_rn(x1.e[k]);
+        }
+        store8(dst + i * kVec, r);
+    }
+}
+__global__ void cast_bf16_f32x8_kernel(int64_t nvec, float *dst, const __nv_bfloat16 *src) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nvec; i += (int64_t)gridDim.x * blockDim.x) {
+        Bf16x8 x = load8(src + i * kVec);
+        F32x4 r0, r1;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            r0.e[k] = __bfloat162float(x.e[k]);
+            r1.e[k] = __bfloat162float(x.e[4 + k]);
+        }
+        F32x4 *pd = reinterpret_cast<F32x4 *>(dst + i * kVec);
+        pd[0] = r0;
+        pd[1] = r1;
     }
 }
 
@@ -377,6 +431,7 @@ int dg_cuda_binary_mixed(dg_dtype a_dt, dg_dtype b_dt, dg_dtype out_dt, dg_binar
     if (dg_cuda_init()) return -1;
     bool small = n < INT32_MAX && dg_nd_span(&nd) < INT32_MAX;
     bool all_bf16 = a_dt == DG_BF16 && b_dt == DG_BF16 && out_dt == DG_BF16;
+    bool all_f32 = a_dt == DG_F32 && b_dt == DG_F32 && out_dt == DG_F32;
     /* one dim left with unit strides: a, b and out run over the same n contiguous elements */
     bool flat = nd.ndim == 1 && nd.stride[0][0] == 1 && nd.stride[1][0] == 1;
     if (all_bf16 && flat) {
@@ -392,6 +447,18 @@ int dg_cuda_binary_mixed(dg_dtype a_dt, dg_dtype b_dt, dg_dtype out_dt, dg_binar
             dg_nd_make<2>(&tail, 1, &rest, unit);
             launch_binary<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16>(op, rest, tail, true, ab + done, bb + done,
                                                                        ob + done);
+        }
+    } else if (all_f32 && flat && aligned16(a) && aligned16(b) && aligned16(out) && n >= kVec) {
+        int64_t nvec = n / kVec, done = nvec * kVec;
+        binary_f32x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(
+            op, nvec, (const float *)a, (const float *)b, (float *)out);
+        if (done < n) {
+            DgNd<2> tail;
+            int64_t rest = n - done;
+            const int64_t *unit[2] = {nullptr, nullptr};
+            dg_nd_make<2>(&tail, 1, &rest, unit);
+            launch_binary<float, float, float>(op, rest, tail, true, (const float *)a + done, (const float *)b + done,
+                                               (float *)out + done);
         }
     } else if (f64) launch_binary<double, double, double>(op, n, nd, small, a, b, out);
     else if (a_dt == DG_BF16) launch_binary_b<__nv_bfloat16>(b_dt, out_dt, op, n, nd, small, a, b, out);
@@ -453,6 +520,23 @@ int dg_cuda_copy_strided(size_t elem_size, int ndim, const int64_t *shape, void 
 int dg_cuda_cast(int64_t n, dg_dtype dst_dt, void *dst, dg_dtype src_dt, const void *src) {
     if (n <= 0) return 0;
     if (dg_cuda_init()) return -1;
+    const bool down = dst_dt == DG_BF16 && src_dt == DG_F32, up = dst_dt == DG_F32 && src_dt == DG_BF16;
+    const int64_t nvec = vector_part(n, (down || up) && aligned16(dst) && aligned16(src)), done = nvec * kVec;
+    if (nvec) {
+        const unsigned grid = dg_grid_for(nvec, kThreads);
+        if (down)
+            cast_f32_bf16x8_kernel<<<grid, kThreads, 0, dg_cuda_stream()>>>(nvec, (__nv_bfloat16 *)dst,
+                                                                            (const float *)src);
+        else
+            cast_bf16_f32x8_kernel<<<grid, kThreads, 0, dg_cuda_stream()>>>(nvec, (float *)dst,
+                                                                            (const __nv_bfloat16 *)src);
+        if (DG_LAUNCHED("cast")) return -1;
+        if (done == n) return 0;
+        /* the last n mod 8 elements below */
+        n -= done;
+        dst = (char *)dst + done * (int64_t)dg_dtype_size(dst_dt);
+        src = (const char *)src + done * (int64_t)dg_dtype_size(src_dt);
+    }
     switch (dst_dt) {
     case DG_F32: return cast_from<float>(n, (float *)dst, src_dt, src);
     case DG_F64: return cast_from<double>(n, (double *)dst, src_dt, src);
