@@ -316,9 +316,13 @@ static int accumulate_into(dg_tensor *t, dg_tensor *g) {
      * bf16 and f32 contributions to one slot add up in f32 */
     bool widen = (*slot)->dtype == DG_BF16 && g->dtype == DG_F32;
     if ((*slot)->dtype == DG_F32 && g->dtype == DG_BF16 && !(g = dg_to_dtype(g, DG_F32))) return -1;
-    /* widened, shared (another slot, a view of the same storage) or strided: a copy of its own
-     * before adding in place */
-    if (widen || (*slot)->refcount > 1 || (*slot)->storage->refcount > 1 || !dg_is_contiguous(*slot)) {
+    /* widened, strided, or an inner slot that is shared (it may have borrowed g, which belongs to
+     * another slot or is a view of another tensor's storage): a copy of its own before adding in
+     * place.  A leaf's gradient is its own from the start (cloned above, or set by its owner: the
+     * data-parallel step makes each a view into one flat buffer, models/data_parallel.c), so it is
+     * added to in place, as PyTorch's AccumulateGrad does. */
+    bool shared = t->node && ((*slot)->refcount > 1 || (*slot)->storage->refcount > 1);
+    if (widen || shared || !dg_is_contiguous(*slot)) {
         dg_tensor *c = widen ? dg_to_dtype(*slot, DG_F32) : dg_clone(*slot);
         if (!c) return -1;
         dg_release(*slot);

@@ -25,7 +25,13 @@ static struct {
      * first step, outside every scope */
     dg_dtype grad_dtype; /* what the gradients travel and are averaged in: f32 (the default) or bf16 */
     dg_tensor *bucket;   /* grad_dtype [DG_DP_BUCKET_MB or less] on the GPU */
-    dg_tensor *scalars;  /* f32 [2] on the GPU: the loss, the stop request */
+    /* from the second step on, f32 gradients only: every parameter's gradient in one flat f32
+     * buffer, in the order the gradients become final (the first step's, which every step keeps),
+     * each parameter's gradient a view of its piece; a bucket is then a slice of it, averaged in
+     * place, with no copy into the bucket buffer and back */
+    dg_tensor *flat;
+    int64_t *flat_off;  /* [n_params]: where parameter i's piece starts */
+    dg_tensor *scalars; /* f32 [2] on the GPU: the loss, the stop request */
     dg_tensor *const *params;
     const char **names; /* [n_params]: the parameters' names, for errors */
     dg_dp_buckets bk;   /* which gradients fill which bucket (models/dp_buckets.h) */
@@ -206,7 +212,15 @@ bool dg_dp_active(void) { return dp.active; }
 int dg_dp_rank(void) { return dp.active ? dp.rank : 0; }
 int dg_dp_world(void) { return dp.active ? dp.world : 1; }
 
+static void drop_flat(void) {
+    dg_release(dp.flat);
+    free(dp.flat_off);
+    dp.flat = NULL;
+    dp.flat_off = NULL;
+}
+
 void dg_dp_shutdown(void) {
+    drop_flat();
     dg_release(dp.bucket);
     dg_release(dp.scalars);
     dg_dp_buckets_free(&dp.bk);
@@ -257,32 +271,99 @@ static int check_grad(const dg_tensor *p, int64_t i) {
     return 0;
 }
 
+/* parameter i's gradient g is the view of its piece of the flat buffer */
+static bool in_flat(const dg_tensor *g, int64_t i) {
+    return dp.flat && g && g->storage == dp.flat->storage && g->offset == dp.flat->offset + dp.flat_off[i];
+}
+
 /* A bucket, full or the last of the step, on the side stream (the launch of dp_buckets.h): packed
  * from the gradients (zeros for a parameter without one), averaged over the ranks and unpacked into
- * them, after everything queued so far on the device's stream (which made those gradients).  The
- * backward goes on meanwhile; the device's stream waits for the side stream only at
- * dg_dp_step_end. */
+ * them, after everything queued so far on the device's stream (which made those gradients).  With
+ * the flat buffer the bucket is its slice [start, start + fill), whose pieces are the gradients
+ * themselves: only a gradient that is not a view of its piece (none, in a step like the first) is
+ * copied in and out.  The backward goes on meanwhile; the device's stream waits for the side
+ * stream only at dg_dp_step_end. */
 static int launch_bucket(void *ctx, const dg_dp_seg *segs, int64_t n_segs, int64_t fill) {
     (void)ctx;
-    dg_tensor *part = fill == dg_numel(dp.bucket) ? dp.bucket : dg_slice(dp.bucket, 0, 0, fill);
+    dg_tensor *buf = dp.bucket;
+    int64_t start = 0;
+    if (dp.flat) {
+        buf = dp.flat;
+        start = dp.flat_off[segs[0].param] + segs[0].grad_off;
+        for (int64_t i = 0; i < n_segs; i++)
+            if (dp.flat_off[segs[i].param] + segs[i].grad_off != start + segs[i].off) {
+                dg_error("data-parallel: bucket piece %lld (parameter %lld) is not where the flat gradients hold it",
+                         (long long)i, (long long)segs[i].param);
+                return -1;
+            }
+    }
+    dg_tensor *part = start == 0 && fill == dg_numel(buf) ? buf : dg_slice(buf, 0, start, start + fill);
     if (!part || dg_comm_side_begin(dp.comm)) return -1;
     for (int64_t i = 0; i < n_segs; i++) {
         const dg_dp_seg *sg = &segs[i];
-        if (dg_comm_side_copy_(dp.comm, dp.bucket, sg->off, dp.params[sg->param]->grad, sg->grad_off, sg->n)) return -1;
+        const dg_tensor *g = dp.params[sg->param]->grad;
+        if (!in_flat(g, sg->param) && dg_comm_side_copy_(dp.comm, buf, start + sg->off, g, sg->grad_off, sg->n))
+            return -1;
     }
     if (dg_comm_side_mean_(dp.comm, part)) return -1;
     for (int64_t i = 0; i < n_segs; i++) {
         const dg_dp_seg *sg = &segs[i];
         dg_tensor *g = dp.params[sg->param]->grad;
-        if (g && dg_comm_side_copy_(dp.comm, g, sg->grad_off, dp.bucket, sg->off, sg->n)) return -1;
+        if (g && !in_flat(g, sg->param) && dg_comm_side_copy_(dp.comm, g, sg->grad_off, buf, start + sg->off, sg->n))
+            return -1;
     }
     return 0;
+}
+
+/* The flat buffer, once the first step has recorded the order (f32 gradients only): each
+ * parameter's piece at the sum of the sizes of those finished before it; each gradient copied into
+ * its piece and replaced by the view of it (a parameter without a gradient keeps none, and its
+ * piece stays zero).  The autograd engine adds into a leaf's gradient in place (autograd/engine.c),
+ * and AdamW's launch tables follow the new addresses (ops/optim_step.c), so the views stay the
+ * gradients from then on.  The old gradients are freed as they are replaced; the buffer exists
+ * beside them only during this one call. */
+static int make_flat(void) {
+    if (dp.flat || !dp.bk.order_known || dp.grad_dtype != DG_F32) return 0;
+    const int64_t n = dp.bk.n_params;
+    dp.flat_off = malloc((size_t)(n ? n : 1) * sizeof *dp.flat_off);
+    if (!dp.flat_off) {
+        dg_error("data-parallel: out of host memory");
+        return -1;
+    }
+    int64_t total = 0;
+    for (int64_t k = 0; k < n; k++) {
+        dp.flat_off[dp.bk.order[k]] = total;
+        total += dp.bk.numel[dp.bk.order[k]];
+    }
+    int rc = 0;
+    dg_scope_begin();
+    dg_tensor *f = dg_zeros_on(DG_SHAPE(total > 0 ? total : 1), DG_F32, DG_CUDA);
+    if (!f) rc = -1;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        dg_tensor *p = dp.params[i];
+        if (!p->grad) continue;
+        dg_tensor *v = dg_reshape(dg_slice(f, 0, dp.flat_off[i], dp.flat_off[i] + dp.bk.numel[i]), p->ndim, p->shape);
+        if (!v || dg_copy_(v, p->grad)) {
+            rc = -1;
+            break;
+        }
+        dg_release(p->grad);
+        p->grad = dg_retain(v);
+    }
+    if (rc == 0) dp.flat = dg_keep(f);
+    dg_scope_end();
+    if (rc) {
+        free(dp.flat_off);
+        dp.flat_off = NULL;
+    }
+    return rc;
 }
 
 /* Makes the step's buffers at the first step (the device buffers outside every scope: they live
  * until shutdown). */
 static int make_buffers(int64_t n, dg_tensor *const *params) {
     if (dp.bucket && dp.bk.n_params == n && dp.bucket->dtype == dp.grad_dtype) return 0;
+    drop_flat(); /* other parameters, or another dtype: the order is learnt again */
     const int64_t cap = (int64_t)(env_positive("DG_DP_BUCKET_MB", DG_DP_BUCKET_MB_DEFAULT) * (1 << 20)) /
                         (int64_t)dg_dtype_size(dp.grad_dtype);
     int64_t total = 0, *numel = malloc((size_t)(n ? n : 1) * sizeof *numel);
@@ -342,6 +423,7 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
         if (check_grad(params[i], i)) return -1;
     if (make_buffers(n, params)) return -1;
     dp.params = params;
+    if (make_flat()) return -1;
     dg_dp_buckets_begin(&dp.bk);
     /* the loss and the stop request travel first, in their own small collective; both are written
      * on the device (a copy, and a fill whose value is a kernel argument): no host-to-device copy
