@@ -12,7 +12,8 @@
 #            both with FLA's MLP rule (hidden ratio 4), the models of bench/train_side_by_side.sh
 #     STEPS  steps a run (default 30; the first WARM=5 are not timed)
 # Environment: DG_BIN (default build/release/deltagrad), OUT (default a temporary directory), EXTRA
-# (more options for both runs, e.g. EXTRA=--bf16-all-reduce).
+# (more options for both runs, e.g. EXTRA=--bf16-all-reduce), CEILING=0 (leave out the N independent
+# runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DG_BIN:-build/release/deltagrad}
@@ -54,6 +55,7 @@ if [ "$N" -gt 1 ]; then
     many=$(run "$N" "run-${N}gpu")
     eff=$(awk -v a="$many" -v b="$one" -v n="$N" 'BEGIN { printf "%.1f", 100 * a / (n * b) }')
     echo "$N GPUs: $many tokens/s, scaling efficiency $eff% (target: >= 90% for 56m on 4 GPUs, >= 95% for 400m)"
+    [ "${CEILING:-1}" = 0 ] && exit 0
     # the ceiling that the machine itself sets: N independent 1-GPU runs at once (no communication),
     # each on its own GPU; their summed rate against N lone runs
     for ((i = 0; i < N; i++)); do

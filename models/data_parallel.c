@@ -30,8 +30,9 @@ static struct {
      * each parameter's gradient a view of its piece; a bucket is then a slice of it, averaged in
      * place, with no copy into the bucket buffer and back */
     dg_tensor *flat;
-    int64_t *flat_off;  /* [n_params]: where parameter i's piece starts */
-    dg_tensor *scalars; /* f32 [2] on the GPU: the loss, the stop request */
+    int64_t *flat_off;   /* [n_params]: where parameter i's piece starts */
+    dg_tensor *scalars;  /* f32 [2] on the GPU: the loss, the stop request */
+    dg_tensor *stop_req; /* f32 [1] on the GPU: this rank's stop request, written before each step */
     dg_tensor *const *params;
     const char **names; /* [n_params]: the parameters' names, for errors */
     dg_dp_buckets bk;   /* which gradients fill which bucket (models/dp_buckets.h) */
@@ -223,6 +224,8 @@ void dg_dp_shutdown(void) {
     drop_flat();
     dg_release(dp.bucket);
     dg_release(dp.scalars);
+    dg_release(dp.stop_req);
+    dp.stop_req = NULL;
     dg_dp_buckets_free(&dp.bk);
     free(dp.names);
     dg_comm_free(dp.comm);
@@ -321,9 +324,10 @@ static int launch_bucket(void *ctx, const dg_dp_seg *segs, int64_t n_segs, int64
  * piece stays zero).  The autograd engine adds into a leaf's gradient in place (autograd/engine.c),
  * and AdamW's launch tables follow the new addresses (ops/optim_step.c), so the views stay the
  * gradients from then on.  The old gradients are freed as they are replaced; the buffer exists
- * beside them only during this one call. */
+ * beside them only during this one call, before a forward (dg_dp_step_prepare), when no activation
+ * is held. */
 static int make_flat(void) {
-    if (dp.flat || !dp.bk.order_known || dp.grad_dtype != DG_F32) return 0;
+    if (dp.flat || !dp.bk.order_known || dp.grad_dtype != DG_F32 || !dp.params) return 0;
     const int64_t n = dp.bk.n_params;
     dp.flat_off = malloc((size_t)(n ? n : 1) * sizeof *dp.flat_off);
     if (!dp.flat_off) {
@@ -423,18 +427,40 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
         if (check_grad(params[i], i)) return -1;
     if (make_buffers(n, params)) return -1;
     dp.params = params;
-    if (make_flat()) return -1;
     dg_dp_buckets_begin(&dp.bk);
-    /* the loss and the stop request travel first, in their own small collective; both are written
-     * on the device (a copy, and a fill whose value is a kernel argument): no host-to-device copy
-     * that could wait behind a collective */
+    /* the loss and the stop request travel first, in their own small collective; both are copied
+     * on the device (the request was written there by dg_dp_put_stop_request): no host-to-device
+     * copy that could wait behind a collective, and nothing a captured step would freeze */
     dg_tensor *l = dg_reshape(dg_to_dtype(loss, DG_F32), DG_SHAPE(1));
-    const double stop = dp.local_stop && *dp.local_stop ? 1.0 : 0.0;
-    if (!l || dg_copy_(dg_slice(dp.scalars, 0, 0, 1), l) || dg_fill_(dg_slice(dp.scalars, 0, 1, 2), stop) ||
-        dg_comm_side_begin(dp.comm) || dg_comm_side_mean_(dp.comm, dp.scalars))
+    if (!l || !dp.stop_req || dg_copy_(dg_slice(dp.scalars, 0, 0, 1), l) ||
+        dg_copy_(dg_slice(dp.scalars, 0, 1, 2), dp.stop_req) || dg_comm_side_begin(dp.comm) ||
+        dg_comm_side_mean_(dp.comm, dp.scalars))
         return -1;
     dp.in_step = true;
     return 0;
+}
+
+int dg_dp_step_prepare(void) { return dp.active ? make_flat() : 0; }
+
+int dg_dp_put_stop_request(void) {
+    if (!dp.active) return 0;
+    if (!dp.stop_req) {
+        dg_scope_begin();
+        dg_tensor *r = dg_empty_on(DG_SHAPE(1), DG_F32, DG_CUDA);
+        dp.stop_req = r ? dg_keep(r) : NULL;
+        dg_scope_end();
+        if (!dp.stop_req) return -1;
+    }
+    return dg_fill_(dp.stop_req, dp.local_stop && *dp.local_stop ? 1.0 : 0.0);
+}
+
+dg_tensor *dg_dp_scalars(void) { return dp.active ? dp.scalars : NULL; }
+
+int dg_dp_wait(void) { return dp.active ? dg_comm_wait(dp.comm) : 0; }
+
+void dg_dp_note_stop(double mean_request) {
+    if (mean_request > 0 && !dp.agreed_stop) /* some rank was asked to stop: all stop after this step */
+        dp.agreed_stop = dp.local_stop && *dp.local_stop ? *dp.local_stop : SIGTERM;
 }
 
 int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx) {
@@ -454,16 +480,15 @@ int dg_dp_step_end(void) {
     /* the parameters the backward did not report (not reached: no gradient) go last, in their order */
     for (int64_t i = 0; i < dp.bk.n_params; i++)
         if (!dp.bk.placed[i] && check_grad(dp.params[i], i)) return -1;
+    dp.in_step = false;
     return dg_dp_buckets_end(&dp.bk, dp.names) || dg_comm_side_join(dp.comm) ? -1 : 0;
 }
 
 int dg_dp_step_finish(double *loss) {
     if (!dp.active) return 0;
-    dp.in_step = false;
     float scalars[2];
     if (dg_comm_wait(dp.comm) || dg_copy_to_host(dp.scalars, scalars)) return -1;
     *loss = scalars[0];
-    if (scalars[1] > 0 && !dp.agreed_stop) /* some rank was asked to stop: all stop after this step */
-        dp.agreed_stop = dp.local_stop && *dp.local_stop ? *dp.local_stop : SIGTERM;
+    dg_dp_note_stop(scalars[1]);
     return 0;
 }

@@ -73,25 +73,44 @@ int dg_dp_set_grad_dtype(dg_dtype dt);
  * over the ranks of that gradient, the loss is the mean of the ranks' losses, and the ranks agree
  * on stopping (see dg_dp_stop_flag):
  *
+ *   dg_dp_step_prepare()                before the forward: from the second step on, the gradients
+ *                                       become views into one flat buffer (made once)
+ *   dg_dp_put_stop_request()            this rank's stop request written on the device, queued
  *   dg_dp_step_begin(n, params, loss)   after the forward: queues the loss's and the stop request's
  *                                       small collective
  *   dg_backward_hooked(loss, NULL, dg_dp_leaf_ready, NULL)
  *                                       each gradient joins the open bucket as soon as it is final;
- *                                       a full bucket is packed, all-reduced and unpacked on the
- *                                       side stream while the backward goes on
+ *                                       a full bucket is all-reduced on the side stream while the
+ *                                       backward goes on
  *   dg_dp_step_end()                    the parameters not reached, the last bucket; the device's
  *                                       stream waits for the side stream from here on
  *   ... the optimiser, queued ...
  *   dg_dp_step_finish(&loss)            waits for all of it (at most DG_DP_TIMEOUT, else an error)
  *                                       and reads the mean loss and the stop request
  *
+ * Between dg_dp_put_stop_request and dg_dp_step_end nothing reads the device, so the step can be
+ * captured in a CUDA graph (models/train_graph.c), which then reads dg_dp_scalars on the device
+ * instead of calling dg_dp_step_finish, and after dg_dp_wait hands each step's mean stop request
+ * to dg_dp_note_stop.
+ *
  * The buckets are cut in the order the gradients become final (the reverse of the forward), the
  * same on every rank, so every rank issues the same collectives in the same order.  Not active:
  * nothing.  Each returns 0, or -1 with dg_error. */
+int dg_dp_step_prepare(void);
+int dg_dp_put_stop_request(void);
 int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss);
 int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx);
 int dg_dp_step_end(void);
 int dg_dp_step_finish(double *loss);
+/* The step's f32 [2] on the GPU, after dg_dp_step_end in stream order: the mean of the ranks'
+ * losses and the mean of their stop requests (each 0 or 1).  NULL when not active. */
+dg_tensor *dg_dp_scalars(void);
+/* Waits for everything queued on this rank's GPU, at most DG_DP_TIMEOUT (a rank that died leaves
+ * its collectives unfinished: an error, not a hang).  Not active: nothing. */
+int dg_dp_wait(void);
+/* A step's mean stop request read back: above 0, some rank asked, and every rank stops after the
+ * step at which this is read (the caller reads at the same step on every rank). */
+void dg_dp_note_stop(double mean_request);
 
 /* Stopping on a signal must happen at the same step on every rank, or the ranks that go on wait for
  * the ones that stopped.  The signal handler sets *local (this rank's request); each

@@ -13,7 +13,7 @@
 struct dg_train_graph {
     dg_tensor *in, *tg;  /* the batch's device buffers, i64 [B,T] (kept) */
     dg_tensor *lr;       /* the step's learning rate, f64 [1] on the device, read by AdamW */
-    dg_tensor *ring;     /* the steps' records, f64 [DG_STEP_RESULTS, 3] (ops/step_log.h) */
+    dg_tensor *ring;     /* the steps' records, f64 [DG_STEP_RESULTS, 4] (ops/step_log.h) */
     dg_tensor *count;    /* records written, i64 [1] on the device */
     int64_t queued;      /* steps queued (the device's count once they have run) */
     dg_cuda_graph *exec; /* NULL until captured */
@@ -24,12 +24,12 @@ struct dg_train_graph {
 
 /* Eager steps before the capture: the first makes what lives across steps (gradients, AdamW's
  * device state and tables, cuBLAS's workspace, kernels' attributes), so that the captured step
- * allocates and frees only its own memory. */
-enum { EAGER_STEPS = 1 };
+ * allocates and frees only its own memory.  On several GPUs the first also learns the order in
+ * which the gradients finish and the second puts them in the flat buffer that order gives
+ * (data_parallel.h; AdamW's tables follow their new addresses in it), so the capture is the third. */
+static int eager_steps_before_capture(void) { return dg_dp_active() ? 2 : 1; }
 
-bool dg_train_graph_usable(const dg_trainer *t) {
-    return t->tc.device == DG_CUDA && !t->profile && !t->profile_ops && !dg_dp_active();
-}
+bool dg_train_graph_usable(const dg_trainer *t) { return t->tc.device == DG_CUDA && !t->profile && !t->profile_ops; }
 
 bool dg_train_graph_captured(const dg_trainer *t) { return t->graph && t->graph->exec; }
 
@@ -75,23 +75,32 @@ static dg_train_graph *buffers(dg_trainer *t, const dg_tensor *in) {
     g->in = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->tg = dg_keep(dg_empty_on(in->ndim, in->shape, DG_I64, DG_CUDA));
     g->lr = dg_keep(dg_empty_on(1, (int64_t[]){1}, DG_F64, DG_CUDA));
-    g->ring = dg_keep(dg_empty_on(2, (int64_t[]){DG_STEP_RESULTS, 3}, DG_F64, DG_CUDA));
+    g->ring = dg_keep(dg_empty_on(2, (int64_t[]){DG_STEP_RESULTS, 4}, DG_F64, DG_CUDA));
     g->count = dg_keep(dg_zeros_on(1, (int64_t[]){1}, DG_I64, DG_CUDA));
     return g->in && g->tg && g->lr && g->ring && g->count ? g : NULL;
 }
 
 /* The work of one step on the device buffers: forward, backward, clip + AdamW, zeroed gradients,
- * the step's record appended to the ring.  Run eagerly, or captured (nothing in it reads the
- * device). */
+ * the step's record appended to the ring.  On several GPUs the backward overlaps the buckets'
+ * all-reduce and the record holds the mean loss of the ranks and the mean of their stop requests
+ * (data_parallel.h).  Run eagerly, or captured (nothing in it reads the device). */
 static int body(dg_trainer *t, dg_train_graph *g) {
     dg_scope_begin();
     int rc = -1;
+    const bool dp = dg_dp_active();
     dg_tensor *loss = dg_lm_loss(t->lm, g->in, g->tg, DG_MQAR_IGNORE, NULL, NULL);
-    if (!loss || dg_backward(loss, NULL)) goto out;
-    dg_adamw_fused_args fa = {.lr_dev = g->lr, .max_norm = t->tc.clip, .loss = loss, .norm_out = t->norm};
+    if (!loss) goto out;
+    if (dp ? dg_dp_step_begin(t->lm->params.n, t->lm->params.t, loss) ||
+                 dg_backward_hooked(loss, NULL, dg_dp_leaf_ready, NULL) || dg_dp_step_end()
+           : dg_backward(loss, NULL))
+        goto out;
+    /* the ranks decide on their common (averaged) gradients alone, so that they decide alike */
+    dg_adamw_fused_args fa = {.lr_dev = g->lr, .max_norm = t->tc.clip, .loss = dp ? NULL : loss, .norm_out = t->norm};
     if (dg_adamw_step_fused(t->opt, &fa)) goto out;
     dg_adamw_zero_grad(t->opt);
-    rc = dg_step_log_put_(g->ring, g->count, loss, t->norm);
+    dg_tensor *sc = dg_dp_scalars();
+    rc = dp ? dg_step_log_put_(g->ring, g->count, dg_slice(sc, 0, 0, 1), t->norm, dg_slice(sc, 0, 1, 2))
+            : dg_step_log_put_(g->ring, g->count, loss, t->norm, NULL);
 out:
     dg_scope_end();
     return rc;
@@ -131,11 +140,14 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr) 
     /* the uploads are queued ahead of the step and do not wait for the device */
     if (!rc) rc = dg_copy_(g->in, ic) || dg_copy_(g->tg, tc);
     if (!rc) rc = dg_cuda_memcpy(dg_data_ptr(g->lr), &lr, sizeof lr, 0);
+    /* several GPUs: the flat gradients once their order is known, and this rank's stop request,
+     * both queued outside the step (data_parallel.h) */
+    if (!rc) rc = dg_dp_step_prepare() || dg_dp_put_stop_request();
     dg_scope_end();
     if (rc) return -1;
     if (g->exec) rc = dg_cuda_graph_launch(g->exec);
     else if (t->graph_off) rc = body(t, g);
-    else if (g->eager_steps < EAGER_STEPS) rc = body(t, g), g->eager_steps++;
+    else if (g->eager_steps < eager_steps_before_capture()) rc = body(t, g), g->eager_steps++;
     else rc = capture(t, g);
     if (rc) return -1;
     g->queued++;
@@ -149,10 +161,11 @@ int dg_train_graph_read(dg_trainer *t, int n, dg_step_result *out) {
                  (long long)(g ? g->queued : 0), DG_STEP_RESULTS);
         return -1;
     }
-    double rows[DG_STEP_RESULTS][3];
-    /* the copy waits for the queued steps; the host's clock right after it stands for the device's
-     * time of the last record, and the earlier ones are placed by their differences from it */
-    if (dg_cuda_memcpy(rows, dg_data_ptr(g->ring), sizeof rows, 1)) return -1;
+    double rows[DG_STEP_RESULTS][4];
+    /* the copy waits for the queued steps (on several GPUs first a wait with a limit: a rank that
+     * died leaves the collectives unfinished); the host's clock right after it stands for the
+     * device's time of the last record, and the earlier ones are placed by their differences */
+    if (dg_dp_wait() || dg_cuda_memcpy(rows, dg_data_ptr(g->ring), sizeof rows, 1)) return -1;
     const double now = dg_progress_now();
     const double *last = rows[(g->queued - 1) % DG_STEP_RESULTS];
     for (int i = 0; i < n; i++) {
@@ -160,6 +173,7 @@ int dg_train_graph_read(dg_trainer *t, int n, dg_step_result *out) {
         out[i].loss = r[0];
         out[i].grad_norm = r[1];
         out[i].time_s = now - (last[2] - r[2]);
+        dg_dp_note_stop(r[3]); /* several GPUs: some rank asked to stop (0 on one) */
     }
     return 0;
 }

@@ -1,4 +1,4 @@
-/* The training step as a CUDA graph: on one GPU with static shapes (every step's batch has the same
+/* The training step as a CUDA graph: on each GPU with static shapes (every step's batch has the same
  * shape), the step is captured once and each later step is one launch of the graph, so the host's
  * cost of launching several hundred kernels a step vanishes.  `deltagrad train --no-graph`
  * (t->graph_off) runs the same step eagerly every time: the same kernels on the same buffers, so
@@ -13,16 +13,21 @@
  * loss is scored over every position with the ignored ones skipped on the device (MQAR's queries:
  * the same loss as the host-gathered path of dg_lm_loss, from a larger head product).
  *
+ * On several GPUs the step is the same with the data-parallel all-reduce in it (data_parallel.h):
+ * the buckets' collectives on the communicator's side stream, forked from and joined back into the
+ * captured stream, so the graph holds them too; the record holds the ranks' mean loss and the mean
+ * of their stop requests, and a read first waits for the device with a limit (a rank that died
+ * leaves its collectives unfinished).  Two eager steps come first there: the first learns the order
+ * in which the gradients finish, the second moves them into the flat buffer of that order.
+ *
  * A capture that fails (something in the step read the device) prints one note and the run goes
- * on without a graph.  Not used for several GPUs (the all-reduce overlaps the backward on a second
- * stream), nor under DG_PROFILE (which times phases and ops on the host). */
+ * on without a graph.  Not used under DG_PROFILE (which times phases and ops on the host). */
 #ifndef DG_MODELS_TRAIN_GRAPH_H
 #define DG_MODELS_TRAIN_GRAPH_H
 
 #include "models/trainer.h"
 
-/* Whether t's steps take this path (captured, or eagerly with graph_off): cuda, one process, no
- * profiling. */
+/* Whether t's steps take this path (captured, or eagerly with graph_off): cuda, no profiling. */
 bool dg_train_graph_usable(const dg_trainer *t);
 /* One step on the host batch in, tg (i64 [B,T]) at learning rate lr, queued: nothing is read back
  * and the host does not wait for the device (except for a slot of the upload ring).  0 or -1 with

@@ -335,6 +335,8 @@ static int eager_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     dg_profile_region_end();
     if (brc) goto out;
     if (t->profile) t1 = dg_progress_now();
+    /* several GPUs: the flat gradients once their order is known, and this rank's stop request */
+    if (dg_dp_step_prepare() || dg_dp_put_stop_request()) goto out;
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
     if (!loss) goto out;
 #ifdef DG_HAVE_CUDA
@@ -420,7 +422,7 @@ int dg_trainer_results(dg_trainer *t, dg_step_result *out) {
     if (nd > 0 && dg_train_graph_read(t, nd, out)) return -1;
     for (int i = 0; i < nd; i++) {
         out[i].step = t->step - nd + 1 + i;
-        count_skipped(t, out[i].loss, out[i].grad_norm, false);
+        count_skipped(t, out[i].loss, out[i].grad_norm, dg_dp_active());
     }
     memcpy(out + nd, t->host_results, (size_t)nh * sizeof *out);
     t->n_device = t->n_host = 0;
@@ -673,8 +675,11 @@ int dg_trainer_run(dg_trainer *t) {
         const bool eval_now = (tc->eval_every > 0 && s % tc->eval_every == 0) || last;
         const bool save_now = tc->save_every > 0 && s % tc->save_every == 0;
         const bool stop_now = (t->stop_at > 0 && s >= t->stop_at) || (t->interrupt && *t->interrupt);
+        /* several GPUs take the results at the same steps on every rank (never by the clock): a stop
+         * request read there stops them all after the same step (data_parallel.h) */
+        const bool by_clock = !dg_dp_active() && dg_progress_now() - t_taken >= 1.0;
         if (!(eval_now || save_now || stop_now || s % tc->log_every == 0 || results_waiting(t) >= DG_STEP_RESULTS ||
-              dg_progress_now() - t_taken >= 1.0))
+              by_clock))
             continue;
         const int n = dg_trainer_results(t, res);
         if (n < 0) {

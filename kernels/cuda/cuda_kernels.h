@@ -35,7 +35,8 @@ int dg_cuda_sm_count(void); /* multiprocessors of the device (0 without one) */
 /* ---- the training run's per-step log (step_log.cu; ops/step_log.h has the layout) ----
  * ring[3 * (*count mod R)] = (loss, *norm, the GPU's global timer in seconds), then *count += 1;
  * one thread, queued on the stream (capturable).  loss is a double if loss_f64, else a float. */
-int dg_cuda_step_log_put(double *ring, int64_t R, int64_t *count, const void *loss, bool loss_f64, const double *norm);
+int dg_cuda_step_log_put(double *ring, int64_t R, int64_t *count, const void *loss, bool loss_f64, const double *norm,
+                         const void *flag, bool flag_f64);
 
 /* ---- per-kernel times (kernel_timer.cu), for benchmarks ----
  * Between dg_cuda_ktime_begin and dg_cuda_ktime_end every launch of the chunked delta-rule kernels
