@@ -1,6 +1,6 @@
-/* autograd: diamonds, reuse, no-grad, several outputs, the hook on finished leaf gradients, anomaly
- * mode, gradcheck catching a wrong backward, inputs kept as shells, the op profiler, flat memory
- * over many iterations. */
+/* autograd: diamonds, reuse, a leaf gradient kept as a view of a larger buffer, no-grad, several
+ * outputs, the hook on finished leaf gradients, anomaly mode, gradcheck catching a wrong backward,
+ * inputs kept as shells, the op profiler, flat memory over many iterations. */
 #include "tests/support/test_support.h"
 
 #include "ops/gradcheck.h"
@@ -44,6 +44,27 @@ static void test_reuse_and_accumulate(void **state) {
     for (int64_t i = 0; i < 4; i++) assert_true(fabs(dg_get(x->grad, &i) - 2 * (2 * dg_get(x, &i) + 1)) < 1e-12);
     dg_zero_grad(x);
     assert_null(x->grad);
+    dg_scope_end();
+}
+
+/* A leaf's gradient that is a view into a larger buffer (as the data-parallel step keeps every
+ * gradient in one flat buffer) is added to in place: the buffer sees each backward's gradient, and
+ * the view stays the gradient. */
+static void test_leaf_gradient_view_is_added_in_place(void **state) {
+    dg_scope_begin();
+    dg_tensor *x = param(4, 3), *flat = dg_zeros(DG_SHAPE(10), DG_F64);
+    dg_tensor *view = dg_reshape(dg_slice(flat, 0, 3, 7), DG_SHAPE(4));
+    x->grad = dg_retain(view);
+    dg_tensor *y = dg_sum_all(dg_mul(x, x)); /* dy/dx = 2x */
+    for (int round = 1; round <= 2; round++) {
+        assert_int_equal(dg_backward(y, NULL), 0);
+        assert_ptr_equal(x->grad, view);
+        for (int64_t i = 0; i < 10; i++) {
+            double want = i >= 3 && i < 7 ? round * 2 * dg_get(x, (int64_t[]){i - 3}) : 0.0;
+            assert_true(fabs(dg_get(flat, &i) - want) < 1e-12);
+        }
+    }
+    dg_zero_grad(x);
     dg_scope_end();
 }
 
@@ -322,11 +343,17 @@ static void test_flat_memory(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_diamond),         cmocka_unit_test(test_reuse_and_accumulate),
-        cmocka_unit_test(test_no_grad),         cmocka_unit_test(test_two_outputs_one_used),
-        cmocka_unit_test(test_leaf_ready_hook), cmocka_unit_test(test_gradcheck_catches_wrong_backward),
-        cmocka_unit_test(test_anomaly_mode),    cmocka_unit_test(test_tape_keeps_shells),
-        cmocka_unit_test(test_op_profiler),     cmocka_unit_test(test_flat_memory),
+        cmocka_unit_test(test_diamond),
+        cmocka_unit_test(test_reuse_and_accumulate),
+        cmocka_unit_test(test_no_grad),
+        cmocka_unit_test(test_two_outputs_one_used),
+        cmocka_unit_test(test_leaf_ready_hook),
+        cmocka_unit_test(test_gradcheck_catches_wrong_backward),
+        cmocka_unit_test(test_anomaly_mode),
+        cmocka_unit_test(test_tape_keeps_shells),
+        cmocka_unit_test(test_op_profiler),
+        cmocka_unit_test(test_flat_memory),
+        cmocka_unit_test(test_leaf_gradient_view_is_added_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
