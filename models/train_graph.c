@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "models/data_parallel.h"
 #include "models/metrics.h"
+#include "ops/op.h"
 #include "ops/step_log.h"
 
 #include <stdio.h>
@@ -46,21 +47,17 @@ void dg_train_graph_free(dg_trainer *t) {
 /* ids in [0, vocab); targets in [0, vocab) or the ignore index.  Checked on the host, because the
  * captured step's ops cannot read the device to check them (kernels/cuda/graph.cu). */
 static int check_batch(const dg_tensor *in, const dg_tensor *tg, int64_t vocab) {
-    const int64_t *ids = dg_data_ptr(in), *tgt = dg_data_ptr(tg), n = dg_numel(in);
-    for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= vocab) {
-            dg_error("train: input id %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld)",
-                     (long long)ids[i], (long long)i, dg_shp(in), (long long)vocab);
-            return -1;
-        }
-        if (tgt[i] != DG_MQAR_IGNORE && (tgt[i] < 0 || tgt[i] >= vocab)) {
-            dg_error("train: target %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld) "
-                     "and not the ignore index %d",
-                     (long long)tgt[i], (long long)i, dg_shp(tg), (long long)vocab, DG_MQAR_IGNORE);
-            return -1;
-        }
-    }
-    return 0;
+    int64_t val, bad = dg_first_bad_index("train", in, vocab, false, 0, &val);
+    if (bad >= 0)
+        dg_error("train: input id %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld)",
+                 (long long)val, (long long)bad, dg_shp(in), (long long)vocab);
+    if (bad != -1) return -1;
+    bad = dg_first_bad_index("train", tg, vocab, true, DG_MQAR_IGNORE, &val);
+    if (bad >= 0)
+        dg_error("train: target %lld at flat position %lld of the batch %s is outside the vocabulary [0, %lld) and "
+                 "not the ignore index %d",
+                 (long long)val, (long long)bad, dg_shp(tg), (long long)vocab, DG_MQAR_IGNORE);
+    return bad == -1 ? 0 : -1;
 }
 
 /* The step's buffers, made once, before any capture. */

@@ -2,7 +2,29 @@
  * and the small helpers every op file uses. */
 #include "ops/op.h"
 
+#include "kernels/cpu/nn.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda/nn_cuda.h"
+#endif
+
 #include <string.h>
+
+int64_t dg_first_bad_index(const char *op, const dg_tensor *idx, int64_t n, bool allow_skip, int64_t skip,
+                           int64_t *value) {
+    int64_t bad = -1;
+    *value = 0;
+    if (idx->device == DG_CUDA) {
+#ifdef DG_HAVE_CUDA
+        if (dg_cuda_find_bad_index(dg_numel(idx), dg_data_ptr(idx), n, allow_skip, skip, &bad, value)) return -2;
+#else
+        return dg_require_cpu(op, idx) ? -1 : -2;
+#endif
+    } else {
+        bad = dg_nn_find_bad_index(dg_numel(idx), dg_data_ptr(idx), n, allow_skip, skip);
+        if (bad >= 0) *value = ((const int64_t *)dg_data_ptr(idx))[bad];
+    }
+    return bad;
+}
 
 bool dg_check_not_null(const char *op, const char *arg, const dg_tensor *t) {
     if (t) return true;

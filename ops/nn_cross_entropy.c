@@ -21,18 +21,9 @@ enum { CE_LOGITS, CE_TARGETS };
 
 /* targets (contiguous, host) are ignore_index or in [0,C); else the error names the first bad one */
 static bool targets_valid(const dg_tensor *t, const dg_tensor *logits, int64_t ignore) {
-    int64_t C = dg_nn_last(logits), bad, val = 0;
-    if (t->device == DG_CUDA) {
-#ifdef DG_HAVE_CUDA
-        if (dg_cuda_find_bad_index(dg_numel(t), dg_data_ptr(t), C, true, ignore, &bad, &val)) return false;
-#else
-        return dg_require_cpu("cross_entropy", t);
-#endif
-    } else {
-        bad = dg_nn_find_bad_index(dg_numel(t), dg_data_ptr(t), C, 1, ignore);
-        if (bad >= 0) val = ((const int64_t *)dg_data_ptr(t))[bad];
-    }
-    if (bad < 0) return true;
+    int64_t C = dg_nn_last(logits), val, bad = dg_first_bad_index("cross_entropy", t, C, true, ignore, &val);
+    if (bad == -1) return true;
+    if (bad < 0) return false;
     dg_error("cross_entropy: target %lld (targets %s, flat position %lld) is out of range for C = %lld classes "
              "(logits %s, ignore_index %lld)",
              (long long)val, dg_shp(t), (long long)bad, (long long)C, dg_shp(logits), (long long)ignore);

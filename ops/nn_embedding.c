@@ -11,18 +11,9 @@ enum { EMB_W, EMB_IDS };
 
 /* ids (contiguous, on the host) all lie in [0,V); else the error names the first bad one */
 static bool ids_in_range(const dg_tensor *ids, const dg_tensor *w) {
-    int64_t V = w->shape[0], bad, val = 0;
-    if (ids->device == DG_CUDA) {
-#ifdef DG_HAVE_CUDA
-        if (dg_cuda_find_bad_index(dg_numel(ids), dg_data_ptr(ids), V, false, 0, &bad, &val)) return false;
-#else
-        return dg_require_cpu("embedding", ids);
-#endif
-    } else {
-        bad = dg_nn_find_bad_index(dg_numel(ids), dg_data_ptr(ids), V, 0, 0);
-        if (bad >= 0) val = ((const int64_t *)dg_data_ptr(ids))[bad];
-    }
-    if (bad < 0) return true;
+    int64_t V = w->shape[0], val, bad = dg_first_bad_index("embedding", ids, V, false, 0, &val);
+    if (bad == -1) return true;
+    if (bad < 0) return false;
     dg_error("embedding: id %lld (ids %s, flat position %lld) is out of range for V = %lld (weight %s)", (long long)val,
              dg_shp(ids), (long long)bad, (long long)V, dg_shp(w));
     return false;

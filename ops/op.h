@@ -63,6 +63,12 @@ bool dg_check_same_dtype(const char *op, const char *arg, const dg_tensor *t, co
 bool dg_check_same_device(const char *op, const char *arg, const dg_tensor *t, const char *ref_arg,
                           const dg_tensor *ref);
 bool dg_require_cpu(const char *op, const dg_tensor *t); /* until the CUDA path of the op exists */
+/* The first entry of idx (i64, contiguous, on the host or the device: the device's check reads
+ * back, one synchronisation) outside [0, n) that is not `skip` (when allow_skip): its flat
+ * position, and its value in *value; -1 when every entry is in range; -2 with dg_error when the
+ * check itself failed (op names the caller). */
+int64_t dg_first_bad_index(const char *op, const dg_tensor *idx, int64_t n, bool allow_skip, int64_t skip,
+                           int64_t *value);
 
 /* Sampler shorthand: a random f32/f64 tensor in [lo, hi) or N(0,1) drawn from rng. */
 #define DG_SAMPLE_RAND(rng, dt, lo, hi, ...) dg_rand_range(DG_SHAPE(__VA_ARGS__), dt, lo, hi, rng)
