@@ -456,6 +456,8 @@ int dg_dp_put_stop_request(void) {
 
 dg_tensor *dg_dp_scalars(void) { return dp.active ? dp.scalars : NULL; }
 
+int dg_dp_mark_step(void) { return dp.active ? dg_comm_mark(dp.comm) : 0; }
+
 int dg_dp_wait(void) { return dp.active ? dg_comm_wait(dp.comm) : 0; }
 
 void dg_dp_note_stop(double mean_request) {

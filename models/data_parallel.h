@@ -105,8 +105,11 @@ int dg_dp_step_finish(double *loss);
 /* The step's f32 [2] on the GPU, after dg_dp_step_end in stream order: the mean of the ranks'
  * losses and the mean of their stop requests (each 0 or 1).  NULL when not active. */
 dg_tensor *dg_dp_scalars(void);
-/* Waits for everything queued on this rank's GPU, at most DG_DP_TIMEOUT (a rank that died leaves
- * its collectives unfinished: an error, not a hang).  Not active: nothing. */
+/* dg_dp_mark_step after each queued step; dg_dp_wait waits for everything queued on this rank's
+ * GPU, giving up when no step has finished for DG_DP_TIMEOUT (a rank that died leaves its
+ * collectives unfinished: an error, not a hang; a long queue that advances is no error).  Wait at
+ * least once every 256 steps.  Not active: nothing. */
+int dg_dp_mark_step(void);
 int dg_dp_wait(void);
 /* A step's mean stop request read back: above 0, some rank asked, and every rank stops after the
  * step at which this is read (the caller reads at the same step on every rank). */

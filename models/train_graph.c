@@ -146,7 +146,7 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr) 
     else if (t->graph_off) rc = body(t, g);
     else if (g->eager_steps < eager_steps_before_capture()) rc = body(t, g), g->eager_steps++;
     else rc = capture(t, g);
-    if (rc) return -1;
+    if (rc || dg_dp_mark_step()) return -1; /* several GPUs: the step's end, for the read's wait */
     g->queued++;
     return 0;
 }

@@ -30,8 +30,10 @@ int dg_comm_side_begin(dg_comm *c);
 int dg_comm_side_copy_(dg_comm *c, dg_tensor *dst, int64_t dst_off, const dg_tensor *src, int64_t src_off, int64_t n);
 int dg_comm_side_mean_(dg_comm *c, dg_tensor *x);
 int dg_comm_side_join(dg_comm *c);
-/* Waits (at most the timeout) for the work queued so far on both streams, collectives included.
- * 0 or -1. */
+/* Marks a point (the end of a queued step) on the device's stream, for dg_comm_wait: 0 or -1. */
+int dg_comm_mark(dg_comm *c);
+/* Waits for the work queued so far on both streams, collectives included, giving up after the
+ * timeout without a mark passed (kernels/cuda/nccl_comm.h).  0 or -1. */
 int dg_comm_wait(dg_comm *c);
 /* Frees the communicator (NULL: no-op). */
 void dg_comm_free(dg_comm *c);

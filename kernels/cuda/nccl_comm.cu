@@ -12,10 +12,12 @@
 static_assert(sizeof(ncclUniqueId) == DG_NCCL_ID_BYTES, "DG_NCCL_ID_BYTES must be sizeof(ncclUniqueId)");
 
 struct dg_nccl {
-    ncclComm_t comm;             /* NULL once aborted */
-    cudaStream_t side;           /* the side stream (nccl_comm.h), made at init */
-    cudaEvent_t to_side, to_lib; /* the library's stream -> side stream, and back */
-    double timeout_s;            /* the longest wait for progress */
+    ncclComm_t comm;                  /* NULL once aborted */
+    cudaStream_t side;                /* the side stream (nccl_comm.h), made at init */
+    cudaEvent_t to_side, to_lib;      /* the library's stream -> side stream, and back */
+    double timeout_s;                 /* the longest wait for progress */
+    cudaEvent_t marks[DG_NCCL_MARKS]; /* dg_nccl_mark's ring, made as first used */
+    int64_t n_marks, n_passed;        /* marks recorded; marks seen passed by dg_nccl_wait */
     int world, rank;
     char failed[512]; /* why the communicator was aborted */
 };
@@ -117,6 +119,8 @@ __global__ void bf16_to_f32(float *dst, const __nv_bfloat16 *src, int64_t n) {
 
 /* Releases c's streams and events and c itself. */
 void free_nccl(dg_nccl *c) {
+    for (int i = 0; i < DG_NCCL_MARKS; i++)
+        if (c->marks[i]) cudaEventDestroy(c->marks[i]);
     if (c->to_side) cudaEventDestroy(c->to_side);
     if (c->to_lib) cudaEventDestroy(c->to_lib);
     if (c->side) cudaStreamDestroy(c->side);
@@ -222,13 +226,31 @@ int dg_nccl_side_join(dg_nccl *c) {
                : 0;
 }
 
+int dg_nccl_mark(dg_nccl *c) {
+    if (usable(c)) return -1;
+    cudaEvent_t *ev = &c->marks[c->n_marks % DG_NCCL_MARKS];
+    if (!*ev && cuda_ok(c, cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "cudaEventCreateWithFlags")) return -1;
+    if (cuda_ok(c, cudaEventRecord(*ev, dg_cuda_stream()), "cudaEventRecord")) return -1;
+    c->n_marks++;
+    return 0;
+}
+
 int dg_nccl_wait(dg_nccl *c) {
     if (usable(c)) return -1;
     double deadline = dg_now_s() + c->timeout_s;
     for (;;) {
         cudaError_t e = cudaStreamQuery(dg_cuda_stream());
         if (e == cudaSuccess) e = cudaStreamQuery(c->side);
-        if (e == cudaSuccess) return 0;
+        if (e == cudaSuccess) {
+            c->n_passed = c->n_marks;
+            return 0;
+        }
+        /* a mark passed since the last look is progress: the limit starts again (a mark's error
+         * shows in the stream's query above) */
+        while (c->n_passed < c->n_marks && cudaEventQuery(c->marks[c->n_passed % DG_NCCL_MARKS]) == cudaSuccess) {
+            c->n_passed++;
+            deadline = dg_now_s() + c->timeout_s;
+        }
         if (e != cudaErrorNotReady) {
             char msg[480];
             snprintf(msg, sizeof msg, "the stream failed while waiting for a collective: %s (%s)", cudaGetErrorName(e),
@@ -242,8 +264,8 @@ int dg_nccl_wait(dg_nccl *c) {
         if (dg_now_s() > deadline) {
             char msg[480];
             snprintf(msg, sizeof msg,
-                     "the gradient all-reduce did not complete within %.0f s: another rank stopped or hangs "
-                     "(DG_DP_TIMEOUT sets the limit)",
+                     "the queued steps made no progress for %.0f s: another rank stopped or hangs in the gradient "
+                     "all-reduce (DG_DP_TIMEOUT sets the limit)",
                      c->timeout_s);
             abort_comm(c, msg);
             return -1;

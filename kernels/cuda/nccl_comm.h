@@ -41,9 +41,15 @@ int dg_nccl_side_begin(dg_nccl *c);
 int dg_nccl_side_copy(dg_nccl *c, void *dst, bool dst_bf16, const void *src, bool src_bf16, int64_t n);
 int dg_nccl_side_allreduce_mean(dg_nccl *c, void *buf, bool bf16, int64_t n);
 int dg_nccl_side_join(dg_nccl *c);
+/* Marks a point on the library's stream (an event after a queued step), so that dg_nccl_wait can
+ * tell a long queue that advances from one that is stuck.  0, or -1 with dg_error. */
+int dg_nccl_mark(dg_nccl *c);
 /* Waits until the library's stream and the side stream have run everything queued on them, the
- * collectives included, for at most the communicator's timeout.  0, or -1 with dg_error (the
+ * collectives included.  It gives up (the communicator's timeout) only when no mark has been
+ * passed for that long: a queue of many steps may take longer in all.  Marks are kept in a ring of
+ * DG_NCCL_MARKS; wait at least once every DG_NCCL_MARKS / 2 marks.  0, or -1 with dg_error (the
  * communicator is then aborted). */
+#define DG_NCCL_MARKS 512
 int dg_nccl_wait(dg_nccl *c);
 /* Finalises and frees the communicator (aborts it if that fails or times out).  NULL is a no-op. */
 void dg_nccl_destroy(dg_nccl *c);
