@@ -57,8 +57,12 @@ int64_t dg_model_value_dim(const dg_model_config *c) { return dg_model_num_v_hea
 
 int64_t dg_model_intermediate_size(const dg_model_config *c) {
     if (c->intermediate_size > 0) return c->intermediate_size;
-    int64_t m = (int64_t)(c->hidden_size * c->hidden_ratio * 2.0 / 3.0);
-    return 256 * ((m + 255) / 256);
+    double m = c->hidden_size * c->hidden_ratio * 2.0 / 3.0;
+    /* a hidden_ratio whose width is no int64 (not finite, negative, huge): a size past every limit,
+     * which dg_model_config_validate refuses, rather than an undefined conversion */
+    if (!(m >= 0 && m < 0x1p40)) return INT64_MAX;
+    int64_t w = (int64_t)m;
+    return 256 * ((w + 255) / 256);
 }
 
 int dg_model_config_validate(const dg_model_config *c) {

@@ -1,8 +1,10 @@
-/* models/ infrastructure, data and files: MQAR generator, byte-level text data, the strict JSON
- * parser, safetensors (round trip, interop layout, rejection of bad files). */
+/* models/ infrastructure, data and files: MQAR generator, byte-level text data, the model config's
+ * refusal of an MLP width out of range, the strict JSON parser, safetensors (round trip, interop
+ * layout, rejection of bad files). */
 #include "tests/model_infra_common.h"
 
 #include "models/json.h"
+#include "models/model_config.h"
 #include "models/mqar.h"
 #include "models/safetensors.h"
 #include "models/text_data.h"
@@ -257,6 +259,22 @@ static void test_text_data(void **state) {
 }
 
 /* ---- JSON edge cases the safetensors reader relies on ------------------------------------------ */
+
+/* A hidden_ratio whose MLP width is no integer of any size is refused, naming the width, rather than
+ * converted (the fuzzer's finding: 4.4e96 made the conversion to int64 undefined). */
+static void test_model_config_huge_hidden_ratio(void **state) {
+    dg_model_config c = dg_model_default_config();
+    c.intermediate_size = 0;
+    const double ratios[] = {4.4e96, 1e20, INFINITY};
+    for (size_t i = 0; i < sizeof ratios / sizeof ratios[0]; i++) {
+        c.hidden_ratio = ratios[i];
+        dg_clear_error();
+        assert_int_equal(dg_model_config_validate(&c), -1);
+        assert_error_contains("intermediate_size");
+    }
+    c.hidden_ratio = 4;
+    assert_int_equal(dg_model_config_validate(&c), 0);
+}
 
 static void test_json_strict(void **state) {
     char err[160];
@@ -573,6 +591,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_mqar_query_placement, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_mqar_bad_config, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_text_data, test_setup, test_teardown),
+        cmocka_unit_test_setup_teardown(test_model_config_huge_hidden_ratio, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_json_strict, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_safetensors_round_trip, test_setup, test_teardown),
         cmocka_unit_test_setup_teardown(test_safetensors_f16, test_setup, test_teardown),
