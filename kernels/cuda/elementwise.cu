@@ -311,6 +311,30 @@ void launch_binary(int op, int64_t n, const DgNd<2> &nd, bool small, const void 
             <<<grid, kThreads, 0, s>>>(op, n, nd, (const TA *)a, (const TB *)b, (TO *)out);
 }
 
+/* the 8-wide kernel of T's same-dtype binary arithmetic */
+void launch_x8(int op, int64_t nvec, const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *out) {
+    binary_bf16x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(op, nvec, a, b, out);
+}
+void launch_x8(int op, int64_t nvec, const float *a, const float *b, float *out) {
+    binary_f32x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(op, nvec, a, b, out);
+}
+
+/* a, b and out of one dtype T (bf16 or f32) over the same n contiguous elements: 8 a thread where
+ * every pointer is 16-byte aligned, the rest (the last n mod 8, or all of a misaligned view) one a
+ * thread; small as for launch_binary */
+template <typename T> void launch_flat(int op, int64_t n, bool small, const void *a, const void *b, void *out) {
+    const T *at = (const T *)a, *bt = (const T *)b;
+    T *ot = (T *)out;
+    const int64_t nvec = vector_part(n, aligned16(a) && aligned16(b) && aligned16(out)), done = nvec * kVec;
+    if (nvec) launch_x8(op, nvec, at, bt, ot);
+    if (done == n) return;
+    DgNd<2> tail;
+    int64_t rest = n - done;
+    const int64_t *unit[2] = {nullptr, nullptr};
+    dg_nd_make<2>(&tail, 1, &rest, unit);
+    launch_binary<T, T, T>(op, rest, tail, small, at + done, bt + done, ot + done);
+}
+
 /* f32 arithmetic with each of a, b and out f32 or bf16 */
 template <typename TA, typename TB>
 void launch_binary_out(dg_dtype out_dt, int op, int64_t n, const DgNd<2> &nd, bool small, const void *a, const void *b,
@@ -434,33 +458,9 @@ int dg_cuda_binary_mixed(dg_dtype a_dt, dg_dtype b_dt, dg_dtype out_dt, dg_binar
     bool all_f32 = a_dt == DG_F32 && b_dt == DG_F32 && out_dt == DG_F32;
     /* one dim left with unit strides: a, b and out run over the same n contiguous elements */
     bool flat = nd.ndim == 1 && nd.stride[0][0] == 1 && nd.stride[1][0] == 1;
-    if (all_bf16 && flat) {
-        const __nv_bfloat16 *ab = (const __nv_bfloat16 *)a, *bb = (const __nv_bfloat16 *)b;
-        __nv_bfloat16 *ob = (__nv_bfloat16 *)out;
-        int64_t nvec = vector_part(n, aligned16(a) && aligned16(b) && aligned16(out)), done = nvec * kVec;
-        if (nvec)
-            binary_bf16x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(op, nvec, ab, bb, ob);
-        if (done < n) {
-            DgNd<2> tail;
-            int64_t rest = n - done;
-            const int64_t *unit[2] = {nullptr, nullptr};
-            dg_nd_make<2>(&tail, 1, &rest, unit);
-            launch_binary<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16>(op, rest, tail, true, ab + done, bb + done,
-                                                                       ob + done);
-        }
-    } else if (all_f32 && flat && aligned16(a) && aligned16(b) && aligned16(out) && n >= kVec) {
-        int64_t nvec = n / kVec, done = nvec * kVec;
-        binary_f32x8_kernel<<<dg_grid_for(nvec, kThreads), kThreads, 0, dg_cuda_stream()>>>(
-            op, nvec, (const float *)a, (const float *)b, (float *)out);
-        if (done < n) {
-            DgNd<2> tail;
-            int64_t rest = n - done;
-            const int64_t *unit[2] = {nullptr, nullptr};
-            dg_nd_make<2>(&tail, 1, &rest, unit);
-            launch_binary<float, float, float>(op, rest, tail, true, (const float *)a + done, (const float *)b + done,
-                                               (float *)out + done);
-        }
-    } else if (f64) launch_binary<double, double, double>(op, n, nd, small, a, b, out);
+    if (all_bf16 && flat) launch_flat<__nv_bfloat16>(op, n, small, a, b, out);
+    else if (all_f32 && flat) launch_flat<float>(op, n, small, a, b, out);
+    else if (f64) launch_binary<double, double, double>(op, n, nd, small, a, b, out);
     else if (a_dt == DG_BF16) launch_binary_b<__nv_bfloat16>(b_dt, out_dt, op, n, nd, small, a, b, out);
     else launch_binary_b<float>(b_dt, out_dt, op, n, nd, small, a, b, out);
     return DG_LAUNCHED("binary");
