@@ -429,7 +429,7 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
     dp.params = params;
     dg_dp_buckets_begin(&dp.bk);
     /* the loss and the stop request travel first, in their own small collective; both are copied
-     * on the device (the request was written there by dg_dp_put_stop_request): no host-to-device
+     * on the device (the request was written there by dg_dp_step_prepare): no host-to-device
      * copy that could wait behind a collective, and nothing a captured step would freeze */
     dg_tensor *l = dg_reshape(dg_to_dtype(loss, DG_F32), DG_SHAPE(1));
     if (!l || !dp.stop_req || dg_copy_(dg_slice(dp.scalars, 0, 0, 1), l) ||
@@ -440,10 +440,9 @@ int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss) {
     return 0;
 }
 
-int dg_dp_step_prepare(void) { return dp.active ? make_flat() : 0; }
-
-int dg_dp_put_stop_request(void) {
+int dg_dp_step_prepare(void) {
     if (!dp.active) return 0;
+    if (make_flat()) return -1;
     if (!dp.stop_req) {
         dg_scope_begin();
         dg_tensor *r = dg_empty_on(DG_SHAPE(1), DG_F32, DG_CUDA);

@@ -73,9 +73,9 @@ int dg_dp_set_grad_dtype(dg_dtype dt);
  * over the ranks of that gradient, the loss is the mean of the ranks' losses, and the ranks agree
  * on stopping (see dg_dp_stop_flag):
  *
- *   dg_dp_step_prepare()                before the forward: from the second step on, the gradients
+ *   dg_dp_step_prepare()                before the forward: this rank's stop request written on
+ *                                       the device, queued; from the second step on, the gradients
  *                                       become views into one flat buffer (made once)
- *   dg_dp_put_stop_request()            this rank's stop request written on the device, queued
  *   dg_dp_step_begin(n, params, loss)   after the forward: queues the loss's and the stop request's
  *                                       small collective
  *   dg_backward_hooked(loss, NULL, dg_dp_leaf_ready, NULL)
@@ -88,7 +88,7 @@ int dg_dp_set_grad_dtype(dg_dtype dt);
  *   dg_dp_step_finish(&loss)            waits for all of it (at most DG_DP_TIMEOUT, else an error)
  *                                       and reads the mean loss and the stop request
  *
- * Between dg_dp_put_stop_request and dg_dp_step_end nothing reads the device, so the step can be
+ * Between dg_dp_step_prepare and dg_dp_step_end nothing reads the device, so the step can be
  * captured in a CUDA graph (models/train_graph.c), which then reads dg_dp_scalars on the device
  * instead of calling dg_dp_step_finish, and after dg_dp_wait hands each step's mean stop request
  * to dg_dp_note_stop.
@@ -97,7 +97,6 @@ int dg_dp_set_grad_dtype(dg_dtype dt);
  * same on every rank, so every rank issues the same collectives in the same order.  Not active:
  * nothing.  Each returns 0, or -1 with dg_error. */
 int dg_dp_step_prepare(void);
-int dg_dp_put_stop_request(void);
 int dg_dp_step_begin(int64_t n, dg_tensor *const *params, dg_tensor *loss);
 int dg_dp_leaf_ready(dg_tensor *leaf, void *ctx);
 int dg_dp_step_end(void);

@@ -139,7 +139,7 @@ int dg_train_graph_step(dg_trainer *t, dg_tensor *in, dg_tensor *tg, double lr) 
     if (!rc) rc = dg_cuda_memcpy(dg_data_ptr(g->lr), &lr, sizeof lr, 0);
     /* several GPUs: the flat gradients once their order is known, and this rank's stop request,
      * both queued outside the step (data_parallel.h) */
-    if (!rc) rc = dg_dp_step_prepare() || dg_dp_put_stop_request();
+    if (!rc) rc = dg_dp_step_prepare();
     dg_scope_end();
     if (rc) return -1;
     if (g->exec) rc = dg_cuda_graph_launch(g->exec);

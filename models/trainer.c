@@ -336,7 +336,7 @@ static int eager_step(dg_trainer *t, double *loss_out, double *gnorm_out) {
     if (brc) goto out;
     if (t->profile) t1 = dg_progress_now();
     /* several GPUs: the flat gradients once their order is known, and this rank's stop request */
-    if (dg_dp_step_prepare() || dg_dp_put_stop_request()) goto out;
+    if (dg_dp_step_prepare()) goto out;
     dg_tensor *loss = dg_lm_loss(lm, in, tg, DG_MQAR_IGNORE, NULL, NULL);
     if (!loss) goto out;
 #ifdef DG_HAVE_CUDA

@@ -39,18 +39,16 @@ int dg_step_log_put_(dg_tensor *ring, dg_tensor *count, const dg_tensor *loss, c
         return bad("norm", norm, "one f64 element on the ring's device");
     double *r = dg_data_ptr(ring);
     int64_t *c = dg_data_ptr(count);
-    const void *l = dg_data_ptr(loss);
     const double *nm = dg_data_ptr(norm);
     if (dev == DG_CUDA) {
 #ifdef DG_HAVE_CUDA
-        return dg_cuda_step_log_put(r, ring->shape[0], c, l, loss->dtype == DG_F64, nm, flag ? dg_data_ptr(flag) : NULL,
-                                    flag && flag->dtype == DG_F64);
+        return dg_cuda_step_log_put(r, ring->shape[0], c, dg_data_ptr(loss), loss->dtype == DG_F64, nm,
+                                    flag ? dg_data_ptr(flag) : NULL, flag && flag->dtype == DG_F64);
 #else
         dg_error("step_log_put: this build has no CUDA backend");
         return -1;
 #endif
     }
-    (void)l;
     double *row = r + 4 * (*c % ring->shape[0]);
     row[0] = host_value(loss);
     row[1] = *nm;
