@@ -302,6 +302,9 @@ static int leaves_done(const dg_node *n, const ptr_map *pending, dg_leaf_ready_f
     return 0;
 }
 
+/* A slot's tensor that nothing else holds: in-place writes to it change no other gradient */
+static bool held_alone(const dg_tensor *g) { return g->refcount == 1 && g->storage->refcount == 1; }
+
 /* Adds g into the gradient slot of tensor t: its producer's grad_acc, or t->grad for a leaf. */
 static int accumulate_into(dg_tensor *t, dg_tensor *g) {
     dg_tensor **slot = t->node ? &t->node->grad_acc[t->out_index] : &t->grad;
@@ -321,7 +324,7 @@ static int accumulate_into(dg_tensor *t, dg_tensor *g) {
      * place.  A leaf's gradient is its own from the start (cloned above, or set by its owner: the
      * data-parallel step makes each a view into one flat buffer, models/data_parallel.c), so it is
      * added to in place, as PyTorch's AccumulateGrad does. */
-    bool shared = t->node && ((*slot)->refcount > 1 || (*slot)->storage->refcount > 1);
+    bool shared = t->node && !held_alone(*slot);
     if (widen || shared || !dg_is_contiguous(*slot)) {
         dg_tensor *c = widen ? dg_to_dtype(*slot, DG_F32) : dg_clone(*slot);
         if (!c) return -1;
@@ -329,6 +332,32 @@ static int accumulate_into(dg_tensor *t, dg_tensor *g) {
         *slot = dg_retain(c);
     }
     return dg_accumulate_(*slot, g);
+}
+
+dg_tensor *dg_grad_target(dg_node *n, int i, dg_dtype dt, bool *fresh) {
+    *fresh = false;
+    if (!n || i < 0 || i >= n->n_in || !n->needs_grad[i] || !n->in[i] || dg_anomaly_mode()) return NULL;
+    dg_tensor *t = n->in[i];
+    const dg_node *p = t->node;
+    /* through a cast to the leaf behind it: the cast's backward would pass the gradient on as is */
+    if (p && p->op->grad_passes_through && p->needs_grad[0] && p->in[0] && !p->in[0]->node && p->in[0]->dtype == dt)
+        t = p->in[0];
+    if (t->dtype != dt) return NULL;
+    dg_tensor **slot = t->node ? &t->node->grad_acc[t->out_index] : &t->grad;
+    if (!*slot) {
+        dg_tensor *g = dg_empty_on(t->ndim, t->shape, dt, t->device);
+        if (!g) {
+            dg_clear_error(); /* the caller falls back to gin[i] */
+            return NULL;
+        }
+        *slot = dg_retain(g);
+        *fresh = true;
+        return g;
+    }
+    dg_tensor *g = *slot;
+    /* a leaf's gradient is its own (accumulate_into); an inner slot's may be borrowed */
+    bool own = !t->node || held_alone(g);
+    return own && g->dtype == dt && dg_is_contiguous(g) && dg_same_shape(g, t) ? g : NULL;
 }
 
 int dg_backward(dg_tensor *loss, dg_tensor *grad) { return dg_backward_hooked(loss, grad, NULL, NULL); }

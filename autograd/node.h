@@ -88,6 +88,9 @@ struct dg_op_def {
      * The tape then keeps a shell of that input (engine.c) and its memory goes as soon as nothing
      * else holds it (add_rms_norm's terms, whose sum it saves; a cast's source). */
     unsigned bwd_skips_in;
+    /* The backward hands its output's gradient to input 0 unchanged but for the dtype (a cast).
+     * dg_grad_target then looks through the op to that input's own gradient. */
+    bool grad_passes_through;
 };
 
 /* The number of backward variants of def (its bwd entries before the first {NULL}). */
@@ -100,5 +103,17 @@ int dg_apply_variant(const dg_op_def *def, const void *attrs, dg_tensor *const *
 
 /* for forward functions */
 void dg_save(dg_node *n, dg_tensor *t); /* keeps a detached reference for backward */
+
+/* For backward functions: the tensor that input i's gradient ends up in, when the backward may
+ * write or add its gradient there itself (a GEMM with beta = 1, say) instead of returning it in
+ * gin[i]; NULL when it may not, and then gin[i] is the way.  dt is the dtype the backward would
+ * produce.  The target is input i's gradient slot (its producer's pending gradient, or a leaf's
+ * .grad), or, through an op with grad_passes_through whose input is a leaf of dtype dt (the bf16
+ * cast of an f32 master weight), that leaf's .grad.  It is given only when it is contiguous, of
+ * dtype dt and held by nothing else, and never in anomaly mode (which checks every gin).
+ * *fresh true: the target was just made and holds garbage, so the backward must write all of it
+ * (beta = 0); false: it holds a sum so far, and the backward must add to it.  Ask right before the
+ * write: two inputs may share one slot.  A backward that used the target leaves gin[i] NULL. */
+dg_tensor *dg_grad_target(dg_node *n, int i, dg_dtype dt, bool *fresh);
 
 #endif

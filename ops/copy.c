@@ -105,6 +105,7 @@ const dg_op_def dg_op_to_dtype = {.name = "to_dtype",
                                   .forward = to_dtype_forward,
                                   .bwd = {{"default", to_dtype_backward}},
                                   .bwd_skips_in = 1u, /* the backward reads the source's dtype only */
+                                  .grad_passes_through = true,
                                   .sample = to_dtype_sample,
                                   .atol_f64 = 1e-5,
                                   .rtol_f64 = 1e-4,

@@ -7,7 +7,7 @@
  * bf16 on the device: the products are bf16 gemms accumulating in f32 (the bias joins the f32 sum
  * before the one rounding of y), and db sums the rows in f32 (dg_cuda_nn_sum_rows), rounded once.
  * Under mixed precision w is the bf16 cast of an f32 master weight, and dw comes out of cuBLAS in
- * f32 (dg_cast_grad_dtype, ops/op.h): the cast's backward passes it on as the master's gradient. */
+ * f32 (dg_cast_grad_dtype, ops/op.h), added straight into the master's .grad (dg_grad_target). */
 #include "ops/nn_common.h"
 
 #include <limits.h>
@@ -23,11 +23,14 @@ static int linear_fwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, cons
 }
 
 static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, dg_dtype dw_dt, const void *x,
-                           const void *w, const void *dy, void *dx, void *dw, void *db) {
-    /* dx[N,IN] = dy[N,OUT] w[OUT,IN] */
-    if (dx && dg_cuda_gemm(dt, dt, false, false, N, IN, OUT, 1.0, dy, OUT, 0, w, IN, 0, 0.0, dx, IN, 0, 1)) return -1;
-    /* dw[OUT,IN] = dy^T x: dy stored [N,OUT] is op(A)^T */
-    if (dw && dg_cuda_gemm(dt, dw_dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, 0.0, dw, IN, 0, 1)) return -1;
+                           const void *w, const void *dy, void *dx, void *dw, void *db, double beta_dx,
+                           double beta_dw) {
+    /* dx[N,IN] (+)= dy[N,OUT] w[OUT,IN] */
+    if (dx && dg_cuda_gemm(dt, dt, false, false, N, IN, OUT, 1.0, dy, OUT, 0, w, IN, 0, beta_dx, dx, IN, 0, 1))
+        return -1;
+    /* dw[OUT,IN] (+)= dy^T x: dy stored [N,OUT] is op(A)^T */
+    if (dw && dg_cuda_gemm(dt, dw_dt, true, false, OUT, IN, N, 1.0, dy, OUT, 0, x, IN, 0, beta_dw, dw, IN, 0, 1))
+        return -1;
     /* db[OUT] = sum over rows of dy */
     if (db && dt == DG_BF16) return dg_cuda_nn_sum_rows(dt, N, OUT, dy, db);
     if (db && dg_cuda_sum(dt, 2, (int64_t[]){N, OUT}, dy, NULL, 1u, 1.0, db)) return -1;
@@ -79,24 +82,35 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
     dg_tensor *dy = dg_nn_contig(gout[0], &fail);
     if (fail) return -1;
     int64_t OUT = w->shape[0], IN = w->shape[1], N = dg_nn_rows(x);
-    dg_tensor *dx = n->needs_grad[LIN_X] ? dg_empty_like(x) : NULL;
+    /* dx and dw go straight into their gradient slots where the engine allows (dg_grad_target):
+     * the products add to the sum so far (beta = 1), so no separate pass adds them up (the sum of
+     * dx over the projections that share an input; a weight's .grad).  dx is written before dw,
+     * as the targets were asked for (x and w may share one slot). */
+    bool dx_fresh = false, dw_fresh = false;
     const dg_dtype dw_dt = dw_dtype(x, n->in[LIN_W]);
-    dg_tensor *dw = n->needs_grad[LIN_W] ? dg_empty_on(w->ndim, w->shape, dw_dt, w->device) : NULL;
+    dg_tensor *dx_to = dg_grad_target(n, LIN_X, x->dtype, &dx_fresh);
+    dg_tensor *dw_to = dg_grad_target(n, LIN_W, dw_dt, &dw_fresh);
+    bool acc_dx = dx_to && !dx_fresh, acc_dw = dw_to && !dw_fresh;
+    dg_tensor *dx = dx_to ? dx_to : n->needs_grad[LIN_X] ? dg_empty_like(x) : NULL;
+    dg_tensor *dw = dw_to ? dw_to : n->needs_grad[LIN_W] ? dg_empty_on(w->ndim, w->shape, dw_dt, w->device) : NULL;
     dg_tensor *db = n->needs_grad[LIN_B] ? dg_empty_like(n->in[LIN_B]) : NULL;
     if ((n->needs_grad[LIN_X] && !dx) || (n->needs_grad[LIN_W] && !dw) || (n->needs_grad[LIN_B] && !db)) return -1;
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
     bool on_device = x->device == DG_CUDA; /* only in builds with CUDA: the forward refused it else */
 #ifdef DG_HAVE_CUDA
-    if (on_device && linear_bwd_cuda(N, IN, OUT, x->dtype, dw_dt, P(x), P(w), P(dy), P(dx), P(dw), P(db))) return -1;
+    if (on_device &&
+        linear_bwd_cuda(N, IN, OUT, x->dtype, dw_dt, P(x), P(w), P(dy), P(dx), P(dw), P(db), acc_dx, acc_dw))
+        return -1;
 #endif
     if (!on_device) {
         if (!dg_nn_cpu_float("linear", x)) return -1;
-        if (x->dtype == DG_F32) dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
-        else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db));
+        if (x->dtype == DG_F32)
+            dg_nn_linear_bwd_f32(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db), acc_dx, acc_dw);
+        else dg_nn_linear_bwd_f64(N, IN, OUT, P(x), P(w), P(dy), P(dx), P(dw), P(db), acc_dx, acc_dw);
     }
 #undef P
-    gin[LIN_X] = dx;
-    gin[LIN_W] = dw;
+    gin[LIN_X] = dx_to ? NULL : dx;
+    gin[LIN_W] = dw_to ? NULL : dw;
     gin[LIN_B] = db;
     return 0;
 }

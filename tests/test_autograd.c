@@ -312,6 +312,88 @@ static void test_op_profiler(void **state) {
     dg_scope_end();
 }
 
+/* a test-local cast that keeps the dtype: out = a, and its backward passes the gradient on as is
+ * (grad_passes_through, as to_dtype's) */
+static int pass_forward(dg_node *n) { return (n->out[0] = dg_clone(n->in[0])) ? 0 : -1; }
+static int pass_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
+    gin[0] = dg_autorelease(dg_retain(gout[0]));
+    return 0;
+}
+static const dg_op_def pass_cast = {.name = "pass_cast",
+                                    .n_in = 1,
+                                    .n_out = 1,
+                                    .in_names = {"a"},
+                                    .out_names = {"out"},
+                                    .forward = pass_forward,
+                                    .bwd = {{"default", pass_backward}},
+                                    .grad_passes_through = true};
+
+/* The gradients of x, m and v in
+ *   h = 1.5 x;  w = pass_cast(m);  s = h w^T + h w^T + h m^T;  loss = sum((s v^T)^2)
+ * with m's .grad holding g0 before.  h feeds three linears (dx summed in h's slot), m is reached
+ * through the cast twice and directly once (added into m's .grad).  With `targets` the linears
+ * write into the slots themselves (dg_grad_target); anomaly mode turns that off, so the gradients
+ * come back through gin and the engine's sums.  Also returns the profiler's count of linear's
+ * accumulate calls. */
+static void grads_of(bool targets, dg_tensor **gx, dg_tensor **gm, dg_tensor **gv, double *acc_calls) {
+    dg_rng r = dg_rng_new(21);
+    dg_tensor *x = dg_randn(DG_SHAPE(6, 4), DG_F64, &r), *m = dg_randn(DG_SHAPE(3, 4), DG_F64, &r);
+    dg_tensor *v = dg_randn(DG_SHAPE(2, 3), DG_F64, &r), *g0 = dg_randn(DG_SHAPE(3, 4), DG_F64, &r);
+    dg_set_requires_grad(x, true);
+    dg_set_requires_grad(m, true);
+    dg_set_requires_grad(v, true);
+    m->grad = dg_retain(g0);
+    dg_set_anomaly_mode(!targets);
+    assert_int_equal(dg_profile_begin(DG_CPU), 0);
+    dg_tensor *h = dg_mul_scalar(x, 1.5), *w = NULL;
+    assert_int_equal(dg_apply_variant(&pass_cast, NULL, &m, &w, 0), 0);
+    dg_tensor *s = dg_add(dg_add(dg_linear(h, w, NULL), dg_linear(h, w, NULL)), dg_linear(h, m, NULL));
+    dg_tensor *o = dg_linear(s, v, NULL);
+    assert_int_equal(dg_backward(dg_sum_all(dg_mul(o, o)), NULL), 0);
+    assert_ptr_equal(m->grad, g0); /* added to in place */
+    assert_int_equal(dg_profile_flush(), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    dg_profile_report(f, 1);
+    fclose(f);
+    char *row = strstr(text, "linear                       accumulate");
+    *acc_calls = 0;
+    if (row) assert_int_equal(sscanf(row + 40, "%lf", acc_calls), 1);
+    free(text);
+    dg_profile_end();
+    dg_set_anomaly_mode(false);
+    *gx = x->grad;
+    *gm = m->grad;
+    *gv = v->grad;
+}
+
+static void assert_close(const dg_tensor *a, const dg_tensor *b) {
+    assert_true(dg_same_shape(a, b));
+    for (int64_t i = 0; i < dg_numel(a); i++) {
+        double p = ((const double *)dg_data_ptr(a))[i], q = ((const double *)dg_data_ptr(b))[i];
+        assert_true(fabs(p - q) <= 1e-12 * (1 + fabs(q)));
+    }
+}
+
+/* Backward functions that write into the gradient slots (dg_grad_target) give the gradients that
+ * returning them does, for a leaf's existing .grad, a leaf behind a cast and an inner slot that
+ * several ops add to; and they take the engine's sums away. */
+static void test_gradient_targets(void **state) {
+    dg_scope_begin();
+    dg_tensor *gx, *gm, *gv, *rx, *rm, *rv;
+    double with_targets, without;
+    grads_of(true, &gx, &gm, &gv, &with_targets);
+    grads_of(false, &rx, &rm, &rv, &without);
+    assert_close(gx, rx);
+    assert_close(gm, rm);
+    assert_close(gv, rv);
+    assert_true(with_targets == 0.0);
+    assert_true(without >= 4.0); /* h's three dx, m's two dw through the cast and one direct */
+    dg_scope_end();
+}
+
 static void test_flat_memory(void **state) {
     dg_rng r = dg_rng_new(9);
     dg_tensor *w = dg_keep(dg_randn(DG_SHAPE(16, 16), DG_F32, &r));
@@ -354,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_op_profiler),
         cmocka_unit_test(test_flat_memory),
         cmocka_unit_test(test_leaf_gradient_view_is_added_in_place),
+        cmocka_unit_test(test_gradient_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

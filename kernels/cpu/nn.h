@@ -10,14 +10,15 @@
 #ifndef DG_KERNELS_CPU_NN_H
 #define DG_KERNELS_CPU_NN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define DG_NN_DECLARE(R, SFX)                                                                                          \
     /* linear: y[N,OUT] = x[N,IN] w[OUT,IN]^T + b[OUT] (b may be NULL) */                                              \
     void dg_nn_linear_fwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *b, R *y);         \
-    /* dx = dy w, dw = dy^T x, db = sum_n dy */                                                                        \
+    /* dx = dy w, dw = dy^T x, db = sum_n dy; acc_dx / acc_dw: add to dx / dw instead (dx += dy w) */                  \
     void dg_nn_linear_bwd_##SFX(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw, \
-                                R *db);                                                                                \
+                                R *db, bool acc_dx, bool acc_dw);                                                      \
                                                                                                                        \
     /* embedding: y[n,:] = w[ids[n],:], w [V,D]; ids must be in [0,V) (checked by the caller) */                       \
     void dg_nn_embedding_fwd_##SFX(int64_t N, int64_t V, int64_t D, const R *w, const int64_t *ids, R *y);             \

@@ -25,14 +25,16 @@ static void FN(lin_fwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, c
 }
 
 /* dx[n,:] = sum_o dy[n,o] w[o,:] (rows, threads own rows);  dw[o,i] = sum_n dy[n,o] x[n,i] over n in
- * order (threads own column blocks of w, so the sums do not depend on the thread count) */
-static void FN(lin_bwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw) {
+ * order (threads own column blocks of w, so the sums do not depend on the thread count).  With
+ * acc_dx / acc_dw the sums start from what dx / dw hold. */
+static void FN(lin_bwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw,
+                               bool acc_dx, bool acc_dw) {
     if (dx) {
 #pragma omp parallel for schedule(static) if (N * IN >= DG_NN_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
             R *r = dx + n * IN;
             const R *g = dy + n * OUT;
-            for (int64_t i = 0; i < IN; i++) r[i] = g[0] * w[i];
+            for (int64_t i = 0; i < IN; i++) r[i] = (acc_dx ? r[i] : (R)0) + g[0] * w[i];
             for (int64_t o = 1; o < OUT; o++)
                 for (int64_t i = 0; i < IN; i++) r[i] += g[o] * w[o * IN + i];
         }
@@ -43,7 +45,7 @@ static void FN(lin_bwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, c
         for (int64_t ib = 0; ib < nb; ib++) {
             int64_t i0 = ib * bs, i1 = dg_nn_min64(IN, i0 + bs);
             for (int64_t o = 0; o < OUT; o++) /* row 0's terms start the sums */
-                for (int64_t i = i0; i < i1; i++) dw[o * IN + i] = dy[o] * x[i];
+                for (int64_t i = i0; i < i1; i++) dw[o * IN + i] = (acc_dw ? dw[o * IN + i] : (R)0) + dy[o] * x[i];
             for (int64_t n = 1; n < N; n++) {
                 const R *xr = x + n * IN;
                 for (int64_t o = 0; o < OUT; o++) {
@@ -71,27 +73,27 @@ void FN(dg_nn_linear_fwd)(int64_t N, int64_t IN, int64_t OUT, const R *x, const 
          (int)OUT);
 }
 
-void FN(dg_nn_linear_bwd)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw,
-                          R *db) {
+void FN(dg_nn_linear_bwd)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw, R *db,
+                          bool acc_dx, bool acc_dw) {
     /* forward: y[n,o] = sum_i x[n,i] w[o,i] + b[o] */
     if (OUT < DG_NN_LINEAR_NARROW && OUT > 0 && N > 0 && IN > 0) {
-        FN(lin_bwd_narrow)(N, IN, OUT, x, w, dy, dx, dw);
+        FN(lin_bwd_narrow)(N, IN, OUT, x, w, dy, dx, dw, acc_dx, acc_dw);
         dx = dw = NULL; /* done */
     }
-    if (dx) { /* dx[n,i] = sum_o dy[n,o] w[o,i]:  dx = dy w */
+    if (dx) { /* dx[n,i] (+)= sum_o dy[n,o] w[o,i]:  dx (+)= dy w */
         if (OUT == 0 || N == 0 || IN == 0) {
-            for (int64_t i = 0; i < N * IN; i++) dx[i] = 0;
+            for (int64_t i = 0; !acc_dx && i < N * IN; i++) dx[i] = 0;
         } else {
             GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IN, (int)OUT, (R)1, dy, (int)OUT, w, (int)IN,
-                 (R)0, dx, (int)IN);
+                 (R)acc_dx, dx, (int)IN);
         }
     }
-    if (dw) { /* dw[o,i] = sum_n dy[n,o] x[n,i]:  dw = dy^T x (summed over every leading dim) */
+    if (dw) { /* dw[o,i] (+)= sum_n dy[n,o] x[n,i]:  dw (+)= dy^T x (summed over every leading dim) */
         if (N == 0 || OUT == 0 || IN == 0) {
-            for (int64_t i = 0; i < OUT * IN; i++) dw[i] = 0;
+            for (int64_t i = 0; !acc_dw && i < OUT * IN; i++) dw[i] = 0;
         } else {
             GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OUT, (int)IN, (int)N, (R)1, dy, (int)OUT, x, (int)IN,
-                 (R)0, dw, (int)IN);
+                 (R)acc_dw, dw, (int)IN);
         }
     }
     if (db) { /* db[o] = sum_n dy[n,o]; threads own column blocks */
