@@ -273,6 +273,23 @@ static void test_tape_keeps_shells(void **state) {
 
 /* The op profiler: outermost spans only (an op inside a region counts to the region), forward,
  * backward and accumulation rows per op, calls per step over the flushed steps. */
+/* The profiler's report over `steps` steps into *text (malloc'd) */
+static void profile_text(int64_t steps, char **text) {
+    size_t len = 0;
+    FILE *f = open_memstream(text, &len);
+    assert_non_null(f);
+    dg_profile_report(f, steps);
+    fclose(f);
+}
+
+/* The calls column of the report's row that starts with `row` ("name kind"); 0 without the row */
+static double row_calls(const char *text, const char *row) {
+    const char *r = strstr(text, row);
+    double calls = 0;
+    if (r) assert_int_equal(sscanf(r + 40, "%lf", &calls), 1);
+    return calls;
+}
+
 static void test_op_profiler(void **state) {
     dg_scope_begin();
     assert_int_equal(dg_profile_begin(DG_CPU), 0);
@@ -288,24 +305,13 @@ static void test_op_profiler(void **state) {
         assert_int_equal(dg_profile_flush(), 0);
     }
     char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    dg_profile_report(f, 2);
-    fclose(f);
-    /* "name kind calls ...": exp forward once a step (the region's exp is the region's), mul's
-     * backward once, and its two gradients (of exp(x) and of x) accumulated */
-    double calls;
-    char *row = strstr(text, "exp                          forward");
-    assert_non_null(row);
-    assert_int_equal(sscanf(row + 40, "%lf", &calls), 1);
-    assert_true(calls == 1.0);
+    profile_text(2, &text);
+    /* exp forward once a step (the region's exp is the region's), mul's backward once, and its two
+     * gradients (of exp(x) and of x) accumulated */
+    assert_true(row_calls(text, "exp                          forward") == 1.0);
     assert_non_null(strstr(text, "mul                          backward"));
     assert_non_null(strstr(text, "my region                    region"));
-    row = strstr(text, "mul                          accumulate");
-    assert_non_null(row);
-    assert_int_equal(sscanf(row + 40, "%lf", &calls), 1);
-    assert_true(calls == 2.0);
+    assert_true(row_calls(text, "mul                          accumulate") == 2.0);
     free(text);
     dg_profile_end();
     assert_false(dg_profile_on());
@@ -353,14 +359,8 @@ static void grads_of(bool targets, dg_tensor **gx, dg_tensor **gm, dg_tensor **g
     assert_ptr_equal(m->grad, g0); /* added to in place */
     assert_int_equal(dg_profile_flush(), 0);
     char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    dg_profile_report(f, 1);
-    fclose(f);
-    char *row = strstr(text, "linear                       accumulate");
-    *acc_calls = 0;
-    if (row) assert_int_equal(sscanf(row + 40, "%lf", acc_calls), 1);
+    profile_text(1, &text);
+    *acc_calls = row_calls(text, "linear                       accumulate");
     free(text);
     dg_profile_end();
     dg_set_anomaly_mode(false);
