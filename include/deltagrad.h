@@ -217,6 +217,11 @@ dg_tensor *dg_conv1d(dg_tensor *x, dg_tensor *w, dg_tensor *bias, bool silu);
 dg_tensor *dg_swiglu(dg_tensor *gate, dg_tensor *up); /* silu(gate) * up */
 /* logits [N,C] (or [...,C]), targets i64 [N] (or [...]); mean over targets != ignore_index */
 dg_tensor *dg_cross_entropy(dg_tensor *logits, dg_tensor *targets, int64_t ignore_index);
+/* cross_entropy(linear(x, w, NULL), targets, ignore_index) without storing the logits: x [...,D],
+ * w [C,D], targets i64 [...]; the rows go through the head in chunks of chunk_rows (0: as many as
+ * keep a chunk's logits within 64 MiB), the backward recomputes each chunk's logits */
+dg_tensor *dg_linear_cross_entropy(dg_tensor *x, dg_tensor *w, dg_tensor *targets, int64_t ignore_index,
+                                   int64_t chunk_rows);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,39 @@ static inline dg_tensor *dg_nn_contig(dg_tensor *t, bool *fail) {
     return c;
 }
 
+/* targets is i64 on x's device with x's shape without its last dim (x [..., K]: logits, or the
+ * features of linear_cross_entropy) */
+static inline bool dg_nn_check_targets(const char *op, const dg_tensor *targets, const char *x_arg,
+                                       const dg_tensor *x) {
+    if (!dg_check_not_null(op, "targets", targets)) return false;
+    if (targets->dtype != DG_I64) {
+        dg_error("%s: targets has dtype %s (shape %s) but must be i64 (%s %s)", op, dg_dtype_name(targets->dtype),
+                 dg_shp(targets), x_arg, dg_shp(x));
+        return false;
+    }
+    if (!dg_check_same_device(op, "targets", targets, x_arg, x)) return false;
+    bool shape_ok = targets->ndim == x->ndim - 1;
+    for (int d = 0; shape_ok && d < targets->ndim; d++) shape_ok = targets->shape[d] == x->shape[d];
+    if (shape_ok) return true;
+    dg_error("%s: targets has shape %s but %s has %s (targets must have the shape of %s without its last dim)", op,
+             dg_shp(targets), x_arg, dg_shp(x), x_arg);
+    return false;
+}
+
+/* Class ids (contiguous i64, host or device) are ignore or in [0,C); else the error names the
+ * first bad one and the tensor the classes come from (cross_entropy's logits, linear_cross_entropy's
+ * w).  On the device this reads back (one synchronisation), except while a CUDA graph is captured. */
+static inline bool dg_nn_targets_valid(const char *op, const dg_tensor *t, int64_t C, int64_t ignore,
+                                       const char *from_arg, const dg_tensor *from) {
+    int64_t val, bad = dg_first_bad_index(op, t, C, true, ignore, &val);
+    if (bad == -1) return true;
+    if (bad < 0) return false;
+    dg_error("%s: target %lld (targets %s, flat position %lld) is out of range for C = %lld classes "
+             "(%s %s, ignore_index %lld)",
+             op, (long long)val, dg_shp(t), (long long)bad, (long long)C, from_arg, dg_shp(from), (long long)ignore);
+    return false;
+}
+
 /* A random float sample N(0, scale^2) of the given shape (contiguous). */
 static inline dg_tensor *dg_nn_sample_randn(dg_rng *rng, dg_dtype dt, int ndim, const int64_t *shape, double scale) {
     dg_tensor *t = dg_randn(ndim, shape, dt, rng);

@@ -19,15 +19,9 @@ enum { CE_LOGITS, CE_TARGETS };
 
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 
-/* targets (contiguous, host) are ignore_index or in [0,C); else the error names the first bad one */
+/* targets (contiguous) are ignore_index or in [0,C) */
 static bool targets_valid(const dg_tensor *t, const dg_tensor *logits, int64_t ignore) {
-    int64_t C = dg_nn_last(logits), val, bad = dg_first_bad_index("cross_entropy", t, C, true, ignore, &val);
-    if (bad == -1) return true;
-    if (bad < 0) return false;
-    dg_error("cross_entropy: target %lld (targets %s, flat position %lld) is out of range for C = %lld classes "
-             "(logits %s, ignore_index %lld)",
-             (long long)val, dg_shp(t), (long long)bad, (long long)C, dg_shp(logits), (long long)ignore);
-    return false;
+    return dg_nn_targets_valid("cross_entropy", t, dg_nn_last(logits), ignore, "logits", logits);
 }
 
 static int cross_entropy_forward(dg_node *n) {
@@ -92,21 +86,7 @@ static int cross_entropy_backward(dg_node *n, dg_tensor *const *gout, dg_tensor 
 
 dg_tensor *dg_cross_entropy(dg_tensor *logits, dg_tensor *targets, int64_t ignore_index) {
     const char *op = "cross_entropy";
-    if (!dg_nn_check_x(op, "logits", logits) || !dg_check_not_null(op, "targets", targets)) return NULL;
-    if (targets->dtype != DG_I64) {
-        dg_error("cross_entropy: targets has dtype %s (shape %s) but must be i64 (logits %s)",
-                 dg_dtype_name(targets->dtype), dg_shp(targets), dg_shp(logits));
-        return NULL;
-    }
-    if (!dg_check_same_device(op, "targets", targets, "logits", logits)) return NULL;
-    bool shape_ok = targets->ndim == logits->ndim - 1;
-    for (int d = 0; shape_ok && d < targets->ndim; d++) shape_ok = targets->shape[d] == logits->shape[d];
-    if (!shape_ok) {
-        dg_error("cross_entropy: targets has shape %s but logits has %s (targets must be logits' shape "
-                 "without the class dim)",
-                 dg_shp(targets), dg_shp(logits));
-        return NULL;
-    }
+    if (!dg_nn_check_x(op, "logits", logits) || !dg_nn_check_targets(op, targets, "logits", logits)) return NULL;
     if (dg_nn_last(logits) < 1) {
         dg_error("cross_entropy: logits has shape %s but needs at least one class", dg_shp(logits));
         return NULL;

@@ -39,6 +39,7 @@ DG_OP(l2norm)
 DG_OP(conv1d)
 DG_OP(swiglu)
 DG_OP(cross_entropy)
+DG_OP(linear_cross_entropy)
 /* the delta-rule family (ops/delta/) */
 DG_OP(delta_rule)
 DG_OP(gated_delta_rule)

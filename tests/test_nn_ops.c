@@ -393,6 +393,74 @@ static void test_cross_entropy_bad_input(void **state) {
                  "cross_entropy: logits has shape [3,0] but needs at least one class");
 }
 
+/* ---- linear_cross_entropy: the head and the cross-entropy fused, the logits in chunks ---------- */
+
+/* loss, dx, dw of cross_entropy(linear(x, w)) (fused: linear_cross_entropy with chunk rows ch) */
+static void lce_run(bool fused, dg_tensor *x0, dg_tensor *w0, dg_tensor *t, int64_t ignore, int64_t ch,
+                    dg_tensor **out) {
+    dg_tensor *x = dg_clone(x0), *w = dg_clone(w0);
+    dg_set_requires_grad(x, true);
+    dg_set_requires_grad(w, true);
+    dg_tensor *l =
+        fused ? dg_linear_cross_entropy(x, w, t, ignore, ch) : dg_cross_entropy(dg_linear(x, w, NULL), t, ignore);
+    assert_non_null(l);
+    assert_int_equal(dg_backward(l, NULL), 0);
+    out[0] = l;
+    out[1] = x->grad;
+    out[2] = w->grad;
+}
+
+/* the fused op gives linear + cross_entropy's loss and gradients for chunk sizes that divide the
+ * rows, do not (a short last chunk), one row, all rows, and more than the rows; f64 to rounding,
+ * f32 within f32 GEMM reordering */
+static void test_linear_cross_entropy_matches_unfused(void **state) {
+    const int64_t N = 37, D = 24, C = 300, chunks[] = {0, 1, 5, 37, 64};
+    int64_t tg[37];
+    for (int i = 0; i < N; i++) tg[i] = i % 9 == 4 ? -100 : (i * 53) % C;
+    dg_tensor *t = dg_from_data(DG_SHAPE(N), DG_I64, tg);
+    for (int f = 0; f < 2; f++) {
+        dg_dtype dt = f ? DG_F32 : DG_F64;
+        double tol = f ? 2e-6 : 1e-13;
+        dg_tensor *x = dg_mul_scalar(randn(DG_SHAPE(N, D), dt), 0.7), *w = randn(DG_SHAPE(C, D), dt), *ref[3];
+        lce_run(false, x, w, t, -100, 0, ref);
+        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+            dg_tensor *got[3];
+            lce_run(true, x, w, t, -100, chunks[k], got);
+            static const char *const what[3] = {"loss", "dx", "dw"};
+            for (int i = 0; i < 3; i++) {
+                double e = dg_test_rel_err(got[i], ref[i]);
+                if (!(e <= tol))
+                    fail_msg("%s, chunk rows %lld: %s rel err %.3g > %.3g", dg_dtype_name(dt), (long long)chunks[k],
+                             what[i], e, tol);
+            }
+        }
+    }
+}
+
+static void test_linear_cross_entropy_bad_input(void **state) {
+    dg_tensor *x = dg_zeros(DG_SHAPE(3, 4), DG_F32), *w = dg_zeros(DG_SHAPE(5, 4), DG_F32);
+    dg_tensor *t = dg_zeros(DG_SHAPE(3), DG_I64);
+    EXPECT_ERROR(dg_linear_cross_entropy(x, w, dg_from_data(DG_SHAPE(3), DG_I64, (int64_t[]){0, 5, 1}), -100, 0),
+                 "linear_cross_entropy: target 5 (targets [3], flat position 1) is out of range for C = 5 classes "
+                 "(w [5,4], ignore_index -100)");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, dg_zeros(DG_SHAPE(5, 3), DG_F32), t, -100, 0),
+                 "linear_cross_entropy: w has shape [5,3] but must be [C,4] with C >= 1 classes for x [3,4]");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, dg_zeros(DG_SHAPE(0, 4), DG_F32), t, -100, 0),
+                 "linear_cross_entropy: w has shape [0,4] but must be [C,4]");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, dg_zeros(DG_SHAPE(5, 4), DG_F64), t, -100, 0),
+                 "linear_cross_entropy: w has dtype f64");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, w, dg_zeros(DG_SHAPE(4), DG_I64), -100, 0),
+                 "linear_cross_entropy: targets has shape [4] but x has [3,4]");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, w, dg_zeros(DG_SHAPE(3), DG_F32), -100, 0),
+                 "linear_cross_entropy: targets has dtype f32 (shape [3]) but must be i64 (x [3,4])");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, w, t, -100, -1), "linear_cross_entropy: chunk_rows is -1 but must be >= 0");
+    EXPECT_ERROR(dg_linear_cross_entropy(dg_zeros(DG_SHAPE(3, 4), DG_I64), w, t, -100, 0),
+                 "linear_cross_entropy: x has dtype i64");
+    EXPECT_ERROR(dg_linear_cross_entropy(NULL, w, t, -100, 0), "linear_cross_entropy: x is NULL");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, NULL, t, -100, 0), "linear_cross_entropy: w is NULL");
+    EXPECT_ERROR(dg_linear_cross_entropy(x, w, NULL, -100, 0), "linear_cross_entropy: targets is NULL");
+}
+
 /* ---- the f32 kernels' exp (a vectorisable polynomial) ----------------------------------------- */
 
 static void test_fast_expf(void **state) {
@@ -411,8 +479,8 @@ static void test_fast_expf(void **state) {
 
 /* ---- every sample: f32 forward and backward agree with f64 ------------------------------------ */
 
-static const char *const nn_ops[] = {"linear", "embedding", "rms_norm", "gated_rms_norm",
-                                     "l2norm", "conv1d",    "swiglu",   "cross_entropy"};
+static const char *const nn_ops[] = {"linear", "embedding", "rms_norm",      "gated_rms_norm",      "l2norm",
+                                     "conv1d", "swiglu",    "cross_entropy", "linear_cross_entropy"};
 
 /* out and the gradients of sum(out * r) for the sample's inputs converted to dt */
 static void run_sample(const dg_op_def *def, const dg_sample *s, dg_dtype dt, dg_tensor *r, dg_tensor **out,
@@ -544,6 +612,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cross_entropy_all_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_grad, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_linear_cross_entropy_matches_unfused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_linear_cross_entropy_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fast_expf, setup, teardown),
         cmocka_unit_test_setup_teardown(test_f32_matches_f64, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_sizes, setup, teardown),

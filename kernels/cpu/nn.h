@@ -65,9 +65,28 @@
      * the row log-sum-exp (unset on ignored rows).  Targets must be ignore or in [0,C). */                    \
     void dg_nn_cross_entropy_fwd_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
                                        R *loss, R *lse, int64_t *count);                                               \
-    /* dlogits[n,c] = dloss / count * (softmax[n,c] - [c == t_n]); 0 on ignored rows */                                \
+    /* dlogits[n,c] = dloss / count * (softmax[n,c] - [c == t_n]); 0 on ignored rows (dlogits may  \
+     * be logits: in place) */                   \
     void dg_nn_cross_entropy_bwd_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
-                                       const R *lse, double dloss, int64_t count, R *dlogits);
+                                       const R *lse, double dloss, int64_t count, R *dlogits);                         \
+    /* the forward's two halves, for callers that see the rows in chunks (linear_cross_entropy):  \
+     * lse on the scored rows; then *total += sum_scored (lse_n - logits[n,t_n]), *count += scored \
+     * rows, in row order */                    \
+    void dg_nn_cross_entropy_lse_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
+                                       R *lse);                                                                        \
+    void dg_nn_cross_entropy_sum_##SFX(int64_t N, int64_t C, const R *logits, const int64_t *targets, int64_t ignore,  \
+                                       const R *lse, double *total, int64_t *count);                                   \
+                                                                                                                       \
+    /* linear_cross_entropy, x [N,D], w [C,D], targets [N]: cross_entropy(x w^T, targets) with   \
+     * the rows in chunks of CH whose logits go to buf [CH,C] (scratch, overwritten): lse [N] and  \
+     * the loss; the backward recomputes each chunk's logits and writes dx [N,D] and dw [C,D]     \
+     * (either may be NULL). */                     \
+    void dg_nn_linear_cross_entropy_fwd_##SFX(int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w,     \
+                                              const int64_t *targets, int64_t ignore, R *buf, R *loss, R *lse,         \
+                                              int64_t *count);                                                         \
+    void dg_nn_linear_cross_entropy_bwd_##SFX(int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w,     \
+                                              const int64_t *targets, int64_t ignore, const R *lse, double dloss,      \
+                                              int64_t count, R *buf, R *dx, R *dw);
 
 DG_NN_DECLARE(float, f32)
 DG_NN_DECLARE(double, f64)

@@ -89,6 +89,19 @@ int dg_cuda_cross_entropy_fwd(dg_dtype dt, int64_t N, int64_t C, const void *log
  * device scalars (no synchronisation). */
 int dg_cuda_cross_entropy_bwd(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
                               int64_t ignore, const void *lse, const void *dloss, const int64_t *count, void *dlogits);
+/* The same with dlogits of dtype out_dt: dt itself, or bf16 for f32 logits.  With out_dt == dt,
+ * dlogits may be logits (in place). */
+int dg_cuda_cross_entropy_grad(dg_dtype dt, dg_dtype out_dt, int64_t N, int64_t C, const void *logits,
+                               const int64_t *targets, int64_t ignore, const void *lse, const void *dloss,
+                               const int64_t *count, void *dlogits);
+/* The forward's two passes, for rows seen in chunks (linear_cross_entropy), f32 or f64 logits:
+ * rows writes lse [N] (0 on ignored rows) and term[n] = lse_n - logits[n,t_n] (0 on ignored rows),
+ * in f64; loss then adds the scored terms of all N rows in a fixed order: loss[0] = their sum /
+ * count (0 when none), count[0] (device i64) = scored rows.  Nothing is read back. */
+int dg_cuda_cross_entropy_rows(dg_dtype dt, int64_t N, int64_t C, const void *logits, const int64_t *targets,
+                               int64_t ignore, void *lse, double *term);
+int dg_cuda_cross_entropy_loss(dg_dtype dt, int64_t N, const int64_t *targets, int64_t ignore, const double *term,
+                               void *loss, int64_t *count);
 
 /* ---- optimiser (nn_optim.cu) ------------------------------------------------------------------ */
 /* The AdamW update and the multi-tensor step: kernels/cuda/optim_cuda.h. */
