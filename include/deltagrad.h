@@ -219,7 +219,9 @@ dg_tensor *dg_swiglu(dg_tensor *gate, dg_tensor *up); /* silu(gate) * up */
 dg_tensor *dg_cross_entropy(dg_tensor *logits, dg_tensor *targets, int64_t ignore_index);
 /* cross_entropy(linear(x, w, NULL), targets, ignore_index) without storing the logits: x [...,D],
  * w [C,D], targets i64 [...]; the rows go through the head in chunks of chunk_rows (0: as many as
- * keep a chunk's logits within 64 MiB), the backward recomputes each chunk's logits */
+ * keep a chunk's logits, f32 or f64, within DG_LINEAR_CE_CHUNK_BYTES), the backward recomputes
+ * each chunk's logits */
+#define DG_LINEAR_CE_CHUNK_BYTES ((int64_t)64 << 20)
 dg_tensor *dg_linear_cross_entropy(dg_tensor *x, dg_tensor *w, dg_tensor *targets, int64_t ignore_index,
                                    int64_t chunk_rows);
 

@@ -190,8 +190,10 @@ dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
     return head(lm, dg_lm_hidden(lm, ids, cache));
 }
 
-dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore,
-                               dg_tensor **targets_out) {
+/* the final hidden states [n, hidden] of the positions dg_lm_scored_logits gives logits for, and
+ * their targets */
+static dg_tensor *scored_hidden(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore,
+                                dg_tensor **targets_out) {
     if (!ids || !targets) return NULL;
     if (targets->dtype != DG_I64 || !dg_same_shape(ids, targets)) {
         dg_error("lm: targets has shape %s (%s) but i64 like ids %s is required", dg_shp(targets),
@@ -205,7 +207,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
          * position through the head, the ignored ones skipped by the cross-entropy there; nothing
          * is read back */
         *targets_out = on_model_device(lm, dg_reshape(targets, DG_SHAPE(N)));
-        return head(lm, dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)));
+        return dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size));
     }
     /* host targets: the scored positions are found on the host */
     dg_tensor *tc = dg_contiguous(targets);
@@ -219,7 +221,7 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
     }
     if (n == N) { /* every position scored (language modelling) */
         *targets_out = on_model_device(lm, dg_reshape(tc, DG_SHAPE(N)));
-        return head(lm, dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size)));
+        return dg_reshape(dg_lm_hidden(lm, ids, NULL), DG_SHAPE(N, lm->cfg.hidden_size));
     }
     dg_tensor *pos = dg_empty(DG_SHAPE(n), DG_I64), *tsel = dg_empty(DG_SHAPE(n), DG_I64);
     if (!pos || !tsel) return NULL;
@@ -230,16 +232,26 @@ dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targe
             tp[j++] = tg[i];
         }
     *targets_out = on_model_device(lm, tsel);
-    /* the last block's output, the final norm and the head only at the scored positions */
-    return head(lm, hidden(lm, ids, NULL, pos));
+    /* the last block's output and the final norm (then the head) only at the scored positions */
+    return hidden(lm, ids, NULL, pos);
 }
 
+dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore,
+                               dg_tensor **targets_out) {
+    return head(lm, scored_hidden(lm, ids, targets, ignore, targets_out));
+}
+
+/* Without logits_out the head and the cross-entropy are one op (linear_cross_entropy): the
+ * [n, vocab] logits are made a chunk of rows at a time and never stored whole, nor their gradient. */
 dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore, dg_tensor **logits_out,
                       dg_tensor **targets_out) {
     dg_tensor *t = NULL;
-    dg_tensor *logits = dg_lm_scored_logits(lm, ids, targets, ignore, &t);
-    if (!logits) return NULL;
-    if (logits_out) *logits_out = logits;
+    dg_tensor *h = scored_hidden(lm, ids, targets, ignore, &t);
+    if (!h) return NULL;
     if (targets_out) *targets_out = t;
+    if (!logits_out) return dg_linear_cross_entropy(h, dg_mixer_weight(&lm->mixer_opts, lm->lm_head), t, ignore, 0);
+    dg_tensor *logits = head(lm, h);
+    if (!logits) return NULL;
+    *logits_out = logits;
     return dg_cross_entropy(logits, t, ignore);
 }

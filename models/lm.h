@@ -85,7 +85,9 @@ dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache);
 dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore_index,
                                dg_tensor **targets_out);
 /* Mean cross-entropy over the positions whose target is not ignore_index (a one-element tensor).
- * If logits_out is not NULL it receives the scored logits and targets_out their targets. */
+ * If logits_out is not NULL it receives the scored logits (the head, then cross_entropy); without
+ * it the head and the loss are one op, linear_cross_entropy, which never stores the logits whole.
+ * targets_out (may be NULL) receives the scored positions' targets. */
 dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore_index, dg_tensor **logits_out,
                       dg_tensor **targets_out);
 

@@ -1,6 +1,7 @@
 /* Memory estimate of a training run and available memory (models/memory_estimate.h). */
 #include "models/memory_estimate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,11 @@ double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config
      * residual stream and norms ~6d, the MLP ~2 mlp, q/k/v and their convolutions ~4 (HK + HV Vd),
      * the state at every chunk boundary 2 HV K Vd / C, chunk-local matrices 2 HV C */
     double per_token_layer = 6 * d + 2 * mlp + 4 * (H * K + HV * Vd) + 2 * HV * K * Vd / C + 2 * HV * C;
-    double per_token = L * per_token_layer + V; /* the logits, with their gradient, once */
+    double per_token = L * per_token_layer;
+    /* the head's logits: never stored whole (linear_cross_entropy), one chunk of them at a time */
+    double head = fmin(4 * tokens * V, (double)DG_LINEAR_CE_CHUNK_BYTES);
     double heldout = tc->task == DG_TASK_MQAR ? 2.0 * 8 * (double)tc->eval_examples * T : 0;
-    return 16 * params + 4 * tokens * per_token + heldout;
+    return 16 * params + 4 * tokens * per_token + head + heldout;
 }
 
 /* A number from a one-line file (cgroup limits), or -1 ("max", missing, unreadable). */

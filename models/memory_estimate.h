@@ -9,8 +9,8 @@
 
 /* Bytes a training run of mc and tc holds at its peak: the parameters with their gradients and
  * AdamW's two moments, the activations a step saves for its backward pass (per token and layer: the
- * projections, the MLP, the chunked delta rule's per-chunk states and chunk-local matrices; per
- * token: the logits), and the held-out set.  Computed in double, so absurd sizes do not overflow.
+ * projections, the MLP, the chunked delta rule's per-chunk states and chunk-local matrices), one
+ * chunk of the head's logits (the loss never stores them whole), and the held-out set.  Computed in double, so absurd sizes do not overflow.
  * Fitted to dg_peak_bytes on the CPU: within 15% of it for the default model and for small GDN and
  * KDA models, chunked or recurrent (tests/test_model_memory.c checks it). */
 double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config *tc);

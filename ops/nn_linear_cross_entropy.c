@@ -12,7 +12,8 @@
  * Memory: N C logits and N C dlogits (stored by linear + cross_entropy) become CH C, so the head's
  * memory no longer grows with the tokens of a step.  The price is the recomputed GEMM: three
  * products of N C D in the backward instead of two.
- * chunk_rows: CH, or 0 for the rows whose logits take at most LCE_CHUNK_BYTES (at least one row).
+ * chunk_rows: CH, or 0 for the rows whose logits take at most DG_LINEAR_CE_CHUNK_BYTES (64 MiB; at
+ * least one row): 524 rows of a 32k vocabulary in f32.
  * The CPU kernels: kernels/cpu/nn_linear_cross_entropy_impl.h (f32, f64).  On the device the
  * products go to cuBLAS (dg_cuda_gemm, f32 compute, no TF32) and the chunk's cross-entropy to the
  * kernels of kernels/cuda/nn_cross_entropy.cu: the rows pass writes lse and each row's term into
@@ -34,19 +35,17 @@
 
 typedef struct {
     int64_t ignore_index;
-    int64_t chunk_rows; /* 0: chosen from LCE_CHUNK_BYTES */
+    int64_t chunk_rows; /* 0: chosen from DG_LINEAR_CE_CHUNK_BYTES */
 } lce_attrs;
 
 enum { LCE_X, LCE_W, LCE_TARGETS };
 
-/* the most bytes one chunk of logits takes when chunk_rows is 0 */
-#define LCE_CHUNK_BYTES ((int64_t)64 << 20)
-
 #define P(t) ((t) ? dg_data_ptr(t) : NULL)
 
-/* the rows of one chunk: chunk_rows, or as many as fit LCE_CHUNK_BYTES; at least 1, at most N */
+/* the rows of one chunk: chunk_rows, or as many as fit DG_LINEAR_CE_CHUNK_BYTES; at least 1, at
+ * most N */
 static int64_t chunk_rows(const lce_attrs *at, int64_t N, int64_t C, dg_dtype stat_dt) {
-    int64_t ch = at->chunk_rows > 0 ? at->chunk_rows : LCE_CHUNK_BYTES / (C * (int64_t)dg_dtype_size(stat_dt));
+    int64_t ch = at->chunk_rows > 0 ? at->chunk_rows : DG_LINEAR_CE_CHUNK_BYTES / (C * (int64_t)dg_dtype_size(stat_dt));
     if (ch > N) ch = N;
     if (ch > INT_MAX) ch = INT_MAX; /* a BLAS dimension */
     return ch < 1 ? 1 : ch;

@@ -92,6 +92,8 @@ static void test_bf16_on_cpu_refused(void **state) {
     EXPECT_BF16_REFUSED(dg_swiglu(xb, xb), "swiglu", "gate");
     EXPECT_BF16_REFUSED(dg_linear(xb, dg_to_dtype(f32(3, 4), DG_BF16), NULL), "linear", "x");
     EXPECT_BF16_REFUSED(dg_cross_entropy(xb, ids, -100), "cross_entropy", "logits");
+    EXPECT_BF16_REFUSED(dg_linear_cross_entropy(xb, dg_to_dtype(f32(3, 4), DG_BF16), ids, -100, 0),
+                        "linear_cross_entropy", "x");
     EXPECT_BF16_REFUSED(dg_embedding(xb, ids), "embedding", "weight");
     snprintf(msg, sizeof msg, "conv1d: x has dtype bf16 (shape [1,2,4]) on cpu; bf16 runs on cuda only");
     EXPECT_NULL(dg_conv1d(dg_reshape(xb, DG_SHAPE(1, 2, 4)), dg_to_dtype(f32(4, 2), DG_BF16), NULL, true), msg);

@@ -72,8 +72,9 @@ static void test_registry_parity_f64(void **state) { parity_all(DG_F64, 1e-12); 
 static const double bf16_tol = 0.00390625; /* 2^-8, see the header */
 
 /* the ops whose device kernels take bf16: a refusal from one of them fails the test */
-static const char *const takes_bf16[] = {"matmul",         "linear", "embedding", "rms_norm", "add_rms_norm",
-                                         "gated_rms_norm", "l2norm", "conv1d",    "swiglu",   "cross_entropy"};
+static const char *const takes_bf16[] = {"matmul",       "linear",        "embedding",           "rms_norm",
+                                         "add_rms_norm", "l2norm",        "gated_rms_norm",      "conv1d",
+                                         "swiglu",       "cross_entropy", "linear_cross_entropy"};
 
 static void test_registry_parity_bf16(void **state) {
     dg_test_require_cuda();
@@ -172,6 +173,8 @@ static void test_device_bad_ids(void **state) {
     dg_tensor *t = dg_to_device(dg_from_data(DG_SHAPE(3), DG_I64, (int64_t[]){-100, 0, -3}), DG_CUDA);
     assert_null(dg_cross_entropy(logits, t, -100));
     assert_error_contains("target -3");
+    assert_null(dg_linear_cross_entropy(logits, dg_to_device(dg_ones(DG_SHAPE(5, 4), DG_F32), DG_CUDA), t, -100, 2));
+    assert_error_contains("linear_cross_entropy: target -3");
     /* the device still works after both */
     assert_true(dg_item(dg_sum_all(logits)) == 12.0);
     dg_scope_end();
@@ -189,6 +192,7 @@ static dg_tensor *f_rms(dg_tensor *const *in) { return dg_rms_norm(in[0], in[1],
 static dg_tensor *f_grms(dg_tensor *const *in) { return dg_gated_rms_norm(in[0], in[1], in[2], 1e-5); }
 static dg_tensor *f_l2(dg_tensor *const *in) { return dg_l2norm(in[0], 1e-6); }
 static dg_tensor *f_ce(dg_tensor *const *in) { return dg_cross_entropy(in[0], in[1], -100); }
+static dg_tensor *f_lce(dg_tensor *const *in) { return dg_linear_cross_entropy(in[0], in[1], in[2], -100, 96); }
 static dg_tensor *f_conv(dg_tensor *const *in) { return dg_conv1d(in[0], in[1], in[2], true); }
 static dg_tensor *f_conv_plain(dg_tensor *const *in) { return dg_conv1d(in[0], in[1], NULL, false); }
 static dg_tensor *f_emb(dg_tensor *const *in) { return dg_embedding(in[0], in[1]); }
@@ -275,6 +279,8 @@ static void test_larger_shapes(void **state) {
     big_case("cross_entropy [64,3000]", f_ce, 2,
              (dg_tensor *[]){dg_mul_scalar(RN(64, 3000), 3.0), ids_below(&r, DG_SHAPE(64), 3000, 7)});
     big_case("cross_entropy [2000,10]", f_ce, 2, (dg_tensor *[]){RN(2000, 10), ids_below(&r, DG_SHAPE(2000), 10, 5)});
+    big_case("linear_cross_entropy [300,64] x [3000,64] (chunks of 96)", f_lce, 3,
+             (dg_tensor *[]){RN(300, 64), dg_mul_scalar(RN(3000, 64), 0.3), ids_below(&r, DG_SHAPE(300), 3000, 7)});
     big_case("conv1d [3,400,48] W 4 (dw in chunks)", f_conv, 3, (dg_tensor *[]){RN(3, 400, 48), RN(48, 4), RN(48)});
     /* the device kernel's tiles: 128 channels by 64 steps, windows of at most 4 or 8 */
     big_case("conv1d [2,200,300] W 4 (3 channel blocks, 4 tiles)", f_conv, 3,
