@@ -23,8 +23,9 @@
  * logits are accumulated and kept in f32 (the buffer is f32, lse and the loss f32); G is rounded
  * once to bf16 into a second buffer [CH, C] for the two bf16 products; dx is bf16 and dw
  * accumulates over the chunks in f32: under mixed precision, where w is the bf16 cast of an f32
- * master weight, that f32 sum is the master's gradient itself (dg_cast_grad_dtype, ops/op.h), else
- * it is rounded once to bf16 at the end. */
+ * master weight, that f32 sum is the master's gradient itself (dg_cast_grad_dtype, ops/op.h), added
+ * straight into its .grad (dg_grad_target) as linear's is; else it is rounded once to bf16 at the
+ * end. */
 #include "ops/nn_common.h"
 
 #include <limits.h>
@@ -84,21 +85,22 @@ static int lce_forward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_te
     return 0;
 }
 
-/* dx (x's dtype) and dw (dw_dt: w's, or f32 for the cast of an f32 master) or NULL; dloss and the
- * count stay on the device */
+/* dx (x's dtype) and dw (w's, or f32 for the cast of an f32 master) or NULL, written or, with
+ * acc_dx / acc_dw, added to; dloss and the count stay on the device */
 static int lce_backward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_tensor *w, dg_tensor *t,
-                             const dg_tensor *dloss, dg_tensor *dx, dg_tensor *dw) {
+                             const dg_tensor *dloss, dg_tensor *dx, dg_tensor *dw, bool acc_dx, bool acc_dw) {
     const dg_tensor *lse = n->saved[0], *cnt = n->saved[1];
     int64_t N = dg_nn_rows(x), C = w->shape[0], D = w->shape[1];
     int64_t CH = chunk_rows(at, N, C, lse->dtype);
     dg_tensor *buf = dg_empty_on(2, (int64_t[]){CH, C}, lse->dtype, x->device);
     /* G in x's dtype: the buffer itself (in place), or a bf16 copy of it for the bf16 products */
     dg_tensor *g = x->dtype == buf->dtype ? buf : dg_empty_on(2, (int64_t[]){CH, C}, x->dtype, x->device);
-    /* dw's sum over chunks: f32 for bf16 products (dw itself when it is f32) */
+    /* dw's sum over chunks: f32 for bf16 products (dw itself when it is f32; a bf16 dw is never a
+     * target to add to, lce_backward) */
     dg_dtype acc_dt = x->dtype == DG_BF16 ? DG_F32 : x->dtype;
     dg_tensor *acc = !dw || dw->dtype == acc_dt ? dw : dg_empty_on(2, w->shape, acc_dt, x->device);
     if (!buf || !g || (dw && !acc)) return -1;
-    if (acc && N == 0 && dg_cuda_fill(acc_dt, C * D, P(acc), 0.0)) return -1;
+    if (acc && N == 0 && !acc_dw && dg_cuda_fill(acc_dt, C * D, P(acc), 0.0)) return -1;
     for (int64_t r0 = 0; r0 < N; r0 += CH) {
         int64_t rows = N - r0 < CH ? N - r0 : CH;
         if (chunk_logits_cuda(x, w, r0, rows, buf) ||
@@ -106,12 +108,12 @@ static int lce_backward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_t
                                        at_elem(lse, r0), P(dloss), P(cnt), P(g)))
             return -1;
         /* dx_c [rows, D] = G [rows, C] w [C, D] */
-        if (dx && dg_cuda_gemm(x->dtype, x->dtype, false, false, rows, D, C, 1.0, P(g), C, 0, P(w), D, 0, 0.0,
+        if (dx && dg_cuda_gemm(x->dtype, x->dtype, false, false, rows, D, C, 1.0, P(g), C, 0, P(w), D, 0, acc_dx,
                                at_elem(dx, r0 * D), D, 0, 1))
             return -1;
         /* dw [C, D] (+)= G^T x_c: G stored [rows, C] is op(A)^T */
         if (acc && dg_cuda_gemm(x->dtype, acc_dt, true, false, C, D, rows, 1.0, P(g), C, 0, at_elem(x, r0 * D), D, 0,
-                                r0 ? 1.0 : 0.0, P(acc), D, 0, 1))
+                                r0 || acc_dw ? 1.0 : 0.0, P(acc), D, 0, 1))
             return -1;
     }
     if (acc && acc != dw && dg_cuda_cast(C * D, dw->dtype, P(dw), acc_dt, P(acc))) return -1;
@@ -163,13 +165,22 @@ static int lce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     int64_t N = dg_nn_rows(x), C = w->shape[0], D = w->shape[1], count = 0;
     /* under mixed precision (bf16 on the device) the f32 master's gradient straight from the sum */
     dg_dtype dw_dt = x->device == DG_CUDA && x->dtype == DG_BF16 ? dg_cast_grad_dtype(n->in[LCE_W]) : w->dtype;
-    dg_tensor *dx = n->needs_grad[LCE_X] ? dg_empty_like(x) : NULL;
-    dg_tensor *dw = n->needs_grad[LCE_W] ? dg_empty_on(2, w->shape, dw_dt, w->device) : NULL;
+    /* dx and dw go straight into their gradient slots where the engine allows (dg_grad_target), the
+     * products adding to the sum so far, as linear's do; not a bf16 dw (its f32 sum over the chunks
+     * is rounded once at the end), nor dw when x and w share one slot (dx and dw are written chunk
+     * by chunk, interleaved: dw then goes to a buffer of its own and through gin) */
+    bool dx_fresh = false, dw_fresh = false;
+    dg_tensor *dx_to = dg_grad_target(n, LCE_X, x->dtype, &dx_fresh);
+    dg_tensor *dw_to = dw_dt == DG_BF16 ? NULL : dg_grad_target(n, LCE_W, dw_dt, &dw_fresh);
+    if (dw_to && dw_to == dx_to) dw_to = NULL;
+    bool acc_dx = dx_to && !dx_fresh, acc_dw = dw_to && !dw_fresh;
+    dg_tensor *dx = dx_to ? dx_to : n->needs_grad[LCE_X] ? dg_empty_like(x) : NULL;
+    dg_tensor *dw = dw_to ? dw_to : n->needs_grad[LCE_W] ? dg_empty_on(2, w->shape, dw_dt, w->device) : NULL;
     if ((n->needs_grad[LCE_X] && !dx) || (n->needs_grad[LCE_W] && !dw)) return -1;
-    gin[LCE_X] = dx;
-    gin[LCE_W] = dw;
+    gin[LCE_X] = dx_to ? NULL : dx;
+    gin[LCE_W] = dw_to ? NULL : dw;
 #ifdef DG_HAVE_CUDA
-    if (x->device == DG_CUDA) return lce_backward_cuda(n, at, x, w, t, gout[0], dx, dw);
+    if (x->device == DG_CUDA) return lce_backward_cuda(n, at, x, w, t, gout[0], dx, dw, acc_dx, acc_dw);
 #endif
     if (!dg_nn_cpu_float("linear_cross_entropy", x)) return -1;
     const int64_t *tp = dg_data_ptr(t);
@@ -180,10 +191,10 @@ static int lce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     if (!buf) return -1;
     if (x->dtype == DG_F32)
         dg_nn_linear_cross_entropy_bwd_f32(N, D, C, CH, P(x), P(w), tp, at->ignore_index, P(n->saved[0]), dloss, count,
-                                           P(buf), P(dx), P(dw));
+                                           P(buf), P(dx), P(dw), acc_dx, acc_dw);
     else
         dg_nn_linear_cross_entropy_bwd_f64(N, D, C, CH, P(x), P(w), tp, at->ignore_index, P(n->saved[0]), dloss, count,
-                                           P(buf), P(dx), P(dw));
+                                           P(buf), P(dx), P(dw), acc_dx, acc_dw);
     return 0;
 }
 

@@ -437,6 +437,35 @@ static void test_linear_cross_entropy_matches_unfused(void **state) {
     }
 }
 
+/* the gradients that go straight into their slots (dg_grad_target) add to what is there: two
+ * backward passes into the same leaves, a second use of x before the op, and x and w one tensor
+ * (one slot for both, written chunk by chunk) give linear + cross_entropy's gradients */
+static void test_linear_cross_entropy_grad_slots(void **state) {
+    const int64_t C = 9, D = 5;
+    int64_t tg[9] = {3, -100, 0, 8, 8, 1, -100, 2, 5};
+    dg_tensor *t = dg_from_data(DG_SHAPE(C), DG_I64, tg);
+    dg_tensor *a0 = randn(DG_SHAPE(C, D), DG_F64), *g[2][2];
+    for (int fused = 0; fused < 2; fused++) {
+        dg_tensor *x = dg_clone(a0), *w = dg_clone(a0), *a = dg_clone(a0);
+        dg_set_requires_grad(x, true);
+        dg_set_requires_grad(w, true);
+        dg_set_requires_grad(a, true);
+        for (int pass = 0; pass < 2; pass++) {
+            dg_tensor *xs = dg_mul_scalar(x, 1.5); /* an inner node: its slot is the engine's sum */
+            dg_tensor *l =
+                fused ? dg_linear_cross_entropy(xs, w, t, -100, 4) : dg_cross_entropy(dg_linear(xs, w, NULL), t, -100);
+            assert_int_equal(dg_backward(dg_add(l, dg_sum_all(xs)), NULL), 0);
+        }
+        dg_tensor *l =
+            fused ? dg_linear_cross_entropy(a, a, t, -100, 4) : dg_cross_entropy(dg_linear(a, a, NULL), t, -100);
+        assert_int_equal(dg_backward(l, NULL), 0);
+        g[fused][0] = dg_cat(2, (dg_tensor *[]){x->grad, w->grad}, 0);
+        g[fused][1] = a->grad;
+    }
+    assert_close(g[1][0], g[0][0], 1e-13, "two passes into x and w");
+    assert_close(g[1][1], g[0][1], 1e-13, "x and w one tensor");
+}
+
 static void test_linear_cross_entropy_bad_input(void **state) {
     dg_tensor *x = dg_zeros(DG_SHAPE(3, 4), DG_F32), *w = dg_zeros(DG_SHAPE(5, 4), DG_F32);
     dg_tensor *t = dg_zeros(DG_SHAPE(3), DG_I64);
@@ -613,6 +642,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cross_entropy_grad, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_linear_cross_entropy_matches_unfused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_linear_cross_entropy_grad_slots, setup, teardown),
         cmocka_unit_test_setup_teardown(test_linear_cross_entropy_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fast_expf, setup, teardown),
         cmocka_unit_test_setup_teardown(test_f32_matches_f64, setup, teardown),

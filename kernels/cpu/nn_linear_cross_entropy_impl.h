@@ -21,18 +21,18 @@ void FN(dg_nn_linear_cross_entropy_fwd)(int64_t N, int64_t D, int64_t C, int64_t
 
 /* Per chunk, the logits recomputed and turned into their gradient in place:
  *   G = dloss/count (softmax(logits_c) - onehot(t_c))  (0 on ignored rows)
- *   dx_c = G w   [CH,D];    dw = sum over chunks of G^T x_c   [C,D] (beta = 1 after the first)
- * dx or dw may be NULL when not wanted. */
+ *   dx_c (+)= G w   [CH,D];    dw (+)= sum over chunks of G^T x_c   [C,D] (beta = 1 after the first)
+ * dx or dw may be NULL when not wanted; acc_dx, acc_dw: add to what they hold instead of writing. */
 void FN(dg_nn_linear_cross_entropy_bwd)(int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w,
                                         const int64_t *targets, int64_t ignore, const R *lse, double dloss,
-                                        int64_t count, R *buf, R *dx, R *dw) {
-    if (dw && N == 0)
+                                        int64_t count, R *buf, R *dx, R *dw, bool acc_dx, bool acc_dw) {
+    if (dw && N == 0 && !acc_dw)
         for (int64_t i = 0; i < C * D; i++) dw[i] = 0;
     for (int64_t r0 = 0; r0 < N; r0 += CH) {
         int64_t rows = dg_nn_min64(CH, N - r0);
         FN(dg_cpu_gemm)(false, true, rows, C, D, (R)1, x + r0 * D, D, w, D, (R)0, buf, C);
         FN(dg_nn_cross_entropy_bwd)(rows, C, buf, targets + r0, ignore, lse + r0, dloss, count, buf);
-        if (dx) FN(dg_cpu_gemm)(false, false, rows, D, C, (R)1, buf, C, w, D, (R)0, dx + r0 * D, D);
-        if (dw) FN(dg_cpu_gemm)(true, false, C, D, rows, (R)1, buf, C, x + r0 * D, D, r0 ? (R)1 : (R)0, dw, D);
+        if (dx) FN(dg_cpu_gemm)(false, false, rows, D, C, (R)1, buf, C, w, D, (R)acc_dx, dx + r0 * D, D);
+        if (dw) FN(dg_cpu_gemm)(true, false, C, D, rows, (R)1, buf, C, x + r0 * D, D, (R)(r0 || acc_dw), dw, D);
     }
 }
