@@ -6,12 +6,16 @@
  * but the logits [N, C] and their gradient are never held whole: the rows go in chunks of CH rows
  * whose logits fill one reused buffer [CH, C].  Forward, per chunk x_c:
  *   L = x_c w^T (GEMM into the buffer);  lse_c;  the running sum of lse_n - L[n, t_n]
- * and it saves lse [N] only.  Backward, per chunk, the logits recomputed (one more GEMM):
+ * and it saves lse [N] and the buffer, which holds the last chunk's logits.  Backward, per chunk
+ * from the last to the first, the logits made again but for the last chunk's (one more GEMM for
+ * every chunk but the last):
  *   L = x_c w^T;   G = dloss/count (softmax(L) - onehot(t_c)), in place, 0 on ignored rows
  *   dx_c = G w   [CH, D];     dw = sum over chunks of G^T x_c   [C, D]
+ * The backward uses the saved buffer up (it becomes G) and drops it: a second backward through the
+ * node makes the last chunk's logits again too.
  * Memory: N C logits and N C dlogits (stored by linear + cross_entropy) become CH C, so the head's
- * memory no longer grows with the tokens of a step.  The price is the recomputed GEMM: three
- * products of N C D in the backward instead of two.
+ * memory no longer grows with the tokens of a step.  The price is the GEMM made again for N - CH
+ * rows: nothing when every row fits one chunk, up to 4/3 of the head's products for many chunks.
  * chunk_rows: CH, or 0 for the rows whose logits take at most DG_LINEAR_CE_CHUNK_BYTES (64 MiB; at
  * least one row): 524 rows of a 32k vocabulary in f32.
  * The CPU kernels: kernels/cpu/nn_linear_cross_entropy_impl.h (f32, f64).  On the device the
@@ -52,6 +56,17 @@ static int64_t chunk_rows(const lce_attrs *at, int64_t N, int64_t C, dg_dtype st
     return ch < 1 ? 1 : ch;
 }
 
+/* The backward's chunk buffer: the forward's (saved[1]), which holds the last chunk's logits
+ * (*have_last), taken from the node since the backward turns it into their gradient; or, when a
+ * backward has taken it already, a new one. */
+static dg_tensor *last_logits(dg_node *n, int64_t CH, int64_t C, dg_dtype dt, bool *have_last) {
+    dg_tensor *buf = n->saved[1];
+    *have_last = buf != NULL;
+    if (!buf) return dg_empty_on(2, (int64_t[]){CH, C}, dt, n->in[LCE_X]->device);
+    n->saved[1] = NULL;
+    return dg_autorelease(buf);
+}
+
 #ifdef DG_HAVE_CUDA
 /* element `i` of contiguous t, for the chunk offsets of device pointers */
 static void *at_elem(const dg_tensor *t, int64_t i) {
@@ -81,6 +96,7 @@ static int lce_forward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_te
     }
     if (dg_cuda_cross_entropy_loss(loss->dtype, N, P(t), at->ignore_index, P(term), P(loss), P(cnt))) return -1;
     dg_save(n, lse);
+    dg_save(n, buf); /* the last chunk's logits */
     dg_save(n, cnt);
     return 0;
 }
@@ -89,10 +105,11 @@ static int lce_forward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_te
  * acc_dx / acc_dw, added to; dloss and the count stay on the device */
 static int lce_backward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_tensor *w, dg_tensor *t,
                              const dg_tensor *dloss, dg_tensor *dx, dg_tensor *dw, bool acc_dx, bool acc_dw) {
-    const dg_tensor *lse = n->saved[0], *cnt = n->saved[1];
+    const dg_tensor *lse = n->saved[0], *cnt = n->saved[2];
     int64_t N = dg_nn_rows(x), C = w->shape[0], D = w->shape[1];
     int64_t CH = chunk_rows(at, N, C, lse->dtype);
-    dg_tensor *buf = dg_empty_on(2, (int64_t[]){CH, C}, lse->dtype, x->device);
+    bool have_last = false;
+    dg_tensor *buf = last_logits(n, CH, C, lse->dtype, &have_last);
     /* G in x's dtype: the buffer itself (in place), or a bf16 copy of it for the bf16 products */
     dg_tensor *g = x->dtype == buf->dtype ? buf : dg_empty_on(2, (int64_t[]){CH, C}, x->dtype, x->device);
     /* dw's sum over chunks: f32 for bf16 products (dw itself when it is f32; a bf16 dw is never a
@@ -101,9 +118,10 @@ static int lce_backward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_t
     dg_tensor *acc = !dw || dw->dtype == acc_dt ? dw : dg_empty_on(2, w->shape, acc_dt, x->device);
     if (!buf || !g || (dw && !acc)) return -1;
     if (acc && N == 0 && !acc_dw && dg_cuda_fill(acc_dt, C * D, P(acc), 0.0)) return -1;
-    for (int64_t r0 = 0; r0 < N; r0 += CH) {
+    for (int64_t r0 = N > 0 ? (N - 1) / CH * CH : -1; r0 >= 0; r0 -= CH) { /* the last chunk first */
         int64_t rows = N - r0 < CH ? N - r0 : CH;
-        if (chunk_logits_cuda(x, w, r0, rows, buf) ||
+        bool first = r0 + rows == N;
+        if ((!(first && have_last) && chunk_logits_cuda(x, w, r0, rows, buf)) ||
             dg_cuda_cross_entropy_grad(buf->dtype, g->dtype, rows, C, P(buf), at_elem(t, r0), at->ignore_index,
                                        at_elem(lse, r0), P(dloss), P(cnt), P(g)))
             return -1;
@@ -113,7 +131,7 @@ static int lce_backward_cuda(dg_node *n, const lce_attrs *at, dg_tensor *x, dg_t
             return -1;
         /* dw [C, D] (+)= G^T x_c: G stored [rows, C] is op(A)^T */
         if (acc && dg_cuda_gemm(x->dtype, acc_dt, true, false, C, D, rows, 1.0, P(g), C, 0, at_elem(x, r0 * D), D, 0,
-                                r0 || acc_dw ? 1.0 : 0.0, P(acc), D, 0, 1))
+                                !first || acc_dw ? 1.0 : 0.0, P(acc), D, 0, 1))
             return -1;
     }
     if (acc && acc != dw && dg_cuda_cast(C * D, dw->dtype, P(dw), acc_dt, P(acc))) return -1;
@@ -152,6 +170,7 @@ static int lce_forward(dg_node *n) {
         dg_nn_linear_cross_entropy_fwd_f64(N, D, C, CH, P(x), P(w), P(t), at->ignore_index, P(buf), P(loss), P(lse),
                                            &count);
     dg_save(n, lse);
+    dg_save(n, buf); /* the last chunk's logits */
     return 0;
 }
 
@@ -187,14 +206,15 @@ static int lce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     for (int64_t i = 0; i < N; i++) count += tp[i] != at->ignore_index;
     double dloss = dg_item(gout[0]);
     int64_t CH = chunk_rows(at, N, C, x->dtype);
-    dg_tensor *buf = dg_empty(2, (int64_t[]){CH, C}, x->dtype);
+    bool have_last = false;
+    dg_tensor *buf = last_logits(n, CH, C, x->dtype, &have_last);
     if (!buf) return -1;
     if (x->dtype == DG_F32)
         dg_nn_linear_cross_entropy_bwd_f32(N, D, C, CH, P(x), P(w), tp, at->ignore_index, P(n->saved[0]), dloss, count,
-                                           P(buf), P(dx), P(dw), acc_dx, acc_dw);
+                                           P(buf), have_last, P(dx), P(dw), acc_dx, acc_dw);
     else
         dg_nn_linear_cross_entropy_bwd_f64(N, D, C, CH, P(x), P(w), tp, at->ignore_index, P(n->saved[0]), dloss, count,
-                                           P(buf), P(dx), P(dw), acc_dx, acc_dw);
+                                           P(buf), have_last, P(dx), P(dw), acc_dx, acc_dw);
     return 0;
 }
 

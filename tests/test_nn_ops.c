@@ -439,7 +439,8 @@ static void test_linear_cross_entropy_matches_unfused(void **state) {
 
 /* the gradients that go straight into their slots (dg_grad_target) add to what is there: two
  * backward passes into the same leaves, a second use of x before the op, and x and w one tensor
- * (one slot for both, written chunk by chunk) give linear + cross_entropy's gradients */
+ * (one slot for both, written chunk by chunk) give linear + cross_entropy's gradients; and a
+ * second backward through the same graph gives the first one's gradient again */
 static void test_linear_cross_entropy_grad_slots(void **state) {
     const int64_t C = 9, D = 5;
     int64_t tg[9] = {3, -100, 0, 8, 8, 1, -100, 2, 5};
@@ -464,6 +465,16 @@ static void test_linear_cross_entropy_grad_slots(void **state) {
     }
     assert_close(g[1][0], g[0][0], 1e-13, "two passes into x and w");
     assert_close(g[1][1], g[0][1], 1e-13, "x and w one tensor");
+    /* two backward passes through one graph: the first uses up the forward's last chunk of logits,
+     * the second makes it again */
+    dg_tensor *x = dg_clone(a0), *w = dg_clone(a0);
+    dg_set_requires_grad(x, true);
+    dg_set_requires_grad(w, true);
+    dg_tensor *l = dg_linear_cross_entropy(x, w, t, -100, 4);
+    assert_int_equal(dg_backward(l, NULL), 0);
+    dg_tensor *once = dg_clone(w->grad);
+    assert_int_equal(dg_backward(l, NULL), 0);
+    assert_close(w->grad, dg_mul_scalar(once, 2.0), 1e-13, "one graph, two backward passes");
 }
 
 static void test_linear_cross_entropy_bad_input(void **state) {

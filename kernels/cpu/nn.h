@@ -79,14 +79,15 @@
                                                                                                                        \
     /* linear_cross_entropy, x [N,D], w [C,D], targets [N]: cross_entropy(x w^T, targets) with   \
      * the rows in chunks of CH whose logits go to buf [CH,C] (scratch, overwritten): lse [N] and  \
-     * the loss; the backward recomputes each chunk's logits and writes dx [N,D] and dw [C,D]     \
-     * (either may be NULL), or adds to them (acc_dx, acc_dw). */                     \
+     * the loss, leaving the last chunk's logits in buf; the backward makes each chunk's logits    \
+     * again (but the last chunk's when have_last: buf holds them) and writes dx [N,D] and dw      \
+     * [C,D] (either may be NULL), or adds to them (acc_dx, acc_dw). */                     \
     void dg_nn_linear_cross_entropy_fwd_##SFX(int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w,     \
                                               const int64_t *targets, int64_t ignore, R *buf, R *loss, R *lse,         \
                                               int64_t *count);                                                         \
-    void dg_nn_linear_cross_entropy_bwd_##SFX(int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w,     \
-                                              const int64_t *targets, int64_t ignore, const R *lse, double dloss,      \
-                                              int64_t count, R *buf, R *dx, R *dw, bool acc_dx, bool acc_dw);
+    void dg_nn_linear_cross_entropy_bwd_##SFX(                                                                         \
+        int64_t N, int64_t D, int64_t C, int64_t CH, const R *x, const R *w, const int64_t *targets, int64_t ignore,   \
+        const R *lse, double dloss, int64_t count, R *buf, bool have_last, R *dx, R *dw, bool acc_dx, bool acc_dw);
 
 DG_NN_DECLARE(float, f32)
 DG_NN_DECLARE(double, f64)
