@@ -204,13 +204,21 @@ static void test_dr_chunk_vsplit(void **state) {
  * cores, dr_chunk_blk_mm.cuh), every gate, against the f64 recurrence in bf16 and fp16 (the
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
  * dW and dG do not fit in shared memory: K > 128), against the generic
- * kernels forced; the launches show the TF32 kernels ran. */
+ * kernels forced; the launches show the TF32 kernels ran, with prep and the state pass on 16-bit
+ * tensor cores (dr_chunk_k256.cu) where the call is K = 256, gate none or head, chunk 64 and V a
+ * multiple of 64. */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
     {"tf32: channel, K=256, V=32, C32", 1, 70, 1, 1, 256, 32, DG_GATE_CHANNEL, 32, 0, {0}, 1, 1, 0},
     {"tf32: head, K=256, V=512, T=3, some grads", 2, 3, 1, 1, 256, 512, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 1},
+    {"tf32: none, varlen, K=256, V=128", 1, 150, 1, 1, 256, 128, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
 };
+
+/* whether the TF32 family runs c's prep and state pass on 16-bit tensor cores (k256_ok) */
+static int k256_case(const cfg *c) {
+    return c->K == 256 && c->gate != DG_GATE_CHANNEL && c->chunk == 64 && c->V % 64 == 0;
+}
 
 static void test_dr_chunk_tf32(void **state) {
     (void)state;
@@ -224,9 +232,14 @@ static void test_dr_chunk_tf32(void **state) {
             run_case(c, st, st == S_BF16 && i < 3);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
             assert_int_equal(dropped, 0);
-            if (launches_of(kt, m, "dr_chunk tf32 state") == 0 || launches_of(kt, m, "dr_chunk state") != 0)
-                fail_msg("%s %s: the TF32 state pass did not run (%d), or the generic one did (%d)", c->name,
-                         st_names[st], launches_of(kt, m, "dr_chunk tf32 state"), launches_of(kt, m, "dr_chunk state"));
+            const char *state = k256_case(c) ? "dr_chunk k256 state" : "dr_chunk tf32 state";
+            const char *other = k256_case(c) ? "dr_chunk tf32 state" : "dr_chunk k256 state";
+            if (launches_of(kt, m, state) == 0 || launches_of(kt, m, other) != 0 ||
+                launches_of(kt, m, "dr_chunk tf32 out") == 0 || launches_of(kt, m, "dr_chunk state") != 0)
+                fail_msg("%s %s: %s did not run (%d), or %s (%d) or the generic state pass (%d) did, or the TF32 "
+                         "output pass did not (%d)",
+                         c->name, st_names[st], state, launches_of(kt, m, state), other, launches_of(kt, m, other),
+                         launches_of(kt, m, "dr_chunk state"), launches_of(kt, m, "dr_chunk tf32 out"));
         }
         paths_compare(c, S_BF16, "tf32 vs generic", 5e-3);
     }
@@ -648,6 +661,33 @@ static void test_dr_chunk_sanitize(void **state) {
     }
 }
 
+/* The TF32 family's prep and state pass on 16-bit tensor cores (dr_chunk_k256.cu), small shapes for
+ * compute-sanitizer: a partial chunk, an empty sequence, two tiles of 64 value columns, bf16 and fp16,
+ * every backward variant in bf16 (the substitution inverse too). */
+static void test_dr_chunk_k256_sanitize(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const cfg cases[] = {
+        {"sanitize: k256 head, GVA, K=256, V=64", 1, 70, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"sanitize: k256 none, varlen, K=256, V=128",
+         1,
+         90,
+         1,
+         1,
+         256,
+         128,
+         DG_GATE_NONE,
+         64,
+         4,
+         {0, 20, 20, 90},
+         1,
+         1,
+         0},
+    };
+    run_case(&cases[0], S_BF16, 1);
+    run_case(&cases[1], S_F16, 0);
+}
+
 /* argument checks come before any device work: these run without a GPU too */
 static void test_dr_chunk_bad_input(void **state) {
     (void)state;
@@ -765,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_l2_fold),
         cmocka_unit_test(test_dr_chunk_l2_fused),
         cmocka_unit_test(test_dr_chunk_sanitize),
+        cmocka_unit_test(test_dr_chunk_k256_sanitize),
     };
     return dg_test_run_filtered(tests);
 }

@@ -21,7 +21,9 @@
  *  - DG_DRC_TF32: the generic kernels with their products on TF32 tensor cores (mma.sync m16n8k8:
  *    every product operand rounded to 10 mantissa bits, f32 accumulation; the triangular inverse and
  *    the per-channel gate's gated products stay f32): 16-bit calls with 128 < K <= 256, every
- *    gate, chunk and V (dr_chunk_blk_mm.cuh);
+ *    gate, chunk and V (dr_chunk_blk_mm.cuh); at K = 256 with gate NONE or HEAD, chunk 64, V a
+ *    multiple of 64, its prep and state pass run on mma.sync m16n8k16 instead, with split 16-bit
+ *    operands as the kernels below (dr_chunk_k256.cu);
  *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 calls, and fp16 calls with gate NONE or
  *    HEAD; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
  *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a

@@ -283,6 +283,29 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
 }
 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
+
+/* prep and the state pass of a call (the forward, and the backward's recompute: Ai and Mkk given,
+ * hT NULL).  The TF32 family runs them on 16-bit tensor cores where k256_ok takes the call
+ * (dr_chunk_k256.cu: K = 256, gate NONE or HEAD, chunk 64), into the same buffers. */
+template <typename T, int GATE, bool TC>
+int prep_state(const Plan &pl, const Io<T> &io, float *Gc, float *W, float *U, float *P, float *Ai, float *Mkk,
+               float *Hst, float *hT, int blocked) {
+    const Geom &G = pl.G;
+    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+        if (k256_ok(G, io.q, io.k, io.v)) {
+            const K256Out o{Gc, W, U, P, Ai, Mkk, Hst, io.h0, hT};
+            return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
+                                     : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);
+        }
+    }
+    const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
+    int rc = DRC_LAUNCH(TC ? "dr_chunk tf32 prep" : "dr_chunk prep", (k_prep<T, GATE, TC>), G.nchunks * G.HV, NT,
+                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, blocked);
+    if (!rc)
+        rc = DRC_LAUNCH(TC ? "dr_chunk tf32 state" : "dr_chunk state", (k_state<T, GATE, TC>), G.N * G.HV * NVT, NT,
+                        state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U, io.h0, hT, Hst);
+    return rc;
+}
 /* (the largest shared-memory requests, at C = 64: dqkwg 197248 bytes, dhu 195584 at K = 256, prep
  * 185856 at K = 256 and V >= 256, the fused backward up to the limit (it runs where it fits), all
  * under the 232448 a block may have on sm_90; plan_init rejects K > 256) */

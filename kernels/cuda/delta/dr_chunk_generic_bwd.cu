@@ -486,12 +486,7 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
-        rc = DRC_LAUNCH(TC ? "dr_chunk tf32 prep" : "dr_chunk prep", (k_prep<T, GATE, TC>), G.nchunks * HV, NT,
-                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, var.solve_tril_blocked);
-        if (!rc)
-            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 state" : "dr_chunk state", (k_state<T, GATE, TC>), G.N * HV * NVT, NT,
-                            state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U, io.h0,
-                            (float *)nullptr, Hst);
+        rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked);
         if (!rc)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dhu" : "dr_chunk dhu", (k_dhu<T, GATE, TC>), G.N * HV * NVT, NT,
                             dhu_smem(G, BV), G, BV, io.q, io.k, (const float *)Gc, (const float *)W, (const float *)P,

@@ -52,12 +52,7 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     Hst = scratch<float>((size_t)(G.nchunks * HV * G.K * G.V));
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
-        rc = DRC_LAUNCH(TC ? "dr_chunk tf32 prep" : "dr_chunk prep", (k_prep<T, GATE, TC>), G.nchunks * HV, NT,
-                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U, P, (float *)nullptr,
-                        (float *)nullptr, 1);
-        if (!rc)
-            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 state" : "dr_chunk state", (k_state<T, GATE, TC>), G.N * HV * NVT, NT,
-                            state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U, io.h0, io.hT, Hst);
+        rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1);
         if (!rc)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,

@@ -442,6 +442,24 @@ namespace fast_h {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 } // namespace fast_h
+/* The TF32 family's prep and state pass at K = 256 on 16-bit tensor cores (dr_chunk_k256.cu): gate
+ * NONE or HEAD, chunk 64, V a multiple of 64, q, k, v 16-byte aligned (k256_ok; the environment
+ * variable DG_DRC_K256_OFF set to anything but 0 turns them off, for comparisons with the TF32
+ * kernels).  They write the TF32 kernels' f32 buffers (dr_chunk_generic.cuh): the gate's cumsum Gc,
+ * W, U (V' over it), P, and where non-NULL Ai and Mkk (prep), the states Hst and hT (state pass),
+ * from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+struct K256Out {
+    float *Gc, *W, *U, *P, *Ai, *Mkk, *Hst;
+    const float *h0;
+    float *hT;
+};
+bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
+namespace fast {
+int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
+} // namespace fast
+namespace fast_h {
+int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
+} // namespace fast_h
 /* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
  * path with one value head a key head, which stores dq, dk itself (the others fold it into their
  * stores or into heads_sum; dr_chunk.cu; the emulation runs it on the host):

@@ -416,6 +416,17 @@ __device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L,
         if (sb) sb[i] = i < L ? op2f(beta[(r0 + i) * G.HV + hv]) : 0.0f;
     }
 }
+/* e^{G_last - G_i} for this thread's two rows of an accumulator tile at row m0 (m0 + g, m0 + g + 8),
+ * from the chunk's gate in shared memory as load_gate_beta leaves it (G_last = sG[63]); 1 for GATE
+ * NONE */
+template <int GATE> __device__ __forceinline__ void row_decay2(const float *sG, int m0, float (&eg)[2]) {
+    const int g = (threadIdx.x & 31) >> 2;
+    eg[0] = eg[1] = 1.0f;
+    if (GATE == DG_GATE_HEAD) {
+        const float gl = sG[63];
+        eg[0] = expf(gl - sG[m0 + g]), eg[1] = expf(gl - sG[m0 + g + 8]);
+    }
+}
 /* load_gate_beta's gate by cp.async, HEAD only (GATE NONE: nothing; the gate is not read), by the
  * thread tid of the group that loads it; the caller commits and waits */
 template <int GATE>

@@ -325,11 +325,8 @@ __global__ void __launch_bounds__(FNT, 2) f_state(Geom G, const uint16_t *k, Fas
             /* the gate factors of this thread's two rows, e^{G_last - G_i}, made before the product
              * (read after it, sG waits behind the barrier and the exponentials are made per
              * element: ncu, H100, S1, 8 % of f_state's stall samples on those loads) */
-            float eg[2] = {1.0f, 1.0f};
-            if (GATE == DG_GATE_HEAD) {
-                const float gl = sG[63];
-                eg[0] = expf(gl - sG[vm0 + gq]), eg[1] = expf(gl - sG[vm0 + gq + 8]);
-            }
+            float eg[2];
+            row_decay2<GATE>(sG, vm0, eg);
             float acc[1][TV::NT][4];
             acc_zero(acc);
             mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);

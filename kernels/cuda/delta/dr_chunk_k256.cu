@@ -1,0 +1,308 @@
+/* Prep and the state pass of the TF32 family at K = 256 on 16-bit tensor cores (gate NONE or HEAD,
+ * chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands (fp16 in the
+ * DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building blocks of the
+ * head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32 family's own f32
+ * buffers (dr_chunk_generic.cuh: Gc, W, U / V', P, Ai, Mkk, the states), so that the TF32 output
+ * and backward kernels read them as they are; the forward and the backward's recompute both run
+ * them.  Per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
+ *   prep   (block per chunk, head; 8 warps, two blocks per SM):
+ *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
+ *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
+ *          Ai = (I + A)^-1                [f32: diagonal blocks by substitution, merges on mma]
+ *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V          [mma, Ai' split]
+ *   state  (block per sequence, head, 64 value columns; 16 warps, one block per SM; chunks in
+ *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
+ *          V' = U - W S                                               [mma, W and S split]
+ *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' split]
+ *          stores S entering each chunk and V' (over U) in f32.
+ * Precision: every computed operand (Ai', W, S, V') enters its products split into hi + lo 16-bit
+ * words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh), the inputs k, q, v as
+ * they are (exact), so these two passes are closer to f32 than the TF32 products they replace (10
+ * bits an operand).
+ * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
+ * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
+ * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
+ * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K tile and the
+ * gate (the next chunk's by cp.async while this one is worked on), W split, S split, V' split:
+ * 223 KB; the next chunk's W and U come from device memory into registers during this chunk's
+ * S update. */
+#include "kernels/cuda/delta/dr_chunk_mma.cuh"
+#include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
+
+namespace drc {
+namespace DRC_FAST {
+namespace {
+
+constexpr int KK = 256;       /* K */
+constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles */
+constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
+constexpr int SBV = 64;       /* value columns a block of the state pass */
+constexpr int SNT = ONE_SM_NTH;
+
+constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
+constexpr int STATE_BYTES =
+    4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
+static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX, "shared memory");
+
+/* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
+ * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32,
+ * row stride ld) */
+__device__ __forceinline__ void prep_prod64(Sp As, const uint16_t *B, float *dst, int64_t ld, int L) {
+    using T = WT<64, 64>;
+    const int warp = threadIdx.x >> 5, m0 = T::m0(warp), n0 = T::n0(warp);
+    float acc[1][T::NT][4];
+    acc_zero(acc);
+    mma_sr<1, T::NT, false, true>(acc, As, 72, m0, B, LDK, n0, 64);
+    frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        if (i < L) *(float2 *)(dst + i * ld + j) = make_float2(x0, x1);
+    });
+}
+
+/* this warp's part (WT<64, 64>) of X K^T o Gamma, X and K 64 x 256 tiles, Gamma(i, j) = e^{G_i - G_j}:
+ * zero outside i < L and j < i (incl: j <= i); f(i, j, x_ij, x_i,j+1) for each pair of columns */
+template <int GATE, class F>
+__device__ __forceinline__ void gated_xkt(const uint16_t *sX, const uint16_t *sK, const float *sG, int L, bool incl,
+                                          F f) {
+    using T = WT<64, 64>;
+    const int warp = threadIdx.x >> 5, m0 = T::m0(warp), n0 = T::n0(warp);
+    float acc[1][T::NT][4];
+    acc_zero(acc);
+    mma_run<1, T::NT, false, false>(acc, sX, LDK, m0, sK, LDK, n0, KK);
+    frag_pairs(acc, m0, n0, [&](int i, int j, float y0, float y1) {
+        float m[2] = {y0, y1};
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const bool in = (incl ? j + e <= i : j + e < i) && i < L; /* (the factor only there: >= 1 above) */
+            m[e] = in ? (GATE == DG_GATE_HEAD ? m[e] * expf(sG[i] - sG[j + e]) : m[e]) : 0.0f;
+        }
+        f(i, j, m[0], m[1]);
+    });
+}
+
+template <int GATE>
+__global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                                    const float *g, const uint16_t *beta, K256Out o, int blocked) {
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t c = blockIdx.x / HV;
+    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0;
+    float *sA = sm, *sY = sA + 64 * LDF, *sG = sY + 64 * LDF, *sb = sG + 64;
+    uint16_t *sK = (uint16_t *)(sb + 64), *sX = sK + 64 * LDK;
+    /* the gate (warp 0: rows lane, 32 + lane), its loads in flight beside those of q and k */
+    float x0 = 0.0f, x1 = 0.0f;
+    if (GATE == DG_GATE_HEAD && warp == 0) {
+        if (lane < L) x0 = g[(r0 + lane) * HV + hv];
+        if (32 + lane < L) x1 = g[(r0 + 32 + lane) * HV + hv];
+    }
+    load_raw_async<64, KK>(sX, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    cp_async_commit();
+    load_raw<64, KK>(sK, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    if (GATE == DG_GATE_HEAD && warp == 0) { /* G = cumsum(g): to Gc, and to sG with rows >= L holding G_{L-1} */
+        const float s0 = warp_scan(x0, lane), s1 = warp_scan(x1, lane) + shfl_idx(s0, 31);
+        const float last = L <= 32 ? shfl_idx(s0, L - 1) : shfl_idx(s1, L - 33);
+        if (lane < L) o.Gc[(r0 + lane) * HV + hv] = s0;
+        if (32 + lane < L) o.Gc[(r0 + 32 + lane) * HV + hv] = s1;
+        sG[lane] = lane < L ? s0 : last, sG[32 + lane] = 32 + lane < L ? s1 : last;
+    } else if (GATE != DG_GATE_HEAD && tid < 64) {
+        sG[tid] = 0.0f;
+    }
+    if (tid < 64) sb[tid] = tid < L ? op2f(beta[(r0 + tid) * HV + hv]) : 0.0f;
+    for (int e = tid; e < 64 * LDF; e += FNT) sY[e] = 0.0f;
+    cp_async_wait_all(); /* q */
+    bsync();
+    const int64_t oc = (r0 * HV + hv) * 64, ldc = (int64_t)HV * 64;
+    /* Mkk, A = diag(beta) Mkk */
+    gated_xkt<GATE>(sK, sK, sG, L, false, [&](int i, int j, float m0, float m1) {
+        sA[i * LDF + j] = sb[i] * m0, sA[i * LDF + j + 1] = sb[i] * m1;
+        if (o.Mkk && i < L) *(float2 *)(o.Mkk + oc + i * ldc + j) = make_float2(m0, m1);
+    });
+    /* P = scale lower_incl(Q K^T o Gamma) */
+    gated_xkt<GATE>(sX, sK, sG, L, true, [&](int i, int j, float p0, float p1) {
+        if (i < L) *(float2 *)(o.P + oc + i * ldc + j) = make_float2(G.scale * p0, G.scale * p1);
+    });
+    bsync();
+    tri_inv<FNT>(sA, sY, L, blocked);
+    if (o.Ai)
+        for (int e = tid; e < L * 64; e += FNT) {
+            const int i = e / 64, j = e % 64;
+            o.Ai[oc + i * ldc + j] = sY[i * LDF + j];
+        }
+    /* the split Ai' of W in X (Q is dead), of U: hi words in sA (dead), lo words in X after W's;
+     * this thread's elements all lie in column tid % 64 */
+    const Sp aw{sX, 64 * 72};
+    const Sp au = GATE == DG_GATE_HEAD ? Sp{(uint16_t *)sA, (int)(sX + 2 * 64 * 72 - (uint16_t *)sA)} : aw;
+    {
+        const int jc = tid & 63;
+        const float bj = sb[jc], ej = GATE == DG_GATE_HEAD ? expf(sG[jc]) : 1.0f;
+#pragma unroll 4
+        for (int i = tid >> 6; i < 64; i += FNT / 64) {
+            const float y = sY[i * LDF + jc] * bj;
+            split2(y * ej, aw.hi[i * 72 + jc], aw.lo()[i * 72 + jc]);
+            if (GATE == DG_GATE_HEAD) split2(y, au.hi[i * 72 + jc], au.lo()[i * 72 + jc]);
+        }
+    }
+    bsync();
+    /* W = (Ai diag(beta e^G)) K, by 64 columns */
+    for (int u = 0; u < KK / 64; u++)
+        prep_prod64(aw, sK + 64 * u, o.W + (r0 * HV + hv) * KK + 64 * u, (int64_t)HV * KK, L);
+    /* U = (Ai diag(beta)) V, V by tiles of 256 columns in K's place */
+    for (int v0 = 0; v0 < V; v0 += KK) {
+        const int nv = V - v0 < KK ? V - v0 : KK, n8 = nv / 8;
+        bsync(); /* K's place free (the products above, or the last tile's) */
+        for (int e = tid; e < 64 * n8; e += FNT) {
+            const int r = e / n8, c8 = e % n8;
+            const uint16_t *src = v + ((r0 + r) * HV + hv) * V + v0 + c8 * 8;
+            cp_async16(sK + r * LDK + c8 * 8, r < L ? src : v, r < L);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        bsync();
+        for (int u = 0; u < nv / 64; u++)
+            prep_prod64(au, sK + 64 * u, o.U + (r0 * HV + hv) * V + v0 + 64 * u, (int64_t)HV * V, L);
+    }
+}
+
+/* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's state pass */
+template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G, const uint16_t *k, K256Out o) {
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int NVT = V / SBV;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+    /* sG [2][64]; K [2] tiles; W split; S split; V' split */
+    uint16_t *sK0 = (uint16_t *)(sm + 2 * 64);
+    const Sp sW{sK0 + 2 * 64 * LDK, 64 * LDK};
+    const Sp sS{sW.hi + 2 * 64 * LDK, KK * (SBV + PAD)};
+    const Sp sVn{sS.hi + 2 * KK * (SBV + PAD), 64 * (SBV + PAD)};
+    using TS = WT<KK, SBV, SNT / 32>;
+    using TV = WT<64, SBV, SNT / 32>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    float S[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)KK * V + v0;
+    frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = o.h0 ? o.h0[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    /* U: this thread's pairs of the V' tile (the next chunk's loaded during this one's S update) */
+    float2 u[TV::NT][2];
+    auto load_u = [&](int64_t cc) {
+        const Chunk x = seq_chunk(G, n, c0, cc);
+#pragma unroll
+        for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                u[nt][hh] = i < x.L ? *(const float2 *)(o.U + ((x.r0 + i) * HV + hv) * V + v0 + j) : make_float2(0, 0);
+            }
+    };
+    auto issue_k = [&](int64_t cc, int pair) { /* chunk cc's K tile and gate into set pair, by cp.async */
+                                               const Chunk x = seq_chunk(G, n, c0, cc);
+                                               load_raw_async<64, KK, SNT>(sK0 + pair * 64 * LDK,
+                                                                           k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK,
+                                                                           x.L);
+                                               load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid);
+                                               cp_async_commit();
+    };
+    if (c0 < c1) load_u(c0), issue_k(c0, 0);
+    for (int64_t c = c0; c < c1; c++) {
+        const Chunk ch = seq_chunk(G, n, c0, c);
+        const int L = ch.L, pair = (int)((c - c0) & 1);
+        const int64_t r0 = ch.r0;
+        const float *sG = sm + 64 * pair;
+        const uint16_t *sK = sK0 + pair * 64 * LDK;
+        /* W [64 x 256] f32, 8 16-byte words a thread, in flight while S is split into shared memory;
+         * then split itself.  (The next chunk's W loaded into registers during the S update, as U
+         * is: 0.24 KB of spills a thread, the pass 9 % slower: H200, S3) */
+        constexpr int WIT = 64 * KK / 4 / SNT;
+        uint4 w[WIT];
+#pragma unroll
+        for (int it = 0; it < WIT; it++) {
+            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
+            w[it] = r < L ? *(const uint4 *)(o.W + ((r0 + r) * HV + hv) * KK + c4 * 4) : make_uint4(0, 0, 0, 0);
+        }
+        /* the state entering the chunk: out (f32) and split into shared memory */
+        const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
+        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, SBV + PAD, r, j, x0, x1); });
+#pragma unroll
+        for (int it = 0; it < WIT; it++) {
+            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
+            float f[4];
+            uint16_t hi[4], lo[4];
+            memcpy(f, &w[it], 16);
+#pragma unroll
+            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
+            uint64_t hw, lw; /* (8-byte stores: a warp writes 256 contiguous bytes) */
+            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
+            *(uint64_t *)(sW.hi + r * LDK + 4 * c4) = hw;
+            *(uint64_t *)(sW.lo() + r * LDK + 4 * c4) = lw;
+        }
+        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            *(float2 *)(o.Hst + sb + (int64_t)r * V + j) = make_float2(x0, x1);
+        });
+        cp_async_wait_all(); /* this chunk's K and gate */
+        bsync();
+        if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
+        { /* V' = U - W S: out (f32, over U), and e^{G_last - G} o V' split into shared memory */
+            float eg[2];
+            row_decay2<GATE>(sG, vm0, eg);
+            float acc[1][TV::NT][4];
+            acc_zero(acc);
+#pragma unroll 1
+            for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
+                mma_p<1, TV::NT, false, true, true, true>(acc, Sp{sW.hi + kq, sW.lo_off}, LDK, vm0,
+                                                          Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    const float y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
+                    if (i < L) *(float2 *)(o.U + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
+                    put_split2(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
+                }
+        }
+        if (c + 1 < c1) load_u(c + 1); /* in flight through the S update */
+        bsync();
+        /* S <- e^{G_last} S + K^T (e^{G_last - G} o V') */
+        if (GATE == DG_GATE_HEAD) {
+            const float d = expf(sG[63]);
+            frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
+        }
+        mma_p<1, TS::NT, true, true, false, true>(S, Sp{(uint16_t *)sK, 0}, LDK, sm0, sVn, SBV + PAD, sn0, 64);
+        /* (no barrier: the next step writes S and W, last read before the barrier above, and V' and
+         * the other set only after its first barrier) */
+    }
+    if (o.hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { o.hT[hb + (int64_t)r * V + j] = x; });
+}
+
+} // namespace
+
+int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked) {
+    const Geom &G = p.G;
+    const bool head = G.gate == DG_GATE_HEAD;
+    int rc = head ? DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_HEAD>), G.nchunks * G.HV, FNT,
+                               (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked)
+                  : DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_NONE>), G.nchunks * G.HV, FNT,
+                               (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked);
+    if (rc) return rc;
+    const int64_t grid = G.N * G.HV * (G.V / SBV);
+    return head ? DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_HEAD>), grid, SNT, (size_t)STATE_BYTES, G, io.k,
+                             o)
+                : DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_NONE>), grid, SNT, (size_t)STATE_BYTES, G, io.k,
+                             o);
+}
+
+} // namespace DRC_FAST
+
+#if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
+bool k256_ok(const Geom &G, const void *q, const void *k, const void *v) {
+    static const char *off = getenv("DG_DRC_K256_OFF");
+    if (off && *off && strcmp(off, "0")) return false;
+    return G.C == 64 && (G.gate == DG_GATE_NONE || G.gate == DG_GATE_HEAD) && G.K == 256 && G.V % 64 == 0 &&
+           (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0;
+}
+#endif
+
+} // namespace drc
