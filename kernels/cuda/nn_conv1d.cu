@@ -79,7 +79,8 @@ __device__ __forceinline__ void conv_window_before(const S *x, const ConvTile &c
 
 template <typename S, int WMAX>
 __global__ void __launch_bounds__(kConvThreads)
-    conv_fwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, S *y) {
+    conv_fwd_kernel(int64_t T_, int64_t D, int W, const S *__restrict__ x, const S *__restrict__ w,
+                    const S *__restrict__ bias, bool silu, S *__restrict__ y) {
     typedef nn_compute<S> C;
     ConvTile c;
     if (!conv_tile(T_, D, &c)) return;
@@ -87,19 +88,59 @@ __global__ void __launch_bounds__(kConvThreads)
     conv_weights<WMAX>(w, c.d, W, wr, (C *)nullptr);
     conv_window_before<WMAX>(x, c, T_, D, W, win);
     const C b0 = bias ? nn_ld(bias, c.d) : C(0);
-    for (int64_t t = c.t0; t < c.t1; t++) {
-        conv_push<WMAX>(win, nn_ld(x, (c.row0 + t) * D + c.d));
+    const int64_t at = (c.row0 + c.t0) * D + c.d; /* element (t0, d); a step is D further */
+    const S *xp = x + at;
+    S *yp = y + at;
+#pragma unroll 4
+    for (int64_t t = c.t0; t < c.t1; t++, xp += D, yp += D) {
+        conv_push<WMAX>(win, nn_ld(xp, 0));
         C p = conv_dot<WMAX>(wr, win, W, b0);
-        nn_st(y, (c.row0 + t) * D + c.d, silu ? p * nn_sigmoid(p) : p);
+        nn_st(yp, 0, silu ? p * nn_sigmoid(p) : p);
+    }
+}
+
+/* One step t of the backward's walk (bwd_kernel): `in` (t < T): x[t] and dy[t] enter the
+ * windows and dp[t] is made, else dp[t] = 0; `own` (t in the tile): dp[t] joins dw and dbias;
+ * `emit`: dx[t - (W-1)] is written.  The main loop calls it with all three true (constants the
+ * compiler folds); the first W - 1 steps and the halo past the tile with what holds there. */
+template <int WMAX, typename S, typename C, typename A>
+__device__ __forceinline__ void conv_bwd_step(bool in, bool own, bool emit, int W, C b0, bool silu, const C *wr,
+                                              const C *wf, C *win, C *dps, A *dwr, A &db, const S *xp, const S *gp,
+                                              S *dxp) {
+    C dp = 0;
+    if (in) {
+        conv_push<WMAX>(win, nn_ld(xp, 0));
+        dp = nn_ld(gp, 0);
+        if (silu) {
+            C p = conv_dot<WMAX>(wr, win, W, b0), s = nn_sigmoid(p);
+            dp *= s * (C(1) + p * (C(1) - s));
+        }
+    }
+    if (own) { /* dw[d, W-1-k] += dp[t] x[t-k] */
+#pragma unroll
+        for (int k = 0; k < WMAX; k++)
+            if (k < W) dwr[k] += (A)(dp * win[WMAX - 1 - k]);
+        db += (A)dp;
+    }
+    conv_push<WMAX>(dps, dp); /* dps[WMAX-1-m] = dp[t-m] */
+    if (emit) {               /* dx[s] = sum_{m<W} w[d, m] dp[s+W-1-m] = sum_m wf[m] dps[WMAX-1-m] */
+        C acc = 0;
+#pragma unroll
+        for (int m = 0; m < WMAX; m++)
+            if (m < W) acc += wf[m] * dps[WMAX - 1 - m];
+        nn_st(dxp, 0, acc);
     }
 }
 
 /* Backward of one tile: dx of the tile; this tile's dw (partw row, [D W]) and dbias (partb row, [D])
- * sums.  The walk runs W - 1 steps past t1 for the dp that dx[t1 - 1] needs. */
+ * sums.  The walk runs W - 1 steps past t1 for the dp that dx[t1 - 1] needs: the tile's first W - 1
+ * steps write no dx yet, the steps past t1 add nothing to dw, and the steps between do everything
+ * with no test of their own (a test a step was a fair share of this walk's instructions). */
 template <typename S, int WMAX>
 __global__ void __launch_bounds__(kConvThreads)
-    conv_bwd_kernel(int64_t T_, int64_t D, int W, const S *x, const S *w, const S *bias, bool silu, const S *dy, S *dx,
-                    nn_acc<S> *partw, nn_acc<S> *partb) {
+    conv_bwd_kernel(int64_t T_, int64_t D, int W, const S *__restrict__ x, const S *__restrict__ w,
+                    const S *__restrict__ bias, bool silu, const S *__restrict__ dy, S *__restrict__ dx,
+                    nn_acc<S> *__restrict__ partw, nn_acc<S> *__restrict__ partb) {
     typedef nn_compute<S> C;
     typedef nn_acc<S> A;
     ConvTile c;
@@ -111,34 +152,24 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
     for (int k = 0; k < WMAX; k++) dps[k] = 0, dwr[k] = 0;
     const C b0 = bias ? nn_ld(bias, c.d) : C(0);
-    const int64_t tend = c.t1 + W - 1 < T_ ? c.t1 + W - 1 : T_; /* dp is 0 from T on */
-    for (int64_t t = c.t0; t < c.t1 + W - 1; t++) {
-        C dp = 0;
-        if (t < tend) {
-            const int64_t i = (c.row0 + t) * D + c.d;
-            conv_push<WMAX>(win, nn_ld(x, i));
-            dp = nn_ld(dy, i);
-            if (silu) {
-                C p = conv_dot<WMAX>(wr, win, W, b0), s = nn_sigmoid(p);
-                dp *= s * (C(1) + p * (C(1) - s));
-            }
-        }
-        if (t < c.t1) { /* this tile's own steps: dw[d, W-1-k] += dp[t] x[t-k] */
-#pragma unroll
-            for (int k = 0; k < WMAX; k++)
-                if (k < W) dwr[k] += (A)(dp * win[WMAX - 1 - k]);
-            db += (A)dp;
-        }
-        conv_push<WMAX>(dps, dp); /* dps[WMAX-1-m] = dp[t-m] */
-        const int64_t s = t - (W - 1);
-        if (dx && s >= c.t0) { /* dx[s] = sum_{m<W} w[d, m] dp[s+W-1-m] = sum_m wf[m] dps[WMAX-1-m] */
-            C acc = 0;
-#pragma unroll
-            for (int m = 0; m < WMAX; m++)
-                if (m < W) acc += wf[m] * dps[WMAX - 1 - m];
-            nn_st(dx, (c.row0 + s) * D + c.d, acc);
-        }
-    }
+    const bool has_dx = dx != nullptr;
+    const int64_t at = (c.row0 + c.t0) * D + c.d; /* element (t0, d); a step is D further */
+    const S *xp = x + at, *gp = dy + at;
+    S *dxp = has_dx ? dx + at - (int64_t)(W - 1) * D : nullptr; /* dx[t - (W-1)] */
+    const int64_t head = c.t0 + W - 1 < c.t1 ? c.t0 + W - 1 : c.t1;
+    int64_t t = c.t0;
+    for (; t < head; t++, xp += D, gp += D, dxp += has_dx ? D : 0)
+        conv_bwd_step<WMAX>(true, true, false, W, b0, silu, wr, wf, win, dps, dwr, db, xp, gp, dxp);
+    if (has_dx)
+#pragma unroll 4
+        for (; t < c.t1; t++, xp += D, gp += D, dxp += D)
+            conv_bwd_step<WMAX>(true, true, true, W, b0, silu, wr, wf, win, dps, dwr, db, xp, gp, dxp);
+    else
+        for (; t < c.t1; t++, xp += D, gp += D)
+            conv_bwd_step<WMAX>(true, true, false, W, b0, silu, wr, wf, win, dps, dwr, db, xp, gp, dxp);
+    for (; t < c.t1 + W - 1; t++, xp += D, gp += D, dxp += has_dx ? D : 0) /* the halo: dp is 0 from T on */
+        conv_bwd_step<WMAX>(t < T_, false, has_dx && t - (W - 1) >= c.t0, W, b0, silu, wr, wf, win, dps, dwr, db, xp,
+                            gp, dxp);
     const int64_t prow = blockIdx.z * (int64_t)gridDim.y + blockIdx.y; /* this block's partial row */
     if (partw)
 #pragma unroll

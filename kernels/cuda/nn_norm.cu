@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kNnThreads)
  *   ds = dsum + r (g - s c), written to dx (the gradient of both terms of the sum).
  * Units of V elements as in norm_fwd_kernel. */
 template <typename S, int G, int V>
-__global__ void __launch_bounds__(kNnThreads)
+__global__ void __launch_bounds__(kNnThreads, 3) /* three blocks an SM: 98 registers a thread left it at two */
     rms_bwd_kernel(int64_t N, int64_t D, const S *x, const S *z, const S *w, const nn_compute<S> *rstd, const S *dy,
                    const S *dsum, S *dx, S *dz) {
     typedef nn_compute<S> C;
