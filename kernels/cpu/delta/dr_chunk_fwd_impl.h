@@ -241,6 +241,21 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         if (fail_) rc = -1;                                                               \
     } while (0)
 
+/* Whether a thread takes a whole sequence and head through every phase (phase A for its chunks,
+ * then its state pass, and in the backward C and D) instead of each phase running over all of them
+ * before the next begins.  The products and their order are the same either way (the same bits);
+ * what changes is where the working set lives: a sequence's slices of W, U, P, Ai, Mkk and of the
+ * states (some 300 KB a chunk at K = V = 128, C = 64) are read back by the next phase from the
+ * thread's own cache, where a phase over the whole batch (tens of MB at MQAR's 64 x 128 tokens)
+ * reads them back from memory.  Taken when there are sequences enough to share evenly (at least
+ * four a thread) and they are short (at most 8 chunks: a longer one's slices outgrow the cache
+ * anyway, and phase A over its chunks in parallel keeps the threads busy on few sequences). */
+static int FN(by_sequence)(const FN(ctx) *x) {
+    const dg_drc_plan *pl = x->pl;
+    int64_t items = pl->nseq * x->HV;
+    return items >= 4 * (int64_t)omp_get_max_threads() && pl->nchunks <= 8 * pl->nseq;
+}
+
 /* Below about 4 MFLOP the forward is done on the calling thread: waking a team costs more. */
 static int FN(worth_threads)(const FN(ctx) *x) {
     double f = (double)x->pl->rows * x->HV * ((double)x->C * (2 * x->K + x->V) + 3.0 * x->K * x->V) * 2;
@@ -284,8 +299,16 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     if (!x.W || !x.U || !x.P || (x.gs && !x.Gc) || (chan && !x.tabs)) rc = -1;
     int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
     int dr_par_ = FN(worth_threads)(&x);
-    if (rc == 0) DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
-    if (rc == 0) DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
+    if (rc == 0 && FN(by_sequence)(&x)) {
+        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, {
+            int64_t n = it / HV;
+            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) FN(chunk_prep)(&x, c, (int)(it % HV), ws);
+            FN(state_pass)(&x, n, (int)(it % HV), o, hT, NULL, ws);
+        });
+    } else if (rc == 0) {
+        DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
+        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
+    }
     free(x.W);
     free(x.U);
     free(x.P);
