@@ -25,7 +25,6 @@
 #define R float
 #define DR_SFX f32
 #define DR_GEMM dg_cpu_gemm_f32
-#define DR_SYRK cblas_ssyrk
 #define DR_VEXP dg_vexp_f32
 #define DR_VEXPDIFF dg_vexpdiff_f32
 #define DR_SAFE_EXP 40.0f
@@ -50,6 +49,7 @@
  *              with zeros stored above the diagonal, B L x n: T's zero block is skipped.
  *   gemm_lowc  the lower part (incl. the diagonal) of C (L x L) = alpha A B^T + beta C, A and B L x k;
  *              some of C above the diagonal is left as it was, some written (callers mask it).
+ *   gram_lower the lower part of M (L x L) = alpha X X^T (X L x k), the rest as gemm_lowc leaves it.
  * The products of one chunk are small (64 x 128 x 128 and below at C = 64, K = V = 128). */
 #if DR_F32
 /* f32: register tiles on the calling thread without OpenBLAS's copies of both operands
@@ -66,6 +66,9 @@ DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t l
 DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb, R beta, R *C,
                              int64_t ldc) {
     dg_cpu_gemm_small_f32(DG_GEMM_C_LOWER, 0, 1, L, L, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+DR_STATIC void FN(gram_lower)(int L, int k, R alpha, const R *X, int64_t ldx, R *M, int64_t ldm) {
+    FN(gemm_lowc)(L, k, alpha, X, ldx, X, ldx, 0, M, ldm);
 }
 #else
 /* f64 (the precision of the tests against the f64 reference): dg_cpu_gemm (kernels/cpu/gemm.h),
@@ -137,6 +140,9 @@ DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, con
     int h = DR_TRI_SPLIT;
     FN(gemm)(0, 1, h, h, k, alpha, A, lda, B, ldb, beta, C, ldc);
     FN(gemm)(0, 1, L - h, L, k, alpha, A + h * lda, lda, B, ldb, beta, C + h * ldc, ldc);
+}
+DR_STATIC void FN(gram_lower)(int L, int k, R alpha, const R *X, int64_t ldx, R *M, int64_t ldm) {
+    DR_SYRK(CblasRowMajor, CblasLower, CblasNoTrans, L, k, alpha, X, (int)ldx, 0, M, (int)ldm);
 }
 #endif
 
