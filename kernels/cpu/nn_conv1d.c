@@ -1,17 +1,19 @@
-/* causal depthwise conv1d (short convolution) on the CPU (nn_conv1d_impl.h).  f32 with widths up
- * to 4 and channels in groups of 8 runs the streaming form below; everything else the row form of
- * nn_conv1d_impl.h.  Both do the same operations in the same order for every channel (no fused
- * multiply-adds: -std=c11 turns GCC's contraction off), so they give the same bits. */
+/* causal depthwise conv1d (short convolution) on the CPU (nn_conv1d_impl.h).  The backward in f32
+ * with widths up to 4 and channels in groups of 8 runs the streaming form below; everything else
+ * the row form of nn_conv1d_impl.h.  Both do the same operations in the same order for every
+ * channel (no fused multiply-adds: -std=c11 turns GCC's contraction off), so they give the same
+ * bits. */
 #include "kernels/cpu/nn.h"
 #include "kernels/cpu/nn_common.h"
 
 #include <stdlib.h>
 
-/* ---- f32, the streaming form ----
+/* ---- f32, the streaming backward ----
  * One sequence and one group of 8 channels at a time, t walking forward with the last W inputs
- * (and in the backward the last W values of dp) in registers: x and dy are read once and y, dx
- * written once, where the row form reads each input row W times and goes through a buffer of dp.
- * W is a constant in each instance (cs_fwd / cs_bwd are instantiated for W = 1..4). */
+ * and the last W values of dp in registers: x and dy are read once and dx written once, where the
+ * row form reads each input row W times and goes through a buffer of dp.  (The forward gains
+ * nothing from it: its row form reads rows once from the cache, and whole rows.)  W is a constant
+ * in each instance (cs_bwd is instantiated for W = 1..4). */
 typedef float cv8 __attribute__((vector_size(32)));
 typedef uint32_t cu8 __attribute__((vector_size(32)));
 #define CS_MAXW 4
@@ -50,22 +52,6 @@ static inline __attribute__((always_inline)) cv8 cs_p(const int W, int64_t t, cv
     for (int j = 0; j < W; j++)
         if (t - W + 1 + j >= 0) p = p + wv[j] * xw[j];
     return p;
-}
-
-/* y of sequence b, channels d..d+8 (wt [W,D]: the taps transposed) */
-static inline __attribute__((always_inline)) void cs_fwd(const int W, int64_t T, int64_t D, const float *xb,
-                                                         const float *wt, const float *bias, int silu, float *yb,
-                                                         int64_t d) {
-    cv8 wv[CS_MAXW], xw[CS_MAXW];
-    for (int j = 0; j < W; j++) wv[j] = cv8_load(wt + j * D + d), xw[j] = cv8_splat(0);
-    const cv8 bv = bias ? cv8_load(bias + d) : cv8_splat(0);
-    for (int64_t t = 0; t < T; t++) {
-        for (int j = 0; j + 1 < W; j++) xw[j] = xw[j + 1];
-        xw[W - 1] = cv8_load(xb + t * D + d);
-        cv8 p = cs_p(W, t, bv, wv, xw);
-        if (silu) p = p * cv8_sigmoid(p);
-        cv8_store(yb + t * D + d, p);
-    }
 }
 
 /* The backward of sequence b, channels d..d+8: dx written, dbias[d..] and acc (dw transposed,
@@ -116,16 +102,6 @@ static inline __attribute__((always_inline)) void cs_bwd(const int W, int64_t T,
 /* Whether the streaming form takes a call (f32; the channel blocks of the backward are multiples
  * of 8 when D is) */
 static int cs_takes(int64_t D, int64_t W) { return W >= 1 && W <= CS_MAXW && D % 8 == 0; }
-
-static void cs_fwd_seq(int64_t W, int64_t T, int64_t D, const float *xb, const float *wt, const float *bias, int silu,
-                       float *yb, int64_t d) {
-    switch (W) { /* constant widths: the windows stay in registers */
-    case 1: cs_fwd(1, T, D, xb, wt, bias, silu, yb, d); break;
-    case 2: cs_fwd(2, T, D, xb, wt, bias, silu, yb, d); break;
-    case 3: cs_fwd(3, T, D, xb, wt, bias, silu, yb, d); break;
-    default: cs_fwd(4, T, D, xb, wt, bias, silu, yb, d); break;
-    }
-}
 
 static void cs_bwd_seq(int64_t W, int64_t T, int64_t D, const float *xb, const float *wt, const float *bias, int silu,
                        const float *dyb, float *dxb, float *dbias, float *acc, int64_t lda, int64_t d) {

@@ -33,16 +33,6 @@ int FN(dg_nn_conv1d_fwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
                          R *y) {
     R *wt = FN(conv_taps)(D, W, w);
     if (!wt) return -1;
-#if CONV_STREAM
-    if (cs_takes(D, W)) { /* the streaming form (nn_conv1d.c): a sequence and 8 channels an item */
-        const int64_t ng = D / 8;
-#pragma omp parallel for schedule(static) if (B * T * D * W >= DG_NN_PAR_MIN)
-        for (int64_t it = 0; it < B * ng; it++)
-            cs_fwd_seq(W, T, D, x + it / ng * T * D, wt, bias, silu, y + it / ng * T * D, it % ng * 8);
-        free(wt);
-        return 0;
-    }
-#endif
 #pragma omp parallel for schedule(static) if (B * T * D * W >= DG_NN_PAR_MIN)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
