@@ -110,6 +110,25 @@ static void test_against_double(void **st) {
     printf("%d products within the rounding bound\n", runs);
 }
 
+/* Runs p with part and in full, from the same C: the first row i whose first `cols(i)` elements
+ * differ (cols: n, or i + 1 for lower_only), or -1 */
+static int row_off_full(const prod *p, dg_gemm_part part, float alpha, float beta, bool lower_only) {
+    const int64_t nc = p->ldc * p->m;
+    float *full = malloc(sizeof(float) * (size_t)nc), *got = malloc(sizeof(float) * (size_t)nc);
+    assert_non_null(full), assert_non_null(got);
+    memcpy(full, p->C, sizeof(float) * (size_t)nc);
+    memcpy(got, p->C, sizeof(float) * (size_t)nc);
+    run(p, DG_GEMM_FULL, alpha, beta, full);
+    run(p, part, alpha, beta, got);
+    int bad = -1;
+    for (int i = 0; i < p->m && bad < 0; i++) {
+        const int cols = lower_only ? i + 1 : p->n;
+        if (memcmp(full + i * p->ldc, got + i * p->ldc, sizeof(float) * (size_t)cols) != 0) bad = i;
+    }
+    free(full), free(got);
+    return bad;
+}
+
 /* op(A) square and triangular: the skipping parts give the full product's bits */
 static void test_parts(void **st) {
     (void)st;
@@ -124,19 +143,13 @@ static void test_parts(void **st) {
                     for (int i = 0; i < L; i++) /* op(A)_iq = 0 above (lower) or below (upper) the diagonal */
                         for (int q = 0; q < L; q++)
                             if (upper ? q < i : q > i) p.A[ta ? q * p.lda + i : i * p.lda + q] = 0;
-                    const int64_t nc = p.ldc * L;
-                    float *full = malloc(sizeof(float) * (size_t)nc), *part = malloc(sizeof(float) * (size_t)nc);
-                    assert_non_null(full), assert_non_null(part);
                     for (int bi = 0; bi < 2; bi++) {
-                        memcpy(full, p.C, sizeof(float) * (size_t)nc);
-                        memcpy(part, p.C, sizeof(float) * (size_t)nc);
-                        run(&p, DG_GEMM_FULL, 0.75f, (float)bi, full);
-                        run(&p, upper ? DG_GEMM_A_UPPER : DG_GEMM_A_LOWER, 0.75f, (float)bi, part);
-                        if (memcmp(full, part, sizeof(float) * (size_t)nc) != 0)
-                            fail_msg("%s ta %d L %d n %d beta %d: not the full product's bits",
-                                     upper ? "A_UPPER" : "A_LOWER", ta, L, n, bi);
+                        const int bad =
+                            row_off_full(&p, upper ? DG_GEMM_A_UPPER : DG_GEMM_A_LOWER, 0.75f, (float)bi, false);
+                        if (bad >= 0)
+                            fail_msg("%s ta %d L %d n %d beta %d: row %d is not the full product's bits",
+                                     upper ? "A_UPPER" : "A_LOWER", ta, L, n, bi, bad);
                     }
-                    free(full), free(part);
                     prod_free(&p);
                 }
     /* C_LOWER: C = A B^T, only j <= i wanted */
@@ -145,21 +158,13 @@ static void test_parts(void **st) {
             const int L = Ls[li];
             prod p;
             prod_make(&p, 0, 1, L, L, k);
-            const int64_t nc = p.ldc * L;
-            float *full = malloc(sizeof(float) * (size_t)nc), *part = malloc(sizeof(float) * (size_t)nc);
-            assert_non_null(full), assert_non_null(part);
             for (int bi = 0; bi < 2; bi++) {
-                memcpy(full, p.C, sizeof(float) * (size_t)nc);
-                memcpy(part, p.C, sizeof(float) * (size_t)nc);
-                run(&p, DG_GEMM_FULL, -1.0f, (float)bi, full);
-                run(&p, DG_GEMM_C_LOWER, -1.0f, (float)bi, part);
-                for (int i = 0; i < L; i++)
-                    if (memcmp(full + i * p.ldc, part + i * p.ldc, sizeof(float) * (size_t)(i + 1)) != 0)
-                        fail_msg("C_LOWER L %d k %d beta %d: row %d differs from the full product on or below "
-                                 "the diagonal",
-                                 L, k, bi, i);
+                const int bad = row_off_full(&p, DG_GEMM_C_LOWER, -1.0f, (float)bi, true);
+                if (bad >= 0)
+                    fail_msg("C_LOWER L %d k %d beta %d: row %d differs from the full product on or below the "
+                             "diagonal",
+                             L, k, bi, bad);
             }
-            free(full), free(part);
             prod_free(&p);
         }
 }
