@@ -83,9 +83,7 @@ static void FN(dg_add_prod)(const FN(cg) *g, R sgn, const R *X, int64_t ldx, con
         if (g->kind == DG_GATE_CHANNEL) {
             for (int c = 0; c < K; c++) d[c] += sgn * a[c] * y[c];
         } else {
-            R s = 0;
-            for (int c = 0; c < K; c++) s += a[c] * y[c];
-            d[0] += sgn * s;
+            d[0] += sgn * FN(dot)(K, a, y);
         }
     }
 }
@@ -164,8 +162,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         for (int j = 0; j < gs; j++) e[j] = Gl[j];
         DR_VEXP(gs, e, e);
         for (int r = 0; r < K && !s0zero; r++) {
-            R s = 0;
-            for (int j = 0; j < V; j++) s += S0[(int64_t)r * V + j] * dS1[(int64_t)r * V + j];
+            const R s = FN(dot)(V, S0 + (int64_t)r * V, dS1 + (int64_t)r * V);
             dGl[gs == 1 ? 0 : r] += s * e[gs == 1 ? 0 : r];
         }
     }
@@ -216,10 +213,8 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     FN(gemm_tri)(1, L, V, 1, Ai, p.ldc, dU, p.ldv, 0, dVb, V);
     /* dv = beta o dVb;  dbeta = rowsum(V o dVb) + rowsum(Kg o dKbg);  dKg = beta o dKbg */
     for (int i = 0; i < L; i++) {
-        R bi = p.beta[i * p.ldb], s = 0;
-        for (int j = 0; j < V; j++) s += p.v[i * p.ldv + j] * dVb[i * V + j];
-        for (int j = 0; j < K; j++) s += Kg[i * K + j] * dKbg[i * K + j];
-        db[i] = s;
+        R bi = p.beta[i * p.ldb];
+        db[i] = FN(dot)(V, p.v + i * p.ldv, dVb + i * V) + FN(dot)(K, Kg + i * K, dKbg + i * K);
         if (b->dv)
             for (int j = 0; j < V; j++) b->dv[(off + (int64_t)i * HV) * V + j] = bi * dVb[i * V + j];
         for (int j = 0; j < K; j++) dKbg[i * K + j] *= bi;
@@ -231,9 +226,8 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     /* (f5) dA = strictly_lower(-Ai^T dAi Ai^T);  dbeta += rowsum(dA o Mkk);  dMkk = diag(beta) dA */
     FN(tril_inv_bwd)(L, Ai, p.ldc, dAi, C, dA, C, tw);
     for (int i = 0; i < L; i++) {
-        R bi = p.beta[i * p.ldb], s = 0;
-        for (int j = 0; j < i; j++) s += dA[i * C + j] * Mkk[i * p.ldc + j];
-        db[i] += s;
+        R bi = p.beta[i * p.ldb];
+        db[i] += FN(dot)(i, dA + i * C, Mkk + i * p.ldc);
         for (int j = 0; j < i; j++) dA[i * C + j] *= bi;
     }
     /* Mkk = K K^T o Gamma: dK += dMkk Gamma K + dMkk^T Gamma K;  dG from both sides */

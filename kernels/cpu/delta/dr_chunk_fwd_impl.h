@@ -22,7 +22,7 @@ typedef struct FN(ctx) {
     /* per-token buffers [rows, HV, .] */
     R *Gc;   /* chunk-local cumulative gate, gs per head */
     R *W;    /* K per head */
-    R *U;    /* V per head: U, overwritten by V' = U - W S in the backward */
+    R *U;    /* V per head: U, overwritten by V' = U - W S in the state pass */
     R *P;    /* C per head: scale * lower_incl(Q K^T o Gamma) */
     R *Ai;   /* C per head: (I + A)^-1 (backward only) */
     R *Mkk;  /* C per head: strictly_lower(K K^T o Gamma) (backward only) */
@@ -157,16 +157,16 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
     }
 }
 
-/* The state pass for sequence n, head hv (phase B).  Forward: o (and hT) written, V' kept in ws.
- * Backward recompute (Sst != NULL): the state entering each chunk c is stored at
- * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL.
+/* The state pass for sequence n, head hv (phase B): V' overwrites U in place; forward: o (and hT)
+ * written; backward recompute (Sst != NULL): the state entering each chunk c is stored at
+ * Sst[(c*HV + hv)*K*V]; o may be NULL.
  * Products with a state known to be zero (the first chunk's, without h0) are skipped, and so is
  * the state leaving the last chunk when nothing reads it (no hT): on short sequences (MQAR's 128
  * tokens are two chunks) that is half of the pass's products.  Adding a product of zeros adds
  * exact zeros, so the results are the same bits either way (for finite inputs). */
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
-    R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
+    R *S = ws, *Qg = S + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
     bool zero = !x->h0; /* S is exactly zero */
     if (x->h0) memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
@@ -177,16 +177,10 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
-        R *Vn = Vb;
-        int64_t ldvn = V;
-        /* V' = U - W S */
-        if (Sst) {
-            memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
-            Vn = x->U + off * V;
-            ldvn = p.ldv;
-        } else {
-            FN(copy_rows)(L, V, x->U + off * V, p.ldv, Vn, V);
-        }
+        /* V' = U - W S, over U (nothing reads U after this) */
+        R *Vn = x->U + off * V;
+        const int64_t ldvn = p.ldv;
+        if (Sst) memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
         if (!zero) FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
         /* O = scale (exp(G) o Q) S + P V' */
         if (o) {

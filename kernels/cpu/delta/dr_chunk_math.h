@@ -147,6 +147,13 @@ DR_STATIC void FN(gram_lower)(int L, int k, R alpha, const R *X, int64_t ldx, R 
 #endif
 
 /* ---- small row helpers ---- */
+/* sum_i x_i y_i over i < n, in vector lanes (OpenMP simd: partial sums, not one sequential chain) */
+DR_STATIC R FN(dot)(int n, const R *x, const R *y) {
+    R s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += x[i] * y[i];
+    return s;
+}
 DR_STATIC void FN(copy_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ldy) {
     for (int i = 0; i < m; i++) memcpy(Y + i * ldy, X + i * ldx, sizeof(R) * (size_t)n);
 }
