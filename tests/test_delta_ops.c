@@ -339,6 +339,62 @@ static void test_keep_vs_recompute(void **st) {
     check_keep_vs_recompute(DG_DELTA_CHUNKED);
 }
 
+/* Without output_final_state the CPU kernels neither make the final state nor take its gradient
+ * (dg_delta_attrs.no_final_state): o and every gradient the same bits as with it asked for and left
+ * out of the loss (its gradient then all zeros), for each op, both algorithms, with and without h0,
+ * sequences of one chunk and of several. */
+static void test_final_state_unread(void **st) {
+    (void)st;
+    dg_scope_begin();
+    dg_rng rng = dg_rng_new(11);
+    const int64_t B = 3, H = 1, HV = 2, K = 5, V = 4;
+    for (int op = 0; op < 3; op++)
+        for (int algo = 0; algo < 2; algo++)
+            for (int with_h0 = 0; with_h0 < 2; with_h0++)
+                for (int64_t T = 9; T <= 40; T += 31) {
+                    dg_tensor *q = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -1, 1, &rng);
+                    dg_tensor *k = dg_rand_range(DG_SHAPE(B, T, H, K), DG_F64, -0.5, 0.5, &rng);
+                    dg_tensor *v = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+                    dg_tensor *g = op == 2   ? dg_rand_range(DG_SHAPE(B, T, HV, K), DG_F64, -0.5, -0.01, &rng)
+                                   : op == 1 ? dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, -0.5, -0.01, &rng)
+                                             : NULL;
+                    dg_tensor *beta = dg_rand_range(DG_SHAPE(B, T, HV), DG_F64, 0.1, 0.9, &rng);
+                    dg_tensor *h0 = with_h0 ? dg_rand_range(DG_SHAPE(B, HV, K, V), DG_F64, -1, 1, &rng) : NULL;
+                    dg_tensor *w = dg_rand_range(DG_SHAPE(B, T, HV, V), DG_F64, -1, 1, &rng);
+                    dg_tensor *xs[6] = {q, k, v, beta};
+                    int n = 4;
+                    if (g) xs[n++] = g;
+                    if (h0) xs[n++] = h0;
+                    for (int i = 0; i < n; i++) dg_set_requires_grad(xs[i], true);
+                    dg_delta_opts o = {.algorithm = algo ? DG_DELTA_RECURRENT : DG_DELTA_CHUNKED,
+                                       .chunk_size = 16,
+                                       .initial_state = h0};
+                    dg_tensor *out[2], *gr[2][6];
+                    for (int r = 0; r < 2; r++) {
+                        dg_tensor *hT = NULL;
+                        o.output_final_state = r == 1;
+                        out[r] = op == 0   ? dg_delta_rule(q, k, v, beta, &o, &hT)
+                                 : op == 1 ? dg_gated_delta_rule(q, k, v, g, beta, &o, &hT)
+                                           : dg_kda(q, k, v, g, beta, &o, &hT);
+                        assert_non_null(out[r]);
+                        assert_true((hT != NULL) == (r == 1));
+                        grads_of(dg_sum_all(dg_mul(out[r], w)), xs, n, gr[r]);
+                    }
+                    if (dg_test_max_abs_diff(out[0], out[1]) != 0.0)
+                        fail_msg("%s %s T %lld h0 %d: o differs with the final state left unmade", family[op],
+                                 algo ? "recurrent" : "chunked", (long long)T, with_h0);
+                    for (int i = 0; i < n; i++) {
+                        assert_non_null(gr[0][i]);
+                        if (dg_test_max_abs_diff(gr[0][i], gr[1][i]) != 0.0)
+                            fail_msg("%s %s T %lld h0 %d: gradient %d differs with the final state left unmade by "
+                                     "%.3e",
+                                     family[op], algo ? "recurrent" : "chunked", (long long)T, with_h0, i,
+                                     dg_test_max_abs_diff(gr[0][i], gr[1][i]));
+                    }
+                }
+    dg_scope_end();
+}
+
 /* ---- choosing the backward variant ------------------------------------------------------------- */
 
 /* Each op's variant table (ops/delta/delta_common.h) is its registry entries: the same names in the same
@@ -723,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_gate_fused_vs_separate),
         cmocka_unit_test(test_l2norm_fused_vs_separate),
         cmocka_unit_test(test_keep_vs_recompute),
+        cmocka_unit_test(test_final_state_unread),
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_backend_table),
     };

@@ -290,6 +290,8 @@ static const cfg CFGS[] = {
     {"c64", 1, 130, 1, 1, 16, 8, 64, 0, {0}, 0, 1, -0.3, -0.01, 0.1, 0.9},
     {"c32-oddK", 2, 70, 1, 3, 5, 3, 32, 0, {0}, 1, 0, -0.8, -0.02, 0.0, 1.9},
     {"c16-noh", 1, 50, 2, 2, 7, 5, 16, 0, {0}, 0, 0, -0.8, -0.02, 0.1, 0.9},
+    /* many short sequences: each with its head through every phase on one thread */
+    {"seqs", 12, 100, 1, 2, 16, 8, 64, 0, {0}, 0, 1, -0.5, -0.01, 0.1, 0.9},
     /* big enough for the kernels to use their threads */
     {"threaded", 2, 160, 2, 4, 16, 16, 64, 0, {0}, 1, 1, -0.5, -0.01, 0.1, 0.9},
     {"threaded-varlen", 1, 300, 1, 2, 32, 16, 32, 4, {0, 100, 101, 300}, 1, 1, -0.5, -0.01, 0.1, 0.9},
@@ -453,9 +455,13 @@ static void test_f32_vs_f64(void **st) {
     cfg cs[] = {
         {"f32", 2, 200, 2, 2, 32, 32, 64, 0, {0}, 1, 1, -0.5, -0.01, 0.1, 0.9},
         {"f32-strong", 1, 100, 1, 2, 16, 16, 16, 3, {0, 40, 100}, 1, 1, -8, -0.05, 0.1, 0.9},
+        /* widths that leave partial register tiles (kernels/cpu/gemm_small.c), partial chunks */
+        {"f32-odd", 3, 90, 1, 2, 20, 13, 32, 0, {0}, 1, 1, -0.5, -0.01, 0.1, 0.9},
+        /* many short sequences: a sequence and head a thread through every phase */
+        {"f32-seqs", 6, 100, 1, 2, 24, 40, 64, 0, {0}, 1, 1, -0.5, -0.01, 0.1, 0.9},
     };
     double worst = 0;
-    for (size_t c = 0; c < 2; c++)
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
         for (int gk = 0; gk < 3; gk++) {
             prob p;
             prob_make(&cs[c], (dg_gate_kind)gk, &p);

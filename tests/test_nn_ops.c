@@ -268,6 +268,33 @@ static void test_conv1d(void **state) {
     }
 }
 
+/* f32 with channels in groups of 8 and W <= 4 takes the streaming form (kernels/cpu/nn_conv1d.c):
+ * y and every gradient against the f64 op, sequences shorter and longer than W */
+static void test_conv1d_f32_streaming(void **state) {
+    for (int64_t W = 1; W <= 4; W++)
+        for (int64_t T = 2; T <= 11; T += 9)
+            for (int64_t D = 8; D <= 24; D += 16)
+                for (int act = 0; act < 2; act++) {
+                    dg_tensor *x = randn(DG_SHAPE(3, T, D), DG_F64), *w = randn(DG_SHAPE(D, W), DG_F64),
+                              *b = act ? randn(DG_SHAPE(D), DG_F64) : NULL, *r = randn(DG_SHAPE(3, T, D), DG_F64);
+                    dg_tensor *y[2], *g[2][3];
+                    for (int f = 0; f < 2; f++) {
+                        const dg_dtype dt = f ? DG_F32 : DG_F64;
+                        dg_tensor *xi = dg_clone(dg_to_dtype(x, dt)), *wi = dg_clone(dg_to_dtype(w, dt));
+                        dg_tensor *bi = b ? dg_clone(dg_to_dtype(b, dt)) : NULL;
+                        dg_set_requires_grad(xi, true), dg_set_requires_grad(wi, true);
+                        if (bi) dg_set_requires_grad(bi, true);
+                        y[f] = dg_conv1d(xi, wi, bi, act);
+                        assert_int_equal(dg_backward(weighted_sum(y[f], dg_to_dtype(r, dt)), NULL), 0);
+                        g[f][0] = xi->grad, g[f][1] = wi->grad, g[f][2] = bi ? bi->grad : NULL;
+                    }
+                    assert_close(dg_to_dtype(y[1], DG_F64), y[0], 1e-4, "conv1d f32 streaming y");
+                    for (int i = 0; i < 3; i++)
+                        if (g[0][i])
+                            assert_close(dg_to_dtype(g[1][i], DG_F64), g[0][i], 1e-4, "conv1d f32 streaming grad");
+                }
+}
+
 /* causality: changing x at t0 leaves y before t0 unchanged and changes y at t0..t0+W-1 */
 static void test_conv1d_causal(void **state) {
     const int64_t T = 10, t0 = 6, W = 4;
@@ -645,6 +672,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_l2norm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_norm_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_conv1d, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_conv1d_f32_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_conv1d_causal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_conv1d_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_swiglu, setup, teardown),

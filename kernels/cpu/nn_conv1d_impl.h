@@ -56,15 +56,21 @@ int FN(dg_nn_conv1d_bwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
     R *wt = FN(conv_taps)(D, W, w);
     if (!wt) return -1;
     int64_t nb = dg_nn_col_blocks(D, B * T * D * W), bsz = (D + nb - 1) / nb;
+#if CONV_STREAM
+    const int stream = cs_takes(D, W); /* the streaming form (nn_conv1d.c), on blocks of 8k channels */
+    if (stream) bsz = (bsz + 7) / 8 * 8;
+#else
+    const int stream = 0;
+#endif
     int fail = 0;
 #pragma omp parallel for schedule(static) if (nb > 1)
     for (int64_t ib = 0; ib < nb; ib++) {
-        int64_t d0 = ib * bsz, d1 = dg_nn_min64(D, d0 + bsz), n = d1 - d0;
-        /* dpb [T, n]: dp of one sequence's rows, channels d0..d1 (silu only: else dp = dy);
-         * acc [W, n]: dw transposed */
-        R *dpb = silu ? malloc((size_t)(T * n > 0 ? T * n : 1) * sizeof(R)) : NULL;
+        int64_t d0 = dg_nn_min64(D, ib * bsz), d1 = dg_nn_min64(D, d0 + bsz), n = d1 - d0;
+        /* dpb [T, n]: dp of one sequence's rows, channels d0..d1 (row form with silu only: else
+         * dp = dy); acc [W, n]: dw transposed */
+        R *dpb = silu && !stream ? malloc((size_t)(T * n > 0 ? T * n : 1) * sizeof(R)) : NULL;
         R *acc = dw ? malloc((size_t)(W * n > 0 ? W * n : 1) * sizeof(R)) : NULL;
-        if ((silu && !dpb) || (dw && !acc)) {
+        if ((silu && !stream && !dpb) || (dw && !acc)) {
 #pragma omp atomic write
             fail = 1;
             free(dpb);
@@ -77,6 +83,14 @@ int FN(dg_nn_conv1d_bwd)(int64_t B, int64_t T, int64_t D, int64_t W, const R *x,
             for (int64_t d = d0; d < d1; d++) dbias[d] = 0;
         for (int64_t b = 0; b < B; b++) {
             const R *xb = x + b * T * D, *dyb = dy + b * T * D;
+#if CONV_STREAM
+            if (stream) {
+                for (int64_t d = d0; d < d1; d += 8)
+                    cs_bwd_seq(W, T, D, xb, wt, bias, silu, dyb, dx ? dx + b * T * D : NULL, dbias,
+                               acc ? acc + (d - d0) : NULL, n, d);
+                continue;
+            }
+#endif
             if (silu)
                 for (int64_t t = 0; t < T; t++) {
                     R *dpr = dpb + t * n;

@@ -222,6 +222,7 @@ bool dg_delta_validate(const char *op, dg_gate_kind gate, dg_tensor *q, dg_tenso
     at->l2norm_qk = opts->use_qk_l2norm_in_kernel;
     at->gate_in_kernel = opts->use_gate_in_kernel;
     at->keep_forward = !opts->recompute_in_backward;
+    at->no_final_state = !opts->output_final_state;
     return true;
 }
 
@@ -365,6 +366,10 @@ static int prep_inputs(dg_node *n, const dg_delta_slots *sl, prep *p, bool norm)
     return 0;
 }
 
+/* Whether the kernels skip the final state (dg_delta_attrs.no_final_state).  Only on the CPU: the
+ * CUDA rows take NULL hT and dhT too, but they keep making it here, as they are tested. */
+static bool skip_final_state(const dg_delta_attrs *at, const prep *p) { return at->no_final_state && p->dev == DG_CPU; }
+
 /* ---- forward ----------------------------------------------------------------------------------- */
 
 int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
@@ -379,7 +384,7 @@ int dg_delta_forward(dg_node *n, const dg_delta_slots *sl) {
     /* p.q, p.k: the normalised rows, made by the call (q only where the backward will read it) */
     dg_delta_call c = call_on(&p, n->op->name, at->algorithm, at->l2norm_qk);
     c.o = DPTR(o);
-    c.hT = DPTR(hT);
+    c.hT = skip_final_state(at, &p) ? NULL : DPTR(hT); /* then hT is left unwritten: nothing reads it */
     c.l2.qraw = DPTR(p.qraw);
     c.l2.kraw = DPTR(p.kraw);
     c.l2.for_bwd = save;
@@ -442,7 +447,7 @@ int dg_delta_backward(dg_node *n, const dg_delta_slots *sl, const dg_delta_bwd_s
     dg_delta_call c = call_on(&p, op, spec->algo, at->l2norm_qk);
     c.bwd = spec->flags;
     c.dout = DPTR(dout);
-    c.dhT = DPTR(dhT);
+    c.dhT = skip_final_state(at, &p) ? NULL : DPTR(dhT); /* the zeros the engine made for the unread hT */
     c.dq = DPTR(dq);
     c.dk = DPTR(dk);
     c.dv = DPTR(dv);

@@ -35,6 +35,11 @@ typedef struct dg_delta_attrs {
     bool l2norm_qk;
     bool gate_in_kernel;
     bool keep_forward; /* keep the forward's work for the backward (delta_common.c, SAVED_*) */
+    /* the caller did not ask for the final state (output_final_state off), so nothing reads it
+     * and no gradient flows into it: on the CPU the kernels neither make it nor take its (zero)
+     * gradient, and skip the products of the last chunk's state.  Zero (the registry's samples)
+     * makes it, as before. */
+    bool no_final_state;
 } dg_delta_attrs;
 
 /* where each input lives in node->in (-1: the op has no such input) */

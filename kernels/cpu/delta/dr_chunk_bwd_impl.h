@@ -83,9 +83,7 @@ static void FN(dg_add_prod)(const FN(cg) *g, R sgn, const R *X, int64_t ldx, con
         if (g->kind == DG_GATE_CHANNEL) {
             for (int c = 0; c < K; c++) d[c] += sgn * a[c] * y[c];
         } else {
-            R s = 0;
-            for (int c = 0; c < K; c++) s += a[c] * y[c];
-            d[0] += sgn * s;
+            d[0] += sgn * FN(dot)(K, a, y);
         }
     }
 }
@@ -164,8 +162,7 @@ static void FN(bwd_dqkwg)(const FN(bctx) *b, int64_t c, int hv, R *dW, int64_t l
         for (int j = 0; j < gs; j++) e[j] = Gl[j];
         DR_VEXP(gs, e, e);
         for (int r = 0; r < K && !s0zero; r++) {
-            R s = 0;
-            for (int j = 0; j < V; j++) s += S0[(int64_t)r * V + j] * dS1[(int64_t)r * V + j];
+            const R s = FN(dot)(V, S0 + (int64_t)r * V, dS1 + (int64_t)r * V);
             dGl[gs == 1 ? 0 : r] += s * e[gs == 1 ? 0 : r];
         }
     }
@@ -216,10 +213,8 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     FN(gemm_tri)(1, L, V, 1, Ai, p.ldc, dU, p.ldv, 0, dVb, V);
     /* dv = beta o dVb;  dbeta = rowsum(V o dVb) + rowsum(Kg o dKbg);  dKg = beta o dKbg */
     for (int i = 0; i < L; i++) {
-        R bi = p.beta[i * p.ldb], s = 0;
-        for (int j = 0; j < V; j++) s += p.v[i * p.ldv + j] * dVb[i * V + j];
-        for (int j = 0; j < K; j++) s += Kg[i * K + j] * dKbg[i * K + j];
-        db[i] = s;
+        R bi = p.beta[i * p.ldb];
+        db[i] = FN(dot)(V, p.v + i * p.ldv, dVb + i * V) + FN(dot)(K, Kg + i * K, dKbg + i * K);
         if (b->dv)
             for (int j = 0; j < V; j++) b->dv[(off + (int64_t)i * HV) * V + j] = bi * dVb[i * V + j];
         for (int j = 0; j < K; j++) dKbg[i * K + j] *= bi;
@@ -231,9 +226,8 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
     /* (f5) dA = strictly_lower(-Ai^T dAi Ai^T);  dbeta += rowsum(dA o Mkk);  dMkk = diag(beta) dA */
     FN(tril_inv_bwd)(L, Ai, p.ldc, dAi, C, dA, C, tw);
     for (int i = 0; i < L; i++) {
-        R bi = p.beta[i * p.ldb], s = 0;
-        for (int j = 0; j < i; j++) s += dA[i * C + j] * Mkk[i * p.ldc + j];
-        db[i] += s;
+        R bi = p.beta[i * p.ldb];
+        db[i] += FN(dot)(i, dA + i * C, Mkk + i * p.ldc);
         for (int j = 0; j < i; j++) dA[i * C + j] *= bi;
     }
     /* Mkk = K K^T o Gamma: dK += dMkk Gamma K + dMkk^T Gamma K;  dG from both sides */
@@ -253,6 +247,24 @@ static void FN(bwd_wy)(const FN(bctx) *b, int64_t c, int hv, const R *dW, int64_
         for (int i = 0; i < L; i++) b->dbeta[off + (int64_t)i * HV] = db[i];
     /* dg = reverse chunk-local cumsum of dG (G_i = g_0 + ... + g_i) */
     if (gs && b->dg) FN(cumsum_rows)(L, gs, dG, ldG, b->dg + off * gs, (int64_t)HV * gs, 1);
+}
+
+/* Phase D for chunk c, head hv.  parts: 1 = D1 and D2 together, dW and dG in the thread's
+ * chunk-sized buffer (dw_on_chip); 2 = D1 alone into the call's dW, dG buffers; 3 = D2 alone from
+ * them. */
+static void FN(bwd_chunk)(const FN(bctx) *b, int64_t c, int hv, int parts, R *ws) {
+    const FN(ctx) *x = b->x;
+    int K = x->K, gs = x->gs, HV = x->HV;
+    if (parts == 1) { /* ws: dW (C x K), dG (C x gs <= C x K), then the phases' own workspace */
+        R *dWc = ws, *dGc = ws + (int64_t)x->C * K;
+        FN(bwd_dqkwg)(b, c, hv, dWc, K, dGc, gs, ws + 2 * (int64_t)x->C * K);
+        FN(bwd_wy)(b, c, hv, dWc, K, dGc, gs, ws + 2 * (int64_t)x->C * K);
+        return;
+    }
+    int64_t off = x->pl->row0[c] * HV + hv;
+    R *dW = b->dWb + off * K, *dG = gs ? b->dGb + off * gs : NULL;
+    if (parts == 2) FN(bwd_dqkwg)(b, c, hv, dW, (int64_t)HV * K, dG, (int64_t)HV * gs, ws);
+    else FN(bwd_wy)(b, c, hv, dW, (int64_t)HV * K, dG, (int64_t)HV * gs, ws);
 }
 
 int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k, const R *v, const R *g,
@@ -314,27 +326,26 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     int64_t wsn = FN(ws_elems)(C, K, V) + 2 * (int64_t)C * K;
     int64_t nitems = pl.nchunks * HV, nseq = pl.nseq * HV;
     int dr_par_ = FN(worth_threads)(&x);
-    if (rc == 0) DR_PARALLEL_ITEMS(nitems, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
-    if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), NULL, NULL, b.Sst, ws));
-    if (rc == 0) DR_PARALLEL_ITEMS(nseq, wsn, FN(bwd_dhu)(&b, it / HV, (int)(it % HV), dh0, ws));
-    if (rc == 0 && fused) {
-        /* one pass per chunk: dW and dG live in the thread's chunk-sized buffer */
-        DR_PARALLEL_ITEMS(nitems, wsn, {
-            R *dWc = ws, *dGc = ws + (int64_t)C * K;
-            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), dWc, K, dGc, gs, ws + 2 * (int64_t)C * K);
-            FN(bwd_wy)(&b, it / HV, (int)(it % HV), dWc, K, dGc, gs, ws + 2 * (int64_t)C * K);
+    if (rc == 0 && FN(by_sequence)(&x)) {
+        /* every phase of one sequence and head on one thread (FN(by_sequence)) */
+        DR_PARALLEL_ITEMS(nseq, wsn, {
+            int64_t n = it / HV;
+            int hv = (int)(it % HV);
+            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) FN(chunk_prep)(&x, c, hv, ws);
+            FN(state_pass)(&x, n, hv, NULL, NULL, b.Sst, ws);
+            FN(bwd_dhu)(&b, n, hv, dh0, ws);
+            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) {
+                FN(bwd_chunk)(&b, c, hv, fused ? 1 : 2, ws);
+                if (!fused) FN(bwd_chunk)(&b, c, hv, 3, ws);
+            }
         });
     } else if (rc == 0) {
-        DR_PARALLEL_ITEMS(nitems, wsn, {
-            int64_t off = pl.row0[it / HV] * HV + it % HV;
-            FN(bwd_dqkwg)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K, gs ? b.dGb + off * gs : NULL,
-                          (int64_t)HV * gs, ws);
-        });
-        DR_PARALLEL_ITEMS(nitems, wsn, {
-            int64_t off = pl.row0[it / HV] * HV + it % HV;
-            FN(bwd_wy)(&b, it / HV, (int)(it % HV), b.dWb + off * K, (int64_t)HV * K, gs ? b.dGb + off * gs : NULL,
-                       (int64_t)HV * gs, ws);
-        });
+        DR_PARALLEL_ITEMS(nitems, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
+        DR_PARALLEL_ITEMS(nseq, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), NULL, NULL, b.Sst, ws));
+        DR_PARALLEL_ITEMS(nseq, wsn, FN(bwd_dhu)(&b, it / HV, (int)(it % HV), dh0, ws));
+        /* dw_on_chip: one pass per chunk; else D1 over all chunks, then D2 */
+        DR_PARALLEL_ITEMS(nitems, wsn, FN(bwd_chunk)(&b, it / HV, (int)(it % HV), fused ? 1 : 2, ws));
+        if (!fused) DR_PARALLEL_ITEMS(nitems, wsn, FN(bwd_chunk)(&b, it / HV, (int)(it % HV), 3, ws));
     }
     /* GVA: dq, dk of key head h = sum over its value heads */
     if (rc == 0 && (own_dq || own_dk)) {

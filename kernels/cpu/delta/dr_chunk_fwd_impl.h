@@ -22,7 +22,7 @@ typedef struct FN(ctx) {
     /* per-token buffers [rows, HV, .] */
     R *Gc;   /* chunk-local cumulative gate, gs per head */
     R *W;    /* K per head */
-    R *U;    /* V per head: U, overwritten by V' = U - W S in the backward */
+    R *U;    /* V per head: U, overwritten by V' = U - W S in the state pass */
     R *P;    /* C per head: scale * lower_incl(Q K^T o Gamma) */
     R *Ai;   /* C per head: (I + A)^-1 (backward only) */
     R *Mkk;  /* C per head: strictly_lower(K K^T o Gamma) (backward only) */
@@ -157,16 +157,16 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
     }
 }
 
-/* The state pass for sequence n, head hv (phase B).  Forward: o (and hT) written, V' kept in ws.
- * Backward recompute (Sst != NULL): the state entering each chunk c is stored at
- * Sst[(c*HV + hv)*K*V] and V' overwrites U in place; o may be NULL.
+/* The state pass for sequence n, head hv (phase B): V' overwrites U in place; forward: o (and hT)
+ * written; backward recompute (Sst != NULL): the state entering each chunk c is stored at
+ * Sst[(c*HV + hv)*K*V]; o may be NULL.
  * Products with a state known to be zero (the first chunk's, without h0) are skipped, and so is
  * the state leaving the last chunk when nothing reads it (no hT): on short sequences (MQAR's 128
  * tokens are two chunks) that is half of the pass's products.  Adding a product of zeros adds
  * exact zeros, so the results are the same bits either way (for finite inputs). */
 static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
-    R *S = ws, *Vb = S + (int64_t)K * V, *Qg = Vb + (int64_t)C * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
+    R *S = ws, *Qg = S + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
     bool zero = !x->h0; /* S is exactly zero */
     if (x->h0) memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
@@ -177,16 +177,10 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
         int L = p.L;
         int64_t off = p.r0 * HV + hv;
-        R *Vn = Vb;
-        int64_t ldvn = V;
-        /* V' = U - W S */
-        if (Sst) {
-            memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
-            Vn = x->U + off * V;
-            ldvn = p.ldv;
-        } else {
-            FN(copy_rows)(L, V, x->U + off * V, p.ldv, Vn, V);
-        }
+        /* V' = U - W S, over U (nothing reads U after this) */
+        R *Vn = x->U + off * V;
+        const int64_t ldvn = p.ldv;
+        if (Sst) memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
         if (!zero) FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
         /* O = scale (exp(G) o Q) S + P V' */
         if (o) {
@@ -241,6 +235,21 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         if (fail_) rc = -1;                                                               \
     } while (0)
 
+/* Whether a thread takes a whole sequence and head through every phase (phase A for its chunks,
+ * then its state pass, and in the backward C and D) instead of each phase running over all of them
+ * before the next begins.  The products and their order are the same either way (the same bits);
+ * what changes is where the working set lives: a sequence's slices of W, U, P, Ai, Mkk and of the
+ * states (some 300 KB a chunk at K = V = 128, C = 64) are read back by the next phase from the
+ * thread's own cache, where a phase over the whole batch (tens of MB at MQAR's 64 x 128 tokens)
+ * reads them back from memory.  Taken when there are sequences enough to share evenly (at least
+ * four a thread) and they are short (at most 8 chunks: a longer one's slices outgrow the cache
+ * anyway, and phase A over its chunks in parallel keeps the threads busy on few sequences). */
+static int FN(by_sequence)(const FN(ctx) *x) {
+    const dg_drc_plan *pl = x->pl;
+    int64_t items = pl->nseq * x->HV;
+    return items >= 4 * (int64_t)omp_get_max_threads() && pl->nchunks <= 8 * pl->nseq;
+}
+
 /* Below about 4 MFLOP the forward is done on the calling thread: waking a team costs more. */
 static int FN(worth_threads)(const FN(ctx) *x) {
     double f = (double)x->pl->rows * x->HV * ((double)x->C * (2 * x->K + x->V) + 3.0 * x->K * x->V) * 2;
@@ -284,8 +293,16 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     if (!x.W || !x.U || !x.P || (x.gs && !x.Gc) || (chan && !x.tabs)) rc = -1;
     int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
     int dr_par_ = FN(worth_threads)(&x);
-    if (rc == 0) DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
-    if (rc == 0) DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
+    if (rc == 0 && FN(by_sequence)(&x)) {
+        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, {
+            int64_t n = it / HV;
+            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) FN(chunk_prep)(&x, c, (int)(it % HV), ws);
+            FN(state_pass)(&x, n, (int)(it % HV), o, hT, NULL, ws);
+        });
+    } else if (rc == 0) {
+        DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
+        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
+    }
     free(x.W);
     free(x.U);
     free(x.P);

@@ -190,8 +190,7 @@ DR_STATIC void FN(gated_gram)(const FN(cg) *g, const R *X, int64_t ldx, const R 
                               R *M, int64_t ldm, R *ws) {
     int L = g->L, K = g->K;
     if (g->kind != DG_GATE_CHANNEL) {
-        if (X == Y && ldx == ldy)
-            DR_SYRK(CblasRowMajor, CblasLower, CblasNoTrans, L, K, alpha, X, (int)ldx, 0, M, (int)ldm);
+        if (X == Y && ldx == ldy) FN(gram_lower)(L, K, alpha, X, ldx, M, ldm);
         else FN(gemm_lowc)(L, K, alpha, X, ldx, Y, ldy, 0, M, ldm);
         if (g->kind == DG_GATE_HEAD) FN(head_decay_mul)(g, M, ldm, ws);
         FN(mask_lower)(L, M, ldm, strict);

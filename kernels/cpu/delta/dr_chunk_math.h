@@ -17,6 +17,7 @@
 #include "core/internal.h"
 #include "kernels/cpu/delta/dr_chunk_internal.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_small.h"
 
 /* every header is included above: R below is a short macro */
 
@@ -24,7 +25,6 @@
 #define R float
 #define DR_SFX f32
 #define DR_GEMM dg_cpu_gemm_f32
-#define DR_SYRK cblas_ssyrk
 #define DR_VEXP dg_vexp_f32
 #define DR_VEXPDIFF dg_vexpdiff_f32
 #define DR_SAFE_EXP 40.0f
@@ -42,15 +42,43 @@
 #define DR_STATIC static __attribute__((unused))
 #define DR_BS 16 /* sub-block of the gated products and of the blocked solve_tril */
 
-/* The products go to dg_cpu_gemm (kernels/cpu/gemm.h): OpenBLAS on the calling thread, a product
- * outside a parallel region shared among OpenMP's threads.  Should a program have put OpenBLAS
- * (pthread build) on several threads, it runs a GEMM with m*n*k above 65536*4 on all of them, and
- * such calls from several OpenMP threads at once serialise on its lock: inside a parallel region the
- * product is therefore cut into pieces below that size. */
+/* The three products of the chunk kernels:
+ *   gemm       C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) is k x n; ta/tb: 1 = transposed
+ *              (A stored k x m).  Zero-sized products are handled here (BLAS would reject ld < 1).
+ *   gemm_tri   C (L x n) = alpha op(T) B + beta C, T L x L lower triangular (ta = 0: T, ta = 1: T^T)
+ *              with zeros stored above the diagonal, B L x n: T's zero block is skipped.
+ *   gemm_lowc  the lower part (incl. the diagonal) of C (L x L) = alpha A B^T + beta C, A and B L x k;
+ *              some of C above the diagonal is left as it was, some written (callers mask it).
+ *   gram_lower the lower part of M (L x L) = alpha X X^T (X L x k), the rest as gemm_lowc leaves it.
+ * The products of one chunk are small (64 x 128 x 128 and below at C = 64, K = V = 128). */
+#if DR_F32
+/* f32: register tiles on the calling thread without OpenBLAS's copies of both operands
+ * (kernels/cpu/gemm_small.h); the triangular products skip the zero or unwanted part tile by tile
+ * (about half of the full product's work at L = 64). */
+DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb,
+                        R beta, R *C, int64_t ldc) {
+    dg_cpu_gemm_small_f32(DG_GEMM_FULL, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t ldt, const R *B, int64_t ldb, R beta,
+                            R *C, int64_t ldc) {
+    dg_cpu_gemm_small_f32(ta ? DG_GEMM_A_UPPER : DG_GEMM_A_LOWER, ta, 0, L, n, L, alpha, T, ldt, B, ldb, beta, C, ldc);
+}
+DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb, R beta, R *C,
+                             int64_t ldc) {
+    dg_cpu_gemm_small_f32(DG_GEMM_C_LOWER, 0, 1, L, L, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+DR_STATIC void FN(gram_lower)(int L, int k, R alpha, const R *X, int64_t ldx, R *M, int64_t ldm) {
+    FN(gemm_lowc)(L, k, alpha, X, ldx, X, ldx, 0, M, ldm);
+}
+#else
+/* f64 (the precision of the tests against the f64 reference): dg_cpu_gemm (kernels/cpu/gemm.h),
+ * OpenBLAS on the calling thread, a product outside a parallel region shared among OpenMP's
+ * threads.  Should a program have put OpenBLAS (pthread build) on several threads, it runs a GEMM
+ * with m*n*k above 65536*4 on all of them, and such calls from several OpenMP threads at once
+ * serialise on its lock: inside a parallel region the product is therefore cut into pieces below
+ * that size. */
 #define DR_SPLIT_MNK 262144
 
-/* C = alpha op(A) op(B) + beta C; op(A) is m x k, op(B) is k x n; ta/tb: 1 = transposed (A stored
- * k x m).  Zero-sized products are handled here (BLAS would reject ld < 1). */
 DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb,
                         R beta, R *C, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
@@ -83,11 +111,10 @@ DR_STATIC void FN(gemm)(int ta, int tb, int m, int n, int k, R alpha, const R *A
     DR_GEMM(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* Products with an L x L lower-triangular operand skip its zero upper-right block: for L > 32 the
- * rows are cut at h = 32 (3/4 of the full product's work, one more call). */
+/* The triangular products skip the zero (or unwanted) upper-right block: for L > 32 the rows are
+ * cut at h = 32 (3/4 of the full product's work, one more call). */
 #define DR_TRI_SPLIT 32
 
-/* C (L x n) = alpha op(T) B + beta C, T lower triangular (ta = 0: T, ta = 1: T^T), B L x n. */
 DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t ldt, const R *B, int64_t ldb, R beta,
                             R *C, int64_t ldc) {
     if (L <= DR_TRI_SPLIT) {
@@ -104,8 +131,6 @@ DR_STATIC void FN(gemm_tri)(int ta, int L, int n, R alpha, const R *T, int64_t l
     }
 }
 
-/* The lower part (incl. diagonal) of C (L x L) = alpha A B^T + beta C, A and B L x k; the block
- * above the diagonal past column h is left as it was (callers mask it). */
 DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, const R *B, int64_t ldb, R beta, R *C,
                              int64_t ldc) {
     if (L <= DR_TRI_SPLIT) {
@@ -116,8 +141,19 @@ DR_STATIC void FN(gemm_lowc)(int L, int k, R alpha, const R *A, int64_t lda, con
     FN(gemm)(0, 1, h, h, k, alpha, A, lda, B, ldb, beta, C, ldc);
     FN(gemm)(0, 1, L - h, L, k, alpha, A + h * lda, lda, B, ldb, beta, C + h * ldc, ldc);
 }
+DR_STATIC void FN(gram_lower)(int L, int k, R alpha, const R *X, int64_t ldx, R *M, int64_t ldm) {
+    DR_SYRK(CblasRowMajor, CblasLower, CblasNoTrans, L, k, alpha, X, (int)ldx, 0, M, (int)ldm);
+}
+#endif
 
 /* ---- small row helpers ---- */
+/* sum_i x_i y_i over i < n, in vector lanes (OpenMP simd: partial sums, not one sequential chain) */
+DR_STATIC R FN(dot)(int n, const R *x, const R *y) {
+    R s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += x[i] * y[i];
+    return s;
+}
 DR_STATIC void FN(copy_rows)(int m, int n, const R *X, int64_t ldx, R *Y, int64_t ldy) {
     for (int i = 0; i < m; i++) memcpy(Y + i * ldy, X + i * ldx, sizeof(R) * (size_t)n);
 }

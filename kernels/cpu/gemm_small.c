@@ -1,0 +1,121 @@
+/* Small f32 products with AVX2 register tiles (kernels/cpu/gemm_small.h). */
+#include "kernels/cpu/gemm_small.h"
+
+#include "kernels/cpu/gemm.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define MR 6   /* rows of C a tile */
+#define NR 16  /* columns of C a tile: two vectors */
+#define KC 256 /* the k block: a packed panel (KC x NR floats, 16 KB) stays in L1 */
+
+/* C (mr x 16) = alpha sum_p a(i, p) Bp[p, 0:16] + beta C over p < kc, where a(i, p) =
+ * A[i sa + p sp] (sa = lda, sp = 1 for A as stored; sa = 1, sp = lda for A^T) and row p of the
+ * panel is at Bp + p ldp; beta = 0 does not read C.  mr is a constant at every call: the
+ * accumulators live in registers (12 of the 16 ymm at mr = 6, with two for the row of B and one
+ * for the broadcast). */
+static inline __attribute__((always_inline)) void tile(const int mr, int kc, const float *A, int64_t sa, int64_t sp,
+                                                       const float *Bp, int64_t ldp, float alpha, float beta, float *C,
+                                                       int64_t ldc) {
+    __m256 acc0[MR], acc1[MR];
+    for (int i = 0; i < mr; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
+    for (int p = 0; p < kc; p++) {
+        const __m256 b0 = _mm256_loadu_ps(Bp + p * ldp), b1 = _mm256_loadu_ps(Bp + p * ldp + 8);
+        for (int i = 0; i < mr; i++) {
+            const __m256 a = _mm256_broadcast_ss(A + i * sa + p * sp);
+            acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
+            acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
+        }
+    }
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    for (int i = 0; i < mr; i++) {
+        __m256 r0 = _mm256_mul_ps(va, acc0[i]), r1 = _mm256_mul_ps(va, acc1[i]);
+        if (beta != 0) {
+            r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(C + i * ldc), r0);
+            r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(C + i * ldc + 8), r1);
+        }
+        _mm256_storeu_ps(C + i * ldc, r0);
+        _mm256_storeu_ps(C + i * ldc + 8, r1);
+    }
+}
+
+/* Rows [0, m) of C's block of nc <= 16 columns (starting at column j0 of C) over the k block
+ * [p0, p0 + kc): tiles of MR rows, the last one shorter.  A block narrower than 16 goes through a
+ * 16-wide copy (t) of its rows.  first: the k block that applies beta. */
+static void rows(dg_gemm_part part, int m, int j0, int nc, int p0, int kc, const float *A, int64_t sa, int64_t sp,
+                 const float *Bp, int64_t ldp, float alpha, float beta, bool first, float *C, int64_t ldc) {
+    float t[MR * NR];
+    const int i0 = part == DG_GEMM_C_LOWER ? j0 / MR * MR : 0; /* tiles above it are wholly above the diagonal */
+    for (int i = i0; i < m; i += MR) {
+        const int mr = m - i < MR ? m - i : MR;
+        int lo = 0, hi = kc; /* the p of this k block that the tile needs, relative to p0 */
+        if (part == DG_GEMM_A_LOWER && hi > i + mr - p0) hi = i + mr - p0;
+        if (part == DG_GEMM_A_UPPER && lo < i - p0) lo = i - p0 < kc ? i - p0 : kc;
+        if (hi <= lo && !first) continue; /* nothing to add (the first block still applies beta) */
+        if (hi < lo) hi = lo;
+        const float *a = A + i * sa + lo * sp, *b = Bp + lo * ldp;
+        const int kt = hi - lo;
+        const float bt = first ? beta : 1.0f;
+        float *c = C + i * ldc, *ct = c;
+        int64_t ldt = ldc;
+        if (nc < NR) {
+            ct = t;
+            ldt = NR;
+            for (int r = 0; r < mr; r++)
+                for (int j = 0; j < NR; j++) t[r * NR + j] = j < nc && bt != 0 ? c[r * ldc + j] : 0.0f;
+        }
+        switch (mr) { /* constant row counts: the accumulators stay in registers */
+        case 6: tile(6, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        case 5: tile(5, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        case 4: tile(4, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        case 3: tile(3, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        case 2: tile(2, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        default: tile(1, kt, a, sa, sp, b, ldp, alpha, bt, ct, ldt); break;
+        }
+        if (nc < NR)
+            for (int r = 0; r < mr; r++)
+                for (int j = 0; j < nc; j++) c[r * ldc + j] = t[r * NR + j];
+    }
+}
+
+void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    float panel[KC * NR] __attribute__((aligned(32)));
+    const int64_t sa = ta ? 1 : lda, sp = ta ? lda : 1;
+    for (int j = 0; j < n; j += NR) {
+        const int nc = n - j < NR ? n - j : NR;
+        for (int p0 = 0; p0 < k; p0 += KC) {
+            const int kc = k - p0 < KC ? k - p0 : KC;
+            const float *Bp = panel;
+            int64_t ldp = NR;
+            if (!tb && nc == NR) { /* rows of B in place: 16 columns are one 64-byte line */
+                Bp = B + p0 * ldb + j;
+                ldp = ldb;
+            } else if (!tb) { /* the last columns, padded with zeros */
+                for (int p = 0; p < kc; p++)
+                    for (int c = 0; c < NR; c++) panel[p * NR + c] = c < nc ? B[(p0 + p) * ldb + j + c] : 0.0f;
+            } else { /* B stored n x k: column c of the panel is row j + c of B */
+                for (int c = 0; c < NR; c++)
+                    for (int p = 0; p < kc; p++) panel[p * NR + c] = c < nc ? B[(j + c) * ldb + p0 + p] : 0.0f;
+            }
+            rows(part, m, j, nc, p0, kc, A + p0 * sp, sa, sp, Bp, ldp, alpha, beta, p0 == 0, C + j, ldc);
+        }
+    }
+}
+
+#else
+
+void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    (void)part; /* the parts skipped are zeros or not wanted: the whole product is as good */
+    dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+#endif
