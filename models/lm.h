@@ -78,8 +78,8 @@ dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache);
 dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache);
 /* Logits only at the positions whose target is not ignore_index: [n, vocab] rows in row-major
  * (b, t) order, and those targets as i64 [n] in *targets_out (the LM head and the loss are then
- * paid for scored positions only: MQAR scores 16 of 128).  n may be 0: then *targets_out is an
- * empty tensor and the logits [0, vocab].  Targets on the device are not read back: the logits
+ * paid for scored positions only: MQAR scores 16 of 128).  Host targets that are all ignore_index
+ * are an error (nothing to score).  Targets on the device are not read back: the logits
  * are then every position's [B*T, vocab] and *targets_out all the targets, the ignored ones left
  * for the cross-entropy to skip. */
 dg_tensor *dg_lm_scored_logits(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64_t ignore_index,
