@@ -339,12 +339,13 @@ static const dg_op_def pass_cast = {.name = "pass_cast",
  * with m's .grad holding g0 before.  h feeds three linears (dx summed in h's slot), m is reached
  * through the cast twice and directly once (added into m's .grad).  With `targets` the linears
  * write into the slots themselves (dg_grad_target); anomaly mode turns that off, so the gradients
- * come back through gin and the engine's sums.  Also returns the profiler's count of linear's
- * accumulate calls. */
+ * come back through gin and the engine's sums.  m has 9 rows, so the linears of h take the GEMM
+ * path (beta = 1), and v 2, so the last one takes the CPU's loops for a few outputs.  Also returns
+ * the profiler's count of linear's accumulate calls. */
 static void grads_of(bool targets, dg_tensor **gx, dg_tensor **gm, dg_tensor **gv, double *acc_calls) {
     dg_rng r = dg_rng_new(21);
-    dg_tensor *x = dg_randn(DG_SHAPE(6, 4), DG_F64, &r), *m = dg_randn(DG_SHAPE(3, 4), DG_F64, &r);
-    dg_tensor *v = dg_randn(DG_SHAPE(2, 3), DG_F64, &r), *g0 = dg_randn(DG_SHAPE(3, 4), DG_F64, &r);
+    dg_tensor *x = dg_randn(DG_SHAPE(6, 4), DG_F64, &r), *m = dg_randn(DG_SHAPE(9, 4), DG_F64, &r);
+    dg_tensor *v = dg_randn(DG_SHAPE(2, 9), DG_F64, &r), *g0 = dg_randn(DG_SHAPE(9, 4), DG_F64, &r);
     dg_set_requires_grad(x, true);
     dg_set_requires_grad(m, true);
     dg_set_requires_grad(v, true);
