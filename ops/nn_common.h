@@ -77,6 +77,14 @@ static inline dg_tensor *dg_nn_contig(dg_tensor *t, bool *fail) {
     return c;
 }
 
+/* The dtype of the gradient of a weight w multiplied with x (linear, linear_cross_entropy): f32
+ * for the bf16 cast of an f32 master weight on the device (cuBLAS writes it so,
+ * dg_cast_grad_dtype), w's own otherwise.  w is the op's input as recorded (its producer tells a
+ * cast). */
+static inline dg_dtype dg_nn_weight_grad_dtype(const dg_tensor *x, const dg_tensor *w) {
+    return x->device == DG_CUDA && x->dtype == DG_BF16 ? dg_cast_grad_dtype(w) : w->dtype;
+}
+
 /* targets is i64 on x's device with x's shape without its last dim (x [..., K]: logits, or the
  * features of linear_cross_entropy) */
 static inline bool dg_nn_check_targets(const char *op, const dg_tensor *targets, const char *x_arg,

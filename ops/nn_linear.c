@@ -40,11 +40,6 @@ static int linear_bwd_cuda(int64_t N, int64_t IN, int64_t OUT, dg_dtype dt, dg_d
 
 enum { LIN_X, LIN_W, LIN_B };
 
-/* dw's dtype: f32 for the bf16 cast of an f32 master weight on the device, w's own otherwise */
-static dg_dtype dw_dtype(const dg_tensor *x, const dg_tensor *w) {
-    return x->device == DG_CUDA && x->dtype == DG_BF16 ? dg_cast_grad_dtype(w) : w->dtype;
-}
-
 static int linear_forward(dg_node *n) {
 #ifndef DG_HAVE_CUDA
     if (!dg_require_cpu("linear", n->in[LIN_X])) return -1;
@@ -87,7 +82,7 @@ static int linear_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) 
      * dx over the projections that share an input; a weight's .grad).  dx is written before dw,
      * as the targets were asked for (x and w may share one slot). */
     bool dx_fresh = false, dw_fresh = false;
-    const dg_dtype dw_dt = dw_dtype(x, n->in[LIN_W]);
+    const dg_dtype dw_dt = dg_nn_weight_grad_dtype(x, n->in[LIN_W]);
     dg_tensor *dx_to = dg_grad_target(n, LIN_X, x->dtype, &dx_fresh);
     dg_tensor *dw_to = dg_grad_target(n, LIN_W, dw_dt, &dw_fresh);
     bool acc_dx = dx_to && !dx_fresh, acc_dw = dw_to && !dw_fresh;

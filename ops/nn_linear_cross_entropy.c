@@ -183,7 +183,7 @@ static int lce_backward(dg_node *n, dg_tensor *const *gout, dg_tensor **gin) {
     if (fail) return -1;
     int64_t N = dg_nn_rows(x), C = w->shape[0], D = w->shape[1], count = 0;
     /* under mixed precision (bf16 on the device) the f32 master's gradient straight from the sum */
-    dg_dtype dw_dt = x->device == DG_CUDA && x->dtype == DG_BF16 ? dg_cast_grad_dtype(n->in[LCE_W]) : w->dtype;
+    dg_dtype dw_dt = dg_nn_weight_grad_dtype(x, n->in[LCE_W]);
     /* dx and dw go straight into their gradient slots where the engine allows (dg_grad_target), the
      * products adding to the sum so far, as linear's do; not a bf16 dw (its f32 sum over the chunks
      * is rounded once at the end), nor dw when x and w share one slot (dx and dw are written chunk
