@@ -180,11 +180,12 @@ static dg_tensor *hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache, dg
 
 dg_tensor *dg_lm_hidden(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) { return hidden(lm, ids, cache, NULL); }
 
+/* the LM head's weight in the step's precision (the bf16 cast of the master under mixed precision) */
+static dg_tensor *head_weight(const dg_lm *lm) { return dg_mixer_weight(&lm->mixer_opts, lm->lm_head); }
+
 /* the LM head: logits in the step's precision (bf16 under mixed precision; the cross-entropy
  * reads them in f32 and returns an f32 loss) */
-static dg_tensor *head(const dg_lm *lm, dg_tensor *h) {
-    return dg_linear(h, dg_mixer_weight(&lm->mixer_opts, lm->lm_head), NULL);
-}
+static dg_tensor *head(const dg_lm *lm, dg_tensor *h) { return dg_linear(h, head_weight(lm), NULL); }
 
 dg_tensor *dg_lm_forward(const dg_lm *lm, dg_tensor *ids, dg_lm_cache *cache) {
     return head(lm, dg_lm_hidden(lm, ids, cache));
@@ -249,7 +250,7 @@ dg_tensor *dg_lm_loss(const dg_lm *lm, dg_tensor *ids, dg_tensor *targets, int64
     dg_tensor *h = scored_hidden(lm, ids, targets, ignore, &t);
     if (!h) return NULL;
     if (targets_out) *targets_out = t;
-    if (!logits_out) return dg_linear_cross_entropy(h, dg_mixer_weight(&lm->mixer_opts, lm->lm_head), t, ignore, 0);
+    if (!logits_out) return dg_linear_cross_entropy(h, head_weight(lm), t, ignore, 0);
     dg_tensor *logits = head(lm, h);
     if (!logits) return NULL;
     *logits_out = logits;
