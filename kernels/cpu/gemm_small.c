@@ -82,9 +82,8 @@ static void rows(dg_gemm_part part, int m, int j0, int nc, int p0, int kc, const
 void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
-    if (k <= 0) {
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
+    if (k <= 0) { /* C = beta C, as dg_cpu_gemm_f32 makes it */
+        dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     float panel[KC * NR] __attribute__((aligned(32)));
