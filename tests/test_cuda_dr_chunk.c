@@ -204,9 +204,9 @@ static void test_dr_chunk_vsplit(void **state) {
  * cores, dr_chunk_blk_mm.cuh), every gate, against the f64 recurrence in bf16 and fp16 (the
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
  * dW and dG do not fit in shared memory: K > 128), against the generic
- * kernels forced; the launches show the TF32 kernels ran, with prep and the state pass on 16-bit
- * tensor cores (dr_chunk_k256.cu) where the call is K = 256, gate none or head, chunk 64 and V a
- * multiple of 64. */
+ * kernels forced; the launches show the TF32 kernels ran, with prep and the state passes (forward
+ * and backward) on 16-bit tensor cores (dr_chunk_k256.cu) where the call is K = 256, gate none or
+ * head, chunk 64 and V a multiple of 64. */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
@@ -232,14 +232,20 @@ static void test_dr_chunk_tf32(void **state) {
             run_case(c, st, st == S_BF16 && i < 3);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
             assert_int_equal(dropped, 0);
-            const char *state = k256_case(c) ? "dr_chunk k256 state" : "dr_chunk tf32 state";
-            const char *other = k256_case(c) ? "dr_chunk tf32 state" : "dr_chunk k256 state";
-            if (launches_of(kt, m, state) == 0 || launches_of(kt, m, other) != 0 ||
-                launches_of(kt, m, "dr_chunk tf32 out") == 0 || launches_of(kt, m, "dr_chunk state") != 0)
-                fail_msg("%s %s: %s did not run (%d), or %s (%d) or the generic state pass (%d) did, or the TF32 "
-                         "output pass did not (%d)",
-                         c->name, st_names[st], state, launches_of(kt, m, state), other, launches_of(kt, m, other),
-                         launches_of(kt, m, "dr_chunk state"), launches_of(kt, m, "dr_chunk tf32 out"));
+            /* the state passes, forward and backward: the 16-bit kernel or the TF32 one */
+            static const char *const passes[][2] = {{"dr_chunk k256 state", "dr_chunk tf32 state"},
+                                                    {"dr_chunk k256 dhu", "dr_chunk tf32 dhu"}};
+            for (int ps = 0; ps < 2; ps++) {
+                const char *want = passes[ps][!k256_case(c)], *other = passes[ps][k256_case(c)];
+                if (launches_of(kt, m, want) == 0 || launches_of(kt, m, other) != 0)
+                    fail_msg("%s %s: %s did not run (%d), or %s did (%d)", c->name, st_names[st], want,
+                             launches_of(kt, m, want), other, launches_of(kt, m, other));
+            }
+            if (launches_of(kt, m, "dr_chunk tf32 out") == 0 || launches_of(kt, m, "dr_chunk state") != 0 ||
+                launches_of(kt, m, "dr_chunk dhu") != 0)
+                fail_msg("%s %s: the TF32 output pass did not run (%d), or a generic state pass did (%d, %d)", c->name,
+                         st_names[st], launches_of(kt, m, "dr_chunk tf32 out"), launches_of(kt, m, "dr_chunk state"),
+                         launches_of(kt, m, "dr_chunk dhu"));
         }
         paths_compare(c, S_BF16, "tf32 vs generic", 5e-3);
     }
@@ -661,7 +667,7 @@ static void test_dr_chunk_sanitize(void **state) {
     }
 }
 
-/* The TF32 family's prep and state pass on 16-bit tensor cores (dr_chunk_k256.cu), small shapes for
+/* The TF32 family's prep and state passes on 16-bit tensor cores (dr_chunk_k256.cu), small shapes for
  * compute-sanitizer: a partial chunk, an empty sequence, two tiles of 64 value columns, bf16 and fp16,
  * every backward variant in bf16 (the substitution inverse too). */
 static void test_dr_chunk_k256_sanitize(void **state) {

@@ -79,6 +79,22 @@ __global__ void __launch_bounds__(NT)
         }
 }
 
+/* the state pass of the backward: on 16-bit tensor cores where k256_ok takes the call (and dO is
+ * 16-byte aligned), as prep_state does; else k_dhu */
+template <typename T, int GATE, bool TC>
+int dhu(const Plan &pl, const Io<T> &io, const float *Gc, const float *W, const float *P, float *dVn, float *dSo) {
+    const Geom &G = pl.G;
+    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+        if (k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.dout & 15) == 0) {
+            const K256Dhu d{Gc, W, P, io.dhT, dVn, dSo, io.dh0};
+            return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
+        }
+    }
+    const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
+    return DRC_LAUNCH(TC ? "dr_chunk tf32 dhu" : "dr_chunk dhu", (k_dhu<T, GATE, TC>), G.N * G.HV * NVT, NT,
+                      dhu_smem(G, BV), G, BV, io.q, io.k, Gc, W, P, io.dout, io.dhT, dVn, dSo, io.dh0);
+}
+
 /* Pointers of the backward stages. */
 template <typename T> struct BwdArgs {
     const T *q, *k, *v, *beta, *dout;
@@ -454,7 +470,6 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
-    const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
     /* dw_on_chip where dW and dG fit in shared memory beside the bodies' tiles (at chunk 64: K <= 128
      * with a head gate, K <= 64 with the per-channel one, whose dG is C x K): else the pair of
      * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
@@ -487,10 +502,7 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
         rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked);
-        if (!rc)
-            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dhu" : "dr_chunk dhu", (k_dhu<T, GATE, TC>), G.N * HV * NVT, NT,
-                            dhu_smem(G, BV), G, BV, io.q, io.k, (const float *)Gc, (const float *)W, (const float *)P,
-                            io.dout, io.dhT, dVn, dSo, io.dh0);
+        if (!rc) rc = dhu<T, GATE, TC>(pl, io, Gc, W, P, dVn, dSo);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);

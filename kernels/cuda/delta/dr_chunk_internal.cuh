@@ -453,12 +453,21 @@ struct K256Out {
     const float *h0;
     float *hT;
 };
+/* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
+ * aligned: from prep's Gc, W, P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]), dSo (dS
+ * leaving each chunk, the states' layout) and, where non-NULL, dh0, from dhT */
+struct K256Dhu {
+    const float *Gc, *W, *P, *dhT;
+    float *dVn, *dSo, *dh0;
+};
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
 namespace fast {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
+int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
 } // namespace fast
 namespace fast_h {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
+int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
 } // namespace fast_h
 /* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
  * path with one value head a key head, which stores dq, dk itself (the others fold it into their

@@ -1,4 +1,4 @@
-/* Prep and the state pass of the TF32 family at K = 256 on 16-bit tensor cores (gate NONE or HEAD,
+/* Prep and the state passes of the TF32 family at K = 256 on 16-bit tensor cores (gate NONE or HEAD,
  * chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands (fp16 in the
  * DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building blocks of the
  * head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32 family's own f32
@@ -15,10 +15,14 @@
  *          V' = U - W S                                               [mma, W and S split]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' split]
  *          stores S entering each chunk and V' (over U) in f32.
- * Precision: every computed operand (Ai', W, S, V') enters its products split into hi + lo 16-bit
- * words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh), the inputs k, q, v as
- * they are (exact), so these two passes are closer to f32 than the TF32 products they replace (10
- * bits an operand).
+ *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
+ *          reverse, dS [256 x 64] in registers as S above):
+ *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS and P split]
+ *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors, W split]
+ * Precision: every computed operand (Ai', W, S, V', dS, P, dV', scale e^G o dO) enters its products
+ * split into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16;
+ * dr_chunk_mma.cuh), the inputs k, q, v, dO as they are (exact), so these passes are closer to f32
+ * than the TF32 products they replace (10 bits an operand).
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
  * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
  * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
@@ -42,7 +46,9 @@ constexpr int SNT = ONE_SM_NTH;
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES =
     4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
-static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX, "shared memory");
+constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
+                          2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
+static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX && DHU_BYTES <= SMEM_MAX, "shared memory");
 
 /* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
  * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32,
@@ -277,6 +283,138 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     if (o.hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { o.hT[hb + (int64_t)r * V + j] = x; });
 }
 
+/* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's backward state
+ * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
+ * in registers as S is in k256_state:
+ *   dSo[c] = dS                                                     (f32, the states' layout)
+ *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
+ *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors and W split]
+ * Shared memory: the gate, X (K, then Q once dV' is made), W split, dS split, P split (-dV' split
+ * in its place once dV' is made), dO, scale e^G o dO split: 217 KB, one block per SM.  A chunk's
+ * W, P and Q come from device memory into registers (Q while dV' is made) and are split or stored
+ * into shared memory from there; K and dO come by cp.async. */
+template <int GATE>
+__global__ void __launch_bounds__(SNT, 1)
+    k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5;
+    constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
+    const int NVT = V / SBV;
+    const int64_t n = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+    float *sG = sm;
+    uint16_t *sX = (uint16_t *)(sm + 64);
+    const Sp sW{sX + 64 * LDK, 64 * LDK};
+    const Sp sdS{sW.hi + 2 * 64 * LDK, KK * LV};
+    const Sp sP{sdS.hi + 2 * KK * LV, 64 * LV}; /* P, then -dV' */
+    uint16_t *sO = sP.hi + 2 * 64 * LV;
+    const Sp sB{sO + 64 * LV, 64 * LV};
+    using TS = WT<KK, SBV, SNT / 32>;
+    using TV = WT<64, SBV, SNT / 32>;
+    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+    float dS[1][TS::NT][4];
+    const int64_t hb = (n * HV + hv) * (int64_t)KK * V + v0;
+    frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = d.dhT ? d.dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    int64_t c0, c1;
+    seq_chunks(G, n, c0, c1);
+    constexpr int WIT = 64 * KK / 4 / SNT, PIT = 64 * 64 / 4 / SNT, QIT = 64 * KK / 8 / SNT;
+    for (int64_t c = c1 - 1; c >= c0; c--) {
+        const Chunk ch = seq_chunk(G, n, c0, c);
+        const int L = ch.L;
+        const int64_t r0 = ch.r0;
+        bsync(); /* the last chunk's reads of X, W, P (-dV'), the gate and scale e^G o dO are done */
+        load_raw_async<64, KK, SNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid);
+        load_raw_async<64, SBV, SNT>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid);
+        load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid);
+        cp_async_commit();
+        uint4 w[WIT], pp[PIT], qq[QIT];
+#pragma unroll
+        for (int it = 0; it < WIT; it++) {
+            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
+            w[it] = r < L ? *(const uint4 *)(d.W + ((r0 + r) * HV + hv) * KK + c4 * 4) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int it = 0; it < PIT; it++) {
+            const int e = tid + it * SNT, r = e / 16, c4 = e % 16;
+            pp[it] = r < L ? *(const uint4 *)(d.P + ((r0 + r) * HV + hv) * 64 + c4 * 4) : make_uint4(0, 0, 0, 0);
+        }
+        /* dS leaving the chunk: out (f32) and split into shared memory */
+        const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
+        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            put_split2(sdS, LV, r, j, x0, x1);
+            *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
+        });
+        /* W and P split (P: prep wrote its rows i < L, zero above the diagonal) */
+        auto put4 = [](Sp t, int off, const uint4 &v) {
+            float f[4];
+            uint16_t hi[4], lo[4];
+            memcpy(f, &v, 16);
+#pragma unroll
+            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
+            uint64_t hw, lw;
+            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
+            *(uint64_t *)(t.hi + off) = hw;
+            *(uint64_t *)(t.lo() + off) = lw;
+        };
+#pragma unroll
+        for (int it = 0; it < WIT; it++) {
+            const int e = tid + it * SNT;
+            put4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
+        }
+#pragma unroll
+        for (int it = 0; it < PIT; it++) {
+            const int e = tid + it * SNT;
+            put4(sP, e / 16 * LV + 4 * (e % 16), pp[it]);
+        }
+        /* Q into registers, in flight while dV' is made */
+#pragma unroll
+        for (int it = 0; it < QIT; it++) {
+            const int e = tid + it * SNT, r = e / (KK / 8), c8 = e % (KK / 8);
+            qq[it] = r < L ? *(const uint4 *)(q + ((r0 + r) * G.H + h) * KK + c8 * 8) : make_uint4(0, 0, 0, 0);
+        }
+        cp_async_wait_all(); /* K, dO, the gate */
+        bsync();
+        /* scale e^G o dO, split (rows >= L: dO is zero there) */
+        for (int e = tid; e < 64 * SBV / 2; e += SNT) {
+            const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
+            const float f = GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale;
+            put_split2(sB, LV, i, j, f * op2f(sO[i * LV + j]), f * op2f(sO[i * LV + j + 1]));
+        }
+        /* dV' = (e^{G_last - G} o K) dS + P^T dO */
+        float acc[1][TV::NT][4];
+        acc_zero(acc);
+#pragma unroll 1
+        for (int kq = 0; kq < KK; kq += 64)
+            mma_p<1, TV::NT, false, true, false, true>(acc, Sp{sX + kq, 0}, LDK, vm0, Sp{sdS.hi + kq * LV, sdS.lo_off},
+                                                       LV, vn0, 64);
+        if (GATE == DG_GATE_HEAD) {
+            float eg[2];
+            row_decay2<GATE>(sG, vm0, eg);
+            frag_each(acc, vm0, vn0, [&](int i, int, float &x) { x *= eg[(i - vm0) >> 3]; });
+        }
+        mma_p<1, TV::NT, true, true, true, false>(acc, sP, LV, vm0, Sp{sO, 0}, LV, vn0, 64);
+        bsync(); /* X (K) and P read */
+        frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) {
+            if (i < L) *(float2 *)(d.dVn + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
+            put_split2(sP, LV, i, j, -y0, -y1);
+        });
+#pragma unroll
+        for (int it = 0; it < QIT; it++) {
+            const int e = tid + it * SNT;
+            *(uint4 *)(sX + e / (KK / 8) * LDK + 8 * (e % (KK / 8))) = qq[it];
+        }
+        bsync();
+        /* dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV' */
+        if (GATE == DG_GATE_HEAD) {
+            const float f = expf(sG[63]);
+            frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= f; });
+        }
+        mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sX, 0}, LDK, sm0, sB, LV, sn0, 64);
+        mma_p<1, TS::NT, true, true, true, true>(dS, sW, LDK, sm0, sP, LV, sn0, 64);
+    }
+    if (d.dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { d.dh0[hb + (int64_t)r * V + j] = x; });
+}
+
 } // namespace
 
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked) {
@@ -292,6 +430,15 @@ int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int
                              o)
                 : DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_NONE>), grid, SNT, (size_t)STATE_BYTES, G, io.k,
                              o);
+}
+
+int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d) {
+    const Geom &G = p.G;
+    const int64_t grid = G.N * G.HV * (G.V / SBV);
+    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_HEAD>), grid, SNT,
+                                               (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d)
+                                  : DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_NONE>), grid, SNT,
+                                               (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
 }
 
 } // namespace DRC_FAST
