@@ -73,6 +73,8 @@ static dg_tensor *draw(int ndim, const int64_t *shape, dg_dtype dt, dg_rng *rng,
     /* f64 uses two 32-bit lanes per uniform (53-bit mantissa); f32/bf16/f16 use one lane */
     int64_t per_block = f64 ? 2 : 4;
     int64_t blocks = (n + per_block - 1) / per_block;
+    /* each block is a function of its counter alone: the threads draw the same numbers as one */
+#pragma omp parallel for schedule(static) if (blocks > 65536)
     for (int64_t b = 0; b < blocks; b++) {
         uint32_t o[4];
         philox(rng->seed, rng->counter + (uint64_t)b, o);

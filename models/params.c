@@ -119,7 +119,9 @@ int dg_init_normal(dg_tensor *p, double std, dg_rng *rng) {
     int rc = -1;
     if (r) {
         const float *src = (const float *)dg_data_ptr(r);
-        for (int64_t i = 0, n = dg_numel(p); i < n; i++) put(p, i, (double)src[i] * std);
+        const int64_t n = dg_numel(p);
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) put(p, i, (double)src[i] * std);
         rc = 0;
     }
     dg_scope_end();

@@ -184,6 +184,14 @@ static void test_rng_reproducible(void **state) {
     dg_tensor *whole = dg_rand(DG_SHAPE(16), DG_F32, &s1);
     dg_tensor *h1 = dg_rand(DG_SHAPE(8), DG_F32, &s2), *h2 = dg_rand(DG_SHAPE(8), DG_F32, &s2);
     assert_true(dg_test_max_abs_diff(dg_cat(2, (dg_tensor *[]){h1, h2}, 0), whole) == 0);
+    /* a draw large enough to be split over the threads gives the numbers of small draws in order:
+     * 2^19 + 2 normals at once against a first piece of 8 and the rest */
+    dg_rng t1 = dg_rng_new(9), t2 = dg_rng_new(9);
+    const int64_t big = ((int64_t)1 << 19) + 2;
+    dg_tensor *all = dg_randn(DG_SHAPE(big), DG_F32, &t1);
+    dg_tensor *p1 = dg_randn(DG_SHAPE(8), DG_F32, &t2), *p2 = dg_randn(DG_SHAPE(big - 8), DG_F32, &t2);
+    assert_true(dg_test_max_abs_diff(dg_cat(2, (dg_tensor *[]){p1, p2}, 0), all) == 0);
+    assert_true(t1.counter == t2.counter);
     dg_scope_end();
 }
 
