@@ -50,6 +50,41 @@ constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(64, KK) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX && DHU_BYTES <= SMEM_MAX, "shared memory");
 
+/* four f32 values (one 16-byte word) split into the hi and lo words at element off of t (8-byte
+ * stores: a warp writes 256 contiguous bytes) */
+__device__ __forceinline__ void put_split4(Sp t, int off, const uint4 &v) {
+    float f[4];
+    uint16_t hi[4], lo[4];
+    memcpy(f, &v, 16);
+#pragma unroll
+    for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
+    uint64_t hw, lw;
+    memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
+    *(uint64_t *)(t.hi + off) = hw;
+    *(uint64_t *)(t.lo() + off) = lw;
+}
+
+/* A block of the state passes (forward and backward): sequence n, value head hv (key head h), 64
+ * value columns from v0; the warp's part of the state [256 x 64] (TS: rows sm0 .., all columns) and
+ * of a 64 x 64 tile of V' or dV' (TV); hb: the block's first element in a [N, HV, K, V] state. */
+struct StateBlock {
+    using TS = WT<KK, SBV, SNT / 32>;
+    using TV = WT<64, SBV, SNT / 32>;
+    int64_t n, hb;
+    int hv, h, v0, sm0, sn0, vm0, vn0;
+    __device__ StateBlock(const Geom &G) {
+        const int NVT = G.V / SBV, warp = threadIdx.x >> 5;
+        n = blockIdx.x / (G.HV * NVT);
+        hv = (int)(blockIdx.x / NVT % G.HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+        sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+        hb = (n * G.HV + hv) * (int64_t)KK * G.V + v0;
+    }
+    /* the warp's part of the state from src (NULL: zero) */
+    __device__ void load(float (&S)[1][TS::NT][4], const float *src, int V) const {
+        frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = src ? src[hb + (int64_t)r * V + j] : 0.0f; });
+    }
+};
+
 /* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
  * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32,
  * row stride ld) */
@@ -174,21 +209,19 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
 /* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's state pass */
 template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G, const uint16_t *k, K256Out o) {
     DRC_SMEM(float, sm);
-    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int NVT = V / SBV;
-    const int64_t n = blockIdx.x / (HV * NVT);
-    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const StateBlock b(G);
+    using TS = StateBlock::TS;
+    using TV = StateBlock::TV;
+    const int64_t n = b.n, hb = b.hb;
+    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
     /* sG [2][64]; K [2] tiles; W split; S split; V' split */
     uint16_t *sK0 = (uint16_t *)(sm + 2 * 64);
     const Sp sW{sK0 + 2 * 64 * LDK, 64 * LDK};
     const Sp sS{sW.hi + 2 * 64 * LDK, KK * (SBV + PAD)};
     const Sp sVn{sS.hi + 2 * KK * (SBV + PAD), 64 * (SBV + PAD)};
-    using TS = WT<KK, SBV, SNT / 32>;
-    using TV = WT<64, SBV, SNT / 32>;
-    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float S[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)KK * V + v0;
-    frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = o.h0 ? o.h0[hb + (int64_t)r * V + j] : 0.0f; });
+    b.load(S, o.h0, V);
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     /* U: this thread's pairs of the V' tile (the next chunk's loaded during this one's S update) */
@@ -233,16 +266,8 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, SBV + PAD, r, j, x0, x1); });
 #pragma unroll
         for (int it = 0; it < WIT; it++) {
-            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
-            float f[4];
-            uint16_t hi[4], lo[4];
-            memcpy(f, &w[it], 16);
-#pragma unroll
-            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
-            uint64_t hw, lw; /* (8-byte stores: a warp writes 256 contiguous bytes) */
-            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
-            *(uint64_t *)(sW.hi + r * LDK + 4 * c4) = hw;
-            *(uint64_t *)(sW.lo() + r * LDK + 4 * c4) = lw;
+            const int e = tid + it * SNT;
+            put_split4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
         }
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
             *(float2 *)(o.Hst + sb + (int64_t)r * V + j) = make_float2(x0, x1);
@@ -297,11 +322,13 @@ template <int GATE>
 __global__ void __launch_bounds__(SNT, 1)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
     DRC_SMEM(float, sm);
-    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5;
+    const int HV = G.HV, V = G.V, tid = threadIdx.x;
     constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
-    const int NVT = V / SBV;
-    const int64_t n = blockIdx.x / (HV * NVT);
-    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+    const StateBlock b(G);
+    using TS = StateBlock::TS;
+    using TV = StateBlock::TV;
+    const int64_t n = b.n, hb = b.hb;
+    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
     float *sG = sm;
     uint16_t *sX = (uint16_t *)(sm + 64);
     const Sp sW{sX + 64 * LDK, 64 * LDK};
@@ -309,12 +336,8 @@ __global__ void __launch_bounds__(SNT, 1)
     const Sp sP{sdS.hi + 2 * KK * LV, 64 * LV}; /* P, then -dV' */
     uint16_t *sO = sP.hi + 2 * 64 * LV;
     const Sp sB{sO + 64 * LV, 64 * LV};
-    using TS = WT<KK, SBV, SNT / 32>;
-    using TV = WT<64, SBV, SNT / 32>;
-    const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float dS[1][TS::NT][4];
-    const int64_t hb = (n * HV + hv) * (int64_t)KK * V + v0;
-    frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = d.dhT ? d.dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    b.load(dS, d.dhT, V);
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     constexpr int WIT = 64 * KK / 4 / SNT, PIT = 64 * 64 / 4 / SNT, QIT = 64 * KK / 8 / SNT;
@@ -345,26 +368,15 @@ __global__ void __launch_bounds__(SNT, 1)
             *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
         /* W and P split (P: prep wrote its rows i < L, zero above the diagonal) */
-        auto put4 = [](Sp t, int off, const uint4 &v) {
-            float f[4];
-            uint16_t hi[4], lo[4];
-            memcpy(f, &v, 16);
-#pragma unroll
-            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
-            uint64_t hw, lw;
-            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
-            *(uint64_t *)(t.hi + off) = hw;
-            *(uint64_t *)(t.lo() + off) = lw;
-        };
 #pragma unroll
         for (int it = 0; it < WIT; it++) {
             const int e = tid + it * SNT;
-            put4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
+            put_split4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
         }
 #pragma unroll
         for (int it = 0; it < PIT; it++) {
             const int e = tid + it * SNT;
-            put4(sP, e / 16 * LV + 4 * (e % 16), pp[it]);
+            put_split4(sP, e / 16 * LV + 4 * (e % 16), pp[it]);
         }
         /* Q into registers, in flight while dV' is made */
 #pragma unroll
