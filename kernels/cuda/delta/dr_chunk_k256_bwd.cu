@@ -27,8 +27,9 @@
  * Precision: the computed operands (V', dV', S0, dS1, dP, dW, Ai, dMkk) enter their products
  * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact):
  * closer to f32 than the TF32 products they replace.
- * Shared memory: dqkwg 177 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
- * 128 x 64; dPs), wy 188 KB. */
+ * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
+ * 128 x 64; dPs), wy 153 KB (Ai, dAi, T in f32 for the inverse's products; Ai, dMkk split; dV'
+ * or dW, V, K tiles). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -86,6 +87,22 @@ template <int R, int Cc> struct F4 {
     }
 };
 
+/* The f32 tiles that come from device memory (S0, dS1, dV', dW, dk) are asked into L2 a tile
+ * ahead, a 128-byte line a thread (prefetch.global.L2: no registers held), so that the loads of the
+ * next step find them there: the kernels run one block a multiprocessor and load each tile between
+ * two barriers.  An R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in
+ * [0, R Cc / 32). */
+template <int R, int Cc> __device__ __forceinline__ void prefetch_tile(const float *g, int64_t ldg, int nrow, int t) {
+    constexpr int LPR = Cc / 32; /* lines a row */
+    if (t >= 0 && t < R * LPR && t / LPR < nrow) {
+#ifdef DRC_EMU
+        (void)g, (void)ldg;
+#else
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(g + (t / LPR) * ldg + (t % LPR) * 32));
+#endif
+    }
+}
+
 /* the chunk's gate (rows >= L: G_{L-1}; NONE: 0) and beta (0 past L) */
 template <int GATE>
 __device__ __forceinline__ void gate_beta(const Geom &G, const K256Bwd &a, int64_t r0, int L, int hv, float *sG,
@@ -113,6 +130,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     float *red = (float *)(sdS1.hi + SPH), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
     float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
+    const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
+    prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* dP = dO V'^T */
@@ -165,8 +184,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
         float f2[1][T128::NT][4], dkd[1][T128::NT][4], dw[1][T128::NT][4];
         acc_zero(f2), acc_zero(dkd), acc_zero(dw);
-        const float *S0 = a.Hst + (c * HV + hv) * (int64_t)KK * V + (int64_t)cc0 * V;
-        const float *dS1 = a.dSo + (c * HV + hv) * (int64_t)KK * V + (int64_t)cc0 * V;
+        const float *S0 = S0c + (int64_t)cc0 * V, *dS1 = dS1c + (int64_t)cc0 * V;
         for (int v0 = 0; v0 < V; v0 += 64) {
             {
                 F4<KH, 64> s0, ds1;
@@ -191,6 +209,11 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                 dvn.put(sdVn, LT);
             }
             bsync();
+            { /* the next tile of S0 and dS1: the next 64 columns, or the next half's first */
+                const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
+                if (nx >= 0)
+                    prefetch_tile<KH, 64>(S0 + nx, V, KH, tid), prefetch_tile<KH, 64>(dS1 + nx, V, KH, tid - 256);
+            }
             mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
@@ -251,6 +274,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128) */
     float *sAf = (float *)(sX.hi + SPW), *sdAi = sAf + 64 * LF, *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
     float *sG = red + BNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
+    prefetch_tile<64, 64>(a.dVn + ov, ldv, L, tid);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* Ai (lower, rows < L), f32 and split */
@@ -271,6 +295,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
             load_raw<64, 64, BNT>(sVv, a.v + ov + v0, ldv, L);
             du.put(sX, LT);
             bsync();
+            if (v0 + 64 < V) prefetch_tile<64, 64>(a.dVn + ov + v0 + 64, ldv, L, tid);
+            else prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid - 128);
             mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
             float dvb[1][T64::NT][4];
             acc_zero(dvb);
@@ -292,6 +318,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
         dw.put(sX, LH);
         bsync();
+        prefetch_tile<64, KH>(a.dW + ok + (x0 + KH < KK ? x0 + KH : 0), ldk, L, tid);
         mma_p<1, T64::NT, false, false, true, false>(dwk, sX, LH, pm0, Sp{sKt, 0}, LH, pn0, KH);
         bsync();
     }
@@ -362,6 +389,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
         dw.put(sX, LH);
         bsync();
+        prefetch_tile<64, KH>(a.dkv + ok + x0, ldk, L, tid);
+        if (x0 + KH < KK) prefetch_tile<64, KH>(a.dW + ok + x0 + KH, ldk, L, tid - 256);
         float d[1][T128::NT][4];
         acc_zero(d);
         mma_p<1, T128::NT, true, true, true, true>(d, sAi, LT, m0, sX, LH, n0, 64);
