@@ -87,6 +87,16 @@ template <int R, int Cc> struct F4 {
     }
 };
 
+/* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
+ * into s, 16-bit words (from g) into r; then a barrier */
+__device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
+    F4<64, 64> x;
+    x.load(f, ld, L);
+    load_raw<64, 64, BNT>(r, g, ld, L);
+    x.put(s, LT);
+    bsync();
+}
+
 /* The f32 tiles that come from device memory (S0, dS1, dV', dW, dk) are asked into L2 a tile
  * ahead, a 128-byte line a thread (prefetch.global.L2: no registers held), so that the loads of the
  * next step find them there: the kernels run one block a multiprocessor and load each tile between
@@ -114,16 +124,29 @@ __device__ __forceinline__ void gate_beta(const Geom &G, const K256Bwd &a, int64
     }
 }
 
+/* the block's chunk c (rows r0 .. r0 + L - 1) and value head hv, and the offsets of row r0 in q, k
+ * (oq), in v and the [rows, HV, V] buffers (ov), in the [rows, HV, K] ones (ok) and the [rows, HV,
+ * 64] ones (oc) */
+struct At {
+    int64_t c, r0, oq, ov, ok, oc, ldq, ldv, ldk, ldc; /* (and the row strides) */
+    int hv, L;
+    __device__ __forceinline__ explicit At(const Geom &G) {
+        ldq = (int64_t)G.H * KK, ldv = (int64_t)G.HV * G.V, ldk = (int64_t)G.HV * KK, ldc = (int64_t)G.HV * 64;
+        c = blockIdx.x / G.HV, hv = (int)(blockIdx.x % G.HV);
+        const Chunk ch = chunk_at(G, c);
+        r0 = ch.r0, L = ch.L;
+        oq = (r0 * G.H + hv / G.grp) * KK, ov = (r0 * G.HV + hv) * G.V, ok = (r0 * G.HV + hv) * KK;
+        oc = (r0 * G.HV + hv) * 64;
+    }
+};
+
 template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
-    const Chunk ch = chunk_at(G, c);
-    const int L = ch.L;
-    const int64_t r0 = ch.r0, ldq = (int64_t)G.H * KK, ldv = (int64_t)HV * V, ldk = (int64_t)HV * KK;
-    const int64_t oq = (r0 * G.H + h) * KK, ov = (r0 * HV + hv) * V, ok = (r0 * HV + hv) * KK;
-    const int64_t oc = (r0 * HV + hv) * 64, ldc = (int64_t)HV * 64;
+    const At at(G);
+    const int64_t c = at.c, r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc, ldv = at.ldv, ldk = at.ldk;
+    const int64_t ldq = at.ldq, ldc = at.ldc;
+    const int hv = at.hv, L = at.L;
     uint16_t *sQ = (uint16_t *)sm, *sK = sQ + 64 * LH, *sO = sK + 64 * LH;
     const Sp sVn{sO + 64 * LT, 64 * LT}, sdVn{sVn.hi + SPT, 64 * LT}, sDP{sdVn.hi + SPT, 64 * LT};
     const Sp sS0{sDP.hi + SPT, KH * LT}, sdS1{sS0.hi + SPH, KH * LT};
@@ -140,11 +163,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         float acc[1][T64::NT][4];
         acc_zero(acc);
         for (int v0 = 0; v0 < V; v0 += 64) {
-            F4<64, 64> vn;
-            vn.load(a.Vn + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
-            vn.put(sVn, LT);
-            bsync();
+            stage64(sVn, a.Vn + ov + v0, sO, a.dout + ov + v0, ldv, L);
             mma_p<1, T64::NT, false, false, false, true>(acc, Sp{sO, 0}, LT, pm0, sVn, LT, pn0, 64);
             bsync();
         }
@@ -262,13 +281,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
 template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
-    const Chunk ch = chunk_at(G, c);
-    const int L = ch.L;
-    const int64_t r0 = ch.r0, ldq = (int64_t)G.H * KK, ldv = (int64_t)HV * V, ldk = (int64_t)HV * KK;
-    const int64_t oq = (r0 * G.H + h) * KK, ov = (r0 * HV + hv) * V, ok = (r0 * HV + hv) * KK;
-    const int64_t oc = (r0 * HV + hv) * 64, ldc = (int64_t)HV * 64;
+    const At at(G);
+    const int64_t r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc;
+    const int64_t ldq = at.ldq, ldv = at.ldv, ldk = at.ldk, ldc = at.ldc;
+    const int L = at.L, hv = at.hv;
     const Sp sAi{(uint16_t *)sm, 64 * LT}, sdM{sAi.hi + SPT, 64 * LT};
     uint16_t *sVv = sdM.hi + SPT, *sKt = sVv + 64 * LT;
     const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128) */
@@ -290,11 +306,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
-            F4<64, 64> du;
-            du.load(a.dVn + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sVv, a.v + ov + v0, ldv, L);
-            du.put(sX, LT);
-            bsync();
+            stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
             if (v0 + 64 < V) prefetch_tile<64, 64>(a.dVn + ov + v0 + 64, ldv, L, tid);
             else prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid - 128);
             mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
