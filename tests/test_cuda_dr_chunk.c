@@ -204,9 +204,9 @@ static void test_dr_chunk_vsplit(void **state) {
  * cores, dr_chunk_blk_mm.cuh), every gate, against the f64 recurrence in bf16 and fp16 (the
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
  * dW and dG do not fit in shared memory: K > 128), against the generic
- * kernels forced; the launches show the TF32 kernels ran, with prep and the state pass on 16-bit
- * tensor cores (dr_chunk_k256.cu) where the call is K = 256, gate none or head, chunk 64 and V a
- * multiple of 64. */
+ * kernels forced; the launches show the TF32 kernels ran, with prep and the state pass
+ * (dr_chunk_k256.cu) and the backward's dqkwg and wy (dr_chunk_k256_bwd.cu) on 16-bit tensor cores
+ * where the call is K = 256, gate none or head, chunk 64 and V a multiple of 64. */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
