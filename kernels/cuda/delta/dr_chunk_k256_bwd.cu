@@ -97,20 +97,29 @@ __device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const
     bsync();
 }
 
-/* The f32 tiles that come from device memory (S0, dS1, dV', dW, dk) are asked into L2 a tile
- * ahead, a 128-byte line a thread (prefetch.global.L2: no registers held), so that the loads of the
- * next step find them there: the kernels run one block a multiprocessor and load each tile between
- * two barriers.  An R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in
- * [0, R Cc / 32). */
+/* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
+ * thread (prefetch.global.L2: no registers held): the kernels run one block a multiprocessor and
+ * load each tile between two barriers.  S0, dS1, dW and dk a tile ahead; the chunk's rows of V',
+ * dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile: an
+ * R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#ifdef DRC_EMU
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 template <int R, int Cc> __device__ __forceinline__ void prefetch_tile(const float *g, int64_t ldg, int nrow, int t) {
     constexpr int LPR = Cc / 32; /* lines a row */
-    if (t >= 0 && t < R * LPR && t / LPR < nrow) {
-#ifdef DRC_EMU
-        (void)g, (void)ldg;
-#else
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(g + (t / LPR) * ldg + (t % LPR) * 32));
-#endif
-    }
+    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2(g + (t / LPR) * ldg + (t % LPR) * 32);
+}
+/* rows < nrow of a chunk's V columns (elements of E bytes, V E a multiple of 128) at row stride ld
+ * (elements), the lines spread over the block: what the kernels read of V', dV', dO, v over and
+ * again, asked for at their start */
+template <typename E> __device__ __forceinline__ void prefetch_rows(const E *g, int64_t ld, int nrow, int V) {
+    const int lpr = V * (int)sizeof(E) / 128;
+    for (int t = threadIdx.x; t < nrow * lpr; t += BNT)
+        prefetch_l2((const char *)(g + (t / lpr) * ld) + (t % lpr) * 128);
 }
 
 /* the chunk's gate (rows >= L: G_{L-1}; NONE: 0) and beta (0 past L) */
@@ -155,6 +164,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
     prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
+    prefetch_rows(a.Vn + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* dP = dO V'^T */
@@ -290,7 +300,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128) */
     float *sAf = (float *)(sX.hi + SPW), *sdAi = sAf + 64 * LF, *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
     float *sG = red + BNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
-    prefetch_tile<64, 64>(a.dVn + ov, ldv, L, tid);
+    prefetch_rows(a.dVn + ov, ldv, L, V), prefetch_rows(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* Ai (lower, rows < L), f32 and split */
@@ -307,8 +317,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
             stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
-            if (v0 + 64 < V) prefetch_tile<64, 64>(a.dVn + ov + v0 + 64, ldv, L, tid);
-            else prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid - 128);
+            if (v0 + 64 >= V) prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid);
             mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
             float dvb[1][T64::NT][4];
             acc_zero(dvb);
