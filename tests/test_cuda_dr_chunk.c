@@ -205,8 +205,8 @@ static void test_dr_chunk_vsplit(void **state) {
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
  * dW and dG do not fit in shared memory: K > 128), against the generic
  * kernels forced; the launches show the TF32 kernels ran, with prep and the state passes (forward
- * and backward) on 16-bit tensor cores (dr_chunk_k256.cu) where the call is K = 256, gate none or
- * head, chunk 64 and V a multiple of 64. */
+ * and backward; dr_chunk_k256.cu) and the backward's dqkwg and wy (dr_chunk_k256_bwd.cu) on 16-bit
+ * tensor cores where the call is K = 256, gate none or head, chunk 64 and V a multiple of 64. */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
@@ -215,9 +215,22 @@ static const cfg tf32_cases[] = {
     {"tf32: none, varlen, K=256, V=128", 1, 150, 1, 1, 256, 128, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
 };
 
-/* whether the TF32 family runs c's prep and state pass on 16-bit tensor cores (k256_ok) */
+/* whether the TF32 family runs c's prep, state pass, dqkwg and wy on 16-bit tensor cores (k256_ok) */
 static int k256_case(const cfg *c) {
     return c->K == 256 && c->gate != DG_GATE_CHANNEL && c->chunk == 64 && c->V % 64 == 0;
+}
+
+/* the backward's dqkwg and wy of the launches kt[0, m): the 16-bit ones (dr_chunk_k256_bwd.cu) in a
+ * k256 case and no TF32 ones, else the reverse (the TF32 pair or the fused kernel) */
+static void k256_bwd_ran(const cfg *c, int st, const dg_cuda_ktime *kt, int m) {
+    const int k16 = launches_of(kt, m, "dr_chunk k256 dqkwg") + launches_of(kt, m, "dr_chunk k256 wy");
+    const int k32 = launches_of(kt, m, "dr_chunk tf32 dqkwg") + launches_of(kt, m, "dr_chunk tf32 wy") +
+                    launches_of(kt, m, "dr_chunk tf32 bwd fused");
+    if (k256_case(c) ? (launches_of(kt, m, "dr_chunk k256 dqkwg") == 0 || launches_of(kt, m, "dr_chunk k256 wy") == 0 ||
+                        k32 != 0)
+                     : (k16 != 0 || k32 == 0))
+        fail_msg("%s %s: dqkwg and wy ran %d times on 16-bit tensor cores, %d on TF32 (k256 case: %d)", c->name,
+                 st_names[st], k16, k32, k256_case(c));
 }
 
 static void test_dr_chunk_tf32(void **state) {
@@ -246,6 +259,7 @@ static void test_dr_chunk_tf32(void **state) {
                 fail_msg("%s %s: the TF32 output pass did not run (%d), or a generic state pass did (%d, %d)", c->name,
                          st_names[st], launches_of(kt, m, "dr_chunk tf32 out"), launches_of(kt, m, "dr_chunk state"),
                          launches_of(kt, m, "dr_chunk dhu"));
+            k256_bwd_ran(c, st, kt, m);
         }
         paths_compare(c, S_BF16, "tf32 vs generic", 5e-3);
     }
@@ -667,9 +681,10 @@ static void test_dr_chunk_sanitize(void **state) {
     }
 }
 
-/* The TF32 family's prep and state passes on 16-bit tensor cores (dr_chunk_k256.cu), small shapes for
- * compute-sanitizer: a partial chunk, an empty sequence, two tiles of 64 value columns, bf16 and fp16,
- * every backward variant in bf16 (the substitution inverse too). */
+/* The TF32 family's kernels on 16-bit tensor cores (dr_chunk_k256.cu: prep and the state passes;
+ * dr_chunk_k256_bwd.cu: dqkwg and wy), small shapes for compute-sanitizer and the emulator: a
+ * partial chunk, an empty sequence, two tiles of 64 value columns, bf16 and fp16, every backward
+ * variant in bf16 (the substitution inverse, dg from the partial terms too). */
 static void test_dr_chunk_k256_sanitize(void **state) {
     (void)state;
     dg_test_require_cuda();
@@ -690,8 +705,16 @@ static void test_dr_chunk_k256_sanitize(void **state) {
          1,
          0},
     };
-    run_case(&cases[0], S_BF16, 1);
-    run_case(&cases[1], S_F16, 0);
+    for (int i = 0; i < 2; i++) {
+        const int st = i ? S_F16 : S_BF16;
+        dg_cuda_ktime kt[64];
+        int dropped = -1;
+        assert_int_equal(dg_cuda_ktime_begin(), 0);
+        run_case(&cases[i], st, i == 0);
+        const int m = dg_cuda_ktime_end(kt, 64, &dropped);
+        assert_int_equal(dropped, 0);
+        k256_bwd_ran(&cases[i], st, kt, m);
+    }
 }
 
 /* argument checks come before any device work: these run without a GPU too */

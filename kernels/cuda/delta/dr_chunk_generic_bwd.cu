@@ -79,13 +79,13 @@ __global__ void __launch_bounds__(NT)
         }
 }
 
-/* the state pass of the backward: on 16-bit tensor cores where k256_ok takes the call (and dO is
- * 16-byte aligned), as prep_state does; else k_dhu */
+/* the state pass of the backward: on 16-bit tensor cores where k256 (bwd_gate says when), else k_dhu */
 template <typename T, int GATE, bool TC>
-int dhu(const Plan &pl, const Io<T> &io, const float *Gc, const float *W, const float *P, float *dVn, float *dSo) {
+int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float *W, const float *P, float *dVn,
+        float *dSo) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-        if (k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.dout & 15) == 0) {
+        if (k256) {
             const K256Dhu d{Gc, W, P, io.dhT, dVn, dSo, io.dh0};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
@@ -467,6 +467,15 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 
 /* ---------------------------------------------------------------- host side */
 
+/* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
+template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
+    const auto u = [](const T *x) { return (const uint16_t *)x; };
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), a.Gc, a.P, a.Ai, a.Mkk, a.Vn, a.dVn, a.Hst, a.dSo};
+    b.dqv = a.dqv, b.dkv = a.dkv, b.dW = a.dWg, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
+    b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
+    return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
+}
+
 template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
@@ -474,7 +483,12 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
      * with a head gate, K <= 64 with the per-channel one, whose dG is C x K): else the pair of
      * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
-    const bool fused = var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
+    /* K = 256, gate none or head, q, k, v and dO 16-byte aligned: dhu, dqkwg and wy on 16-bit tensor
+     * cores (dr_chunk_k256.cu, dr_chunk_k256_bwd.cu) */
+    bool k256 = false;
+    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL)
+        k256 = k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.dout & 15) == 0;
+    const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
     W = scratch<float>((size_t)(rows * HV * G.K));
@@ -502,11 +516,13 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
         rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked);
-        if (!rc) rc = dhu<T, GATE, TC>(pl, io, Gc, W, P, dVn, dSo);
+        if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
-        if (!rc && !fused) {
+        if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL)
+            if (!rc && k256) rc = k256_bwd<T>(pl, a);
+        if (!rc && !fused && !k256) {
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>), G.nchunks * HV,
                             NT, sd, G, a);

@@ -469,6 +469,25 @@ namespace fast_h {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
 } // namespace fast_h
+/* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
+ * (dr_chunk_k256_bwd.cu): from the buffers of prep, the state pass and dhu (f32, dr_chunk_generic.cuh;
+ * Gc NULL without a gate) to dq, dk per value head (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg;
+ * dW [rows, HV, K] and dG [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words
+ * bf16 in fast::, fp16 in fast_h::. */
+struct K256Bwd {
+    const uint16_t *q, *k, *v, *beta, *dout;
+    const float *Gc, *P, *Ai, *Mkk, *Vn, *dVn, *Hst, *dSo;
+    float *dqv, *dkv, *dW, *dG;
+    uint16_t *dv, *dbeta;
+    float *dbetaf, *dg;
+    int final_dg;
+};
+namespace fast {
+int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
+} // namespace fast
+namespace fast_h {
+int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
+} // namespace fast_h
 /* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
  * path with one value head a key head, which stores dq, dk itself (the others fold it into their
  * stores or into heads_sum; dr_chunk.cu; the emulation runs it on the host):

@@ -1,0 +1,468 @@
+/* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: gate NONE or HEAD,
+ * chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
+ * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
+ * They read the f32 buffers that prep, the state pass and dhu leave (dr_chunk_generic.cuh: Gc, P,
+ * Ai, Mkk, V', dV', the states S0 entering and dS1 leaving each chunk) and write what the TF32
+ * kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv, dbeta, dg), dW and the
+ * gate's row terms passing between the two through device memory as there.  Per chunk of L <= 64
+ * rows and value head (a block of 16 warps each, one block per SM), G the cumulative head gate,
+ * Gamma_il = e^{G_i - G_l}:
+ *   dqkwg  dP = dO V'^T                                           [over V by tiles of 64]
+ *          dPs = scale lower_incl(dP) o Gamma
+ *          for each half of K (128 columns cc), summing over V by tiles of 64:
+ *            dq = scale e^G o (dO S0^T) + dPs K
+ *            dk = e^{G_last - G} o (V' dS1^T) + dPs^T Q
+ *            dW = -dV' S0^T
+ *          HEAD: dG_i = sum_cc q o dq - k o dk (gdn_dg_from_final; else the partial terms
+ *          rowcol(dP, P) + q o dq_f2 - k o dk_f3), the last row + sum k o dk_f3 + e^{G_last}
+ *          sum S0 o dS1 (the products of the partial form: dr_chunk_generic_bwd.cu)
+ *   wy     dUV = dV' V^T,  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb)  [V tiles]
+ *          dWK = dW K^T                                           [over K by tiles of 128]
+ *          dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta)
+ *          dA = strictly_lower(-Ai^T dAi Ai^T)  (f32 FMAs: 64 x 64 x 64, exact to f32)
+ *          dbeta += rowsum(dA o Mkk),  dMkk = diag(beta) dA,  HEAD dG += rowcol(dMkk, Mkk)
+ *          then by tiles of 128 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
+ *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
+ *          dg = reverse chunk-local cumsum of dG.
+ * Precision: the computed operands (V', dV', S0, dS1, dP, dW, Ai, dMkk) enter their products
+ * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact):
+ * closer to f32 than the TF32 products they replace.
+ * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
+ * 128 x 64; dPs), wy 153 KB (Ai, dAi, T in f32 for the inverse's products; Ai, dMkk split; dV'
+ * or dW, V, K tiles). */
+#include "kernels/cuda/delta/dr_chunk_mma.cuh"
+
+namespace drc {
+namespace DRC_FAST {
+namespace {
+
+constexpr int KK = 256;         /* K */
+constexpr int KH = 128;         /* columns of K a pass */
+constexpr int LH = KH + PAD;    /* row stride of the 64 x 128 tiles */
+constexpr int LT = 64 + PAD;    /* row stride of the 64-column tiles */
+constexpr int LF = 65;          /* row stride of the f32 64 x 64 matrices */
+constexpr int BNT = ONE_SM_NTH; /* threads */
+constexpr int BNW = BNT / 32;
+using T64 = WT<64, 64, BNW>;
+using T128 = WT<64, KH, BNW>;
+
+constexpr int SPT = 2 * 64 * LT;  /* elements of a split 64 x 64 tile (hi, then lo) */
+constexpr int SPH = 2 * KH * LT;  /* of a split 128 x 64 tile */
+constexpr int SPW = 2 * 64 * LH;  /* of a split 64 x 128 tile */
+constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
+constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + 2 * SPH) + RED + 4 * 3 * 64 + 64;
+constexpr int WY_BYTES = 2 * (2 * SPT + 64 * LT + SPW + 64 * LH) + 4 * 3 * 64 * LF + RED + 4 * 4 * 64 + 64;
+static_assert(DQ_BYTES <= SMEM_MAX && WY_BYTES <= SMEM_MAX, "shared memory");
+static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
+
+/* an R x Cc tile of f32 (rows >= nrow zero) from global rows of stride ldg, 16 bytes at a time: IT
+ * a thread, every load issued before the first use */
+template <int R, int Cc> struct F4 {
+    static constexpr int N = R * Cc / 4, IT = N / BNT;
+    static_assert(N % BNT == 0, "tile");
+    uint4 x[IT];
+    __device__ __forceinline__ void load(const float *g, int64_t ldg, int nrow) {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int e = threadIdx.x + it * BNT, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
+            x[it] = r < nrow ? *(const uint4 *)(g + r * ldg + c) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
+    /* split into hi and lo words at row stride ld */
+    __device__ __forceinline__ void put(Sp s, int ld) const {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int e = threadIdx.x + it * BNT, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
+            float f[4];
+            get(it, f);
+            uint16_t hi[4], lo[4];
+#pragma unroll
+            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
+            uint64_t hw, lw;
+            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
+            *(uint64_t *)(s.hi + r * ld + c) = hw;
+            *(uint64_t *)(s.lo() + r * ld + c) = lw;
+        }
+    }
+};
+
+/* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
+ * into s, 16-bit words (from g) into r; then a barrier */
+__device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
+    F4<64, 64> x;
+    x.load(f, ld, L);
+    load_raw<64, 64, BNT>(r, g, ld, L);
+    x.put(s, LT);
+    bsync();
+}
+
+/* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
+ * thread (prefetch.global.L2: no registers held): the kernels run one block a multiprocessor and
+ * load each tile between two barriers.  S0, dS1, dW and dk a tile ahead; the chunk's rows of V',
+ * dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile: an
+ * R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#ifdef DRC_EMU
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+template <int R, int Cc> __device__ __forceinline__ void prefetch_tile(const float *g, int64_t ldg, int nrow, int t) {
+    constexpr int LPR = Cc / 32; /* lines a row */
+    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2(g + (t / LPR) * ldg + (t % LPR) * 32);
+}
+/* rows < nrow of a chunk's V columns (elements of E bytes, V E a multiple of 128) at row stride ld
+ * (elements), the lines spread over the block: what the kernels read of V', dV', dO, v over and
+ * again, asked for at their start */
+template <typename E> __device__ __forceinline__ void prefetch_rows(const E *g, int64_t ld, int nrow, int V) {
+    const int lpr = V * (int)sizeof(E) / 128;
+    for (int t = threadIdx.x; t < nrow * lpr; t += BNT)
+        prefetch_l2((const char *)(g + (t / lpr) * ld) + (t % lpr) * 128);
+}
+
+/* the chunk's gate (rows >= L: G_{L-1}; NONE: 0) and beta (0 past L) */
+template <int GATE>
+__device__ __forceinline__ void gate_beta(const Geom &G, const K256Bwd &a, int64_t r0, int L, int hv, float *sG,
+                                          float *sb) {
+    const int i = threadIdx.x;
+    if (i < 64) {
+        sG[i] = GATE == DG_GATE_HEAD ? a.Gc[(r0 + (i < L ? i : L - 1)) * G.HV + hv] : 0.0f;
+        sb[i] = i < L ? op2f(a.beta[(r0 + i) * G.HV + hv]) : 0.0f;
+    }
+}
+
+/* the block's chunk c (rows r0 .. r0 + L - 1) and value head hv, and the offsets of row r0 in q, k
+ * (oq), in v and the [rows, HV, V] buffers (ov), in the [rows, HV, K] ones (ok) and the [rows, HV,
+ * 64] ones (oc) */
+struct At {
+    int64_t c, r0, oq, ov, ok, oc, ldq, ldv, ldk, ldc; /* (and the row strides) */
+    int hv, L;
+    __device__ __forceinline__ explicit At(const Geom &G) {
+        ldq = (int64_t)G.H * KK, ldv = (int64_t)G.HV * G.V, ldk = (int64_t)G.HV * KK, ldc = (int64_t)G.HV * 64;
+        c = blockIdx.x / G.HV, hv = (int)(blockIdx.x % G.HV);
+        const Chunk ch = chunk_at(G, c);
+        r0 = ch.r0, L = ch.L;
+        oq = (r0 * G.H + hv / G.grp) * KK, ov = (r0 * G.HV + hv) * G.V, ok = (r0 * G.HV + hv) * KK;
+        oc = (r0 * G.HV + hv) * 64;
+    }
+};
+
+template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G, K256Bwd a) {
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const At at(G);
+    const int64_t c = at.c, r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc, ldv = at.ldv, ldk = at.ldk;
+    const int64_t ldq = at.ldq, ldc = at.ldc;
+    const int hv = at.hv, L = at.L;
+    uint16_t *sQ = (uint16_t *)sm, *sK = sQ + 64 * LH, *sO = sK + 64 * LH;
+    const Sp sVn{sO + 64 * LT, 64 * LT}, sdVn{sVn.hi + SPT, 64 * LT}, sDP{sdVn.hi + SPT, 64 * LT};
+    const Sp sS0{sDP.hi + SPT, KH * LT}, sdS1{sS0.hi + SPH, KH * LT};
+    float *red = (float *)(sdS1.hi + SPH), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
+    float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
+    const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
+    const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
+    prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
+    prefetch_rows(a.Vn + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
+    gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
+    for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
+    /* dP = dO V'^T */
+    const int pm0 = T64::m0(warp), pn0 = T64::n0(warp);
+    {
+        float acc[1][T64::NT][4];
+        acc_zero(acc);
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            stage64(sVn, a.Vn + ov + v0, sO, a.dout + ov + v0, ldv, L);
+            mma_p<1, T64::NT, false, false, false, true>(acc, Sp{sO, 0}, LT, pm0, sVn, LT, pn0, 64);
+            bsync();
+        }
+        frag_pairs(acc, pm0, pn0,
+                   [&](int i, int l, float x0, float x1) { sDPf[i * LF + l] = x0, sDPf[i * LF + l + 1] = x1; });
+    }
+    bsync();
+    /* HEAD, partial terms: rowcol(dP, P) = sum_l dP_il P_il - sum_m dP_mi P_mi starts the row sums */
+    for (int i = warp; i < 64; i += BNW) {
+        float rc = 0.0f;
+        if (head_partial && i < L) {
+            for (int l = lane; l <= i; l += 32) rc += sDPf[i * LF + l] * a.P[oc + i * ldc + l];
+            for (int m = i + lane; m < L; m += 32) rc -= sDPf[m * LF + i] * a.P[oc + m * ldc + i];
+            rc = warp_sum(rc);
+        }
+        if (lane == 0) sRow[i] = rc;
+    }
+    /* dPs = scale lower_incl(dP) o Gamma, split */
+    for (int e = tid; e < 64 * 64; e += BNT) {
+        const int i = e / 64, l = e % 64;
+        float x = l <= i && i < L ? G.scale * sDPf[i * LF + l] : 0.0f;
+        if (GATE == DG_GATE_HEAD) x *= expf(sG[i] - sG[l]);
+        split2(x, sDP.hi[i * LT + l], sDP.lo()[i * LT + l]);
+    }
+    bsync();
+    const int m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
+    /* this thread's rows m0 + gq, m0 + gq + 8: e^G, e^{G_last - G} */
+    float eg[2], ed[2];
+    for (int hh = 0; hh < 2; hh++) {
+        const float gi = sG[m0 + gq + 8 * hh];
+        eg[hh] = GATE == DG_GATE_HEAD ? expf(gi) : 1.0f;
+        ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
+    }
+    float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
+    for (int cc0 = 0; cc0 < KK; cc0 += KH) {
+        load_raw<64, KH, BNT>(sQ, a.q + oq + cc0, ldq, L);
+        load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
+        float f2[1][T128::NT][4], dkd[1][T128::NT][4], dw[1][T128::NT][4];
+        acc_zero(f2), acc_zero(dkd), acc_zero(dw);
+        const float *S0 = S0c + (int64_t)cc0 * V, *dS1 = dS1c + (int64_t)cc0 * V;
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            {
+                F4<KH, 64> s0, ds1;
+                s0.load(S0 + v0, V, KH);
+                ds1.load(dS1 + v0, V, KH);
+                if (GATE == DG_GATE_HEAD)
+#pragma unroll
+                    for (int it = 0; it < F4<KH, 64>::IT; it++) {
+                        float x[4], y[4];
+                        s0.get(it, x), ds1.get(it, y);
+                        hs += x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3];
+                    }
+                s0.put(sS0, LT);
+                ds1.put(sdS1, LT);
+            }
+            {
+                F4<64, 64> vn, dvn;
+                vn.load(a.Vn + ov + v0, ldv, L);
+                dvn.load(a.dVn + ov + v0, ldv, L);
+                load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
+                vn.put(sVn, LT);
+                dvn.put(sdVn, LT);
+            }
+            bsync();
+            { /* the next tile of S0 and dS1: the next 64 columns, or the next half's first */
+                const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
+                if (nx >= 0)
+                    prefetch_tile<KH, 64>(S0 + nx, V, KH, tid), prefetch_tile<KH, 64>(dS1 + nx, V, KH, tid - 256);
+            }
+            mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, true, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
+            bsync();
+        }
+        float rs[2] = {0.0f, 0.0f};
+        /* dq = scale e^G o f2 + dPs K */
+        frag_each(f2, m0, n0, [&](int i, int cc, float &x) {
+            x *= G.scale * eg[(i - m0) >> 3];
+            if (head_partial) rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x;
+        });
+        mma_p<1, T128::NT, false, true, true, false>(f2, sDP, LT, m0, Sp{sK, 0}, LH, n0, 64);
+        /* dk = e^{G_last - G} o dkd + dPs^T Q */
+        frag_each(dkd, m0, n0, [&](int i, int cc, float &x) {
+            x *= ed[(i - m0) >> 3];
+            if (GATE == DG_GATE_HEAD) {
+                const float kx = op2f(sK[i * LH + cc]) * x;
+                hk += kx;
+                if (head_partial) rs[(i - m0) >> 3] -= kx;
+            }
+        });
+        mma_p<1, T128::NT, true, true, true, false>(dkd, sDP, LT, m0, Sp{sQ, 0}, LH, n0, 64);
+        if (GATE == DG_GATE_HEAD && !head_partial) {
+            frag_each(f2, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x; });
+            frag_each(dkd, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] -= op2f(sK[i * LH + cc]) * x; });
+        }
+        if (GATE == DG_GATE_HEAD) red_rows_put(red, m0, rs);
+        frag_pairs(f2, m0, n0, [&](int i, int cc, float x0, float x1) {
+            if (i < L) *(float2 *)(a.dqv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
+        });
+        frag_pairs(dkd, m0, n0, [&](int i, int cc, float x0, float x1) {
+            if (i < L) *(float2 *)(a.dkv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
+        });
+        frag_pairs(dw, m0, n0, [&](int i, int cc, float x0, float x1) {
+            if (i < L) *(float2 *)(a.dW + ok + i * ldk + cc0 + cc) = make_float2(-x0, -x1);
+        });
+        bsync(); /* Q and K read */
+    }
+    if (GATE == DG_GATE_HEAD) { /* dG rows; the last row + sum k o f3 + e^{G_last} sum S0 o dS1 */
+        red_collect<BNW>(red, sRow, true);
+        const float sk = block_sum<BNW>(hk, sb), st = block_sum<BNW>(hs, sb);
+        if (tid < L) a.dG[(r0 + tid) * HV + hv] = sRow[tid] + (tid == L - 1 ? sk + expf(sG[63]) * st : 0.0f);
+    }
+}
+
+template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K256Bwd a) {
+    DRC_SMEM(float, sm);
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const At at(G);
+    const int64_t r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc;
+    const int64_t ldq = at.ldq, ldv = at.ldv, ldk = at.ldk, ldc = at.ldc;
+    const int L = at.L, hv = at.hv;
+    const Sp sAi{(uint16_t *)sm, 64 * LT}, sdM{sAi.hi + SPT, 64 * LT};
+    uint16_t *sVv = sdM.hi + SPT, *sKt = sVv + 64 * LT;
+    const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128) */
+    float *sAf = (float *)(sX.hi + SPW), *sdAi = sAf + 64 * LF, *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
+    float *sG = red + BNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
+    prefetch_rows(a.dVn + ov, ldv, L, V), prefetch_rows(a.v + ov, ldv, L, V);
+    gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
+    for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
+    /* Ai (lower, rows < L), f32 and split */
+    for (int e = tid; e < 64 * 64; e += BNT) {
+        const int i = e / 64, j = e % 64;
+        const float x = j <= i && i < L ? a.Ai[oc + i * ldc + j] : 0.0f;
+        sAf[i * LF + j] = x;
+        split2(x, sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
+    }
+    const int pm0 = T64::m0(warp), pn0 = T64::n0(warp), m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
+    float duv[1][T64::NT][4];
+    acc_zero(duv);
+    { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
+        float rs[2] = {0.0f, 0.0f};
+        for (int v0 = 0; v0 < V; v0 += 64) {
+            stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
+            if (v0 + 64 >= V) prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid);
+            mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
+            float dvb[1][T64::NT][4];
+            acc_zero(dvb);
+            mma_p<1, T64::NT, true, true, true, true>(dvb, sAi, LT, pm0, sX, LT, pn0, 64);
+            frag_pairs(dvb, pm0, pn0, [&](int j, int x, float s0, float s1) {
+                rs[(j - pm0) >> 3] += op2f(sVv[j * LT + x]) * s0 + op2f(sVv[j * LT + x + 1]) * s1;
+                if (a.dv && j < L) *(uint32_t *)(a.dv + ov + j * ldv + v0 + x) = pack_op2(sb[j] * s0, sb[j] * s1);
+            });
+            bsync();
+        }
+        red_rows_put(red, pm0, rs);
+    }
+    /* dWK = dW K^T */
+    float dwk[1][T64::NT][4];
+    acc_zero(dwk);
+    for (int x0 = 0; x0 < KK; x0 += KH) {
+        F4<64, KH> dw;
+        dw.load(a.dW + ok + x0, ldk, L);
+        load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
+        dw.put(sX, LH);
+        bsync();
+        prefetch_tile<64, KH>(a.dW + ok + (x0 + KH < KK ? x0 + KH : 0), ldk, L, tid);
+        mma_p<1, T64::NT, false, false, true, false>(dwk, sX, LH, pm0, Sp{sKt, 0}, LH, pn0, KH);
+        bsync();
+    }
+    /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta) */
+    frag_each(dwk, pm0, pn0, [&](int i, int j, float &x) {
+        const int hh = (i - pm0) >> 3;
+        const float e = GATE == DG_GATE_HEAD ? expf(sG[j]) : 1.0f;
+        const float u = duv[0][(j - pn0) >> 3][2 * hh + ((j - pn0) & 1)];
+        sdAi[i * LF + j] = j <= i && i < L ? (u + e * x) * sb[j] : 0.0f;
+    });
+    red_collect<BNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
+    bsync();
+    /* T = Ai^T dAi (rows j, columns m: sum_i Ai_ij dAi_im) */
+    for (int e = tid; e < 64 * 64; e += BNT) {
+        const int j = e / 64, m = e % 64;
+        float s = 0.0f;
+        for (int i = j; i < 64; i++) s += sAf[i * LF + j] * sdAi[i * LF + m];
+        sT[j * LF + m] = s;
+    }
+    bsync();
+    /* dA = strictly_lower(-T Ai^T) (in dAi's place): dA_im = -sum_j T_ij Ai_mj */
+    for (int e = tid; e < 64 * 64; e += BNT) {
+        const int i = e / 64, m = e % 64;
+        float s = 0.0f;
+        if (m < i && i < L)
+            for (int j = 0; j <= m; j++) s += sT[i * LF + j] * sAf[m * LF + j];
+        sdAi[i * LF + m] = -s;
+    }
+    bsync();
+    /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA (in T's place); HEAD: dG_i starts as
+     * sum_j dMkk_ij Mkk_ij - sum_m dMkk_mi Mkk_mi */
+    for (int i = warp; i < 64; i += BNW) {
+        float s = 0.0f;
+        for (int j = lane; j < 64; j += 32) {
+            const bool in = j < i && i < L;
+            const float x = in ? sdAi[i * LF + j] : 0.0f;
+            if (in) s += x * a.Mkk[oc + i * ldc + j];
+            sT[i * LF + j] = sb[i] * x;
+        }
+        s = warp_sum(s);
+        if (lane == 0) sdb[i] += s;
+    }
+    bsync();
+    for (int i = warp; i < 64; i += BNW) {
+        float s = 0.0f;
+        if (GATE == DG_GATE_HEAD && i < L) {
+            for (int j = lane; j < i; j += 32) s += sT[i * LF + j] * a.Mkk[oc + i * ldc + j];
+            for (int m = i + 1 + lane; m < L; m += 32) s -= sT[m * LF + i] * a.Mkk[oc + m * ldc + i];
+            s = warp_sum(s);
+        }
+        if (lane == 0) sdG[i] = s;
+    }
+    /* dMkk o Gamma, split */
+    for (int e = tid; e < 64 * 64; e += BNT) {
+        const int i = e / 64, j = e % 64;
+        float x = sT[i * LF + j];
+        if (GATE == DG_GATE_HEAD && j < i) x *= expf(sG[i] - sG[j]);
+        split2(x, sdM.hi[i * LT + j], sdM.lo()[i * LT + j]);
+    }
+    /* dk += e^G beta o (Ai^T dW) + (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dbeta, dG += rowsums */
+    float eg[2];
+    for (int hh = 0; hh < 2; hh++) eg[hh] = GATE == DG_GATE_HEAD ? expf(sG[m0 + gq + 8 * hh]) : 1.0f;
+    float rs[2] = {0.0f, 0.0f};
+    for (int x0 = 0; x0 < KK; x0 += KH) {
+        bsync(); /* X and K free (the products above, or the last tile's) */
+        F4<64, KH> dw;
+        dw.load(a.dW + ok + x0, ldk, L);
+        load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
+        dw.put(sX, LH);
+        bsync();
+        prefetch_tile<64, KH>(a.dkv + ok + x0, ldk, L, tid);
+        if (x0 + KH < KK) prefetch_tile<64, KH>(a.dW + ok + x0 + KH, ldk, L, tid - 256);
+        float d[1][T128::NT][4];
+        acc_zero(d);
+        mma_p<1, T128::NT, true, true, true, true>(d, sAi, LT, m0, sX, LH, n0, 64);
+        frag_each(d, m0, n0, [&](int j, int x, float &s) {
+            const int hh = (j - m0) >> 3;
+            rs[hh] += eg[hh] * op2f(sKt[j * LH + x]) * s;
+            s *= eg[hh] * sb[j];
+        });
+        mma_p<1, T128::NT, false, true, true, false>(d, sdM, LT, m0, Sp{sKt, 0}, LH, n0, 64);
+        mma_p<1, T128::NT, true, true, true, false>(d, sdM, LT, m0, Sp{sKt, 0}, LH, n0, 64);
+        frag_pairs(d, m0, n0, [&](int i, int x, float s0, float s1) {
+            if (i < L) {
+                float2 *p = (float2 *)(a.dkv + ok + i * ldk + x0 + x);
+                const float2 y = *p;
+                *p = make_float2(y.x + s0, y.y + s1);
+            }
+        });
+    }
+    red_rows_put(red, m0, rs);
+    bsync();
+    red_collect<BNW>(red, sT, false); /* (T's first row: free) */
+    bsync();
+    if (tid < L) {
+        const float db = sdb[tid] + sT[tid];
+        if (a.dbetaf) a.dbetaf[(r0 + tid) * HV + hv] = db;
+        else if (a.dbeta) a.dbeta[(r0 + tid) * HV + hv] = f2op(db);
+        if (GATE == DG_GATE_HEAD) sdG[tid] += sb[tid] * sT[tid] + a.dG[(r0 + tid) * HV + hv];
+    }
+    bsync();
+    /* dg = reverse cumsum of dG over the chunk */
+    if (GATE == DG_GATE_HEAD && a.dg && tid == 0) {
+        float acc = 0.0f;
+        for (int i = L - 1; i >= 0; i--) {
+            acc += sdG[i];
+            a.dg[(r0 + i) * HV + hv] = acc;
+        }
+    }
+}
+
+} // namespace
+
+int k256_dqkwg_wy(const Plan &p, const K256Bwd &a) {
+    const Geom &G = p.G;
+    const bool head = G.gate == DG_GATE_HEAD;
+    const int64_t grid = G.nchunks * G.HV;
+    int rc = head ? DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_HEAD>), grid, BNT, (size_t)DQ_BYTES, G, a)
+                  : DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_NONE>), grid, BNT, (size_t)DQ_BYTES, G, a);
+    if (rc) return rc;
+    return head ? DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_HEAD>), grid, BNT, (size_t)WY_BYTES, G, a)
+                : DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_NONE>), grid, BNT, (size_t)WY_BYTES, G, a);
+}
+
+} // namespace DRC_FAST
+} // namespace drc
