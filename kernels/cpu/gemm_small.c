@@ -3,12 +3,24 @@
 
 #include "kernels/cpu/gemm.h"
 
+#include <limits.h>
+#include <omp.h>
+#include <stdlib.h>
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 #define MR 6   /* rows of C a tile */
 #define NR 16  /* columns of C a tile: two vectors */
 #define KC 256 /* the k block: a packed panel (KC x NR floats, 16 KB) stays in L1 */
+/* a product of fewer multiply-adds runs on the calling thread (as kernels/cpu/gemm.c decides) */
+#define PAR_MIN_MACS ((int64_t)1 << 21)
+
+/* GCC's scheduling before register allocation, pressure-aware: without it GCC keeps one of the two
+ * vectors of B's row on the stack at mr = 6 (a store and six loads more a step), and the tiles ran
+ * at 47-56 GFLOP/s on one core on operands in L1 against 61-88 with it. */
+#pragma GCC push_options
+#pragma GCC optimize("schedule-insns", "sched-pressure")
 
 /* C (mr x 16) = alpha sum_p a(i, p) Bp[p, 0:16] + beta C over p < kc, where a(i, p) =
  * A[i sa + p sp] (sa = lda, sp = 1 for A as stored; sa = 1, sp = lda for A^T) and row p of the
@@ -79,6 +91,28 @@ static void rows(dg_gemm_part part, int m, int j0, int nc, int p0, int kc, const
     }
 }
 
+#pragma GCC pop_options
+
+/* The panel of op(B) for columns [j, j + nc) and k block [p0, p0 + kc): B's rows in place where B
+ * is not transposed and the block is 16 wide (one 64-byte line a row), else a copy padded with
+ * zeros in panel (KC x NR).  Returns it, its row stride in *ldp. */
+static const float *bpanel(bool tb, int j, int nc, int p0, int kc, const float *B, int64_t ldb, float *panel,
+                           int64_t *ldp) {
+    *ldp = NR;
+    if (!tb && nc == NR) {
+        *ldp = ldb;
+        return B + p0 * ldb + j;
+    }
+    if (!tb) { /* the last columns, padded with zeros */
+        for (int p = 0; p < kc; p++)
+            for (int c = 0; c < NR; c++) panel[p * NR + c] = c < nc ? B[(p0 + p) * ldb + j + c] : 0.0f;
+    } else { /* B stored n x k: column c of the panel is row j + c of B */
+        for (int c = 0; c < NR; c++)
+            for (int p = 0; p < kc; p++) panel[p * NR + c] = c < nc ? B[(j + c) * ldb + p0 + p] : 0.0f;
+    }
+    return panel;
+}
+
 void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
@@ -92,21 +126,47 @@ void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, in
         const int nc = n - j < NR ? n - j : NR;
         for (int p0 = 0; p0 < k; p0 += KC) {
             const int kc = k - p0 < KC ? k - p0 : KC;
-            const float *Bp = panel;
-            int64_t ldp = NR;
-            if (!tb && nc == NR) { /* rows of B in place: 16 columns are one 64-byte line */
-                Bp = B + p0 * ldb + j;
-                ldp = ldb;
-            } else if (!tb) { /* the last columns, padded with zeros */
-                for (int p = 0; p < kc; p++)
-                    for (int c = 0; c < NR; c++) panel[p * NR + c] = c < nc ? B[(p0 + p) * ldb + j + c] : 0.0f;
-            } else { /* B stored n x k: column c of the panel is row j + c of B */
-                for (int c = 0; c < NR; c++)
-                    for (int p = 0; p < kc; p++) panel[p * NR + c] = c < nc ? B[(j + c) * ldb + p0 + p] : 0.0f;
-            }
+            int64_t ldp;
+            const float *Bp = bpanel(tb, j, nc, p0, kc, B, ldb, panel, &ldp);
             rows(part, m, j, nc, p0, kc, A + p0 * sp, sa, sp, Bp, ldp, alpha, beta, p0 == 0, C + j, ldc);
         }
     }
+}
+
+/* ---- the large products (dg_cpu_gemm_tiles_f32) ---- */
+
+/* rows of C a block when threads own blocks of rows: the block of op(A) (MB x k, k <= 512) stays in
+ * the core's L2 while every column panel of op(B) passes over it */
+#define MB 96
+
+void dg_cpu_gemm_tiles_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (m <= 0 || n <= 0 || k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX) {
+        dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (m < 2 * MB || m < k) { /* short C with a long k (a weight's gradient, dy^T x): OpenBLAS's
+                                * packing pays there (94-99 GFLOP/s against 79-89 for the tiles) */
+        dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* a transposed B (n x k, a layer's weight) is transposed once so that every block reads its
+     * rows in place */
+    float *Bt = tb ? malloc(sizeof(float) * (size_t)(n * k)) : NULL;
+    if (Bt) { /* (without room for the copy the panels copy B block by block) */
+        for (int64_t c = 0; c < n; c++)
+            for (int64_t p = 0; p < k; p++) Bt[p * n + c] = B[c * ldb + p];
+        B = Bt, ldb = n, tb = false;
+    }
+    const int nt = omp_in_parallel() || m * n * k < PAR_MIN_MACS ? 1 : omp_get_max_threads();
+    const int64_t nblk = (m + MB - 1) / MB;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t r0 = b * MB, mb = m - r0 < MB ? m - r0 : MB;
+        dg_cpu_gemm_small_f32(DG_GEMM_FULL, ta, tb, (int)mb, (int)n, (int)k, alpha, ta ? A + r0 : A + r0 * lda, lda, B,
+                              ldb, beta, C + r0 * ldc, ldc);
+    }
+    free(Bt);
 }
 
 #else
@@ -114,6 +174,11 @@ void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, in
 void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     (void)part; /* the parts skipped are zeros or not wanted: the whole product is as good */
+    dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void dg_cpu_gemm_tiles_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     dg_cpu_gemm_f32(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

@@ -26,4 +26,15 @@ typedef enum { DG_GEMM_FULL, DG_GEMM_A_LOWER, DG_GEMM_A_UPPER, DG_GEMM_C_LOWER }
 void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, int k, float alpha, const float *A,
                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* The same contract for a large product with a long C (the CPU layers': linear's 8192 x 128 x 128
+ * and its input gradient), shared among OpenMP's threads (outside a parallel region, above about
+ * 2M multiply-adds) on the same tiles: threads own blocks of 96 rows of C, so that a block of op(A)
+ * stays in the core's L2 while every panel of op(B) passes over it; a B stored transposed (a
+ * layer's weight) is transposed once into a copy whose rows the blocks read in place.  Each
+ * element's sum runs over k in order: the bits do not depend on the thread count.  Other shapes
+ * (C shorter than 192 rows or than k: a weight's gradient dy^T x) go to dg_cpu_gemm_f32, where
+ * OpenBLAS's packing pays for itself. */
+void dg_cpu_gemm_tiles_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 #endif
