@@ -93,6 +93,26 @@ static void rows(dg_gemm_part part, int m, int j0, int nc, int p0, int kc, const
 
 #pragma GCC pop_options
 
+/* dst (8 x 8, row stride ldd) = the transpose of src (8 x 8, row stride lds) */
+static inline void transpose8(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i += 2) { /* pairs of rows interleaved */
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) { /* and the 128-bit halves of rows i and i + 4 */
+        _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
 /* The panel of op(B) for columns [j, j + nc) and k block [p0, p0 + kc): B's rows in place where B
  * is not transposed and the block is 16 wide (one 64-byte line a row), else a copy padded with
  * zeros in panel (KC x NR).  Returns it, its row stride in *ldp. */
@@ -107,8 +127,12 @@ static const float *bpanel(bool tb, int j, int nc, int p0, int kc, const float *
         for (int p = 0; p < kc; p++)
             for (int c = 0; c < NR; c++) panel[p * NR + c] = c < nc ? B[(p0 + p) * ldb + j + c] : 0.0f;
     } else { /* B stored n x k: column c of the panel is row j + c of B */
+        int p = 0;
+        if (nc == NR) /* 8 x 8 blocks transposed in registers */
+            for (; p + 8 <= kc; p += 8)
+                for (int h = 0; h < NR; h += 8) transpose8(B + (j + h) * ldb + p0 + p, ldb, panel + p * NR + h, NR);
         for (int c = 0; c < NR; c++)
-            for (int p = 0; p < kc; p++) panel[p * NR + c] = c < nc ? B[(j + c) * ldb + p0 + p] : 0.0f;
+            for (int q = p; q < kc; q++) panel[q * NR + c] = c < nc ? B[(j + c) * ldb + p0 + q] : 0.0f;
     }
     return panel;
 }
