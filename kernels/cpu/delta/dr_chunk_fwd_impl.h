@@ -275,14 +275,19 @@ static void FN(walk_fwd)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Ss
  * K = V = 128, C = 64), where a phase over the whole batch reads them back from memory (tens of
  * MB at MQAR's 64 x 128 tokens, or at 4 x 4096).  The products and their order are the same
  * either way: the same bits.  The walk is taken when the sequence-heads share evenly among the
- * threads (as many as the threads or a multiple of them, or at least four a thread); with fewer,
- * the phases over chunks keep the threads busy.  DG_DR_CHUNK_SCHEDULE=phases or =walk forces
+ * threads (as many as the threads or a multiple of them, or at least four a thread, and none with
+ * more chunks than a thread's share of all); otherwise the phases over chunks keep the threads
+ * busy.  DG_DR_CHUNK_SCHEDULE=phases or =walk forces
  * one (the tests compare them). */
 static int FN(use_walk)(const FN(ctx) *x) {
     const char *e = getenv("DG_DR_CHUNK_SCHEDULE");
     if (e && strcmp(e, "phases") == 0) return 0;
     if (e && strcmp(e, "walk") == 0) return 1;
-    int64_t items = x->pl->nseq * x->HV, nt = omp_get_max_threads();
+    const dg_drc_plan *pl = x->pl;
+    int64_t items = pl->nseq * x->HV, nt = omp_get_max_threads(), most = 0;
+    for (int64_t n = 0; n < pl->nseq; n++)
+        most = pl->seq_chunk[n + 1] - pl->seq_chunk[n] > most ? pl->seq_chunk[n + 1] - pl->seq_chunk[n] : most;
+    if (most * nt > pl->nchunks * x->HV) return 0; /* one sequence-head more than a thread's share */
     return items >= 4 * nt || (items >= nt && items % nt == 0);
 }
 
