@@ -162,6 +162,8 @@ void dg_cpu_gemm_small_f32(dg_gemm_part part, bool ta, bool tb, int m, int n, in
 /* rows of C a block when threads own blocks of rows: the block of op(A) (MB x k, k <= 512) stays in
  * the core's L2 while every column panel of op(B) passes over it */
 #define MB 96
+/* (the blocks are handed out two at a time as threads come free: a thread that the OS runs late,
+ * on a machine shared with other work, does not hold up the product) */
 
 void dg_cpu_gemm_tiles_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -184,7 +186,7 @@ void dg_cpu_gemm_tiles_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, fl
     }
     const int nt = omp_in_parallel() || m * n * k < PAR_MIN_MACS ? 1 : omp_get_max_threads();
     const int64_t nblk = (m + MB - 1) / MB;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1)
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t r0 = b * MB, mb = m - r0 < MB ? m - r0 : MB;
         dg_cpu_gemm_small_f32(DG_GEMM_FULL, ta, tb, (int)mb, (int)n, (int)k, alpha, ta ? A + r0 : A + r0 * lda, lda, B,
