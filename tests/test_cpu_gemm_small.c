@@ -6,7 +6,9 @@
  *  - beta = 0 does not read C (it holds NaN);
  *  - the triangular parts: with op(A) lower (upper) triangular, DG_GEMM_A_LOWER (A_UPPER) gives the
  *    same bits as the full product; DG_GEMM_C_LOWER gives the full product's bits on and below the
- *    diagonal. */
+ *    diagonal;
+ *  - the large products (dg_cpu_gemm_tiles_f32): the bits of the one-thread tiles on any number of
+ *    threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +172,45 @@ static void test_parts(void **st) {
         }
 }
 
+/* dg_cpu_gemm_tiles_f32 on long products (several 96-row blocks and a partial one, a B stored
+ * transposed, k past one 256-wide block): within the rounding bound of the double product, and the
+ * same bits as dg_cpu_gemm_small_f32 over the whole product whatever the number of threads (each
+ * element's sum runs over k in order); C shorter than k goes to OpenBLAS, checked against the
+ * bound. */
+static void test_tiles(void **st) {
+    (void)st;
+    const int shapes[][3] = {{1000, 128, 128}, {389, 40, 300}, {200, 17, 3}, {64, 128, 1000}};
+    const int saved = omp_get_max_threads();
+    for (int s = 0; s < 4; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                prod p;
+                prod_make(&p, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2]);
+                const int64_t nc = p.ldc * p.m;
+                float *want = malloc(sizeof(float) * (size_t)nc), *got = malloc(sizeof(float) * (size_t)nc);
+                assert_non_null(want), assert_non_null(got);
+                const float beta = ta ? 0.0f : -0.75f;
+                memcpy(want, p.C, sizeof(float) * (size_t)nc);
+                run(&p, DG_GEMM_FULL, 0.5f, beta, want);
+                for (int nt = 1; nt <= 2; nt++) {
+                    omp_set_num_threads(nt);
+                    memcpy(got, p.C, sizeof(float) * (size_t)nc);
+                    dg_cpu_gemm_tiles_f32(ta, tb, p.m, p.n, p.k, 0.5f, p.A, p.lda, p.B, p.ldb, beta, got, p.ldc);
+                    if (p.m >= p.k) {
+                        if (memcmp(want, got, sizeof(float) * (size_t)nc) != 0)
+                            fail_msg("tiles m %d n %d k %d ta %d tb %d on %d threads: not the bits of one product", p.m,
+                                     p.n, p.k, ta, tb, nt);
+                    } else {
+                        check_bound(&p, 0.5f, beta, p.C, got);
+                    }
+                }
+                omp_set_num_threads(saved);
+                if (s == 1) check_bound(&p, 0.5f, beta, p.C, got);
+                free(want), free(got);
+                prod_free(&p);
+            }
+}
+
 /* k = 0: C = beta C; empty m or n: nothing written */
 static void test_empty(void **st) {
     (void)st;
@@ -187,6 +229,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_double),
         cmocka_unit_test(test_parts),
+        cmocka_unit_test(test_tiles),
         cmocka_unit_test(test_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

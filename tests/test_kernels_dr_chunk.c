@@ -10,6 +10,7 @@
  *    loops and backward against finite differences (cumsum: the adjoint identity);
  *    loops and backward against finite differences;
  *  - f32 against f64;
+ *  - the chunk walk against phase by phase, bit for bit (f64 and f32);
  *  - bad shapes rejected with a message. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -491,6 +492,70 @@ static void test_f32_vs_f64(void **st) {
     printf("f32 vs f64: worst relative error %.3g (tolerance %.0e)\n", worst, F32_TOL);
 }
 
+/* ---- the two schedules (kernels/cpu/delta/dr_chunk_fwd_impl.h, FN(use_walk)): the chunk walk
+ * gives the bits of phase by phase, in f64 and in f32, with every gate kind and both dw paths, on
+ * shapes with one chunk or several a sequence, an empty sequence (varlen), grouped value heads,
+ * h0/hT or none, and sizes that put the kernels on their threads ---- */
+static int same_bits(const void *a, const void *b, int64_t n, size_t sz) {
+    return n == 0 || memcmp(a, b, (size_t)n * sz) == 0;
+}
+
+/* every output of the chunked forward and backward in f32 from p's inputs, into one buffer per
+ * output (freed by the caller) */
+static void chunked_f32(const prob *p, const dg_dr_variant *var, float *out[8]) {
+    const int64_t n[8] = {p->nv, p->nh, p->nq, p->nq, p->nv, p->ng, p->nb, p->nh};
+    for (int i = 0; i < 8; i++) out[i] = malloc(sizeof(float) * (size_t)(n[i] + 1));
+    float *q = tof(p->q, p->nq), *k = tof(p->k, p->nq), *v = tof(p->v, p->nv), *g = p->g ? tof(p->g, p->ng) : NULL,
+          *b = tof(p->beta, p->nb), *h0 = p->h0 ? tof(p->h0, p->nh) : NULL, *wo = tof(p->wo, p->nv),
+          *wh = p->wh ? tof(p->wh, p->nh) : NULL;
+    assert_int_equal(dg_dr_chunk_fwd_f32(&p->s, q, k, v, g, b, h0, out[0], wh ? out[1] : NULL), 0);
+    assert_int_equal(dg_dr_chunk_bwd_f32(&p->s, var, q, k, v, g, b, h0, wo, wh, out[2], out[3], out[4],
+                                         g ? out[5] : NULL, out[6], h0 ? out[7] : NULL),
+                     0);
+    free(q), free(k), free(v), free(g), free(b), free(h0), free(wo), free(wh);
+}
+
+static void test_schedules(void **st) {
+    (void)st;
+    dg_dr_variant vars[2] = {{1, 1, 1}, {0, 0, 0}};
+    int runs = 0;
+    for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++)
+        for (int gk = 0; gk < 3; gk++)
+            for (int vi = 0; vi < 2; vi++) {
+                prob p;
+                prob_make(&CFGS[c], (dg_gate_kind)gk, &p);
+                grads a, b;
+                grads_alloc(&p, &a);
+                grads_alloc(&p, &b);
+                float *fa[8], *fb[8];
+                setenv("DG_DR_CHUNK_SCHEDULE", "phases", 1);
+                chunked(&p, &vars[vi], &a);
+                chunked_f32(&p, &vars[vi], fa);
+                setenv("DG_DR_CHUNK_SCHEDULE", "walk", 1);
+                chunked(&p, &vars[vi], &b);
+                chunked_f32(&p, &vars[vi], fb);
+                unsetenv("DG_DR_CHUNK_SCHEDULE");
+                const char *nm[8] = {"o", "hT", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+                const double *da[8] = {a.o, a.hT, a.dq, a.dk, a.dv, a.dg, a.dbeta, a.dh0},
+                             *db[8] = {b.o, b.hT, b.dq, b.dk, b.dv, b.dg, b.dbeta, b.dh0};
+                const int64_t n[8] = {p.nv, p.wh ? p.nh : 0, p.nq, p.nq, p.nv, p.ng, p.nb, p.h0 ? p.nh : 0};
+                for (int i = 0; i < 8; i++) {
+                    if (!same_bits(da[i], db[i], n[i], sizeof(double)))
+                        fail_msg("%s %s variant %d: f64 %s differs between the schedules", CFGS[c].name, gname[gk], vi,
+                                 nm[i]);
+                    if (!same_bits(fa[i], fb[i], n[i], sizeof(float)))
+                        fail_msg("%s %s variant %d: f32 %s differs between the schedules", CFGS[c].name, gname[gk], vi,
+                                 nm[i]);
+                    free(fa[i]), free(fb[i]);
+                }
+                runs++;
+                grads_free(&a);
+                grads_free(&b);
+                prob_free(&p);
+            }
+    printf("chunk walk against phase by phase: the same bits in %d cases (f64 and f32)\n", runs);
+}
+
 /* ---- NULL gradients: the others are unchanged ---- */
 static void test_null_grads(void **st) {
     (void)st;
@@ -793,9 +858,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_reference),       cmocka_unit_test(test_strong_gates),
         cmocka_unit_test(test_finite_differences), cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_f32_vs_f64),         cmocka_unit_test(test_null_grads),
-        cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_piece_cumsum),
-        cmocka_unit_test(test_piece_kkt),          cmocka_unit_test(test_piece_solve_tril),
+        cmocka_unit_test(test_f32_vs_f64),         cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_null_grads),         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_piece_cumsum),       cmocka_unit_test(test_piece_kkt),
+        cmocka_unit_test(test_piece_solve_tril),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,19 +58,22 @@ static void FN(lin_bwd_narrow)(int64_t N, int64_t IN, int64_t OUT, const R *x, c
     }
 }
 
-/* y = x w^T + b: y starts as b broadcast over rows, then GEMM adds x w^T (beta = 1). */
+/* y = x w^T + b: with a bias y starts as b broadcast over rows and the GEMM adds x w^T (beta = 1);
+ * without one the GEMM writes y (beta = 0). */
 void FN(dg_nn_linear_fwd)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *b, R *y) {
     if (N == 0 || OUT == 0) return;
     if (OUT < DG_NN_LINEAR_NARROW && IN > 0) {
         FN(lin_fwd_narrow)(N, IN, OUT, x, w, b, y);
         return;
     }
+    if (b || IN == 0) {
 #pragma omp parallel for schedule(static) if (N * OUT >= DG_NN_PAR_MIN)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o = 0; o < OUT; o++) y[n * OUT + o] = b ? b[o] : (R)0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < OUT; o++) y[n * OUT + o] = b ? b[o] : (R)0;
+    }
     if (IN == 0) return;
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OUT, (int)IN, (R)1, x, (int)IN, w, (int)IN, (R)1, y,
-         (int)OUT);
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OUT, (int)IN, (R)1, x, (int)IN, w, (int)IN,
+         (R)(b != NULL), y, (int)OUT);
 }
 
 void FN(dg_nn_linear_bwd)(int64_t N, int64_t IN, int64_t OUT, const R *x, const R *w, const R *dy, R *dx, R *dw, R *db,

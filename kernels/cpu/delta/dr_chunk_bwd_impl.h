@@ -7,8 +7,8 @@
  *   (f5) Ai = (I + A)^-1,  A = diag(beta) Mkk,  Mkk = strictly_lower(K K^T o Gamma)
  *   (f6) P = scale lower_incl(Q K^T o Gamma)
  * Phases (FLA's structure):
- *   A  recompute G, Mkk, Ai, W, U, P                       all chunks x heads in parallel
- *   B  recompute the chunk states S0 and V' (over U)       sequences x heads, chunks in order
+ *   A  recompute G, Mkk, Ai, W, U, P                       per chunk and head
+ *   B  recompute the chunk states S0 and V' (over U)       per sequence and head, chunks in order
  *   C  dhu: dV' = P^T dO + Kd dS1                           (f2, f3)
  *          dS0 = exp(G_last) dS1 + scale Qg^T dO - W^T dV'  (f3, f2, f1)   chunks in reverse
  *   D1 dqkwg: dQ, dK (from f2, f3, f6), dW = -dV' S0^T (f1), dG of those
@@ -16,7 +16,10 @@
  *      (dw_on_chip = 1: D1 and D2 in one loop per chunk, dW in a chunk-sized per-thread buffer;
  *       0: D1 over all chunks writes dW [rows,HV,K], then D2 in a second loop)
  *   then dG -> dg by a reverse chunk-local cumsum, and the sum over the value heads of a group
- *   for dq, dk (GVA). */
+ *   for dq, dk (GVA).
+ * Phase by phase, A and D run over all chunks and heads in parallel, B and C over sequences and
+ * heads; in the chunk walk (FN(use_walk), FN(walk_bwd)) a thread takes one sequence and head
+ * through A and B chunk by chunk, then through C and D chunk by chunk in reverse. */
 
 typedef struct FN(bctx) {
     FN(ctx) *x;
@@ -29,48 +32,65 @@ typedef struct FN(bctx) {
     int final_dg;
 } FN(bctx);
 
-/* Phase C for sequence n, head hv.  As in the state pass, the products of a dS known to be zero
- * (the last chunk's, without dhT) are skipped, and so is the dS entering the first chunk when
- * nothing reads it (no dh0); dSst still holds the zeros, which D1 does not read (it knows them). */
-static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
+/* Phase C for sequence n, head hv, chunk by chunk in reverse (dhu_begin: dS = dhT or zeros,
+ * dhu_step for each chunk from the last, dhu_end: dh0).  As in the state pass, the products of a
+ * dS known to be zero (the last chunk's, without dhT) are skipped, and so is the dS entering the
+ * first chunk when nothing reads it (no dh0); dSst still holds the zeros, which D1 does not read
+ * (it knows them).  ws: dS (K x V) first, FN(state_ws) elements in all. */
+static bool FN(dhu_begin)(const FN(bctx) *b, int64_t n, int hv, R *dS) {
+    int64_t KV = (int64_t)b->x->K * b->x->V;
+    if (b->dhT) memcpy(dS, b->dhT + (n * b->x->HV + hv) * KV, sizeof(R) * (size_t)KV);
+    return !b->dhT; /* dS is exactly zero */
+}
+
+/* Chunk c: dV', and dS <- the gradient of the state entering c.  Returns false where the pass
+ * ends (the gradient entering the sequence, unread). */
+static bool FN(dhu_step)(const FN(bctx) *b, int64_t c, int hv, R *dh0, bool *zero, R *ws) {
     const FN(ctx) *x = b->x;
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *dS = ws, *Qg = dS + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
-    bool zero = !b->dhT; /* dS is exactly zero */
-    if (b->dhT) memcpy(dS, b->dhT + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n]; c--) {
-        FN(cp) p;
-        FN(cp_init)(x, c, hv, &p);
-        FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
-        int L = p.L;
-        int64_t off = p.r0 * HV + hv;
-        if (!zero) memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
-        const R *dO = b->dout + off * V;
-        R *dVn = b->dVn + off * V;
-        const R *kd = p.k, *qg = p.q;
-        int64_t ldkd = p.ldq, ldqg = p.ldq;
-        if (x->gs) {
-            FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
-            FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
-            kd = Kd;
-            qg = Qg;
-            ldkd = ldqg = K;
-        }
-        /* dV' = P^T dO (f2) + Kd dS1 (f3) */
-        FN(gemm_tri)(1, L, V, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
-        if (!zero) FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
-        if ((x->pl->edge[c] & DR_FIRST) && !dh0) break; /* the gradient entering the sequence: unread */
-        /* dS0 = exp(G_last) dS1 (f3) + scale Qg^T dO (f2) - W^T dV' (f1) */
-        if (!zero) FN(decay_state)(&p.gate, dS, V, e);
-        FN(gemm)(1, 0, K, V, L, x->scale, qg, ldqg, dO, p.ldv, zero ? 0 : 1, dS, V);
-        FN(gemm)(1, 0, K, V, L, -1, x->W + off * K, (int64_t)HV * K, dVn, p.ldv, 1, dS, V);
-        zero = false;
+    FN(cp) p;
+    FN(cp_init)(x, c, hv, &p);
+    FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
+    int L = p.L;
+    int64_t off = p.r0 * HV + hv;
+    if (!*zero) memcpy(b->dSst + (c * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
+    const R *dO = b->dout + off * V;
+    R *dVn = b->dVn + off * V;
+    const R *kd = p.k, *qg = p.q;
+    int64_t ldkd = p.ldq, ldqg = p.ldq;
+    if (x->gs) {
+        FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
+        FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
+        kd = Kd;
+        qg = Qg;
+        ldkd = ldqg = K;
     }
-    if (dh0) {
-        if (zero) memset(dS, 0, sizeof(R) * (size_t)K * V); /* a sequence without chunks (T = 0) */
-        memcpy(dh0 + (n * HV + hv) * (int64_t)K * V, dS, sizeof(R) * (size_t)K * V);
-    }
+    /* dV' = P^T dO (f2) + Kd dS1 (f3) */
+    FN(gemm_tri)(1, L, V, 1, x->P + off * C, p.ldc, dO, p.ldv, 0, dVn, p.ldv);
+    if (!*zero) FN(gemm)(0, 0, L, V, K, 1, kd, ldkd, dS, V, 1, dVn, p.ldv);
+    if ((x->pl->edge[c] & DR_FIRST) && !dh0) return false; /* the gradient entering the sequence: unread */
+    /* dS0 = exp(G_last) dS1 (f3) + scale Qg^T dO (f2) - W^T dV' (f1) */
+    if (!*zero) FN(decay_state)(&p.gate, dS, V, e);
+    FN(gemm)(1, 0, K, V, L, x->scale, qg, ldqg, dO, p.ldv, *zero ? 0 : 1, dS, V);
+    FN(gemm)(1, 0, K, V, L, -1, x->W + off * K, (int64_t)HV * K, dVn, p.ldv, 1, dS, V);
+    *zero = false;
+    return true;
+}
+
+static void FN(dhu_end)(const FN(bctx) *b, int64_t n, int hv, R *dh0, bool zero, R *dS) {
+    if (!dh0) return;
+    int64_t KV = (int64_t)b->x->K * b->x->V;
+    if (zero) memset(dS, 0, sizeof(R) * (size_t)KV); /* a sequence without chunks (T = 0) */
+    memcpy(dh0 + (n * b->x->HV + hv) * KV, dS, sizeof(R) * (size_t)KV);
+}
+
+static void FN(bwd_dhu)(const FN(bctx) *b, int64_t n, int hv, R *dh0, R *ws) {
+    bool zero = FN(dhu_begin)(b, n, hv, ws);
+    for (int64_t c = b->x->pl->seq_chunk[n + 1] - 1; c >= b->x->pl->seq_chunk[n]; c--)
+        if (!FN(dhu_step)(b, c, hv, dh0, &zero, ws)) break;
+    FN(dhu_end)(b, n, hv, dh0, zero, ws);
 }
 
 /* dG (L x gs) += sgn * X o Y (CHANNEL) or rowsum(X o Y) (HEAD). */
@@ -267,6 +287,23 @@ static void FN(bwd_chunk)(const FN(bctx) *b, int64_t c, int hv, int parts, R *ws
     else FN(bwd_wy)(b, c, hv, dW, (int64_t)HV * K, dG, (int64_t)HV * gs, ws);
 }
 
+/* The chunk walk of the backward for sequence n, head hv on one thread (FN(use_walk)): the
+ * forward's walk (each chunk's prep, then its state step, storing the states), then the chunks in
+ * reverse, each one's dhu step followed at once by its phase D, which reads the chunk's dV' and
+ * dS1 from the cache the step just wrote them to.  ws: phase C's, then phase D's. */
+static void FN(walk_bwd)(const FN(bctx) *b, int64_t n, int hv, R *dh0, int fused, R *ws) {
+    const FN(ctx) *x = b->x;
+    R *dws = ws + FN(state_ws)(x->C, x->K, x->V);
+    FN(walk_fwd)(x, n, hv, NULL, NULL, b->Sst, ws);
+    bool zero = FN(dhu_begin)(b, n, hv, ws), more = true;
+    for (int64_t c = x->pl->seq_chunk[n + 1] - 1; c >= x->pl->seq_chunk[n] && more; c--) {
+        more = FN(dhu_step)(b, c, hv, dh0, &zero, ws);
+        FN(bwd_chunk)(b, c, hv, fused ? 1 : 2, dws);
+        if (!fused) FN(bwd_chunk)(b, c, hv, 3, dws);
+    }
+    FN(dhu_end)(b, n, hv, dh0, zero, ws);
+}
+
 int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R *q, const R *k, const R *v, const R *g,
                         const R *beta, const R *h0, const R *dout, const R *dhT, R *dq, R *dk, R *dv, R *dg, R *dbeta,
                         R *dh0) {
@@ -326,19 +363,8 @@ int FN(dg_dr_chunk_bwd)(const dg_dr_shape *s, const dg_dr_variant *var, const R 
     int64_t wsn = FN(ws_elems)(C, K, V) + 2 * (int64_t)C * K;
     int64_t nitems = pl.nchunks * HV, nseq = pl.nseq * HV;
     int dr_par_ = FN(worth_threads)(&x);
-    if (rc == 0 && FN(by_sequence)(&x)) {
-        /* every phase of one sequence and head on one thread (FN(by_sequence)) */
-        DR_PARALLEL_ITEMS(nseq, wsn, {
-            int64_t n = it / HV;
-            int hv = (int)(it % HV);
-            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) FN(chunk_prep)(&x, c, hv, ws);
-            FN(state_pass)(&x, n, hv, NULL, NULL, b.Sst, ws);
-            FN(bwd_dhu)(&b, n, hv, dh0, ws);
-            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) {
-                FN(bwd_chunk)(&b, c, hv, fused ? 1 : 2, ws);
-                if (!fused) FN(bwd_chunk)(&b, c, hv, 3, ws);
-            }
-        });
+    if (rc == 0 && FN(use_walk)(&x)) {
+        DR_PARALLEL_ITEMS(nseq, wsn, FN(walk_bwd)(&b, it / HV, (int)(it % HV), dh0, fused, ws));
     } else if (rc == 0) {
         DR_PARALLEL_ITEMS(nitems, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
         DR_PARALLEL_ITEMS(nseq, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), NULL, NULL, b.Sst, ws));

@@ -9,9 +9,9 @@
  *   P   = scale lower_incl(Q K^T o Gamma)                            (intra-chunk attention)
  * then across the chunks of a sequence, in order, from S = h0 (or 0):
  *   V' = U - W S;   O = scale (exp(G) o Q) S + P V';   S <- exp(G_last) S + (exp(G_last - G) o K)^T V'.
- * Phase A (all chunks and heads in parallel) computes G, W, U, P (and for KDA the chunk's gate
- * factor table, dr_chunk_gated.h) into per-call buffers; phase B (sequences x heads in parallel,
- * chunks in order) runs the state pass.  Scratch: malloc'd per call (the buffers) and per thread
+ * Phase A (per chunk and head) computes G, W, U, P (and for KDA the chunk's gate factor table,
+ * dr_chunk_gated.h) into per-call buffers; phase B (per sequence and head, chunks in order) runs
+ * the state pass; the two schedules over the threads are at FN(use_walk).  Scratch: malloc'd per call (the buffers) and per thread
  * (a chunk-sized workspace); nothing global.  Threads only when the call is worth waking them. */
 typedef struct FN(ctx) {
     const dg_dr_shape *s;
@@ -157,60 +157,93 @@ static void FN(decay_state)(const FN(cg) *g, R *S, int V, R *e) {
     }
 }
 
-/* The state pass for sequence n, head hv (phase B): V' overwrites U in place; forward: o (and hT)
- * written; backward recompute (Sst != NULL): the state entering each chunk c is stored at
- * Sst[(c*HV + hv)*K*V]; o may be NULL.
+/* The state pass for sequence n, head hv (phase B), chunk by chunk: state_begin sets up S, the
+ * state entering the sequence, state_step takes it through chunk c (in order), state_end hands it
+ * out.  V' overwrites U in place; forward: o (and hT) written; backward recompute (Sst != NULL):
+ * the state entering each chunk c is stored at Sst[(c*HV + hv)*K*V]; o may be NULL.
  * Products with a state known to be zero (the first chunk's, without h0) are skipped, and so is
  * the state leaving the last chunk when nothing reads it (no hT): on short sequences (MQAR's 128
  * tokens are two chunks) that is half of the pass's products.  Adding a product of zeros adds
- * exact zeros, so the results are the same bits either way (for finite inputs). */
-static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
+ * exact zeros, so the results are the same bits either way (for finite inputs).
+ * ws: S (K x V) first, then FN(state_ws) elements in all. */
+static int64_t FN(state_ws)(int C, int K, int V) { return (int64_t)K * V + 2 * (int64_t)C * K + C + K + 8; }
+
+/* S = h0 of sequence n (or zeros where they are stored); returns whether S is exactly zero */
+static bool FN(state_begin)(const FN(ctx) *x, int64_t n, int hv, R *Sst, R *S) {
+    int64_t KV = (int64_t)x->K * x->V;
+    if (x->h0) memcpy(S, x->h0 + (n * x->HV + hv) * KV, sizeof(R) * (size_t)KV);
+    else if (Sst) memset(S, 0, sizeof(R) * (size_t)KV); /* stored for the backward */
+    return !x->h0;
+}
+
+/* Chunk c: V', o, and S <- the state leaving c.  Returns false where the pass ends (the state
+ * leaving the sequence, unread). */
+static bool FN(state_step)(const FN(ctx) *x, int64_t c, int hv, R *o, R *hT, R *Sst, bool *zero, R *ws) {
     int K = x->K, V = x->V, C = x->C, HV = x->HV;
     R *S = ws, *Qg = S + (int64_t)K * V, *Kd = Qg + (int64_t)C * K, *e = Kd + (int64_t)C * K;
     FN(ctab) tab;
-    bool zero = !x->h0; /* S is exactly zero */
-    if (x->h0) memcpy(S, x->h0 + (n * HV + hv) * (int64_t)K * V, sizeof(R) * (size_t)K * V);
-    else if (Sst) memset(S, 0, sizeof(R) * (size_t)K * V); /* stored for the backward */
-    for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++) {
-        FN(cp) p;
-        FN(cp_init)(x, c, hv, &p);
-        FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
-        int L = p.L;
-        int64_t off = p.r0 * HV + hv;
-        /* V' = U - W S, over U (nothing reads U after this) */
-        R *Vn = x->U + off * V;
-        const int64_t ldvn = p.ldv;
-        if (Sst) memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
-        if (!zero) FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
-        /* O = scale (exp(G) o Q) S + P V' */
-        if (o) {
-            const R *qg = p.q;
-            int64_t ldqg = p.ldq;
-            if (x->gs && !zero) {
-                FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
-                qg = Qg;
-                ldqg = K;
-            }
-            if (!zero) FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
-            FN(gemm_tri)(0, L, V, 1, x->P + off * C, p.ldc, Vn, ldvn, zero ? 0 : 1, o + off * V, p.ldv);
+    FN(cp) p;
+    FN(cp_init)(x, c, hv, &p);
+    FN(cp_table)(x, c, hv, &p.gate, &tab, 0);
+    int L = p.L;
+    int64_t off = p.r0 * HV + hv;
+    /* V' = U - W S, over U (nothing reads U after this) */
+    R *Vn = x->U + off * V;
+    const int64_t ldvn = p.ldv;
+    if (Sst) memcpy(Sst + (c * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+    if (!*zero) FN(gemm)(0, 0, L, V, K, -1, x->W + off * K, (int64_t)HV * K, S, V, 1, Vn, ldvn);
+    /* O = scale (exp(G) o Q) S + P V' */
+    if (o) {
+        const R *qg = p.q;
+        int64_t ldqg = p.ldq;
+        if (x->gs && !*zero) {
+            FN(gate_rows)(&p.gate, 0, p.q, p.ldq, Qg, K, e);
+            qg = Qg;
+            ldqg = K;
         }
-        if ((x->pl->edge[c] & DR_LAST) && !hT) break; /* the state leaving the sequence: unread */
-        /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
-        if (!zero) FN(decay_state)(&p.gate, S, V, e);
-        const R *kd = p.k;
-        int64_t ldkd = p.ldq;
-        if (x->gs) {
-            FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
-            kd = Kd;
-            ldkd = K;
-        }
-        FN(gemm)(1, 0, K, V, L, 1, kd, ldkd, Vn, ldvn, zero ? 0 : 1, S, V);
-        zero = false;
+        if (!*zero) FN(gemm)(0, 0, L, V, K, x->scale, qg, ldqg, S, V, 0, o + off * V, p.ldv);
+        FN(gemm_tri)(0, L, V, 1, x->P + off * C, p.ldc, Vn, ldvn, *zero ? 0 : 1, o + off * V, p.ldv);
     }
-    if (hT) {
-        if (zero) memset(S, 0, sizeof(R) * (size_t)K * V); /* a sequence without chunks (T = 0) */
-        memcpy(hT + (n * HV + hv) * (int64_t)K * V, S, sizeof(R) * (size_t)K * V);
+    if ((x->pl->edge[c] & DR_LAST) && !hT) return false; /* the state leaving the sequence: unread */
+    /* S <- exp(G_last) S + (exp(G_last - G) o K)^T V' */
+    if (!*zero) FN(decay_state)(&p.gate, S, V, e);
+    const R *kd = p.k;
+    int64_t ldkd = p.ldq;
+    if (x->gs) {
+        FN(gate_rows)(&p.gate, 1, p.k, p.ldq, Kd, K, e);
+        kd = Kd;
+        ldkd = K;
     }
+    FN(gemm)(1, 0, K, V, L, 1, kd, ldkd, Vn, ldvn, *zero ? 0 : 1, S, V);
+    *zero = false;
+    return true;
+}
+
+static void FN(state_end)(const FN(ctx) *x, int64_t n, int hv, R *hT, bool zero, R *S) {
+    if (!hT) return;
+    int64_t KV = (int64_t)x->K * x->V;
+    if (zero) memset(S, 0, sizeof(R) * (size_t)KV); /* a sequence without chunks (T = 0) */
+    memcpy(hT + (n * x->HV + hv) * KV, S, sizeof(R) * (size_t)KV);
+}
+
+static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
+    bool zero = FN(state_begin)(x, n, hv, Sst, ws);
+    for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1]; c++)
+        if (!FN(state_step)(x, c, hv, o, hT, Sst, &zero, ws)) break;
+    FN(state_end)(x, n, hv, hT, zero, ws);
+}
+
+/* The chunk walk of sequence n, head hv on one thread: each chunk's prep (phase A) and then at
+ * once its state step (phase B), so that the step reads the chunk's W, U, P (and Ai, Mkk) from
+ * the cache the prep just wrote them to.  ws: the state pass's, then the prep's. */
+static void FN(walk_fwd)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *Sst, R *ws) {
+    R *pws = ws + FN(state_ws)(x->C, x->K, x->V);
+    bool zero = FN(state_begin)(x, n, hv, Sst, ws), more = true;
+    for (int64_t c = x->pl->seq_chunk[n]; c < x->pl->seq_chunk[n + 1] && more; c++) {
+        FN(chunk_prep)(x, c, hv, pws);
+        more = FN(state_step)(x, c, hv, o, hT, Sst, &zero, ws);
+    }
+    FN(state_end)(x, n, hv, hT, zero, ws);
 }
 
 /* Runs the body for it in [0, n) on all threads (only when the local int dr_par_ says the call is
@@ -235,19 +268,27 @@ static void FN(state_pass)(const FN(ctx) *x, int64_t n, int hv, R *o, R *hT, R *
         if (fail_) rc = -1;                                                               \
     } while (0)
 
-/* Whether a thread takes a whole sequence and head through every phase (phase A for its chunks,
- * then its state pass, and in the backward C and D) instead of each phase running over all of them
- * before the next begins.  The products and their order are the same either way (the same bits);
- * what changes is where the working set lives: a sequence's slices of W, U, P, Ai, Mkk and of the
- * states (some 300 KB a chunk at K = V = 128, C = 64) are read back by the next phase from the
- * thread's own cache, where a phase over the whole batch (tens of MB at MQAR's 64 x 128 tokens)
- * reads them back from memory.  Taken when there are sequences enough to share evenly (at least
- * four a thread) and they are short (at most 8 chunks: a longer one's slices outgrow the cache
- * anyway, and phase A over its chunks in parallel keeps the threads busy on few sequences). */
-static int FN(by_sequence)(const FN(ctx) *x) {
+/* The two schedules over the threads.  Phase by phase: each phase over every chunk (A, D) or
+ * sequence and head (B, C) before the next begins.  The chunk walk (FN(walk_fwd), and in the
+ * backward FN(walk_bwd)): a thread takes a sequence and head through every phase chunk by chunk,
+ * each chunk's results read by its next phase from the thread's cache (some 300 KB a chunk at
+ * K = V = 128, C = 64), where a phase over the whole batch reads them back from memory (tens of
+ * MB at MQAR's 64 x 128 tokens, or at 4 x 4096).  The products and their order are the same
+ * either way: the same bits.  The walk is taken when the sequence-heads share evenly among the
+ * threads (as many as the threads or a multiple of them, or at least four a thread, and none with
+ * more chunks than a thread's share of all); otherwise the phases over chunks keep the threads
+ * busy.  DG_DR_CHUNK_SCHEDULE=phases or =walk forces
+ * one (the tests compare them). */
+static int FN(use_walk)(const FN(ctx) *x) {
+    const char *e = getenv("DG_DR_CHUNK_SCHEDULE");
+    if (e && strcmp(e, "phases") == 0) return 0;
+    if (e && strcmp(e, "walk") == 0) return 1;
     const dg_drc_plan *pl = x->pl;
-    int64_t items = pl->nseq * x->HV;
-    return items >= 4 * (int64_t)omp_get_max_threads() && pl->nchunks <= 8 * pl->nseq;
+    int64_t items = pl->nseq * x->HV, nt = omp_get_max_threads(), most = 0;
+    for (int64_t n = 0; n < pl->nseq; n++)
+        most = pl->seq_chunk[n + 1] - pl->seq_chunk[n] > most ? pl->seq_chunk[n + 1] - pl->seq_chunk[n] : most;
+    if (most * nt > pl->nchunks * x->HV) return 0; /* one sequence-head more than a thread's share */
+    return items >= 4 * nt || (items >= nt && items % nt == 0);
 }
 
 /* Below about 4 MFLOP the forward is done on the calling thread: waking a team costs more. */
@@ -293,12 +334,8 @@ int FN(dg_dr_chunk_fwd)(const dg_dr_shape *s, const R *q, const R *k, const R *v
     if (!x.W || !x.U || !x.P || (x.gs && !x.Gc) || (chan && !x.tabs)) rc = -1;
     int64_t wsn = FN(ws_elems)(x.C, x.K, x.V);
     int dr_par_ = FN(worth_threads)(&x);
-    if (rc == 0 && FN(by_sequence)(&x)) {
-        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, {
-            int64_t n = it / HV;
-            for (int64_t c = pl.seq_chunk[n]; c < pl.seq_chunk[n + 1]; c++) FN(chunk_prep)(&x, c, (int)(it % HV), ws);
-            FN(state_pass)(&x, n, (int)(it % HV), o, hT, NULL, ws);
-        });
+    if (rc == 0 && FN(use_walk)(&x)) {
+        DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(walk_fwd)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
     } else if (rc == 0) {
         DR_PARALLEL_ITEMS(pl.nchunks * HV, wsn, FN(chunk_prep)(&x, it / HV, (int)(it % HV), ws));
         DR_PARALLEL_ITEMS(pl.nseq * HV, wsn, FN(state_pass)(&x, it / HV, (int)(it % HV), o, hT, NULL, ws));
