@@ -53,7 +53,14 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
         rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1);
-        if (!rc)
+        bool k256 = false; /* the output pass on 16-bit tensor cores (dr_chunk_k256.cu) */
+        if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+            k256 = k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.o & 3) == 0;
+            if (!rc && k256)
+                rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), Gc, P, U, Hst)
+                                       : fast_h::k256_out(pl, io_bits(io), Gc, P, U, Hst);
+        }
+        if (!rc && !k256)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,
                             (const float *)Hst, io.o);

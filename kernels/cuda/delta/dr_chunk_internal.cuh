@@ -464,10 +464,14 @@ bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
 namespace fast {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
+/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states */
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn, const float *Hst);
 } // namespace fast
 namespace fast_h {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
+/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states */
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn, const float *Hst);
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the buffers of prep, the state pass and dhu (f32, dr_chunk_generic.cuh;

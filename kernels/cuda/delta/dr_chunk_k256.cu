@@ -48,7 +48,10 @@ constexpr int STATE_BYTES =
     4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
 constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
-static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX && DHU_BYTES <= SMEM_MAX, "shared memory");
+constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(KK / 2, SBV) + 4 * tile_bytes(64, SBV);
+static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX &&
+                  DHU_BYTES <= SMEM_MAX,
+              "shared memory");
 
 /* four f32 values (one 16-byte word) split into the hi and lo words at element off of t (8-byte
  * stores: a warp writes 256 contiguous bytes) */
@@ -427,6 +430,83 @@ __global__ void __launch_bounds__(SNT, 1)
     if (d.dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { d.dh0[hb + (int64_t)r * V + j] = x; });
 }
 
+/* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
+ *   O = scale e^G o (Q S) + P V'                  [mma, S, P and V' split; Q exact]
+ * S the state entering the chunk (Hst), P and V' as prep and the state pass left them (f32).  S
+ * comes by halves of 128 rows, each through registers and split into shared memory (the second
+ * half's loads in flight while the first is multiplied), so that the block fits two to an SM. */
+template <int GATE>
+__global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
+                                                   const float *Vn, const float *Hst, uint16_t *out) {
+    DRC_SMEM(float, sm);
+    constexpr int LV = SBV + PAD, KH = KK / 2;
+    constexpr int SIT = KH * SBV / 4 / FNT, PIT = 64 * 64 / 4 / FNT;
+    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, NVT = V / SBV;
+    const int64_t c = blockIdx.x / (HV * NVT);
+    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
+    const Chunk ch = chunk_at(G, c);
+    const int L = ch.L;
+    const int64_t r0 = ch.r0;
+    float *sG = sm;
+    uint16_t *sQ = (uint16_t *)(sm + 64);
+    const Sp sS{sQ + 64 * LDK, KH * LV}, sP{sS.hi + 2 * KH * LV, 64 * LV}, sV{sP.hi + 2 * 64 * LV, 64 * LV};
+    using T = WT<64, SBV>;
+    const int m0 = T::m0(warp), n0 = T::n0(warp);
+    load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    cp_async_commit();
+    if (GATE == DG_GATE_HEAD && tid < 64) sG[tid] = tid < L ? Gc[(r0 + tid) * HV + hv] : 0.0f;
+    const float *S0 = Hst + (c * HV + hv) * (int64_t)KK * V + v0;
+    uint4 sr[SIT];
+    auto load_s = [&](int half) {
+#pragma unroll
+        for (int it = 0; it < SIT; it++) {
+            const int e = tid + it * FNT, r = e / (SBV / 4), c4 = e % (SBV / 4);
+            sr[it] = *(const uint4 *)(S0 + (int64_t)(half * KH + r) * V + c4 * 4);
+        }
+    };
+    auto put_s = [&] {
+#pragma unroll
+        for (int it = 0; it < SIT; it++) {
+            const int e = tid + it * FNT;
+            put_split4(sS, e / (SBV / 4) * LV + 4 * (e % (SBV / 4)), sr[it]);
+        }
+    };
+    load_s(0);
+    { /* P (prep wrote its rows i < L, zero above the diagonal) and V', split */
+        uint4 pr[PIT], vr[PIT];
+#pragma unroll
+        for (int it = 0; it < PIT; it++) {
+            const int e = tid + it * FNT, r = e / 16, c4 = e % 16;
+            const bool in = r < L;
+            pr[it] = in ? *(const uint4 *)(P + ((r0 + r) * HV + hv) * 64 + c4 * 4) : make_uint4(0, 0, 0, 0);
+            vr[it] = in ? *(const uint4 *)(Vn + ((r0 + r) * HV + hv) * V + v0 + c4 * 4) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int it = 0; it < PIT; it++) {
+            const int e = tid + it * FNT, off = e / 16 * LV + 4 * (e % 16);
+            put_split4(sP, off, pr[it]);
+            put_split4(sV, off, vr[it]);
+        }
+    }
+    put_s();
+    load_s(1);
+    cp_async_wait_all(); /* Q */
+    bsync();
+    float acc[1][T::NT][4];
+    acc_zero(acc);
+    mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ, 0}, LDK, m0, sS, LV, n0, KH);
+    bsync(); /* the first half of S read */
+    put_s();
+    bsync();
+    mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ + KH, 0}, LDK, m0, sS, LV, n0, KH);
+    /* scale e^G o (Q S), then + P V' */
+    frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
+    mma_p<1, T::NT, false, true, true, true>(acc, sP, LV, m0, sV, LV, n0, 64);
+    frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        if (i < L) *(uint32_t *)(out + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
+    });
+}
+
 } // namespace
 
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked) {
@@ -451,6 +531,16 @@ int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d) {
                                                (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d)
                                   : DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_NONE>), grid, SNT,
                                                (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
+}
+
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn,
+             const float *Hst) {
+    const Geom &G = p.G;
+    const int64_t grid = G.nchunks * G.HV * (G.V / SBV);
+    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_HEAD>), grid, FNT,
+                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn, Hst, io.o)
+                                  : DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_NONE>), grid, FNT,
+                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn, Hst, io.o);
 }
 
 } // namespace DRC_FAST
