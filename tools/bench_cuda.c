@@ -535,7 +535,8 @@ int dg_bench_cuda(int argc, char **argv) {
             bench_case_free(&c);
         }
         if (want_shape[2] && (!only || !strcmp(only, BENCH_OPS[0])))
-            printf("S3 (K = V = 256) runs on the TF32 family (every kernel but the output pass on 16-bit tensor cores)\n");
+            printf("S3 (K = V = 256) runs on the K = 256 kernels on 16-bit tensor cores (DG_DRC_K256_OFF=1: the TF32 "
+                   "family)\n");
     }
     if (json && write_json(json, prop.name, prop.multiProcessorCount, drv, rtv)) fails++;
     dg_cuda_free(flush_buf);
