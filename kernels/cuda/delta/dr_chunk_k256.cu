@@ -53,20 +53,6 @@ static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX 
                   DHU_BYTES <= SMEM_MAX,
               "shared memory");
 
-/* four f32 values (one 16-byte word) split into the hi and lo words at element off of t (8-byte
- * stores: a warp writes 256 contiguous bytes) */
-__device__ __forceinline__ void put_split4(Sp t, int off, const uint4 &v) {
-    float f[4];
-    uint16_t hi[4], lo[4];
-    memcpy(f, &v, 16);
-#pragma unroll
-    for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
-    uint64_t hw, lw;
-    memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
-    *(uint64_t *)(t.hi + off) = hw;
-    *(uint64_t *)(t.lo() + off) = lw;
-}
-
 /* A block of the state passes (forward and backward): sequence n, value head hv (key head h), 64
  * value columns from v0; the warp's part of the state [256 x 64] (TS: rows sm0 .., all columns) and
  * of a 64 x 64 tile of V' or dV' (TV); hb: the block's first element in a [N, HV, K, V] state. */
@@ -85,6 +71,10 @@ struct StateBlock {
     /* the warp's part of the state from src (NULL: zero) */
     __device__ void load(float (&S)[1][TS::NT][4], const float *src, int V) const {
         frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = src ? src[hb + (int64_t)r * V + j] : 0.0f; });
+    }
+    /* and to dst (NULL: nothing) */
+    __device__ void store(float (&S)[1][TS::NT][4], float *dst, int V) const {
+        if (dst) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { dst[hb + (int64_t)r * V + j] = x; });
     }
 };
 
@@ -216,7 +206,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     const StateBlock b(G);
     using TS = StateBlock::TS;
     using TV = StateBlock::TV;
-    const int64_t n = b.n, hb = b.hb;
+    const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
     /* sG [2][64]; K [2] tiles; W split; S split; V' split */
     uint16_t *sK0 = (uint16_t *)(sm + 2 * 64);
@@ -257,21 +247,12 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         /* W [64 x 256] f32, 8 16-byte words a thread, in flight while S is split into shared memory;
          * then split itself.  (The next chunk's W loaded into registers during the S update, as U
          * is: 0.24 KB of spills a thread, the pass 9 % slower: H200, S3) */
-        constexpr int WIT = 64 * KK / 4 / SNT;
-        uint4 w[WIT];
-#pragma unroll
-        for (int it = 0; it < WIT; it++) {
-            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
-            w[it] = r < L ? *(const uint4 *)(o.W + ((r0 + r) * HV + hv) * KK + c4 * 4) : make_uint4(0, 0, 0, 0);
-        }
+        F32Tile<64, KK, SNT> w;
+        w.load(o.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
         /* the state entering the chunk: out (f32) and split into shared memory */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, SBV + PAD, r, j, x0, x1); });
-#pragma unroll
-        for (int it = 0; it < WIT; it++) {
-            const int e = tid + it * SNT;
-            put_split4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
-        }
+        w.put(sW, LDK);
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
             *(float2 *)(o.Hst + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
@@ -308,7 +289,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         /* (no barrier: the next step writes S and W, last read before the barrier above, and V' and
          * the other set only after its first barrier) */
     }
-    if (o.hT) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { o.hT[hb + (int64_t)r * V + j] = x; });
+    b.store(S, o.hT, V);
 }
 
 /* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's backward state
@@ -330,7 +311,7 @@ __global__ void __launch_bounds__(SNT, 1)
     const StateBlock b(G);
     using TS = StateBlock::TS;
     using TV = StateBlock::TV;
-    const int64_t n = b.n, hb = b.hb;
+    const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
     float *sG = sm;
     uint16_t *sX = (uint16_t *)(sm + 64);
@@ -343,7 +324,7 @@ __global__ void __launch_bounds__(SNT, 1)
     b.load(dS, d.dhT, V);
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    constexpr int WIT = 64 * KK / 4 / SNT, PIT = 64 * 64 / 4 / SNT, QIT = 64 * KK / 8 / SNT;
+    constexpr int QIT = 64 * KK / 8 / SNT;
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
@@ -353,17 +334,11 @@ __global__ void __launch_bounds__(SNT, 1)
         load_raw_async<64, SBV, SNT>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid);
         load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid);
         cp_async_commit();
-        uint4 w[WIT], pp[PIT], qq[QIT];
-#pragma unroll
-        for (int it = 0; it < WIT; it++) {
-            const int e = tid + it * SNT, r = e / (KK / 4), c4 = e % (KK / 4);
-            w[it] = r < L ? *(const uint4 *)(d.W + ((r0 + r) * HV + hv) * KK + c4 * 4) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int it = 0; it < PIT; it++) {
-            const int e = tid + it * SNT, r = e / 16, c4 = e % 16;
-            pp[it] = r < L ? *(const uint4 *)(d.P + ((r0 + r) * HV + hv) * 64 + c4 * 4) : make_uint4(0, 0, 0, 0);
-        }
+        F32Tile<64, KK, SNT> w;
+        F32Tile<64, 64, SNT> pp;
+        uint4 qq[QIT];
+        w.load(d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
+        pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         /* dS leaving the chunk: out (f32) and split into shared memory */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
@@ -371,16 +346,8 @@ __global__ void __launch_bounds__(SNT, 1)
             *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
         /* W and P split (P: prep wrote its rows i < L, zero above the diagonal) */
-#pragma unroll
-        for (int it = 0; it < WIT; it++) {
-            const int e = tid + it * SNT;
-            put_split4(sW, e / (KK / 4) * LDK + 4 * (e % (KK / 4)), w[it]);
-        }
-#pragma unroll
-        for (int it = 0; it < PIT; it++) {
-            const int e = tid + it * SNT;
-            put_split4(sP, e / 16 * LV + 4 * (e % 16), pp[it]);
-        }
+        w.put(sW, LDK);
+        pp.put(sP, LV);
         /* Q into registers, in flight while dV' is made */
 #pragma unroll
         for (int it = 0; it < QIT; it++) {
@@ -427,7 +394,7 @@ __global__ void __launch_bounds__(SNT, 1)
         mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sX, 0}, LDK, sm0, sB, LV, sn0, 64);
         mma_p<1, TS::NT, true, true, true, true>(dS, sW, LDK, sm0, sP, LV, sn0, 64);
     }
-    if (d.dh0) frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { d.dh0[hb + (int64_t)r * V + j] = x; });
+    b.store(dS, d.dh0, V);
 }
 
 /* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
@@ -440,7 +407,6 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
                                                    const float *Vn, const float *Hst, uint16_t *out) {
     DRC_SMEM(float, sm);
     constexpr int LV = SBV + PAD, KH = KK / 2;
-    constexpr int SIT = KH * SBV / 4 / FNT, PIT = 64 * 64 / 4 / FNT;
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, NVT = V / SBV;
     const int64_t c = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
@@ -456,47 +422,24 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     cp_async_commit();
     if (GATE == DG_GATE_HEAD && tid < 64) sG[tid] = tid < L ? Gc[(r0 + tid) * HV + hv] : 0.0f;
     const float *S0 = Hst + (c * HV + hv) * (int64_t)KK * V + v0;
-    uint4 sr[SIT];
-    auto load_s = [&](int half) {
-#pragma unroll
-        for (int it = 0; it < SIT; it++) {
-            const int e = tid + it * FNT, r = e / (SBV / 4), c4 = e % (SBV / 4);
-            sr[it] = *(const uint4 *)(S0 + (int64_t)(half * KH + r) * V + c4 * 4);
-        }
-    };
-    auto put_s = [&] {
-#pragma unroll
-        for (int it = 0; it < SIT; it++) {
-            const int e = tid + it * FNT;
-            put_split4(sS, e / (SBV / 4) * LV + 4 * (e % (SBV / 4)), sr[it]);
-        }
-    };
-    load_s(0);
+    F32Tile<KH, SBV> sr;
+    sr.load(S0, V, KH);
     { /* P (prep wrote its rows i < L, zero above the diagonal) and V', split */
-        uint4 pr[PIT], vr[PIT];
-#pragma unroll
-        for (int it = 0; it < PIT; it++) {
-            const int e = tid + it * FNT, r = e / 16, c4 = e % 16;
-            const bool in = r < L;
-            pr[it] = in ? *(const uint4 *)(P + ((r0 + r) * HV + hv) * 64 + c4 * 4) : make_uint4(0, 0, 0, 0);
-            vr[it] = in ? *(const uint4 *)(Vn + ((r0 + r) * HV + hv) * V + v0 + c4 * 4) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int it = 0; it < PIT; it++) {
-            const int e = tid + it * FNT, off = e / 16 * LV + 4 * (e % 16);
-            put_split4(sP, off, pr[it]);
-            put_split4(sV, off, vr[it]);
-        }
+        F32Tile<64, 64> pr, vr;
+        pr.load(P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
+        vr.load(Vn + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+        pr.put(sP, LV);
+        vr.put(sV, LV);
     }
-    put_s();
-    load_s(1);
+    sr.put(sS, LV);
+    sr.load(S0 + (int64_t)KH * V, V, KH);
     cp_async_wait_all(); /* Q */
     bsync();
     float acc[1][T::NT][4];
     acc_zero(acc);
     mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ, 0}, LDK, m0, sS, LV, n0, KH);
     bsync(); /* the first half of S read */
-    put_s();
+    sr.put(sS, LV);
     bsync();
     mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ + KH, 0}, LDK, m0, sS, LV, n0, KH);
     /* scale e^G o (Q S), then + P V' */

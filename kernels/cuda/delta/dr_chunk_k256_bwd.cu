@@ -55,37 +55,8 @@ constexpr int WY_BYTES = 2 * (2 * SPT + 64 * LT + SPW + 64 * LH) + 4 * 3 * 64 * 
 static_assert(DQ_BYTES <= SMEM_MAX && WY_BYTES <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 
-/* an R x Cc tile of f32 (rows >= nrow zero) from global rows of stride ldg, 16 bytes at a time: IT
- * a thread, every load issued before the first use */
-template <int R, int Cc> struct F4 {
-    static constexpr int N = R * Cc / 4, IT = N / BNT;
-    static_assert(N % BNT == 0, "tile");
-    uint4 x[IT];
-    __device__ __forceinline__ void load(const float *g, int64_t ldg, int nrow) {
-#pragma unroll
-        for (int it = 0; it < IT; it++) {
-            const int e = threadIdx.x + it * BNT, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
-            x[it] = r < nrow ? *(const uint4 *)(g + r * ldg + c) : make_uint4(0, 0, 0, 0);
-        }
-    }
-    __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
-    /* split into hi and lo words at row stride ld */
-    __device__ __forceinline__ void put(Sp s, int ld) const {
-#pragma unroll
-        for (int it = 0; it < IT; it++) {
-            const int e = threadIdx.x + it * BNT, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
-            float f[4];
-            get(it, f);
-            uint16_t hi[4], lo[4];
-#pragma unroll
-            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
-            uint64_t hw, lw;
-            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
-            *(uint64_t *)(s.hi + r * ld + c) = hw;
-            *(uint64_t *)(s.lo() + r * ld + c) = lw;
-        }
-    }
-};
+/* f32 tiles through registers (dr_chunk_mma.cuh), by the block's BNT threads */
+template <int R, int Cc> using F4 = F32Tile<R, Cc, BNT>;
 
 /* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
  * into s, 16-bit words (from g) into r; then a barrier */

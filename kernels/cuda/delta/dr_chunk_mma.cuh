@@ -341,6 +341,39 @@ __device__ __forceinline__ void load_sp_async(Sp s, const uint16_t *gh, const ui
     if (SPLIT) load_raw_async<R, Cc, NTH>(s.lo(), gl, ldg, nrow);
 }
 
+/* an R x Cc tile of f32 (rows >= nrow zero) from global rows of stride ldg, 16 bytes at a time, IT
+ * words a thread of NTH, every load issued before the first use (the tile is held in registers
+ * until put); put: split into the hi and lo words of a shared tile at row stride ld (8-byte stores:
+ * a warp writes 256 contiguous bytes) */
+template <int R, int Cc, int NTH = FNT> struct F32Tile {
+    static constexpr int N = R * Cc / 4, IT = N / NTH;
+    static_assert(N % NTH == 0, "tile");
+    uint4 x[IT];
+    __device__ __forceinline__ void load(const float *g, int64_t ldg, int nrow) {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int e = threadIdx.x + it * NTH, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
+            x[it] = r < nrow ? *(const uint4 *)(g + r * ldg + c) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
+    __device__ __forceinline__ void put(Sp s, int ld) const {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int e = threadIdx.x + it * NTH, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
+            float f[4];
+            get(it, f);
+            uint16_t hi[4], lo[4];
+#pragma unroll
+            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
+            uint64_t hw, lw;
+            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
+            *(uint64_t *)(s.hi + r * ld + c) = hw;
+            *(uint64_t *)(s.lo() + r * ld + c) = lw;
+        }
+    }
+};
+
 /* ---- reductions over the accumulator tile (deterministic: fixed order) ----
  * red is [warps][64] floats in shared memory, zero on entry to each round. */
 /* The warp's slot is read-modified-written by different lanes in the two functions below (rows:
