@@ -284,15 +284,22 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
 
+/* whether the TF32 family runs this call's kernels on 16-bit tensor cores (dr_chunk_k256.cu,
+ * dr_chunk_k256_bwd.cu: K = 256, gate NONE or HEAD, chunk 64; k256_ok), as far as q, k, v decide:
+ * the kernels that also read dO or write o ask for those to be aligned too */
+template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io<T> &io) {
+    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) return k256_ok(G, io.q, io.k, io.v);
+    else return false;
+}
+
 /* prep and the state pass of a call (the forward, and the backward's recompute: Ai and Mkk given,
- * hT NULL).  The TF32 family runs them on 16-bit tensor cores where k256_ok takes the call
- * (dr_chunk_k256.cu: K = 256, gate NONE or HEAD, chunk 64), into the same buffers. */
+ * hT NULL): on 16-bit tensor cores where k256_takes, into the TF32 kernels' buffers */
 template <typename T, int GATE, bool TC>
 int prep_state(const Plan &pl, const Io<T> &io, float *Gc, float *W, float *U, float *P, float *Ai, float *Mkk,
                float *Hst, float *hT, int blocked) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-        if (k256_ok(G, io.q, io.k, io.v)) {
+        if (k256_takes<T, GATE, TC>(G, io)) {
             const K256Out o{Gc, W, U, P, Ai, Mkk, Hst, io.h0, hT};
             return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
                                      : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);

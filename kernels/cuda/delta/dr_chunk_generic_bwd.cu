@@ -485,9 +485,7 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
     /* K = 256, gate none or head, q, k, v and dO 16-byte aligned: dhu, dqkwg and wy on 16-bit tensor
      * cores (dr_chunk_k256.cu, dr_chunk_k256_bwd.cu) */
-    bool k256 = false;
-    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL)
-        k256 = k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.dout & 15) == 0;
+    const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0;
     const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;

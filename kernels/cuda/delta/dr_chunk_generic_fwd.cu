@@ -53,9 +53,9 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
         rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1);
-        bool k256 = false; /* the output pass on 16-bit tensor cores (dr_chunk_k256.cu) */
+        /* the output pass on 16-bit tensor cores (dr_chunk_k256.cu) */
+        const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.o & 3) == 0;
         if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-            k256 = k256_ok(G, io.q, io.k, io.v) && ((uintptr_t)io.o & 3) == 0;
             if (!rc && k256)
                 rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), Gc, P, U, Hst)
                                        : fast_h::k256_out(pl, io_bits(io), Gc, P, U, Hst);
