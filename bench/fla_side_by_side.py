@@ -23,8 +23,18 @@ for this process only (fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True; FLA's f
 edited) and marks the numbers that ran with it off.  The cross-check column says whether FLA's
 gradients then agree with ours.
 
+--f64 measures the accuracy bar (a 16-bit path no worse than FLA against the f64 reference on the same
+inputs): for each case it also runs the op's token-by-token recurrence in float64 on the GPU
+(delta_recurrence below: plain PyTorch, autograd for the gradients; neither FLA's code nor ours) on the
+same 16-bit inputs, upcast, and records err_f64_ours[n] and err_f64_fla[n] = ||x - ref|| / ||ref|| for
+n in o, dq, dk, dv, dbeta, dg; the table gets a column with the largest of each side.  The reference's
+autograd keeps one f64 state a step (T*B*HV*K*V*8 bytes): cases above --f64-max-gb (default 24) are
+skipped, which the timing shapes S1..S3, L1, Q1 are; the accuracy shapes A1, A3, AL (B1 T1024, the
+heads, K, V and dtype of S1, S3, L1) are what it is for.
+
 Usage (on the GPU machine; bench/gpu_side_by_side.sh runs it):
   python3 bench/fla_side_by_side.py --deltagrad PATH/deltagrad --fla third_party_fla --out DIR
+  python3 bench/fla_side_by_side.py ... --shapes A1,A3,AL --f64       (ours and FLA against f64)
 Set TRITON_CACHE_DIR to keep Triton's compiled kernels and autotuning results between runs.
 """
 import argparse
@@ -41,15 +51,24 @@ import time
 # --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096;
 # Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
 # B4 T4096 (FLA's layer repeats q and k over each group of value heads before its kernels: so does
-# the FLA side here, inside the timed call)
+# the FLA side here, inside the timed call).  A1, A3, AL (with --shapes A1,A3,AL --f64): accuracy
+# shapes, B1 T1024, small enough for the f64 reference (--f64-max-gb), each with the heads, K, V and
+# dtype of a timing shape (A1 as S1: GDN, DeltaNet, KDA; A3 as S3: K = V = 256, fp16; AL as L1: K 256,
+# V 512), so that the timed kernels run: FLA autotunes by H, HV, K, V (not B or T), so the timing shapes'
+# choices serve; ours pick kernels by K, V, the gate and the dtype, except that at A1 (N * HV * V / 64
+# below the SM count) the K = 128 state and dhu passes take 32-wide V tiles where S1 takes 64-wide ones
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
-          "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128)}
+          "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128),
+          "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "AL": (1, 1024, 6, 256, 512)}
 VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
-DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16"}
+DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16",
+          "A1": "bf16", "A3": "f16", "AL": "bf16"}
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
          ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
-         ("gated_delta_rule", "Q1")]
+         ("gated_delta_rule", "Q1"),
+         ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
+         ("gated_delta_rule", "A3"), ("gated_delta_rule", "AL")]
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg"]
 
 
@@ -76,16 +95,97 @@ def parse():
                          "mode; the inputs satisfy g >= -5; more autotuning)")
     ap.add_argument("--ours-timeout", type=float, default=120, help="seconds for one deltagrad call")
     ap.add_argument("--seed", type=int, default=20261122)
+    ap.add_argument("--f64", action="store_true",
+                    help="also compute each case's op in float64 on the GPU (token-by-token recurrence, autograd) "
+                         "from the same 16-bit inputs and report ours and FLA against it (the accuracy bar)")
+    ap.add_argument("--f64-max-gb", type=float, default=24,
+                    help="skip the f64 reference where its autograd would keep more than this many GB (one f64 "
+                         "state a step: T*B*HV*K*V*8 bytes)")
     return ap.parse_args()
 
 
 def rel(a, b):
-    """||a - b|| / ||b|| in float64 (b is FLA's)"""
+    """||a - b|| / ||b|| in float64 (b is FLA's, or the f64 reference's)"""
     import torch
     a = a.double()
     b = b.double()
     nb = torch.linalg.vector_norm(b).item()
     return torch.linalg.vector_norm(a - b).item() / nb if nb > 0 else float("nan")
+
+
+def worst(d):
+    """'1.7e-03 (dk)': the largest of a dict of relative errors and its name (non-finite counts as largest)"""
+    if not d:
+        return "-"
+    n, x = max(d.items(), key=lambda kv: kv[1] if math.isfinite(kv[1]) else float("inf"))
+    return f"{x:.1e} ({n})"
+
+
+# ---- the f64 reference (--f64) ----------------------------------------------------------------------
+def delta_recurrence(op, q, k, v, beta, g=None, qk_l2norm=True):
+    """o [B,T,HV,V] of op ("gated_delta_rule", "kda" or "delta_rule") by the token-by-token recurrence, in
+    the inputs' dtype and on their device, differentiable (autograd gives the gradients).  q, k
+    [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV]; g [B,T,HV] (gated_delta_rule) or [B,T,HV,K] (kda), log-gates,
+    None for delta_rule.  FLA's conventions: q, k L2-normalised per row (x / sqrt(sum x^2 + 1e-6), as
+    FLA's l2norm) unless qk_l2norm is False, scale K ** -0.5, value head h reads key head h // (HV / H),
+    S_0 = 0; for each t (D_t = exp(g_t) I, diag(exp(g_t)), or I):
+        S <- D_t S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = scale S^T q_t
+    The state is [B,HV,K,V], one loop over t.  S^T (D_t k_t) is taken from the state before its decay
+    ((D_t S)^T k = S^T D_t k, D_t diagonal), so that autograd keeps one state a step (the new S, which
+    o_t and the next step both read), not two."""
+    import torch
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if qk_l2norm:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if HV != H:
+        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+    scale = K ** -0.5
+    S = q.new_zeros(B, HV, K, V)
+    o = []
+    for t in range(T):
+        kt, qt, vt, bt = k[:, t], q[:, t], v[:, t], beta[:, t]  # [B,HV,K], [B,HV,K], [B,HV,V], [B,HV]
+        if op == "gated_delta_rule":
+            dec = g[:, t].exp()  # [B,HV]
+            sk = dec[..., None] * (kt.unsqueeze(-2) @ S).squeeze(-2)  # (D S)^T k, [B,HV,V]
+            S = S * dec[..., None, None]
+        elif op == "kda":
+            dec = g[:, t].exp()  # [B,HV,K]
+            sk = ((dec * kt).unsqueeze(-2) @ S).squeeze(-2)
+            S = S * dec[..., None]
+        elif op == "delta_rule":
+            sk = (kt.unsqueeze(-2) @ S).squeeze(-2)
+        else:
+            raise ValueError(f"delta_recurrence: unknown op {op}")
+        u = bt[..., None] * (vt - sk)  # [B,HV,V]
+        S = S + kt[..., :, None] * u[..., None, :]
+        o.append(scale * (qt.unsqueeze(-2) @ S).squeeze(-2))
+    return torch.stack(o, dim=1)
+
+
+def f64_reference_bytes(B, T, HV, K, V):
+    """what the reference's autograd keeps, about: one f64 state [B,HV,K,V] a step (delta_recurrence; the
+    vectors it also keeps a step add about 10 % at K = V = 128, less at larger K, V)"""
+    return T * B * HV * K * V * 8
+
+
+def f64_reference(op, q, k, v, beta, g, do, device):
+    """o, dq, dk, dv, dbeta (and dg unless delta_rule) of op in float64 on device (the inputs upcast from
+    whatever they are; the gradients of sum(o * do), with respect to the un-normalised q, k), as CPU
+    float64 tensors keyed by GRAD_NAMES"""
+    import torch
+    leaves = [t.detach().to(device=device, dtype=torch.float64).requires_grad_(True)
+              for t in ((q, k, v, beta) + ((g,) if g is not None else ()))]
+    lq, lk, lv, lb = leaves[:4]
+    lg = leaves[4] if g is not None else None
+    o = delta_recurrence(op, lq, lk, lv, lb, lg)
+    o.backward(do.detach().to(device=device, dtype=torch.float64))
+    ref = {"o": o.detach().cpu(), "dq": lq.grad.cpu(), "dk": lk.grad.cpu(), "dv": lv.grad.cpu(),
+           "dbeta": lb.grad.cpu()}
+    if lg is not None:
+        ref["dg"] = lg.grad.cpu()
+    return ref
 
 
 def main():
@@ -275,6 +375,24 @@ def main():
         except Exception as e:  # FLA failing is a result, not a reason to stop
             row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
             log(f"{op} {shape}: FLA failed: {row['fla_error']}")
+        f64_ref = None
+        if args.f64:  # the f64 recurrence on the same 16-bit inputs (upcast), autograd for the gradients
+            need_gb = f64_reference_bytes(B, T, HV, K, V) / 1e9
+            row["f64_autograd_gb"] = need_gb
+            if need_gb > args.f64_max_gb:
+                row["f64_skipped"] = f"needs {need_gb:.1f} GB > --f64-max-gb {args.f64_max_gb:g}"
+                log(f"{op} {shape}: f64 reference skipped: {row['f64_skipped']}")
+            else:
+                try:
+                    tr = time.time()
+                    f64_ref = f64_reference(op, q, k, v, beta, g, do, dev)
+                    row["f64_s"] = time.time() - tr
+                    if fla_ref is not None:
+                        row["err_f64_fla"] = {n: rel(fla_ref[n], f64_ref[n]) for n in GRAD_NAMES
+                                              if n in fla_ref and n in f64_ref}
+                except Exception as e:  # as FLA's: a result, not a reason to stop
+                    row["f64_error"] = f"{type(e).__name__}: {e}"[:300]
+                    log(f"{op} {shape}: f64 reference failed: {row['f64_error']}")
         o = None
         del q, k, v, do, beta, g, leaves, lb, lg, grads, tensors, o
         torch.cuda.synchronize()
@@ -300,13 +418,17 @@ def main():
         if "ours_error" in row:
             log(f"{op} {shape}: ours failed: {row['ours_error']}")
         dump = path + ".ours.safetensors"
-        if fla_ref is not None and os.path.exists(dump):
+        if os.path.exists(dump):
             ours = load_file(dump)
-            row["rel_diff_vs_fla"] = {n: rel(ours[n], fla_ref[n]) for n in GRAD_NAMES if n in ours and n in fla_ref}
+            if fla_ref is not None:
+                row["rel_diff_vs_fla"] = {n: rel(ours[n], fla_ref[n]) for n in GRAD_NAMES if n in ours and n in fla_ref}
+            if f64_ref is not None:
+                row["err_f64_ours"] = {n: rel(ours[n], f64_ref[n]) for n in GRAD_NAMES if n in ours and n in f64_ref}
+            del ours
         for p in (path, dump):
             if os.path.exists(p):
                 os.remove(p)
-        del fla_ref
+        del fla_ref, f64_ref
         for a in ("fwd", "fwdbwd"):
             f_ms, k_ms, o_ms = row.get(f"fla_{a}_ms"), row.get(f"fla_kernels_{a}_ms"), row.get(f"ours_{a}_ms")
             if f_ms and o_ms:
@@ -328,8 +450,9 @@ def main():
 
     lines = ["| op | shape | FLA fwd ms | ours fwd ms | FLA/ours fwd | FLA fwd+bwd ms | ours fwd+bwd ms "
              "| FLA/ours fwd+bwd | FLA kernels alone, fwd+bwd ms | FLA kernels alone/ours | max rel. diff ours vs FLA "
-             "| note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             + ("| max rel. err. vs f64, ours / FLA " if args.f64 else "") + "| note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | " + ("--- | " if args.f64 else "")
+             + "--- |"]
     for r in rows:
         notes = []
         if r.get("fla_guard_off"):
@@ -345,12 +468,20 @@ def main():
             notes.append("FLA failed: " + r["fla_error"][:80])
         if "ours_error" in r:
             notes.append("ours failed")
-        d = r.get("rel_diff_vs_fla") or {}
-        worst = max(d.items(), key=lambda kv: kv[1] if math.isfinite(kv[1]) else float("inf")) if d else None
+        f64_cell = ""
+        if args.f64:
+            if "f64_skipped" in r:
+                f64_cell = "| skipped "
+                notes.append("f64 reference skipped: " + r["f64_skipped"])
+            elif "f64_error" in r:
+                f64_cell = "| failed "
+                notes.append("f64 reference failed: " + r["f64_error"][:80])
+            else:
+                f64_cell = f"| {worst(r.get('err_f64_ours'))} / {worst(r.get('err_f64_fla'))} "
         lines.append(f"| {r['op']} | {r['shape']} | {ms(r.get('fla_fwd_ms'))} | {ms(r.get('ours_fwd_ms'))} "
                      f"| {ratio(r.get('ratio_fwd'))} | {ms(r.get('fla_fwdbwd_ms'))} | {ms(r.get('ours_fwdbwd_ms'))} "
                      f"| {ratio(r.get('ratio_fwdbwd'))} | {ms(r.get('fla_kernels_fwdbwd_ms'))} "
-                     f"| {ratio(r.get('ratio_kernels_fwdbwd'))} | {f'{worst[1]:.1e} ({worst[0]})' if worst else '-'} "
+                     f"| {ratio(r.get('ratio_kernels_fwdbwd'))} | {worst(r.get('rel_diff_vs_fla'))} {f64_cell}"
                      f"| {'; '.join(notes)} |")
         if "fla_safe_gate_fwd_ms" in r:
             fs, fb = r["fla_safe_gate_fwd_ms"], r["fla_safe_gate_fwdbwd_ms"]
@@ -358,14 +489,17 @@ def main():
             rb = fb / r["ours_fwdbwd_ms"] if r.get("ours_fwdbwd_ms") else float("nan")
             lines.append(f"| kda, FLA safe_gate=True lower_bound=-5 | {r['shape']} | {ms(fs)} | {ms(r.get('ours_fwd_ms'))} "
                          f"| {ratio(rf)} | {ms(fb)} | {ms(r.get('ours_fwdbwd_ms'))} | {ratio(rb)} | - | - | - "
-                         f"| FLA's bounded-gate mode (inputs satisfy g >= -5) |")
+                         + ("| - " if args.f64 else "") + "| FLA's bounded-gate mode (inputs satisfy g >= -5) |")
     table = "\n".join(lines)
     head = (f"{env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['torch_cuda']}), "
             f"Triton {env['triton']}, FLA {env['fla']} {env['fla_source']}, {env['date_utc']} UTC\n"
             f"FLA: triton.testing.do_bench median (warm-up {args.warmup:g} ms, {args.rep:g} ms of calls, L2 flushed); "
             f"ours: CUDA events median, L2 flushed; both with the L2 norm of q, k in the timed call; "
             f"FLA kernels alone: the summed durations of FLA's GPU work in a call (torch.profiler, L2 flushed), "
-            f"without the gaps where the GPU waits for the host: a lower bound of FLA's time\n")
+            f"without the gaps where the GPU waits for the host: a lower bound of FLA's time\n"
+            + ("max rel. err. vs f64: the largest over o, dq, dk, dv, dbeta, dg of ||x - ref|| / ||ref||, ref the "
+               "op's token-by-token recurrence in float64 (autograd) on the same 16-bit inputs, upcast; ours / FLA\n"
+               if args.f64 else ""))
     with open(os.path.join(args.out, "side_by_side.md"), "w") as f:
         f.write(head + "\n" + table + "\n")
     with open(os.path.join(args.out, "side_by_side.json"), "w") as f:
