@@ -7,8 +7,10 @@
  *     out[r, h, :] = r (s - xn (s . xn)),  s the sum above
  * both in f32 before the one rounding to the output's words.  (Rounding the sum first and applying
  * the norm's backward to the rounded words would round twice, and s - xn (s . xn) cancels where s
- * lies along xn: the one rounding keeps dq, dk within the bounds of test_dr_chunk_l2_fold.)  A warp
- * a row of K <= 256: lane l holds columns l + 32 j. */
+ * lies along xn: the one rounding keeps dq, dk within the bounds of test_dr_chunk_l2_fold.)
+ * Memory-bound (at S3 a GB a call): where K = 8 x a power of two <= 256 and the pointers are
+ * 16-byte aligned, hs_sum8 moves 16 bytes a load (K / 8 lanes a row); else hs_sum, a warp a row of
+ * K <= 256, lane l holding columns l + 32 j (4-byte and 2-byte loads). */
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 
 namespace drc {
@@ -58,6 +60,91 @@ __global__ void __launch_bounds__(HS_NT)
     }
 }
 
+/* 8 consecutive columns of row i from p: one 16-byte load of 16-bit words, two of f32 */
+template <int FMT> __device__ __forceinline__ void hs_ld8(const void *p, int64_t i, float (&x)[8]) {
+    if constexpr (FMT == VS_F32) {
+        const float4 a = *(const float4 *)((const float *)p + i), b = *(const float4 *)((const float *)p + i + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+        const uint4 w = *(const uint4 *)((const uint16_t *)p + i);
+        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint16_t lo = (uint16_t)(u[j] & 0xffffu), hi = (uint16_t)(u[j] >> 16);
+            x[2 * j] = FMT == VS_BF16 ? bf2f(lo) : h2f(lo);
+            x[2 * j + 1] = FMT == VS_BF16 ? bf2f(hi) : h2f(hi);
+        }
+    }
+}
+template <int FMT> __device__ __forceinline__ void hs_st8(void *p, int64_t i, const float (&x)[8]) {
+    if constexpr (FMT == VS_F32) {
+        *(float4 *)((float *)p + i) = make_float4(x[0], x[1], x[2], x[3]);
+        *(float4 *)((float *)p + i + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+        uint32_t u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint16_t lo = FMT == VS_BF16 ? f2bf(x[2 * j]) : f2h(x[2 * j]);
+            const uint16_t hi = FMT == VS_BF16 ? f2bf(x[2 * j + 1]) : f2h(x[2 * j + 1]);
+            u[j] = (uint32_t)lo | ((uint32_t)hi << 16);
+        }
+        *(uint4 *)((uint16_t *)p + i) = make_uint4(u[0], u[1], u[2], u[3]);
+    }
+}
+
+/* hs_sum by 16-byte vectors, K = 8 LPR (LPR a power of two <= 32, the pointers 16-byte aligned):
+ * LPR lanes a row, lane l its columns 8l .. 8l + 7, 32 / LPR rows a warp.  The same sums in the
+ * same order over m; the dot product s . xn is summed in another order than hs_sum's. */
+template <int FMT, int LPR>
+__global__ void __launch_bounds__(HS_NT)
+    hs_sum8(int64_t nrows, int grp, int K, const float *in, const void *xn, const float *r, void *out) {
+    constexpr int RPW = 32 / LPR, WPB = HS_NT / 32;
+    const int lane = threadIdx.x & 31, c = 8 * (lane % LPR);
+    const int64_t step = (int64_t)gridDim.x * WPB * RPW;
+    /* (the trip count is the same for the whole warp: the shuffles below take every lane) */
+    for (int64_t base = ((int64_t)blockIdx.x * WPB + threadIdx.x / 32) * RPW; base < nrows; base += step) {
+        const int64_t row = base + lane / LPR;
+        const bool on = row < nrows;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int m = 0; on && m < grp; m++) {
+            float x[8];
+            hs_ld8<VS_F32>(in, (row * grp + m) * K + c, x);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] += x[j];
+        }
+        if (r) {
+            float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, dot = 0.0f;
+            if (on) hs_ld8<FMT>(xn, row * K + c, x);
+#pragma unroll
+            for (int j = 0; j < 8; j++) dot += acc[j] * x[j];
+#pragma unroll
+            for (int off = LPR / 2; off > 0; off >>= 1) dot += shfl_xor(dot, off);
+            const float rr = on ? r[row] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = rr * (acc[j] - x[j] * dot);
+        }
+        if (on) hs_st8<FMT>(out, row * K + c, acc);
+    }
+}
+
+template <int FMT>
+int hs_launch(const char *who, int64_t nrows, int grp, int K, const float *in, const void *xn, const float *r,
+              void *out) {
+    const bool vec = K % 8 == 0 && K / 8 <= 32 && ((K / 8) & (K / 8 - 1)) == 0 &&
+                     (((uintptr_t)in | (uintptr_t)xn | (uintptr_t)out) & 15) == 0;
+    const int64_t rpb = vec ? (HS_NT / 32) * (32 / (K / 8)) : HS_NT / 32; /* rows a block a round */
+    const int64_t grid = nrows / rpb + 1 < 4096 ? nrows / rpb + 1 : 4096;
+    if (!vec) return DRC_LAUNCH(who, hs_sum<FMT>, grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    switch (K / 8) {
+    case 1: return DRC_LAUNCH(who, (hs_sum8<FMT, 1>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    case 2: return DRC_LAUNCH(who, (hs_sum8<FMT, 2>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    case 4: return DRC_LAUNCH(who, (hs_sum8<FMT, 4>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    case 8: return DRC_LAUNCH(who, (hs_sum8<FMT, 8>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    case 16: return DRC_LAUNCH(who, (hs_sum8<FMT, 16>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    default: return DRC_LAUNCH(who, (hs_sum8<FMT, 32>), grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    }
+}
+
 } // namespace
 
 int heads_sum(const char *who, int64_t rows, int H, int grp, int K, const float *in, const void *xn, const float *r,
@@ -66,10 +153,10 @@ int heads_sum(const char *who, int64_t rows, int H, int grp, int K, const float 
         dg_error("%s: K = %d (the head sums take K <= %d)", who, K, 32 * HS_J);
         return -1;
     }
-    const int64_t nrows = rows * H, grid = nrows / (HS_NT / 32) + 1 < 4096 ? nrows / (HS_NT / 32) + 1 : 4096;
-    if (fmt == VS_BF16) return DRC_LAUNCH(who, hs_sum<VS_BF16>, grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
-    if (fmt == VS_F16) return DRC_LAUNCH(who, hs_sum<VS_F16>, grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
-    return DRC_LAUNCH(who, hs_sum<VS_F32>, grid, HS_NT, 0, nrows, grp, K, in, xn, r, out);
+    const int64_t nrows = rows * H;
+    if (fmt == VS_BF16) return hs_launch<VS_BF16>(who, nrows, grp, K, in, xn, r, out);
+    if (fmt == VS_F16) return hs_launch<VS_F16>(who, nrows, grp, K, in, xn, r, out);
+    return hs_launch<VS_F32>(who, nrows, grp, K, in, xn, r, out);
 }
 
 } // namespace drc

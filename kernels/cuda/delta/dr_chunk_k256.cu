@@ -12,23 +12,24 @@
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V          [mma, Ai' split]
  *   state  (block per sequence, head, 64 value columns; 16 warps, one block per SM; chunks in
  *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
- *          V' = U - W S                                               [mma, W and S split]
- *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' split]
+ *          V' = U - W S                                               [mma, W plain, S split]
+ *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' plain]
  *          stores S entering each chunk and V' (over U) in f32.
  *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
  *          reverse, dS [256 x 64] in registers as S above):
  *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS and P split]
- *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors, W split]
- * Precision: every computed operand (Ai', W, S, V', dS, P, dV', scale e^G o dO) enters its products
- * split into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16;
- * dr_chunk_mma.cuh), the inputs k, q, v, dO as they are (exact), so these passes are closer to f32
- * than the TF32 products they replace (10 bits an operand).
+ *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors split, W plain]
+ * Precision: the computed operands Ai', S, dS, P, dV' and scale e^G o dO enter their products split
+ * into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh),
+ * the inputs k, q, v, dO as they are (exact).  W and V' are plain 16-bit words (Plain<GATE>, the
+ * choice of the K <= 128 kernels, as FLA stores them), and the output pass reads S plain too (as
+ * f_out does): one mma pass a product less, and half the shared-memory reads of those operands.
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
  * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
  * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
  * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K tile and the
- * gate (the next chunk's by cp.async while this one is worked on), W split, S split, V' split:
- * 223 KB; the next chunk's W and U come from device memory into registers during this chunk's
+ * gate (the next chunk's by cp.async while this one is worked on), W, S split, V': 223 KB with
+ * room for the lo words of W and V' (unused while they are plain); the next chunk's W and U come from device memory into registers during this chunk's
  * S update. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
@@ -206,9 +207,10 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     const StateBlock b(G);
     using TS = StateBlock::TS;
     using TV = StateBlock::TV;
+    constexpr bool PW = Plain<GATE>::W, PV = Plain<GATE>::Vn; /* plain 16-bit operands */
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
-    /* sG [2][64]; K [2] tiles; W split; S split; V' split */
+    /* sG [2][64]; K [2] tiles; W (split unless plain); S split; V' (split unless plain) */
     uint16_t *sK0 = (uint16_t *)(sm + 2 * 64);
     const Sp sW{sK0 + 2 * 64 * LDK, 64 * LDK};
     const Sp sS{sW.hi + 2 * 64 * LDK, KK * (SBV + PAD)};
@@ -245,28 +247,28 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         const float *sG = sm + 64 * pair;
         const uint16_t *sK = sK0 + pair * 64 * LDK;
         /* W [64 x 256] f32, 8 16-byte words a thread, in flight while S is split into shared memory;
-         * then split itself.  (The next chunk's W loaded into registers during the S update, as U
+         * then split (or rounded, plain) itself.  (The next chunk's W loaded into registers during the S update, as U
          * is: 0.24 KB of spills a thread, the pass 9 % slower: H200, S3) */
         F32Tile<64, KK, SNT> w;
         w.load(o.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
         /* the state entering the chunk: out (f32) and split into shared memory */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, SBV + PAD, r, j, x0, x1); });
-        w.put(sW, LDK);
+        w.put<!PW>(sW, LDK);
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
             *(float2 *)(o.Hst + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
         cp_async_wait_all(); /* this chunk's K and gate */
         bsync();
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
-        { /* V' = U - W S: out (f32, over U), and e^{G_last - G} o V' split into shared memory */
+        { /* V' = U - W S: out (f32, over U), and e^{G_last - G} o V' into shared memory */
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
             float acc[1][TV::NT][4];
             acc_zero(acc);
 #pragma unroll 1
             for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
-                mma_p<1, TV::NT, false, true, true, true>(acc, Sp{sW.hi + kq, sW.lo_off}, LDK, vm0,
+                mma_p<1, TV::NT, false, true, !PW, true>(acc, Sp{sW.hi + kq, sW.lo_off}, LDK, vm0,
                                                           Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
@@ -275,7 +277,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const float y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
                     if (i < L) *(float2 *)(o.U + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
-                    put_split2(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
+                    put_sp2<!PV>(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
                 }
         }
         if (c + 1 < c1) load_u(c + 1); /* in flight through the S update */
@@ -285,7 +287,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
             const float d = expf(sG[63]);
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
-        mma_p<1, TS::NT, true, true, false, true>(S, Sp{(uint16_t *)sK, 0}, LDK, sm0, sVn, SBV + PAD, sn0, 64);
+        mma_p<1, TS::NT, true, true, false, !PV>(S, Sp{(uint16_t *)sK, 0}, LDK, sm0, sVn, SBV + PAD, sn0, 64);
         /* (no barrier: the next step writes S and W, last read before the barrier above, and V' and
          * the other set only after its first barrier) */
     }
@@ -345,8 +347,8 @@ __global__ void __launch_bounds__(SNT, 1)
             put_split2(sdS, LV, r, j, x0, x1);
             *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
-        /* W and P split (P: prep wrote its rows i < L, zero above the diagonal) */
-        w.put(sW, LDK);
+        /* W (split unless plain) and P split (P: prep wrote its rows i < L, zero above the diagonal) */
+        w.put<!Plain<GATE>::W>(sW, LDK);
         pp.put(sP, LV);
         /* Q into registers, in flight while dV' is made */
 #pragma unroll
@@ -392,13 +394,13 @@ __global__ void __launch_bounds__(SNT, 1)
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= f; });
         }
         mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sX, 0}, LDK, sm0, sB, LV, sn0, 64);
-        mma_p<1, TS::NT, true, true, true, true>(dS, sW, LDK, sm0, sP, LV, sn0, 64);
+        mma_p<1, TS::NT, true, true, !Plain<GATE>::W, true>(dS, sW, LDK, sm0, sP, LV, sn0, 64);
     }
     b.store(dS, d.dh0, V);
 }
 
 /* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
- *   O = scale e^G o (Q S) + P V'                  [mma, S, P and V' split; Q exact]
+ *   O = scale e^G o (Q S) + P V'                  [mma, P split; S, V' plain; Q exact]
  * S the state entering the chunk (Hst), P and V' as prep and the state pass left them (f32).  S
  * comes by halves of 128 rows, each through registers and split into shared memory (the second
  * half's loads in flight while the first is multiplied), so that the block fits two to an SM. */
@@ -424,27 +426,27 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     const float *S0 = Hst + (c * HV + hv) * (int64_t)KK * V + v0;
     F32Tile<KH, SBV> sr;
     sr.load(S0, V, KH);
-    { /* P (prep wrote its rows i < L, zero above the diagonal) and V', split */
+    { /* P (prep wrote its rows i < L, zero above the diagonal) split, V' its hi words */
         F32Tile<64, 64> pr, vr;
         pr.load(P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         vr.load(Vn + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
         pr.put(sP, LV);
-        vr.put(sV, LV);
+        vr.put<false>(sV, LV);
     }
-    sr.put(sS, LV);
+    sr.put<false>(sS, LV);
     sr.load(S0 + (int64_t)KH * V, V, KH);
     cp_async_wait_all(); /* Q */
     bsync();
     float acc[1][T::NT][4];
     acc_zero(acc);
-    mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ, 0}, LDK, m0, sS, LV, n0, KH);
+    mma_p<1, T::NT, false, true, false, false>(acc, Sp{sQ, 0}, LDK, m0, sS, LV, n0, KH);
     bsync(); /* the first half of S read */
-    sr.put(sS, LV);
+    sr.put<false>(sS, LV);
     bsync();
-    mma_p<1, T::NT, false, true, false, true>(acc, Sp{sQ + KH, 0}, LDK, m0, sS, LV, n0, KH);
+    mma_p<1, T::NT, false, true, false, false>(acc, Sp{sQ + KH, 0}, LDK, m0, sS, LV, n0, KH);
     /* scale e^G o (Q S), then + P V' */
     frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
-    mma_p<1, T::NT, false, true, true, true>(acc, sP, LV, m0, sV, LV, n0, 64);
+    mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, sV, LV, n0, 64);
     frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
         if (i < L) *(uint32_t *)(out + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
     });

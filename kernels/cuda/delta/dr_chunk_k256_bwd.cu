@@ -24,9 +24,9 @@
  *          then by tiles of 128 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
- * Precision: the computed operands (V', dV', S0, dS1, dP, dW, Ai, dMkk) enter their products
- * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact):
- * closer to f32 than the TF32 products they replace.
+ * Precision: the computed operands dV', S0, dS1, dP, dW, Ai and dMkk enter their products split
+ * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
+ * plain 16-bit words (Plain<GATE>, as in the forward and in the K <= 128 kernels).
  * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
  * 128 x 64; dPs), wy 153 KB (Ai, dAi, T in f32 for the inverse's products; Ai, dMkk split; dV'
  * or dW, V, K tiles). */
@@ -59,12 +59,13 @@ static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 template <int R, int Cc> using F4 = F32Tile<R, Cc, BNT>;
 
 /* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
- * into s, 16-bit words (from g) into r; then a barrier */
+ * into s (SPLIT false: its hi words only), 16-bit words (from g) into r; then a barrier */
+template <bool SPLIT>
 __device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
     F4<64, 64> x;
     x.load(f, ld, L);
     load_raw<64, 64, BNT>(r, g, ld, L);
-    x.put(s, LT);
+    x.put<SPLIT>(s, LT);
     bsync();
 }
 
@@ -133,6 +134,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     float *red = (float *)(sdS1.hi + SPH), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
     float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
+    constexpr bool PV = Plain<GATE>::Vn; /* V' plain 16-bit words */
     const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
     prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
     prefetch_rows(a.Vn + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
@@ -144,8 +146,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         float acc[1][T64::NT][4];
         acc_zero(acc);
         for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64(sVn, a.Vn + ov + v0, sO, a.dout + ov + v0, ldv, L);
-            mma_p<1, T64::NT, false, false, false, true>(acc, Sp{sO, 0}, LT, pm0, sVn, LT, pn0, 64);
+            stage64<!PV>(sVn, a.Vn + ov + v0, sO, a.dout + ov + v0, ldv, L);
+            mma_p<1, T64::NT, false, false, false, !PV>(acc, Sp{sO, 0}, LT, pm0, sVn, LT, pn0, 64);
             bsync();
         }
         frag_pairs(acc, pm0, pn0,
@@ -205,7 +207,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                 vn.load(a.Vn + ov + v0, ldv, L);
                 dvn.load(a.dVn + ov + v0, ldv, L);
                 load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
-                vn.put(sVn, LT);
+                vn.put<!PV>(sVn, LT);
                 dvn.put(sdVn, LT);
             }
             bsync();
@@ -215,7 +217,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                     prefetch_tile<KH, 64>(S0 + nx, V, KH, tid), prefetch_tile<KH, 64>(dS1 + nx, V, KH, tid - 256);
             }
             mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, true, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, !PV, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
             bsync();
         }
@@ -287,7 +289,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
+            stage64<true>(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
             if (v0 + 64 >= V) prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid);
             mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
             float dvb[1][T64::NT][4];
