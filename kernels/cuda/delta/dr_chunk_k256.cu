@@ -269,7 +269,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
 #pragma unroll 1
             for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
                 mma_p<1, TV::NT, false, true, !PW, true>(acc, Sp{sW.hi + kq, sW.lo_off}, LDK, vm0,
-                                                          Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
+                                                         Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
