@@ -293,14 +293,19 @@ template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io
 }
 
 /* prep and the state pass of a call (the forward, and the backward's recompute: Ai and Mkk given,
- * hT NULL): on 16-bit tensor cores where k256_takes, into the TF32 kernels' buffers */
+ * hT NULL): on 16-bit tensor cores where k256 (k256_takes, and what the call's other 16-bit passes
+ * ask for: W is then 16-bit words, which only the 16-bit dhu reads), into the TF32 kernels' buffers;
+ * v16: U and V' as 16-bit words (read only by the 16-bit output pass and dqkwg), hst16: the states
+ * too (the 16-bit output pass's operand: a forward alone) */
 template <typename T, int GATE, bool TC>
-int prep_state(const Plan &pl, const Io<T> &io, float *Gc, float *W, float *U, float *P, float *Ai, float *Mkk,
-               float *Hst, float *hT, int blocked) {
+int prep_state(const Plan &pl, const Io<T> &io, bool k256, float *Gc, float *W, float *U, float *P, float *Ai,
+               float *Mkk, float *Hst, float *hT, int blocked, bool v16, bool hst16) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-        if (k256_takes<T, GATE, TC>(G, io)) {
-            const K256Out o{Gc, W, U, P, Ai, Mkk, Hst, io.h0, hT};
+        if (k256) {
+            const K256Out o{Gc, (uint16_t *)W, v16 ? nullptr : U,     v16 ? (uint16_t *)U : nullptr,     P,
+                            Ai, Mkk,           hst16 ? nullptr : Hst, hst16 ? (uint16_t *)Hst : nullptr, io.h0,
+                            hT};
             return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
                                      : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);
         }

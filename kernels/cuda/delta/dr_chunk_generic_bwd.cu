@@ -86,7 +86,7 @@ int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
         if (k256) {
-            const K256Dhu d{Gc, W, P, io.dhT, dVn, dSo, io.dh0};
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dSo, io.dh0};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }
@@ -470,7 +470,8 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 /* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
-    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), a.Gc, a.P, a.Ai, a.Mkk, a.Vn, a.dVn, a.Hst, a.dSo};
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Gc, a.P,
+              a.Ai,   a.Mkk,  a.dVn,  a.Hst,     a.dSo};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dW = a.dWg, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
@@ -513,7 +514,8 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
-        rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked);
+        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked, k256,
+                                     false);
         if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),

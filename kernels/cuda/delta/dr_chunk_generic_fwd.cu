@@ -52,15 +52,17 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     Hst = scratch<float>((size_t)(G.nchunks * HV * G.K * G.V));
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
-        rc = prep_state<T, GATE, TC>(pl, io, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1);
-        /* the output pass on 16-bit tensor cores (dr_chunk_k256.cu) */
-        const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.o & 3) == 0;
+        /* prep, the state pass and the output pass on 16-bit tensor cores (dr_chunk_k256.cu), V' and
+         * the states as 16-bit words where the output pass, which reads only those, is one of them */
+        const bool k256 = k256_takes<T, GATE, TC>(G, io), out16 = k256 && ((uintptr_t)io.o & 3) == 0;
+        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1, out16, out16);
         if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-            if (!rc && k256)
-                rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), Gc, P, U, Hst)
-                                       : fast_h::k256_out(pl, io_bits(io), Gc, P, U, Hst);
+            const auto h16 = [](const float *x) { return (const uint16_t *)x; };
+            if (!rc && out16)
+                rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), Gc, P, h16(U), h16(Hst))
+                                       : fast_h::k256_out(pl, io_bits(io), Gc, P, h16(U), h16(Hst));
         }
-        if (!rc && !k256)
+        if (!rc && !out16)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,
                             (const float *)Hst, io.o);

@@ -445,42 +445,56 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
 /* The TF32 family's prep and state pass at K = 256 on 16-bit tensor cores (dr_chunk_k256.cu): gate
  * NONE or HEAD, chunk 64, V a multiple of 64, q, k, v 16-byte aligned (k256_ok; the environment
  * variable DG_DRC_K256_OFF set to anything but 0 turns them off, for comparisons with the TF32
- * kernels).  They write the TF32 kernels' f32 buffers (dr_chunk_generic.cuh): the gate's cumsum Gc,
- * W, U (V' over it), P, and where non-NULL Ai and Mkk (prep), the states Hst and hT (state pass),
- * from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+ * kernels).  They write the TF32 kernels' buffers (dr_chunk_generic.cuh), in f32 but for W: the
+ * gate's cumsum Gc, W as 16-bit words (a plain operand wherever it is read, Plain<GATE>; in the
+ * first half of the TF32 family's f32 buffer, so only the 16-bit kernels read it: a call takes
+ * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (f32 to U, or where
+ * U16 is set 16-bit words to it instead: plain operands, read only by the 16-bit output pass and
+ * dqkwg), P, and where non-NULL Ai and Mkk (prep), the states entering each chunk (state pass: f32
+ * to Hst, or where Hst16 is set 16-bit words to it instead, all the 16-bit output pass reads) and
+ * hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
 struct K256Out {
-    float *Gc, *W, *U, *P, *Ai, *Mkk, *Hst;
+    float *Gc;
+    uint16_t *W;
+    float *U;
+    uint16_t *U16;
+    float *P, *Ai, *Mkk, *Hst;
+    uint16_t *Hst16;
     const float *h0;
     float *hT;
 };
 /* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
- * aligned: from prep's Gc, W, P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]), dSo (dS
- * leaving each chunk, the states' layout) and, where non-NULL, dh0, from dhT */
+ * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]),
+ * dSo (dS leaving each chunk, the states' layout) and, where non-NULL, dh0, from dhT */
 struct K256Dhu {
-    const float *Gc, *W, *P, *dhT;
+    const float *Gc;
+    const uint16_t *W;
+    const float *P, *dhT;
     float *dVn, *dSo, *dh0;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
 namespace fast {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
-/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states */
-int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn, const float *Hst);
+/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states (16-bit) */
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
+             const uint16_t *Hst16);
 } // namespace fast
 namespace fast_h {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
-/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states */
-int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn, const float *Hst);
+/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states (16-bit) */
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
+             const uint16_t *Hst16);
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
- * (dr_chunk_k256_bwd.cu): from the buffers of prep, the state pass and dhu (f32, dr_chunk_generic.cuh;
- * Gc NULL without a gate) to dq, dk per value head (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg;
- * dW [rows, HV, K] and dG [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words
- * bf16 in fast::, fp16 in fast_h::. */
+ * (dr_chunk_k256_bwd.cu): from the buffers of prep, the state pass and dhu (f32 but V', which is
+ * 16-bit words, dr_chunk_generic.cuh; Gc NULL without a gate) to dq, dk per value head (f32 [rows,
+ * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] and dG [rows, HV] (HEAD) are the scratch
+ * between the two kernels.  16-bit words bf16 in fast::, fp16 in fast_h::. */
 struct K256Bwd {
-    const uint16_t *q, *k, *v, *beta, *dout;
-    const float *Gc, *P, *Ai, *Mkk, *Vn, *dVn, *Hst, *dSo;
+    const uint16_t *q, *k, *v, *beta, *dout, *Vn16;
+    const float *Gc, *P, *Ai, *Mkk, *dVn, *Hst, *dSo;
     float *dqv, *dkv, *dW, *dG;
     uint16_t *dv, *dbeta;
     float *dbetaf, *dg;

@@ -1,10 +1,11 @@
-/* Prep and the state passes of the TF32 family at K = 256 on 16-bit tensor cores (gate NONE or HEAD,
- * chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands (fp16 in the
- * DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building blocks of the
- * head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32 family's own f32
- * buffers (dr_chunk_generic.cuh: Gc, W, U / V', P, Ai, Mkk, the states), so that the TF32 output
- * and backward kernels read them as they are; the forward and the backward's recompute both run
- * them.  Per chunk of L <= 64 rows, value head hv, G the cumulative head gate:
+/* Prep, the state passes and the output pass of the TF32 family at K = 256 on 16-bit tensor cores
+ * (gate NONE or HEAD, chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands
+ * (fp16 in the DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building
+ * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32
+ * family's buffers (dr_chunk_generic.cuh: Gc, P, Ai, Mkk in f32; W in 16-bit words, read only by
+ * these kernels; U / V' and the states in f32 where a TF32 kernel reads them, else 16-bit words:
+ * K256Out), so that the TF32 output and backward kernels read what they need as it is; the forward and the backward's recompute both run prep and the state pass.  Per
+ * chunk of L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
  *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
  *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
@@ -14,7 +15,10 @@
  *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
  *          V' = U - W S                                               [mma, W plain, S split]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' plain]
- *          stores S entering each chunk and V' (over U) in f32.
+ *          stores S entering each chunk (f32 for the backward, 16-bit words for the output pass
+ *          of a forward) and V' (over U; f32 for the TF32 output pass, else 16-bit words).
+ *   out    (block per chunk, head, 64 value columns):
+ *          O = scale e^G o (Q S) + P V'                               [mma, P split; S, V' plain]
  *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
  *          reverse, dS [256 x 64] in registers as S above):
  *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS and P split]
@@ -23,14 +27,16 @@
  * into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh),
  * the inputs k, q, v, dO as they are (exact).  W and V' are plain 16-bit words (Plain<GATE>, the
  * choice of the K <= 128 kernels, as FLA stores them), and the output pass reads S plain too (as
- * f_out does): one mma pass a product less, and half the shared-memory reads of those operands.
+ * f_out does): one mma pass a product less, and half the bytes and shared-memory reads of those
+ * operands.  Against the f64 recurrence these kernels stay below FLA's error on the same inputs
+ * (docs/PERF.md, `fla_side_by_side.py --f64`).
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
  * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
  * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
- * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K tile and the
- * gate (the next chunk's by cp.async while this one is worked on), W, S split, V': 223 KB with
- * room for the lo words of W and V' (unused while they are plain); the next chunk's W and U come from device memory into registers during this chunk's
- * S update. */
+ * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K and W tiles
+ * and the gate (the next chunk's by cp.async while this one is worked on), S split, V' (with room
+ * for its lo words, unused while it is plain): 223 KB; the next chunk's U comes from device memory
+ * into registers during this chunk's S update. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 
@@ -49,7 +55,7 @@ constexpr int STATE_BYTES =
     4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
 constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
-constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(KK / 2, SBV) + 4 * tile_bytes(64, SBV);
+constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX &&
                   DHU_BYTES <= SMEM_MAX,
               "shared memory");
@@ -79,17 +85,21 @@ struct StateBlock {
     }
 };
 
+/* the pair (x0, x1) to dst: f32, or 16-bit words */
+__device__ __forceinline__ void put_pair(float *dst, float x0, float x1) { *(float2 *)dst = make_float2(x0, x1); }
+__device__ __forceinline__ void put_pair(uint16_t *dst, float x0, float x1) { *(uint32_t *)dst = pack_op2(x0, x1); }
+
 /* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
- * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32,
- * row stride ld) */
-__device__ __forceinline__ void prep_prod64(Sp As, const uint16_t *B, float *dst, int64_t ld, int L) {
+ * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32 or
+ * 16-bit words, row stride ld) */
+template <class D> __device__ __forceinline__ void prep_prod64(Sp As, const uint16_t *B, D *dst, int64_t ld, int L) {
     using T = WT<64, 64>;
     const int warp = threadIdx.x >> 5, m0 = T::m0(warp), n0 = T::n0(warp);
     float acc[1][T::NT][4];
     acc_zero(acc);
     mma_sr<1, T::NT, false, true>(acc, As, 72, m0, B, LDK, n0, 64);
     frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-        if (i < L) *(float2 *)(dst + i * ld + j) = make_float2(x0, x1);
+        if (i < L) put_pair(dst + i * ld + j, x0, x1);
     });
 }
 
@@ -195,8 +205,11 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
         cp_async_commit();
         cp_async_wait_all();
         bsync();
-        for (int u = 0; u < nv / 64; u++)
-            prep_prod64(au, sK + 64 * u, o.U + (r0 * HV + hv) * V + v0 + 64 * u, (int64_t)HV * V, L);
+        for (int u = 0; u < nv / 64; u++) {
+            const int64_t off = (r0 * HV + hv) * V + v0 + 64 * u;
+            if (o.U16) prep_prod64(au, sK + 64 * u, o.U16 + off, (int64_t)HV * V, L);
+            else prep_prod64(au, sK + 64 * u, o.U + off, (int64_t)HV * V, L);
+        }
     }
 }
 
@@ -207,13 +220,13 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     const StateBlock b(G);
     using TS = StateBlock::TS;
     using TV = StateBlock::TV;
-    constexpr bool PW = Plain<GATE>::W, PV = Plain<GATE>::Vn; /* plain 16-bit operands */
+    constexpr bool PV = Plain<GATE>::Vn; /* V' plain 16-bit words (W always is, as prep stores it) */
+    static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
-    /* sG [2][64]; K [2] tiles; W (split unless plain); S split; V' (split unless plain) */
-    uint16_t *sK0 = (uint16_t *)(sm + 2 * 64);
-    const Sp sW{sK0 + 2 * 64 * LDK, 64 * LDK};
-    const Sp sS{sW.hi + 2 * 64 * LDK, KK * (SBV + PAD)};
+    /* sG [2][64]; K [2] tiles; W [2] tiles; S split; V' (split unless plain) */
+    uint16_t *sK0 = (uint16_t *)(sm + 2 * 64), *sW0 = sK0 + 2 * 64 * LDK;
+    const Sp sS{sW0 + 2 * 64 * LDK, KK * (SBV + PAD)};
     const Sp sVn{sS.hi + 2 * KK * (SBV + PAD), 64 * (SBV + PAD)};
     float S[1][TS::NT][4];
     b.load(S, o.h0, V);
@@ -228,16 +241,25 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                u[nt][hh] = i < x.L ? *(const float2 *)(o.U + ((x.r0 + i) * HV + hv) * V + v0 + j) : make_float2(0, 0);
+                const int64_t off = ((x.r0 + i) * HV + hv) * V + v0 + j;
+                u[nt][hh] = make_float2(0, 0);
+                if (i < x.L && o.U16) {
+                    const uint32_t w = *(const uint32_t *)(o.U16 + off);
+                    u[nt][hh] = make_float2(op2f((uint16_t)(w & 0xffffu)), op2f((uint16_t)(w >> 16)));
+                } else if (i < x.L) {
+                    u[nt][hh] = *(const float2 *)(o.U + off);
+                }
             }
     };
-    auto issue_k = [&](int64_t cc, int pair) { /* chunk cc's K tile and gate into set pair, by cp.async */
-                                               const Chunk x = seq_chunk(G, n, c0, cc);
-                                               load_raw_async<64, KK, SNT>(sK0 + pair * 64 * LDK,
-                                                                           k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK,
-                                                                           x.L);
-                                               load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid);
-                                               cp_async_commit();
+    auto issue_k = [&](int64_t cc,
+                       int pair) { /* chunk cc's K and W tiles and gate into set pair, by cp.async */
+                                   const Chunk x = seq_chunk(G, n, c0, cc);
+                                   load_raw_async<64, KK, SNT>(sK0 + pair * 64 * LDK, k + (x.r0 * G.H + h) * KK,
+                                                               (int64_t)G.H * KK, x.L);
+                                   load_raw_async<64, KK, SNT>(sW0 + pair * 64 * LDK, o.W + (x.r0 * HV + hv) * KK,
+                                                               (int64_t)HV * KK, x.L);
+                                   load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid);
+                                   cp_async_commit();
     };
     if (c0 < c1) load_u(c0), issue_k(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
@@ -245,20 +267,15 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         const int L = ch.L, pair = (int)((c - c0) & 1);
         const int64_t r0 = ch.r0;
         const float *sG = sm + 64 * pair;
-        const uint16_t *sK = sK0 + pair * 64 * LDK;
-        /* W [64 x 256] f32, 8 16-byte words a thread, in flight while S is split into shared memory;
-         * then split (or rounded, plain) itself.  (The next chunk's W loaded into registers during the S update, as U
-         * is: 0.24 KB of spills a thread, the pass 9 % slower: H200, S3) */
-        F32Tile<64, KK, SNT> w;
-        w.load(o.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
-        /* the state entering the chunk: out (f32) and split into shared memory */
+        const uint16_t *sK = sK0 + pair * 64 * LDK, *sW = sW0 + pair * 64 * LDK;
+        /* the state entering the chunk: out (f32, or 16-bit words) and split into shared memory */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
-        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sS, SBV + PAD, r, j, x0, x1); });
-        w.put<!PW>(sW, LDK);
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            *(float2 *)(o.Hst + sb + (int64_t)r * V + j) = make_float2(x0, x1);
+            put_split2(sS, SBV + PAD, r, j, x0, x1);
+            if (o.Hst16) put_pair(o.Hst16 + sb + (int64_t)r * V + j, x0, x1);
+            else put_pair(o.Hst + sb + (int64_t)r * V + j, x0, x1);
         });
-        cp_async_wait_all(); /* this chunk's K and gate */
+        cp_async_wait_all(); /* this chunk's K, W and gate */
         bsync();
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
         { /* V' = U - W S: out (f32, over U), and e^{G_last - G} o V' into shared memory */
@@ -268,15 +285,17 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
             acc_zero(acc);
 #pragma unroll 1
             for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
-                mma_p<1, TV::NT, false, true, !PW, true>(acc, Sp{sW.hi + kq, sW.lo_off}, LDK, vm0,
-                                                         Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
+                mma_p<1, TV::NT, false, true, false, true>(acc, Sp{(uint16_t *)sW + kq, 0}, LDK, vm0,
+                                                           Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const float y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                    if (i < L) *(float2 *)(o.U + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
+                    const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
+                    if (i < L && o.U16) put_pair(o.U16 + off, y0, y1);
+                    else if (i < L) put_pair(o.U + off, y0, y1);
                     put_sp2<!PV>(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
                 }
         }
@@ -288,8 +307,8 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
             frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
         }
         mma_p<1, TS::NT, true, true, false, !PV>(S, Sp{(uint16_t *)sK, 0}, LDK, sm0, sVn, SBV + PAD, sn0, 64);
-        /* (no barrier: the next step writes S and W, last read before the barrier above, and V' and
-         * the other set only after its first barrier) */
+        /* (no barrier: the next step writes S, last read before the barrier above, and V' and the
+         * other set only after its first barrier) */
     }
     b.store(S, o.hT, V);
 }
@@ -299,11 +318,11 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  * in registers as S is in k256_state:
  *   dSo[c] = dS                                                     (f32, the states' layout)
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
- *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors and W split]
- * Shared memory: the gate, X (K, then Q once dV' is made), W split, dS split, P split (-dV' split
- * in its place once dV' is made), dO, scale e^G o dO split: 217 KB, one block per SM.  A chunk's
- * W, P and Q come from device memory into registers (Q while dV' is made) and are split or stored
- * into shared memory from there; K and dO come by cp.async. */
+ *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
+ * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
+ * place once dV' is made), dO, scale e^G o dO split: 217 KB with room for W's lo words (unused),
+ * one block per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is
+ * made) and are split or stored into shared memory from there; K, dO and W come by cp.async. */
 template <int GATE>
 __global__ void __launch_bounds__(SNT, 1)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
@@ -334,12 +353,11 @@ __global__ void __launch_bounds__(SNT, 1)
         bsync(); /* the last chunk's reads of X, W, P (-dV'), the gate and scale e^G o dO are done */
         load_raw_async<64, KK, SNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid);
         load_raw_async<64, SBV, SNT>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid);
+        load_raw_async<64, KK, SNT>(sW.hi, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid);
         load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid);
         cp_async_commit();
-        F32Tile<64, KK, SNT> w;
         F32Tile<64, 64, SNT> pp;
         uint4 qq[QIT];
-        w.load(d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
         pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         /* dS leaving the chunk: out (f32) and split into shared memory */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
@@ -347,8 +365,7 @@ __global__ void __launch_bounds__(SNT, 1)
             put_split2(sdS, LV, r, j, x0, x1);
             *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
         });
-        /* W (split unless plain) and P split (P: prep wrote its rows i < L, zero above the diagonal) */
-        w.put<!Plain<GATE>::W>(sW, LDK);
+        /* P split (prep wrote its rows i < L, zero above the diagonal) */
         pp.put(sP, LV);
         /* Q into registers, in flight while dV' is made */
 #pragma unroll
@@ -356,7 +373,7 @@ __global__ void __launch_bounds__(SNT, 1)
             const int e = tid + it * SNT, r = e / (KK / 8), c8 = e % (KK / 8);
             qq[it] = r < L ? *(const uint4 *)(q + ((r0 + r) * G.H + h) * KK + c8 * 8) : make_uint4(0, 0, 0, 0);
         }
-        cp_async_wait_all(); /* K, dO, the gate */
+        cp_async_wait_all(); /* K, dO, W, the gate */
         bsync();
         /* scale e^G o dO, split (rows >= L: dO is zero there) */
         for (int e = tid; e < 64 * SBV / 2; e += SNT) {
@@ -401,14 +418,14 @@ __global__ void __launch_bounds__(SNT, 1)
 
 /* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
  *   O = scale e^G o (Q S) + P V'                  [mma, P split; S, V' plain; Q exact]
- * S the state entering the chunk (Hst), P and V' as prep and the state pass left them (f32).  S
- * comes by halves of 128 rows, each through registers and split into shared memory (the second
- * half's loads in flight while the first is multiplied), so that the block fits two to an SM. */
+ * S the state entering the chunk and V' as the state pass left them in 16-bit words (Hst16, Vn16), P
+ * as prep left it (f32).  Q, S and V' come by cp.async, in flight while P comes through registers
+ * and is split into shared memory: 99 KB, two blocks per SM. */
 template <int GATE>
 __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
-                                                   const float *Vn, const float *Hst, uint16_t *out) {
+                                                   const uint16_t *Vn16, const uint16_t *Hst16, uint16_t *out) {
     DRC_SMEM(float, sm);
-    constexpr int LV = SBV + PAD, KH = KK / 2;
+    constexpr int LV = SBV + PAD;
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, NVT = V / SBV;
     const int64_t c = blockIdx.x / (HV * NVT);
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
@@ -416,37 +433,28 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     float *sG = sm;
-    uint16_t *sQ = (uint16_t *)(sm + 64);
-    const Sp sS{sQ + 64 * LDK, KH * LV}, sP{sS.hi + 2 * KH * LV, 64 * LV}, sV{sP.hi + 2 * 64 * LV, 64 * LV};
+    uint16_t *sQ = (uint16_t *)(sm + 64), *sS = sQ + 64 * LDK, *sV = sS + KK * LV;
+    const Sp sP{sV + 64 * LV, 64 * LV};
     using T = WT<64, SBV>;
     const int m0 = T::m0(warp), n0 = T::n0(warp);
     load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    load_raw_async<KK, SBV>(sS, Hst16 + (c * HV + hv) * (int64_t)KK * V + v0, V, KK);
+    load_raw_async<64, SBV>(sV, Vn16 + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
     cp_async_commit();
     if (GATE == DG_GATE_HEAD && tid < 64) sG[tid] = tid < L ? Gc[(r0 + tid) * HV + hv] : 0.0f;
-    const float *S0 = Hst + (c * HV + hv) * (int64_t)KK * V + v0;
-    F32Tile<KH, SBV> sr;
-    sr.load(S0, V, KH);
-    { /* P (prep wrote its rows i < L, zero above the diagonal) split, V' its hi words */
-        F32Tile<64, 64> pr, vr;
+    { /* P (prep wrote its rows i < L, zero above the diagonal), split */
+        F32Tile<64, 64> pr;
         pr.load(P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
-        vr.load(Vn + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
         pr.put(sP, LV);
-        vr.put<false>(sV, LV);
     }
-    sr.put<false>(sS, LV);
-    sr.load(S0 + (int64_t)KH * V, V, KH);
-    cp_async_wait_all(); /* Q */
+    cp_async_wait_all(); /* Q, S, V' */
     bsync();
     float acc[1][T::NT][4];
     acc_zero(acc);
-    mma_p<1, T::NT, false, true, false, false>(acc, Sp{sQ, 0}, LDK, m0, sS, LV, n0, KH);
-    bsync(); /* the first half of S read */
-    sr.put<false>(sS, LV);
-    bsync();
-    mma_p<1, T::NT, false, true, false, false>(acc, Sp{sQ + KH, 0}, LDK, m0, sS, LV, n0, KH);
+    mma_run<1, T::NT, false, true>(acc, sQ, LDK, m0, sS, LV, n0, KK);
     /* scale e^G o (Q S), then + P V' */
     frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
-    mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, sV, LV, n0, 64);
+    mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, Sp{sV, 0}, LV, n0, 64);
     frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
         if (i < L) *(uint32_t *)(out + ((r0 + i) * HV + hv) * V + v0 + j) = pack_op2(x0, x1);
     });
@@ -478,14 +486,14 @@ int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d) {
                                                (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
 }
 
-int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const float *Vn,
-             const float *Hst) {
+int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
+             const uint16_t *Hst16) {
     const Geom &G = p.G;
     const int64_t grid = G.nchunks * G.HV * (G.V / SBV);
     return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_HEAD>), grid, FNT,
-                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn, Hst, io.o)
+                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn16, Hst16, io.o)
                                   : DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_NONE>), grid, FNT,
-                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn, Hst, io.o);
+                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn16, Hst16, io.o);
 }
 
 } // namespace DRC_FAST

@@ -19,17 +19,17 @@
  *   wy     dUV = dV' V^T,  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb)  [V tiles]
  *          dWK = dW K^T                                           [over K by tiles of 128]
  *          dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta)
- *          dA = strictly_lower(-Ai^T dAi Ai^T)  (f32 FMAs: 64 x 64 x 64, exact to f32)
+ *          dA = strictly_lower(-Ai^T dAi Ai^T)  (mma, Ai, dAi and T = Ai^T dAi split)
  *          dbeta += rowsum(dA o Mkk),  dMkk = diag(beta) dA,  HEAD dG += rowcol(dMkk, Mkk)
  *          then by tiles of 128 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
- * Precision: the computed operands dV', S0, dS1, dP, dW, Ai and dMkk enter their products split
- * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
- * plain 16-bit words (Plain<GATE>, as in the forward and in the K <= 128 kernels).
+ * Precision: the computed operands dV', S0, dS1, dP, dW, Ai, dAi, T and dMkk enter their products
+ * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact);
+ * V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels).
  * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
- * 128 x 64; dPs), wy 153 KB (Ai, dAi, T in f32 for the inverse's products; Ai, dMkk split; dV'
- * or dW, V, K tiles). */
+ * 128 x 64; dPs), wy 137 KB (Ai, dMkk (dAi before it) split; dV', T or dW, V, K tiles; dA and
+ * dMkk in f32 for the row sums). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -51,7 +51,7 @@ constexpr int SPH = 2 * KH * LT;  /* of a split 128 x 64 tile */
 constexpr int SPW = 2 * 64 * LH;  /* of a split 64 x 128 tile */
 constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
 constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + 2 * SPH) + RED + 4 * 3 * 64 + 64;
-constexpr int WY_BYTES = 2 * (2 * SPT + 64 * LT + SPW + 64 * LH) + 4 * 3 * 64 * LF + RED + 4 * 4 * 64 + 64;
+constexpr int WY_BYTES = 2 * (2 * SPT + 64 * LT + SPW + 64 * LH) + 4 * 2 * 64 * LF + RED + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && WY_BYTES <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 
@@ -59,13 +59,12 @@ static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 template <int R, int Cc> using F4 = F32Tile<R, Cc, BNT>;
 
 /* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
- * into s (SPLIT false: its hi words only), 16-bit words (from g) into r; then a barrier */
-template <bool SPLIT>
+ * into s, 16-bit words (from g) into r; then a barrier */
 __device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
     F4<64, 64> x;
     x.load(f, ld, L);
     load_raw<64, 64, BNT>(r, g, ld, L);
-    x.put<SPLIT>(s, LT);
+    x.put(s, LT);
     bsync();
 }
 
@@ -134,10 +133,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     float *red = (float *)(sdS1.hi + SPH), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
     float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
-    constexpr bool PV = Plain<GATE>::Vn; /* V' plain 16-bit words */
+    static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
     prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
-    prefetch_rows(a.Vn + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
+    prefetch_rows(a.Vn16 + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* dP = dO V'^T */
@@ -146,8 +145,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         float acc[1][T64::NT][4];
         acc_zero(acc);
         for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64<!PV>(sVn, a.Vn + ov + v0, sO, a.dout + ov + v0, ldv, L);
-            mma_p<1, T64::NT, false, false, false, !PV>(acc, Sp{sO, 0}, LT, pm0, sVn, LT, pn0, 64);
+            load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
+            load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
+            bsync();
+            mma_run<1, T64::NT, false, false>(acc, sO, LT, pm0, sVn.hi, LT, pn0, 64);
             bsync();
         }
         frag_pairs(acc, pm0, pn0,
@@ -203,11 +204,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                 ds1.put(sdS1, LT);
             }
             {
-                F4<64, 64> vn, dvn;
-                vn.load(a.Vn + ov + v0, ldv, L);
+                F4<64, 64> dvn;
                 dvn.load(a.dVn + ov + v0, ldv, L);
+                load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
                 load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
-                vn.put<!PV>(sVn, LT);
                 dvn.put(sdVn, LT);
             }
             bsync();
@@ -217,7 +217,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                     prefetch_tile<KH, 64>(S0 + nx, V, KH, tid), prefetch_tile<KH, 64>(dS1 + nx, V, KH, tid - 256);
             }
             mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, !PV, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, false, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
             bsync();
         }
@@ -270,17 +270,16 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     const int L = at.L, hv = at.hv;
     const Sp sAi{(uint16_t *)sm, 64 * LT}, sdM{sAi.hi + SPT, 64 * LT};
     uint16_t *sVv = sdM.hi + SPT, *sKt = sVv + 64 * LT;
-    const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128) */
-    float *sAf = (float *)(sX.hi + SPW), *sdAi = sAf + 64 * LF, *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
+    const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128); T between them */
+    float *sdAi = (float *)(sX.hi + SPW), *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
     float *sG = red + BNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
     prefetch_rows(a.dVn + ov, ldv, L, V), prefetch_rows(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
-    /* Ai (lower, rows < L), f32 and split */
+    /* Ai (lower, rows < L), split */
     for (int e = tid; e < 64 * 64; e += BNT) {
         const int i = e / 64, j = e % 64;
         const float x = j <= i && i < L ? a.Ai[oc + i * ldc + j] : 0.0f;
-        sAf[i * LF + j] = x;
         split2(x, sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
     }
     const int pm0 = T64::m0(warp), pn0 = T64::n0(warp), m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
@@ -289,7 +288,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64<true>(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
+            stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
             if (v0 + 64 >= V) prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid);
             mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
             float dvb[1][T64::NT][4];
@@ -316,30 +315,25 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         mma_p<1, T64::NT, false, false, true, false>(dwk, sX, LH, pm0, Sp{sKt, 0}, LH, pn0, KH);
         bsync();
     }
-    /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta) */
-    frag_each(dwk, pm0, pn0, [&](int i, int j, float &x) {
-        const int hh = (i - pm0) >> 3;
+    /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta), split (in dMkk's place, free until dMkk) */
+    store_split<T64::NT>(sdM, LT, pm0, pn0, [&](int i, int j, int nt, int q) {
         const float e = GATE == DG_GATE_HEAD ? expf(sG[j]) : 1.0f;
-        const float u = duv[0][(j - pn0) >> 3][2 * hh + ((j - pn0) & 1)];
-        sdAi[i * LF + j] = j <= i && i < L ? (u + e * x) * sb[j] : 0.0f;
+        return j <= i && i < L ? (duv[0][nt][q] + e * dwk[0][nt][q]) * sb[j] : 0.0f;
     });
     red_collect<BNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
     bsync();
-    /* T = Ai^T dAi (rows j, columns m: sum_i Ai_ij dAi_im) */
-    for (int e = tid; e < 64 * 64; e += BNT) {
-        const int j = e / 64, m = e % 64;
-        float s = 0.0f;
-        for (int i = j; i < 64; i++) s += sAf[i * LF + j] * sdAi[i * LF + m];
-        sT[j * LF + m] = s;
+    { /* T = Ai^T dAi (split x split; split into X, free between dW's two passes) */
+        float acc[1][T64::NT][4];
+        acc_zero(acc);
+        mma_ss<1, T64::NT, true, true>(acc, sAi, LT, pm0, sdM, LT, pn0, 64);
+        store_split<T64::NT>(Sp{sX.hi, 64 * LT}, LT, pm0, pn0, [&](int, int, int nt, int q) { return acc[0][nt][q]; });
     }
     bsync();
-    /* dA = strictly_lower(-T Ai^T) (in dAi's place): dA_im = -sum_j T_ij Ai_mj */
-    for (int e = tid; e < 64 * 64; e += BNT) {
-        const int i = e / 64, m = e % 64;
-        float s = 0.0f;
-        if (m < i && i < L)
-            for (int j = 0; j <= m; j++) s += sT[i * LF + j] * sAf[m * LF + j];
-        sdAi[i * LF + m] = -s;
+    { /* dA = strictly_lower(-T Ai^T), f32 */
+        float acc[1][T64::NT][4];
+        acc_zero(acc);
+        mma_ss<1, T64::NT, false, false>(acc, Sp{sX.hi, 64 * LT}, LT, pm0, sAi, LT, pn0, 64);
+        frag_each(acc, pm0, pn0, [&](int i, int j, float &x) { sdAi[i * LF + j] = j < i && i < L ? -x : 0.0f; });
     }
     bsync();
     /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA (in T's place); HEAD: dG_i starts as

@@ -357,8 +357,7 @@ template <int R, int Cc, int NTH = FNT> struct F32Tile {
         }
     }
     __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
-    /* SPLIT false: the hi words only (a plain operand; s.lo() is not touched) */
-    template <bool SPLIT = true> __device__ __forceinline__ void put(Sp s, int ld) const {
+    __device__ __forceinline__ void put(Sp s, int ld) const {
 #pragma unroll
         for (int it = 0; it < IT; it++) {
             const int e = threadIdx.x + it * NTH, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
@@ -366,14 +365,11 @@ template <int R, int Cc, int NTH = FNT> struct F32Tile {
             get(it, f);
             uint16_t hi[4], lo[4];
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                if (SPLIT) split2(f[m], hi[m], lo[m]);
-                else hi[m] = f2op(f[m]);
-            }
+            for (int m = 0; m < 4; m++) split2(f[m], hi[m], lo[m]);
             uint64_t hw, lw;
-            memcpy(&hw, hi, 8);
+            memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
             *(uint64_t *)(s.hi + r * ld + c) = hw;
-            if (SPLIT) memcpy(&lw, lo, 8), *(uint64_t *)(s.lo() + r * ld + c) = lw;
+            *(uint64_t *)(s.lo() + r * ld + c) = lw;
         }
     }
 };
