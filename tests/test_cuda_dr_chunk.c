@@ -266,49 +266,63 @@ static void test_dr_chunk_tf32(void **state) {
     }
 }
 
-/* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
- * instead of the vectorised ones, with the same results */
-static void test_dr_chunk_bf16_unaligned(void **state) {
-    (void)state;
-    dg_test_require_cuda();
-    const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
+/* The forward of c (bf16) with q and o as views that start qoff, ooff elements into their buffers:
+ * family fam runs it, the kernel want among its launches, and o, hT stay within the bf16 bound of
+ * the f64 recurrence. */
+static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const char *want) {
     data d;
-    make(&c, S_BF16, &d);
+    make(c, S_BF16, &d);
     res ref, got;
-    res_alloc(&c, &d, &ref), res_alloc(&c, &d, &got);
+    res_alloc(c, &d, &ref), res_alloc(c, &d, &got);
     ref_f64(&d, &ref);
-    uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + 1)), *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + 1));
-    for (int64_t i = 0; i < d.nq; i++) hq[i + 1] = dg_bf16_from_f32((float)d.q[i]);
-    uint16_t *q1 = dput(hq, d.nq + 1, 2), *o1 = dput(NULL, d.nv + 1, 2);
+    uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)(d.nq + qoff)),
+             *ho = malloc(sizeof(uint16_t) * (size_t)(d.nv + ooff));
+    for (int64_t i = 0; i < d.nq; i++) hq[i + qoff] = dg_bf16_from_f32((float)d.q[i]);
+    uint16_t *q1 = dput(hq, d.nq + qoff, 2), *o1 = dput(NULL, d.nv + ooff, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
     float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
     dg_delta_call call = {.op = "test",
                           .s = d.s,
                           .dtype = DG_BF16,
                           .device = DG_CUDA,
-                          .q = q1 + 1,
+                          .q = q1 + qoff,
                           .k = k,
                           .v = v,
                           .g = g,
                           .beta = beta,
                           .h0 = h0,
-                          .o = o1 + 1,
+                          .o = o1 + ooff,
                           .hT = hT};
-    assert_int_equal(drc_family_of(&call), DG_DRC_GENERIC);
+    assert_int_equal(drc_family_of(&call), fam);
+    dg_cuda_ktime kt[32];
+    int dropped = -1;
+    assert_int_equal(dg_cuda_ktime_begin(), 0);
     assert_int_equal(drc_fwd(&call), 0);
-    assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + 1), 1), 0);
-    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_bf16_to_f32(ho[i + 1]);
+    const int m = dg_cuda_ktime_end(kt, 32, &dropped);
+    assert_int_equal(dropped, 0);
+    if (launches_of(kt, m, want) == 0) fail_msg("%s: %s did not run", c->name, want);
+    assert_int_equal(dg_cuda_memcpy(ho, o1, sizeof(uint16_t) * (size_t)(d.nv + ooff), 1), 0);
+    for (int64_t i = 0; i < d.nv; i++) got.x[R_O][i] = dg_bf16_to_f32(ho[i + ooff]);
     float *hh = malloc(sizeof(float) * (size_t)d.nh);
     assert_int_equal(dg_cuda_memcpy(hh, hT, sizeof(float) * (size_t)d.nh, 1), 0);
     for (int64_t i = 0; i < d.nh; i++) got.x[R_HT][i] = hh[i];
     double eo = dg_test_rel_err_norm(got.x[R_O], ref.x[R_O], d.nv),
            eh = dg_test_rel_err_norm(got.x[R_HT], ref.x[R_HT], d.nh);
-    printf("  %-44s o %.1e hT %.1e\n", c.name, eo, eh);
-    if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("unaligned views: o %.3e, hT %.3e", eo, eh);
+    printf("  %-44s o %.1e hT %.1e\n", c->name, eo, eh);
+    if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("%s: o %.3e, hT %.3e", c->name, eo, eh);
     free(hq), free(ho), free(hh);
     dg_cuda_free(q1), dg_cuda_free(o1), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta);
     dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(hT);
     res_free(&ref), res_free(&got), data_free(&d);
+}
+
+/* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
+ * instead of the vectorised ones, with the same results */
+static void test_dr_chunk_bf16_unaligned(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
+    fwd_offset_views(&c, 1, 1, DG_DRC_GENERIC, "dr_chunk out");
 }
 
 /* the tensor-core path over long sequences (the benchmark's S2 has T = 8192): the bf16 error of
@@ -716,6 +730,10 @@ static void test_dr_chunk_k256_sanitize(void **state) {
         assert_int_equal(dropped, 0);
         k256_bwd_ran(&cases[i], st, kt, m);
     }
+    /* an o not 4-byte aligned: the TF32 output pass, over the 16-bit prep and state pass, which then
+     * write U, V' and the states in f32 for it */
+    const cfg odd = {"k256 head, K=256, V=64, o unaligned", 1, 70, 1, 1, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
+    fwd_offset_views(&odd, 0, 1, DG_DRC_TF32, "dr_chunk tf32 out");
 }
 
 /* argument checks come before any device work: these run without a GPU too */
