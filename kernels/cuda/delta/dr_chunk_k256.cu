@@ -25,7 +25,7 @@
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors split, W plain]
  * Precision: the computed operands Ai', S, dS, P, dV' and scale e^G o dO enter their products split
  * into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh),
- * the inputs k, q, v, dO as they are (exact).  W and V' are plain 16-bit words (Plain<GATE>, the
+ * the inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit words (Plain<GATE>, the
  * choice of the K <= 128 kernels, as FLA stores them), and the output pass reads S plain too (as
  * f_out does): one mma pass a product less, and half the bytes and shared-memory reads of those
  * operands.  Against the f64 recurrence these kernels stay below FLA's error on the same inputs
