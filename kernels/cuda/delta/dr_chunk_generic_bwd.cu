@@ -484,9 +484,10 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
      * with a head gate, K <= 64 with the per-channel one, whose dG is C x K): else the pair of
      * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
-    /* K = 256, gate none or head, q, k, v and dO 16-byte aligned: dhu, dqkwg and wy on 16-bit tensor
-     * cores (dr_chunk_k256.cu, dr_chunk_k256_bwd.cu) */
-    const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0;
+    /* K = 256, gate none or head, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in
+     * pairs): prep, the state pass, dhu, dqkwg and wy on 16-bit tensor cores (dr_chunk_k256.cu,
+     * dr_chunk_k256_bwd.cu) */
+    const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
     const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;

@@ -4,8 +4,9 @@
  * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32
  * family's buffers (dr_chunk_generic.cuh: Gc, P, Ai, Mkk in f32; W in 16-bit words, read only by
  * these kernels; U / V' and the states in f32 where a TF32 kernel reads them, else 16-bit words:
- * K256Out), so that the TF32 output and backward kernels read what they need as it is; the forward and the backward's recompute both run prep and the state pass.  Per
- * chunk of L <= 64 rows, value head hv, G the cumulative head gate:
+ * K256Out), so that the TF32 output and backward kernels read what they need as it is; the
+ * forward and the backward's recompute both run prep and the state pass.  Per chunk of L <= 64
+ * rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
  *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
  *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
@@ -278,7 +279,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         cp_async_wait_all(); /* this chunk's K, W and gate */
         bsync();
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
-        { /* V' = U - W S: out (f32, over U), and e^{G_last - G} o V' into shared memory */
+        { /* V' = U - W S: out (over U: f32 or 16-bit words), and e^{G_last - G} o V' into shared memory */
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
             float acc[1][TV::NT][4];
