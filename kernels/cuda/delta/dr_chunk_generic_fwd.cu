@@ -53,7 +53,9 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
         /* prep, the state pass and the output pass on 16-bit tensor cores (dr_chunk_k256.cu), V' and
-         * the states as 16-bit words where the output pass, which reads only those, is one of them */
+         * the states as 16-bit words where the output pass, which reads only those, is one of them.
+         * (With an o that takes the TF32 output pass, U stays f32 in the state pass: o and hT then
+         * differ at the rounding level from an aligned call's, whose U is 16-bit words.) */
         const bool k256 = k256_takes<T, GATE, TC>(G, io), out16 = k256 && ((uintptr_t)io.o & 3) == 0;
         rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1, out16, out16);
         if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
