@@ -11,6 +11,8 @@
  * Memory-bound (at S3 a GB a call): where K = 8 x a power of two <= 256 and the pointers are
  * 16-byte aligned, hs_sum8 moves 16 bytes a load (K / 8 lanes a row); else hs_sum, a warp a row of
  * K <= 256, lane l holding columns l + 32 j (4-byte and 2-byte loads). */
+#include <type_traits>
+
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 
 namespace drc {
@@ -60,35 +62,30 @@ __global__ void __launch_bounds__(HS_NT)
     }
 }
 
-/* 8 consecutive columns of row i from p: one 16-byte load of 16-bit words, two of f32 */
+/* 8 consecutive words of p from element i by 16-byte vectors (one for 16-bit words, two for f32),
+ * each converted as hs_ld and hs_st do (through a local array of the words' own type) */
+template <int FMT> using HsWord = std::conditional_t<FMT == VS_F32, float, uint16_t>;
 template <int FMT> __device__ __forceinline__ void hs_ld8(const void *p, int64_t i, float (&x)[8]) {
-    if constexpr (FMT == VS_F32) {
-        const float4 a = *(const float4 *)((const float *)p + i), b = *(const float4 *)((const float *)p + i + 4);
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-    } else {
-        const uint4 w = *(const uint4 *)((const uint16_t *)p + i);
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    HsWord<FMT> w[8];
+    const uint4 *v = (const uint4 *)((const HsWord<FMT> *)p + i);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint16_t lo = (uint16_t)(u[j] & 0xffffu), hi = (uint16_t)(u[j] >> 16);
-            x[2 * j] = FMT == VS_BF16 ? bf2f(lo) : h2f(lo);
-            x[2 * j + 1] = FMT == VS_BF16 ? bf2f(hi) : h2f(hi);
-        }
+    for (int k = 0; k < (int)sizeof w / 16; k++) {
+        const uint4 t = v[k];
+        memcpy((char *)w + 16 * k, &t, 16);
     }
+#pragma unroll
+    for (int j = 0; j < 8; j++) x[j] = hs_ld<FMT>(w, j);
 }
 template <int FMT> __device__ __forceinline__ void hs_st8(void *p, int64_t i, const float (&x)[8]) {
-    if constexpr (FMT == VS_F32) {
-        *(float4 *)((float *)p + i) = make_float4(x[0], x[1], x[2], x[3]);
-        *(float4 *)((float *)p + i + 4) = make_float4(x[4], x[5], x[6], x[7]);
-    } else {
-        uint32_t u[4];
+    HsWord<FMT> w[8];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint16_t lo = FMT == VS_BF16 ? f2bf(x[2 * j]) : f2h(x[2 * j]);
-            const uint16_t hi = FMT == VS_BF16 ? f2bf(x[2 * j + 1]) : f2h(x[2 * j + 1]);
-            u[j] = (uint32_t)lo | ((uint32_t)hi << 16);
-        }
-        *(uint4 *)((uint16_t *)p + i) = make_uint4(u[0], u[1], u[2], u[3]);
+    for (int j = 0; j < 8; j++) hs_st<FMT>(w, j, x[j]);
+    uint4 *v = (uint4 *)((HsWord<FMT> *)p + i);
+#pragma unroll
+    for (int k = 0; k < (int)sizeof w / 16; k++) {
+        uint4 t;
+        memcpy(&t, (const char *)w + 16 * k, 16);
+        v[k] = t;
     }
 }
 
