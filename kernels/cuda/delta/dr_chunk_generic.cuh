@@ -303,9 +303,7 @@ int prep_state(const Plan &pl, const Io<T> &io, bool k256, float *Gc, float *W, 
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
         if (k256) {
-            const K256Out o{Gc, (uint16_t *)W, v16 ? nullptr : U,     v16 ? (uint16_t *)U : nullptr,     P,
-                            Ai, Mkk,           hst16 ? nullptr : Hst, hst16 ? (uint16_t *)Hst : nullptr, io.h0,
-                            hT};
+            const K256Out o{Gc, (uint16_t *)W, {U, v16}, P, Ai, Mkk, {Hst, hst16}, io.h0, hT};
             return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
                                      : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);
         }

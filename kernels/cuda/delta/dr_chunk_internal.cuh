@@ -448,18 +448,20 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * kernels).  They write the TF32 kernels' buffers (dr_chunk_generic.cuh), in f32 but for W: the
  * gate's cumsum Gc, W as 16-bit words (a plain operand wherever it is read, Plain<GATE>; in the
  * first half of the TF32 family's f32 buffer, so only the 16-bit kernels read it: a call takes
- * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (f32 to U, or where
- * U16 is set 16-bit words to it instead: plain operands, read only by the 16-bit output pass and
- * dqkwg), P, and where non-NULL Ai and Mkk (prep), the states entering each chunk (state pass: f32
- * to Hst, or where Hst16 is set 16-bit words to it instead, all the 16-bit output pass reads) and
- * hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+ * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (plain operands,
+ * 16-bit words where only the 16-bit output pass and dqkwg read them), P, and where non-NULL Ai and
+ * Mkk (prep), the states entering each chunk (state pass; 16-bit words where only the 16-bit output
+ * pass reads them) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+struct Words { /* a buffer of f32, holding f32 or (w16) 16-bit words in its first half */
+    float *f;
+    bool w16;
+};
 struct K256Out {
     float *Gc;
     uint16_t *W;
-    float *U;
-    uint16_t *U16;
-    float *P, *Ai, *Mkk, *Hst;
-    uint16_t *Hst16;
+    Words U;
+    float *P, *Ai, *Mkk;
+    Words Hst;
     const float *h0;
     float *hT;
 };

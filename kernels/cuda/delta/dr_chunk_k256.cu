@@ -54,7 +54,7 @@ constexpr int SNT = ONE_SM_NTH;
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES =
     4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
-constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
+constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
 constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX &&
@@ -86,21 +86,28 @@ struct StateBlock {
     }
 };
 
-/* the pair (x0, x1) to dst: f32, or 16-bit words */
-__device__ __forceinline__ void put_pair(float *dst, float x0, float x1) { *(float2 *)dst = make_float2(x0, x1); }
-__device__ __forceinline__ void put_pair(uint16_t *dst, float x0, float x1) { *(uint32_t *)dst = pack_op2(x0, x1); }
+/* the pair (x0, x1) to element off of b (f32, or 16-bit words), and back */
+__device__ __forceinline__ void put_pair(Words b, int64_t off, float x0, float x1) {
+    if (b.w16) *(uint32_t *)((uint16_t *)b.f + off) = pack_op2(x0, x1);
+    else *(float2 *)(b.f + off) = make_float2(x0, x1);
+}
+__device__ __forceinline__ float2 get_pair(Words b, int64_t off) {
+    if (!b.w16) return *(const float2 *)(b.f + off);
+    const uint32_t w = *(const uint32_t *)((const uint16_t *)b.f + off);
+    return make_float2(op2f((uint16_t)(w & 0xffffu)), op2f((uint16_t)(w >> 16)));
+}
 
 /* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
- * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to dst (f32 or
- * 16-bit words, row stride ld) */
-template <class D> __device__ __forceinline__ void prep_prod64(Sp As, const uint16_t *B, D *dst, int64_t ld, int L) {
+ * stride 72), B 64 rows of 64 columns at row stride LDK; the rows i < L of the result to element off
+ * of dst (row stride ld) */
+__device__ __forceinline__ void prep_prod64(Sp As, const uint16_t *B, Words dst, int64_t off, int64_t ld, int L) {
     using T = WT<64, 64>;
     const int warp = threadIdx.x >> 5, m0 = T::m0(warp), n0 = T::n0(warp);
     float acc[1][T::NT][4];
     acc_zero(acc);
     mma_sr<1, T::NT, false, true>(acc, As, 72, m0, B, LDK, n0, 64);
     frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-        if (i < L) put_pair(dst + i * ld + j, x0, x1);
+        if (i < L) put_pair(dst, off + i * ld + j, x0, x1);
     });
 }
 
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
     bsync();
     /* W = (Ai diag(beta e^G)) K, by 64 columns */
     for (int u = 0; u < KK / 64; u++)
-        prep_prod64(aw, sK + 64 * u, o.W + (r0 * HV + hv) * KK + 64 * u, (int64_t)HV * KK, L);
+        prep_prod64(aw, sK + 64 * u, Words{(float *)o.W, true}, (r0 * HV + hv) * KK + 64 * u, (int64_t)HV * KK, L);
     /* U = (Ai diag(beta)) V, V by tiles of 256 columns in K's place */
     for (int v0 = 0; v0 < V; v0 += KK) {
         const int nv = V - v0 < KK ? V - v0 : KK, n8 = nv / 8;
@@ -206,11 +213,8 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
         cp_async_commit();
         cp_async_wait_all();
         bsync();
-        for (int u = 0; u < nv / 64; u++) {
-            const int64_t off = (r0 * HV + hv) * V + v0 + 64 * u;
-            if (o.U16) prep_prod64(au, sK + 64 * u, o.U16 + off, (int64_t)HV * V, L);
-            else prep_prod64(au, sK + 64 * u, o.U + off, (int64_t)HV * V, L);
-        }
+        for (int u = 0; u < nv / 64; u++)
+            prep_prod64(au, sK + 64 * u, o.U, (r0 * HV + hv) * V + v0 + 64 * u, (int64_t)HV * V, L);
     }
 }
 
@@ -242,14 +246,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                const int64_t off = ((x.r0 + i) * HV + hv) * V + v0 + j;
-                u[nt][hh] = make_float2(0, 0);
-                if (i < x.L && o.U16) {
-                    const uint32_t w = *(const uint32_t *)(o.U16 + off);
-                    u[nt][hh] = make_float2(op2f((uint16_t)(w & 0xffffu)), op2f((uint16_t)(w >> 16)));
-                } else if (i < x.L) {
-                    u[nt][hh] = *(const float2 *)(o.U + off);
-                }
+                u[nt][hh] = i < x.L ? get_pair(o.U, ((x.r0 + i) * HV + hv) * V + v0 + j) : make_float2(0, 0);
             }
     };
     auto issue_k = [&](int64_t cc,
@@ -273,8 +270,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
             put_split2(sS, SBV + PAD, r, j, x0, x1);
-            if (o.Hst16) put_pair(o.Hst16 + sb + (int64_t)r * V + j, x0, x1);
-            else put_pair(o.Hst + sb + (int64_t)r * V + j, x0, x1);
+            put_pair(o.Hst, sb + (int64_t)r * V + j, x0, x1);
         });
         cp_async_wait_all(); /* this chunk's K, W and gate */
         bsync();
@@ -294,9 +290,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
                     const float y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                    const int64_t off = ((r0 + i) * HV + hv) * V + v0 + j;
-                    if (i < L && o.U16) put_pair(o.U16 + off, y0, y1);
-                    else if (i < L) put_pair(o.U + off, y0, y1);
+                    if (i < L) put_pair(o.U, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
                     put_sp2<!PV>(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
                 }
         }
@@ -321,8 +315,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
  * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
- * place once dV' is made), dO, scale e^G o dO split: 217 KB with room for W's lo words (unused),
- * one block per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is
+ * place once dV' is made), dO, scale e^G o dO split: 183 KB, one block per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is
  * made) and are split or stored into shared memory from there; K, dO and W come by cp.async. */
 template <int GATE>
 __global__ void __launch_bounds__(SNT, 1)
@@ -335,10 +328,10 @@ __global__ void __launch_bounds__(SNT, 1)
     using TV = StateBlock::TV;
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
+    static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
     float *sG = sm;
-    uint16_t *sX = (uint16_t *)(sm + 64);
-    const Sp sW{sX + 64 * LDK, 64 * LDK};
-    const Sp sdS{sW.hi + 2 * 64 * LDK, KK * LV};
+    uint16_t *sX = (uint16_t *)(sm + 64), *sW = sX + 64 * LDK;
+    const Sp sdS{sW + 64 * LDK, KK * LV};
     const Sp sP{sdS.hi + 2 * KK * LV, 64 * LV}; /* P, then -dV' */
     uint16_t *sO = sP.hi + 2 * 64 * LV;
     const Sp sB{sO + 64 * LV, 64 * LV};
@@ -354,7 +347,7 @@ __global__ void __launch_bounds__(SNT, 1)
         bsync(); /* the last chunk's reads of X, W, P (-dV'), the gate and scale e^G o dO are done */
         load_raw_async<64, KK, SNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid);
         load_raw_async<64, SBV, SNT>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid);
-        load_raw_async<64, KK, SNT>(sW.hi, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid);
+        load_raw_async<64, KK, SNT>(sW, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid);
         load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid);
         cp_async_commit();
         F32Tile<64, 64, SNT> pp;
@@ -412,7 +405,7 @@ __global__ void __launch_bounds__(SNT, 1)
             frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= f; });
         }
         mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sX, 0}, LDK, sm0, sB, LV, sn0, 64);
-        mma_p<1, TS::NT, true, true, !Plain<GATE>::W, true>(dS, sW, LDK, sm0, sP, LV, sn0, 64);
+        mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sW, 0}, LDK, sm0, sP, LV, sn0, 64);
     }
     b.store(dS, d.dh0, V);
 }
