@@ -373,13 +373,15 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
             return rc;
         }
         if (l2) io.l2q = l2->q, io.l2k = l2->k, io.l2rq = l2->rq, io.l2rk = l2->rk, io.l2eps = l2->eps;
+        bool filled = false; /* (the TF32 family: where its 16-bit kernels ran throughout) */
         rc = kda    ? kda_fwd(p, io_bits(io), keep)
              : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
-             : tf32 ? generic_fwd<T, true>(p, io)
-                    : generic_fwd<T>(p, io);
-        if (!rc) *kept = keep && (kda || fast);
+             : tf32 ? generic_fwd<T, true>(p, io, keep, &filled)
+                    : generic_fwd<T>(p, io, nullptr, &filled);
+        if (!rc) *kept = keep && (kda || fast || filled);
     } else {
-        rc = generic_fwd<T>(p, io);
+        bool filled;
+        rc = generic_fwd<T>(p, io, nullptr, &filled);
     }
     plan_free(&p);
     return rc;
@@ -407,11 +409,11 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
         rc = kda    ? kda_bwd(p, var, io_bits(io), kept)
              : fast ? (f16 ? fast_h::bwd(p, var, io_bits(io), kept) : fast::bwd(p, var, io_bits(io), kept))
-             : tf32 ? generic_bwd<T, true>(p, var, io)
-                    : generic_bwd<T>(p, var, io);
+             : tf32 ? generic_bwd<T, true>(p, var, io, kept)
+                    : generic_bwd<T>(p, var, io, nullptr);
         /* (the L2 norm's backward, io.rq / io.rk: each path applies it, dr_chunk_heads.cu) */
     } else {
-        rc = generic_bwd<T>(p, var, io);
+        rc = generic_bwd<T>(p, var, io, nullptr);
     }
     plan_free(&p);
     return rc;
@@ -559,13 +561,15 @@ extern "C" {
 bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c) { return drc::accepts(fam, c); }
 
 int64_t dg_cuda_dr_chunk_kept_bytes(dg_drc_family fam, const dg_delta_call *c) {
-    if (!drc::accepts(fam, c) || c->dtype == DG_F32 || fam == DG_DRC_GENERIC || fam == DG_DRC_TF32) return 0;
+    if (!drc::accepts(fam, c) || c->dtype == DG_F32 || fam == DG_DRC_GENERIC) return 0;
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
     if (drc::plan_init("cuda dr_chunk_kept_bytes", &c->s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
         return -1;
     const bool f16 = c->dtype == DG_F16;
     const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(fam, p.G, f16)); /* (the shape the kernels run) */
-    const size_t n = fam == DG_DRC_KDA_MMA ? drc::kda_kept_bytes(G) : drc::fast_kept_bytes(G);
+    const size_t n = fam == DG_DRC_KDA_MMA ? drc::kda_kept_bytes(G)
+                     : fam == DG_DRC_TF32  ? drc::k256_kept_bytes(G)
+                                           : drc::fast_kept_bytes(G);
     drc::plan_free(&p);
     return (int64_t)n;
 }

@@ -295,25 +295,25 @@ template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io
 /* prep and the state pass of a call (the forward, and the backward's recompute: Ai and Mkk given,
  * hT NULL): on 16-bit tensor cores where k256 (k256_takes, and what the call's other 16-bit passes
  * ask for: W is then 16-bit words, which only the 16-bit dhu reads), into the TF32 kernels' buffers;
- * v16: U and V' as 16-bit words (read only by the 16-bit output pass and dqkwg), hst16: the states
- * too (the 16-bit output pass's operand: a forward alone) */
+ * U (V' over it) and the states as Words says: 16-bit words (and the states' lo plane) where only
+ * 16-bit kernels read them, f32 for the TF32 kernels (whose state pass writes f32 alone) */
 template <typename T, int GATE, bool TC>
-int prep_state(const Plan &pl, const Io<T> &io, bool k256, float *Gc, float *W, float *U, float *P, float *Ai,
-               float *Mkk, float *Hst, float *hT, int blocked, bool v16, bool hst16) {
+int prep_state(const Plan &pl, const Io<T> &io, bool k256, float *Gc, float *W, Words U, float *P, float *Ai,
+               float *Mkk, Words Hst, float *hT, int blocked) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
         if (k256) {
-            const K256Out o{Gc, (uint16_t *)W, {U, v16}, P, Ai, Mkk, {Hst, hst16}, io.h0, hT};
+            const K256Out o{Gc, (uint16_t *)W, U, P, Ai, Mkk, Hst, io.h0, hT};
             return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
                                      : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);
         }
     }
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
     int rc = DRC_LAUNCH(TC ? "dr_chunk tf32 prep" : "dr_chunk prep", (k_prep<T, GATE, TC>), G.nchunks * G.HV, NT,
-                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U, P, Ai, Mkk, blocked);
+                        prep_smem(G), G, io.q, io.k, io.v, io.g, io.beta, Gc, W, U.f, P, Ai, Mkk, blocked);
     if (!rc)
         rc = DRC_LAUNCH(TC ? "dr_chunk tf32 state" : "dr_chunk state", (k_state<T, GATE, TC>), G.N * G.HV * NVT, NT,
-                        state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U, io.h0, hT, Hst);
+                        state_smem(G, BV), G, BV, io.k, (const float *)Gc, (const float *)W, U.f, io.h0, hT, Hst.f);
     return rc;
 }
 /* (the largest shared-memory requests, at C = 64: dqkwg 197248 bytes, dhu 195584 at K = 256, prep

@@ -99,8 +99,9 @@ int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float
 template <typename T> struct BwdArgs {
     const T *q, *k, *v, *beta, *dout;
     const float *Gc, *P, *Ai, *Mkk, *Vn, *dVn, *Hst, *dSo;
-    float *dqv, *dkv; /* [rows,HV,K] */
-    float *dWg, *dGg; /* unfused: [rows,HV,K], [rows,HV,gs] */
+    const uint16_t *Sh, *Sl; /* the 16-bit kernels' states, hi and lo planes (Hst: the TF32 kernels') */
+    float *dqv, *dkv;        /* [rows,HV,K] */
+    float *dWg, *dGg;        /* unfused: [rows,HV,K], [rows,HV,gs] */
     T *dv, *dbeta;
     float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
@@ -470,14 +471,15 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 /* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
-    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Gc, a.P,
-              a.Ai,   a.Mkk,  a.dVn,  a.Hst,     a.dSo};
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, a.Gc,
+              a.P,    a.Ai,   a.Mkk,  a.dVn,     a.dSo};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dW = a.dWg, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
 }
 
-template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io) {
+template <typename T, int GATE, bool TC>
+int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     /* dw_on_chip where dW and dG fit in shared memory beside the bodies' tiles (at chunk 64: K <= 128
@@ -486,37 +488,54 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
     /* K = 256, gate none or head, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in
      * pairs): prep, the state pass, dhu, dqkwg and wy on 16-bit tensor cores (dr_chunk_k256.cu,
-     * dr_chunk_k256_bwd.cu) */
+     * dr_chunk_k256_bwd.cu), on their working set (K256Bufs): the forward's where it kept it, else
+     * recomputed into scratch */
     const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
     const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
-    float *Gc = nullptr, *W, *U, *P, *Ai, *Mkk, *Hst, *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
+    const bool reuse = k256 && kept && var.solve_tril_blocked; /* (the kept inverse is the blocked one) */
+    K256Bufs kb{};
+    char *own = nullptr;
+    float *Gc = nullptr, *W = nullptr, *U = nullptr, *P = nullptr, *Ai = nullptr, *Mkk = nullptr, *Hst = nullptr;
+    float *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
     int rc = -1;
-    W = scratch<float>((size_t)(rows * HV * G.K));
-    U = scratch<float>((size_t)(rows * HV * G.V));
-    P = scratch<float>((size_t)(rows * HV * G.C));
-    Ai = scratch<float>((size_t)(rows * HV * G.C));
-    Mkk = scratch<float>((size_t)(rows * HV * G.C));
-    Hst = scratch<float>((size_t)nst);
+    bool ok;
+    if (k256) {
+        own = carve_into(
+            reuse ? const_cast<void *>(kept) : nullptr, [&](Carve &cv) { k256_carve(G, cv, kb, true); }, &ok);
+        Gc = kb.Gc, W = (float *)kb.W, U = (float *)kb.Vn, P = kb.P, Ai = kb.Ai, Mkk = kb.Mkk;
+    } else {
+        W = scratch<float>((size_t)(rows * HV * G.K));
+        U = scratch<float>((size_t)(rows * HV * G.V));
+        P = scratch<float>((size_t)(rows * HV * G.C));
+        Ai = scratch<float>((size_t)(rows * HV * G.C));
+        Mkk = scratch<float>((size_t)(rows * HV * G.C));
+        Hst = scratch<float>((size_t)nst);
+        if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
+        ok = W && U && P && Ai && Mkk && Hst && (!G.gs || Gc);
+    }
     dSo = scratch<float>((size_t)nst);
     dVn = scratch<float>((size_t)(rows * HV * G.V));
     dqv = scratch<float>((size_t)(rows * HV * G.K));
     dkv = scratch<float>((size_t)(rows * HV * G.K));
-    if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (!fused) {
         dWg = scratch<float>((size_t)(rows * HV * G.K));
         if (G.gs) dGg = scratch<float>((size_t)(rows * HV * G.gs));
     }
-    bool ok = W && U && P && Ai && Mkk && Hst && dSo && dVn && dqv && dkv && (!G.gs || Gc) &&
-              (fused || (dWg && (!G.gs || dGg)));
+    ok = ok && dSo && dVn && dqv && dkv && (fused || (dWg && (!G.gs || dGg)));
     if (ok) {
         BwdArgs<T> a;
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
+        a.Sh = kb.Sh, a.Sl = kb.Sl;
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
-        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, U, P, Ai, Mkk, Hst, nullptr, var.solve_tril_blocked, k256,
-                                     false);
+        rc = 0;
+        if (!reuse) {
+            const Words Uw{U, k256, nullptr},
+                Hw = k256 ? Words{(float *)kb.Sh, true, kb.Sl} : Words{Hst, false, nullptr};
+            rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked);
+        }
         if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
@@ -536,25 +555,27 @@ template <typename T, int GATE, bool TC> int bwd_gate(const Plan &pl, const dg_d
         if (!rc && io.dq) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
         if (!rc && io.dk) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
-    release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);
+    if (k256) release(own);
+    else release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);
     release(dSo), release(dVn), release(dqv), release(dkv), release(dWg), release(dGg);
     return rc;
 }
 
 } // namespace
 
-template <typename T, bool TC> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io) {
+template <typename T, bool TC>
+int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     switch (p.G.gate) {
-    case DG_GATE_NONE: return bwd_gate<T, DG_GATE_NONE, TC>(p, var, io);
-    case DG_GATE_HEAD: return bwd_gate<T, DG_GATE_HEAD, TC>(p, var, io);
-    default: return bwd_gate<T, DG_GATE_CHANNEL, TC>(p, var, io);
+    case DG_GATE_NONE: return bwd_gate<T, DG_GATE_NONE, TC>(p, var, io, kept);
+    case DG_GATE_HEAD: return bwd_gate<T, DG_GATE_HEAD, TC>(p, var, io, kept);
+    default: return bwd_gate<T, DG_GATE_CHANNEL, TC>(p, var, io, kept);
     }
 }
 
-template int generic_bwd<float, false>(const Plan &, const dg_dr_variant &, const Io<float> &);
-template int generic_bwd<uint16_t, false>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
-template int generic_bwd<f16bits, false>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
-template int generic_bwd<uint16_t, true>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &);
-template int generic_bwd<f16bits, true>(const Plan &, const dg_dr_variant &, const Io<f16bits> &);
+template int generic_bwd<float, false>(const Plan &, const dg_dr_variant &, const Io<float> &, const void *);
+template int generic_bwd<uint16_t, false>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &, const void *);
+template int generic_bwd<f16bits, false>(const Plan &, const dg_dr_variant &, const Io<f16bits> &, const void *);
+template int generic_bwd<uint16_t, true>(const Plan &, const dg_dr_variant &, const Io<uint16_t> &, const void *);
+template int generic_bwd<f16bits, true>(const Plan &, const dg_dr_variant &, const Io<f16bits> &, const void *);
 
 } // namespace drc

@@ -40,10 +40,39 @@ __global__ void __launch_bounds__(NT)
 
 /* ---------------------------------------------------------------- host side */
 
-template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T> &io) {
+/* K = 256 on 16-bit tensor cores throughout (prep, the state pass and the output pass of
+ * dr_chunk_k256.cu): their working set (K256Bufs) in keep, left there for the backward, or in
+ * scratch when keep is NULL (then without what only the backward reads: Ai, Mkk, the states' lo
+ * plane) */
+template <typename T, int GATE> int fwd_k256(const Plan &pl, const Io<T> &io, void *keep) {
+    K256Bufs b;
+    bool ok;
+    char *own = carve_into(
+        keep, [&](Carve &cv) { k256_carve(pl.G, cv, b, keep != nullptr); }, &ok);
+    if (!ok) return -1;
+    int rc = prep_state<T, GATE, true>(pl, io, true, b.Gc, (float *)b.W, Words{(float *)b.Vn, true, nullptr}, b.P, b.Ai,
+                                       b.Mkk, Words{(float *)b.Sh, true, b.Sl}, io.hT, 1);
+    if (!rc)
+        rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh)
+                               : fast_h::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh);
+    release(own);
+    return rc;
+}
+
+template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T> &io, void *keep, bool *kept) {
     const Geom &G = pl.G;
     const int64_t rows = G.rows, HV = G.HV;
     const int BV = tile_bv(G), NVT = (G.V + BV - 1) / BV;
+    /* 16-bit kernels throughout where k256_takes the call and o is 4-byte aligned (the output pass
+     * stores it in pairs) */
+    const bool k256 = k256_takes<T, GATE, TC>(G, io);
+    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+        if (k256 && ((uintptr_t)io.o & 3) == 0) {
+            const int rc = fwd_k256<T, GATE>(pl, io, keep);
+            *kept = !rc && keep;
+            return rc;
+        }
+    }
     float *Gc = nullptr, *W, *U, *P, *Hst;
     int rc = -1;
     W = scratch<float>((size_t)(rows * HV * G.K));
@@ -52,19 +81,12 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     Hst = scratch<float>((size_t)(G.nchunks * HV * G.K * G.V));
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
     if (W && U && P && Hst && (!G.gs || Gc)) {
-        /* prep, the state pass and the output pass on 16-bit tensor cores (dr_chunk_k256.cu), V' and
-         * the states as 16-bit words where the output pass, which reads only those, is one of them.
-         * (With an o that takes the TF32 output pass, U stays f32 in the state pass: o and hT then
-         * differ at the rounding level from an aligned call's, whose U is 16-bit words.) */
-        const bool k256 = k256_takes<T, GATE, TC>(G, io), out16 = k256 && ((uintptr_t)io.o & 3) == 0;
-        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, U, P, nullptr, nullptr, Hst, io.hT, 1, out16, out16);
-        if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-            const auto h16 = [](const float *x) { return (const uint16_t *)x; };
-            if (!rc && out16)
-                rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), Gc, P, h16(U), h16(Hst))
-                                       : fast_h::k256_out(pl, io_bits(io), Gc, P, h16(U), h16(Hst));
-        }
-        if (!rc && !out16)
+        /* the generic (or TF32) kernels, f32 buffers; at K = 256 with an o that takes the TF32 output
+         * pass, the 16-bit prep and state pass before it (W 16-bit words; U and the states f32: o and
+         * hT then differ at the rounding level from an aligned call's, whose U is 16-bit words) */
+        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Words{U, false, nullptr}, P, nullptr, nullptr,
+                                     Words{Hst, false, nullptr}, io.hT, 1);
+        if (!rc)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,
                             (const float *)Hst, io.o);
@@ -75,18 +97,19 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
 
 } // namespace
 
-template <typename T, bool TC> int generic_fwd(const Plan &p, const Io<T> &io) {
+template <typename T, bool TC> int generic_fwd(const Plan &p, const Io<T> &io, void *keep, bool *kept) {
+    *kept = false;
     switch (p.G.gate) {
-    case DG_GATE_NONE: return fwd_gate<T, DG_GATE_NONE, TC>(p, io);
-    case DG_GATE_HEAD: return fwd_gate<T, DG_GATE_HEAD, TC>(p, io);
-    default: return fwd_gate<T, DG_GATE_CHANNEL, TC>(p, io);
+    case DG_GATE_NONE: return fwd_gate<T, DG_GATE_NONE, TC>(p, io, keep, kept);
+    case DG_GATE_HEAD: return fwd_gate<T, DG_GATE_HEAD, TC>(p, io, keep, kept);
+    default: return fwd_gate<T, DG_GATE_CHANNEL, TC>(p, io, keep, kept);
     }
 }
 
-template int generic_fwd<float, false>(const Plan &, const Io<float> &);
-template int generic_fwd<uint16_t, false>(const Plan &, const Io<uint16_t> &);
-template int generic_fwd<f16bits, false>(const Plan &, const Io<f16bits> &);
-template int generic_fwd<uint16_t, true>(const Plan &, const Io<uint16_t> &);
-template int generic_fwd<f16bits, true>(const Plan &, const Io<f16bits> &);
+template int generic_fwd<float, false>(const Plan &, const Io<float> &, void *, bool *);
+template int generic_fwd<uint16_t, false>(const Plan &, const Io<uint16_t> &, void *, bool *);
+template int generic_fwd<f16bits, false>(const Plan &, const Io<f16bits> &, void *, bool *);
+template int generic_fwd<uint16_t, true>(const Plan &, const Io<uint16_t> &, void *, bool *);
+template int generic_fwd<f16bits, true>(const Plan &, const Io<f16bits> &, void *, bool *);
 
 } // namespace drc

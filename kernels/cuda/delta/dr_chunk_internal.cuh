@@ -421,9 +421,14 @@ template <class F> char *carve_into(void *given, F place, bool *ok) {
 }
 
 /* the generic path (dr_chunk_generic.cuh, _fwd.cu, _bwd.cu): f32 arithmetic, every gate and chunk size */
-/* TC: the TF32 family (the generic kernels with their products on TF32 tensor cores; 16-bit T) */
-template <typename T, bool TC = false> int generic_fwd(const Plan &p, const Io<T> &io);
-template <typename T, bool TC = false> int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io);
+/* TC: the TF32 family (the generic kernels with their products on TF32 tensor cores; 16-bit T).
+ * keep (or NULL): device memory of k256_kept_bytes for the working set, *kept set to whether the
+ * forward filled it (where its kernels are the 16-bit ones at K = 256 throughout); kept: that set,
+ * given to the backward of the same call, which then skips the recompute where its own kernels are
+ * the 16-bit ones too (else it recomputes, as without it) */
+template <typename T, bool TC = false> int generic_fwd(const Plan &p, const Io<T> &io, void *keep, bool *kept);
+template <typename T, bool TC = false>
+int generic_bwd(const Plan &p, const dg_dr_variant &var, const Io<T> &io, const void *kept);
 /* the tensor-core path (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu): 16-bit storage, gate NONE or HEAD, C = 64, K and
  * V in {64, 128}; fast_ok says whether a shape qualifies.  Two builds of the same kernels
  * (dr_chunk_mma.cuh, DRC_OPERAND_F16): fast:: takes bf16 bits, fast_h:: fp16 bits (the f16bits of
@@ -450,12 +455,27 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * first half of the TF32 family's f32 buffer, so only the 16-bit kernels read it: a call takes
  * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (plain operands,
  * 16-bit words where only the 16-bit output pass and dqkwg read them), P, and where non-NULL Ai and
- * Mkk (prep), the states entering each chunk (state pass; 16-bit words where only the 16-bit output
- * pass reads them) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+ * Mkk (prep), the states entering each chunk (state pass; 16-bit words where only the 16-bit
+ * kernels read them: the hi words, and for the backward's dqkwg the lo words of x = hi + lo in a plane
+ * of their own) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
 struct Words { /* a buffer of f32, holding f32 or (w16) 16-bit words in its first half */
     float *f;
     bool w16;
+    uint16_t *lo; /* w16 only, where non-NULL: the lo words (f holds the hi words), same layout */
 };
+/* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
+ * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as
+ * 16-bit words, P, Ai, Mkk [rows, HV, 64] in f32, the states entering each chunk [nchunks, HV, K, V]
+ * split into hi (Sh) and lo (Sl) planes of 16-bit words.  for_bwd false (a forward that keeps
+ * nothing): no Ai, Mkk, Sl.  k256_kept_bytes: its size with for_bwd, where the shape is one the
+ * 16-bit kernels take (0 otherwise): what a forward keeps for its backward, which then skips the
+ * recompute of prep and the state pass. */
+struct K256Bufs {
+    float *Gc, *P, *Ai, *Mkk;
+    uint16_t *W, *Vn, *Sh, *Sl;
+};
+void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd);
+size_t k256_kept_bytes(const Geom &G);
 struct K256Out {
     float *Gc;
     uint16_t *W;
@@ -490,13 +510,13 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
              const uint16_t *Hst16);
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
- * (dr_chunk_k256_bwd.cu): from the buffers of prep, the state pass and dhu (f32 but V', which is
- * 16-bit words, dr_chunk_generic.cuh; Gc NULL without a gate) to dq, dk per value head (f32 [rows,
+ * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' in 16-bit words, the states in hi and
+ * lo planes; Gc NULL without a gate) and dhu's f32 dV', dS to dq, dk per value head (f32 [rows,
  * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] and dG [rows, HV] (HEAD) are the scratch
  * between the two kernels.  16-bit words bf16 in fast::, fp16 in fast_h::. */
 struct K256Bwd {
-    const uint16_t *q, *k, *v, *beta, *dout, *Vn16;
-    const float *Gc, *P, *Ai, *Mkk, *dVn, *Hst, *dSo;
+    const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *Sl;
+    const float *Gc, *P, *Ai, *Mkk, *dVn, *dSo;
     float *dqv, *dkv, *dW, *dG;
     uint16_t *dv, *dbeta;
     float *dbetaf, *dg;

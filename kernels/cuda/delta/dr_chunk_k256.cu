@@ -1,11 +1,12 @@
 /* Prep, the state passes and the output pass of the TF32 family at K = 256 on 16-bit tensor cores
  * (gate NONE or HEAD, chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands
  * (fp16 in the DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building
- * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write the TF32
- * family's buffers (dr_chunk_generic.cuh: Gc, P, Ai, Mkk in f32; W in 16-bit words, read only by
- * these kernels; U / V' and the states in f32 where a TF32 kernel reads them, else 16-bit words:
- * K256Out), so that the TF32 output and backward kernels read what they need as it is; the
- * forward and the backward's recompute both run prep and the state pass.  Per chunk of L <= 64
+ * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write Gc, P, Ai,
+ * Mkk in f32, W in 16-bit words (read only by these kernels), U / V' and the states in f32 where a
+ * TF32 kernel reads them (the TF32 output pass of an unaligned o), else 16-bit words (K256Out): a
+ * call of 16-bit kernels throughout keeps them in K256Bufs, the states split into hi and lo planes
+ * where the backward reads them.  A forward given keep leaves that working set for its backward,
+ * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of L <= 64
  * rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
  *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
@@ -16,8 +17,9 @@
  *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
  *          V' = U - W S                                               [mma, W plain, S split]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' plain]
- *          stores S entering each chunk (f32 for the backward, 16-bit words for the output pass
- *          of a forward) and V' (over U; f32 for the TF32 output pass, else 16-bit words).
+ *          stores S entering each chunk (hi words for the output pass, and lo words too for the
+ *          backward; f32 for the TF32 output pass) and V' (over U; f32 for the TF32 output pass,
+ *          else 16-bit words).
  *   out    (block per chunk, head, 64 value columns):
  *          O = scale e^G o (Q S) + P V'                               [mma, P split; S, V' plain]
  *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
@@ -86,9 +88,11 @@ struct StateBlock {
     }
 };
 
-/* the pair (x0, x1) to element off of b (f32, or 16-bit words), and back */
+/* the pair (x0, x1) to element off of b (f32, 16-bit words, or split into hi and lo words), and back
+ * (from f32 or the hi words) */
 __device__ __forceinline__ void put_pair(Words b, int64_t off, float x0, float x1) {
-    if (b.w16) *(uint32_t *)((uint16_t *)b.f + off) = pack_op2(x0, x1);
+    if (b.lo) put_pair_global<true>((uint16_t *)b.f, b.lo, off, x0, x1);
+    else if (b.w16) put_pair_global<false>((uint16_t *)b.f, nullptr, off, x0, x1);
     else *(float2 *)(b.f + off) = make_float2(x0, x1);
 }
 __device__ __forceinline__ float2 get_pair(Words b, int64_t off) {
@@ -493,6 +497,24 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 } // namespace DRC_FAST
 
 #if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
+void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
+    const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
+    b.Gc = G.gate == DG_GATE_HEAD ? cv.take<float>(rows * HV) : nullptr;
+    b.W = cv.take<uint16_t>(rows * HV * G.K);
+    b.Vn = cv.take<uint16_t>(rows * HV * G.V);
+    b.P = cv.take<float>(rows * HV * 64);
+    b.Ai = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
+    b.Mkk = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
+    b.Sh = cv.take<uint16_t>(nst);
+    b.Sl = for_bwd ? cv.take<uint16_t>(nst) : nullptr;
+}
+
+size_t k256_kept_bytes(const Geom &G) {
+    if (!k256_ok(G, nullptr, nullptr, nullptr)) return 0;
+    K256Bufs b;
+    return carve_bytes([&](Carve &cv) { k256_carve(G, cv, b, true); });
+}
+
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v) {
     static const char *off = getenv("DG_DRC_K256_OFF");
     if (off && *off && strcmp(off, "0")) return false;

@@ -1,8 +1,9 @@
 /* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: gate NONE or HEAD,
  * chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
  * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
- * They read the f32 buffers that prep, the state pass and dhu leave (dr_chunk_generic.cuh: Gc, P,
- * Ai, Mkk, V', dV', the states S0 entering and dS1 leaving each chunk) and write what the TF32
+ * They read the working set of prep and the state pass (K256Bufs, the forward's where it kept it:
+ * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk as hi and lo planes)
+ * and dhu's f32 dV' and dS1 (the gradient of the state leaving each chunk) and write what the TF32
  * kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv, dbeta, dg), dW and the
  * gate's row terms passing between the two through device memory as there.  Per chunk of L <= 64
  * rows and value head (a block of 16 warps each, one block per SM), G the cumulative head gate,
@@ -80,9 +81,10 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
-template <int R, int Cc> __device__ __forceinline__ void prefetch_tile(const float *g, int64_t ldg, int nrow, int t) {
-    constexpr int LPR = Cc / 32; /* lines a row */
-    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2(g + (t / LPR) * ldg + (t % LPR) * 32);
+template <int R, int Cc, typename E>
+__device__ __forceinline__ void prefetch_tile(const E *g, int64_t ldg, int nrow, int t) {
+    constexpr int LPR = Cc * (int)sizeof(E) / 128; /* lines a row */
+    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2((const char *)(g + (t / LPR) * ldg) + (t % LPR) * 128);
 }
 /* rows < nrow of a chunk's V columns (elements of E bytes, V E a multiple of 128) at row stride ld
  * (elements), the lines spread over the block: what the kernels read of V', dV', dO, v over and
@@ -134,8 +136,15 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
-    const float *S0c = a.Hst + (c * HV + hv) * (int64_t)KK * V, *dS1c = a.dSo + (c * HV + hv) * (int64_t)KK * V;
-    prefetch_tile<KH, 64>(S0c, V, KH, tid), prefetch_tile<KH, 64>(dS1c, V, KH, tid - 256);
+    const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
+    const uint16_t *S0hc = a.Sh + os, *S0lc = a.Sl + os;
+    const float *dS1c = a.dSo + os;
+    /* the first tiles of S0 (hi, lo: a 128-byte line a row) and dS1 (two) into L2 */
+    const auto prefetch_s = [&](int64_t x) {
+        prefetch_tile<KH, 64>(S0hc + x, V, KH, tid), prefetch_tile<KH, 64>(S0lc + x, V, KH, tid - KH);
+        prefetch_tile<KH, 64>(dS1c + x, V, KH, tid - 2 * KH);
+    };
+    prefetch_s(0);
     prefetch_rows(a.Vn16 + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
@@ -187,20 +196,13 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
         float f2[1][T128::NT][4], dkd[1][T128::NT][4], dw[1][T128::NT][4];
         acc_zero(f2), acc_zero(dkd), acc_zero(dw);
-        const float *S0 = S0c + (int64_t)cc0 * V, *dS1 = dS1c + (int64_t)cc0 * V;
+        const int64_t oh = (int64_t)cc0 * V; /* the half's first row of S0, dS1 */
         for (int v0 = 0; v0 < V; v0 += 64) {
             {
-                F4<KH, 64> s0, ds1;
-                s0.load(S0 + v0, V, KH);
-                ds1.load(dS1 + v0, V, KH);
-                if (GATE == DG_GATE_HEAD)
-#pragma unroll
-                    for (int it = 0; it < F4<KH, 64>::IT; it++) {
-                        float x[4], y[4];
-                        s0.get(it, x), ds1.get(it, y);
-                        hs += x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3];
-                    }
-                s0.put(sS0, LT);
+                F4<KH, 64> ds1;
+                ds1.load(dS1c + oh + v0, V, KH);
+                load_raw<KH, 64, BNT>(sS0.hi, S0hc + oh + v0, V, KH);
+                load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
                 ds1.put(sdS1, LT);
             }
             {
@@ -213,12 +215,16 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             bsync();
             { /* the next tile of S0 and dS1: the next 64 columns, or the next half's first */
                 const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
-                if (nx >= 0)
-                    prefetch_tile<KH, 64>(S0 + nx, V, KH, tid), prefetch_tile<KH, 64>(dS1 + nx, V, KH, tid - 256);
+                if (nx >= 0) prefetch_s(oh + nx);
             }
             mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
             mma_p<1, T128::NT, false, false, false, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
+            if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from the split words (hi + lo of each) */
+                for (int e = tid; e < KH * 64; e += BNT) {
+                    const int o = e / 64 * LT + e % 64;
+                    hs += (op2f(sS0.hi[o]) + op2f(sS0.lo()[o])) * (op2f(sdS1.hi[o]) + op2f(sdS1.lo()[o]));
+                }
             bsync();
         }
         float rs[2] = {0.0f, 0.0f};
