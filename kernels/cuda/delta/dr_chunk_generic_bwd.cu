@@ -86,7 +86,9 @@ int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
         if (k256) {
-            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dSo, io.dh0};
+            /* dS as hi and lo planes of 16-bit words in dSo's f32 buffer */
+            const int64_t nst = G.nchunks * G.HV * G.K * G.V;
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, (uint16_t *)dSo, (uint16_t *)dSo + nst, io.dh0};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }
@@ -471,8 +473,10 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 /* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
-    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, a.Gc,
-              a.P,    a.Ai,   a.Mkk,  a.dVn,     a.dSo};
+    const int64_t nst = pl.G.nchunks * pl.G.HV * pl.G.K * pl.G.V; /* (dS: dhu's planes in dSo) */
+    const uint16_t *dSh = (const uint16_t *)a.dSo;
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, dSh, dSh + nst,
+              a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dW = a.dWg, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);

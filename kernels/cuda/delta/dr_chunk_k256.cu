@@ -88,11 +88,9 @@ struct StateBlock {
     }
 };
 
-/* the pair (x0, x1) to element off of b (f32, 16-bit words, or split into hi and lo words), and back
- * (from f32 or the hi words) */
+/* the pair (x0, x1) to element off of b (f32, or 16-bit words), and back */
 __device__ __forceinline__ void put_pair(Words b, int64_t off, float x0, float x1) {
-    if (b.lo) put_pair_global<true>((uint16_t *)b.f, b.lo, off, x0, x1);
-    else if (b.w16) put_pair_global<false>((uint16_t *)b.f, nullptr, off, x0, x1);
+    if (b.w16) *(uint32_t *)((uint16_t *)b.f + off) = pack_op2(x0, x1);
     else *(float2 *)(b.f + off) = make_float2(x0, x1);
 }
 __device__ __forceinline__ float2 get_pair(Words b, int64_t off) {
@@ -270,15 +268,20 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         const int64_t r0 = ch.r0;
         const float *sG = sm + 64 * pair;
         const uint16_t *sK = sK0 + pair * 64 * LDK, *sW = sW0 + pair * 64 * LDK;
-        /* the state entering the chunk: out (f32, or 16-bit words) and split into shared memory */
+        /* the state entering the chunk split into shared memory (and out in f32 for the TF32 output
+         * pass; its 16-bit words go out from shared memory below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
             put_split2(sS, SBV + PAD, r, j, x0, x1);
-            put_pair(o.Hst, sb + (int64_t)r * V + j, x0, x1);
+            if (!o.Hst.w16) put_pair(o.Hst, sb + (int64_t)r * V + j, x0, x1);
         });
         cp_async_wait_all(); /* this chunk's K, W and gate */
         bsync();
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
+        if (o.Hst.w16) {                          /* the state's hi (and lo) words out, whole 128-byte lines a warp */
+            store_raw<KK, SBV, SNT, 1>((uint16_t *)o.Hst.f + sb, V, sS.hi, tid);
+            if (o.Hst.lo) store_raw<KK, SBV, SNT, 1>(o.Hst.lo + sb, V, sS.lo(), tid);
+        }
         { /* V' = U - W S: out (over U: f32 or 16-bit words), and e^{G_last - G} o V' into shared memory */
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
@@ -315,7 +318,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
 /* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's backward state
  * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
  * in registers as S is in k256_state:
- *   dSo[c] = dS                                                     (f32, the states' layout)
+ *   dS[c] = dS                                     (hi and lo planes of 16-bit words, the states' layout)
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
  * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
@@ -357,12 +360,9 @@ __global__ void __launch_bounds__(SNT, 1)
         F32Tile<64, 64, SNT> pp;
         uint4 qq[QIT];
         pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
-        /* dS leaving the chunk: out (f32) and split into shared memory */
+        /* dS leaving the chunk split into shared memory (out from there below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
-        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            put_split2(sdS, LV, r, j, x0, x1);
-            *(float2 *)(d.dSo + sb + (int64_t)r * V + j) = make_float2(x0, x1);
-        });
+        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, LV, r, j, x0, x1); });
         /* P split (prep wrote its rows i < L, zero above the diagonal) */
         pp.put(sP, LV);
         /* Q into registers, in flight while dV' is made */
@@ -373,6 +373,9 @@ __global__ void __launch_bounds__(SNT, 1)
         }
         cp_async_wait_all(); /* K, dO, W, the gate */
         bsync();
+        /* dS's hi and lo words out, whole 128-byte lines a warp */
+        store_raw<KK, SBV, SNT, 1>(d.dSh + sb, V, sdS.hi, tid);
+        store_raw<KK, SBV, SNT, 1>(d.dSl + sb, V, sdS.lo(), tid);
         /* scale e^G o dO, split (rows >= L: dO is zero there) */
         for (int e = tid; e < 64 * SBV / 2; e += SNT) {
             const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));

@@ -137,12 +137,11 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
-    const uint16_t *S0hc = a.Sh + os, *S0lc = a.Sl + os;
-    const float *dS1c = a.dSo + os;
-    /* the first tiles of S0 (hi, lo: a 128-byte line a row) and dS1 (two) into L2 */
+    const uint16_t *S0hc = a.Sh + os, *S0lc = a.Sl + os, *dS1hc = a.dSh + os, *dS1lc = a.dSl + os;
+    /* tiles of S0 and dS1 (hi and lo words: a 128-byte line a row each) into L2 */
     const auto prefetch_s = [&](int64_t x) {
         prefetch_tile<KH, 64>(S0hc + x, V, KH, tid), prefetch_tile<KH, 64>(S0lc + x, V, KH, tid - KH);
-        prefetch_tile<KH, 64>(dS1c + x, V, KH, tid - 2 * KH);
+        prefetch_tile<KH, 64>(dS1hc + x, V, KH, tid - 2 * KH), prefetch_tile<KH, 64>(dS1lc + x, V, KH, tid - 3 * KH);
     };
     prefetch_s(0);
     prefetch_rows(a.Vn16 + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
@@ -198,13 +197,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         acc_zero(f2), acc_zero(dkd), acc_zero(dw);
         const int64_t oh = (int64_t)cc0 * V; /* the half's first row of S0, dS1 */
         for (int v0 = 0; v0 < V; v0 += 64) {
-            {
-                F4<KH, 64> ds1;
-                ds1.load(dS1c + oh + v0, V, KH);
-                load_raw<KH, 64, BNT>(sS0.hi, S0hc + oh + v0, V, KH);
-                load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
-                ds1.put(sdS1, LT);
-            }
+            load_raw<KH, 64, BNT>(sS0.hi, S0hc + oh + v0, V, KH);
+            load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
+            load_raw<KH, 64, BNT>(sdS1.hi, dS1hc + oh + v0, V, KH);
+            load_raw<KH, 64, BNT>(sdS1.lo(), dS1lc + oh + v0, V, KH);
             {
                 F4<64, 64> dvn;
                 dvn.load(a.dVn + ov + v0, ldv, L);
