@@ -477,7 +477,8 @@ template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const uint16_t *dSh = (const uint16_t *)a.dSo;
     K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, dSh, dSh + nst,
               a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
-    b.dqv = a.dqv, b.dkv = a.dkv, b.dW = a.dWg, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
+    b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
+    b.dWh = (uint16_t *)a.dWg, b.dWl = b.dWh + pl.G.rows * pl.G.HV * pl.G.K; /* (planes in dWg's f32 buffer) */
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
 }

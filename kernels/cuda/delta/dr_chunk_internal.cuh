@@ -515,13 +515,14 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' in 16-bit words, the states in hi and
  * lo planes; Gc NULL without a gate) and dhu's dV' (f32), dS (planes) to dq, dk per value head (f32 [rows,
- * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] and dG [rows, HV] (HEAD) are the scratch
- * between the two kernels.  16-bit words bf16 in fast::, fp16 in fast_h::. */
+ * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
+ * [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in fast::, fp16 in
+ * fast_h::. */
 struct K256Bwd {
     const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *Sl, *dSh, *dSl;
     const float *Gc, *P, *Ai, *Mkk, *dVn;
-    float *dqv, *dkv, *dW, *dG;
-    uint16_t *dv, *dbeta;
+    float *dqv, *dkv, *dG;
+    uint16_t *dWh, *dWl, *dv, *dbeta;
     float *dbetaf, *dg;
     int final_dg;
 };

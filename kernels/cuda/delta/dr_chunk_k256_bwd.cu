@@ -46,25 +46,31 @@ constexpr int BNT = ONE_SM_NTH; /* threads */
 constexpr int BNW = BNT / 32;
 using T64 = WT<64, 64, BNW>;
 using T128 = WT<64, KH, BNW>;
+/* wy: 8 warps, two blocks a multiprocessor (the other block's work hides one block's waits on its
+ * loads between barriers) */
+constexpr int WNT = FNT;
+constexpr int WNW = WNT / 32;
+using W64 = WT<64, 64, WNW>;
 
 constexpr int SPT = 2 * 64 * LT;  /* elements of a split 64 x 64 tile (hi, then lo) */
 constexpr int SPH = 2 * KH * LT;  /* of a split 128 x 64 tile */
-constexpr int SPW = 2 * 64 * LH;  /* of a split 64 x 128 tile */
 constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
 constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + 2 * SPH) + RED + 4 * 3 * 64 + 64;
-constexpr int WY_BYTES = 2 * (2 * SPT + 64 * LT + SPW + 64 * LH) + 4 * 2 * 64 * LF + RED + 4 * 4 * 64 + 64;
-static_assert(DQ_BYTES <= SMEM_MAX && WY_BYTES <= SMEM_MAX, "shared memory");
+constexpr int WY_BYTES = 2 * (3 * SPT + 2 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
+static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
+static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
 static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 
-/* f32 tiles through registers (dr_chunk_mma.cuh), by the block's BNT threads */
-template <int R, int Cc> using F4 = F32Tile<R, Cc, BNT>;
+/* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
+template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
 
 /* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
  * into s, 16-bit words (from g) into r; then a barrier */
+template <int NTH>
 __device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
-    F4<64, 64> x;
+    F4<64, 64, NTH> x;
     x.load(f, ld, L);
-    load_raw<64, 64, BNT>(r, g, ld, L);
+    load_raw<64, 64, NTH>(r, g, ld, L);
     x.put(s, LT);
     bsync();
 }
@@ -89,9 +95,9 @@ __device__ __forceinline__ void prefetch_tile(const E *g, int64_t ldg, int nrow,
 /* rows < nrow of a chunk's V columns (elements of E bytes, V E a multiple of 128) at row stride ld
  * (elements), the lines spread over the block: what the kernels read of V', dV', dO, v over and
  * again, asked for at their start */
-template <typename E> __device__ __forceinline__ void prefetch_rows(const E *g, int64_t ld, int nrow, int V) {
+template <int NTH, typename E> __device__ __forceinline__ void prefetch_rows(const E *g, int64_t ld, int nrow, int V) {
     const int lpr = V * (int)sizeof(E) / 128;
-    for (int t = threadIdx.x; t < nrow * lpr; t += BNT)
+    for (int t = threadIdx.x; t < nrow * lpr; t += NTH)
         prefetch_l2((const char *)(g + (t / lpr) * ld) + (t % lpr) * 128);
 }
 
@@ -144,7 +150,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         prefetch_tile<KH, 64>(dS1hc + x, V, KH, tid - 2 * KH), prefetch_tile<KH, 64>(dS1lc + x, V, KH, tid - 3 * KH);
     };
     prefetch_s(0);
-    prefetch_rows(a.Vn16 + ov, ldv, L, V), prefetch_rows(a.dout + ov, ldv, L, V), prefetch_rows(a.dVn + ov, ldv, L, V);
+    prefetch_rows<BNT>(a.Vn16 + ov, ldv, L, V), prefetch_rows<BNT>(a.dout + ov, ldv, L, V);
+    prefetch_rows<BNT>(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* dP = dO V'^T */
@@ -252,7 +259,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             if (i < L) *(float2 *)(a.dkv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
         });
         frag_pairs(dw, m0, n0, [&](int i, int cc, float x0, float x1) {
-            if (i < L) *(float2 *)(a.dW + ok + i * ldk + cc0 + cc) = make_float2(-x0, -x1);
+            if (i < L) put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
         });
         bsync(); /* Q and K read */
     }
@@ -263,7 +270,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     }
 }
 
-template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K256Bwd a) {
+template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const At at(G);
@@ -272,30 +279,45 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     const int L = at.L, hv = at.hv;
     const Sp sAi{(uint16_t *)sm, 64 * LT}, sdM{sAi.hi + SPT, 64 * LT};
     uint16_t *sVv = sdM.hi + SPT, *sKt = sVv + 64 * LT;
-    const Sp sX{sKt + 64 * LH, 64 * LH}; /* dV' (64 x 64), then dW (64 x 128); T between them */
-    float *sdAi = (float *)(sX.hi + SPW), *sT = sdAi + 64 * LF, *red = sT + 64 * LF;
-    float *sG = red + BNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
-    prefetch_rows(a.dVn + ov, ldv, L, V), prefetch_rows(a.v + ov, ldv, L, V);
+    const Sp sX{sKt + 64 * LT, 64 * LT}; /* dV', then dW (64 x 64 tiles); T between them */
+    /* dA in f32 in V's and K's place (from the product T Ai^T, after the last of their first uses,
+     * to dMkk), dMkk in f32 in X's (after T's last read, to the last loop's first barrier) */
+    float *sdAi = (float *)sVv, *sT = (float *)sX.hi, *red = (float *)(sX.hi + SPT);
+    float *sG = red + WNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
+    prefetch_rows<WNT>(a.dVn + ov, ldv, L, V), prefetch_rows<WNT>(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
-    for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
+    for (int e = tid; e < WNW * 64; e += WNT) red[e] = 0.0f;
     /* Ai (lower, rows < L), split */
-    for (int e = tid; e < 64 * 64; e += BNT) {
+    for (int e = tid; e < 64 * 64; e += WNT) {
         const int i = e / 64, j = e % 64;
         const float x = j <= i && i < L ? a.Ai[oc + i * ldc + j] : 0.0f;
         split2(x, sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
     }
-    const int pm0 = T64::m0(warp), pn0 = T64::n0(warp), m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
-    float duv[1][T64::NT][4];
+    const int pm0 = W64::m0(warp), pn0 = W64::n0(warp), gq = lane >> 2;
+    /* the 64 columns of dW (split) from x0 into X and of k into K by cp.async, then a barrier; the
+     * lines of such a dW tile into L2 */
+    const auto load_dw_k = [&](int x0) {
+        load_raw_async<64, 64, WNT>(sX.hi, a.dWh + ok + x0, ldk, L);
+        load_raw_async<64, 64, WNT>(sX.lo(), a.dWl + ok + x0, ldk, L);
+        load_raw_async<64, 64, WNT>(sKt, a.k + oq + x0, ldq, L);
+        cp_async_commit();
+        cp_async_wait_all();
+        bsync();
+    };
+    const auto prefetch_dw = [&](int x0) {
+        prefetch_tile<64, 64>(a.dWh + ok + x0, ldk, L, tid), prefetch_tile<64, 64>(a.dWl + ok + x0, ldk, L, tid - 64);
+    };
+    float duv[1][W64::NT][4];
     acc_zero(duv);
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
-            if (v0 + 64 >= V) prefetch_tile<64, KH>(a.dW + ok, ldk, L, tid);
-            mma_p<1, T64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
-            float dvb[1][T64::NT][4];
+            stage64<WNT>(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
+            if (v0 + 64 >= V) prefetch_dw(0);
+            mma_p<1, W64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
+            float dvb[1][W64::NT][4];
             acc_zero(dvb);
-            mma_p<1, T64::NT, true, true, true, true>(dvb, sAi, LT, pm0, sX, LT, pn0, 64);
+            mma_p<1, W64::NT, true, true, true, true>(dvb, sAi, LT, pm0, sX, LT, pn0, 64);
             frag_pairs(dvb, pm0, pn0, [&](int j, int x, float s0, float s1) {
                 rs[(j - pm0) >> 3] += op2f(sVv[j * LT + x]) * s0 + op2f(sVv[j * LT + x + 1]) * s1;
                 if (a.dv && j < L) *(uint32_t *)(a.dv + ov + j * ldv + v0 + x) = pack_op2(sb[j] * s0, sb[j] * s1);
@@ -305,42 +327,38 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         red_rows_put(red, pm0, rs);
     }
     /* dWK = dW K^T */
-    float dwk[1][T64::NT][4];
+    float dwk[1][W64::NT][4];
     acc_zero(dwk);
-    for (int x0 = 0; x0 < KK; x0 += KH) {
-        F4<64, KH> dw;
-        dw.load(a.dW + ok + x0, ldk, L);
-        load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
-        dw.put(sX, LH);
-        bsync();
-        prefetch_tile<64, KH>(a.dW + ok + (x0 + KH < KK ? x0 + KH : 0), ldk, L, tid);
-        mma_p<1, T64::NT, false, false, true, false>(dwk, sX, LH, pm0, Sp{sKt, 0}, LH, pn0, KH);
+    for (int x0 = 0; x0 < KK; x0 += 64) {
+        load_dw_k(x0);
+        prefetch_dw(x0 + 64 < KK ? x0 + 64 : 0);
+        mma_p<1, W64::NT, false, false, true, false>(dwk, sX, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
         bsync();
     }
     /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta), split (in dMkk's place, free until dMkk) */
-    store_split<T64::NT>(sdM, LT, pm0, pn0, [&](int i, int j, int nt, int q) {
+    store_split<W64::NT>(sdM, LT, pm0, pn0, [&](int i, int j, int nt, int q) {
         const float e = GATE == DG_GATE_HEAD ? expf(sG[j]) : 1.0f;
         return j <= i && i < L ? (duv[0][nt][q] + e * dwk[0][nt][q]) * sb[j] : 0.0f;
     });
-    red_collect<BNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
+    red_collect<WNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
     bsync();
     { /* T = Ai^T dAi (split x split; split into X, free between dW's two passes) */
-        float acc[1][T64::NT][4];
+        float acc[1][W64::NT][4];
         acc_zero(acc);
-        mma_ss<1, T64::NT, true, true>(acc, sAi, LT, pm0, sdM, LT, pn0, 64);
-        store_split<T64::NT>(Sp{sX.hi, 64 * LT}, LT, pm0, pn0, [&](int, int, int nt, int q) { return acc[0][nt][q]; });
+        mma_ss<1, W64::NT, true, true>(acc, sAi, LT, pm0, sdM, LT, pn0, 64);
+        store_split<W64::NT>(Sp{sX.hi, 64 * LT}, LT, pm0, pn0, [&](int, int, int nt, int q) { return acc[0][nt][q]; });
     }
     bsync();
     { /* dA = strictly_lower(-T Ai^T), f32 */
-        float acc[1][T64::NT][4];
+        float acc[1][W64::NT][4];
         acc_zero(acc);
-        mma_ss<1, T64::NT, false, false>(acc, Sp{sX.hi, 64 * LT}, LT, pm0, sAi, LT, pn0, 64);
+        mma_ss<1, W64::NT, false, false>(acc, Sp{sX.hi, 64 * LT}, LT, pm0, sAi, LT, pn0, 64);
         frag_each(acc, pm0, pn0, [&](int i, int j, float &x) { sdAi[i * LF + j] = j < i && i < L ? -x : 0.0f; });
     }
     bsync();
     /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA (in T's place); HEAD: dG_i starts as
      * sum_j dMkk_ij Mkk_ij - sum_m dMkk_mi Mkk_mi */
-    for (int i = warp; i < 64; i += BNW) {
+    for (int i = warp; i < 64; i += WNW) {
         float s = 0.0f;
         for (int j = lane; j < 64; j += 32) {
             const bool in = j < i && i < L;
@@ -352,7 +370,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         if (lane == 0) sdb[i] += s;
     }
     bsync();
-    for (int i = warp; i < 64; i += BNW) {
+    for (int i = warp; i < 64; i += WNW) {
         float s = 0.0f;
         if (GATE == DG_GATE_HEAD && i < L) {
             for (int j = lane; j < i; j += 32) s += sT[i * LF + j] * a.Mkk[oc + i * ldc + j];
@@ -362,7 +380,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
         if (lane == 0) sdG[i] = s;
     }
     /* dMkk o Gamma, split */
-    for (int e = tid; e < 64 * 64; e += BNT) {
+    for (int e = tid; e < 64 * 64; e += WNT) {
         const int i = e / 64, j = e % 64;
         float x = sT[i * LF + j];
         if (GATE == DG_GATE_HEAD && j < i) x *= expf(sG[i] - sG[j]);
@@ -370,28 +388,24 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
     }
     /* dk += e^G beta o (Ai^T dW) + (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dbeta, dG += rowsums */
     float eg[2];
-    for (int hh = 0; hh < 2; hh++) eg[hh] = GATE == DG_GATE_HEAD ? expf(sG[m0 + gq + 8 * hh]) : 1.0f;
+    for (int hh = 0; hh < 2; hh++) eg[hh] = GATE == DG_GATE_HEAD ? expf(sG[pm0 + gq + 8 * hh]) : 1.0f;
     float rs[2] = {0.0f, 0.0f};
-    for (int x0 = 0; x0 < KK; x0 += KH) {
+    for (int x0 = 0; x0 < KK; x0 += 64) {
         bsync(); /* X and K free (the products above, or the last tile's) */
-        F4<64, KH> dw;
-        dw.load(a.dW + ok + x0, ldk, L);
-        load_raw<64, KH, BNT>(sKt, a.k + oq + x0, ldq, L);
-        dw.put(sX, LH);
-        bsync();
-        prefetch_tile<64, KH>(a.dkv + ok + x0, ldk, L, tid);
-        if (x0 + KH < KK) prefetch_tile<64, KH>(a.dW + ok + x0 + KH, ldk, L, tid - 256);
-        float d[1][T128::NT][4];
+        load_dw_k(x0);
+        prefetch_tile<64, 64>(a.dkv + ok + x0, ldk, L, tid);
+        if (x0 + 64 < KK) prefetch_dw(x0 + 64);
+        float d[1][W64::NT][4];
         acc_zero(d);
-        mma_p<1, T128::NT, true, true, true, true>(d, sAi, LT, m0, sX, LH, n0, 64);
-        frag_each(d, m0, n0, [&](int j, int x, float &s) {
-            const int hh = (j - m0) >> 3;
-            rs[hh] += eg[hh] * op2f(sKt[j * LH + x]) * s;
+        mma_p<1, W64::NT, true, true, true, true>(d, sAi, LT, pm0, sX, LT, pn0, 64);
+        frag_each(d, pm0, pn0, [&](int j, int x, float &s) {
+            const int hh = (j - pm0) >> 3;
+            rs[hh] += eg[hh] * op2f(sKt[j * LT + x]) * s;
             s *= eg[hh] * sb[j];
         });
-        mma_p<1, T128::NT, false, true, true, false>(d, sdM, LT, m0, Sp{sKt, 0}, LH, n0, 64);
-        mma_p<1, T128::NT, true, true, true, false>(d, sdM, LT, m0, Sp{sKt, 0}, LH, n0, 64);
-        frag_pairs(d, m0, n0, [&](int i, int x, float s0, float s1) {
+        mma_p<1, W64::NT, false, true, true, false>(d, sdM, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
+        mma_p<1, W64::NT, true, true, true, false>(d, sdM, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
+        frag_pairs(d, pm0, pn0, [&](int i, int x, float s0, float s1) {
             if (i < L) {
                 float2 *p = (float2 *)(a.dkv + ok + i * ldk + x0 + x);
                 const float2 y = *p;
@@ -399,9 +413,9 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_wy(Geom G, K2
             }
         });
     }
-    red_rows_put(red, m0, rs);
+    red_rows_put(red, pm0, rs);
     bsync();
-    red_collect<BNW>(red, sT, false); /* (T's first row: free) */
+    red_collect<WNW>(red, sT, false); /* (T's first row: free) */
     bsync();
     if (tid < L) {
         const float db = sdb[tid] + sT[tid];
@@ -429,8 +443,8 @@ int k256_dqkwg_wy(const Plan &p, const K256Bwd &a) {
     int rc = head ? DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_HEAD>), grid, BNT, (size_t)DQ_BYTES, G, a)
                   : DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_NONE>), grid, BNT, (size_t)DQ_BYTES, G, a);
     if (rc) return rc;
-    return head ? DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_HEAD>), grid, BNT, (size_t)WY_BYTES, G, a)
-                : DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_NONE>), grid, BNT, (size_t)WY_BYTES, G, a);
+    return head ? DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_HEAD>), grid, WNT, (size_t)WY_BYTES, G, a)
+                : DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_NONE>), grid, WNT, (size_t)WY_BYTES, G, a);
 }
 
 } // namespace DRC_FAST
