@@ -69,15 +69,19 @@ typedef enum {
  * is accepted by the generic family and refused with its message by the call). */
 bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c);
 
-/* The forward's working set, kept for the backward (16-bit calls on the tensor-core families).
+/* The forward's working set, kept for the backward (16-bit calls on the tensor-core families, and
+ * on the TF32 family at K = 256 where its 16-bit kernels take the whole call).
  * The backward otherwise recomputes from q, k, v, beta, g what the forward made: the gate's
  * cumulative sum, the WY factors W = Ai diag(beta e^G) K and U = Ai diag(beta) V, the inverse
  * Ai = (I + A)^-1, the states entering each chunk and V' (KDA also its gated key copies, P and Qg)
- * -- the prep and state passes, a third of GDN's fwd+bwd at S1.  A caller with the memory keeps
- * them instead (FLA recomputes; this trades memory for time):
+ * -- the prep and state passes, a third of GDN's fwd+bwd at S1, a fifth at S3 (K = V = 256).  A
+ * caller with the memory keeps them instead (FLA recomputes; this trades memory for time):
  *   dg_cuda_dr_chunk_kept_bytes: bytes of device memory to keep for c's shape on family fam; 0
  *     when it keeps nothing (the generic kernels, f32, fp16 KDA); -1 with dg_error on a bad shape.
- *     B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 0.81 GB (q, k, v are 67 MB each).
+ *     B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 0.81 GB (q, k, v are 67 MB each);
+ *     B16 T4096 H8 K=V=256 (S3): 3.1 GB, most of it the states (two 16-bit words an element).  The
+ *     forward may still keep nothing (c->kept false: at K = 256 where the 16-bit kernels do not
+ *     take the call's pointers); the backward then recomputes.
  *   the forward given c->keep (that many bytes, 16-byte aligned) sets c->kept when it now holds the
  *     working set; the backward given c->keep with c->kept set reads it instead of recomputing
  *     (same shape, inputs and h0 as the forward that kept it).  The GDN/delta_rule substitution
