@@ -88,16 +88,7 @@ int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float
         if (k256) {
             /* dS as hi and lo planes of 16-bit words in dSo's f32 buffer */
             const int64_t nst = G.nchunks * G.HV * G.K * G.V;
-            const int64_t nv = G.rows * G.HV * G.V; /* (-dV' as planes in dVn's f32 buffer) */
-            const K256Dhu d{Gc,
-                            (const uint16_t *)W,
-                            P,
-                            io.dhT,
-                            (uint16_t *)dVn,
-                            (uint16_t *)dVn + nv,
-                            (uint16_t *)dSo,
-                            (uint16_t *)dSo + nst,
-                            io.dh0};
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, (uint16_t *)dSo, (uint16_t *)dSo + nst, io.dh0};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }
@@ -484,10 +475,8 @@ template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
     const int64_t nst = pl.G.nchunks * pl.G.HV * pl.G.K * pl.G.V; /* (dS: dhu's planes in dSo) */
     const uint16_t *dSh = (const uint16_t *)a.dSo;
-    const int64_t nv = pl.G.rows * pl.G.HV * pl.G.V; /* (-dV': dhu's planes in dVn) */
-    const uint16_t *ndVh = (const uint16_t *)a.dVn;
-    K256Bwd b{u(a.q),    u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, dSh, dSh + nst, ndVh,
-              ndVh + nv, a.Gc,   a.P,    a.Ai,      a.Mkk};
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, dSh, dSh + nst,
+              a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dWh = (uint16_t *)a.dWg, b.dWl = b.dWh + pl.G.rows * pl.G.HV * pl.G.K; /* (planes in dWg's f32 buffer) */
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;

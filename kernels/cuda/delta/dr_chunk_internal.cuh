@@ -486,14 +486,15 @@ struct K256Out {
     float *hT;
 };
 /* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
- * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout, it writes -dV' [rows, HV, V] (ndVh,
- * ndVl) and dS leaving each chunk (the states' layout; dSh, dSl) as hi and lo planes of 16-bit
+ * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]),
+ * dS leaving each chunk (the states' layout) split into hi (dSh) and lo (dSl) planes of 16-bit
  * words and, where non-NULL, dh0, from dhT */
 struct K256Dhu {
     const float *Gc;
     const uint16_t *W;
     const float *P, *dhT;
-    uint16_t *ndVh, *ndVl, *dSh, *dSl;
+    float *dVn;
+    uint16_t *dSh, *dSl;
     float *dh0;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
@@ -513,13 +514,13 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' in 16-bit words, the states in hi and
- * lo planes; Gc NULL without a gate) and dhu's -dV' and dS (planes) to dq, dk per value head (f32 [rows,
+ * lo planes; Gc NULL without a gate) and dhu's dV' (f32), dS (planes) to dq, dk per value head (f32 [rows,
  * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
  * [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in fast::, fp16 in
  * fast_h::. */
 struct K256Bwd {
-    const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *Sl, *dSh, *dSl, *ndVh, *ndVl;
-    const float *Gc, *P, *Ai, *Mkk;
+    const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *Sl, *dSh, *dSl;
+    const float *Gc, *P, *Ai, *Mkk, *dVn;
     float *dqv, *dkv, *dG;
     uint16_t *dWh, *dWl, *dv, *dbeta;
     float *dbetaf, *dg;

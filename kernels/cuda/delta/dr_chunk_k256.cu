@@ -319,7 +319,6 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
  * in registers as S is in k256_state:
  *   dS[c] = dS                                     (hi and lo planes of 16-bit words, the states' layout)
- *   -dV' (hi and lo planes: the split tile the dS update reads)
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
  * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
@@ -397,17 +396,16 @@ __global__ void __launch_bounds__(SNT, 1)
         }
         mma_p<1, TV::NT, true, true, true, false>(acc, sP, LV, vm0, Sp{sO, 0}, LV, vn0, 64);
         bsync(); /* X (K) and P read */
-        frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) { put_split2(sP, LV, i, j, -y0, -y1); });
+        frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) {
+            if (i < L) *(float2 *)(d.dVn + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
+            put_split2(sP, LV, i, j, -y0, -y1);
+        });
 #pragma unroll
         for (int it = 0; it < QIT; it++) {
             const int e = tid + it * SNT;
             *(uint4 *)(sX + e / (KK / 8) * LDK + 8 * (e % (KK / 8))) = qq[it];
         }
         bsync();
-        /* -dV' out from its split tile, rows < L, whole lines */
-        const int64_t ov = (r0 * HV + hv) * V + v0;
-        store_raw<64, SBV, SNT, 1>(d.ndVh + ov, (int64_t)HV * V, sP.hi, tid, L);
-        store_raw<64, SBV, SNT, 1>(d.ndVl + ov, (int64_t)HV * V, sP.lo(), tid, L);
         /* dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV' */
         if (GATE == DG_GATE_HEAD) {
             const float f = expf(sG[63]);

@@ -61,6 +61,20 @@ static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
 static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
 
+/* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
+template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
+
+/* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
+ * into s, 16-bit words (from g) into r; then a barrier */
+template <int NTH>
+__device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
+    F4<64, 64, NTH> x;
+    x.load(f, ld, L);
+    load_raw<64, 64, NTH>(r, g, ld, L);
+    x.put(s, LT);
+    bsync();
+}
+
 /* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
  * thread (prefetch.global.L2: no registers held): the kernels run one block a multiprocessor and
  * load each tile between two barriers.  S0, dS1, dW and dk a tile ahead; the chunk's rows of V',
@@ -137,7 +151,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     };
     prefetch_s(0);
     prefetch_rows<BNT>(a.Vn16 + ov, ldv, L, V), prefetch_rows<BNT>(a.dout + ov, ldv, L, V);
-    prefetch_rows<BNT>(a.ndVh + ov, ldv, L, V), prefetch_rows<BNT>(a.ndVl + ov, ldv, L, V);
+    prefetch_rows<BNT>(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* dP = dO V'^T */
@@ -194,10 +208,13 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
             load_raw<KH, 64, BNT>(sdS1.hi, dS1hc + oh + v0, V, KH);
             load_raw<KH, 64, BNT>(sdS1.lo(), dS1lc + oh + v0, V, KH);
-            load_raw<64, 64, BNT>(sdVn.hi, a.ndVh + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sdVn.lo(), a.ndVl + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
+            {
+                F4<64, 64> dvn;
+                dvn.load(a.dVn + ov + v0, ldv, L);
+                load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
+                load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
+                dvn.put(sdVn, LT);
+            }
             bsync();
             { /* the next tile of S0 and dS1: the next 64 columns, or the next half's first */
                 const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
@@ -242,7 +259,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             if (i < L) *(float2 *)(a.dkv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
         });
         frag_pairs(dw, m0, n0, [&](int i, int cc, float x0, float x1) {
-            if (i < L) put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, x0, x1);
+            if (i < L) put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
         });
         bsync(); /* Q and K read */
     }
@@ -267,8 +284,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
      * to dMkk), dMkk in f32 in X's (after T's last read, to the last loop's first barrier) */
     float *sdAi = (float *)sVv, *sT = (float *)sX.hi, *red = (float *)(sX.hi + SPT);
     float *sG = red + WNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
-    prefetch_rows<WNT>(a.ndVh + ov, ldv, L, V), prefetch_rows<WNT>(a.ndVl + ov, ldv, L, V);
-    prefetch_rows<WNT>(a.v + ov, ldv, L, V);
+    prefetch_rows<WNT>(a.dVn + ov, ldv, L, V), prefetch_rows<WNT>(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < WNW * 64; e += WNT) red[e] = 0.0f;
     /* Ai (lower, rows < L), split */
@@ -296,19 +312,13 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
         for (int v0 = 0; v0 < V; v0 += 64) {
-            load_raw_async<64, 64, WNT>(sX.hi, a.ndVh + ov + v0, ldv, L); /* -dV' */
-            load_raw_async<64, 64, WNT>(sX.lo(), a.ndVl + ov + v0, ldv, L);
-            load_raw_async<64, 64, WNT>(sVv, a.v + ov + v0, ldv, L);
-            cp_async_commit();
-            cp_async_wait_all();
-            bsync();
+            stage64<WNT>(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
             if (v0 + 64 >= V) prefetch_dw(0);
             mma_p<1, W64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
             float dvb[1][W64::NT][4];
             acc_zero(dvb);
             mma_p<1, W64::NT, true, true, true, true>(dvb, sAi, LT, pm0, sX, LT, pn0, 64);
             frag_pairs(dvb, pm0, pn0, [&](int j, int x, float s0, float s1) {
-                s0 = -s0, s1 = -s1; /* (the product of -dV') */
                 rs[(j - pm0) >> 3] += op2f(sVv[j * LT + x]) * s0 + op2f(sVv[j * LT + x + 1]) * s1;
                 if (a.dv && j < L) *(uint32_t *)(a.dv + ov + j * ldv + v0 + x) = pack_op2(sb[j] * s0, sb[j] * s1);
             });
@@ -328,7 +338,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta), split (in dMkk's place, free until dMkk) */
     store_split<W64::NT>(sdM, LT, pm0, pn0, [&](int i, int j, int nt, int q) {
         const float e = GATE == DG_GATE_HEAD ? expf(sG[j]) : 1.0f;
-        return j <= i && i < L ? (e * dwk[0][nt][q] - duv[0][nt][q]) * sb[j] : 0.0f;
+        return j <= i && i < L ? (duv[0][nt][q] + e * dwk[0][nt][q]) * sb[j] : 0.0f;
     });
     red_collect<WNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
     bsync();

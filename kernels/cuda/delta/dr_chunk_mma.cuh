@@ -308,19 +308,18 @@ template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
     load_raw_async<R, Cc, NTH>(s, g, ldg, nrow, (int)threadIdx.x);
 }
-/* raw tile [R][Cc] of shared memory (its rows < nrow) to global rows with stride ldg (elements),
- * 16-byte vectors, by NTH threads (UNROLL of its iterations unrolled: fewer registers where they
- * are short):
+/* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors, by
+ * NTH threads (UNROLL of its iterations unrolled: fewer registers where they are short):
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
  * instruction, eight times as many store instructions) */
 template <int R, int Cc, int NTH = FNT, int UNROLL = 4>
-__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s, int tid, int nrow = R) {
+__device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s, int tid) {
     constexpr int V8 = Cc / 8, N = R * V8;
     static_assert(N % NTH == 0, "tile");
 #pragma unroll UNROLL
     for (int it = 0; it < N / NTH; it++) {
         const int e = tid + it * NTH, r = e / V8, c = (e % V8) * 8;
-        if (r < nrow) *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
+        *(uint4 *)(g + r * ldg + c) = *(const uint4 *)(s + r * (Cc + PAD) + c);
     }
 }
 template <int R, int Cc> __device__ __forceinline__ void store_raw(uint16_t *g, int64_t ldg, const uint16_t *s) {
