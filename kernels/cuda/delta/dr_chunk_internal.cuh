@@ -456,13 +456,19 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (plain operands,
  * 16-bit words where only the 16-bit output pass and dqkwg read them), P, and where non-NULL Ai and
  * Mkk (prep), the states entering each chunk (state pass; 16-bit words where only the 16-bit
- * kernels read them: the hi words, and for the backward's dqkwg the lo words of x = hi + lo in a plane
- * of their own) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+ * kernels read them: the hi words, and for the backward's dqkwg the lo words of x = hi + lo in a
+ * plane of their own) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
 struct Words { /* a buffer of f32, holding f32 or (w16) 16-bit words in its first half */
     float *f;
     bool w16;
     uint16_t *lo; /* w16 only, where non-NULL: the lo words (f holds the hi words), same layout */
 };
+/* an f32 buffer of n elements as two planes of n 16-bit words: the hi words, then the lo words of
+ * x = hi + lo (the 16-bit kernels' dS and dW at K = 256, in the TF32 family's f32 scratch) */
+struct Planes {
+    uint16_t *hi, *lo;
+};
+inline Planes planes_in(float *f, int64_t n) { return Planes{(uint16_t *)f, (uint16_t *)f + n}; }
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
  * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as
  * 16-bit words, P, Ai, Mkk [rows, HV, 64] in f32, the states entering each chunk [nchunks, HV, K, V]
@@ -514,8 +520,8 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' in 16-bit words, the states in hi and
- * lo planes; Gc NULL without a gate) and dhu's dV' (f32), dS (planes) to dq, dk per value head (f32 [rows,
- * HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
+ * lo planes; Gc NULL without a gate) and dhu's dV' (f32) and dS (planes) to dq, dk per value head
+ * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
  * [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in fast::, fp16 in
  * fast_h::. */
 struct K256Bwd {

@@ -6,8 +6,8 @@
  * TF32 kernel reads them (the TF32 output pass of an unaligned o), else 16-bit words (K256Out): a
  * call of 16-bit kernels throughout keeps them in K256Bufs, the states split into hi and lo planes
  * where the backward reads them.  A forward given keep leaves that working set for its backward,
- * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of L <= 64
- * rows, value head hv, G the cumulative head gate:
+ * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of
+ * L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
  *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
  *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
@@ -322,8 +322,9 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
  * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
- * place once dV' is made), dO, scale e^G o dO split: 183 KB, one block per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is
- * made) and are split or stored into shared memory from there; K, dO and W come by cp.async. */
+ * place once dV' is made), dO, scale e^G o dO split: 183 KB, one block per SM.  A chunk's P and Q
+ * come from device memory into registers (Q while dV' is made) and are split or stored into shared
+ * memory from there; K, dO and W come by cp.async. */
 template <int GATE>
 __global__ void __launch_bounds__(SNT, 1)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {

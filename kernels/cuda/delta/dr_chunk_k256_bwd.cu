@@ -3,11 +3,11 @@
  * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
  * They read the working set of prep and the state pass (K256Bufs, the forward's where it kept it:
  * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk as hi and lo planes)
- * and dhu's f32 dV' and dS1 (the gradient of the state leaving each chunk) and write what the TF32
- * kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv, dbeta, dg), dW and the
- * gate's row terms passing between the two through device memory as there.  Per chunk of L <= 64
- * rows and value head (a block of 16 warps each, one block per SM), G the cumulative head gate,
- * Gamma_il = e^{G_i - G_l}:
+ * and dhu's dV' (f32) and dS1 (the gradient of the state leaving each chunk, hi and lo planes) and
+ * write what the TF32 kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv,
+ * dbeta, dg), dW (hi and lo planes) and the gate's row terms passing between the two through device
+ * memory as there.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
+ * per SM; wy: 8 warps, two blocks per SM), G the cumulative head gate, Gamma_il = e^{G_i - G_l}:
  *   dqkwg  dP = dO V'^T                                           [over V by tiles of 64]
  *          dPs = scale lower_incl(dP) o Gamma
  *          for each half of K (128 columns cc), summing over V by tiles of 64:
@@ -18,19 +18,19 @@
  *          rowcol(dP, P) + q o dq_f2 - k o dk_f3), the last row + sum k o dk_f3 + e^{G_last}
  *          sum S0 o dS1 (the products of the partial form: dr_chunk_generic_bwd.cu)
  *   wy     dUV = dV' V^T,  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb)  [V tiles]
- *          dWK = dW K^T                                           [over K by tiles of 128]
+ *          dWK = dW K^T                                           [over K by tiles of 64]
  *          dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta)
  *          dA = strictly_lower(-Ai^T dAi Ai^T)  (mma, Ai, dAi and T = Ai^T dAi split)
  *          dbeta += rowsum(dA o Mkk),  dMkk = diag(beta) dA,  HEAD dG += rowcol(dMkk, Mkk)
- *          then by tiles of 128 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
+ *          then by tiles of 64 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
  * Precision: the computed operands dV', S0, dS1, dP, dW, Ai, dAi, T and dMkk enter their products
  * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact);
  * V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels).
  * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
- * 128 x 64; dPs), wy 137 KB (Ai, dMkk (dAi before it) split; dV', T or dW, V, K tiles; dA and
- * dMkk in f32 for the row sums). */
+ * 128 x 64; dPs), wy 76 KB (Ai, dMkk (dAi before it) split; dV', T or dW split, V, K tiles; dA in
+ * f32 over V and K, dMkk in f32 over X, for the row sums). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
 namespace drc {
