@@ -530,7 +530,8 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
         a.Sh = kb.Sh, a.Sl = kb.Sl;
-        a.dS16 = k256 ? planes_in(dSo, nst) : Planes{}, a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K) : Planes{};
+        a.dS16 = k256 ? planes_in(dSo, nst, !K256Plain::dS) : Planes{},
+        a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K, true) : Planes{};
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;

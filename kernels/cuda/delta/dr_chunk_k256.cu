@@ -4,8 +4,8 @@
  * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write Gc, P, Ai,
  * Mkk in f32, W in 16-bit words (read only by these kernels), U / V' and the states in f32 where a
  * TF32 kernel reads them (the TF32 output pass of an unaligned o), else 16-bit words (K256Out): a
- * call of 16-bit kernels throughout keeps them in K256Bufs, the states split into hi and lo planes
- * where the backward reads them.  A forward given keep leaves that working set for its backward,
+ * call of 16-bit kernels throughout keeps them in K256Bufs, the states as plain 16-bit words
+ * (K256Plain: lo planes only where a state is split).  A forward given keep leaves that working set for its backward,
  * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of
  * L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
@@ -15,30 +15,31 @@
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V          [mma, Ai' split]
  *   state  (block per sequence, head, 64 value columns; 16 warps, one block per SM; chunks in
  *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
- *          V' = U - W S                                               [mma, W plain, S split]
+ *          V' = U - W S                                               [mma, W and S plain]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' plain]
- *          stores S entering each chunk (hi words for the output pass, and lo words too for the
- *          backward; f32 for the TF32 output pass) and V' (over U; f32 for the TF32 output pass,
- *          else 16-bit words).
+ *          stores S entering each chunk (16-bit words for the output pass and the backward; f32
+ *          for the TF32 output pass) and V' (over U; f32 for the TF32 output pass, else 16-bit
+ *          words).
  *   out    (block per chunk, head, 64 value columns):
  *          O = scale e^G o (Q S) + P V'                               [mma, P split; S, V' plain]
  *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
  *          reverse, dS [256 x 64] in registers as S above):
- *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS and P split]
+ *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS plain, P split]
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors split, W plain]
- * Precision: the computed operands Ai', S, dS, P, dV' and scale e^G o dO enter their products split
- * into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh),
- * the inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit words (Plain<GATE>, the
- * choice of the K <= 128 kernels, as FLA stores them), and the output pass reads S plain too (as
- * f_out does): one mma pass a product less, and half the bytes and shared-memory reads of those
- * operands.  Against the f64 recurrence these kernels stay below FLA's error on the same inputs
- * (docs/PERF.md, `fla_side_by_side.py --f64`).
+ * Precision: the computed operands Ai', P, dV' and scale e^G o dO enter their products split into
+ * hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh), the
+ * inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit words (Plain<GATE>, the
+ * choice of the K <= 128 kernels, as FLA stores them), and so are the states S and dS wherever they
+ * enter a product (K256Plain, as FLA's kernels read h and dh; the passes carry them in f32): one
+ * mma pass a product less, and half the bytes and shared-memory reads of those operands.  Against
+ * the f64 recurrence these kernels stay below FLA's error on the same inputs, output by output
+ * (docs/PERF_KERNELS.md, `fla_side_by_side.py --f64`).
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
  * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
  * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
  * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K and W tiles
- * and the gate (the next chunk's by cp.async while this one is worked on), S split, V' (with room
- * for its lo words, unused while it is plain): 223 KB; the next chunk's U comes from device memory
+ * and the gate (the next chunk's by cp.async while this one is worked on), S, V' (with room for
+ * its lo words, unused while it is plain): 187 KB; the next chunk's U comes from device memory
  * into registers during this chunk's S update. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
@@ -52,11 +53,15 @@ constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles *
 constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
 constexpr int SBV = 64;       /* value columns a block of the state pass */
 constexpr int SNT = ONE_SM_NTH;
+/* whether the state pass (dhu) needs the lo words of S (dS) in shared memory: for a split product
+ * of its own or a lo plane to store (K256Plain) */
+constexpr bool SLO = !(K256Plain::S && K256Plain::Chain), DSLO = !(K256Plain::dS && K256Plain::Chain);
+constexpr int SSP = SLO ? 2 : 1, DSSP = DSLO ? 2 : 1; /* tiles of S (dS) in shared memory */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES =
-    4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
-constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + 2 * tile_bytes(KK, SBV) +
+    4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + SSP * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
+constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + DSSP * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
 constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX &&
@@ -234,7 +239,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     /* sG [2][64]; K [2] tiles; W [2] tiles; S split; V' (split unless plain) */
     uint16_t *sK0 = (uint16_t *)(sm + 2 * 64), *sW0 = sK0 + 2 * 64 * LDK;
     const Sp sS{sW0 + 2 * 64 * LDK, KK * (SBV + PAD)};
-    const Sp sVn{sS.hi + 2 * KK * (SBV + PAD), 64 * (SBV + PAD)};
+    const Sp sVn{sS.hi + SSP * KK * (SBV + PAD), 64 * (SBV + PAD)};
     float S[1][TS::NT][4];
     b.load(S, o.h0, V);
     int64_t c0, c1;
@@ -272,7 +277,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
          * pass; its 16-bit words go out from shared memory below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
         frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            put_split2(sS, SBV + PAD, r, j, x0, x1);
+            put_sp2<SLO>(sS, SBV + PAD, r, j, x0, x1);
             if (!o.Hst.w16) put_pair(o.Hst, sb + (int64_t)r * V + j, x0, x1);
         });
         cp_async_wait_all(); /* this chunk's K, W and gate */
@@ -280,7 +285,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
         if (o.Hst.w16) {                          /* the state's hi (and lo) words out, whole 128-byte lines a warp */
             store_raw<KK, SBV, SNT, 1>((uint16_t *)o.Hst.f + sb, V, sS.hi, tid);
-            if (o.Hst.lo) store_raw<KK, SBV, SNT, 1>(o.Hst.lo + sb, V, sS.lo(), tid);
+            if (!K256Plain::S && o.Hst.lo) store_raw<KK, SBV, SNT, 1>(o.Hst.lo + sb, V, sS.lo(), tid);
         }
         { /* V' = U - W S: out (over U: f32 or 16-bit words), and e^{G_last - G} o V' into shared memory */
             float eg[2];
@@ -289,8 +294,9 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
             acc_zero(acc);
 #pragma unroll 1
             for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
-                mma_p<1, TV::NT, false, true, false, true>(acc, Sp{(uint16_t *)sW + kq, 0}, LDK, vm0,
-                                                           Sp{sS.hi + kq * (SBV + PAD), sS.lo_off}, SBV + PAD, vn0, 64);
+                mma_p<1, TV::NT, false, true, false, !K256Plain::Chain>(acc, Sp{(uint16_t *)sW + kq, 0}, LDK, vm0,
+                                                                        Sp{sS.hi + kq * (SBV + PAD), sS.lo_off},
+                                                                        SBV + PAD, vn0, 64);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
@@ -318,11 +324,11 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
 /* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's backward state
  * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
  * in registers as S is in k256_state:
- *   dS[c] = dS                                     (hi and lo planes of 16-bit words, the states' layout)
- *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS and P split]
+ *   dS[c] = dS                                     (16-bit words, the states' layout; K256Plain)
+ *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS plain, P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
- * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split, P split (-dV' split in its
- * place once dV' is made), dO, scale e^G o dO split: 183 KB, one block per SM.  A chunk's P and Q
+ * Shared memory: the gate, X (K, then Q once dV' is made), W, dS, P split (-dV' split in its place
+ * once dV' is made), dO, scale e^G o dO split: 147 KB, one block per SM.  A chunk's P and Q
  * come from device memory into registers (Q while dV' is made) and are split or stored into shared
  * memory from there; K, dO and W come by cp.async. */
 template <int GATE>
@@ -340,7 +346,7 @@ __global__ void __launch_bounds__(SNT, 1)
     float *sG = sm;
     uint16_t *sX = (uint16_t *)(sm + 64), *sW = sX + 64 * LDK;
     const Sp sdS{sW + 64 * LDK, KK * LV};
-    const Sp sP{sdS.hi + 2 * KK * LV, 64 * LV}; /* P, then -dV' */
+    const Sp sP{sdS.hi + DSSP * KK * LV, 64 * LV}; /* P, then -dV' */
     uint16_t *sO = sP.hi + 2 * 64 * LV;
     const Sp sB{sO + 64 * LV, 64 * LV};
     float dS[1][TS::NT][4];
@@ -363,7 +369,7 @@ __global__ void __launch_bounds__(SNT, 1)
         pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         /* dS leaving the chunk split into shared memory (out from there below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
-        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_split2(sdS, LV, r, j, x0, x1); });
+        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<DSLO>(sdS, LV, r, j, x0, x1); });
         /* P split (prep wrote its rows i < L, zero above the diagonal) */
         pp.put(sP, LV);
         /* Q into registers, in flight while dV' is made */
@@ -376,7 +382,7 @@ __global__ void __launch_bounds__(SNT, 1)
         bsync();
         /* dS's hi and lo words out, whole 128-byte lines a warp */
         store_raw<KK, SBV, SNT, 1>(d.dSh + sb, V, sdS.hi, tid);
-        store_raw<KK, SBV, SNT, 1>(d.dSl + sb, V, sdS.lo(), tid);
+        if (!K256Plain::dS && d.dSl) store_raw<KK, SBV, SNT, 1>(d.dSl + sb, V, sdS.lo(), tid);
         /* scale e^G o dO, split (rows >= L: dO is zero there) */
         for (int e = tid; e < 64 * SBV / 2; e += SNT) {
             const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
@@ -388,8 +394,8 @@ __global__ void __launch_bounds__(SNT, 1)
         acc_zero(acc);
 #pragma unroll 1
         for (int kq = 0; kq < KK; kq += 64)
-            mma_p<1, TV::NT, false, true, false, true>(acc, Sp{sX + kq, 0}, LDK, vm0, Sp{sdS.hi + kq * LV, sdS.lo_off},
-                                                       LV, vn0, 64);
+            mma_p<1, TV::NT, false, true, false, !K256Plain::Chain>(acc, Sp{sX + kq, 0}, LDK, vm0,
+                                                                    Sp{sdS.hi + kq * LV, sdS.lo_off}, LV, vn0, 64);
         if (GATE == DG_GATE_HEAD) {
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
@@ -510,7 +516,7 @@ void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
     b.Ai = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
     b.Mkk = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
     b.Sh = cv.take<uint16_t>(nst);
-    b.Sl = for_bwd ? cv.take<uint16_t>(nst) : nullptr;
+    b.Sl = for_bwd && !K256Plain::S ? cv.take<uint16_t>(nst) : nullptr;
 }
 
 size_t k256_kept_bytes(const Geom &G) {

@@ -2,8 +2,8 @@
  * chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
  * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
  * They read the working set of prep and the state pass (K256Bufs, the forward's where it kept it:
- * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk as hi and lo planes)
- * and dhu's dV' (f32) and dS1 (the gradient of the state leaving each chunk, hi and lo planes) and
+ * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk in 16-bit words) and
+ * dhu's dV' (f32) and dS1 (the gradient of the state leaving each chunk, 16-bit words) and
  * write what the TF32 kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv,
  * dbeta, dg), dW (hi and lo planes) and the gate's row terms passing between the two through device
  * memory as there.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
@@ -25,10 +25,11 @@
  *          then by tiles of 64 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
- * Precision: the computed operands dV', S0, dS1, dP, dW, Ai, dAi, T and dMkk enter their products
- * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact);
- * V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels).
- * Shared memory: dqkwg 178 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
+ * Precision: the computed operands dV', dP, dW, Ai, dAi, T and dMkk enter their products split
+ * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
+ * plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels), and so
+ * are S0 and dS1 (K256Plain; their lo planes are read where a build splits them).
+ * Shared memory: dqkwg 138 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
  * 128 x 64; dPs), wy 76 KB (Ai, dMkk (dAi before it) split; dV', T or dW split, V, K tiles; dA in
  * f32 over V and K, dMkk in f32 over X, for the row sums). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
@@ -52,14 +53,15 @@ constexpr int WNT = FNT;
 constexpr int WNW = WNT / 32;
 using W64 = WT<64, 64, WNW>;
 
-constexpr int SPT = 2 * 64 * LT;  /* elements of a split 64 x 64 tile (hi, then lo) */
-constexpr int SPH = 2 * KH * LT;  /* of a split 128 x 64 tile */
-constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
-constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + 2 * SPH) + RED + 4 * 3 * 64 + 64;
+constexpr int SPT = 2 * 64 * LT;                           /* elements of a split 64 x 64 tile (hi, then lo) */
+constexpr bool S0S = !K256Plain::S, DS1S = !K256Plain::dS; /* S0, dS1 split (else plain) */
+constexpr int S0T = (S0S ? 2 : 1) * KH * LT, DS1T = (DS1S ? 2 : 1) * KH * LT; /* their 128 x 64 tiles */
+constexpr int RED = 4 * BNW * 64;                                             /* bytes of the row reductions */
+constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + S0T + DS1T) + RED + 4 * 3 * 64 + 64;
 constexpr int WY_BYTES = 2 * (3 * SPT + 2 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
-static_assert(4 * 64 * LF <= 2 * SPH * 2, "dP's f32 copy in S0's place");
+static_assert(4 * 64 * LF <= 2 * (S0T + DS1T), "dP's f32 copy in S0's and dS1's place");
 
 /* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
 template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
@@ -137,17 +139,18 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const int hv = at.hv, L = at.L;
     uint16_t *sQ = (uint16_t *)sm, *sK = sQ + 64 * LH, *sO = sK + 64 * LH;
     const Sp sVn{sO + 64 * LT, 64 * LT}, sdVn{sVn.hi + SPT, 64 * LT}, sDP{sdVn.hi + SPT, 64 * LT};
-    const Sp sS0{sDP.hi + SPT, KH * LT}, sdS1{sS0.hi + SPH, KH * LT};
-    float *red = (float *)(sdS1.hi + SPH), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
+    const Sp sS0{sDP.hi + SPT, KH * LT}, sdS1{sS0.hi + S0T, KH * LT}; /* (lo words only where split) */
+    float *red = (float *)(sdS1.hi + DS1T), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
     float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
     const uint16_t *S0hc = a.Sh + os, *S0lc = a.Sl + os, *dS1hc = a.dSh + os, *dS1lc = a.dSl + os;
-    /* tiles of S0 and dS1 (hi and lo words: a 128-byte line a row each) into L2 */
+    /* tiles of S0 and dS1 (hi and, where split, lo words: a 128-byte line a row each) into L2 */
     const auto prefetch_s = [&](int64_t x) {
-        prefetch_tile<KH, 64>(S0hc + x, V, KH, tid), prefetch_tile<KH, 64>(S0lc + x, V, KH, tid - KH);
-        prefetch_tile<KH, 64>(dS1hc + x, V, KH, tid - 2 * KH), prefetch_tile<KH, 64>(dS1lc + x, V, KH, tid - 3 * KH);
+        prefetch_tile<KH, 64>(S0hc + x, V, KH, tid), prefetch_tile<KH, 64>(dS1hc + x, V, KH, tid - KH);
+        if (S0S) prefetch_tile<KH, 64>(S0lc + x, V, KH, tid - 2 * KH);
+        if (DS1S) prefetch_tile<KH, 64>(dS1lc + x, V, KH, tid - 3 * KH);
     };
     prefetch_s(0);
     prefetch_rows<BNT>(a.Vn16 + ov, ldv, L, V), prefetch_rows<BNT>(a.dout + ov, ldv, L, V);
@@ -205,9 +208,9 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         const int64_t oh = (int64_t)cc0 * V; /* the half's first row of S0, dS1 */
         for (int v0 = 0; v0 < V; v0 += 64) {
             load_raw<KH, 64, BNT>(sS0.hi, S0hc + oh + v0, V, KH);
-            load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
+            if (S0S) load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
             load_raw<KH, 64, BNT>(sdS1.hi, dS1hc + oh + v0, V, KH);
-            load_raw<KH, 64, BNT>(sdS1.lo(), dS1lc + oh + v0, V, KH);
+            if (DS1S) load_raw<KH, 64, BNT>(sdS1.lo(), dS1lc + oh + v0, V, KH);
             {
                 F4<64, 64> dvn;
                 dvn.load(a.dVn + ov + v0, ldv, L);
@@ -220,13 +223,14 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                 const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
                 if (nx >= 0) prefetch_s(oh + nx);
             }
-            mma_p<1, T128::NT, false, false, false, true>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, false, true>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, true, true>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
-            if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from the split words (hi + lo of each) */
+            mma_p<1, T128::NT, false, false, false, S0S>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, false, DS1S>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, true, S0S>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
+            if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their words (hi + lo where split) */
                 for (int e = tid; e < KH * 64; e += BNT) {
                     const int o = e / 64 * LT + e % 64;
-                    hs += (op2f(sS0.hi[o]) + op2f(sS0.lo()[o])) * (op2f(sdS1.hi[o]) + op2f(sdS1.lo()[o]));
+                    hs += (op2f(sS0.hi[o]) + (S0S ? op2f(sS0.lo()[o]) : 0.0f)) *
+                          (op2f(sdS1.hi[o]) + (DS1S ? op2f(sdS1.lo()[o]) : 0.0f));
                 }
             bsync();
         }
