@@ -29,8 +29,9 @@
  * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
  * plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels), and so
  * are S0 and dS1 (K256Plain; their lo planes are read where a build splits them).
- * Shared memory: dqkwg 138 KB (Q, K halves; dO, V', dV' tiles of 64 columns; S0, dS1 tiles of
- * 128 x 64; dPs), wy 76 KB (Ai, dMkk (dAi before it) split; dV', T or dW split, V, K tiles; dA in
+ * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
+ * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
+ * this one's are multiplied, dV' in f32 through a staging tile), wy 76 KB (Ai, dMkk (dAi before it) split; dV', T or dW split, V, K tiles; dA in
  * f32 over V and K, dMkk in f32 over X, for the row sums). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
@@ -57,11 +58,23 @@ constexpr int SPT = 2 * 64 * LT;                           /* elements of a spli
 constexpr bool S0S = !K256Plain::S, DS1S = !K256Plain::dS; /* S0, dS1 split (else plain) */
 constexpr int S0T = (S0S ? 2 : 1) * KH * LT, DS1T = (DS1S ? 2 : 1) * KH * LT; /* their 128 x 64 tiles */
 constexpr int RED = 4 * BNW * 64;                                             /* bytes of the row reductions */
-constexpr int DQ_BYTES = 2 * (2 * 64 * LH + 64 * LT + 3 * SPT + S0T + DS1T) + RED + 4 * 3 * 64 + 64;
+constexpr int DQ_SET = S0T + DS1T + 2 * 64 * LT + SPT; /* elements of a tile set of dqkwg (DqSet) */
+constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64;
 constexpr int WY_BYTES = 2 * (3 * SPT + 2 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
 static_assert(4 * 64 * LF <= 2 * (S0T + DS1T), "dP's f32 copy in S0's and dS1's place");
+
+/* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
+ * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64, lo words where
+ * split), V' and dO (64 x 64), dV' split (64 x 64), from p on */
+struct DqSet {
+    Sp S0, dS1;
+    uint16_t *Vn, *O;
+    Sp dVn;
+    __device__ explicit DqSet(uint16_t *p)
+        : S0{p, KH * LT}, dS1{p + S0T, KH * LT}, Vn(p + S0T + DS1T), O(Vn + 64 * LT), dVn{O + 64 * LT, 64 * LT} {}
+};
 
 /* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
 template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
@@ -78,8 +91,7 @@ __device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const
 }
 
 /* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
- * thread (prefetch.global.L2: no registers held): the kernels run one block a multiprocessor and
- * load each tile between two barriers.  S0, dS1, dW and dk a tile ahead; the chunk's rows of V',
+ * thread (prefetch.global.L2: no registers held).  dW and dk a tile ahead in wy; the chunk's rows of V',
  * dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile: an
  * R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
 __device__ __forceinline__ void prefetch_l2(const void *p) {
@@ -137,36 +149,47 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const int64_t c = at.c, r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc, ldv = at.ldv, ldk = at.ldk;
     const int64_t ldq = at.ldq, ldc = at.ldc;
     const int hv = at.hv, L = at.L;
-    uint16_t *sQ = (uint16_t *)sm, *sK = sQ + 64 * LH, *sO = sK + 64 * LH;
-    const Sp sVn{sO + 64 * LT, 64 * LT}, sdVn{sVn.hi + SPT, 64 * LT}, sDP{sdVn.hi + SPT, 64 * LT};
-    const Sp sS0{sDP.hi + SPT, KH * LT}, sdS1{sS0.hi + S0T, KH * LT}; /* (lo words only where split) */
-    float *red = (float *)(sdS1.hi + DS1T), *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
-    float *sDPf = (float *)sS0.hi; /* dP in f32 until the K halves */
+    uint16_t *sQ = (uint16_t *)sm, *sK = sQ + 64 * LH;
+    const Sp sDP{sK + 64 * LH, 64 * LT};
+    uint16_t *const sets = sDP.hi + SPT; /* two DqSet, set 0 and set 1 */
+    const auto set = [&](int i) { return DqSet(sets + i * DQ_SET); };
+    float *sdVf = (float *)(sets + 2 * DQ_SET); /* the next step's dV' in f32, by cp.async */
+    float *red = sdVf + 64 * 64, *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
+    float *sDPf = (float *)sets; /* dP in f32 until the K halves (set 0's S0 and dS1) */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
-    const uint16_t *S0hc = a.Sh + os, *S0lc = a.Sl + os, *dS1hc = a.dSh + os, *dS1lc = a.dSl + os;
-    /* tiles of S0 and dS1 (hi and, where split, lo words: a 128-byte line a row each) into L2 */
-    const auto prefetch_s = [&](int64_t x) {
-        prefetch_tile<KH, 64>(S0hc + x, V, KH, tid), prefetch_tile<KH, 64>(dS1hc + x, V, KH, tid - KH);
-        if (S0S) prefetch_tile<KH, 64>(S0lc + x, V, KH, tid - 2 * KH);
-        if (DS1S) prefetch_tile<KH, 64>(dS1lc + x, V, KH, tid - 3 * KH);
+    /* the tiles of K columns cc0 .. cc0 + 127 and V columns v0 .. v0 + 63 by cp.async: S0, dS1, V',
+     * dO into set x, dV' (f32) into sdVf (each thread splits its own words of it into x.dVn) */
+    F4<64, 64> dvn;
+    const auto issue = [&](const DqSet x, int cc0, int v0) {
+        const int64_t o = os + (int64_t)cc0 * V + v0;
+        const int t = tid_fresh(); /* (offsets made here, not kept live through the loop) */
+        load_raw_async<KH, 64, BNT>(x.S0.hi, a.Sh + o, V, KH, t);
+        if (S0S) load_raw_async<KH, 64, BNT>(x.S0.lo(), a.Sl + o, V, KH, t);
+        load_raw_async<KH, 64, BNT>(x.dS1.hi, a.dSh + o, V, KH, t);
+        if (DS1S) load_raw_async<KH, 64, BNT>(x.dS1.lo(), a.dSl + o, V, KH, t);
+        load_raw_async<64, 64, BNT>(x.Vn, a.Vn16 + ov + v0, ldv, L, t);
+        load_raw_async<64, 64, BNT>(x.O, a.dout + ov + v0, ldv, L, t);
+        dvn.load_async(sdVf, a.dVn + ov + v0, ldv, L, t);
+        cp_async_commit();
     };
-    prefetch_s(0);
     prefetch_rows<BNT>(a.Vn16 + ov, ldv, L, V), prefetch_rows<BNT>(a.dout + ov, ldv, L, V);
     prefetch_rows<BNT>(a.dVn + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
+    issue(set(1), 0, 0); /* the first tiles of the K halves' loop, in flight through dP */
+    uint16_t *const sO = set(0).O, *const sVn = set(0).Vn; /* the dP pass's tiles */
     /* dP = dO V'^T */
     const int pm0 = T64::m0(warp), pn0 = T64::n0(warp);
     {
         float acc[1][T64::NT][4];
         acc_zero(acc);
         for (int v0 = 0; v0 < V; v0 += 64) {
-            load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
+            load_raw<64, 64, BNT>(sVn, a.Vn16 + ov + v0, ldv, L);
             load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
             bsync();
-            mma_run<1, T64::NT, false, false>(acc, sO, LT, pm0, sVn.hi, LT, pn0, 64);
+            mma_run<1, T64::NT, false, false>(acc, sO, LT, pm0, sVn, LT, pn0, 64);
             bsync();
         }
         frag_pairs(acc, pm0, pn0,
@@ -200,39 +223,30 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
     }
     float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
+    int it = 0;                 /* the step: set 1 at even steps, set 0 at odd */
     for (int cc0 = 0; cc0 < KK; cc0 += KH) {
         load_raw<64, KH, BNT>(sQ, a.q + oq + cc0, ldq, L);
         load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
         float f2[1][T128::NT][4], dkd[1][T128::NT][4], dw[1][T128::NT][4];
         acc_zero(f2), acc_zero(dkd), acc_zero(dw);
-        const int64_t oh = (int64_t)cc0 * V; /* the half's first row of S0, dS1 */
-        for (int v0 = 0; v0 < V; v0 += 64) {
-            load_raw<KH, 64, BNT>(sS0.hi, S0hc + oh + v0, V, KH);
-            if (S0S) load_raw<KH, 64, BNT>(sS0.lo(), S0lc + oh + v0, V, KH);
-            load_raw<KH, 64, BNT>(sdS1.hi, dS1hc + oh + v0, V, KH);
-            if (DS1S) load_raw<KH, 64, BNT>(sdS1.lo(), dS1lc + oh + v0, V, KH);
-            {
-                F4<64, 64> dvn;
-                dvn.load(a.dVn + ov + v0, ldv, L);
-                load_raw<64, 64, BNT>(sVn.hi, a.Vn16 + ov + v0, ldv, L);
-                load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
-                dvn.put(sdVn, LT);
-            }
-            bsync();
-            { /* the next tile of S0 and dS1: the next 64 columns, or the next half's first */
-                const int64_t nx = v0 + 64 < V ? v0 + 64 : cc0 + KH < KK ? (int64_t)KH * V : -1;
-                if (nx >= 0) prefetch_s(oh + nx);
-            }
-            mma_p<1, T128::NT, false, false, false, S0S>(f2, Sp{sO, 0}, LT, m0, sS0, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, false, DS1S>(dkd, sVn, LT, m0, sdS1, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, true, S0S>(dw, sdVn, LT, m0, sS0, LT, n0, 64);
+        for (int v0 = 0; v0 < V; v0 += 64, it++) {
+            /* this tile set (its loads were issued a step ago), then the next one in flight */
+            const DqSet x = set(~it & 1);
+            cp_async_wait_all();
+            dvn.take(sdVf, tid_fresh());
+            dvn.put(x.dVn, LT);
+            bsync(); /* (the other set and sdVf were last read before this barrier) */
+            if (v0 + 64 < V) issue(set(it & 1), cc0, v0 + 64);
+            else if (cc0 + KH < KK) issue(set(it & 1), cc0 + KH, 0);
+            mma_p<1, T128::NT, false, false, false, S0S>(f2, Sp{x.O, 0}, LT, m0, x.S0, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, false, DS1S>(dkd, Sp{x.Vn, 0}, LT, m0, x.dS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, true, S0S>(dw, x.dVn, LT, m0, x.S0, LT, n0, 64);
             if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their words (hi + lo where split) */
                 for (int e = tid; e < KH * 64; e += BNT) {
                     const int o = e / 64 * LT + e % 64;
-                    hs += (op2f(sS0.hi[o]) + (S0S ? op2f(sS0.lo()[o]) : 0.0f)) *
-                          (op2f(sdS1.hi[o]) + (DS1S ? op2f(sdS1.lo()[o]) : 0.0f));
+                    hs += (op2f(x.S0.hi[o]) + (S0S ? op2f(x.S0.lo()[o]) : 0.0f)) *
+                          (op2f(x.dS1.hi[o]) + (DS1S ? op2f(x.dS1.lo()[o]) : 0.0f));
                 }
-            bsync();
         }
         float rs[2] = {0.0f, 0.0f};
         /* dq = scale e^G o f2 + dPs K */

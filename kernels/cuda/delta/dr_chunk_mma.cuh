@@ -360,6 +360,20 @@ template <int R, int Cc, int NTH = FNT> struct F32Tile {
             x[it] = r < nrow ? *(const uint4 *)(g + r * ldg + c) : make_uint4(0, 0, 0, 0);
         }
     }
+    /* the same words by cp.async into st (R Cc floats, this thread's 16 bytes where load holds
+     * them), and (after the thread's own cp_async_wait: no barrier) into the registers; tid:
+     * threadIdx.x (or tid_fresh()) */
+    __device__ __forceinline__ void load_async(float *st, const float *g, int64_t ldg, int nrow, int tid) const {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int e = tid + it * NTH, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
+            cp_async16(st + 4 * e, r < nrow ? g + r * ldg + c : g, r < nrow);
+        }
+    }
+    __device__ __forceinline__ void take(const float *st, int tid) {
+#pragma unroll
+        for (int it = 0; it < IT; it++) x[it] = *(const uint4 *)(st + 4 * (tid + it * NTH));
+    }
     __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
     __device__ __forceinline__ void put(Sp s, int ld) const {
 #pragma unroll
