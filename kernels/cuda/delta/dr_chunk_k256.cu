@@ -53,9 +53,11 @@ constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles *
 constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
 constexpr int SBV = 64;       /* value columns a block of the state pass */
 constexpr int SNT = ONE_SM_NTH;
-/* whether the state pass (dhu) needs the lo words of S (dS) in shared memory: for a split product
- * of its own or a lo plane to store (K256Plain) */
-constexpr bool SLO = !(K256Plain::S && K256Plain::Chain), DSLO = !(K256Plain::dS && K256Plain::Chain);
+/* whether the state pass (dhu) writes the lo words of S (dS) into shared memory: where a split
+ * product of its own or a lo plane to store reads them (K256Plain), and in dhu always: without them
+ * its code changed and it ran 2.38 ms at S3 against 2.28 (H200), where the state pass ran 1.40
+ * against 1.51 */
+constexpr bool SLO = !(K256Plain::S && K256Plain::Chain), DSLO = true;
 constexpr int SSP = SLO ? 2 : 1, DSSP = DSLO ? 2 : 1; /* tiles of S (dS) in shared memory */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
@@ -327,8 +329,9 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  *   dS[c] = dS                                     (16-bit words, the states' layout; K256Plain)
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS plain, P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
- * Shared memory: the gate, X (K, then Q once dV' is made), W, dS, P split (-dV' split in its place
- * once dV' is made), dO, scale e^G o dO split: 147 KB, one block per SM.  A chunk's P and Q
+ * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split (its lo words unread: DSLO),
+ * P split (-dV' split in its place once dV' is made), dO, scale e^G o dO split: 183 KB, one block
+ * per SM.  A chunk's P and Q
  * come from device memory into registers (Q while dV' is made) and are split or stored into shared
  * memory from there; K, dO and W come by cp.async. */
 template <int GATE>
