@@ -22,8 +22,9 @@
  *    every product operand rounded to 10 mantissa bits, f32 accumulation; the triangular inverse and
  *    the per-channel gate's gated products stay f32): 16-bit calls with 128 < K <= 256, every
  *    gate, chunk and V (dr_chunk_blk_mm.cuh); at K = 256 with gate NONE or HEAD, chunk 64, V a
- *    multiple of 64, its prep and state pass run on mma.sync m16n8k16 instead, with split 16-bit
- *    operands as the kernels below (dr_chunk_k256.cu);
+ *    multiple of 64, its prep, state passes, output pass and the backward's dqkwg and wy run on
+ *    mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but the states
+ *    plain (dr_chunk_k256*.cu);
  *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 calls, and fp16 calls with gate NONE or
  *    HEAD; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
  *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a
@@ -79,7 +80,7 @@ bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c);
  *   dg_cuda_dr_chunk_kept_bytes: bytes of device memory to keep for c's shape on family fam; 0
  *     when it keeps nothing (the generic kernels, f32, fp16 KDA); -1 with dg_error on a bad shape.
  *     B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 0.81 GB (q, k, v are 67 MB each);
- *     B16 T4096 H8 K=V=256 (S3): 3.1 GB, most of it the states (two 16-bit words an element).  The
+ *     B16 T4096 H8 K=V=256 (S3): 2.0 GB, half of it the states (a 16-bit word an element).  The
  *     forward may still keep nothing (c->kept false: at K = 256 where the 16-bit kernels do not
  *     take the call's pointers); the backward then recomputes.
  *   the forward given c->keep (that many bytes, 16-byte aligned) sets c->kept when it now holds the

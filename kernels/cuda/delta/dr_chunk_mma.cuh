@@ -33,9 +33,11 @@
  *     head gate (the last-row term trace(S0^T dS1) cancels), dbeta 6.3e-3 without.
  *   - the output pass f_out reads only the hi words of S and V' for both gates (the split values
  *     still drive the recurrence and the backward): o 2.5e-3 against 1.7e-3 split, without a gate.
- *   - the K = 256 kernels (dr_chunk_k256*.cu) take the same choices, and there both sides were
- *     measured against an f64 recurrence on FLA's benchmark inputs (bench/fla_side_by_side.py
- *     --f64, docs/PERF_KERNELS.md): ours below FLA's error for every output and gradient.
+ *   - the K = 256 kernels (dr_chunk_k256*.cu) take the same choices but for the states: S and dS
+ *     enter their products plain there (K256Plain, dr_chunk_internal.cuh), as in FLA's kernels;
+ *     both sides were measured against an f64 recurrence on FLA's benchmark inputs
+ *     (bench/fla_side_by_side.py --f64, docs/PERF_KERNELS.md): ours below FLA's error for every
+ *     output and gradient, split or plain states alike.  No K = 256 test repeats the draws above.
  *
  * Tiles: row-major bf16 in shared memory, rows padded by 8 elements (16 bytes) so that the 8 row
  * addresses of an ldmatrix fall in different banks.  Blocks have 8 warps (FNT = 256 threads), the
