@@ -31,8 +31,10 @@
  * are S0 and dS1 (K256Plain; their lo planes are read where a build splits them).
  * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
  * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
- * this one's are multiplied, dV' in f32 through a staging tile), wy 76 KB (Ai, dMkk (dAi before it) split; dV', T or dW split, V, K tiles; dA in
- * f32 over V and K, dMkk in f32 over X, for the row sums). */
+ * this one's are multiplied, dV' in f32 through a staging tile), wy 102 KB (Ai, dMkk (dAi before
+ * it, the staging tile of dV' before that) split; two sets of the tiles of a step over V or K, dV'
+ * or dW split and v or k, the next step's by cp.async; dA in f32 over the first set's v tile and
+ * the next, dMkk in f32 over its X, for the row sums). */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -48,8 +50,7 @@ constexpr int BNT = ONE_SM_NTH; /* threads */
 constexpr int BNW = BNT / 32;
 using T64 = WT<64, 64, BNW>;
 using T128 = WT<64, KH, BNW>;
-/* wy: 8 warps, two blocks a multiprocessor (the other block's work hides one block's waits on its
- * loads between barriers) */
+/* wy: 8 warps, two blocks a multiprocessor (the other block's work hides one block's waits) */
 constexpr int WNT = FNT;
 constexpr int WNW = WNT / 32;
 using W64 = WT<64, 64, WNW>;
@@ -60,9 +61,10 @@ constexpr int S0T = (S0S ? 2 : 1) * KH * LT, DS1T = (DS1S ? 2 : 1) * KH * LT; /*
 constexpr int RED = 4 * BNW * 64;                                             /* bytes of the row reductions */
 constexpr int DQ_SET = S0T + DS1T + 2 * 64 * LT + SPT; /* elements of a tile set of dqkwg (DqSet) */
 constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64;
-constexpr int WY_BYTES = 2 * (3 * SPT + 2 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
+constexpr int WY_BYTES = 2 * (4 * SPT + 3 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
+static_assert(4 * 64 * 64 <= 2 * SPT, "wy's dV' staging in dMkk's place");
 static_assert(4 * 64 * LF <= 2 * (S0T + DS1T), "dP's f32 copy in S0's and dS1's place");
 
 /* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
@@ -78,17 +80,6 @@ struct DqSet {
 
 /* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
 template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
-
-/* 64 x 64 tiles into shared memory, rows < L of row stride ld in device memory: f32 (from f) split
- * into s, 16-bit words (from g) into r; then a barrier */
-template <int NTH>
-__device__ __forceinline__ void stage64(Sp s, const float *f, uint16_t *r, const uint16_t *g, int64_t ld, int L) {
-    F4<64, 64, NTH> x;
-    x.load(f, ld, L);
-    load_raw<64, 64, NTH>(r, g, ld, L);
-    x.put(s, LT);
-    bsync();
-}
 
 /* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
  * thread (prefetch.global.L2: no registers held).  dW and dk a tile ahead in wy; the chunk's rows of V',
@@ -296,12 +287,35 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     const int64_t ldq = at.ldq, ldv = at.ldv, ldk = at.ldk, ldc = at.ldc;
     const int L = at.L, hv = at.hv;
     const Sp sAi{(uint16_t *)sm, 64 * LT}, sdM{sAi.hi + SPT, 64 * LT};
-    uint16_t *sVv = sdM.hi + SPT, *sKt = sVv + 64 * LT;
-    const Sp sX{sKt + 64 * LT, 64 * LT}; /* dV', then dW (64 x 64 tiles); T between them */
-    /* dA in f32 in V's and K's place (from the product T Ai^T, after the last of their first uses,
-     * to dMkk), dMkk in f32 in X's (after T's last read, to the last loop's first barrier) */
-    float *sdAi = (float *)sVv, *sT = (float *)sX.hi, *red = (float *)(sX.hi + SPT);
+    uint16_t *sVv = sdM.hi + SPT; /* (and a 64 x 64 tile after it: room for dA in f32) */
+    const Sp sX{sVv + 2 * 64 * LT, 64 * LT}, sX2{sX.hi + SPT, 64 * LT};
+    uint16_t *sY2 = sX2.hi + SPT;
+    /* The loops over V and K tiles run on two sets of tiles, X (dV' or dW, split) and Y (v or k):
+     * set 0 is sX and sVv, set 1 sX2 and sY2; a step's tiles come by cp.async during the step
+     * before (dV' in f32 through sdVf, in dMkk's place until dAi, each thread splitting the words
+     * it copied itself).  dA in f32 in V's and K's place (from the product T Ai^T, after the loops,
+     * to dMkk), dMkk in f32 in X's (after T's last read, to the last loop's first barrier): the
+     * first tile of the last loop comes into set 1 meanwhile. */
+    float *sdAi = (float *)sVv, *sT = (float *)sX.hi, *sdVf = (float *)sdM.hi, *red = (float *)(sY2 + 64 * LT);
     float *sG = red + WNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
+    const auto setX = [&](int i) { return i ? sX2 : sX; };
+    const auto setY = [&](int i) { return i ? sY2 : sVv; };
+    F4<64, 64, WNT> dvf;
+    /* into set i: the V tile from v0 (dV' into sdVf, v) or the K tile from x0 (dW's planes, k) */
+    const auto issue_v = [&](int i, int v0) {
+        const int t = tid_fresh();
+        dvf.load_async(sdVf, a.dVn + ov + v0, ldv, L, t);
+        load_raw_async<64, 64, WNT>(setY(i), a.v + ov + v0, ldv, L, t);
+        cp_async_commit();
+    };
+    const auto issue_k = [&](int i, int x0) {
+        const int t = tid_fresh();
+        load_raw_async<64, 64, WNT>(setX(i).hi, a.dWh + ok + x0, ldk, L, t);
+        load_raw_async<64, 64, WNT>(setX(i).lo(), a.dWl + ok + x0, ldk, L, t);
+        load_raw_async<64, 64, WNT>(setY(i), a.k + oq + x0, ldq, L, t);
+        cp_async_commit();
+    };
+    issue_v(0, 0);
     prefetch_rows<WNT>(a.dVn + ov, ldv, L, V), prefetch_rows<WNT>(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < WNW * 64; e += WNT) red[e] = 0.0f;
@@ -312,46 +326,46 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         split2(x, sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
     }
     const int pm0 = W64::m0(warp), pn0 = W64::n0(warp), gq = lane >> 2;
-    /* the 64 columns of dW (split) from x0 into X and of k into K by cp.async, then a barrier; the
-     * lines of such a dW tile into L2 */
-    const auto load_dw_k = [&](int x0) {
-        load_raw_async<64, 64, WNT>(sX.hi, a.dWh + ok + x0, ldk, L);
-        load_raw_async<64, 64, WNT>(sX.lo(), a.dWl + ok + x0, ldk, L);
-        load_raw_async<64, 64, WNT>(sKt, a.k + oq + x0, ldq, L);
-        cp_async_commit();
-        cp_async_wait_all();
-        bsync();
-    };
     const auto prefetch_dw = [&](int x0) {
         prefetch_tile<64, 64>(a.dWh + ok + x0, ldk, L, tid), prefetch_tile<64, 64>(a.dWl + ok + x0, ldk, L, tid - 64);
+    };
+    /* step st's set: st & 1, its loads issued during step st - 1; then a barrier (the other set
+     * and sdVf were last read before it) */
+    int st = 0;
+    const auto step_begin = [&](bool v_tile) {
+        cp_async_wait_all();
+        if (v_tile) dvf.take(sdVf, tid_fresh()), dvf.put(setX(st & 1), LT);
+        bsync();
     };
     float duv[1][W64::NT][4];
     acc_zero(duv);
     { /* dUV = dV' V^T;  dVb = Ai^T dV': dv = beta o dVb, dbeta = rowsum(V o dVb) */
         float rs[2] = {0.0f, 0.0f};
-        for (int v0 = 0; v0 < V; v0 += 64) {
-            stage64<WNT>(sX, a.dVn + ov + v0, sVv, a.v + ov + v0, ldv, L);
-            if (v0 + 64 >= V) prefetch_dw(0);
-            mma_p<1, W64::NT, false, false, true, false>(duv, sX, LT, pm0, Sp{sVv, 0}, LT, pn0, 64);
+        for (int v0 = 0; v0 < V; v0 += 64, st++) {
+            step_begin(true);
+            if (v0 + 64 < V) issue_v(~st & 1, v0 + 64);
+            else issue_k(~st & 1, 0), prefetch_dw(64);
+            const Sp x = setX(st & 1);
+            const uint16_t *y = setY(st & 1);
+            mma_p<1, W64::NT, false, false, true, false>(duv, x, LT, pm0, Sp{(uint16_t *)y, 0}, LT, pn0, 64);
             float dvb[1][W64::NT][4];
             acc_zero(dvb);
-            mma_p<1, W64::NT, true, true, true, true>(dvb, sAi, LT, pm0, sX, LT, pn0, 64);
-            frag_pairs(dvb, pm0, pn0, [&](int j, int x, float s0, float s1) {
-                rs[(j - pm0) >> 3] += op2f(sVv[j * LT + x]) * s0 + op2f(sVv[j * LT + x + 1]) * s1;
-                if (a.dv && j < L) *(uint32_t *)(a.dv + ov + j * ldv + v0 + x) = pack_op2(sb[j] * s0, sb[j] * s1);
+            mma_p<1, W64::NT, true, true, true, true>(dvb, sAi, LT, pm0, x, LT, pn0, 64);
+            frag_pairs(dvb, pm0, pn0, [&](int j, int c, float s0, float s1) {
+                rs[(j - pm0) >> 3] += op2f(y[j * LT + c]) * s0 + op2f(y[j * LT + c + 1]) * s1;
+                if (a.dv && j < L) *(uint32_t *)(a.dv + ov + j * ldv + v0 + c) = pack_op2(sb[j] * s0, sb[j] * s1);
             });
-            bsync();
         }
         red_rows_put(red, pm0, rs);
     }
     /* dWK = dW K^T */
     float dwk[1][W64::NT][4];
     acc_zero(dwk);
-    for (int x0 = 0; x0 < KK; x0 += 64) {
-        load_dw_k(x0);
-        prefetch_dw(x0 + 64 < KK ? x0 + 64 : 0);
-        mma_p<1, W64::NT, false, false, true, false>(dwk, sX, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
-        bsync();
+    for (int x0 = 0; x0 < KK; x0 += 64, st++) {
+        step_begin(false);
+        if (x0 + 64 < KK) issue_k(~st & 1, x0 + 64);
+        if (x0 + 128 < KK) prefetch_dw(x0 + 128);
+        mma_p<1, W64::NT, false, false, true, false>(dwk, setX(st & 1), LT, pm0, Sp{setY(st & 1), 0}, LT, pn0, 64);
     }
     /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta), split (in dMkk's place, free until dMkk) */
     store_split<W64::NT>(sdM, LT, pm0, pn0, [&](int i, int j, int nt, int q) {
@@ -360,6 +374,8 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     });
     red_collect<WNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
     bsync();
+    issue_k(1, 0); /* the last loop's first tiles (set 1: not read from here to there) */
+    prefetch_dw(64);
     { /* T = Ai^T dAi (split x split; split into X, free between dW's two passes) */
         float acc[1][W64::NT][4];
         acc_zero(acc);
@@ -408,24 +424,27 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     float eg[2];
     for (int hh = 0; hh < 2; hh++) eg[hh] = GATE == DG_GATE_HEAD ? expf(sG[pm0 + gq + 8 * hh]) : 1.0f;
     float rs[2] = {0.0f, 0.0f};
-    for (int x0 = 0; x0 < KK; x0 += 64) {
-        bsync(); /* X and K free (the products above, or the last tile's) */
-        load_dw_k(x0);
+    for (int x0 = 0, i = 1; x0 < KK; x0 += 64, i ^= 1) { /* (the first tile in set 1) */
+        cp_async_wait_all();
+        bsync(); /* set 0 free (T and dA, or the last tile's products) */
+        if (x0 + 64 < KK) issue_k(i ^ 1, x0 + 64);
+        if (x0 + 128 < KK) prefetch_dw(x0 + 128);
         prefetch_tile<64, 64>(a.dkv + ok + x0, ldk, L, tid);
-        if (x0 + 64 < KK) prefetch_dw(x0 + 64);
+        const Sp xw = setX(i);
+        const uint16_t *yk = setY(i);
         float d[1][W64::NT][4];
         acc_zero(d);
-        mma_p<1, W64::NT, true, true, true, true>(d, sAi, LT, pm0, sX, LT, pn0, 64);
-        frag_each(d, pm0, pn0, [&](int j, int x, float &s) {
+        mma_p<1, W64::NT, true, true, true, true>(d, sAi, LT, pm0, xw, LT, pn0, 64);
+        frag_each(d, pm0, pn0, [&](int j, int c, float &s) {
             const int hh = (j - pm0) >> 3;
-            rs[hh] += eg[hh] * op2f(sKt[j * LT + x]) * s;
+            rs[hh] += eg[hh] * op2f(yk[j * LT + c]) * s;
             s *= eg[hh] * sb[j];
         });
-        mma_p<1, W64::NT, false, true, true, false>(d, sdM, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
-        mma_p<1, W64::NT, true, true, true, false>(d, sdM, LT, pm0, Sp{sKt, 0}, LT, pn0, 64);
-        frag_pairs(d, pm0, pn0, [&](int i, int x, float s0, float s1) {
-            if (i < L) {
-                float2 *p = (float2 *)(a.dkv + ok + i * ldk + x0 + x);
+        mma_p<1, W64::NT, false, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
+        mma_p<1, W64::NT, true, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
+        frag_pairs(d, pm0, pn0, [&](int r, int c, float s0, float s1) {
+            if (r < L) {
+                float2 *p = (float2 *)(a.dkv + ok + r * ldk + x0 + c);
                 const float2 y = *p;
                 *p = make_float2(y.x + s0, y.y + s1);
             }
