@@ -80,14 +80,14 @@ __global__ void __launch_bounds__(NT)
 }
 
 /* the state pass of the backward: on 16-bit tensor cores where k256 (bwd_gate says when; dS then
- * as the planes dS16), else k_dhu (dS in f32 to dSo) */
+ * in 16-bit words to dS16), else k_dhu (dS in f32 to dSo) */
 template <typename T, int GATE, bool TC>
 int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float *W, const float *P, float *dVn,
-        float *dSo, Planes dS16) {
+        float *dSo, uint16_t *dS16) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
         if (k256) {
-            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16.hi, dS16.lo, io.dh0};
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16, io.dh0};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }
@@ -100,10 +100,11 @@ int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float
 template <typename T> struct BwdArgs {
     const T *q, *k, *v, *beta, *dout;
     const float *Gc, *P, *Ai, *Mkk, *Vn, *dVn, *Hst, *dSo;
-    const uint16_t *Sh, *Sl; /* the 16-bit kernels' states, hi and lo planes (Hst: the TF32 kernels') */
-    Planes dS16, dW16;       /* and their dS and dW (in dSo's and dWg's f32 scratch) */
-    float *dqv, *dkv;        /* [rows,HV,K] */
-    float *dWg, *dGg;        /* unfused: [rows,HV,K], [rows,HV,gs] */
+    const uint16_t *Sh; /* the 16-bit kernels' states (Hst: the TF32 kernels') */
+    uint16_t *dS16;     /* and their dS (in dSo's f32 scratch) */
+    Planes dW16;        /* and dW (hi and lo planes, in dWg's) */
+    float *dqv, *dkv;   /* [rows,HV,K] */
+    float *dWg, *dGg;   /* unfused: [rows,HV,K], [rows,HV,gs] */
     T *dv, *dbeta;
     float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
@@ -473,7 +474,7 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 /* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
-    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.Sl, a.dS16.hi, a.dS16.lo,
+    K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.dS16,
               a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dWh = a.dW16.hi, b.dWl = a.dW16.lo;
@@ -529,16 +530,14 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         BwdArgs<T> a;
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
-        a.Sh = kb.Sh, a.Sl = kb.Sl;
-        a.dS16 = k256 ? planes_in(dSo, nst, !K256Plain::dS) : Planes{},
-        a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K, true) : Planes{};
+        a.Sh = kb.Sh;
+        a.dS16 = k256 ? (uint16_t *)dSo : nullptr, a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K) : Planes{};
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
         rc = 0;
         if (!reuse) {
-            const Words Uw{U, k256, nullptr},
-                Hw = k256 ? Words{(float *)kb.Sh, true, kb.Sl} : Words{Hst, false, nullptr};
+            const Words Uw{U, k256}, Hw = k256 ? Words{(float *)kb.Sh, true} : Words{Hst, false};
             rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked);
         }
         if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo, a.dS16);

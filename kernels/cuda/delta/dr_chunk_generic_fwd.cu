@@ -50,8 +50,8 @@ template <typename T, int GATE> int fwd_k256(const Plan &pl, const Io<T> &io, vo
     char *own = carve_into(
         keep, [&](Carve &cv) { k256_carve(pl.G, cv, b, keep != nullptr); }, &ok);
     if (!ok) return -1;
-    int rc = prep_state<T, GATE, true>(pl, io, true, b.Gc, (float *)b.W, Words{(float *)b.Vn, true, nullptr}, b.P, b.Ai,
-                                       b.Mkk, Words{(float *)b.Sh, true, b.Sl}, io.hT, 1);
+    int rc = prep_state<T, GATE, true>(pl, io, true, b.Gc, (float *)b.W, Words{(float *)b.Vn, true}, b.P, b.Ai, b.Mkk,
+                                       Words{(float *)b.Sh, true}, io.hT, 1);
     if (!rc)
         rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh)
                                : fast_h::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh);
@@ -84,8 +84,8 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
         /* the generic (or TF32) kernels, f32 buffers; at K = 256 with an o that takes the TF32 output
          * pass, the 16-bit prep and state pass before it (W 16-bit words; U and the states f32: o and
          * hT then differ at the rounding level from an aligned call's, whose U is 16-bit words) */
-        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Words{U, false, nullptr}, P, nullptr, nullptr,
-                                     Words{Hst, false, nullptr}, io.hT, 1);
+        rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Words{U, false}, P, nullptr, nullptr, Words{Hst, false},
+                                     io.hT, 1);
         if (!rc)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,

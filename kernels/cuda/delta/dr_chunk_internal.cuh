@@ -456,41 +456,36 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
  * either the 16-bit prep, state pass and dhu or none of them), U and V' over it (plain operands,
  * 16-bit words where only the 16-bit output pass and dqkwg read them), P, and where non-NULL Ai and
  * Mkk (prep), the states entering each chunk (state pass; 16-bit words where only the 16-bit
- * kernels read them: the hi words, and where Hst.lo is non-NULL (not K256Plain::S) the lo words
- * of x = hi + lo in a plane of their own) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
+ * kernels read them, K256Plain) and hT, from h0.  fast:: takes bf16 words, fast_h:: fp16 (io_bits). */
 struct Words { /* a buffer of f32, holding f32 or (w16) 16-bit words in its first half */
     float *f;
     bool w16;
-    uint16_t *lo; /* w16 only, where non-NULL: the lo words (f holds the hi words), same layout */
 };
-/* an f32 buffer of n elements as two planes of n 16-bit words: the hi words, then (lo, else NULL)
- * the lo words of x = hi + lo (the 16-bit kernels' dS and dW at K = 256, in the TF32 family's f32
- * scratch) */
+/* an f32 buffer of n elements as two planes of n 16-bit words: the hi words, then the lo words of
+ * x = hi + lo (the 16-bit kernels' dW at K = 256, in the TF32 family's f32 scratch) */
 struct Planes {
     uint16_t *hi, *lo;
 };
-inline Planes planes_in(float *f, int64_t n, bool lo) {
-    return Planes{(uint16_t *)f, lo ? (uint16_t *)f + n : nullptr};
-}
-/* Which of the K = 256 kernels' states enter products as plain 16-bit words (the hi words alone: one
- * mma pass less in each product that reads them), as FLA's kernels read h and dh: S entering each
- * chunk (S) and dS leaving it (dS) as the state passes store them for dqkwg (the hi plane alone:
- * half the bytes), and (Chain) the state passes' own products W S and K dS.  The state passes
- * carry the states in f32 either way.  Against the f64 recurrence on FLA's benchmark inputs
- * (bench/fla_side_by_side.py --f64) both sides were measured: docs/PERF_KERNELS.md. */
+inline Planes planes_in(float *f, int64_t n) { return Planes{(uint16_t *)f, (uint16_t *)f + n}; }
+/* The K = 256 kernels' states enter their products as plain 16-bit words, as FLA's kernels read h
+ * and dh: S entering each chunk and dS leaving it are stored as one plane of 16-bit words for the
+ * output pass and dqkwg (whose two sets of tiles fit in shared memory only so), and where Chain,
+ * the state passes' own products W S and K dS read them plain too.  The passes carry the states in
+ * f32.  Against the f64 recurrence on FLA's benchmark inputs (bench/fla_side_by_side.py --f64) both
+ * sides were measured, ours below FLA's error (docs/PERF_KERNELS.md, which also has the short
+ * sequences where plain states are weakest). */
 struct K256Plain {
-    static constexpr bool S = true, dS = true, Chain = true;
+    static constexpr bool Chain = true;
 };
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
  * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as
  * 16-bit words, P, Ai, Mkk [rows, HV, 64] in f32, the states entering each chunk [nchunks, HV, K, V]
- * as hi (Sh) planes of 16-bit words, with lo (Sl) planes unless K256Plain::S.  for_bwd false (a
- * forward that keeps nothing): no Ai, Mkk, Sl.  k256_kept_bytes: its size with for_bwd, where the shape is one the
+ * in 16-bit words (Sh, K256Plain).  for_bwd false (a forward that keeps nothing): no Ai, Mkk.  k256_kept_bytes: its size with for_bwd, where the shape is one the
  * 16-bit kernels take (0 otherwise): what a forward keeps for its backward, which then skips the
  * recompute of prep and the state pass. */
 struct K256Bufs {
     float *Gc, *P, *Ai, *Mkk;
-    uint16_t *W, *Vn, *Sh, *Sl;
+    uint16_t *W, *Vn, *Sh;
 };
 void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd);
 size_t k256_kept_bytes(const Geom &G);
@@ -505,14 +500,14 @@ struct K256Out {
 };
 /* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
  * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]),
- * dS leaving each chunk (the states' layout) as hi (dSh) planes of 16-bit words, with lo (dSl)
- * planes where dSl is non-NULL (not K256Plain::dS), and, where non-NULL, dh0, from dhT */
+ * dS leaving each chunk (the states' layout) in 16-bit words (dSh, K256Plain) and, where non-NULL,
+ * dh0, from dhT */
 struct K256Dhu {
     const float *Gc;
     const uint16_t *W;
     const float *P, *dhT;
     float *dVn;
-    uint16_t *dSh, *dSl;
+    uint16_t *dSh;
     float *dh0;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
@@ -531,13 +526,13 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
              const uint16_t *Hst16);
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
- * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' in 16-bit words, the states as hi
- * (and lo) planes, K256Plain; Gc NULL without a gate) and dhu's dV' (f32) and dS (planes) to dq, dk per value head
+ * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' and the states in 16-bit words; Gc
+ * NULL without a gate) and dhu's dV' (f32) and dS (16-bit words) to dq, dk per value head
  * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
  * [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in fast::, fp16 in
  * fast_h::. */
 struct K256Bwd {
-    const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *Sl, *dSh, *dSl;
+    const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *dSh;
     const float *Gc, *P, *Ai, *Mkk, *dVn;
     float *dqv, *dkv, *dG;
     uint16_t *dWh, *dWl, *dv, *dbeta;

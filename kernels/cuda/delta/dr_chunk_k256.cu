@@ -5,7 +5,7 @@
  * Mkk in f32, W in 16-bit words (read only by these kernels), U / V' and the states in f32 where a
  * TF32 kernel reads them (the TF32 output pass of an unaligned o), else 16-bit words (K256Out): a
  * call of 16-bit kernels throughout keeps them in K256Bufs, the states as plain 16-bit words
- * (K256Plain: lo planes only where a state is split).  A forward given keep leaves that working set for its backward,
+ * (K256Plain).  A forward given keep leaves that working set for its backward,
  * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of
  * L <= 64 rows, value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
@@ -53,11 +53,10 @@ constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles *
 constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
 constexpr int SBV = 64;       /* value columns a block of the state pass */
 constexpr int SNT = ONE_SM_NTH;
-/* whether the state pass (dhu) writes the lo words of S (dS) into shared memory: where a split
- * product of its own or a lo plane to store reads them (K256Plain), and in dhu always: without them
- * its code changed and it ran 2.38 ms at S3 against 2.28 (H200), where the state pass ran 1.40
- * against 1.51 */
-constexpr bool SLO = !(K256Plain::S && K256Plain::Chain), DSLO = true;
+/* whether the state pass (dhu) writes the lo words of S (dS) into shared memory: where its own
+ * product reads them split (not K256Plain::Chain), and in dhu always: without them its code changed
+ * and it ran 2.38 ms at S3 against 2.28 (H200), where the state pass ran 1.40 against 1.51 */
+constexpr bool SLO = !K256Plain::Chain, DSLO = true;
 constexpr int SSP = SLO ? 2 : 1, DSSP = DSLO ? 2 : 1; /* tiles of S (dS) in shared memory */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
@@ -285,10 +284,8 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
         cp_async_wait_all(); /* this chunk's K, W and gate */
         bsync();
         if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
-        if (o.Hst.w16) {                          /* the state's hi (and lo) words out, whole 128-byte lines a warp */
+        if (o.Hst.w16)                            /* the state's 16-bit words out, whole 128-byte lines a warp */
             store_raw<KK, SBV, SNT, 1>((uint16_t *)o.Hst.f + sb, V, sS.hi, tid);
-            if (!K256Plain::S && o.Hst.lo) store_raw<KK, SBV, SNT, 1>(o.Hst.lo + sb, V, sS.lo(), tid);
-        }
         { /* V' = U - W S: out (over U: f32 or 16-bit words), and e^{G_last - G} o V' into shared memory */
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
@@ -383,9 +380,8 @@ __global__ void __launch_bounds__(SNT, 1)
         }
         cp_async_wait_all(); /* K, dO, W, the gate */
         bsync();
-        /* dS's hi and lo words out, whole 128-byte lines a warp */
+        /* dS's 16-bit words out, whole 128-byte lines a warp */
         store_raw<KK, SBV, SNT, 1>(d.dSh + sb, V, sdS.hi, tid);
-        if (!K256Plain::dS && d.dSl) store_raw<KK, SBV, SNT, 1>(d.dSl + sb, V, sdS.lo(), tid);
         /* scale e^G o dO, split (rows >= L: dO is zero there) */
         for (int e = tid; e < 64 * SBV / 2; e += SNT) {
             const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
@@ -519,7 +515,6 @@ void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
     b.Ai = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
     b.Mkk = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
     b.Sh = cv.take<uint16_t>(nst);
-    b.Sl = for_bwd && !K256Plain::S ? cv.take<uint16_t>(nst) : nullptr;
 }
 
 size_t k256_kept_bytes(const Geom &G) {

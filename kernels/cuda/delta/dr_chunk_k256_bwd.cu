@@ -28,7 +28,7 @@
  * Precision: the computed operands dV', dP, dW, Ai, dAi, T and dMkk enter their products split
  * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
  * plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels), and so
- * are S0 and dS1 (K256Plain; their lo planes are read where a build splits them).
+ * are S0 and dS1 (K256Plain).
  * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
  * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
  * this one's are multiplied, dV' in f32 through a staging tile), wy 102 KB (Ai, dMkk (dAi before
@@ -55,27 +55,25 @@ constexpr int WNT = FNT;
 constexpr int WNW = WNT / 32;
 using W64 = WT<64, 64, WNW>;
 
-constexpr int SPT = 2 * 64 * LT;                           /* elements of a split 64 x 64 tile (hi, then lo) */
-constexpr bool S0S = !K256Plain::S, DS1S = !K256Plain::dS; /* S0, dS1 split (else plain) */
-constexpr int S0T = (S0S ? 2 : 1) * KH * LT, DS1T = (DS1S ? 2 : 1) * KH * LT; /* their 128 x 64 tiles */
-constexpr int RED = 4 * BNW * 64;                                             /* bytes of the row reductions */
-constexpr int DQ_SET = S0T + DS1T + 2 * 64 * LT + SPT; /* elements of a tile set of dqkwg (DqSet) */
+constexpr int SPT = 2 * 64 * LT;                   /* elements of a split 64 x 64 tile (hi, then lo) */
+constexpr int ST = KH * LT;                        /* of a 128 x 64 tile of S0 or dS1 (16-bit words, K256Plain) */
+constexpr int RED = 4 * BNW * 64;                  /* bytes of the row reductions */
+constexpr int DQ_SET = 2 * ST + 2 * 64 * LT + SPT; /* elements of a tile set of dqkwg (DqSet) */
 constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64;
 constexpr int WY_BYTES = 2 * (4 * SPT + 3 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
 static_assert(4 * 64 * 64 <= 2 * SPT, "wy's dV' staging in dMkk's place");
-static_assert(4 * 64 * LF <= 2 * (S0T + DS1T), "dP's f32 copy in S0's and dS1's place");
+static_assert(4 * 64 * LF <= 2 * 2 * ST, "dP's f32 copy in S0's and dS1's place");
 
 /* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
- * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64, lo words where
- * split), V' and dO (64 x 64), dV' split (64 x 64), from p on */
+ * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64), V' and dO
+ * (64 x 64), dV' split (64 x 64), from p on */
 struct DqSet {
-    Sp S0, dS1;
-    uint16_t *Vn, *O;
+    uint16_t *S0, *dS1, *Vn, *O;
     Sp dVn;
     __device__ explicit DqSet(uint16_t *p)
-        : S0{p, KH * LT}, dS1{p + S0T, KH * LT}, Vn(p + S0T + DS1T), O(Vn + 64 * LT), dVn{O + 64 * LT, 64 * LT} {}
+        : S0(p), dS1(p + ST), Vn(p + 2 * ST), O(Vn + 64 * LT), dVn{O + 64 * LT, 64 * LT} {}
 };
 
 /* f32 tiles through registers (dr_chunk_mma.cuh), by the block's NTH threads */
@@ -156,10 +154,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const auto issue = [&](const DqSet x, int cc0, int v0) {
         const int64_t o = os + (int64_t)cc0 * V + v0;
         const int t = tid_fresh(); /* (offsets made here, not kept live through the loop) */
-        load_raw_async<KH, 64, BNT>(x.S0.hi, a.Sh + o, V, KH, t);
-        if (S0S) load_raw_async<KH, 64, BNT>(x.S0.lo(), a.Sl + o, V, KH, t);
-        load_raw_async<KH, 64, BNT>(x.dS1.hi, a.dSh + o, V, KH, t);
-        if (DS1S) load_raw_async<KH, 64, BNT>(x.dS1.lo(), a.dSl + o, V, KH, t);
+        load_raw_async<KH, 64, BNT>(x.S0, a.Sh + o, V, KH, t);
+        load_raw_async<KH, 64, BNT>(x.dS1, a.dSh + o, V, KH, t);
         load_raw_async<64, 64, BNT>(x.Vn, a.Vn16 + ov + v0, ldv, L, t);
         load_raw_async<64, 64, BNT>(x.O, a.dout + ov + v0, ldv, L, t);
         dvn.load_async(sdVf, a.dVn + ov + v0, ldv, L, t);
@@ -229,14 +225,13 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             bsync(); /* (the other set and sdVf were last read before this barrier) */
             if (v0 + 64 < V) issue(set(it & 1), cc0, v0 + 64);
             else if (cc0 + KH < KK) issue(set(it & 1), cc0 + KH, 0);
-            mma_p<1, T128::NT, false, false, false, S0S>(f2, Sp{x.O, 0}, LT, m0, x.S0, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, false, DS1S>(dkd, Sp{x.Vn, 0}, LT, m0, x.dS1, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, true, S0S>(dw, x.dVn, LT, m0, x.S0, LT, n0, 64);
-            if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their words (hi + lo where split) */
+            mma_run<1, T128::NT, false, false>(f2, x.O, LT, m0, x.S0, LT, n0, 64);
+            mma_run<1, T128::NT, false, false>(dkd, x.Vn, LT, m0, x.dS1, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, true, false>(dw, x.dVn, LT, m0, Sp{x.S0, 0}, LT, n0, 64);
+            if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their 16-bit words */
                 for (int e = tid; e < KH * 64; e += BNT) {
                     const int o = e / 64 * LT + e % 64;
-                    hs += (op2f(x.S0.hi[o]) + (S0S ? op2f(x.S0.lo()[o]) : 0.0f)) *
-                          (op2f(x.dS1.hi[o]) + (DS1S ? op2f(x.dS1.lo()[o]) : 0.0f));
+                    hs += op2f(x.S0[o]) * op2f(x.dS1[o]);
                 }
         }
         float rs[2] = {0.0f, 0.0f};
