@@ -480,9 +480,10 @@ struct K256Plain {
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
  * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as
  * 16-bit words, P, Ai, Mkk [rows, HV, 64] in f32, the states entering each chunk [nchunks, HV, K, V]
- * in 16-bit words (Sh, K256Plain).  for_bwd false (a forward that keeps nothing): no Ai, Mkk.  k256_kept_bytes: its size with for_bwd, where the shape is one the
- * 16-bit kernels take (0 otherwise): what a forward keeps for its backward, which then skips the
- * recompute of prep and the state pass. */
+ * in 16-bit words (Sh, K256Plain).  for_bwd false (a forward that keeps nothing): no Ai, Mkk.
+ * k256_kept_bytes: its size with for_bwd, where the shape is one the 16-bit kernels take (0
+ * otherwise): what a forward keeps for its backward, which then skips the recompute of prep and
+ * the state pass. */
 struct K256Bufs {
     float *Gc, *P, *Ai, *Mkk;
     uint16_t *W, *Vn, *Sh;
@@ -528,9 +529,9 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' and the states in 16-bit words; Gc
  * NULL without a gate) and dhu's dV' (f32) and dS (16-bit words) to dq, dk per value head
- * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit words) and dG
- * [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in fast::, fp16 in
- * fast_h::. */
+ * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit
+ * words) and dG [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in
+ * fast::, fp16 in fast_h::. */
 struct K256Bwd {
     const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *dSh;
     const float *Gc, *P, *Ai, *Mkk, *dVn;

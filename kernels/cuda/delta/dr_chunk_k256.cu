@@ -5,9 +5,9 @@
  * Mkk in f32, W in 16-bit words (read only by these kernels), U / V' and the states in f32 where a
  * TF32 kernel reads them (the TF32 output pass of an unaligned o), else 16-bit words (K256Out): a
  * call of 16-bit kernels throughout keeps them in K256Bufs, the states as plain 16-bit words
- * (K256Plain).  A forward given keep leaves that working set for its backward,
- * which then runs neither prep nor the state pass; else the backward recomputes it.  Per chunk of
- * L <= 64 rows, value head hv, G the cumulative head gate:
+ * (K256Plain).  A forward given keep leaves that working set for its backward, which then runs
+ * neither prep nor the state pass; else the backward recomputes it.  Per chunk of L <= 64 rows,
+ * value head hv, G the cumulative head gate:
  *   prep   (block per chunk, head; 8 warps, two blocks per SM):
  *          Mkk = strictly_lower(K K^T o Gamma),  A = diag(beta) Mkk    [mma, exact products]
  *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
@@ -237,7 +237,7 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
     static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
-    /* sG [2][64]; K [2] tiles; W [2] tiles; S split; V' (split unless plain) */
+    /* sG [2][64]; K [2] tiles; W [2] tiles; S (split where SLO); V' (split unless plain) */
     uint16_t *sK0 = (uint16_t *)(sm + 2 * 64), *sW0 = sK0 + 2 * 64 * LDK;
     const Sp sS{sW0 + 2 * 64 * LDK, KK * (SBV + PAD)};
     const Sp sVn{sS.hi + SSP * KK * (SBV + PAD), 64 * (SBV + PAD)};
@@ -328,9 +328,8 @@ template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G,
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
  * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split (its lo words unread: DSLO),
  * P split (-dV' split in its place once dV' is made), dO, scale e^G o dO split: 183 KB, one block
- * per SM.  A chunk's P and Q
- * come from device memory into registers (Q while dV' is made) and are split or stored into shared
- * memory from there; K, dO and W come by cp.async. */
+ * per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is made) and are
+ * split or stored into shared memory from there; K, dO and W come by cp.async. */
 template <int GATE>
 __global__ void __launch_bounds__(SNT, 1)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {

@@ -80,9 +80,9 @@ struct DqSet {
 template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
 
 /* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
- * thread (prefetch.global.L2: no registers held).  dW and dk a tile ahead in wy; the chunk's rows of V',
- * dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile: an
- * R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
+ * thread (prefetch.global.L2: no registers held).  dW and dk a tile ahead in wy; the chunk's rows
+ * of V', dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile:
+ * an R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
 __device__ __forceinline__ void prefetch_l2(const void *p) {
 #ifdef DRC_EMU
     (void)p;
@@ -288,9 +288,9 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     /* The loops over V and K tiles run on two sets of tiles, X (dV' or dW, split) and Y (v or k):
      * set 0 is sX and sVv, set 1 sX2 and sY2; a step's tiles come by cp.async during the step
      * before (dV' in f32 through sdVf, in dMkk's place until dAi, each thread splitting the words
-     * it copied itself).  dA in f32 in V's and K's place (from the product T Ai^T, after the loops,
-     * to dMkk), dMkk in f32 in X's (after T's last read, to the last loop's first barrier): the
-     * first tile of the last loop comes into set 1 meanwhile. */
+     * it copied itself).  dA in f32 over sVv and the tile after it (from the product T Ai^T, after
+     * the loops, to dMkk), dMkk in f32 over sX (after T's last read, to the last loop's first
+     * barrier): the first tiles of the last loop come into set 1 meanwhile. */
     float *sdAi = (float *)sVv, *sT = (float *)sX.hi, *sdVf = (float *)sdM.hi, *red = (float *)(sY2 + 64 * LT);
     float *sG = red + WNW * 64, *sb = sG + 64, *sdb = sb + 64, *sdG = sdb + 64;
     const auto setX = [&](int i) { return i ? sX2 : sX; };
