@@ -8,7 +8,7 @@
  * dbeta, dg), dW (hi and lo planes) and the gate's row terms passing between the two through device
  * memory as there.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
  * per SM; wy: 8 warps, two blocks per SM), G the cumulative head gate, Gamma_il = e^{G_i - G_l}:
- *   dqkwg  dP = dO V'^T                                           [over V by tiles of 64]
+ *   dqkwg  dP = dO V'^T                  [over V by tiles of 64, in the first K half's steps]
  *          dPs = scale lower_incl(dP) o Gamma
  *          for each half of K (128 columns cc), summing over V by tiles of 64:
  *            dq = scale e^G o (dO S0^T) + dPs K
@@ -31,10 +31,14 @@
  * are S0 and dS1 (K256Plain).
  * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
  * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
- * this one's are multiplied, dV' in f32 through a staging tile), wy 102 KB (Ai, dMkk (dAi before
- * it, the staging tile of dV' before that) split; two sets of the tiles of a step over V or K, dV'
- * or dW split and v or k, the next step's by cp.async; dA in f32 over the first set's v tile and
- * the next, dMkk in f32 over its X, for the row sums). */
+ * this one's are multiplied, dV' in f32 through a staging tile; dP is summed from the first half's
+ * dO and V' tiles, so that no pass over V waits on its own loads, and goes through f32 over the
+ * set the half's last step read, to dPs before the half's dq and dk need it), wy 102 KB (Ai, dMkk
+ * (dAi before it, the staging tile of dV' before that) split; two sets of the tiles of a step over
+ * V or K, dV' or dW split and v or k, the next step's by cp.async; dA in f32 over the first set's v
+ * tile and the next, dMkk in f32 over its X, for the row sums).  Loads through registers are issued
+ * together ahead of their use (Ai; Mkk by rows during dA's product; dk's tile before the products
+ * that add to it): one at a time, each would wait on device memory in turn. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 
 namespace drc {
@@ -144,7 +148,6 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const auto set = [&](int i) { return DqSet(sets + i * DQ_SET); };
     float *sdVf = (float *)(sets + 2 * DQ_SET); /* the next step's dV' in f32, by cp.async */
     float *red = sdVf + 64 * 64, *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
-    float *sDPf = (float *)sets; /* dP in f32 until the K halves (set 0's S0 and dS1) */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
@@ -162,58 +165,47 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         cp_async_commit();
     };
     prefetch_rows<BNT>(a.Vn16 + ov, ldv, L, V), prefetch_rows<BNT>(a.dout + ov, ldv, L, V);
-    prefetch_rows<BNT>(a.dVn + ov, ldv, L, V);
+    prefetch_rows<BNT>(a.dVn + ov, ldv, L, V), prefetch_rows<BNT>(a.q + oq + KH, ldq, L, KH);
+    prefetch_rows<BNT>(a.k + oq + KH, ldq, L, KH);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
-    issue(set(1), 0, 0); /* the first tiles of the K halves' loop, in flight through dP */
-    uint16_t *const sO = set(0).O, *const sVn = set(0).Vn; /* the dP pass's tiles */
-    /* dP = dO V'^T */
+    /* the first K half's Q and K and the loop's first tiles */
+    load_raw_async<64, KH, BNT>(sQ, a.q + oq, ldq, L), load_raw_async<64, KH, BNT>(sK, a.k + oq, ldq, L);
+    issue(set(1), 0, 0);
+    /* dP = dO V'^T, summed over the first K half's steps (their dO and V' tiles) */
     const int pm0 = T64::m0(warp), pn0 = T64::n0(warp);
-    {
-        float acc[1][T64::NT][4];
-        acc_zero(acc);
-        for (int v0 = 0; v0 < V; v0 += 64) {
-            load_raw<64, 64, BNT>(sVn, a.Vn16 + ov + v0, ldv, L);
-            load_raw<64, 64, BNT>(sO, a.dout + ov + v0, ldv, L);
-            bsync();
-            mma_run<1, T64::NT, false, false>(acc, sO, LT, pm0, sVn, LT, pn0, 64);
-            bsync();
-        }
-        frag_pairs(acc, pm0, pn0,
+    float dp[1][T64::NT][4];
+    acc_zero(dp);
+    /* then, from dP in f32 (over the tile set the first half's last step read): HEAD, partial
+     * terms: rowcol(dP, P) = sum_l dP_il P_il - sum_m dP_mi P_mi starts the row sums;  dPs = scale
+     * lower_incl(dP) o Gamma, split */
+    const auto make_dps = [&](float *sDPf) {
+        bsync(); /* (the set read) */
+        frag_pairs(dp, pm0, pn0,
                    [&](int i, int l, float x0, float x1) { sDPf[i * LF + l] = x0, sDPf[i * LF + l + 1] = x1; });
-    }
-    bsync();
-    /* HEAD, partial terms: rowcol(dP, P) = sum_l dP_il P_il - sum_m dP_mi P_mi starts the row sums */
-    for (int i = warp; i < 64; i += BNW) {
-        float rc = 0.0f;
-        if (head_partial && i < L) {
-            for (int l = lane; l <= i; l += 32) rc += sDPf[i * LF + l] * a.P[oc + i * ldc + l];
-            for (int m = i + lane; m < L; m += 32) rc -= sDPf[m * LF + i] * a.P[oc + m * ldc + i];
-            rc = warp_sum(rc);
+        bsync();
+        for (int i = warp; i < 64; i += BNW) {
+            float rc = 0.0f;
+            if (head_partial && i < L) {
+                for (int l = lane; l <= i; l += 32) rc += sDPf[i * LF + l] * a.P[oc + i * ldc + l];
+                for (int m = i + lane; m < L; m += 32) rc -= sDPf[m * LF + i] * a.P[oc + m * ldc + i];
+                rc = warp_sum(rc);
+            }
+            if (lane == 0) sRow[i] = rc;
         }
-        if (lane == 0) sRow[i] = rc;
-    }
-    /* dPs = scale lower_incl(dP) o Gamma, split */
-    for (int e = tid; e < 64 * 64; e += BNT) {
-        const int i = e / 64, l = e % 64;
-        float x = l <= i && i < L ? G.scale * sDPf[i * LF + l] : 0.0f;
-        if (GATE == DG_GATE_HEAD) x *= expf(sG[i] - sG[l]);
-        split2(x, sDP.hi[i * LT + l], sDP.lo()[i * LT + l]);
-    }
-    bsync();
+        for (int e = tid; e < 64 * 64; e += BNT) {
+            const int i = e / 64, l = e % 64;
+            float x = l <= i && i < L ? G.scale * sDPf[i * LF + l] : 0.0f;
+            if (GATE == DG_GATE_HEAD) x *= expf(sG[i] - sG[l]);
+            split2(x, sDP.hi[i * LT + l], sDP.lo()[i * LT + l]);
+        }
+        bsync();
+    };
     const int m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
-    /* this thread's rows m0 + gq, m0 + gq + 8: e^G, e^{G_last - G} */
-    float eg[2], ed[2];
-    for (int hh = 0; hh < 2; hh++) {
-        const float gi = sG[m0 + gq + 8 * hh];
-        eg[hh] = GATE == DG_GATE_HEAD ? expf(gi) : 1.0f;
-        ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
-    }
     float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
     int it = 0;                 /* the step: set 1 at even steps, set 0 at odd */
     for (int cc0 = 0; cc0 < KK; cc0 += KH) {
-        load_raw<64, KH, BNT>(sQ, a.q + oq + cc0, ldq, L);
-        load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
+        if (cc0) load_raw<64, KH, BNT>(sQ, a.q + oq + cc0, ldq, L), load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
         float f2[1][T128::NT][4], dkd[1][T128::NT][4], dw[1][T128::NT][4];
         acc_zero(f2), acc_zero(dkd), acc_zero(dw);
         for (int v0 = 0; v0 < V; v0 += 64, it++) {
@@ -228,11 +220,20 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             mma_run<1, T128::NT, false, false>(f2, x.O, LT, m0, x.S0, LT, n0, 64);
             mma_run<1, T128::NT, false, false>(dkd, x.Vn, LT, m0, x.dS1, LT, n0, 64);
             mma_p<1, T128::NT, false, false, true, false>(dw, x.dVn, LT, m0, Sp{x.S0, 0}, LT, n0, 64);
+            if (!cc0) mma_run<1, T64::NT, false, false>(dp, x.O, LT, pm0, x.Vn, LT, pn0, 64);
             if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their 16-bit words */
                 for (int e = tid; e < KH * 64; e += BNT) {
                     const int o = e / 64 * LT + e % 64;
                     hs += op2f(x.S0[o]) * op2f(x.dS1[o]);
                 }
+        }
+        if (!cc0) make_dps((float *)set(it & 1).S0); /* (the set the last step read) */
+        /* this thread's rows m0 + gq, m0 + gq + 8: e^G, e^{G_last - G} */
+        float eg[2], ed[2];
+        for (int hh = 0; hh < 2; hh++) {
+            const float gi = sG[m0 + gq + 8 * hh];
+            eg[hh] = GATE == DG_GATE_HEAD ? expf(gi) : 1.0f;
+            ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
         }
         float rs[2] = {0.0f, 0.0f};
         /* dq = scale e^G o f2 + dPs K */
@@ -314,11 +315,19 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     prefetch_rows<WNT>(a.dVn + ov, ldv, L, V), prefetch_rows<WNT>(a.v + ov, ldv, L, V);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     for (int e = tid; e < WNW * 64; e += WNT) red[e] = 0.0f;
-    /* Ai (lower, rows < L), split */
-    for (int e = tid; e < 64 * 64; e += WNT) {
-        const int i = e / 64, j = e % 64;
-        const float x = j <= i && i < L ? a.Ai[oc + i * ldc + j] : 0.0f;
-        split2(x, sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
+    { /* Ai (lower, rows < L), split; the loads all in flight before the first store */
+        constexpr int AIT = 64 * 64 / WNT;
+        float ai[AIT];
+#pragma unroll
+        for (int t = 0; t < AIT; t++) {
+            const int e = tid + t * WNT, i = e / 64, j = e % 64;
+            ai[t] = j <= i && i < L ? a.Ai[oc + i * ldc + j] : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < AIT; t++) {
+            const int e = tid + t * WNT, i = e / 64, j = e % 64;
+            split2(ai[t], sAi.hi[i * LT + j], sAi.lo()[i * LT + j]);
+        }
     }
     const int pm0 = W64::m0(warp), pn0 = W64::n0(warp), gq = lane >> 2;
     const auto prefetch_dw = [&](int x0) {
@@ -370,7 +379,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     red_collect<WNW>(red, sdb, false); /* dbeta's V terms (the rows put above, before the barriers) */
     bsync();
     issue_k(1, 0); /* the last loop's first tiles (set 1: not read from here to there) */
-    prefetch_dw(64);
+    prefetch_dw(64), prefetch_tile<64, 64>(a.dkv + ok, ldk, L, tid);
     { /* T = Ai^T dAi (split x split; split into X, free between dW's two passes) */
         float acc[1][W64::NT][4];
         acc_zero(acc);
@@ -378,6 +387,16 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         store_split<W64::NT>(Sp{sX.hi, 64 * LT}, LT, pm0, pn0, [&](int, int, int nt, int q) { return acc[0][nt][q]; });
     }
     bsync();
+    /* Mkk by rows, warp w its rows w + 8r (their loads in flight through dA's product) */
+    constexpr int RW = 64 / WNW;
+    float mk[RW][2];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = warp + r * WNW, j = lane + 32 * h;
+            mk[r][h] = j < i && i < L ? a.Mkk[oc + i * ldc + j] : 0.0f;
+        }
     { /* dA = strictly_lower(-T Ai^T), f32 */
         float acc[1][W64::NT][4];
         acc_zero(acc);
@@ -385,15 +404,20 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         frag_each(acc, pm0, pn0, [&](int i, int j, float &x) { sdAi[i * LF + j] = j < i && i < L ? -x : 0.0f; });
     }
     bsync();
-    /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA (in T's place); HEAD: dG_i starts as
-     * sum_j dMkk_ij Mkk_ij - sum_m dMkk_mi Mkk_mi */
-    for (int i = warp; i < 64; i += WNW) {
+    /* dbeta_i += sum_{j<i} dA_ij Mkk_ij;  dMkk = diag(beta) dA (in T's place); HEAD: dMkk o Mkk over
+     * dA, whose row sums less its column sums start dG (dG_i = sum_j dMkk_ij Mkk_ij - sum_m dMkk_mi
+     * Mkk_mi) */
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + r * WNW;
         float s = 0.0f;
-        for (int j = lane; j < 64; j += 32) {
-            const bool in = j < i && i < L;
-            const float x = in ? sdAi[i * LF + j] : 0.0f;
-            if (in) s += x * a.Mkk[oc + i * ldc + j];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int j = lane + 32 * h;
+            const float x = j < i && i < L ? sdAi[i * LF + j] : 0.0f;
+            s += x * mk[r][h];
             sT[i * LF + j] = sb[i] * x;
+            if (GATE == DG_GATE_HEAD) sdAi[i * LF + j] = sb[i] * x * mk[r][h];
         }
         s = warp_sum(s);
         if (lane == 0) sdb[i] += s;
@@ -402,8 +426,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     for (int i = warp; i < 64; i += WNW) {
         float s = 0.0f;
         if (GATE == DG_GATE_HEAD && i < L) {
-            for (int j = lane; j < i; j += 32) s += sT[i * LF + j] * a.Mkk[oc + i * ldc + j];
-            for (int m = i + 1 + lane; m < L; m += 32) s -= sT[m * LF + i] * a.Mkk[oc + m * ldc + i];
+            for (int j = lane; j < 64; j += 32) s += sdAi[i * LF + j] - sdAi[j * LF + i];
             s = warp_sum(s);
         }
         if (lane == 0) sdG[i] = s;
@@ -424,9 +447,19 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         bsync(); /* set 0 free (T and dA, or the last tile's products) */
         if (x0 + 64 < KK) issue_k(i ^ 1, x0 + 64);
         if (x0 + 128 < KK) prefetch_dw(x0 + 128);
-        prefetch_tile<64, 64>(a.dkv + ok + x0, ldk, L, tid);
+        if (x0 + 64 < KK) prefetch_tile<64, 64>(a.dkv + ok + x0 + 64, ldk, L, tid);
         const Sp xw = setX(i);
         const uint16_t *yk = setY(i);
+        /* dk's pairs of the tile as they are, loaded ahead of the products (one by one before
+         * each store they would wait in turn: the stores may alias the next load) */
+        float2 dk0[W64::NT][2];
+#pragma unroll
+        for (int nt = 0; nt < W64::NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = pm0 + gq + 8 * h, c = pn0 + nt * 8 + 2 * (lane & 3);
+                dk0[nt][h] = r < L ? *(const float2 *)(a.dkv + ok + r * ldk + x0 + c) : make_float2(0.0f, 0.0f);
+            }
         float d[1][W64::NT][4];
         acc_zero(d);
         mma_p<1, W64::NT, true, true, true, true>(d, sAi, LT, pm0, xw, LT, pn0, 64);
@@ -437,13 +470,16 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         });
         mma_p<1, W64::NT, false, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
         mma_p<1, W64::NT, true, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
-        frag_pairs(d, pm0, pn0, [&](int r, int c, float s0, float s1) {
-            if (r < L) {
-                float2 *p = (float2 *)(a.dkv + ok + r * ldk + x0 + c);
-                const float2 y = *p;
-                *p = make_float2(y.x + s0, y.y + s1);
+#pragma unroll
+        for (int nt = 0; nt < W64::NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = pm0 + gq + 8 * h, c = pn0 + nt * 8 + 2 * (lane & 3);
+                const float2 y = dk0[nt][h];
+                if (r < L)
+                    *(float2 *)(a.dkv + ok + r * ldk + x0 + c) =
+                        make_float2(y.x + d[0][nt][2 * h], y.y + d[0][nt][2 * h + 1]);
             }
-        });
     }
     red_rows_put(red, pm0, rs);
     bsync();
