@@ -16,6 +16,10 @@ beta = sigmoid(N(0,1)) [B,T,H], all five bf16 at S1 and S2 and fp16 at S3 (the d
 --dtype bf16|f16 puts every case in one); g = max(logsigmoid(N(0,1)), -5) f32, [B,T,H]
 (gated_delta_rule) or [B,T,H,K] (kda).  fwd is timed under torch.no_grad(); fwd+bwd is the forward
 with q, k, v, g, beta requiring grad, then o.backward(do), gradients reset to None between calls.
+At the state shapes AS, AS2 the inputs also have an initial state h0 and a final state's gradient
+dht, both N(0,1) f32 [B,HV,K,V]: each side starts from h0 (FLA's initial_state, h0 requiring grad),
+returns the final state hT (output_final_state=True) and takes dht with do in its backward
+(torch.autograd.backward([o, hT], [do, dht])); hT and dh0 are compared too.
 
 FLA 0.5.2 refuses the gated backward on Hopper with Triton < 3.7.1 (its issue #640: wrong dg /
 dbeta from chunk_bwd_dqkwg on Triton 3.4..3.7.0).  To time it, this script switches that guard off
@@ -27,14 +31,17 @@ gradients then agree with ours.
 inputs): for each case it also runs the op's token-by-token recurrence in float64 on the GPU
 (delta_recurrence below: plain PyTorch, autograd for the gradients; neither FLA's code nor ours) on the
 same 16-bit inputs, upcast, and records err_f64_ours[n] and err_f64_fla[n] = ||x - ref|| / ||ref|| for
-n in o, dq, dk, dv, dbeta, dg; the table gets a column with the largest of each side.  The reference's
-autograd keeps one f64 state a step (T*B*HV*K*V*8 bytes): cases above --f64-max-gb (default 24) are
-skipped, which the timing shapes S1..S3, L1, Q1 are; the accuracy shapes A1, A3, AL (B1 T1024, the
-heads, K, V and dtype of S1, S3, L1) are what it is for.
+n in o, dq, dk, dv, dbeta, dg (and hT, dh0 at AS, AS2); the table gets a column with the largest of each
+side.  The reference's autograd keeps one f64 state a step (T*B*HV*K*V*8 bytes): cases above
+--f64-max-gb (default 24) are skipped, which the timing shapes S1..S3, L1, Q1 are; the accuracy shapes
+A1, A3, AL (B1 T1024, the heads, K, V and dtype of S1, S3, L1) and AS, AS2 (B3, K 256, V 64, bf16,
+with h0 and dht: T1, one token, and T130, three chunks of 64, the last partial) are what it is for.
 
 Usage (on the GPU machine; bench/gpu_side_by_side.sh runs it):
   python3 bench/fla_side_by_side.py --deltagrad PATH/deltagrad --fla third_party_fla --out DIR
   python3 bench/fla_side_by_side.py ... --shapes A1,A3,AL --f64       (ours and FLA against f64)
+  python3 bench/fla_side_by_side.py ... --shapes AS,AS2 --ops gated_delta_rule,delta_rule --f64
+                                                                       (the same, with h0 and dht)
 Set TRITON_CACHE_DIR to keep Triton's compiled kernels and autotuning results between runs.
 """
 import argparse
@@ -56,20 +63,27 @@ import time
 # dtype of a timing shape (A1 as S1: GDN, DeltaNet, KDA; A3 as S3: K = V = 256, fp16; AL as L1: K 256,
 # V 512), so that the timed kernels run: FLA autotunes by H, HV, K, V (not B or T), so the timing shapes'
 # choices serve; ours pick kernels by K, V, the gate and the dtype, except that at A1 (N * HV * V / 64
-# below the SM count) the K = 128 state and dhu passes take 32-wide V tiles where S1 takes 64-wide ones
+# below the SM count) the K = 128 state and dhu passes take 32-wide V tiles where S1 takes 64-wide ones.
+# AS, AS2 (with --shapes AS,AS2 --f64; gated_delta_rule and delta_rule): accuracy shapes with an
+# initial state h0 and a final state's gradient dht (H0_SHAPES), B3 H4 K 256 V 64 bf16, at T1 (one
+# token) and T130 (three chunks of 64, the last partial); their times mean nothing
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128),
-          "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "AL": (1, 1024, 6, 256, 512)}
+          "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "AL": (1, 1024, 6, 256, 512),
+          "AS": (3, 1, 4, 256, 64), "AS2": (3, 130, 4, 256, 64)}
 VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
 DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16",
-          "A1": "bf16", "A3": "f16", "AL": "bf16"}
+          "A1": "bf16", "A3": "f16", "AL": "bf16", "AS": "bf16", "AS2": "bf16"}
+H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
          ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
          ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
-         ("gated_delta_rule", "A3"), ("gated_delta_rule", "AL")]
-GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg"]
+         ("gated_delta_rule", "A3"), ("gated_delta_rule", "AL"),
+         ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2")]
+# the outputs and gradients compared, each where a side has it: dg with a gate, hT and dh0 at H0_SHAPES
+GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg", "hT", "dh0"]
 
 
 def log(*a):
@@ -122,13 +136,14 @@ def worst(d):
 
 
 # ---- the f64 reference (--f64) ----------------------------------------------------------------------
-def delta_recurrence(op, q, k, v, beta, g=None, qk_l2norm=True):
-    """o [B,T,HV,V] of op ("gated_delta_rule", "kda" or "delta_rule") by the token-by-token recurrence, in
-    the inputs' dtype and on their device, differentiable (autograd gives the gradients).  q, k
-    [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV]; g [B,T,HV] (gated_delta_rule) or [B,T,HV,K] (kda), log-gates,
-    None for delta_rule.  FLA's conventions: q, k L2-normalised per row (x / sqrt(sum x^2 + 1e-6), as
-    FLA's l2norm) unless qk_l2norm is False, scale K ** -0.5, value head h reads key head h // (HV / H),
-    S_0 = 0; for each t (D_t = exp(g_t) I, diag(exp(g_t)), or I):
+def delta_recurrence(op, q, k, v, beta, g=None, qk_l2norm=True, h0=None):
+    """o [B,T,HV,V] and the final state S_T [B,HV,K,V] of op ("gated_delta_rule", "kda" or "delta_rule")
+    by the token-by-token recurrence, in the inputs' dtype and on their device, differentiable (autograd
+    gives the gradients).  q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV]; g [B,T,HV] (gated_delta_rule) or
+    [B,T,HV,K] (kda), log-gates, None for delta_rule; h0 [B,HV,K,V], the initial state, or None (zeros).
+    FLA's conventions: q, k L2-normalised per row (x / sqrt(sum x^2 + 1e-6), as FLA's l2norm) unless
+    qk_l2norm is False, scale K ** -0.5, value head h reads key head h // (HV / H), S_0 = h0 or 0; for
+    each t (D_t = exp(g_t) I, diag(exp(g_t)), or I):
         S <- D_t S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = scale S^T q_t
     The state is [B,HV,K,V], one loop over t.  S^T (D_t k_t) is taken from the state before its decay
     ((D_t S)^T k = S^T D_t k, D_t diagonal), so that autograd keeps one state a step (the new S, which
@@ -142,7 +157,7 @@ def delta_recurrence(op, q, k, v, beta, g=None, qk_l2norm=True):
     if HV != H:
         q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
     scale = K ** -0.5
-    S = q.new_zeros(B, HV, K, V)
+    S = h0 if h0 is not None else q.new_zeros(B, HV, K, V)
     o = []
     for t in range(T):
         kt, qt, vt, bt = k[:, t], q[:, t], v[:, t], beta[:, t]  # [B,HV,K], [B,HV,K], [B,HV,V], [B,HV]
@@ -161,7 +176,7 @@ def delta_recurrence(op, q, k, v, beta, g=None, qk_l2norm=True):
         u = bt[..., None] * (vt - sk)  # [B,HV,V]
         S = S + kt[..., :, None] * u[..., None, :]
         o.append(scale * (qt.unsqueeze(-2) @ S).squeeze(-2))
-    return torch.stack(o, dim=1)
+    return torch.stack(o, dim=1), S
 
 
 def f64_reference_bytes(B, T, HV, K, V):
@@ -170,21 +185,34 @@ def f64_reference_bytes(B, T, HV, K, V):
     return T * B * HV * K * V * 8
 
 
-def f64_reference(op, q, k, v, beta, g, do, device):
+def f64_reference(op, q, k, v, beta, g, do, device, h0=None, dht=None):
     """o, dq, dk, dv, dbeta (and dg unless delta_rule) of op in float64 on device (the inputs upcast from
-    whatever they are; the gradients of sum(o * do), with respect to the un-normalised q, k), as CPU
-    float64 tensors keyed by GRAD_NAMES"""
+    whatever they are; the gradients of sum(o * do) + sum(hT * dht), with respect to the un-normalised
+    q, k), as CPU float64 tensors keyed by GRAD_NAMES; from the initial state h0 where given (then also
+    dh0), and the final state hT where h0 or dht is given"""
     import torch
-    leaves = [t.detach().to(device=device, dtype=torch.float64).requires_grad_(True)
-              for t in ((q, k, v, beta) + ((g,) if g is not None else ()))]
+
+    def up(t):
+        return t.detach().to(device=device, dtype=torch.float64)
+
+    leaves = [up(t).requires_grad_(True) for t in ((q, k, v, beta) + ((g,) if g is not None else ()))]
     lq, lk, lv, lb = leaves[:4]
     lg = leaves[4] if g is not None else None
-    o = delta_recurrence(op, lq, lk, lv, lb, lg)
-    o.backward(do.detach().to(device=device, dtype=torch.float64))
+    lh0 = up(h0).requires_grad_(True) if h0 is not None else None
+    o, hT = delta_recurrence(op, lq, lk, lv, lb, lg, h0=lh0)
+    outs, grads = [o], [up(do)]
+    if dht is not None:
+        outs.append(hT)
+        grads.append(up(dht))
+    torch.autograd.backward(outs, grads)
     ref = {"o": o.detach().cpu(), "dq": lq.grad.cpu(), "dk": lk.grad.cpu(), "dv": lv.grad.cpu(),
            "dbeta": lb.grad.cpu()}
     if lg is not None:
         ref["dg"] = lg.grad.cpu()
+    if h0 is not None or dht is not None:
+        ref["hT"] = hT.detach().cpu()
+    if lh0 is not None:
+        ref["dh0"] = lh0.grad.cpu()
     return ref
 
 
@@ -241,16 +269,18 @@ def main():
            "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "(default)")}
     log("environment:", json.dumps(env))
 
-    def fla_call(op, q, k, v, g, beta, safe=False):
+    def fla_call(op, q, k, v, g, beta, safe=False, h0=None):
+        """FLA's (o, hT): hT the final state when h0 (the initial state) is given, else None"""
         if v.shape[2] != q.shape[2]:  # grouped value heads: q, k repeated over each group, as FLA's layer
             grp = v.shape[2] // q.shape[2]
             q, k = q.repeat_interleave(grp, dim=2), k.repeat_interleave(grp, dim=2)
+        st = {"initial_state": h0, "output_final_state": h0 is not None}
         if op == "gated_delta_rule":
-            return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+            return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **st)
         if op == "kda":
             extra = {"safe_gate": True, "lower_bound": -5.0} if safe else {}
-            return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **extra)[0]
-        return chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True)[0]
+            return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **st, **extra)
+        return chunk_delta_rule(q, k, v, beta, use_qk_l2norm_in_kernel=True, **st)
 
     def bench(fn, grads=None):
         return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, grad_to_none=grads,
@@ -329,24 +359,36 @@ def main():
         if op != "delta_rule":
             gshape = (B, T, HV) if op == "gated_delta_rule" else (B, T, HV, K)
             g = F.logsigmoid(torch.randn(*gshape, device=dev, dtype=torch.float32, generator=gen)).clamp_min(-5.0)
+        h0 = dht = None
+        if shape in H0_SHAPES:  # the initial state and the final state's gradient, N(0,1) f32
+            h0 = torch.randn(B, HV, K, V, device=dev, dtype=torch.float32, generator=gen)
+            dht = torch.randn(B, HV, K, V, device=dev, dtype=torch.float32, generator=gen)
         path = os.path.join(args.work, f"{shape}_{op}.safetensors")
         tensors = {"q": q, "k": k, "v": v, "do": do, "beta": beta}
         if g is not None:
             tensors["g"] = g
+        if h0 is not None:
+            tensors["h0"], tensors["dht"] = h0, dht
         save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, path, metadata={"op": op, "label": shape})
 
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
         lb = beta.detach().clone().requires_grad_(True)
         lg = g.detach().clone().requires_grad_(True) if g is not None else None
-        grads = leaves + [lb] + ([lg] if lg is not None else [])
+        lh0 = h0.detach().clone().requires_grad_(True) if h0 is not None else None
+        grads = leaves + [lb] + ([lg] if lg is not None else []) + ([lh0] if lh0 is not None else [])
 
         def fwd(safe=False):
             with torch.no_grad():
-                fla_call(op, q, k, v, g, beta, safe)
+                fla_call(op, q, k, v, g, beta, safe, h0)
 
         def fwdbwd(safe=False):
-            o = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb, safe)
-            o.backward(do)
+            """FLA's forward and backward; returns (o, hT)"""
+            o, ht = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb, safe, lh0)
+            if ht is None:
+                o.backward(do)
+            else:
+                torch.autograd.backward([o, ht], [do, dht])
+            return o, ht
 
         fla_ref = None
         try:
@@ -363,12 +405,13 @@ def main():
                 row["fla_kernels_error"] = f"{type(e).__name__}: {e}"[:200]
             for t in grads:
                 t.grad = None
-            o = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb)
-            o.backward(do)
+            o, ht = fwdbwd()
             fla_ref = {"o": o.detach().cpu(), "dq": leaves[0].grad.cpu(), "dk": leaves[1].grad.cpu(),
                        "dv": leaves[2].grad.cpu(), "dbeta": lb.grad.cpu()}
             if lg is not None:
                 fla_ref["dg"] = lg.grad.cpu()
+            if ht is not None:
+                fla_ref["hT"], fla_ref["dh0"] = ht.detach().cpu(), lh0.grad.cpu()
             if op == "kda" and args.kda_safe_gate:
                 row["fla_safe_gate_fwd_ms"] = bench(lambda: fwd(True))
                 row["fla_safe_gate_fwdbwd_ms"] = bench(lambda: fwdbwd(True), grads)
@@ -385,7 +428,7 @@ def main():
             else:
                 try:
                     tr = time.time()
-                    f64_ref = f64_reference(op, q, k, v, beta, g, do, dev)
+                    f64_ref = f64_reference(op, q, k, v, beta, g, do, dev, h0, dht)
                     row["f64_s"] = time.time() - tr
                     if fla_ref is not None:
                         row["err_f64_fla"] = {n: rel(fla_ref[n], f64_ref[n]) for n in GRAD_NAMES
@@ -393,8 +436,8 @@ def main():
                 except Exception as e:  # as FLA's: a result, not a reason to stop
                     row["f64_error"] = f"{type(e).__name__}: {e}"[:300]
                     log(f"{op} {shape}: f64 reference failed: {row['f64_error']}")
-        o = None
-        del q, k, v, do, beta, g, leaves, lb, lg, grads, tensors, o
+        o = ht = None
+        del q, k, v, do, beta, g, h0, dht, leaves, lb, lg, lh0, grads, tensors, o, ht
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         t1 = time.time()
@@ -497,8 +540,9 @@ def main():
             f"ours: CUDA events median, L2 flushed; both with the L2 norm of q, k in the timed call; "
             f"FLA kernels alone: the summed durations of FLA's GPU work in a call (torch.profiler, L2 flushed), "
             f"without the gaps where the GPU waits for the host: a lower bound of FLA's time\n"
-            + ("max rel. err. vs f64: the largest over o, dq, dk, dv, dbeta, dg of ||x - ref|| / ||ref||, ref the "
-               "op's token-by-token recurrence in float64 (autograd) on the same 16-bit inputs, upcast; ours / FLA\n"
+            + ("max rel. err. vs f64: the largest over o, dq, dk, dv, dbeta, dg (and hT, dh0 with h0 and dht: AS, "
+               "AS2) of ||x - ref|| / ||ref||, ref the op's token-by-token recurrence in float64 (autograd) on the "
+               "same 16-bit inputs, upcast; ours / FLA\n"
                if args.f64 else ""))
     with open(os.path.join(args.out, "side_by_side.md"), "w") as f:
         f.write(head + "\n" + table + "\n")

@@ -8,7 +8,9 @@
  *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
  * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
- * that FLA and these kernels run on the same numbers).
+ * that FLA and these kernels run on the same numbers; where a file has an initial state h0 or a
+ * final state's gradient dht, every call takes them, the forward writes the final state hT and the
+ * backward, given h0, its gradient dh0).
  *
  * What one timed call is.  The kernels are called through the family's backend table
  * (ops/delta/delta_backends.c: the first row that accepts the call) the way the ops call them with
@@ -412,8 +414,10 @@ static int usage(void) {
         "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
         "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
         "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
-        "g f32; as written by bench/fla_side_by_side.py) instead; --dump writes the default variant's\n"
-        "o, dq, dk, dv, dbeta, dg to FILE.ours.safetensors.  The recurrent kernels run at S1 (reference).\n");
+        "g f32; optional h0, dht f32 [B,HV,K,V]: the initial state and the final state's gradient; as written by\n"
+        "bench/fla_side_by_side.py) instead; --dump writes the default variant's o, dq, dk, dv, dbeta, dg\n"
+        "(and hT with h0 or dht, dh0 with h0) to FILE.ours.safetensors.  The recurrent kernels run at S1\n"
+        "(reference).\n");
     return 0;
 }
 

@@ -71,21 +71,23 @@ void *bench_dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
 static void case_free_work(bcase *c) {
     void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk, c->dg, c->keep};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
+    dg_cuda_free(c->hT), dg_cuda_free(c->dh0);
     c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
-    c->rq = c->rk = c->dg = NULL;
+    c->rq = c->rk = c->dg = c->hT = c->dh0 = NULL;
     c->keep = NULL;
 }
 void bench_case_free(bcase *c) {
     case_free_work(c);
-    void *p[] = {c->q, c->k, c->v, c->beta, c->dout, c->g};
+    void *p[] = {c->q, c->k, c->v, c->beta, c->dout, c->g, c->h0, c->dht};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
     c->q = c->k = c->v = c->beta = c->dout = NULL;
-    c->g = NULL;
+    c->g = c->h0 = c->dht = NULL;
 }
 
 int64_t bench_nqk(const bcase *c) { return c->s.B * c->s.T * c->s.H * c->s.K; }
 int64_t bench_nvo(const bcase *c) { return c->s.B * c->s.T * c->s.HV * c->s.V; }
 int64_t bench_nbt(const bcase *c) { return c->s.B * c->s.T * c->s.HV; }
+static int64_t n_state(const bcase *c) { return c->s.N * c->s.HV * c->s.K * c->s.V; } /* of h0, hT */
 
 static dg_delta_call fwd_call(const bcase *c, bench_what w, bool recurrent);
 
@@ -99,6 +101,9 @@ static int case_alloc_work(bcase *c) {
     c->rq = dg_cuda_malloc(rows4), c->rk = dg_cuda_malloc(rows4);
     bool ok = c->qn && c->kn && c->dqn && c->dkn && c->dq && c->dk && c->o && c->dv && c->dbeta && c->rq && c->rk;
     if (c->G) ok = ok && (c->dg = dg_cuda_malloc((size_t)bench_nbt(c) * c->G * 4));
+    /* the final state wherever the case has state tensors (dht is its gradient), h0's gradient with h0 */
+    if (c->h0 || c->dht) ok = ok && (c->hT = dg_cuda_malloc((size_t)n_state(c) * 4));
+    if (c->h0) ok = ok && (c->dh0 = dg_cuda_malloc((size_t)n_state(c) * 4));
     const dg_delta_call f = fwd_call(c, W_FWDBWD, false);
     const int64_t kb = dg_delta_kept_bytes(NULL, &f);
     if (kb < 0) return -1;
@@ -118,7 +123,8 @@ static int norm_bwd(bcase *c) {
     return dg_delta_k_l2norm_bwd(c->op, DG_CUDA, c->dt, rows, c->s.K, c->k, c->rk, c->dkn, c->dk);
 }
 
-/* the forward's call of w (the ops' call with use_qk_l2norm_in_kernel; no h0, no final state) */
+/* the forward's call of w (the ops' call with use_qk_l2norm_in_kernel); h0 and the final state where
+ * the case has them (a file's h0, dht), else none */
 static dg_delta_call fwd_call(const bcase *c, bench_what w, bool recurrent) {
     /* a forward alone keeps nothing (as the ops without autograd); fwd+bwd keeps unless keep_off */
     void *keep = w == W_FWDBWD && !recurrent && !c->keep_off ? c->keep : NULL;
@@ -133,7 +139,9 @@ static dg_delta_call fwd_call(const bcase *c, bench_what w, bool recurrent) {
         .v = c->v,
         .g = c->g,
         .beta = c->beta,
+        .h0 = c->h0,
         .o = c->o,
+        .hT = c->hT,
         .keep = keep,
         /* (a forward alone: q not written) */
         .l2 = {.on = true, .qraw = c->q, .kraw = c->k, .rq = c->rq, .rk = c->rk, .for_bwd = w == W_FWDBWD},
@@ -159,12 +167,15 @@ int bench_body(bcase *c, bench_what w, const dg_delta_bwd_flags *var, bool recur
                        .v = c->v,
                        .g = c->g,
                        .beta = c->beta,
+                       .h0 = c->h0,
                        .dout = c->dout,
+                       .dhT = c->dht,
                        .dq = recurrent ? c->dqn : c->dq,
                        .dk = recurrent ? c->dkn : c->dk,
                        .dv = c->dv,
                        .dg = c->dg,
                        .dbeta = c->dbeta,
+                       .dh0 = c->dh0,
                        .keep = f.kept ? f.keep : NULL,
                        .kept = f.kept,
                        .l2 = {.on = true, .rq = c->rq, .rk = c->rk}};
@@ -259,7 +270,8 @@ static void *upload(const dg_tensor *t) {
     return d;
 }
 /* q, k [B,T,H,K], v, do [B,T,HV,V], beta [B,T,HV] bf16 or f16 (all five the same); g f32 [B,T,HV] (gated_delta_rule) or
- * [B,T,HV,K] (kda) or absent (delta_rule); metadata "op" (checked against g) and "label" */
+ * [B,T,HV,K] (kda) or absent (delta_rule); h0 (the initial state) and dht (the final state's gradient)
+ * f32 [B,HV,K,V], each optional; metadata "op" (checked against g) and "label" */
 int bench_case_from_file(bcase *c, const char *path) {
     memset(c, 0, sizeof *c);
     dg_st_file *f = dg_st_read(path);
@@ -270,6 +282,7 @@ int bench_case_from_file(bcase *c, const char *path) {
     const dg_tensor *q = st_need(f, "q", dt, 4, false), *k = st_need(f, "k", dt, 4, false);
     const dg_tensor *v = st_need(f, "v", dt, 4, false), *dout = st_need(f, "do", dt, 4, false);
     const dg_tensor *beta = st_need(f, "beta", dt, 3, false), *g = st_need(f, "g", DG_F32, 0, true);
+    const dg_tensor *h0 = st_need(f, "h0", DG_F32, 4, true), *dht = st_need(f, "dht", DG_F32, 4, true);
     if (!q || !k || !v || !dout || !beta || dg_has_error()) goto out;
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3], HV = v->shape[2], V = v->shape[3];
     const char *op = NULL; /* the op whose gate has g's dims (none: delta_rule) */
@@ -287,6 +300,14 @@ int bench_case_from_file(bcase *c, const char *path) {
                  path, dg_shp(q), dg_shp(k), dg_shp(v), dg_shp(dout), dg_shp(beta), g ? dg_shp(g) : "absent");
         goto out;
     }
+    const int64_t sh[4] = {B, HV, K, V}; /* h0, dht: one state a sequence */
+    const dg_tensor *st[2] = {h0, dht};
+    for (int i = 0; i < 2; i++)
+        if (st[i] && memcmp(st[i]->shape, sh, sizeof sh)) {
+            dg_error("bench: --inputs '%s': tensor '%s' is %s, expected [B,HV,K,V] %s (q %s, v %s)", path,
+                     i ? "dht" : "h0", dg_shp(st[i]), dg_shape_text(4, sh), dg_shp(q), dg_shp(v));
+            goto out;
+        }
     if (mop && strcmp(mop, op)) {
         dg_error("bench: --inputs '%s': metadata op '%s' does not fit g %s (that is %s)", path, mop,
                  g ? dg_shp(g) : "absent", op);
@@ -298,27 +319,36 @@ int bench_case_from_file(bcase *c, const char *path) {
     c->dt = dt;
     c->q = upload(q), c->k = upload(k), c->v = upload(v), c->dout = upload(dout), c->beta = upload(beta);
     if (g) c->g = upload(g);
-    if (!c->q || !c->k || !c->v || !c->dout || !c->beta || (g && !c->g) || case_alloc_work(c)) goto out;
+    if (h0) c->h0 = upload(h0);
+    if (dht) c->dht = upload(dht);
+    if (!c->q || !c->k || !c->v || !c->dout || !c->beta || (g && !c->g) || (h0 && !c->h0) || (dht && !c->dht) ||
+        case_alloc_work(c))
+        goto out;
     rc = 0;
 out:
     dg_st_free(f);
     return rc;
 }
 
-/* o, dq, dk, dv, dbeta (the case's 16-bit dtype) and dg (f32) of the last call, to PATH (safetensors) */
+/* o, dq, dk, dv, dbeta (the case's 16-bit dtype), and dg, hT, dh0 (f32) where the case has them, of
+ * the last call, to PATH (safetensors) */
 int bench_dump_outputs(const bcase *c, const char *path) {
     const dg_dr_shape *s = &c->s;
     dg_scope_begin();
     const int64_t sq[4] = {s->B, s->T, s->H, s->K}, sv[4] = {s->B, s->T, s->HV, s->V}, sb[3] = {s->B, s->T, s->HV};
-    const int64_t sg[4] = {s->B, s->T, s->HV, s->K};
-    const char *names[6] = {"o", "dq", "dk", "dv", "dbeta", "dg"};
-    const void *src[6] = {c->o, c->dq, c->dk, c->dv, c->dbeta, c->dg};
-    dg_tensor *t[6] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt),
-                       dg_empty(4, sq, c->dt), dg_empty(4, sv, c->dt),
-                       dg_empty(3, sb, c->dt), c->G ? dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32) : NULL};
-    int n = c->G ? 6 : 5, rc = 0;
-    for (int i = 0; i < n && rc == 0; i++)
-        rc = !t[i] ? -1 : dg_cuda_memcpy(dg_data_ptr(t[i]), src[i], (size_t)dg_numel(t[i]) * (i == 5 ? 4 : 2), 1);
+    const int64_t sg[4] = {s->B, s->T, s->HV, s->K}, sh[4] = {s->N, s->HV, s->K, s->V};
+    const char *names[8] = {"o", "dq", "dk", "dv", "dbeta"};
+    const void *src[8] = {c->o, c->dq, c->dk, c->dv, c->dbeta};
+    dg_tensor *t[8] = {dg_empty(4, sv, c->dt), dg_empty(4, sq, c->dt), dg_empty(4, sq, c->dt), dg_empty(4, sv, c->dt),
+                       dg_empty(3, sb, c->dt)};
+    int n = 5, rc = 0;
+    if (c->G) names[n] = "dg", src[n] = c->dg, t[n++] = dg_empty(c->G == 1 ? 3 : 4, sg, DG_F32);
+    if (c->hT) names[n] = "hT", src[n] = c->hT, t[n++] = dg_empty(4, sh, DG_F32);
+    if (c->dh0) names[n] = "dh0", src[n] = c->dh0, t[n++] = dg_empty(4, sh, DG_F32);
+    for (int i = 0; i < n && rc == 0; i++) {
+        const size_t bytes = t[i] ? (size_t)dg_numel(t[i]) * dg_dtype_size(t[i]->dtype) : 0;
+        rc = !t[i] ? -1 : dg_cuda_memcpy(dg_data_ptr(t[i]), src[i], bytes, 1);
+    }
     if (rc == 0) rc = dg_st_write(path, n, names, t, 0, NULL, NULL);
     dg_scope_end();
     return rc;

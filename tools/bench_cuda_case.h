@@ -20,8 +20,10 @@ typedef struct bcase {
     dg_dtype dt;                       /* of q, k, v, beta, dout, o and the gradients: bf16 or f16 */
     uint16_t *q, *k, *v, *beta, *dout; /* raw inputs (16-bit words) */
     float *g;                          /* per-token log decay, NULL for delta_rule */
+    float *h0, *dht; /* [B,HV,K,V]: the initial state and the final state's gradient, or NULL (files only) */
     uint16_t *qn, *kn, *o, *dqn, *dkn, *dq, *dk, *dv, *dbeta;
     float *rq, *rk, *dg;
+    float *hT, *dh0; /* [B,HV,K,V]: the final state (where h0 or dht is given) and h0's gradient, or NULL */
     void *keep;      /* the forward's working set kept for the backward (NULL: none for this shape) */
     bool keep_off;   /* time the recomputing backward instead */
     bool norm_first; /* the L2 norm's kernel first, not in the tensor-core forward's loads */
@@ -46,10 +48,10 @@ int bench_case_random(bcase *c, const shape_def *d, dg_dtype dt);
 /* the case's op and its gate g = max(logsigmoid(N(0,1)), -5), f32, per head or per channel (FLA's
  * benchmark draws); outputs, gradients and the kept working set allocated */
 int bench_case_set_op(bcase *c, const char *op);
-/* the op and inputs of a safetensors file (written by bench/fla_side_by_side.py) */
+/* the op and inputs of a safetensors file (written by bench/fla_side_by_side.py), h0 and dht if it has them */
 int bench_case_from_file(bcase *c, const char *path);
 void bench_case_free(bcase *c);
-/* o, dq, dk, dv, dbeta, dg of the last call to PATH (safetensors) */
+/* o, dq, dk, dv, dbeta, dg, hT, dh0 (those the case has) of the last call to PATH (safetensors) */
 int bench_dump_outputs(const bcase *c, const char *path);
 /* 16-bit values that are inf or NaN among o, dq, dk, dv of the last call (-1 on a failed copy) */
 int64_t bench_nonfinite(const bcase *c);
