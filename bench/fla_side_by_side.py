@@ -501,7 +501,7 @@ def main():
         if r.get("fla_guard_off"):
             notes.append("FLA #640 Hopper guard switched off")
         notes.append(r["dtype"])
-        if r["K"] > 128:
+        if r["K"] > 128 and r["op"] == "kda":  # (gated_delta_rule and delta_rule: the K = 256 16-bit kernels)
             notes.append("ours: TF32 family (K = 256)")
         if r.get("ours_nonfinite"):
             notes.append(f"ours: {r['ours_nonfinite']} non-finite values")

@@ -2,8 +2,8 @@
  * on the GPU at the benchmark shapes, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
  *   S1  B8  T2048 H16 K=V=128   bf16
  *   S2  B2  T8192 H16 K=V=128   bf16
- *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (K = 256 takes the TF32 family, its
- *                               prep and state pass on 16-bit tensor cores: docs/PERF_KERNELS.md)
+ *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (the K = 256 kernels on 16-bit tensor
+ *                               cores: docs/PERF_KERNELS.md, "K = 256")
  *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule only, with --shapes S4 only (FLA's layer
  *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
  * (--dtype bf16|f16 puts every shape in one dtype)
