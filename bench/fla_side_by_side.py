@@ -55,7 +55,8 @@ import time
 
 # B, T, H, K, V.  S1-S3: the reference shapes (the default); S4 (with --shapes S4): FLA's layer default
 # V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu); L1 (with
-# --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096;
+# --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096, and
+# delta_rule and kda at its heads (K = 256: ours runs delta_rule on the K = 256 kernels, kda on the TF32 family);
 # Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
 # B4 T4096 (FLA's layer repeats q and k over each group of value heads before its kernels: so does
 # the FLA side here, inside the timed call).  A1, A3, AL (with --shapes A1,A3,AL --f64): accuracy
@@ -78,7 +79,7 @@ H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
          ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
-         ("gated_delta_rule", "Q1"),
+         ("delta_rule", "L1"), ("kda", "L1"), ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
          ("gated_delta_rule", "A3"), ("gated_delta_rule", "AL"),
          ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2")]

@@ -2,10 +2,15 @@
  * on the GPU at the benchmark shapes, 16-bit q, k, v, beta, dout; f32 gates; chunk 64:
  *   S1  B8  T2048 H16 K=V=128   bf16
  *   S2  B2  T8192 H16 K=V=128   bf16
- *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule only (the K = 256 kernels on 16-bit tensor
+ *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule (the K = 256 kernels on 16-bit tensor
  *                               cores: docs/PERF_KERNELS.md, "K = 256")
- *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule only, with --shapes S4 only (FLA's layer
+ *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule, with --shapes S4 only (FLA's layer
  *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
+ *   L1  B4  T4096 H6  K=256 V=512 bf16, gated_delta_rule, with --shapes L1 only (FLA's
+ *                               GatedDeltaNet layer as it comes: head_dim 256, expand_v 2)
+ *   Q1  B4  T4096 H16 HV32 K=V=128 bf16, gated_delta_rule, with --shapes Q1 only (Qwen3-Next's
+ *                               grouped value heads: 16 key heads, 32 value heads)
+ * (delta_rule also at S3 and L1 where it is named: the K = 256 kernels with no gate)
  * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers; where a file has an initial state h0 or a
@@ -405,13 +410,25 @@ static int run_case(bcase *c, const run_opts *o) {
     return fails;
 }
 
+/* whether op oi runs at shape d: the shape's ops when no OP is named; the named one where it is one of
+ * them, and delta_rule at K = 256 (the K = 256 kernels with no gate: timed when asked, out of the
+ * default run's time) */
+static bool op_runs(const shape_def *d, int oi, const char *only) {
+    if (only && strcmp(only, BENCH_OPS[oi])) return false;
+    return (d->ops >> oi & 1u) || (only && !strcmp(BENCH_OPS[oi], "delta_rule") && d->K == 256);
+}
+
 static int usage(void) {
     printf(
-        "usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4] [--dtype bf16|f16] [--inputs FILE]...\n"
+        "usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4,L1,Q1] [--dtype bf16|f16] [--inputs "
+        "FILE]...\n"
         "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
-        "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4 run gated_delta_rule only).\n"
+        "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4, L1, Q1 run gated_delta_rule, and\n"
+        "delta_rule at S3 and L1 where OP names it).\n"
         "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
-        "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K)\n"
+        "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K); L1 B4 T4096 H6\n"
+        "K=256 V=512 bf16 (FLA's GatedDeltaNet layer as it comes); Q1 B4 T4096 H16, 32 value heads, K=V=128 bf16\n"
+        "(Qwen3-Next's grouped heads)\n"
         "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
         "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
         "g f32; optional h0, dht f32 [B,HV,K,V]: the initial state and the final state's gradient; as written by\n"
@@ -527,7 +544,7 @@ int dg_bench_cuda(int argc, char **argv) {
                 continue;
             }
             for (int oi = 0; oi < 3; oi++) {
-                if ((only && strcmp(only, BENCH_OPS[oi])) || (si >= 2 && oi != 0)) continue; /* S3, S4: GDN only */
+                if (!op_runs(&BENCH_SHAPES[si], oi, only)) continue;
                 if (bench_case_set_op(&c, BENCH_OPS[oi])) {
                     fails += report_failure(&c, "allocation");
                     continue;
@@ -538,9 +555,9 @@ int dg_bench_cuda(int argc, char **argv) {
             }
             bench_case_free(&c);
         }
-        if (want_shape[2] && (!only || !strcmp(only, BENCH_OPS[0])))
-            printf("S3 (K = V = 256) runs on the K = 256 kernels on 16-bit tensor cores (DG_DRC_K256_OFF=1: the TF32 "
-                   "family)\n");
+        if ((want_shape[2] || want_shape[4]) && (!only || strcmp(only, BENCH_OPS[1])))
+            printf("S3 and L1 (K = 256) run on the K = 256 kernels on 16-bit tensor cores (DG_DRC_K256_OFF=1: the "
+                   "TF32 family)\n");
     }
     if (json && write_json(json, prop.name, prop.multiProcessorCount, drv, rtv)) fails++;
     dg_cuda_free(flush_buf);

@@ -16,10 +16,11 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "models/safetensors.h"
 
-const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {{"S1", 8, 2048, 16, 128, 128, DG_BF16, true},
-                                               {"S2", 2, 8192, 16, 128, 128, DG_BF16, true},
-                                               {"S3", 16, 4096, 8, 256, 256, DG_F16, true},
-                                               {"S4", 8, 2048, 16, 128, 256, DG_BF16, false}};
+const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {
+    {"S1", 8, 2048, 16, 16, 128, 128, DG_BF16, true, 7u}, {"S2", 2, 8192, 16, 16, 128, 128, DG_BF16, true, 7u},
+    {"S3", 16, 4096, 8, 8, 256, 256, DG_F16, true, 1u},   {"S4", 8, 2048, 16, 16, 128, 256, DG_BF16, false, 1u},
+    {"L1", 4, 4096, 6, 6, 256, 512, DG_BF16, false, 1u},  {"Q1", 4, 4096, 16, 32, 128, 128, DG_BF16, false, 1u},
+};
 const char *const BENCH_OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
 
 /* ---- host random numbers (xorshift64*) ---------------------------------------------------------- */
@@ -231,7 +232,7 @@ static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H,
 int bench_case_random(bcase *c, const shape_def *d, dg_dtype dt) {
     memset(c, 0, sizeof *c);
     snprintf(c->label, sizeof c->label, "%s", d->name);
-    set_shape(c, "delta_rule", d->B, d->T, d->H, d->H, d->K, d->V);
+    set_shape(c, "delta_rule", d->B, d->T, d->H, d->HV, d->K, d->V);
     c->dt = dt;
     c->q = bench_dev_random(bench_nqk(c), dt, R_NORMAL), c->k = bench_dev_random(bench_nqk(c), dt, R_NORMAL);
     c->v = bench_dev_random(bench_nvo(c), dt, R_NORMAL), c->dout = bench_dev_random(bench_nvo(c), dt, R_NORMAL);

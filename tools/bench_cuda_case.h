@@ -31,11 +31,12 @@ typedef struct bcase {
 
 typedef struct shape_def {
     const char *name;
-    int64_t B, T, H, K, V;
+    int64_t B, T, H, HV, K, V; /* H key heads, HV value heads */
     dg_dtype dt;
     bool by_default; /* run without --shapes */
+    unsigned ops;    /* the BENCH_OPS it runs (bit i: BENCH_OPS[i]) without OP; named, also delta_rule at K = 256 */
 } shape_def;
-enum { BENCH_NSHAPES = 4 };
+enum { BENCH_NSHAPES = 6 };
 extern const shape_def BENCH_SHAPES[BENCH_NSHAPES];
 extern const char *const BENCH_OPS[3]; /* gated_delta_rule, kda, delta_rule */
 
