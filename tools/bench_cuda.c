@@ -555,7 +555,11 @@ int dg_bench_cuda(int argc, char **argv) {
             }
             bench_case_free(&c);
         }
-        if ((want_shape[2] || want_shape[4]) && (!only || strcmp(only, BENCH_OPS[1])))
+        bool k256 = false; /* a K = 256 shape ran */
+        for (int si = 0; si < BENCH_NSHAPES; si++)
+            for (int oi = 0; oi < 3; oi++)
+                k256 |= want_shape[si] && BENCH_SHAPES[si].K == 256 && op_runs(&BENCH_SHAPES[si], oi, only);
+        if (k256)
             printf("S3 and L1 (K = 256) run on the K = 256 kernels on 16-bit tensor cores (DG_DRC_K256_OFF=1: the "
                    "TF32 family)\n");
     }

@@ -70,9 +70,9 @@ void *bench_dev_random(int64_t n, dg_dtype dt, rand_kind kind) {
 
 
 static void case_free_work(bcase *c) {
-    void *p[] = {c->qn, c->kn, c->o, c->dqn, c->dkn, c->dq, c->dk, c->dv, c->dbeta, c->rq, c->rk, c->dg, c->keep};
+    void *p[] = {c->qn,    c->kn, c->o,  c->dqn, c->dkn,  c->dq, c->dk, c->dv,
+                 c->dbeta, c->rq, c->rk, c->dg,  c->keep, c->hT, c->dh0};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
-    dg_cuda_free(c->hT), dg_cuda_free(c->dh0);
     c->qn = c->kn = c->o = c->dqn = c->dkn = c->dq = c->dk = c->dv = c->dbeta = NULL;
     c->rq = c->rk = c->dg = c->hT = c->dh0 = NULL;
     c->keep = NULL;
