@@ -185,6 +185,7 @@ __forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
 __forceinline__ void cp_async_wait_1() {}
+template <int N> __forceinline__ void cp_async_wait() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
 #else
 #define DRC_SMEM(type, name)              \
@@ -282,6 +283,10 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 /* every group of this thread's copies but the most recently committed one complete */
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+/* every group but the N most recently committed ones */
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 /* threadIdx.x, read again where it is used (volatile asm: not hoisted out of a loop), so that
  * offsets derived from it are made where needed instead of being kept live across a loop's body:
  * f_state kept store_raw's, spilled them (64 bytes at 128 registers) and waited on their reload

@@ -48,49 +48,71 @@ namespace drc {
 namespace DRC_FAST {
 namespace {
 
-constexpr int KK = 256;       /* K */
-constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles */
-constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
-constexpr int SBV = 64;       /* value columns a block of the state pass */
-constexpr int SNT = ONE_SM_NTH;
-/* whether the state pass (dhu) writes the lo words of S (dS) into shared memory: where its own
- * product reads them split (not K256Plain::Chain), and in dhu always: without them its code changed
- * and it ran 2.38 ms at S3 against 2.28 (H200), where the state pass ran 1.40 against 1.51 */
-constexpr bool SLO = !K256Plain::Chain, DSLO = true;
-constexpr int SSP = SLO ? 2 : 1, DSSP = DSLO ? 2 : 1; /* tiles of S (dS) in shared memory */
+constexpr int KK = 256;         /* K */
+constexpr int LDK = KK + PAD;   /* row stride (16-bit words) of the 64 x K tiles */
+constexpr int LDF = TRI_LD;     /* row stride (floats) of the f32 64 x 64 matrices */
+constexpr int SBV = 64;         /* value columns a block of the state passes */
+constexpr int SNT = ONE_SM_NTH; /* threads of dhu's block */
+/* dhu writes the lo words of dS into shared memory though its products read dS plain
+ * (K256Plain::Chain): without them its code changed and it ran 2.38 ms at S3 against 2.28 (H200) */
+constexpr bool DSLO = true;
+constexpr int DSSP = DSLO ? 2 : 1; /* tiles of dS in shared memory */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
-constexpr int STATE_BYTES =
-    4 * 2 * 64 + 2 * tile_bytes(64, KK) + 2 * tile_bytes(64, KK) + SSP * tile_bytes(KK, SBV) + 2 * tile_bytes(64, SBV);
+constexpr int STATE_BYTES = 4 * 2 * 64 + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
 constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + DSSP * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
-constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
-static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 && STATE_BYTES <= SMEM_MAX &&
-                  DHU_BYTES <= SMEM_MAX,
+constexpr int OUT_BYTES = 4 * 64 + 4 * tile_bytes(64, 64) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
+static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 &&
+                  STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES <= SMEM_MAX,
               "shared memory");
 
-/* A block of the state passes (forward and backward): sequence n, value head hv (key head h), 64
- * value columns from v0; the warp's part of the state [256 x 64] (TS: rows sm0 .., all columns) and
- * of a 64 x 64 tile of V' or dV' (TV); hb: the block's first element in a [N, HV, K, V] state. */
-struct StateBlock {
-    using TS = WT<KK, SBV, SNT / 32>;
-    using TV = WT<64, SBV, SNT / 32>;
+/* A block of the state passes (forward and backward) of NW warps: sequence n, value head hv (key
+ * head h), 64 value columns from v0; the warp's part of the state [256 x 64] (MT m tiles: its rows
+ * sm0 .. sm0 + 16 MT - 1, all columns) and of a 64 x 64 tile of V' or dV' (TV); hb: the block's first
+ * element in a [N, HV, K, V] state. */
+template <int NW> struct StateBlock {
+    static constexpr int MT = KK / 16 / NW, NT = SBV / 8;
+    using TV = WT<64, SBV, NW>;
     int64_t n, hb;
-    int hv, h, v0, sm0, sn0, vm0, vn0;
+    int hv, h, v0, sm0, vm0, vn0;
     __device__ StateBlock(const Geom &G) {
         const int NVT = G.V / SBV, warp = threadIdx.x >> 5;
         n = blockIdx.x / (G.HV * NVT);
         hv = (int)(blockIdx.x / NVT % G.HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
-        sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
+        sm0 = 16 * MT * warp, vm0 = TV::m0(warp), vn0 = TV::n0(warp);
         hb = (n * G.HV + hv) * (int64_t)KK * G.V + v0;
     }
+    /* f(row, col, value&) over the warp's part of the state (the mma.sync m16n8 layout of
+     * frag_each, m tile by m tile) */
+    template <class F> __device__ __forceinline__ void each(float (&S)[MT][NT][4], F f) const {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    f(sm0 + 16 * mt + g + ((q >> 1) << 3), nt * 8 + 2 * t + (q & 1), S[mt][nt][q]);
+    }
+    /* f(row, col, x0, x1) over its column pairs (col, col + 1), as frag_pairs */
+    template <class F> __device__ __forceinline__ void pairs(float (&S)[MT][NT][4], F f) const {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    f(sm0 + 16 * mt + g + 8 * hh, nt * 8 + 2 * t, S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+    }
     /* the warp's part of the state from src (NULL: zero) */
-    __device__ void load(float (&S)[1][TS::NT][4], const float *src, int V) const {
-        frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = src ? src[hb + (int64_t)r * V + j] : 0.0f; });
+    __device__ void load(float (&S)[MT][NT][4], const float *src, int V) const {
+        each(S, [&](int r, int j, float &x) { x = src ? src[hb + (int64_t)r * V + j] : 0.0f; });
     }
     /* and to dst (NULL: nothing) */
-    __device__ void store(float (&S)[1][TS::NT][4], float *dst, int V) const {
-        if (dst) frag_each(S, sm0, sn0, [&](int r, int j, float &x) { dst[hb + (int64_t)r * V + j] = x; });
+    __device__ void store(float (&S)[MT][NT][4], float *dst, int V) const {
+        if (dst) each(S, [&](int r, int j, float &x) { dst[hb + (int64_t)r * V + j] = x; });
     }
 };
 
@@ -226,96 +248,106 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
     }
 }
 
-/* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's state pass */
-template <int GATE> __global__ void __launch_bounds__(SNT, 1) k256_state(Geom G, const uint16_t *k, K256Out o) {
+/* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's state pass.
+ * 8 warps, two blocks per SM (the other block's steps fill this one's waits: each step is a chain
+ * W S -> V' -> K^T V'); S [256 x 64] in registers, warp w its rows 32w .. 32w + 31 (two m tiles:
+ * the V' fragments of the S update serve both).  One set of tiles: the next chunk's W and gate
+ * come by cp.async once this chunk's V' is made (W dead), its K once the S update is done (K dead),
+ * each a commit group of its own, so that a step waits for W before W S and for K only before the
+ * S update; its U is asked into L2 during the S update and read into V''s accumulator. */
+template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G, const uint16_t *k, K256Out o) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const StateBlock b(G);
-    using TS = StateBlock::TS;
-    using TV = StateBlock::TV;
-    constexpr bool PV = Plain<GATE>::Vn; /* V' plain 16-bit words (W always is, as prep stores it) */
-    static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
+    using SB = StateBlock<FNT / 32>;
+    using TV = SB::TV;
+    const SB b(G);
+    static_assert(Plain<GATE>::W && Plain<GATE>::Vn && K256Plain::Chain, "W, V' and S enter as 16-bit words");
     const int64_t n = b.n;
-    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
-    /* sG [2][64]; K [2] tiles; W [2] tiles; S (split where SLO); V' (split unless plain) */
-    uint16_t *sK0 = (uint16_t *)(sm + 2 * 64), *sW0 = sK0 + 2 * 64 * LDK;
-    const Sp sS{sW0 + 2 * 64 * LDK, KK * (SBV + PAD)};
-    const Sp sVn{sS.hi + SSP * KK * (SBV + PAD), 64 * (SBV + PAD)};
-    float S[1][TS::NT][4];
+    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, vm0 = b.vm0, vn0 = b.vn0;
+    constexpr int LV = SBV + PAD; /* row stride of S's and V''s tiles */
+    /* sG [2][64] (this chunk's, the next one's); K; W; S; e^{G_last - G} o V' */
+    uint16_t *sK = (uint16_t *)(sm + 2 * 64), *sW = sK + 64 * LDK, *sS = sW + 64 * LDK, *sVn = sS + KK * LV;
+    float S[SB::MT][SB::NT][4];
     b.load(S, o.h0, V);
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    /* U: this thread's pairs of the V' tile (the next chunk's loaded during this one's S update) */
-    float2 u[TV::NT][2];
-    auto load_u = [&](int64_t cc) {
+    /* the next chunk's U asked into L2 during this one's S update, read into V''s accumulator
+     * when used (S takes 64 of the 128 registers a thread has at two blocks a SM: none are left to
+     * hold U through the S update).  The offsets of the loads are made from tid_fresh() where used
+     * (kept live across the loop, 250 bytes of them spilled). */
+    auto prefetch_u = [&](int64_t cc) {
         const Chunk x = seq_chunk(G, n, c0, cc);
-#pragma unroll
-        for (int nt = 0; nt < TV::NT; nt++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                u[nt][hh] = i < x.L ? get_pair(o.U, ((x.r0 + i) * HV + hv) * V + v0 + j) : make_float2(0, 0);
-            }
+        const int64_t off = (x.r0 * HV + hv) * V + v0;
+        if (o.U.w16) prefetch_tile<64, SBV>((const uint16_t *)o.U.f + off, (int64_t)HV * V, x.L, tid_fresh());
+        else prefetch_tile<64, SBV>(o.U.f + off, (int64_t)HV * V, x.L, tid_fresh());
     };
-    auto issue_k = [&](int64_t cc,
-                       int pair) { /* chunk cc's K and W tiles and gate into set pair, by cp.async */
-                                   const Chunk x = seq_chunk(G, n, c0, cc);
-                                   load_raw_async<64, KK, SNT>(sK0 + pair * 64 * LDK, k + (x.r0 * G.H + h) * KK,
-                                                               (int64_t)G.H * KK, x.L);
-                                   load_raw_async<64, KK, SNT>(sW0 + pair * 64 * LDK, o.W + (x.r0 * HV + hv) * KK,
-                                                               (int64_t)HV * KK, x.L);
-                                   load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid);
-                                   cp_async_commit();
+    auto issue_w = [&](int64_t cc, int pair) { /* chunk cc's W tile and gate (into slot pair) */
+                                               const Chunk x = seq_chunk(G, n, c0, cc);
+                                               load_raw_async<64, KK, FNT>(sW, o.W + (x.r0 * HV + hv) * KK,
+                                                                           (int64_t)HV * KK, x.L, tid_fresh());
+                                               load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair,
+                                                                     tid_fresh());
+                                               cp_async_commit();
     };
-    if (c0 < c1) load_u(c0), issue_k(c0, 0);
+    auto issue_k = [&](int64_t cc) { /* and its K tile */
+                                     const Chunk x = seq_chunk(G, n, c0, cc);
+                                     load_raw_async<64, KK, FNT>(sK, k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L,
+                                                                 tid_fresh());
+                                     cp_async_commit();
+    };
+    if (c0 < c1) issue_w(c0, 0), issue_k(c0);
     for (int64_t c = c0; c < c1; c++) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L, pair = (int)((c - c0) & 1);
         const int64_t r0 = ch.r0;
         const float *sG = sm + 64 * pair;
-        const uint16_t *sK = sK0 + pair * 64 * LDK, *sW = sW0 + pair * 64 * LDK;
-        /* the state entering the chunk split into shared memory (and out in f32 for the TF32 output
-         * pass; its 16-bit words go out from shared memory below) */
+        /* the state entering the chunk into shared memory as 16-bit words (and out in f32 for the
+         * TF32 output pass; its 16-bit words go out from shared memory below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
-        frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            put_sp2<SLO>(sS, SBV + PAD, r, j, x0, x1);
+        b.pairs(S, [&](int r, int j, float x0, float x1) {
+            put_sp2<false>(Sp{sS, 0}, LV, r, j, x0, x1);
             if (!o.Hst.w16) put_pair(o.Hst, sb + (int64_t)r * V + j, x0, x1);
         });
-        cp_async_wait_all(); /* this chunk's K, W and gate */
+        cp_async_wait_1(); /* this chunk's W and gate (its K may still be in flight) */
         bsync();
-        if (c + 1 < c1) issue_k(c + 1, pair ^ 1); /* the other set was last read before this barrier */
-        if (o.Hst.w16)                            /* the state's 16-bit words out, whole 128-byte lines a warp */
-            store_raw<KK, SBV, SNT, 1>((uint16_t *)o.Hst.f + sb, V, sS.hi, tid);
+        if (o.Hst.w16) /* the state's 16-bit words out, whole 128-byte lines a warp */
+            store_raw<KK, SBV, FNT, 1>((uint16_t *)o.Hst.f + sb, V, sS, tid);
         { /* V' = U - W S: out (over U: f32 or 16-bit words), and e^{G_last - G} o V' into shared memory */
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
-            float acc[1][TV::NT][4];
-            acc_zero(acc);
-#pragma unroll 1
-            for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, 0.5 KB of spills) */
-                mma_p<1, TV::NT, false, true, false, !K256Plain::Chain>(acc, Sp{(uint16_t *)sW + kq, 0}, LDK, vm0,
-                                                                        Sp{sS.hi + kq * (SBV + PAD), sS.lo_off},
-                                                                        SBV + PAD, vn0, 64);
+            float acc[1][TV::NT][4]; /* W S - U */
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
-                    const float y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
+                    const float2 x = i < L ? get_pair(o.U, ((r0 + i) * HV + hv) * V + v0 + j) : make_float2(0, 0);
+                    acc[0][nt][2 * hh] = -x.x, acc[0][nt][2 * hh + 1] = -x.y;
+                }
+#pragma unroll 1
+            for (int kq = 0; kq < KK; kq += 64) /* (by 64 rows of S: unrolled over all 256, spills) */
+                mma_run<1, TV::NT, false, true>(acc, sW + kq, LDK, vm0, sS + kq * LV, LV, vn0, 64);
+#pragma unroll
+            for (int nt = 0; nt < TV::NT; nt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = vm0 + gq + 8 * hh, j = vn0 + nt * 8 + 2 * tq;
+                    const float y0 = -acc[0][nt][2 * hh], y1 = -acc[0][nt][2 * hh + 1];
                     if (i < L) put_pair(o.U, ((r0 + i) * HV + hv) * V + v0 + j, y0, y1);
-                    put_sp2<!PV>(sVn, SBV + PAD, i, j, eg[hh] * y0, eg[hh] * y1);
+                    put_sp2<false>(Sp{sVn, 0}, LV, i, j, eg[hh] * y0, eg[hh] * y1);
                 }
         }
-        if (c + 1 < c1) load_u(c + 1); /* in flight through the S update */
+        cp_async_wait_all(); /* this chunk's K */
         bsync();
+        if (c + 1 < c1) issue_w(c + 1, pair ^ 1), prefetch_u(c + 1); /* W read, the other gate slot free */
         /* S <- e^{G_last} S + K^T (e^{G_last - G} o V') */
         if (GATE == DG_GATE_HEAD) {
             const float d = expf(sG[63]);
-            frag_each(S, sm0, sn0, [&](int, int, float &x) { x *= d; });
+            b.each(S, [&](int, int, float &x) { x *= d; });
         }
-        mma_p<1, TS::NT, true, true, false, !PV>(S, Sp{(uint16_t *)sK, 0}, LDK, sm0, sVn, SBV + PAD, sn0, 64);
-        /* (no barrier: the next step writes S, last read before the barrier above, and V' and the
-         * other set only after its first barrier) */
+        mma_run<SB::MT, SB::NT, true, true>(S, sK, LDK, sm0, sVn, LV, 0, 64);
+        bsync();
+        if (c + 1 < c1) issue_k(c + 1); /* K read (S and V' are written only after the next step's first barrier) */
     }
     b.store(S, o.hT, V);
 }
@@ -336,11 +368,12 @@ __global__ void __launch_bounds__(SNT, 1)
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x;
     constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
-    const StateBlock b(G);
-    using TS = StateBlock::TS;
-    using TV = StateBlock::TV;
+    const StateBlock<SNT / 32> b(G);
+    using TS = WT<KK, SBV, SNT / 32>; /* = the block's state tiling: one m tile a warp */
+    using TV = StateBlock<SNT / 32>::TV;
+    static_assert(StateBlock<SNT / 32>::MT == 1, "one m tile a warp");
     const int64_t n = b.n;
-    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = b.sn0, vm0 = b.vm0, vn0 = b.vn0;
+    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = 0, vm0 = b.vm0, vn0 = b.vn0;
     static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
     float *sG = sm;
     uint16_t *sX = (uint16_t *)(sm + 64), *sW = sX + 64 * LDK;
@@ -425,8 +458,10 @@ __global__ void __launch_bounds__(SNT, 1)
 /* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
  *   O = scale e^G o (Q S) + P V'                  [mma, P split; S, V' plain; Q exact]
  * S the state entering the chunk and V' as the state pass left them in 16-bit words (Hst16, Vn16), P
- * as prep left it (f32).  Q, S and V' come by cp.async, in flight while P comes through registers
- * and is split into shared memory: 99 KB, two blocks per SM. */
+ * as prep left it (f32).  Q and S come by cp.async in four groups, a quarter of K each (Q's 64
+ * columns, S's 64 rows; V' with the last), and Q S is summed a quarter at a time as each lands (the
+ * same products in the same order as one pass over K); P comes through registers while they are in
+ * flight and is split into shared memory: 102 KB, two blocks per SM. */
 template <int GATE>
 __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
                                                    const uint16_t *Vn16, const uint16_t *Hst16, uint16_t *out) {
@@ -439,25 +474,33 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     float *sG = sm;
-    uint16_t *sQ = (uint16_t *)(sm + 64), *sS = sQ + 64 * LDK, *sV = sS + KK * LV;
+    /* Q by quarters of K (four 64 x 64 tiles), S [256 x 64], V', P split */
+    uint16_t *sQ = (uint16_t *)(sm + 64), *sS = sQ + 4 * 64 * LV, *sV = sS + KK * LV;
     const Sp sP{sV + 64 * LV, 64 * LV};
     using T = WT<64, SBV>;
     const int m0 = T::m0(warp), n0 = T::n0(warp);
-    load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
-    load_raw_async<KK, SBV>(sS, Hst16 + (c * HV + hv) * (int64_t)KK * V + v0, V, KK);
-    load_raw_async<64, SBV>(sV, Vn16 + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-    cp_async_commit();
+#pragma unroll
+    for (int qk = 0; qk < 4; qk++) {
+        load_raw_async<64, 64>(sQ + qk * 64 * LV, q + (r0 * G.H + h) * KK + 64 * qk, (int64_t)G.H * KK, L);
+        load_raw_async<64, SBV>(sS + qk * 64 * LV, Hst16 + ((c * HV + hv) * (int64_t)KK + 64 * qk) * V + v0, V, 64);
+        if (qk == 3) load_raw_async<64, SBV>(sV, Vn16 + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+        cp_async_commit();
+    }
     if (GATE == DG_GATE_HEAD && tid < 64) sG[tid] = tid < L ? Gc[(r0 + tid) * HV + hv] : 0.0f;
     { /* P (prep wrote its rows i < L, zero above the diagonal), split */
         F32Tile<64, 64> pr;
         pr.load(P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         pr.put(sP, LV);
     }
-    cp_async_wait_all(); /* Q, S, V' */
-    bsync();
     float acc[1][T::NT][4];
     acc_zero(acc);
-    mma_run<1, T::NT, false, true>(acc, sQ, LDK, m0, sS, LV, n0, KK);
+    auto quarter = [&](int qk) {
+        mma_run<1, T::NT, false, true>(acc, sQ + qk * 64 * LV, LV, m0, sS + qk * 64 * LV, LV, n0, 64);
+    };
+    cp_async_wait<3>(), bsync(), quarter(0);
+    cp_async_wait<2>(), bsync(), quarter(1);
+    cp_async_wait<1>(), bsync(), quarter(2);
+    cp_async_wait<0>(), bsync(), quarter(3); /* (and V') */
     /* scale e^G o (Q S), then + P V' */
     frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
     mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, Sp{sV, 0}, LV, n0, 64);
@@ -477,9 +520,9 @@ int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int
                                (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked);
     if (rc) return rc;
     const int64_t grid = G.N * G.HV * (G.V / SBV);
-    return head ? DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_HEAD>), grid, SNT, (size_t)STATE_BYTES, G, io.k,
+    return head ? DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_HEAD>), grid, FNT, (size_t)STATE_BYTES, G, io.k,
                              o)
-                : DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_NONE>), grid, SNT, (size_t)STATE_BYTES, G, io.k,
+                : DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_NONE>), grid, FNT, (size_t)STATE_BYTES, G, io.k,
                              o);
 }
 

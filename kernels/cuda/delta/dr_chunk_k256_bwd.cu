@@ -84,21 +84,8 @@ struct DqSet {
 template <int R, int Cc, int NTH = BNT> using F4 = F32Tile<R, Cc, NTH>;
 
 /* The tiles that come from device memory are asked into L2 ahead of their loads, a 128-byte line a
- * thread (prefetch.global.L2: no registers held).  dW and dk a tile ahead in wy; the chunk's rows
- * of V', dV', dO (v, dV' in wy), read by several passes over V, all at the start.  prefetch_tile:
- * an R x Cc tile of f32 at row stride ldg, rows < nrow, by the threads t in [0, R Cc / 32). */
-__device__ __forceinline__ void prefetch_l2(const void *p) {
-#ifdef DRC_EMU
-    (void)p;
-#else
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-template <int R, int Cc, typename E>
-__device__ __forceinline__ void prefetch_tile(const E *g, int64_t ldg, int nrow, int t) {
-    constexpr int LPR = Cc * (int)sizeof(E) / 128; /* lines a row */
-    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2((const char *)(g + (t / LPR) * ldg) + (t % LPR) * 128);
-}
+ * thread (prefetch_l2, dr_chunk_mma.cuh).  dW and dk a tile ahead in wy; the chunk's rows of V',
+ * dV', dO (v, dV' in wy), read by several passes over V, all at the start. */
 /* rows < nrow of a chunk's V columns (elements of E bytes, V E a multiple of 128) at row stride ld
  * (elements), the lines spread over the block: what the kernels read of V', dV', dO, v over and
  * again, asked for at their start */

@@ -312,6 +312,21 @@ template <int R, int Cc, int NTH = FNT>
 __device__ __forceinline__ void load_raw_async(uint16_t *s, const uint16_t *g, int64_t ldg, int nrow) {
     load_raw_async<R, Cc, NTH>(s, g, ldg, nrow, (int)threadIdx.x);
 }
+/* a 128-byte line of device memory asked into L2 (prefetch.global.L2: no registers held, nothing
+ * waits for it); prefetch_tile: an R x Cc tile of E at row stride ldg, rows < nrow, a line a thread
+ * t in [0, R Cc sizeof(E) / 128) */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#ifdef DRC_EMU
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+template <int R, int Cc, typename E>
+__device__ __forceinline__ void prefetch_tile(const E *g, int64_t ldg, int nrow, int t) {
+    constexpr int LPR = Cc * (int)sizeof(E) / 128; /* lines a row */
+    if (t >= 0 && t < R * LPR && t / LPR < nrow) prefetch_l2((const char *)(g + (t / LPR) * ldg) + (t % LPR) * 128);
+}
 /* raw tile [R][Cc] of shared memory to global rows with stride ldg (elements), 16-byte vectors, by
  * NTH threads (UNROLL of its iterations unrolled: fewer registers where they are short):
  * a warp writes whole 128-byte lines (the accumulator layout would write 16 bytes a row per
