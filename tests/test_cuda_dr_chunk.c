@@ -444,7 +444,8 @@ static void test_dr_chunk_f16_paths(void **state) {
  * the f64 reference's dq, dk put through the same formula, dx = r (dy - xn (dy . xn)) with xn the
  * stored q, k and r drawn in [0.5, 2]; bf16 and fp16, on the head-gate tensor-core kernels (folded
  * into their dq, dk stores), with grouped value heads (after the sums over value heads), on the
- * generic kernels and on KDA's (after them); the same bounds as without it. */
+ * generic kernels, on KDA's (after them) and at K = 256 (into the kernels' own stores, or after
+ * the sums); the same bounds as without it. */
 static void test_dr_chunk_l2_fold(void **state) {
     (void)state;
     dg_test_require_cuda();
@@ -469,6 +470,23 @@ static void test_dr_chunk_l2_fold(void **state) {
          1,
          0},
         {"l2 fold: channel, K=64, V=192 (kda split)", 1, 100, 1, 1, 64, 192, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+        /* K = 256 (dr_chunk_k256_bwd.cu): dqkwg and wy store dq, dk themselves where a key head has
+         * one value head, else heads_sum makes them */
+        {"l2 fold: head, K=256, V=128 (k256, direct)", 1, 100, 2, 2, 256, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"l2 fold: none, GVA, K=256, V=64 (k256, after the sums)",
+         1,
+         70,
+         1,
+         2,
+         256,
+         64,
+         DG_GATE_NONE,
+         64,
+         0,
+         {0},
+         1,
+         1,
+         0},
     };
     for (int st = S_BF16; st <= S_F16; st++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -491,7 +509,18 @@ static void test_dr_chunk_l2_fold(void **state) {
                         dy[i * c->K + cc] = r[i] * (dy[i * c->K + cc] - xn[i * c->K + cc] * dot);
                 }
             }
+            dg_cuda_ktime kt[64];
+            int dropped = -1;
+            assert_int_equal(dg_cuda_ktime_begin(), 0);
             run_gpu(&d, st, &var_default, &got);
+            const int m = dg_cuda_ktime_end(kt, 64, &dropped);
+            assert_int_equal(dropped, 0);
+            /* at K = 256 the sums over value heads (and the norm's backward with them) run only
+             * where a key head has several value heads */
+            const int sums = launches_of(kt, m, "dr_chunk gva");
+            if (c->K == 256 && (c->HV == c->H) != (sums == 0))
+                fail_msg("%s %s: heads_sum ran %d times, H %d, HV %d", c->name, st_names[st], sums, (int)c->H,
+                         (int)c->HV);
             char what[160];
             snprintf(what, sizeof what, "%s: %s", c->name, st_names[st]);
             check(what, &got, &ref, st == S_BF16 ? 5e-3 : f16_mma(c) ? F16_MMA_TOL : F16_TOL);

@@ -472,13 +472,15 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 /* ---------------------------------------------------------------- host side */
 
 /* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
-template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a) {
+template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a, const Io<T> &io) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
     K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.dS16,
               a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
     b.dWh = a.dW16.hi, b.dWl = a.dW16.lo;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
+    b.dq = k256_direct(pl.G, io.dq) ? (uint16_t *)io.dq : nullptr, b.rq = b.dq ? io.rq : nullptr;
+    b.dk = k256_direct(pl.G, io.dk) ? (uint16_t *)io.dk : nullptr, b.rk = b.dk ? io.rk : nullptr;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
 }
 
@@ -545,7 +547,7 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
         if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL)
-            if (!rc && k256) rc = k256_bwd<T>(pl, a);
+            if (!rc && k256) rc = k256_bwd<T>(pl, a, io);
         if (!rc && !fused && !k256) {
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>), G.nchunks * HV,
@@ -554,10 +556,13 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
                 rc = DRC_LAUNCH(TC ? "dr_chunk tf32 wy" : "dr_chunk wy", (k_bwd_wy<T, GATE, TC>), G.nchunks * HV, NT,
                                 sw, G, a);
         }
-        /* summed over value heads, the L2 norm's backward with it (16-bit storage, io.rq / io.rk) */
+        /* summed over value heads, the L2 norm's backward with it (16-bit storage, io.rq / io.rk),
+         * unless the K = 256 kernels stored them */
         const int fmt = sizeof(T) == 4 ? VS_F32 : is_bf16<T>::value ? VS_BF16 : VS_F16;
-        if (!rc && io.dq) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
-        if (!rc && io.dk) rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
+        if (!rc && io.dq && !(k256 && k256_direct(G, io.dq)))
+            rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
+        if (!rc && io.dk && !(k256 && k256_direct(G, io.dk)))
+            rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     if (k256) release(own);
     else release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);

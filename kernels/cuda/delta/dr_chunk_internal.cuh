@@ -185,7 +185,6 @@ __forceinline__ void cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 __forceinline__ void cp_async_commit() {}
 __forceinline__ void cp_async_wait_all() {}
 __forceinline__ void cp_async_wait_1() {}
-template <int N> __forceinline__ void cp_async_wait() {}
 __forceinline__ int tid_fresh() { return (int)threadIdx.x; }
 #else
 #define DRC_SMEM(type, name)              \
@@ -283,10 +282,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 /* every group of this thread's copies but the most recently committed one complete */
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-/* every group but the N most recently committed ones */
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 /* threadIdx.x, read again where it is used (volatile asm: not hoisted out of a loop), so that
  * offsets derived from it are made where needed instead of being kept live across a loop's body:
  * f_state kept store_raw's, spilled them (64 bytes at 128 registers) and waited on their reload
@@ -517,6 +512,8 @@ struct K256Dhu {
     float *dh0;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
+/* whether the K = 256 backward stores the gradient d (dq or dk, given) itself (K256Bwd::dq, dk) */
+inline bool k256_direct(const Geom &G, const void *d) { return d && G.grp == 1 && ((uintptr_t)d & 15) == 0; }
 namespace fast {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
@@ -544,6 +541,11 @@ struct K256Bwd {
     uint16_t *dWh, *dWl, *dv, *dbeta;
     float *dbetaf, *dg;
     int final_dg;
+    /* HV == H (and the output 16-byte aligned): dq, dk stored by the kernels themselves in 16-bit
+     * words, with the L2 norm's backward where rq, rk are given (1/|x| [rows, H]: q, k are the
+     * normalised rows); else NULL, and heads_sum makes them from dqv, dkv */
+    uint16_t *dq, *dk;
+    const float *rq, *rk;
 };
 namespace fast {
 int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);

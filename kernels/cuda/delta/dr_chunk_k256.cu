@@ -13,8 +13,8 @@
  *          P = scale lower_incl(Q K^T o Gamma)                        [mma, exact products]
  *          Ai = (I + A)^-1                [f32: diagonal blocks by substitution, merges on mma]
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V          [mma, Ai' split]
- *   state  (block per sequence, head, 64 value columns; 16 warps, one block per SM; chunks in
- *          order, S [256 x 64] in registers, warp w its rows 16w .. 16w + 15):
+ *   state  (block per sequence, head, 64 value columns; 8 warps, two blocks per SM; chunks in
+ *          order, S [256 x 64] in registers, warp w its rows 32w .. 32w + 31):
  *          V' = U - W S                                               [mma, W and S plain]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')              [mma, V' plain]
  *          stores S entering each chunk (16-bit words for the output pass and the backward; f32
@@ -37,10 +37,9 @@
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
  * 64 x 256: K, and X, which holds Q until P is made, then the split Ai' of W and the lo words of
  * the split Ai' of U (its hi words go to sA, dead after the inverse); V comes in tiles of 256 columns
- * into K's place once W is made: 101 KB, two blocks per SM.  state: two sets of the K and W tiles
- * and the gate (the next chunk's by cp.async while this one is worked on), S, V' (with room for
- * its lo words, unused while it is plain): 187 KB; the next chunk's U comes from device memory
- * into registers during this chunk's S update. */
+ * into K's place once W is made: 101 KB, two blocks per SM.  state: the K and W tiles, two slots
+ * of the gate, S and V' (plain): 114 KB, two blocks per SM; the next chunk's W comes by cp.async
+ * once V' is made, its K once the S update is done, its U into L2 during the S update. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 
@@ -62,7 +61,7 @@ constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES = 4 * 2 * 64 + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
 constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + DSSP * tile_bytes(KK, SBV) +
                           2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
-constexpr int OUT_BYTES = 4 * 64 + 4 * tile_bytes(64, 64) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
+constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 &&
                   STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES <= SMEM_MAX,
               "shared memory");
@@ -83,19 +82,8 @@ template <int NW> struct StateBlock {
         sm0 = 16 * MT * warp, vm0 = TV::m0(warp), vn0 = TV::n0(warp);
         hb = (n * G.HV + hv) * (int64_t)KK * G.V + v0;
     }
-    /* f(row, col, value&) over the warp's part of the state (the mma.sync m16n8 layout of
-     * frag_each, m tile by m tile) */
-    template <class F> __device__ __forceinline__ void each(float (&S)[MT][NT][4], F f) const {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    f(sm0 + 16 * mt + g + ((q >> 1) << 3), nt * 8 + 2 * t + (q & 1), S[mt][nt][q]);
-    }
-    /* f(row, col, x0, x1) over its column pairs (col, col + 1), as frag_pairs */
+    /* f(row, col, x0&, x1&) over the column pairs (col, col + 1) of the warp's part of the state
+     * (the mma.sync m16n8 layout of frag_pairs, m tile by m tile) */
     template <class F> __device__ __forceinline__ void pairs(float (&S)[MT][NT][4], F f) const {
         const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -105,6 +93,10 @@ template <int NW> struct StateBlock {
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
                     f(sm0 + 16 * mt + g + 8 * hh, nt * 8 + 2 * t, S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+    }
+    /* f(row, col, value&) over its elements, in the same order */
+    template <class F> __device__ __forceinline__ void each(float (&S)[MT][NT][4], F f) const {
+        pairs(S, [&](int r, int j, float &x0, float &x1) { f(r, j, x0), f(r, j + 1, x1); });
     }
     /* the warp's part of the state from src (NULL: zero) */
     __device__ void load(float (&S)[MT][NT][4], const float *src, int V) const {
@@ -458,10 +450,8 @@ __global__ void __launch_bounds__(SNT, 1)
 /* block per (chunk, value head hv, 64 value columns from v0): the TF32 family's output pass,
  *   O = scale e^G o (Q S) + P V'                  [mma, P split; S, V' plain; Q exact]
  * S the state entering the chunk and V' as the state pass left them in 16-bit words (Hst16, Vn16), P
- * as prep left it (f32).  Q and S come by cp.async in four groups, a quarter of K each (Q's 64
- * columns, S's 64 rows; V' with the last), and Q S is summed a quarter at a time as each lands (the
- * same products in the same order as one pass over K); P comes through registers while they are in
- * flight and is split into shared memory: 102 KB, two blocks per SM. */
+ * as prep left it (f32).  Q, S and V' come by cp.async, in flight while P comes through registers
+ * and is split into shared memory: 99 KB, two blocks per SM. */
 template <int GATE>
 __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
                                                    const uint16_t *Vn16, const uint16_t *Hst16, uint16_t *out) {
@@ -474,33 +464,25 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     const int L = ch.L;
     const int64_t r0 = ch.r0;
     float *sG = sm;
-    /* Q by quarters of K (four 64 x 64 tiles), S [256 x 64], V', P split */
-    uint16_t *sQ = (uint16_t *)(sm + 64), *sS = sQ + 4 * 64 * LV, *sV = sS + KK * LV;
+    uint16_t *sQ = (uint16_t *)(sm + 64), *sS = sQ + 64 * LDK, *sV = sS + KK * LV;
     const Sp sP{sV + 64 * LV, 64 * LV};
     using T = WT<64, SBV>;
     const int m0 = T::m0(warp), n0 = T::n0(warp);
-#pragma unroll
-    for (int qk = 0; qk < 4; qk++) {
-        load_raw_async<64, 64>(sQ + qk * 64 * LV, q + (r0 * G.H + h) * KK + 64 * qk, (int64_t)G.H * KK, L);
-        load_raw_async<64, SBV>(sS + qk * 64 * LV, Hst16 + ((c * HV + hv) * (int64_t)KK + 64 * qk) * V + v0, V, 64);
-        if (qk == 3) load_raw_async<64, SBV>(sV, Vn16 + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-        cp_async_commit();
-    }
+    load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    load_raw_async<KK, SBV>(sS, Hst16 + (c * HV + hv) * (int64_t)KK * V + v0, V, KK);
+    load_raw_async<64, SBV>(sV, Vn16 + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+    cp_async_commit();
     if (GATE == DG_GATE_HEAD && tid < 64) sG[tid] = tid < L ? Gc[(r0 + tid) * HV + hv] : 0.0f;
     { /* P (prep wrote its rows i < L, zero above the diagonal), split */
         F32Tile<64, 64> pr;
         pr.load(P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
         pr.put(sP, LV);
     }
+    cp_async_wait_all(); /* Q, S, V' */
+    bsync();
     float acc[1][T::NT][4];
     acc_zero(acc);
-    auto quarter = [&](int qk) {
-        mma_run<1, T::NT, false, true>(acc, sQ + qk * 64 * LV, LV, m0, sS + qk * 64 * LV, LV, n0, 64);
-    };
-    cp_async_wait<3>(), bsync(), quarter(0);
-    cp_async_wait<2>(), bsync(), quarter(1);
-    cp_async_wait<1>(), bsync(), quarter(2);
-    cp_async_wait<0>(), bsync(), quarter(3); /* (and V') */
+    mma_run<1, T::NT, false, true>(acc, sQ, LDK, m0, sS, LV, n0, KK);
     /* scale e^G o (Q S), then + P V' */
     frag_each(acc, m0, n0, [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
     mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, Sp{sV, 0}, LV, n0, 64);

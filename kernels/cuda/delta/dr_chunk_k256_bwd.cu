@@ -6,7 +6,8 @@
  * dhu's dV' (f32) and dS1 (the gradient of the state leaving each chunk, 16-bit words) and
  * write what the TF32 kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv,
  * dbeta, dg), dW (hi and lo planes) and the gate's row terms passing between the two through device
- * memory as there.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
+ * memory as there; where a key head has one value head, dq (dqkwg) and dk (wy) in the output's
+ * 16-bit words too, with the L2 norm's backward (rows_out), instead of heads_sum after them.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
  * per SM; wy: 8 warps, two blocks per SM), G the cumulative head gate, Gamma_il = e^{G_i - G_l}:
  *   dqkwg  dP = dO V'^T                  [over V by tiles of 64, in the first K half's steps]
  *          dPs = scale lower_incl(dP) o Gamma
@@ -121,6 +122,58 @@ struct At {
         oc = (r0 * G.HV + hv) * 64;
     }
 };
+
+/* Where the kernels store dq or dk themselves (K256Bwd::dq, dk: one value head a key head), from
+ * the chunk's rows i < L of dy, the gradient of the rows the kernels read (f32 at y, row stride ldy,
+ * stored by this block before a barrier: they come back from L2), with the L2 norm's backward
+ * where rr is given:
+ *     dx = r_i (dy - xn (dy . xn)),   r_i = rr[i rstride]
+ * (xn the normalised rows: 16-bit words at x, row stride ldx), else dx = dy; out 16-bit words at
+ * the same offsets as x (16-byte aligned): one rounding, as heads_sum's.  A warp a row, eight
+ * columns a lane; a warp's rows by RB at a time, each batch's loads issued together (it is the
+ * block's tail, where nothing else hides a wait on L2).  Not inlined: inlined, it changed the
+ * kernels' register allocation (dqkwg with the head gate spilled 92 bytes, not 48). */
+template <int NTH, int RB = 4>
+__device__ __noinline__ void rows_out(const float *y, int64_t ldy, const uint16_t *x, uint16_t *out, int64_t ldx,
+                                      const float *rr, int64_t rstride, int L) {
+    constexpr int NW = NTH / 32;
+    const int lane = threadIdx.x & 31, c = 8 * lane, warp = threadIdx.x >> 5;
+    static_assert(KK == 8 * 32 && 64 % (NW * RB) == 0, "eight columns a lane, whole batches of rows");
+    for (int i0 = warp; i0 < 64; i0 += NW * RB) {
+        uint4 ya[RB], yb[RB], w[RB];
+        float r[RB];
+#pragma unroll
+        for (int b = 0; b < RB; b++) {
+            const int i = i0 + b * NW;
+            if (i >= L) continue;
+            ya[b] = *(const uint4 *)(y + i * ldy + c), yb[b] = *(const uint4 *)(y + i * ldy + c + 4);
+            if (rr) w[b] = *(const uint4 *)(x + i * ldx + c), r[b] = rr[i * rstride];
+        }
+#pragma unroll
+        for (int b = 0; b < RB; b++) {
+            const int i = i0 + b * NW;
+            if (i >= L) continue;
+            float s[8], xn[8];
+            memcpy(s, &ya[b], 16), memcpy(s + 4, &yb[b], 16);
+            if (rr) {
+                const uint32_t wv[4] = {w[b].x, w[b].y, w[b].z, w[b].w};
+                float d = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    xn[j] = op2f((uint16_t)(wv[j / 2] >> (16 * (j & 1))));
+                    d += s[j] * xn[j];
+                }
+                d = warp_sum(d);
+#pragma unroll
+                for (int j = 0; j < 8; j++) s[j] = r[b] * (s[j] - xn[j] * d);
+            }
+            uint32_t o[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) o[j] = pack_op2(s[2 * j], s[2 * j + 1]);
+            *(uint4 *)(out + i * ldx + c) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
 
 template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
@@ -260,6 +313,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         const float sk = block_sum<BNW>(hk, sb), st = block_sum<BNW>(hs, sb);
         if (tid < L) a.dG[(r0 + tid) * HV + hv] = sRow[tid] + (tid == L - 1 ? sk + expf(sG[63]) * st : 0.0f);
     }
+    if (a.dq) /* dq from dy as stored above (the loop's last barrier since) */
+        rows_out<BNT>(a.dqv + ok, ldk, a.q + oq, a.dq + oq, ldq, a.rq ? a.rq + r0 * HV + hv : nullptr, HV, L);
 }
 
 template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K256Bwd a) {
@@ -472,6 +527,8 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
     bsync();
     red_collect<WNW>(red, sT, false); /* (T's first row: free) */
     bsync();
+    if (a.dk) /* dk from dy as stored above */
+        rows_out<WNT>(a.dkv + ok, ldk, a.k + oq, a.dk + oq, ldq, a.rk ? a.rk + r0 * HV + hv : nullptr, HV, L);
     if (tid < L) {
         const float db = sdb[tid] + sT[tid];
         if (a.dbetaf) a.dbetaf[(r0 + tid) * HV + hv] = db;
