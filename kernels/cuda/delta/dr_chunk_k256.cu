@@ -47,23 +47,18 @@ namespace drc {
 namespace DRC_FAST {
 namespace {
 
-constexpr int KK = 256;         /* K */
-constexpr int LDK = KK + PAD;   /* row stride (16-bit words) of the 64 x K tiles */
-constexpr int LDF = TRI_LD;     /* row stride (floats) of the f32 64 x 64 matrices */
-constexpr int SBV = 64;         /* value columns a block of the state passes */
-constexpr int SNT = ONE_SM_NTH; /* threads of dhu's block */
-/* dhu writes the lo words of dS into shared memory though its products read dS plain
- * (K256Plain::Chain): without them its code changed and it ran 2.38 ms at S3 against 2.28 (H200) */
-constexpr bool DSLO = true;
-constexpr int DSSP = DSLO ? 2 : 1; /* tiles of dS in shared memory */
+constexpr int KK = 256;       /* K */
+constexpr int LDK = KK + PAD; /* row stride (16-bit words) of the 64 x K tiles */
+constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices */
+constexpr int SBV = 64;       /* value columns a block of the state passes */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES = 4 * 2 * 64 + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
-constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(64, KK) + DSSP * tile_bytes(KK, SBV) +
-                          2 * tile_bytes(64, SBV) + tile_bytes(64, SBV) + 2 * tile_bytes(64, SBV);
+constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 4 * tile_bytes(64, SBV);
 constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 &&
-                  STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES <= SMEM_MAX,
+                  STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES + 1024 <= SMEM_MAX / 2 &&
+                  tile_bytes(64, KK) <= tile_bytes(KK, SBV),
               "shared memory");
 
 /* A block of the state passes (forward and backward) of NW warps: sequence n, value head hv (key
@@ -84,15 +79,15 @@ template <int NW> struct StateBlock {
     }
     /* f(row, col, x0&, x1&) over the column pairs (col, col + 1) of the warp's part of the state
      * (the mma.sync m16n8 layout of frag_pairs, m tile by m tile) */
-    template <class F> __device__ __forceinline__ void pairs(float (&S)[MT][NT][4], F f) const {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    template <class F> __device__ __forceinline__ void pairs(float (&S)[MT][NT][4], F f, int tid = threadIdx.x) const {
+        const int lane = tid & 31, g = lane >> 2, t = lane & 3, r0 = 16 * MT * (tid >> 5);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
-                    f(sm0 + 16 * mt + g + 8 * hh, nt * 8 + 2 * t, S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+                    f(r0 + 16 * mt + g + 8 * hh, nt * 8 + 2 * t, S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
     }
     /* f(row, col, value&) over its elements, in the same order */
     template <class F> __device__ __forceinline__ void each(float (&S)[MT][NT][4], F f) const {
@@ -346,103 +341,116 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
 
 /* block per (sequence n, value head hv, 64 value columns from v0): the TF32 family's backward state
  * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
- * in registers as S is in k256_state:
+ * in registers as S is in k256_state (8 warps, two blocks per SM, warp w its rows 32w .. 32w + 31):
  *   dS[c] = dS                                     (16-bit words, the states' layout; K256Plain)
  *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS plain, P split]
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
- * Shared memory: the gate, X (K, then Q once dV' is made), W, dS split (its lo words unread: DSLO),
- * P split (-dV' split in its place once dV' is made), dO, scale e^G o dO split: 183 KB, one block
- * per SM.  A chunk's P and Q come from device memory into registers (Q while dV' is made) and are
- * split or stored into shared memory from there; K, dO and W come by cp.async. */
+ * Shared memory, one set of tiles, each place holding two things in turn: the gate; X (K, then Q
+ * once dV' is made); Y (dS's 16-bit words, then W); P split (then -dV' split); dO (then the hi
+ * words of scale e^G o dO, made in place: each thread rewrites the words it read) and the lo words
+ * after it: 108 KB, two blocks per SM.  K, dO and the gate come by cp.async at a step's start, Q
+ * and W once dV' is made, P through registers; the next chunk's tiles are asked into L2 during
+ * the dS update, so that the waits at those two points, which the other block's work covers, are
+ * on L2. */
 template <int GATE>
-__global__ void __launch_bounds__(SNT, 1)
+__global__ void __launch_bounds__(FNT, 2)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x;
     constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
-    const StateBlock<SNT / 32> b(G);
-    using TS = WT<KK, SBV, SNT / 32>; /* = the block's state tiling: one m tile a warp */
-    using TV = StateBlock<SNT / 32>::TV;
-    static_assert(StateBlock<SNT / 32>::MT == 1, "one m tile a warp");
+    using SB = StateBlock<FNT / 32>;
+    using TV = SB::TV;
+    const SB b(G);
     const int64_t n = b.n;
-    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, sn0 = 0, vm0 = b.vm0, vn0 = b.vn0;
-    static_assert(Plain<GATE>::W, "W is stored as 16-bit words");
+    const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, vm0 = b.vm0, vn0 = b.vn0;
+    static_assert(Plain<GATE>::W && K256Plain::Chain, "W and dS enter as 16-bit words");
     float *sG = sm;
-    uint16_t *sX = (uint16_t *)(sm + 64), *sW = sX + 64 * LDK;
-    const Sp sdS{sW + 64 * LDK, KK * LV};
-    const Sp sP{sdS.hi + DSSP * KK * LV, 64 * LV}; /* P, then -dV' */
-    uint16_t *sO = sP.hi + 2 * 64 * LV;
-    const Sp sB{sO + 64 * LV, 64 * LV};
-    float dS[1][TS::NT][4];
+    uint16_t *sX = (uint16_t *)(sm + 64), *sY = sX + 64 * LDK;
+    const Sp sP{sY + KK * LV, 64 * LV};        /* P, then -dV' */
+    const Sp sB{sP.hi + 2 * 64 * LV, 64 * LV}; /* dO in the hi words, then scale e^G o dO split */
+    float dS[SB::MT][SB::NT][4];
     b.load(dS, d.dhT, V);
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
-    constexpr int QIT = 64 * KK / 8 / SNT;
+    /* chunk cc's tiles asked into L2 (a line a thread a tile; P's rows are two lines) */
+    const auto prefetch = [&](int64_t cc) {
+        const Chunk x = seq_chunk(G, n, c0, cc);
+        const int t = tid_fresh();
+        prefetch_tile<64, KK>(k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, t);
+        prefetch_tile<64, KK>(q + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, t);
+        prefetch_tile<64, KK>(d.W + (x.r0 * HV + hv) * KK, (int64_t)HV * KK, x.L, t);
+        prefetch_tile<64, SBV>(dout + (x.r0 * HV + hv) * V + v0, (int64_t)HV * V, x.L, t);
+        prefetch_tile<64, 64>(d.P + (x.r0 * HV + hv) * 64, (int64_t)HV * 64, x.L, t - 64);
+    };
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
         const int64_t r0 = ch.r0;
-        bsync(); /* the last chunk's reads of X, W, P (-dV'), the gate and scale e^G o dO are done */
-        load_raw_async<64, KK, SNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid);
-        load_raw_async<64, SBV, SNT>(sO, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid);
-        load_raw_async<64, KK, SNT>(sW, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid);
-        load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid);
+        bsync(); /* the last chunk's reads of X (Q), Y (W), P (-dV'), dO (scale e^G o dO) and the gate */
+        load_raw_async<64, KK, FNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid_fresh());
+        load_raw_async<64, SBV, FNT>(sB.hi, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid_fresh());
+        load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid_fresh());
         cp_async_commit();
-        F32Tile<64, 64, SNT> pp;
-        uint4 qq[QIT];
-        pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
-        /* dS leaving the chunk split into shared memory (out from there below) */
+        { /* P split (prep wrote its rows i < L, zero above the diagonal) */
+            F32Tile<64, 64, FNT> pp;
+            pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
+            pp.put(sP, LV);
+        }
+        /* dS leaving the chunk into Y as 16-bit words (out from there below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
-        frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) { put_sp2<DSLO>(sdS, LV, r, j, x0, x1); });
-        /* P split (prep wrote its rows i < L, zero above the diagonal) */
-        pp.put(sP, LV);
-        /* Q into registers, in flight while dV' is made */
-#pragma unroll
-        for (int it = 0; it < QIT; it++) {
-            const int e = tid + it * SNT, r = e / (KK / 8), c8 = e % (KK / 8);
-            qq[it] = r < L ? *(const uint4 *)(q + ((r0 + r) * G.H + h) * KK + c8 * 8) : make_uint4(0, 0, 0, 0);
-        }
-        cp_async_wait_all(); /* K, dO, W, the gate */
+        b.pairs(
+            dS,
+            [&](int r, int j, float x0, float x1) {
+                put_sp2<false>(Sp{sY, 0}, LV, r, j, x0, x1);
+            },
+            tid_fresh());
+        cp_async_wait_all(); /* K, dO, the gate */
         bsync();
-        /* dS's 16-bit words out, whole 128-byte lines a warp */
-        store_raw<KK, SBV, SNT, 1>(d.dSh + sb, V, sdS.hi, tid);
-        /* scale e^G o dO, split (rows >= L: dO is zero there) */
-        for (int e = tid; e < 64 * SBV / 2; e += SNT) {
-            const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
-            const float f = GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale;
-            put_split2(sB, LV, i, j, f * op2f(sO[i * LV + j]), f * op2f(sO[i * LV + j + 1]));
-        }
+        store_raw<KK, SBV, FNT, 1>(d.dSh + sb, V, sY, tid); /* whole 128-byte lines a warp */
         /* dV' = (e^{G_last - G} o K) dS + P^T dO */
         float acc[1][TV::NT][4];
         acc_zero(acc);
 #pragma unroll 1
-        for (int kq = 0; kq < KK; kq += 64)
-            mma_p<1, TV::NT, false, true, false, !K256Plain::Chain>(acc, Sp{sX + kq, 0}, LDK, vm0,
-                                                                    Sp{sdS.hi + kq * LV, sdS.lo_off}, LV, vn0, 64);
+        for (int kq = 0; kq < KK; kq += 16)
+            mma_run<1, TV::NT, false, true>(acc, sX + kq, LDK, vm0, sY + kq * LV, LV, vn0, 16);
         if (GATE == DG_GATE_HEAD) {
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
             frag_each(acc, vm0, vn0, [&](int i, int, float &x) { x *= eg[(i - vm0) >> 3]; });
         }
-        mma_p<1, TV::NT, true, true, true, false>(acc, sP, LV, vm0, Sp{sO, 0}, LV, vn0, 64);
-        bsync(); /* X (K) and P read */
+#pragma unroll 1
+        for (int kc = 0; kc < 64; kc += 16)
+            mma_p<1, TV::NT, true, true, true, false>(acc, Sp{sP.hi + kc * LV, sP.lo_off}, LV, vm0,
+                                                      Sp{sB.hi + kc * LV, 0}, LV, vn0, 16);
+        bsync(); /* X (K), Y (dS), P and dO read */
+        load_raw_async<64, KK, FNT>(sX, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid_fresh());
+        load_raw_async<64, KK, FNT>(sY, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid_fresh());
+        cp_async_commit();
         frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) {
             if (i < L) *(float2 *)(d.dVn + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
             put_split2(sP, LV, i, j, -y0, -y1);
         });
-#pragma unroll
-        for (int it = 0; it < QIT; it++) {
-            const int e = tid + it * SNT;
-            *(uint4 *)(sX + e / (KK / 8) * LDK + 8 * (e % (KK / 8))) = qq[it];
+        /* scale e^G o dO, split, in dO's place (rows >= L: dO is zero there) */
+        for (int e = tid; e < 64 * SBV / 2; e += FNT) {
+            const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
+            const float f = GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale;
+            put_split2(sB, LV, i, j, f * op2f(sB.hi[i * LV + j]), f * op2f(sB.hi[i * LV + j + 1]));
         }
+        cp_async_wait_all(); /* Q, W */
         bsync();
+        if (c > c0) prefetch(c - 1);
         /* dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV' */
         if (GATE == DG_GATE_HEAD) {
             const float f = expf(sG[63]);
-            frag_each(dS, sm0, sn0, [&](int, int, float &x) { x *= f; });
+            b.each(dS, [&](int, int, float &x) { x *= f; });
         }
-        mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sX, 0}, LDK, sm0, sB, LV, sn0, 64);
-        mma_p<1, TS::NT, true, true, false, true>(dS, Sp{sW, 0}, LDK, sm0, sP, LV, sn0, 64);
+#pragma unroll 1
+        for (int kc = 0; kc < 64; kc += 16) { /* (by 16 rows of the chunk: the fragments of all 64 spill) */
+            mma_p<SB::MT, SB::NT, true, true, false, true>(dS, Sp{sX + kc * LDK, 0}, LDK, sm0,
+                                                           Sp{sB.hi + kc * LV, sB.lo_off}, LV, 0, 16);
+            mma_p<SB::MT, SB::NT, true, true, false, true>(dS, Sp{sY + kc * LDK, 0}, LDK, sm0,
+                                                           Sp{sP.hi + kc * LV, sP.lo_off}, LV, 0, 16);
+        }
     }
     b.store(dS, d.dh0, V);
 }
@@ -511,9 +519,9 @@ int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d) {
     const Geom &G = p.G;
     const int64_t grid = G.N * G.HV * (G.V / SBV);
-    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_HEAD>), grid, SNT,
+    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_HEAD>), grid, FNT,
                                                (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d)
-                                  : DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_NONE>), grid, SNT,
+                                  : DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_NONE>), grid, FNT,
                                                (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
 }
 
