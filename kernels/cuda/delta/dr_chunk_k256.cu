@@ -61,13 +61,13 @@ static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX 
                   tile_bytes(64, KK) <= tile_bytes(KK, SBV),
               "shared memory");
 
-/* A block of the state passes (forward and backward) of NW warps: sequence n, value head hv (key
+/* A block of the state passes (forward and backward; FNT threads): sequence n, value head hv (key
  * head h), 64 value columns from v0; the warp's part of the state [256 x 64] (MT m tiles: its rows
  * sm0 .. sm0 + 16 MT - 1, all columns) and of a 64 x 64 tile of V' or dV' (TV); hb: the block's first
  * element in a [N, HV, K, V] state. */
-template <int NW> struct StateBlock {
-    static constexpr int MT = KK / 16 / NW, NT = SBV / 8;
-    using TV = WT<64, SBV, NW>;
+struct StateBlock {
+    static constexpr int MT = KK / 16 / (FNT / 32), NT = SBV / 8;
+    using TV = WT<64, SBV>;
     int64_t n, hb;
     int hv, h, v0, sm0, vm0, vn0;
     __device__ StateBlock(const Geom &G) {
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
 template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G, const uint16_t *k, K256Out o) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    using SB = StateBlock<FNT / 32>;
+    using SB = StateBlock;
     using TV = SB::TV;
     const SB b(G);
     static_assert(Plain<GATE>::W && Plain<GATE>::Vn && K256Plain::Chain, "W, V' and S enter as 16-bit words");
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(FNT, 2)
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x;
     constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
-    using SB = StateBlock<FNT / 32>;
+    using SB = StateBlock;
     using TV = SB::TV;
     const SB b(G);
     const int64_t n = b.n;

@@ -7,8 +7,9 @@
  * write what the TF32 kernels k_bwd_dqkwg and k_bwd_wy write (dq, dk per value head in f32, dv,
  * dbeta, dg), dW (hi and lo planes) and the gate's row terms passing between the two through device
  * memory as there; where a key head has one value head, dq (dqkwg) and dk (wy) in the output's
- * 16-bit words too, with the L2 norm's backward (rows_out), instead of heads_sum after them.  Per chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block
- * per SM; wy: 8 warps, two blocks per SM), G the cumulative head gate, Gamma_il = e^{G_i - G_l}:
+ * 16-bit words too, with the L2 norm's backward (rows_out), instead of heads_sum after them.  Per
+ * chunk of L <= 64 rows and value head (dqkwg: a block of 16 warps, one block per SM; wy: 8 warps,
+ * two blocks per SM), G the cumulative head gate, Gamma_il = e^{G_i - G_l}:
  *   dqkwg  dP = dO V'^T                  [over V by tiles of 64, in the first K half's steps]
  *          dPs = scale lower_incl(dP) o Gamma
  *          for each half of K (128 columns cc), summing over V by tiles of 64:
