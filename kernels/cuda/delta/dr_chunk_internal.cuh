@@ -476,6 +476,12 @@ inline Planes planes_in(float *f, int64_t n) { return Planes{(uint16_t *)f, (uin
  * sequences where plain states are weakest). */
 struct K256Plain {
     static constexpr bool Chain = true;
+    /* and, as FLA's dhu and dqkwg read them: dhu's right factors of dS's update Q^T (scale e^G o dO)
+     * - W^T dV'; dV' in dqkwg's dW = -dV' S0^T (it enters wy's products split); with the head gate,
+     * P in dhu's P^T dO (without a gate, plain P put dbeta at T = 1 above FLA's error: P^T dO
+     * reaches dV' and dbeta directly) */
+    static constexpr bool DhuRight = true, DwDvn = true;
+    static constexpr bool dhu_p(int gate) { return gate == DG_GATE_HEAD; }
 };
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
  * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as

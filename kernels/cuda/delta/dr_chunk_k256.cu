@@ -341,12 +341,12 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
  * pass (its k_dhu), chunks in reverse, dS [256 x 64] (the gradient of the state leaving the chunk)
  * in registers as S is in k256_state (8 warps, two blocks per SM, warp w its rows 32w .. 32w + 31):
  *   dS[c] = dS                                     (16-bit words, the states' layout; K256Plain)
- *   dV' = (e^{G_last - G} o K) dS + P^T dO                         [mma, dS plain, P split]
- *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'           [mma, the right factors split, W plain]
+ *   dV' = (e^{G_last - G} o K) dS + P^T dO                  [mma, dS plain, P split (HEAD: plain)]
+ *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'    [mma, 16-bit words: K256Plain]
  * Shared memory, one set of tiles, each place holding two things in turn: the gate; X (K, then Q
- * once dV' is made); Y (dS's 16-bit words, then W); P split (then -dV' split); dO (then the hi
- * words of scale e^G o dO, made in place: each thread rewrites the words it read) and the lo words
- * after it: 108 KB, two blocks per SM.  K, dO and the gate come by cp.async at a step's start, Q
+ * once dV' is made); Y (dS's 16-bit words, then W); P split (then -dV'); dO (then scale e^G o dO,
+ * made in place: each thread rewrites the words it read) and a tile after it: 108 KB, two blocks
+ * per SM.  K, dO and the gate come by cp.async at a step's start, Q
  * and W once dV' is made, P through registers; the next chunk's tiles are asked into L2 during
  * the dS update, so that the waits at those two points, which the other block's work covers, are
  * on L2. */
@@ -389,10 +389,10 @@ __global__ void __launch_bounds__(FNT, 2)
         load_raw_async<64, SBV, FNT>(sB.hi, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid_fresh());
         load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid_fresh());
         cp_async_commit();
-        { /* P split (prep wrote its rows i < L, zero above the diagonal) */
+        { /* P, split but with the head gate (prep wrote its rows i < L, zero above the diagonal) */
             F32Tile<64, 64, FNT> pp;
             pp.load(d.P + (r0 * HV + hv) * 64, (int64_t)HV * 64, L);
-            pp.put(sP, LV);
+            pp.put<!K256Plain::dhu_p(GATE)>(sP, LV);
         }
         /* dS leaving the chunk into Y as 16-bit words (out from there below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
@@ -418,21 +418,21 @@ __global__ void __launch_bounds__(FNT, 2)
         }
 #pragma unroll 1
         for (int kc = 0; kc < 64; kc += 16)
-            mma_p<1, TV::NT, true, true, true, false>(acc, Sp{sP.hi + kc * LV, sP.lo_off}, LV, vm0,
-                                                      Sp{sB.hi + kc * LV, 0}, LV, vn0, 16);
+            mma_p<1, TV::NT, true, true, !K256Plain::dhu_p(GATE), false>(acc, Sp{sP.hi + kc * LV, sP.lo_off}, LV, vm0,
+                                                                         Sp{sB.hi + kc * LV, 0}, LV, vn0, 16);
         bsync(); /* X (K), Y (dS), P and dO read */
         load_raw_async<64, KK, FNT>(sX, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid_fresh());
         load_raw_async<64, KK, FNT>(sY, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid_fresh());
         cp_async_commit();
         frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) {
             if (i < L) *(float2 *)(d.dVn + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
-            put_split2(sP, LV, i, j, -y0, -y1);
+            put_sp2<!K256Plain::DhuRight>(sP, LV, i, j, -y0, -y1);
         });
-        /* scale e^G o dO, split, in dO's place (rows >= L: dO is zero there) */
+        /* scale e^G o dO in dO's place (rows >= L: dO is zero there) */
         for (int e = tid; e < 64 * SBV / 2; e += FNT) {
             const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
             const float f = GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale;
-            put_split2(sB, LV, i, j, f * op2f(sB.hi[i * LV + j]), f * op2f(sB.hi[i * LV + j + 1]));
+            put_sp2<!K256Plain::DhuRight>(sB, LV, i, j, f * op2f(sB.hi[i * LV + j]), f * op2f(sB.hi[i * LV + j + 1]));
         }
         cp_async_wait_all(); /* Q, W */
         bsync();
@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(FNT, 2)
         }
 #pragma unroll 1
         for (int kc = 0; kc < 64; kc += 16) { /* (by 16 rows of the chunk: the fragments of all 64 spill) */
-            mma_p<SB::MT, SB::NT, true, true, false, true>(dS, Sp{sX + kc * LDK, 0}, LDK, sm0,
-                                                           Sp{sB.hi + kc * LV, sB.lo_off}, LV, 0, 16);
-            mma_p<SB::MT, SB::NT, true, true, false, true>(dS, Sp{sY + kc * LDK, 0}, LDK, sm0,
-                                                           Sp{sP.hi + kc * LV, sP.lo_off}, LV, 0, 16);
+            mma_p<SB::MT, SB::NT, true, true, false, !K256Plain::DhuRight>(dS, Sp{sX + kc * LDK, 0}, LDK, sm0,
+                                                                           Sp{sB.hi + kc * LV, sB.lo_off}, LV, 0, 16);
+            mma_p<SB::MT, SB::NT, true, true, false, !K256Plain::DhuRight>(dS, Sp{sY + kc * LDK, 0}, LDK, sm0,
+                                                                           Sp{sP.hi + kc * LV, sP.lo_off}, LV, 0, 16);
         }
     }
     b.store(dS, d.dh0, V);

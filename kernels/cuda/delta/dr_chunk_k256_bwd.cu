@@ -27,10 +27,10 @@
  *          then by tiles of 64 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
- * Precision: the computed operands dV', dP, dW, Ai, dAi, T and dMkk enter their products split
- * into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact); V' is
- * plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels), and so
- * are S0 and dS1 (K256Plain).
+ * Precision: the computed operands dP, dW, Ai, dAi, T and dMkk, and dV' in wy, enter their
+ * products split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are
+ * (exact); V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128
+ * kernels), and so are S0 and dS1, and dV' in dqkwg's dW (K256Plain).
  * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
  * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
  * this one's are multiplied, dV' in f32 through a staging tile; dP is summed from the first half's
@@ -74,7 +74,8 @@ static_assert(4 * 64 * LF <= 2 * 2 * ST, "dP's f32 copy in S0's and dS1's place"
 
 /* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
  * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64), V' and dO
- * (64 x 64), dV' split (64 x 64), from p on */
+ * (64 x 64), dV' (64 x 64 in the space of a split tile, whose lo words K256Plain::DwDvn leaves
+ * unused), from p on */
 struct DqSet {
     uint16_t *S0, *dS1, *Vn, *O;
     Sp dVn;
@@ -254,13 +255,13 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             const DqSet x = set(~it & 1);
             cp_async_wait_all();
             dvn.take(sdVf, tid_fresh());
-            dvn.put(x.dVn, LT);
+            dvn.put<!K256Plain::DwDvn>(x.dVn, LT);
             bsync(); /* (the other set and sdVf were last read before this barrier) */
             if (v0 + 64 < V) issue(set(it & 1), cc0, v0 + 64);
             else if (cc0 + KH < KK) issue(set(it & 1), cc0 + KH, 0);
             mma_run<1, T128::NT, false, false>(f2, x.O, LT, m0, x.S0, LT, n0, 64);
             mma_run<1, T128::NT, false, false>(dkd, x.Vn, LT, m0, x.dS1, LT, n0, 64);
-            mma_p<1, T128::NT, false, false, true, false>(dw, x.dVn, LT, m0, Sp{x.S0, 0}, LT, n0, 64);
+            mma_p<1, T128::NT, false, false, !K256Plain::DwDvn, false>(dw, x.dVn, LT, m0, Sp{x.S0, 0}, LT, n0, 64);
             if (!cc0) mma_run<1, T64::NT, false, false>(dp, x.O, LT, pm0, x.Vn, LT, pn0, 64);
             if (GATE == DG_GATE_HEAD) /* sum S0 o dS1, from their 16-bit words */
                 for (int e = tid; e < KH * 64; e += BNT) {

@@ -394,7 +394,8 @@ template <int R, int Cc, int NTH = FNT> struct F32Tile {
         for (int it = 0; it < IT; it++) x[it] = *(const uint4 *)(st + 4 * (tid + it * NTH));
     }
     __device__ __forceinline__ void get(int it, float (&f)[4]) const { memcpy(f, &x[it], 16); }
-    __device__ __forceinline__ void put(Sp s, int ld) const {
+    /* SPLIT false: the hi words only (s.lo() is not touched) */
+    template <bool SPLIT = true> __device__ __forceinline__ void put(Sp s, int ld) const {
 #pragma unroll
         for (int it = 0; it < IT; it++) {
             const int e = threadIdx.x + it * NTH, r = e / (Cc / 4), c = (e % (Cc / 4)) * 4;
@@ -406,7 +407,7 @@ template <int R, int Cc, int NTH = FNT> struct F32Tile {
             uint64_t hw, lw;
             memcpy(&hw, hi, 8), memcpy(&lw, lo, 8);
             *(uint64_t *)(s.hi + r * ld + c) = hw;
-            *(uint64_t *)(s.lo() + r * ld + c) = lw;
+            if (SPLIT) *(uint64_t *)(s.lo() + r * ld + c) = lw;
         }
     }
 };
