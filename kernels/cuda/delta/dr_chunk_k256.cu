@@ -442,8 +442,9 @@ __global__ void __launch_bounds__(FNT, 2)
             const float f = expf(sG[63]);
             b.each(dS, [&](int, int, float &x) { x *= f; });
         }
-#pragma unroll 1
-        for (int kc = 0; kc < 64; kc += 16) { /* (by 16 rows of the chunk: the fragments of all 64 spill) */
+        /* by 16 rows of the chunk, two at a time (all four at once, or one at a time, spill more) */
+#pragma unroll 2
+        for (int kc = 0; kc < 64; kc += 16) {
             mma_p<SB::MT, SB::NT, true, true, false, !K256Plain::DhuRight>(dS, Sp{sX + kc * LDK, 0}, LDK, sm0,
                                                                            Sp{sB.hi + kc * LV, sB.lo_off}, LV, 0, 16);
             mma_p<SB::MT, SB::NT, true, true, false, !K256Plain::DhuRight>(dS, Sp{sY + kc * LDK, 0}, LDK, sm0,
@@ -460,9 +461,9 @@ __global__ void __launch_bounds__(FNT, 2)
  * as prep left it (f32).  Q, the first tile's S and V' come by cp.async, in flight while P comes
  * through registers and is split into shared memory: 99 KB, two blocks per SM.  Q and P serve the
  * block's tiles in turn (at S3 a tile a block moved 2.9 GB from L2, which ran at 71 % of its
- * peak; four a block took 0.62 ms against 0.69 with two and 0.88 with one); the next tile's S
- * comes once Q S is made, its V' once P V' is. */
-constexpr int OVT = 4;
+ * peak; four a block took 0.62 ms against 0.69 with two and 0.88 with one; at L1, eight 0.240
+ * against four's 0.248); the next tile's S comes once Q S is made, its V' once P V' is. */
+constexpr int OVT = 8;
 template <int GATE>
 __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
                                                    const uint16_t *Vn16, const uint16_t *Hst16, uint16_t *out) {
