@@ -481,6 +481,9 @@ struct K256Plain {
      * P in dhu's P^T dO (without a gate, plain P put dbeta at T = 1 above FLA's error: P^T dO
      * reaches dV' and dbeta directly) */
     static constexpr bool DhuRight = true, DwDvn = true;
+    /* wy's dMkk o Gamma in dk's (dMkk o Gamma) K + (dMkk o Gamma)^T K (it reaches dk only, and dg
+     * through dk) */
+    static constexpr bool WyDmkk = true;
     static constexpr bool dhu_p(int gate) { return gate == DG_GATE_HEAD; }
 };
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,

@@ -27,10 +27,10 @@
  *          then by tiles of 64 columns of K: D = Ai^T dW; dbeta (and HEAD dG, times beta) +=
  *          rowsum(e^G o K o D); dk += e^G beta o D + (dMkk o Gamma) K + (dMkk o Gamma)^T K
  *          dg = reverse chunk-local cumsum of dG.
- * Precision: the computed operands dP, dW, Ai, dAi, T and dMkk, and dV' in wy, enter their
- * products split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are
- * (exact); V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128
- * kernels), and so are S0 and dS1, and dV' in dqkwg's dW (K256Plain).
+ * Precision: the computed operands dP, dW, Ai, dAi and T, and dV' in wy, enter their products
+ * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact);
+ * V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels),
+ * and so are S0 and dS1, dV' in dqkwg's dW and dMkk in dk's products (K256Plain).
  * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
  * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
  * this one's are multiplied, dV' in f32 through a staging tile; dP is summed from the first half's
@@ -475,12 +475,13 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         }
         if (lane == 0) sdG[i] = s;
     }
-    /* dMkk o Gamma, split */
+    /* dMkk o Gamma (split, or its hi words: K256Plain::WyDmkk) */
     for (int e = tid; e < 64 * 64; e += WNT) {
         const int i = e / 64, j = e % 64;
         float x = sT[i * LF + j];
         if (GATE == DG_GATE_HEAD && j < i) x *= expf(sG[i] - sG[j]);
-        split2(x, sdM.hi[i * LT + j], sdM.lo()[i * LT + j]);
+        if (K256Plain::WyDmkk) sdM.hi[i * LT + j] = f2op(x);
+        else split2(x, sdM.hi[i * LT + j], sdM.lo()[i * LT + j]);
     }
     /* dk += e^G beta o (Ai^T dW) + (dMkk o Gamma) K + (dMkk o Gamma)^T K;  dbeta, dG += rowsums */
     float eg[2];
@@ -512,8 +513,8 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
             rs[hh] += eg[hh] * op2f(yk[j * LT + c]) * s;
             s *= eg[hh] * sb[j];
         });
-        mma_p<1, W64::NT, false, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
-        mma_p<1, W64::NT, true, true, true, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
+        mma_p<1, W64::NT, false, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
+        mma_p<1, W64::NT, true, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
 #pragma unroll
         for (int nt = 0; nt < W64::NT; nt++)
 #pragma unroll
