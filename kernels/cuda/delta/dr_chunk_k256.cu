@@ -24,14 +24,15 @@
  *          O = scale e^G o (Q S) + P V'                               [mma, P split; S, V' plain]
  *   dhu    (the backward's state pass; block per sequence, head, 64 value columns, chunks in
  *          reverse, dS [256 x 64] in registers as S above):
- *          dV' = (e^{G_last - G} o K) dS + P^T dO                     [mma, dS plain, P split]
- *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, right factors split, W plain]
- * Precision: the computed operands Ai', P, dV' and scale e^G o dO enter their products split into
- * hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16; dr_chunk_mma.cuh), the
- * inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit words (Plain<GATE>, the
- * choice of the K <= 128 kernels, as FLA stores them), and so are the states S and dS wherever they
- * enter a product (K256Plain, as FLA's kernels read h and dh; the passes carry them in f32): one
- * mma pass a product less, and half the bytes and shared-memory reads of those operands.  Against
+ *          dV' = (e^{G_last - G} o K) dS + P^T dO            [mma, dS plain, P split (HEAD: plain)]
+ *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, every factor plain]
+ * Precision: the computed operands Ai' and P (but P in dhu with the head gate) enter their
+ * products split into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16;
+ * dr_chunk_mma.cuh), the inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit
+ * words (Plain<GATE>, the choice of the K <= 128 kernels, as FLA stores them), and so are the
+ * states S and dS wherever they enter a product and dhu's right factors (K256Plain, as FLA's
+ * kernels read h, dh, dO and dv; the passes carry the states in f32): one mma pass a product
+ * less, and half the bytes and shared-memory reads of those operands.  Against
  * the f64 recurrence these kernels stay below FLA's error on the same inputs, output by output
  * (docs/PERF_KERNELS.md, `fla_side_by_side.py --f64`).
  * Shared memory.  prep: sA, sY (f32 64 x 65, the inverse's), gate and beta, then two bf16 tiles of
