@@ -55,7 +55,9 @@ constexpr int SBV = 64;       /* value columns a block of the state passes */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
 constexpr int STATE_BYTES = 4 * 2 * 64 + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
-constexpr int DHU_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 4 * tile_bytes(64, SBV);
+/* dhu: the gate, X, Y, P split, dO (and its lo words while dS's update reads a split right factor) */
+constexpr int DHU_BYTES =
+    4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + (K256Plain::DhuRight ? 3 : 4) * tile_bytes(64, SBV);
 constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 &&
                   STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES + 1024 <= SMEM_MAX / 2 &&
@@ -346,11 +348,10 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
  *   dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'    [mma, 16-bit words: K256Plain]
  * Shared memory, one set of tiles, each place holding two things in turn: the gate; X (K, then Q
  * once dV' is made); Y (dS's 16-bit words, then W); P split (then -dV'); dO (then scale e^G o dO,
- * made in place: each thread rewrites the words it read) and a tile after it: 108 KB, two blocks
- * per SM.  K, dO and the gate come by cp.async at a step's start, Q
- * and W once dV' is made, P through registers; the next chunk's tiles are asked into L2 during
- * the dS update, so that the waits at those two points, which the other block's work covers, are
- * on L2. */
+ * made in place: each thread rewrites the words it read): 99 KB, two blocks per SM.  K, dO and
+ * the gate come by cp.async at a step's start, Q and W once dV' is made, P through registers; the
+ * next chunk's tiles are asked into L2 during the dS update, so that the waits at those two
+ * points, which the other block's work covers, are on L2. */
 template <int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(FNT, 2)
     float *sG = sm;
     uint16_t *sX = (uint16_t *)(sm + 64), *sY = sX + 64 * LDK;
     const Sp sP{sY + KK * LV, 64 * LV};        /* P, then -dV' */
-    const Sp sB{sP.hi + 2 * 64 * LV, 64 * LV}; /* dO in the hi words, then scale e^G o dO split */
+    const Sp sB{sP.hi + 2 * 64 * LV, 64 * LV}; /* dO, then scale e^G o dO (lo words: !DhuRight) */
     float dS[SB::MT][SB::NT][4];
     b.load(dS, d.dhT, V);
     int64_t c0, c1;

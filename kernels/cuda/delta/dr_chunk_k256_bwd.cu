@@ -31,8 +31,8 @@
  * split into hi + lo 16-bit words (dr_chunk_mma.cuh), the inputs q, k, v, dO as they are (exact);
  * V' is plain 16-bit words, as the state pass stores it (Plain<GATE>, as in the K <= 128 kernels),
  * and so are S0 and dS1, dV' in dqkwg's dW and dMkk in dk's products (K256Plain).
- * Shared memory: dqkwg 217 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
- * V tiles, S0, dS1 128 x 64, dO, V', dV' split 64 x 64: the next step's come by cp.async while
+ * Shared memory: dqkwg 199 KB (Q, K halves; dPs; two sets of the tiles of a step over K halves and
+ * V tiles, S0, dS1 128 x 64, dO, V', dV' 64 x 64: the next step's come by cp.async while
  * this one's are multiplied, dV' in f32 through a staging tile; dP is summed from the first half's
  * dO and V' tiles, so that no pass over V waits on its own loads, and goes through f32 over the
  * set the half's last step read, to dPs before the half's dq and dk need it), wy 102 KB (Ai, dMkk
@@ -61,10 +61,11 @@ constexpr int WNT = FNT;
 constexpr int WNW = WNT / 32;
 using W64 = WT<64, 64, WNW>;
 
-constexpr int SPT = 2 * 64 * LT;                   /* elements of a split 64 x 64 tile (hi, then lo) */
-constexpr int ST = KH * LT;                        /* of a 128 x 64 tile of S0 or dS1 (16-bit words, K256Plain) */
-constexpr int RED = 4 * BNW * 64;                  /* bytes of the row reductions */
-constexpr int DQ_SET = 2 * ST + 2 * 64 * LT + SPT; /* elements of a tile set of dqkwg (DqSet) */
+constexpr int SPT = 2 * 64 * LT;  /* elements of a split 64 x 64 tile (hi, then lo) */
+constexpr int ST = KH * LT;       /* of a 128 x 64 tile of S0 or dS1 (16-bit words, K256Plain) */
+constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
+/* elements of a tile set of dqkwg (DqSet; dV' plain: K256Plain::DwDvn) */
+constexpr int DQ_SET = 2 * ST + 2 * 64 * LT + (K256Plain::DwDvn ? 64 * LT : SPT);
 constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64;
 constexpr int WY_BYTES = 2 * (4 * SPT + 3 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
@@ -74,8 +75,7 @@ static_assert(4 * 64 * LF <= 2 * 2 * ST, "dP's f32 copy in S0's and dS1's place"
 
 /* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
  * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64), V' and dO
- * (64 x 64), dV' (64 x 64 in the space of a split tile, whose lo words K256Plain::DwDvn leaves
- * unused), from p on */
+ * (64 x 64), dV' (64 x 64, plain: K256Plain::DwDvn; else split), from p on */
 struct DqSet {
     uint16_t *S0, *dS1, *Vn, *O;
     Sp dVn;
@@ -194,7 +194,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
     /* the tiles of K columns cc0 .. cc0 + 127 and V columns v0 .. v0 + 63 by cp.async: S0, dS1, V',
-     * dO into set x, dV' (f32) into sdVf (each thread splits its own words of it into x.dVn) */
+     * dO into set x, dV' (f32) into sdVf (each thread rounds its own words of it into x.dVn) */
     F4<64, 64> dvn;
     const auto issue = [&](const DqSet x, int cc0, int v0) {
         const int64_t o = os + (int64_t)cc0 * V + v0;
