@@ -727,7 +727,7 @@ static void test_dr_chunk_sanitize(void **state) {
 
 /* The TF32 family's kernels on 16-bit tensor cores (dr_chunk_k256.cu: prep and the state passes;
  * dr_chunk_k256_bwd.cu: dqkwg and wy), small shapes for compute-sanitizer and the emulator: a
- * partial chunk, an empty sequence, two and three tiles of 64 value columns, bf16 and fp16, every
+ * partial chunk, an empty sequence, two and nine tiles of 64 value columns, bf16 and fp16, every
  * backward variant in bf16 (the substitution inverse, dg from the partial terms too). */
 static void test_dr_chunk_k256_sanitize(void **state) {
     (void)state;
@@ -748,8 +748,8 @@ static void test_dr_chunk_k256_sanitize(void **state) {
          1,
          1,
          0},
-        /* three tiles of 64 value columns: the output pass's blocks take two, then one */
-        {"sanitize: k256 head, K=256, V=192", 1, 70, 1, 1, 256, 192, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        /* nine tiles of 64 value columns: the output pass's blocks take eight, then one */
+        {"sanitize: k256 head, K=256, V=576", 1, 70, 1, 1, 256, 576, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     };
     for (int i = 0; i < 3; i++) {
         const int st = i == 1 ? S_F16 : S_BF16;
