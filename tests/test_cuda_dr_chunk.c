@@ -7,8 +7,8 @@
  *    HEAD, chunk 64, K, V in {64, 128}) and the generic kernels, and the two against each other;
  *  - fp16 storage (the same arrays as IEEE binary16): against the f64 recurrence on the same
  *    fp16-rounded inputs, <= F16_TOL (6e-4, derived there) on the generic kernels and
- *    <= F16_MMA_TOL on the tensor-core ones (gate NONE or HEAD at their shapes), the two paths
- *    against each other, and KDA in fp16 the same bits as the generic path forced;
+ *    <= F16_MMA_TOL on the tensor-core ones (every gate at their shapes), the two paths against
+ *    each other;
  *  - value heads of V = 192, 256, 320 on the tensor-core kernels as 3, 2, 5 heads of 64 or 128
  *    columns (kernels/cuda/delta/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
  *  - 128 < K <= 256 on the TF32 family (every gate, V up to 512), bf16 and fp16, against the
@@ -45,12 +45,12 @@ static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
                                          {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
 
-/* whether fp16 calls of this case take tensor cores (dr_chunk_cuda.h): the mma kernels (V = 192,
- * 256 ... as heads of 64 or 128 columns), or the TF32 family at 128 < K <= 256, whose intermediates
- * round to 2^-11 as the fp16 mma kernels' do (F16_MMA_TOL's derivation holds for both) */
+/* whether fp16 calls of this case take tensor cores (dr_chunk_cuda.h): the mma or KDA kernels
+ * (V = 192, 256 ... as heads of 64 or 128 columns), or the TF32 family at 128 < K <= 256, whose
+ * intermediates round to 2^-11 as the fp16 mma kernels' do (F16_MMA_TOL's derivation holds for all) */
 static int f16_mma(const cfg *c) {
     if (c->K > 128 && c->K <= 256) return 1;
-    return c->gate != DG_GATE_CHANNEL && c->chunk == 64 && (c->K == 64 || c->K == 128) && c->V % 64 == 0;
+    return c->chunk == 64 && (c->K == 64 || c->K == 128) && c->V % 64 == 0;
 }
 
 /* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
@@ -184,7 +184,7 @@ static void test_dr_chunk_vsplit(void **state) {
     for (size_t i = 0; i < sizeof vsplit_cases / sizeof vsplit_cases[0]; i++) {
         const cfg *c = &vsplit_cases[i];
         for (int st = S_BF16; st <= S_F16; st++) {
-            if (st == S_F16 && c->gate == DG_GATE_CHANNEL) continue; /* (KDA in fp16: the generic kernels) */
+            if (st == S_F16 && c->gate == DG_GATE_CHANNEL) continue; /* (KDA in fp16: test_cuda_dr_chunk_kda.c) */
             dg_cuda_ktime kt[32];
             int dropped = -1;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
@@ -393,8 +393,8 @@ static void test_dr_chunk_bf16_draws(void **state) {
 }
 
 /* fp16: every gate kind, chunk 16/32/64, GVA, cu_seqlens with an empty sequence, T = 1, K = 200,
- * a partial V tile, some gradients only.  The first two take the tensor-core kernels (their fp16
- * build); the fourth has the shape of bf16's KDA tensor-core path, which fp16 calls do not take. */
+ * a partial V tile, some gradients only.  The first two take the head-gate tensor-core kernels
+ * (their fp16 build), the fourth KDA's. */
 static const cfg f16_cases[] = {
     {"head, GVA, K=V=128 (bf16 mma shape)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"none, varlen, K=V=64 (bf16 mma shape)",
@@ -426,18 +426,13 @@ static void test_dr_chunk_f16(void **state) {
         run_case(&f16_cases[i], S_F16, i == 1 || i == 2);
 }
 
-/* fp16 on the tensor-core kernels and on the generic ones, same inputs: within both bounds; KDA in
- * fp16 (the fourth case, bf16's KDA tensor-core shape) takes the generic kernels: the same bits
- * with the generic path forced */
+/* fp16 on the tensor-core kernels (head gate, no gate, KDA) and on the generic ones, same inputs:
+ * within both bounds */
 static void test_dr_chunk_f16_paths(void **state) {
     (void)state;
     dg_test_require_cuda();
     static const int which[3] = {0, 1, 3};
-    for (int i = 0; i < 3; i++) {
-        const cfg *c = &f16_cases[which[i]];
-        if (f16_mma(c)) paths_compare(c, S_F16, "mma vs generic", F16_MMA_TOL + F16_TOL);
-        else paths_compare(c, S_F16, "vs forced generic", 0.0);
-    }
+    for (int i = 0; i < 3; i++) paths_compare(&f16_cases[which[i]], S_F16, "mma vs generic", F16_MMA_TOL + F16_TOL);
 }
 
 /* The L2 norm's backward taken by the chunk backward (rq, rk given): dq, dk of the raw rows against

@@ -1,15 +1,18 @@
 /* The kda tensor-core path of the chunked delta-rule CUDA kernels (kernels/cuda/delta/dr_chunk_kda.cuh:
- * per-channel gate, bf16 storage, chunk 64, K and V in {64, 128}) against the f64 recurrence of
- * the CPU kernels (kernels/cpu/delta/delta_rule.h) on the same bf16-rounded inputs:
- *  - output, final state and every gradient: relative error norm ||x - ref|| / ||ref|| <= 5e-3;
+ * per-channel gate, bf16 or fp16 storage, chunk 64, K and V in {64, 128}) against the f64 recurrence
+ * of the CPU kernels (kernels/cpu/delta/delta_rule.h) on the same rounded inputs:
+ *  - output, final state and every gradient: relative error norm ||x - ref|| / ||ref|| <= 5e-3
+ *    (bf16), <= F16_MMA_TOL (fp16, tests/dr_chunk_tol.h);
  *  - the fused backward (var 111) and the unfused one (var 101) both against the reference and
  *    against each other; the tensor-core path against the generic kernels (force_generic);
  *  - grouped value heads, cu_seqlens with an empty sequence and partial chunks, T = 1, h0 and dhT
  *    present or absent, dq and dv not asked for (NULL), strong decays (per-token log decays down to -8, so the cumulative gate
  *    of a chunk reaches about -500: a gate folded as e^{G}, e^{-G} into the operands would
  *    overflow; the sub-chunk references must not), gates near the bound of the wide form (one
- *    reference for the whole chunk, dr_chunk_kda.cuh) so that both forms run in one call, and
- *    T = 2048.
+ *    reference for the whole chunk, dr_chunk_kda.cuh; its span is 80 in bf16, 12 in fp16) so that
+ *    both forms run in one call, and T = 2048;
+ *  - the same cases in fp16 (the kernels' fp16 build, kda_h), and a value head of V = 256 there
+ *    (two heads of 128; bf16's are in test_cuda_dr_chunk.c).
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
  * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
  * tests by name. */
@@ -32,9 +35,18 @@
 #include "core/internal.h"
 #include "kernels/cpu/delta/delta_rule.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "core/f16.h"
 #include "tests/dr_chunk_call.h"
+#include "tests/dr_chunk_tol.h"
 
 static bool g_force_generic; /* run_dev's calls take the generic kernels */
+static bool g_f16;           /* the 16-bit arrays are fp16 (else bf16) */
+
+/* a 16-bit word of the run's format, and back */
+static uint16_t to16(double x) { return g_f16 ? dg_f16_from_f64(x) : dg_bf16_from_f32((float)x); }
+static double from16(uint16_t h) { return g_f16 ? dg_f16_to_f64(h) : dg_bf16_to_f32(h); }
+/* the bound on each result's relative error norm against the reference */
+static double tol16(void) { return g_f16 ? F16_MMA_TOL : 5e-3; }
 
 static uint64_t seed = 0x9E3779B97F4A7C15ull;
 static double unif(double lo, double hi) { return lo + (hi - lo) * dg_test_xorshift(&seed); }
@@ -54,8 +66,8 @@ typedef struct kcase {
 enum { X_Q, X_K, X_V, X_G, X_B, X_H0, X_DO, X_DHT, X_N };
 enum { Y_O, Y_HT, Y_DQ, Y_DK, Y_DV, Y_DG, Y_DB, Y_DH0, Y_N };
 static const char *const y_name[Y_N] = {"o", "hT", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
-static const int y_bf16[Y_N] = {1, 0, 1, 1, 1, 0, 1, 0};
-static const int x_bf16[X_N] = {1, 1, 1, 0, 1, 0, 1, 0};
+static const int y_16[Y_N] = {1, 0, 1, 1, 1, 0, 1, 0};
+static const int x_16[X_N] = {1, 1, 1, 0, 1, 0, 1, 0};
 
 typedef struct prob {
     dg_dr_shape s;
@@ -87,7 +99,7 @@ static void prob_make(const kcase *c, prob *p) {
     }
     for (int a = 0; a < X_N; a++)
         for (int64_t i = 0; p->x[a] && i < nx[a]; i++)
-            p->x[a][i] = x_bf16[a] ? dg_bf16_to_f32(dg_bf16_from_f32((float)(p->x[a][i]))) : (double)(float)p->x[a][i];
+            p->x[a][i] = x_16[a] ? from16(to16(p->x[a][i])) : (double)(float)p->x[a][i];
     const int64_t ny[Y_N] = {nx[X_V], nh,      c->some ? 0 : nx[X_Q], nx[X_Q], c->some ? 0 : nx[X_V],
                              nx[X_G], nx[X_B], c->h0 ? nh : 0};
     memcpy(p->ny, ny, sizeof ny);
@@ -117,13 +129,14 @@ static void reference(const prob *p, outs *o) {
         if (tmp[a]) free(tmp[a]), o->y[a] = NULL;
 }
 
-/* device buffer: a copy of host x (bf16 bits or f32), or n elements of NaN (x NULL) */
-static void *to_dev(const double *x, int64_t n, int bf16) {
-    const size_t es = bf16 ? 2 : 4, bytes = (size_t)(n ? n : 1) * es;
+/* device buffer: a copy of host x (16-bit words of the run's format, w16, or f32), or n elements of
+ * NaN (x NULL) */
+static void *to_dev(const double *x, int64_t n, int w16) {
+    const size_t es = w16 ? 2 : 4, bytes = (size_t)(n ? n : 1) * es;
     unsigned char *h = malloc(bytes);
     memset(h, 0xff, bytes);
     for (int64_t i = 0; x && i < n; i++) {
-        if (bf16) ((uint16_t *)h)[i] = dg_bf16_from_f32((float)(x[i]));
+        if (w16) ((uint16_t *)h)[i] = to16(x[i]);
         else ((float *)h)[i] = (float)x[i];
     }
     void *d = dg_cuda_malloc(bytes);
@@ -132,11 +145,11 @@ static void *to_dev(const double *x, int64_t n, int bf16) {
     free(h);
     return d;
 }
-static void from_dev(double *y, const void *d, int64_t n, int bf16) {
-    const size_t bytes = (size_t)(n ? n : 1) * (bf16 ? 2 : 4);
+static void from_dev(double *y, const void *d, int64_t n, int w16) {
+    const size_t bytes = (size_t)(n ? n : 1) * (w16 ? 2 : 4);
     unsigned char *h = malloc(bytes);
     assert_int_equal(dg_cuda_memcpy(h, d, bytes, 1), 0);
-    for (int64_t i = 0; i < n; i++) y[i] = bf16 ? dg_bf16_to_f32(((uint16_t *)h)[i]) : ((float *)h)[i];
+    for (int64_t i = 0; i < n; i++) y[i] = w16 ? from16(((uint16_t *)h)[i]) : ((float *)h)[i];
     free(h);
 }
 
@@ -145,14 +158,14 @@ static void from_dev(double *y, const void *d, int64_t n, int bf16) {
  * kernels */
 static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
     void *x[X_N], *y[Y_N], *y2[Y_N];
-    for (int a = 0; a < X_N; a++) x[a] = p->x[a] ? to_dev(p->x[a], p->nx[a], x_bf16[a]) : NULL;
+    for (int a = 0; a < X_N; a++) x[a] = p->x[a] ? to_dev(p->x[a], p->nx[a], x_16[a]) : NULL;
     for (int a = 0; a < Y_N; a++) {
-        y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
-        y2[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_bf16[a]) : NULL;
+        y[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_16[a]) : NULL;
+        y2[a] = o->y[a] ? to_dev(NULL, p->ny[a], y_16[a]) : NULL;
     }
     const dg_delta_call base = {.op = "test",
                                 .s = p->s,
-                                .dtype = DG_BF16,
+                                .dtype = g_f16 ? DG_F16 : DG_BF16,
                                 .device = DG_CUDA,
                                 .bwd = drc_flags(v),
                                 .q = x[X_Q],
@@ -183,10 +196,10 @@ static void run_dev(const prob *p, const dg_dr_variant *v, outs *o) {
     assert_int_equal(dg_cuda_synchronize(), 0);
     for (int a = 0; a < Y_N; a++) {
         if (!o->y[a]) continue;
-        from_dev(o->y[a], y[a], p->ny[a], y_bf16[a]);
+        from_dev(o->y[a], y[a], p->ny[a], y_16[a]);
         if (y2[a]) {
             double *z = malloc(sizeof(double) * (size_t)(p->ny[a] ? p->ny[a] : 1));
-            from_dev(z, y2[a], p->ny[a], y_bf16[a]);
+            from_dev(z, y2[a], p->ny[a], y_16[a]);
             if (memcmp(z, o->y[a], sizeof(double) * (size_t)p->ny[a]))
                 fail_msg("%s differs between two runs%s", y_name[a],
                          keep ? " (the second from the kept working set)" : "");
@@ -230,11 +243,12 @@ static void run_kcase(const kcase *c, int against_generic) {
     reference(&p, &ref);
     char what[160];
     run_dev(&p, &v_fused, &fu);
-    snprintf(what, sizeof what, "%s: fused", c->name);
-    compare(what, &p, &fu, &ref, 5e-3);
+    const char *fmt = g_f16 ? "f16" : "bf16";
+    snprintf(what, sizeof what, "%s %s: fused", fmt, c->name);
+    compare(what, &p, &fu, &ref, tol16());
     run_dev(&p, &v_unfused, &un);
-    snprintf(what, sizeof what, "%s: unfused", c->name);
-    compare(what, &p, &un, &ref, 5e-3);
+    snprintf(what, sizeof what, "%s %s: unfused", fmt, c->name);
+    compare(what, &p, &un, &ref, tol16());
     compare("  ... unfused against fused", &p, &un, &fu, 2e-3);
     if (against_generic) {
         outs gen;
@@ -242,7 +256,7 @@ static void run_kcase(const kcase *c, int against_generic) {
         g_force_generic = true;
         run_dev(&p, &v_fused, &gen);
         g_force_generic = false;
-        compare("  ... against the generic kernels", &p, &fu, &gen, 5e-3);
+        compare("  ... against the generic kernels", &p, &fu, &gen, g_f16 ? F16_MMA_TOL + F16_TOL : 5e-3);
         outs_free(&gen);
     }
     outs_free(&ref), outs_free(&fu), outs_free(&un), prob_free(&p);
@@ -255,8 +269,8 @@ static const kcase cases[] = {
     {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1, 0},
     {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},
     {"K=V=128, GVA, dq and dv NULL", 1, 100, 1, 2, 128, 128, 0, {0}, -1.5, -0.02, 1, 0, 1},
-    /* chunks on both sides of the wide form's bound (a span of 80 over 64 rows): about -71 on
-     * average over a chunk, so some chunks take the wide form and some the sub-chunk one */
+    /* chunks on both sides of the wide form's bound (bf16: a span of 80 over 64 rows): about -71
+     * on average over a chunk, so some chunks take the wide form and some the sub-chunk one */
     {"K=V=64, gates near the wide form's bound", 1, 1280, 1, 1, 64, 64, 0, {0}, -2.2, -0.02, 1, 1, 0},
     /* enough (sequence, head) pairs that the state passes take 64-column tiles (fast::state_bv:
      * 32 below one block per multiprocessor, as every other case here) */
@@ -265,13 +279,31 @@ static const kcase cases[] = {
     {"K=V=128, T=2048", 1, 2048, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
 };
 
+/* fp16 (dr_chunk_kda_mma_*_f16.cu): the cases above, chunks on both sides of the wide form's
+ * bound at fp16's span of 12 (about -10 on average over a chunk, the steepest of 64 channels about
+ * -12), and a value head of V = 256 */
+static const kcase f16_wide = {
+    "K=V=64, gates near the fp16 wide form's bound", 1, 1280, 1, 1, 64, 64, 0, {0}, -0.31, -0.001, 1, 1, 0};
+/* fp16 value heads wider than 128 (as two heads of 128 sharing the key head: dr_chunk_vsplit.cu) */
+static const kcase f16_split = {"K=64, V=256 (two heads of 128)", 1, 100, 1, 1, 64, 256, 0, {0}, -1.5, -0.02, 1, 1, 0};
+
 static void test_kda_mma(void **state) {
     (void)state;
     dg_test_require_cuda();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kcase(&cases[i], i < 2);
 }
 
-/* small shapes through every kda kernel (fused and unfused): the test to run under
+static void test_kda_mma_f16(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    g_f16 = true;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kcase(&cases[i], i < 2);
+    run_kcase(&f16_wide, 0);
+    run_kcase(&f16_split, 1);
+    g_f16 = false;
+}
+
+/* small shapes through every kda kernel (fused and unfused), bf16 and fp16: the test to run under
  * compute-sanitizer */
 static void test_kda_mma_sanitize(void **state) {
     (void)state;
@@ -282,7 +314,11 @@ static void test_kda_mma_sanitize(void **state) {
         /* K = V = 128: the fused qkwy's dU goes by cp.async during part A (QkL::PFU) */
         {"sanitize: K=V=128", 1, 70, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
     };
-    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) run_kcase(&small[i], 0);
+    for (int f16 = 0; f16 <= 1; f16++) {
+        g_f16 = f16;
+        for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) run_kcase(&small[i], 0);
+    }
+    g_f16 = false;
 }
 
 /* the per-kernel timer (dg_cuda_ktime, as `deltagrad bench --device cuda` prints it) names the
@@ -321,6 +357,7 @@ static void test_kda_kernel_times(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kda_mma),
+        cmocka_unit_test(test_kda_mma_f16),
         cmocka_unit_test(test_kda_mma_sanitize),
         cmocka_unit_test(test_kda_kernel_times),
     };

@@ -170,7 +170,7 @@ void plan_free(Plan *p) {
 
 /* Whether a 16-bit shape (f16: fp16 words) takes family fam's tensor-core kernels as it is */
 static bool family_shape(dg_drc_family fam, const Geom &G, bool f16) {
-    if (fam == DG_DRC_KDA_MMA) return !f16 && kda_ok(G);
+    if (fam == DG_DRC_KDA_MMA) return kda_ok(G);
     if (fam == DG_DRC_MMA) return fast_ok(G);
     if (fam == DG_DRC_TF32) return G.K > 128 && G.K <= 256;
     return false;
@@ -365,7 +365,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
     Io<T> io = io_in;
     int rc;
     if constexpr (sizeof(T) == 2) {
-        constexpr bool f16 = !is_bf16<T>::value; /* fp16: the head-gate kernels' fp16 build; KDA generic */
+        constexpr bool f16 = !is_bf16<T>::value; /* fp16: the kernels' fp16 builds (fast_h, kda_h) */
         const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
         if (l2 && !(fast && r.l2_fuse)) {
             rc = fwd_l2_first<T>(r, p, io, keep, kept, *l2);
@@ -374,7 +374,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         }
         if (l2) io.l2q = l2->q, io.l2k = l2->k, io.l2rq = l2->rq, io.l2rk = l2->rk, io.l2eps = l2->eps;
         bool filled = false; /* (the TF32 family: where its 16-bit kernels ran throughout) */
-        rc = kda    ? kda_fwd(p, io_bits(io), keep)
+        rc = kda    ? (f16 ? kda_h::fwd(p, io_bits(io), keep) : kda::fwd(p, io_bits(io), keep))
              : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
              : tf32 ? generic_fwd<T, true>(p, io, keep, &filled)
                     : generic_fwd<T>(p, io, nullptr, &filled);
@@ -407,7 +407,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value;
         const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
-        rc = kda    ? kda_bwd(p, var, io_bits(io), kept)
+        rc = kda    ? (f16 ? kda_h::bwd(p, var, io_bits(io), kept) : kda::bwd(p, var, io_bits(io), kept))
              : fast ? (f16 ? fast_h::bwd(p, var, io_bits(io), kept) : fast::bwd(p, var, io_bits(io), kept))
              : tf32 ? generic_bwd<T, true>(p, var, io, kept)
                     : generic_bwd<T>(p, var, io, nullptr);

@@ -25,8 +25,7 @@
  *    multiple of 64, its prep, state passes, output pass and the backward's dqkwg and wy run on
  *    mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but the states
  *    plain (dr_chunk_k256*.cu);
- *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 calls, and fp16 calls with gate NONE or
- *    HEAD; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
+ *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 and fp16 calls; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
  *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a
  *    call qualifies; a head of V other than 64 or 128 runs as V / 128 heads of 128 columns, or
  *    V / 64 of 64, that share its key head: dr_chunk_vsplit.cu): the in-chunk products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
@@ -34,11 +33,11 @@
  *    inverse) are split into two 16-bit terms (hi + lo) so that the products keep about 16 bits
  *    (fp16: about 22), except W and U (and V' with the head gate), which are plain 16-bit words as
  *    in FLA (errors measured per operand: dr_chunk_mma.cuh, Plain).  Gate NONE or HEAD:
- *    dr_chunk_mma_*.cu (built twice: bf16 and fp16); CHANNEL (KDA, bf16 only): dr_chunk_kda_mma_*.cu
- *    (W, U, Kd, V', Qg plain: KPlain in dr_chunk_kda.cuh), the gated products as one tensor-core
- *    product on a per-channel reference when the chunk's gate spans <= 80 in every channel, else on
- *    16-row sub-chunk references.  Its factors reach e^{+-40}, beyond fp16's range (65504 = e^11.1):
- *    fp16 KDA calls take the generic kernels.
+ *    dr_chunk_mma_*.cu (built twice: bf16 and fp16); CHANNEL (KDA): dr_chunk_kda_mma_*.cu (built
+ *    twice too; W, U, Kd, V', Qg plain: KPlain in dr_chunk_kda.cuh), the gated products as one
+ *    tensor-core product on a per-channel reference when the chunk's gate spans <= 80 in every
+ *    channel (bf16; factors up to e^{+-40}), <= 12 (fp16, whose largest value is 65504 = e^11.1),
+ *    else on 16-row sub-chunk references, whose factors are <= 1.
  * bf16 calls: q, k, v, beta, o, dout, dq, dk, dv, dbeta as bf16 bits (uint16_t); g, dg, h0, hT,
  * dhT, dh0 f32; f32 accumulation.
  * fp16 calls: the same arguments with IEEE binary16 bits (uint16_t: 1 sign, 5 exponent, 10
@@ -78,7 +77,7 @@ bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c);
  * -- the prep and state passes, a third of GDN's fwd+bwd at S1, a fifth at S3 (K = V = 256).  A
  * caller with the memory keeps them instead (FLA recomputes; this trades memory for time):
  *   dg_cuda_dr_chunk_kept_bytes: bytes of device memory to keep for c's shape on family fam; 0
- *     when it keeps nothing (the generic kernels, f32, fp16 KDA); -1 with dg_error on a bad shape.
+ *     when it keeps nothing (the generic kernels, f32); -1 with dg_error on a bad shape.
  *     B8 T2048 H16 K=V=128: GDN 0.54 GB, delta_rule 0.60 GB, KDA 0.81 GB (q, k, v are 67 MB each);
  *     B16 T4096 H8 K=V=256 (S3): 2.0 GB, half of it the states (a 16-bit word an element).  The
  *     forward may still keep nothing (c->kept false: at K = 256 where the 16-bit kernels do not

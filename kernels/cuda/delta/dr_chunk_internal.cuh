@@ -150,7 +150,7 @@ __host__ __device__ __forceinline__ float ldx(const f16bits *p) { return h2f(p->
 __host__ __device__ __forceinline__ void stx(float *p, float v) { *p = v; }
 __host__ __device__ __forceinline__ void stx(uint16_t *p, float v) { *p = f2bf(v); }
 __host__ __device__ __forceinline__ void stx(f16bits *p, float v) { p->x = f2h(v); }
-/* bf16 storage (the tensor-core paths of every gate kind; fp16 has KDA's generic only) */
+/* bf16 storage (else fp16: the kernels' second builds, fast_h and kda_h, or f32) */
 template <typename T> struct is_bf16 { static constexpr bool value = false; };
 template <> struct is_bf16<uint16_t> { static constexpr bool value = true; };
 

@@ -2,9 +2,15 @@
  * entry points used by the dispatch in dr_chunk.cu, and the device helper shared by the kda
  * kernels (dr_chunk_kda_mma*.cu).  Built on the tiles and warp products of dr_chunk_mma.cuh.
  *
- * Shapes taken: bf16 storage, gate CHANNEL, chunk 64, K and V in {64, 128}; q, k, v (and dout)
- * 16-byte aligned, o 4-byte aligned (checked by the caller); everything else goes to the generic
- * kernels (dr_chunk_generic.cuh).
+ * Shapes taken: bf16 or fp16 storage, gate CHANNEL, chunk 64, K and V in {64, 128}; q, k, v (and
+ * dout) 16-byte aligned, o 4-byte aligned (checked by the caller); everything else goes to the
+ * generic kernels (dr_chunk_generic.cuh).
+ *
+ * Two builds of the same kernels, as the head-gate ones (dr_chunk_mma.cuh, DRC_OPERAND_F16):
+ * namespace kda takes bf16 words (dr_chunk_kda_mma_fwd.cu, _bwd.cu), kda_h fp16 words
+ * (dr_chunk_kda_mma_fwd_f16.cu, _bwd_f16.cu); inside them mm:: is the tile and product machinery
+ * of the same operand format (fast or fast_h).  fp16's range (largest 65504 = e^{11.1}) is why the
+ * wide form below takes bf16 words or a narrower span in the fp16 build (WIDE_SPAN, TRI_SPAN).
  *
  * The gate.  g [rows, HV, K] is the per-token, per-channel log decay; G is its cumulative sum
  * inside the chunk (G_i = g_0 + ... + g_i, rows past the chunk's length L hold G_{L-1}).  The
@@ -24,9 +30,10 @@
  * the sub-chunk references above only keep the two factors from overflowing.  When every channel's
  * G spans at most WIDE_SPAN over the chunk (max_i G_ic - min_i G_ic <= 80), R_c = the middle of
  * that range bounds both factors by e^{40} (and below by e^{-40}, far from bf16's and f32's
- * e^{-87}), so the whole chunk is ONE tensor-core product of two gated 64-row operands, the
- * diagonal blocks included, with no f32 element loop; even the products above the diagonal,
- * thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands' ~16 bits,
+ * e^{-87}; as fp16 words: a span of 12, see WIDE_SPAN), so the whole chunk is ONE tensor-core
+ * product of two gated 64-row operands, the diagonal blocks included, with no f32 element loop
+ * (the f32 loops of the sub-chunk form cost one exponential a term); even the products above the
+ * diagonal, thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands' ~16 bits,
  * as in the sub-chunk form, and the f32 sums are of terms whose true values are bounded by
  * |x_ic k_jc| for i >= j.  The test of the span is per chunk and value head (one block), so a
  * chunk with a steeper gate takes the sub-chunk form.  Typical gates are far inside: per-token log
@@ -38,15 +45,32 @@
 
 namespace drc {
 
-/* whether the kda tensor-core path takes this shape (bf16 calls; pointer alignment aside) */
+/* whether the kda tensor-core path takes this shape (16-bit calls; pointer alignment aside) */
 bool kda_ok(const Geom &G);
-/* keep / kept: the forward's working set kept for the backward, as fast_fwd / fast_bwd
- * (dr_chunk_internal.cuh); kda_kept_bytes is its size */
+/* keep / kept: the forward's working set kept for the backward, as fast::fwd / fast::bwd
+ * (dr_chunk_internal.cuh); kda_kept_bytes is its size (the same in both operand formats).
+ * kda:: takes bf16 words, kda_h:: fp16 words (the f16bits of the caller passed as uint16_t) */
 size_t kda_kept_bytes(const Geom &G);
-int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
-int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
-
 namespace kda {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace kda
+namespace kda_h {
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
+} // namespace kda_h
+
+#if DRC_OPERAND_F16
+#define DRC_KDA kda_h
+#else
+#define DRC_KDA kda
+#endif
+
+namespace DRC_KDA {
+
+namespace mm = DRC_FAST; /* the tiles and products of this build's operand format */
+using mm::f2op;
+using mm::op2f;
 
 /* e^x for the gate factors: ex2.approx of x log2(e) (two instructions; expf is about eight). Its
  * relative error, about |x| 1e-7 + 2 ulp, is far below the bf16 rounding of the operands it
@@ -59,10 +83,10 @@ inline float kexp(float x) { return expf(x); }
 __device__ __forceinline__ float kexp(float x) { return __expf(x); }
 #endif
 
-using fast::FNT;
-using fast::ONE_SM_NTH;
-using fast::PAD;
-using fast::Sp;
+using mm::FNT;
+using mm::ONE_SM_NTH;
+using mm::PAD;
+using mm::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
 /* The KDA kernels that run one block per SM (prep kp, output ko, the qkwy kernels) have
@@ -109,7 +133,7 @@ int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras)
 
 /* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
 template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
-    return 2 * fast::tile_bytes(64, K) + 2 * fast::tile_bytes(96, K);
+    return 2 * mm::tile_bytes(64, K) + 2 * mm::tile_bytes(96, K);
 }
 
 /* The cumulative gate G of a chunk in shared memory, sG [64][gstride(K)], in two steps around the
@@ -118,10 +142,20 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
  * times in a row: at one block per multiprocessor that was most of prep's, out's and qkwy's time);
  * after a barrier, gate_scan sums each channel down the rows in place (thread c < K takes channel c;
  * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
- * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the
- * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
+ * returns 1 on a thread whose channel spans more than span (WIDE_SPAN, or TRI_SPAN where only
+ * gated_tri reads the gate; or is not finite), else 0: the caller's next barrier
+ * is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
  * NTH: the threads of the block (FNT, or ONE_SM_NTH). */
-constexpr float WIDE_SPAN = 80.0f;
+/* The spans the wide form takes.  Gated operands as bf16 words: factors within e^{+-40}.  As fp16
+ * words: within e^{+-6} (x e^{6} stays below fp16's 65504 for |x| up to 160, where q and k are about
+ * 1; the small factor e^{-6} = 2.5e-3 keeps its hi word normal and its lo word about 20 steps of
+ * fp16's smallest subnormal, 6e-8).  gated_tri, whose two operands are both made from raw tiles,
+ * takes bf16 words in both builds (TRI_SPAN: its split product keeps about 16 bits, far below an
+ * fp16 result's rounding), so that the forward keeps the wide form where the gate spans up to 80;
+ * gated_R and gated_C (the backward) multiply a gated operand with one of the build's own format
+ * (WIDE_SPAN). */
+constexpr float TRI_SPAN = 80.0f;
+constexpr float WIDE_SPAN = DRC_OPERAND_F16 ? 12.0f : TRI_SPAN;
 template <int K, int NTH = FNT>
 __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, float *sG) {
     constexpr int GS = gstride(K);
@@ -131,7 +165,7 @@ __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, flo
         sG[i * GS + c] = i < L ? g[i * ld + c] : 0.0f;
     }
 }
-template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) {
+template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR, float span = WIDE_SPAN) {
     constexpr int GS = gstride(K);
     const int c = threadIdx.x;
     if (c >= K) return 0;
@@ -143,7 +177,7 @@ template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) 
         lo = i ? fminf(lo, a) : a, hi = i ? fmaxf(hi, a) : a;
     }
     sR[c] = 0.5f * (lo + hi);
-    return !(hi - lo <= WIDE_SPAN);
+    return !(hi - lo <= span);
 }
 
 /* The chunk's gate as the gated products take it: G [64][gstride(K)], the references R [K], and
@@ -153,20 +187,22 @@ struct Gate {
     bool wide;
 };
 
-/* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns);
- * s = +1 (query side) or -1 (key side), by the block's NTH threads.  No barrier. */
-template <int K, int NTH = FNT>
+/* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as
+ * words of the build's format, or (BF) bf16 words; s = +1 (query side) or -1 (key side), by the
+ * block's NTH threads.  No barrier. */
+template <int K, int NTH = FNT, bool BF = !DRC_OPERAND_F16>
 __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &gt, float s) {
     constexpr int LD = K + PAD, GS = gstride(K);
     for (int e = threadIdx.x; e < 64 * K; e += NTH) {
         const int i = e / K, c = e % K;
-        fast::split2(bf2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
-                     T.lo()[i * LD + c]);
+        mm::split2<BF>(op2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
+                       T.lo()[i * LD + c]);
     }
 }
 
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
- * diagonal; i, j < 64.  X, Kt: raw bf16 tiles [64][K + PAD]; gt: the chunk's gate; scr: scratch of
+ * diagonal; i, j < 64.  X, Kt: raw 16-bit tiles [64][K + PAD]; gt: the chunk's gate (wide: its span
+ * within TRI_SPAN); scr: scratch of
  * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with
  * a barrier-free state: the caller puts a barrier before (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
@@ -178,31 +214,31 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     constexpr int GS = gstride(K);
     const float *sG = gt.G;
     const Sp Xa{(uint16_t *)scr, 64 * LD};
-    const Sp Kb{(uint16_t *)(scr + 2 * fast::tile_bytes(64, K)), 96 * LD};
+    const Sp Kb{(uint16_t *)(scr + 2 * mm::tile_bytes(64, K)), 96 * LD};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (gt.wide) { /* one product X e^{G - R} (Kt e^{R - G})^T, masked; warp tiles above the diagonal skip it */
-        using T = fast::WT<64, 64, NTH / 32>;
-        gated_rows<K, NTH>(Xa, X, gt, 1.0f);
-        gated_rows<K, NTH>(Kb, Kt, gt, -1.0f);
+    if (gt.wide) { /* one product X e^{G - R} (Kt e^{R - G})^T, masked; warp tiles above the diagonal skip it;
+                    * bf16 words in both builds (TRI_SPAN) */
+        using T = mm::WT<64, 64, NTH / 32>;
+        gated_rows<K, NTH, true>(Xa, X, gt, 1.0f);
+        gated_rows<K, NTH, true>(Kb, Kt, gt, -1.0f);
         bsync();
         float acc[1][T::NT][4];
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        fast::acc_zero(acc);
-        if (n0 <= m0 + 15) fast::mma_ss<1, T::NT, false, false>(acc, Xa, LD, m0, Kb, LD, n0, K);
-        fast::frag_each(acc, m0, n0,
-                        [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
+        mm::acc_zero(acc);
+        if (n0 <= m0 + 15) mm::mma_ss<1, T::NT, false, false, true>(acc, Xa, LD, m0, Kb, LD, n0, K);
+        mm::frag_each(acc, m0, n0,
+                      [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
         return;
     }
     for (int e = tid; e < 48 * K; e += NTH) {
         const int i = 16 + e / K, c = e % K, r = i & ~15;
-        fast::split2(bf2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c],
-                     Xa.lo()[i * LD + c]);
+        mm::split2(op2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c], Xa.lo()[i * LD + c]);
     }
     for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
-                     Kb.lo()[R * LD + c]);
+        mm::split2(op2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
+                   Kb.lo()[R * LD + c]);
     }
     /* blocks above the diagonal: zero */
     for (int e = tid; e < 64 * 64; e += NTH) {
@@ -214,10 +250,10 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     if (warp < 6) {
         const int I = warp == 0 ? 1 : warp < 3 ? 2 : 3, J = warp - (I * (I - 1)) / 2;
         float acc[1][2][4];
-        fast::acc_zero(acc);
+        mm::acc_zero(acc);
         const Sp B{Kb.hi + 8 * I * (I - 1) * LD, Kb.lo_off};
-        fast::mma_ss<1, 2, false, false>(acc, Xa, LD, 16 * I, B, LD, 16 * J, K);
-        fast::frag_each(acc, 16 * I, 16 * J, [&](int i, int j, float &x) { out[i * LDF + j] = x; });
+        mm::mma_ss<1, 2, false, false>(acc, Xa, LD, 16 * I, B, LD, 16 * J, K);
+        mm::frag_each(acc, 16 * I, 16 * J, [&](int i, int j, float &x) { out[i * LDF + j] = x; });
     }
     /* the diagonal blocks, element by element in f32: a thread per (i, j), j <= i in one block
      * (136 pairs a block); the channels in an order that starts at lane - 8i, so that the lanes of
@@ -234,7 +270,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
 #pragma unroll 4
             for (int u = 0; u < K; u++) {
                 const int c = (u + lane - 8 * i) & (K - 1);
-                s += bf2f(xi[c]) * bf2f(kj[c]) * kexp(gi[c] - gj[c]);
+                s += op2f(xi[c]) * op2f(kj[c]) * kexp(gi[c] - gj[c]);
             }
         }
         out[i * LDF + j] = s;
@@ -242,7 +278,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     }
 }
 
-} // namespace kda
+} // namespace DRC_KDA
 } // namespace drc
 
 #endif

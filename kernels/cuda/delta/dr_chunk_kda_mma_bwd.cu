@@ -1,4 +1,5 @@
-/* The tensor-core kda backward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
+/* The tensor-core kda backward (per-channel gate; bf16 storage, fp16 in the build of
+ * dr_chunk_kda_mma_bwd_f16.cu; chunk 64, K and V in {64, 128}).
  * Recompute by the forward's prep and state kernels (dr_chunk_kda_mma_fwd.cu, with Ai, Mkk,
  * P = scale lower_incl(M') and Qg = scale Q o e^G kept), then, per chunk of L rows, value head hv,
  * G the cumulative per-channel gate, Gl its last row, M / M' the gated K K^T / Q K^T
@@ -38,11 +39,11 @@
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 
 namespace drc {
-namespace kda {
+namespace DRC_KDA {
 namespace {
 
-using fast::tile_bytes;
-using fast::WT;
+using mm::tile_bytes;
+using mm::WT;
 
 /* f(row, col, x&) together over two accumulators of the same layout */
 template <int NT, class F>
@@ -72,9 +73,9 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         const Sp Yb{(uint16_t *)scr, 64 * LK};
         gated_rows<K, NTH>(Yb, Y, gt, -1.0f);
         bsync();
-        fast::acc_zero(r);
-        fast::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
-        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - gt.R[c]); });
+        mm::acc_zero(r);
+        mm::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
+        mm::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - gt.R[c]); });
         bsync();
         return;
     }
@@ -82,16 +83,16 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
     for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
-        fast::split2(bf2f(Y[l * LK + c]) * kexp(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
-                     Yb.lo()[R * LK + c]);
+        mm::split2(op2f(Y[l * LK + c]) * kexp(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
+                   Yb.lo()[R * LK + c]);
     }
     bsync();
-    fast::acc_zero(r);
+    mm::acc_zero(r);
     if (I > 0) {
         const Sp B{Yb.hi + 8 * I * (I - 1) * LK, Yb.lo_off};
-        fast::mma_ss<1, NT, false, true>(r, D, 72, m0, B, LK, n0, 16 * I);
+        mm::mma_ss<1, NT, false, true>(r, D, 72, m0, B, LK, n0, 16 * I);
     }
-    fast::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - sG[16 * I * GS + c]); });
+    mm::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - sG[16 * I * GS + c]); });
     /* the diagonal block, in f32: l outer (not unrolled), so that the unrolled body over this
      * thread's accumulator elements is emitted once (a loop inside each element's body was
      * emitted once per element: half of the fused kernel's 520 KB of code, and ncu found the warps
@@ -99,10 +100,10 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
     const int i0 = m0 + ((tid & 31) >> 2), i1 = i0 + 8; /* this thread's two rows */
 #pragma unroll 1
     for (int l = 16 * I; l < 16 * I + 16; l++) {
-        const float d0 = bf2f(D.hi[i0 * 72 + l]) + bf2f(D.lo()[i0 * 72 + l]);
-        const float d1 = bf2f(D.hi[i1 * 72 + l]) + bf2f(D.lo()[i1 * 72 + l]);
-        fast::frag_each(r, m0, n0, [&](int i, int c, float &x) {
-            const float t = (i == i0 ? d0 : d1) * bf2f(Y[l * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
+        const float d0 = op2f(D.hi[i0 * 72 + l]) + op2f(D.lo()[i0 * 72 + l]);
+        const float d1 = op2f(D.hi[i1 * 72 + l]) + op2f(D.lo()[i1 * 72 + l]);
+        mm::frag_each(r, m0, n0, [&](int i, int c, float &x) {
+            const float t = (i == i0 ? d0 : d1) * op2f(Y[l * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
             if (STRICT ? l < i : l <= i) x += t; /* past the diagonal the exponent may overflow: not added */
         });
     }
@@ -124,11 +125,11 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         const Sp Xb{(uint16_t *)scr, 64 * LK};
         gated_rows<K, NTH>(Xb, X, gt, 1.0f);
         bsync();
-        fast::acc_zero(r);
+        mm::acc_zero(r);
         const Sp A{D.hi + m0 * 72, D.lo_off};
         const Sp B{Xb.hi + m0 * LK, Xb.lo_off};
-        fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
-        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(gt.R[c] - sG[l * GS + c]); });
+        mm::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
+        mm::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(gt.R[c] - sG[l * GS + c]); });
         bsync();
         return;
     }
@@ -136,26 +137,26 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
     for (int e = tid; e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
-        fast::split2(bf2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
-                     Xb.lo()[R * LK + c]);
+        mm::split2(op2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
+                   Xb.lo()[R * LK + c]);
     }
     bsync();
-    fast::acc_zero(r);
+    mm::acc_zero(r);
     if (J < 3) {
         const int i0 = 16 * (J + 1);
         const Sp A{D.hi + i0 * 72, D.lo_off};
         const Sp B{Xb.hi + (J == 0 ? 0 : J == 1 ? 48 : 80) * LK, Xb.lo_off};
-        fast::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - i0);
+        mm::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - i0);
     }
-    fast::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(sG[(16 * J + 15) * GS + c] - sG[l * GS + c]); });
+    mm::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(sG[(16 * J + 15) * GS + c] - sG[l * GS + c]); });
     /* the diagonal block, in f32, i outer (as in gated_R) */
     const int l0 = m0 + ((tid & 31) >> 2), l1 = l0 + 8; /* this thread's two rows */
 #pragma unroll 1
     for (int i = 16 * J; i < 16 * J + 16; i++) {
-        const float d0 = bf2f(D.hi[i * 72 + l0]) + bf2f(D.lo()[i * 72 + l0]);
-        const float d1 = bf2f(D.hi[i * 72 + l1]) + bf2f(D.lo()[i * 72 + l1]);
-        fast::frag_each(r, m0, n0, [&](int l, int c, float &x) {
-            const float t = (l == l0 ? d0 : d1) * bf2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
+        const float d0 = op2f(D.hi[i * 72 + l0]) + op2f(D.lo()[i * 72 + l0]);
+        const float d1 = op2f(D.hi[i * 72 + l1]) + op2f(D.lo()[i * 72 + l1]);
+        mm::frag_each(r, m0, n0, [&](int l, int c, float &x) {
+            const float t = (l == l0 ? d0 : d1) * op2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[l * GS + c]);
             if (STRICT ? i > l : i >= l) x += t;
         });
     }
@@ -166,7 +167,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
  * 32): the columns of dS and dV' are independent, as in the state pass */
 /* Whether b_dhu prefetches (cp.async) the next chunk's Kd, Qg, W, dO, P and Gl into a second set
- * while it works on this one (fast::dhu_bv = 32: all blocks on the GPU at once, one per SM; as the
+ * while it works on this one (mm::dhu_bv = 32: all blocks on the GPU at once, one per SM; as the
  * head-gate b_dhu); Kd, Qg, W plain */
 template <int BV> constexpr bool dhu_prefetch() { return BV == 32 && KPlain::Kd && KPlain::Qg && KPlain::W; }
 
@@ -216,20 +217,20 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float dS[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
-    fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
+    mm::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { x = dhT ? dhT[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     auto issue = [&](int64_t cc,
                      int st) { /* PF: chunk cc's set */
                                const Chunk x = seq_chunk(G, n, c0, cc);
                                const int64_t xo = x.r0 * HV + hv;
-                               fast::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
-                               fast::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
-                               fast::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
-                               fast::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
+                               mm::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
                                const Sp p = p_of(st);
-                               fast::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
-                               fast::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
+                               mm::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
+                               mm::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
                                if (tid < K / 4)
                                    cp_async16(gl_of(st) + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
                                cp_async_commit();
@@ -246,47 +247,46 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
         const Sp sX{x_of(st, 0), 64 * LK}; /* Kd (without the prefetch: then Qg, then W) */
         if (PF) cp_async_wait_all();       /* this chunk's set; the barrier below shows it to the block */
         else {
-            if (KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
-            else fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
-            fast::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
-            fast::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
+            if (KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
+            else mm::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+            mm::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
+            mm::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
             if (tid < K) gl_of(0)[tid] = b.Gl[(c * HV + hv) * K + tid];
         }
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        fast::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
-            fast::put_split2(sdS, LB, r, j, x0, x1);
-            fast::put_pair_global<true>(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
+        mm::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
+            mm::put_split2(sdS, LB, r, j, x0, x1);
+            mm::put_pair_global<true>(dSh, dSl, sb + (int64_t)r * V + j, x0, x1);
         });
         bsync();
         if (PF && c > c0) issue(c - 1, st ^ 1); /* the other set was last read before the previous step's end */
         {                                       /* dV' = P^T dO + Kd dS */
             float acc[1][TV::NT][4];
-            fast::acc_zero(acc);
-            fast::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LB, vn0, 64);
-            fast::mma_p<1, TV::NT, false, true, !KPlain::Kd, true>(acc, sX, LK, vm0, sdS, LB, vn0, K);
-            fast::frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
-                if (i < L) fast::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + v0 + j, x0, x1);
-                fast::put_split2(sN, LB, i, j, -x0, -x1);
+            mm::acc_zero(acc);
+            mm::mma_sr<1, TV::NT, true, true>(acc, sP, 72, vm0, sO, LB, vn0, 64);
+            mm::mma_p<1, TV::NT, false, true, !KPlain::Kd, true>(acc, sX, LK, vm0, sdS, LB, vn0, K);
+            mm::frag_pairs(acc, vm0, vn0, [&](int i, int j, float x0, float x1) {
+                if (i < L) mm::put_pair_global<true>(dVh, dVl, (ot + (int64_t)i * HV) * V + v0 + j, x0, x1);
+                mm::put_split2(sN, LB, i, j, -x0, -x1);
             });
         }
         bsync();
         const Sp sQg{PF ? x_of(st, 1) : sX.hi, sX.lo_off}, sW{PF ? x_of(st, 2) : sX.hi, sX.lo_off};
-        if (!PF && KPlain::Qg) fast::load_raw<64, K>(sQg.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
-        else if (!PF) fast::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
-        fast::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
+        if (!PF && KPlain::Qg) mm::load_raw<64, K>(sQg.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
+        else if (!PF) mm::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+        mm::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0,
-                                                               64); /* + Qg^T dO */
+        mm::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
         if (!PF) {
             bsync();
-            if (KPlain::W) fast::load_raw<64, K>(sW.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-            else fast::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+            if (KPlain::W) mm::load_raw<64, K>(sW.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+            else mm::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
         }
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sW, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
+        mm::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sW, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
         bsync();
     }
-    if (dh0) fast::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
+    if (dh0) mm::frag_each(dS, sm0, sn0, [&](int r, int j, float &x) { dh0[hb + (int64_t)r * V + j] = x; });
 }
 
 /* ---- qkwy ---- */
@@ -355,33 +355,33 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
 
     gate_load<K, NTH>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
     Gate gt{sG, sR, false};
-    if (tid < 64) sb[tid] = tid < L ? bf2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
-    if (MODE == 2) fast::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (MODE == 2) mm::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     float dk[1][TK::NT][4], dG[1][TK::NT][4];
     if (MODE != 2) {
         const Sp sS{(uint16_t *)(Z + Lay::zS), K * LV};
         uint16_t *sO = (uint16_t *)(Z + Lay::zO);
         const Sp sXv{(uint16_t *)(Z + Lay::zX), 64 * LV};
-        fast::load_split<K, V, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
-        fast::load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        fast::load_split<64, V, NTH>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        mm::load_split<K, V, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+        mm::load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+        mm::load_split<64, V, NTH>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
         /* k, q by cp.async, in flight during the first products (waited for with V' below) */
-        fast::load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        fast::load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        mm::load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+        mm::load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
         cp_async_commit();
         bsync();
         float dq[1][TK::NT][4], dw[1][TK::NT][4];
-        fast::acc_zero(dq), fast::acc_zero(dw), fast::acc_zero(dk);
+        mm::acc_zero(dq), mm::acc_zero(dw), mm::acc_zero(dk);
         const int narrow = gate_scan<K>(sG, sR);
-        fast::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
-        fast::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
+        mm::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
+        mm::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
         gt.wide = !bsync_or(narrow);
         { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv (by cp.async,
            * in flight during the pass; plain: the hi words only, the lo words of dV' left there are
            * not read again) */
-            fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            mm::load_sp_async<64, V, !KPlain::Vn, NTH>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
             cp_async_commit();
             constexpr int V8 = V / 8;
             for (int e = tid; e < K * V8; e += NTH) {
@@ -392,7 +392,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
                 const uint16_t *uh = (const uint16_t *)&xh, *ul = (const uint16_t *)&xl;
                 float t = 0.0f;
 #pragma unroll
-                for (int u = 0; u < 8; u++) t += (bf2f(ph[u]) + bf2f(pl[u])) * (bf2f(uh[u]) + bf2f(ul[u]));
+                for (int u = 0; u < 8; u++) t += (op2f(ph[u]) + op2f(pl[u])) * (op2f(uh[u]) + op2f(ul[u]));
 #pragma unroll
                 for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
                 if ((lane & (V8 - 1)) == 0) sLast[r] = kexp(sG[63 * GS + r]) * t;
@@ -402,12 +402,12 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
             cp_async_wait_all(); /* k, q, V' */
         }
         bsync();
-        fast::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
+        mm::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
         { /* dM' = scale lower_incl(dO V'^T) */
             float dp[1][TP::NT][4];
-            fast::acc_zero(dp);
-            fast::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0, V);
-            fast::store_split<TP::NT>(
+            mm::acc_zero(dp);
+            mm::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0, V);
+            mm::store_split<TP::NT>(
                 sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) { return l <= i ? scale * dp[0][nt][qq] : 0.0f; });
         }
         /* dq = scale e^G o dQg;  dk = e^{Gl - G} o dKd, its k-weighted column sums for the last row */
@@ -425,7 +425,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
 #pragma unroll
                 for (int qq = 0; qq < 4; qq++) {
                     const int i = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
-                    cs[nt][qq & 1] += bf2f(sK[i * LK + cc]) * dk[0][nt][qq];
+                    cs[nt][qq & 1] += op2f(sK[i * LK + cc]) * dk[0][nt][qq];
                 }
 #pragma unroll
             for (int nt = 0; nt < TK::NT; nt++)
@@ -439,17 +439,17 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         bsync();
         if (PFU) { /* dU = dV' for part B */
             const Sp sdU{(uint16_t *)(Z + Lay::wDUf), 64 * LV};
-            fast::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            mm::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
             cp_async_commit();
         }
         /* dW (split) into its part-B place, over the dead S0 / dS1 */
         if (MODE == 0) {
             const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-            fast::frag_pairs(dw, km0, kn0,
-                             [&](int i, int cc, float x0, float x1) { fast::put_split2(sdW, LK, i, cc, -x0, -x1); });
+            mm::frag_pairs(dw, km0, kn0,
+                           [&](int i, int cc, float x0, float x1) { mm::put_split2(sdW, LK, i, cc, -x0, -x1); });
         } else {
-            fast::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) fast::put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+            mm::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
+                if (i < L) mm::put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
             });
         }
         if (tid < K) {
@@ -464,18 +464,18 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
             float t[1][TK::NT][4];
             gated_R<K, false, NTH>(t, sDM, sK, gt, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
-            each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = bf2f(sQ[i * LK + cc]) * y; });
-            fast::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
+            each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = op2f(sQ[i * LK + cc]) * y; });
+            mm::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i >= L) return;
                 const int64_t off = (ot + (int64_t)i * HV) * K + cc;
-                if (a.dq) *(uint32_t *)(a.dq + off) = pack_bf2(x0, x1);
+                if (a.dq) *(uint32_t *)(a.dq + off) = mm::pack_op2(x0, x1);
                 else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
             });
             gated_C<K, false, NTH>(t, sDM, sQ, gt, Z + Lay::wKG);
             each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         }
         each2(dG, dk, km0, kn0, [&](int i, int cc, float &x, float &y) {
-            x -= bf2f(sK[i * LK + cc]) * y;
+            x -= op2f(sK[i * LK + cc]) * y;
             if (i == L - 1) x += sLast[cc];
         });
         if (MODE == 1) {
@@ -489,7 +489,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         }
     } else {
         const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-        fast::load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
+        mm::load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
         each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
             x = i < L ? a.dkp[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
             y = i < L ? a.dGg[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
@@ -507,7 +507,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
     for (int e = tid; e < 64 * K; e += NTH) {
         const int i = e / K, cc = e % K;
-        fast::split2(bf2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        mm::split2(op2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
     }
     { /* Ai in two halves of NA values a thread, each loaded into registers before one of the tile
        * loads (dU unless it is in flight already, V) and split after it: the latencies overlap
@@ -524,26 +524,25 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
                 const int i = i0 + RS * (u + NA * half);
                 x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
             }
-            if (half == 0 && !PFU)
-                fast::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-            if (half == 1) fast::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            if (half == 0 && !PFU) mm::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            if (half == 1) mm::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
 #pragma unroll
             for (int u = 0; u < NA; u++) {
                 const int i = i0 + RS * (u + NA * half);
-                fast::split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+                mm::split2(x[u], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
             }
         }
     }
     if (PFU) cp_async_wait_all(); /* dU */
     bsync();
     float dai[1][TP::NT][4];
-    fast::acc_zero(dai); /* dAi (before the mask and beta) */
-    fast::mma_ss<1, TP::NT, false, false>(dai, sdW, LK, pm0, sKg, LK, pn0, K);
-    fast::mma_sr<1, TP::NT, false, false>(dai, sdU, LV, pm0, sV, LV, pn0, V);
+    mm::acc_zero(dai); /* dAi (before the mask and beta) */
+    mm::mma_ss<1, TP::NT, false, false>(dai, sdW, LK, pm0, sKg, LK, pn0, K);
+    mm::mma_sr<1, TP::NT, false, false>(dai, sdU, LV, pm0, sV, LV, pn0, V);
     { /* dKbg = Ai^T dW */
         float t[1][TK::NT][4];
-        fast::acc_zero(t);
-        fast::mma_ss<1, TK::NT, true, true>(t, sAi, 72, km0, sdW, LK, kn0, 64);
+        mm::acc_zero(t);
+        mm::mma_ss<1, TK::NT, true, true>(t, sAi, 72, km0, sdW, LK, kn0, 64);
         float rb[2] = {0.0f, 0.0f};
         const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -551,72 +550,73 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
 #pragma unroll
             for (int qq = 0; qq < 4; qq++) {
                 const int j = km0 + gq + ((qq >> 1) << 3), cc = kn0 + nt * 8 + 2 * tq + (qq & 1);
-                const float kg = bf2f(sK[j * LK + cc]) * kexp(sG[j * GS + cc]), x = t[0][nt][qq];
+                const float kg = op2f(sK[j * LK + cc]) * kexp(sG[j * GS + cc]), x = t[0][nt][qq];
                 rb[qq >> 1] += kg * x;
                 dk[0][nt][qq] += kexp(sG[j * GS + cc]) * sb[j] * x;
                 dG[0][nt][qq] += kg * sb[j] * x;
             }
-        fast::red_rows_put(red, km0, rb);
+        mm::red_rows_put(red, km0, rb);
     }
     { /* dVb = Ai^T dU: dv = beta o dVb, dbeta += rowsum(V o dVb) */
         float t[1][TV::NT][4];
-        fast::acc_zero(t);
-        fast::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
+        mm::acc_zero(t);
+        mm::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
         float rb[2] = {0.0f, 0.0f};
-        fast::frag_pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
-            rb[(j - vm0) >> 3] += bf2f(sV[j * LV + vv]) * x0 + bf2f(sV[j * LV + vv + 1]) * x1;
-            if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_bf2(sb[j] * x0, sb[j] * x1);
+        mm::frag_pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+            rb[(j - vm0) >> 3] += op2f(sV[j * LV + vv]) * x0 + op2f(sV[j * LV + vv + 1]) * x1;
+            if (j < L && a.dv)
+                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = mm::pack_op2(sb[j] * x0, sb[j] * x1);
         });
-        fast::red_rows_put(red, vm0, rb);
+        mm::red_rows_put(red, vm0, rb);
     }
     bsync();
-    fast::store_split<TP::NT>(sdAi, 72, pm0, pn0,
-                              [&](int i, int j, int nt, int qq) { return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f; });
+    mm::store_split<TP::NT>(sdAi, 72, pm0, pn0,
+                            [&](int i, int j, int nt, int qq) { return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f; });
     bsync();
     { /* T = Ai^T dAi */
         float t[1][TP::NT][4];
-        fast::acc_zero(t);
-        fast::mma_ss<1, TP::NT, true, true>(t, sAi, 72, pm0, sdAi, 72, pn0, 64);
-        fast::store_split<TP::NT>(sT, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
+        mm::acc_zero(t);
+        mm::mma_ss<1, TP::NT, true, true>(t, sAi, 72, pm0, sdAi, 72, pn0, 64);
+        mm::store_split<TP::NT>(sT, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
     }
     bsync();
     { /* dA = -T Ai^T (strictly lower): dbeta += rowsum(dA o M); dMkk = diag(beta) dA, over Ai */
         float t[1][TP::NT][4];
-        fast::acc_zero(t);
-        fast::mma_ss<1, TP::NT, false, false>(t, sT, 72, pm0, sAi, 72, pn0, 64);
+        mm::acc_zero(t);
+        mm::mma_ss<1, TP::NT, false, false>(t, sT, 72, pm0, sAi, 72, pn0, 64);
         float rb[2] = {0.0f, 0.0f};
-        fast::frag_each(t, pm0, pn0, [&](int i, int j, float &x) {
+        mm::frag_each(t, pm0, pn0, [&](int i, int j, float &x) {
             x = j < i && i < L ? -x : 0.0f;
             if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(ot + (int64_t)i * HV) * 64 + j];
             x *= sb[i];
         });
-        fast::red_rows_put(red, pm0, rb);
+        mm::red_rows_put(red, pm0, rb);
         bsync();
-        fast::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
+        mm::store_split<TP::NT>(sDM, 72, pm0, pn0, [&](int, int, int nt, int qq) { return t[0][nt][qq]; });
     }
     bsync();
     { /* dk += R(dMkk, K) + C(dMkk, K);  dG += k o R - k o C */
         float t[1][TK::NT][4];
         gated_R<K, true, NTH>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
-        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x += bf2f(sK[i * LK + cc]) * y; });
+        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x += op2f(sK[i * LK + cc]) * y; });
         gated_C<K, true, NTH>(t, sDM, sK, gt, Z);
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
-        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= bf2f(sK[i * LK + cc]) * y; });
+        each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= op2f(sK[i * LK + cc]) * y; });
     }
-    fast::frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
+    mm::frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
-        if (a.dk) *(uint32_t *)(a.dk + off) = pack_bf2(x0, x1);
+        if (a.dk) *(uint32_t *)(a.dk + off) = mm::pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
     /* dG through shared memory (over Z), dg = its reverse cumsum over the rows */
     float *sdG = (float *)Z;
-    fast::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
-    fast::red_collect<NW>(red, sdB, true);
+    mm::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
+    mm::red_collect<NW>(red, sdB, true);
     bsync();
     if (tid < L && a.dbetaf) a.dbetaf[ot + (int64_t)tid * HV] = sdB[tid];
-    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2bf(sdB[tid]);
+    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
     if (tid < K && a.dg) {
         float s = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
@@ -638,7 +638,7 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
     static_assert(DhuL<K, 64>::bytes <= SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= SMEM_MAX,
                   "shared memory");
     const Geom &G = p.G;
-    const bool bv32 = fast::dhu_bv(G) == 32;
+    const bool bv32 = mm::dhu_bv(G) == 32;
     int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT,
                                (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh,
                                dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
@@ -654,20 +654,19 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
 }
 
 } // namespace
-} // namespace kda
 
-/* kept: the forward's working set (kda_fwd with keep), so that prep and the state pass are not run
+/* kept: the forward's working set (fwd with keep), so that prep and the state pass are not run
  * again; the tensor-core KDA prep has a single (blocked) inverse, so every variant can use it */
-int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
+int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept) {
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
-    kda::Bufs b;
-    kda::QkArgs a;
+    Bufs b;
+    QkArgs a;
     memset(&a, 0, sizeof a);
     bool have_b;
     char *own = carve_into(
-        const_cast<void *>(kept), [&](Carve &cv) { kda::carve(G, cv, b, true); }, &have_b);
+        const_cast<void *>(kept), [&](Carve &cv) { carve(G, cv, b, true); }, &have_b);
     uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
     const bool direct = G.grp == 1;
     float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
@@ -682,20 +681,22 @@ int kda_bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, con
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
-        rc = kept ? 0 : kda::prep_state(p, io, b, 2);
+        rc = kept ? 0 : prep_state(p, io, b, 2);
         if (!rc)
-            rc = G.K == 64 ? (G.V == 64 ? kda::bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
-                                        : kda::bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
-                           : (G.V == 64 ? kda::bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
-                                        : kda::bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
+            rc = G.K == 64 ? (G.V == 64 ? bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
+                                        : bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
+                           : (G.V == 64 ? bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
+                                        : bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
         /* the L2 norm's backward: with the sums over value heads, else on the stored dq, dk */
-        if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, VS_BF16, io.dq);
-        if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, VS_BF16, io.dk);
-        if (!rc && direct) rc = l2norm_bwd_after(G, false, io);
+        const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16;
+        if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
+        if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
+        if (!rc && direct) rc = l2norm_bwd_after(G, DRC_OPERAND_F16, io);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);
     return rc;
 }
 
+} // namespace DRC_KDA
 } // namespace drc

@@ -1,4 +1,5 @@
-/* The tensor-core kda forward (per-channel gate; bf16 storage, chunk 64, K and V in {64, 128}).
+/* The tensor-core kda forward (per-channel gate; bf16 storage, fp16 in the build of
+ * dr_chunk_kda_mma_fwd_f16.cu; chunk 64, K and V in {64, 128}).
  * Tiles and warp products from dr_chunk_mma.cuh, the gated in-chunk product from dr_chunk_kda.cuh.
  * Same math as the generic kernels (dr_chunk_generic.cuh), per chunk of L <= 64 rows and value head
  * hv, G the cumulative per-channel gate (dr_chunk_kda.cuh), Gl = G_{L-1} its last row:
@@ -20,7 +21,7 @@
  *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
  *         a forward that keeps its working set also stores P and Qg here (prep's extras = 1)
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
- * Scratch between the kernels: kda::Bufs (dr_chunk_kda.cuh).
+ * Scratch between the kernels: Bufs (dr_chunk_kda.cuh).
  * prep and out run one block per multiprocessor (about 220 KB and 200 KB of shared memory) and are
  * latency-bound, so their blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that
  * gains); prep takes the most time of the three (ncu, H100, S1 = B8 T2048 H16 K=V=128: about 3x
@@ -29,11 +30,11 @@
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 
 namespace drc {
-namespace kda {
+namespace DRC_KDA {
 namespace {
 
-using fast::tile_bytes;
-using fast::WT;
+using mm::tile_bytes;
+using mm::WT;
 
 template <int K, int V> struct PrepL {
     static constexpr int F32 = (64 * gstride(K) + 64 + 2 * 64 * LDF + K) * 4; /* G, beta, A, Y, R */
@@ -64,14 +65,14 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
     const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
 
     gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
-    if (tid < 64) sb[tid] = tid < L ? bf2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     /* v by cp.async, in flight through the gated products and the inverse (waited for before U) */
-    fast::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
+    mm::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    if (extras == 2) fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (extras == 2) mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    const int narrow = gate_scan<K>(sG, sR);
+    const int narrow = gate_scan<K>(sG, sR, TRI_SPAN); /* (only gated_tri reads the gate) */
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
     if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
@@ -80,13 +81,13 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
         for (int e = tid; e < L * 64; e += NTH) {
             const int i = e >> 6, j = e & 63;
             uint16_t hh, ll;
-            fast::split2(G.scale * sY[i * LDF + j], hh, ll);
+            mm::split2(G.scale * sY[i * LDF + j], hh, ll);
             b.Ph[(ot + (int64_t)i * HV) * 64 + j] = hh, b.Pl[(ot + (int64_t)i * HV) * 64 + j] = ll;
         }
         for (int e = tid; e < L * K; e += NTH) {
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
-            fast::split2(G.scale * bf2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
+            mm::split2(G.scale * op2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
             b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
             if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
@@ -102,23 +103,23 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
         sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
     }
     bsync();
-    static_assert(LDF == fast::TRI_LD, "tri_inv's layout");
-    fast::tri_inv<NTH>(sA, sY, L, 1);
+    static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
+    mm::tri_inv<NTH>(sA, sY, L, 1);
     if (extras)
         for (int e = tid; e < L * 64; e += NTH)
             b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
-        fast::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+        mm::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
     }
     for (int e = tid; e < 64 * K; e += NTH) {
         const int i = e / K, cc = e % K;
-        const float kv = bf2f(sK[i * LK + cc]);
-        fast::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+        const float kv = op2f(sK[i * LK + cc]);
+        mm::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
         if (i < L) { /* Kd = K o e^{Gl - G} */
             uint16_t hh, ll;
-            fast::split2(kv * kexp(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
+            mm::split2(kv * kexp(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
             b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
             if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
@@ -128,22 +129,22 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
     { /* W = Ai' (K o e^G) */
         using T = WT<64, K, NTH / 32>;
         float acc[1][T::NT][4];
-        fast::acc_zero(acc);
+        mm::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        fast::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
-        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) fast::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+        mm::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
+        mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+            if (i < L) mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
         });
     }
     { /* U = Ai' V */
         using T = WT<64, V, NTH / 32>;
         float acc[1][T::NT][4];
-        fast::acc_zero(acc);
+        mm::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
-        fast::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
-        fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        mm::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
+        mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i >= L) return;
-            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ot + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);
             else *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
         });
     }
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     const int sm0 = TS::m0(warp), sn0 = TS::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     float S[1][TS::NT][4];
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + v0;
-    fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
+    mm::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { x = h0 ? h0[hb + (int64_t)r * V + j] : 0.0f; });
     int64_t c0, c1;
     seq_chunks(G, n, c0, c1);
     auto issue = [&](int64_t cc,
@@ -192,10 +193,10 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                                const Chunk x = seq_chunk(G, n, c0, cc);
                                const int64_t xo = x.r0 * HV + hv;
                                uint16_t *t = (uint16_t *)(base + st * Lay::SET);
-                               fast::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
-                               fast::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
-                               fast::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0,
-                                                            (int64_t)HV * V, x.L);
+                               mm::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0,
+                                                          (int64_t)HV * V, x.L);
                                if (tid < K / 4)
                                    cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
                                cp_async_commit();
@@ -212,18 +213,17 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         const uint16_t *sU = set + 2 * 64 * LK; /* PF */
         if (PF) cp_async_wait_all();            /* this chunk's set; the barrier below shows it to the block */
         else {
-            if (KPlain::W) fast::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-            else fast::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+            if (KPlain::W) mm::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
+            else mm::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
             if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
         }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        fast::frag_pairs(S, sm0, sn0,
-                         [&](int r, int j, float x0, float x1) { fast::put_split2(sS, LB, r, j, x0, x1); });
+        mm::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { mm::put_split2(sS, LB, r, j, x0, x1); });
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
-        fast::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
-        if (b.Sl) fast::store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
+        mm::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
+        if (b.Sl) mm::store_raw<K, BV>(b.Sl + sb, V, sS.lo()); /* (for the backward) */
         { /* V' = U - W S; this thread's U pairs are loaded before the product */
             float2 u[TV::NT][2];
 #pragma unroll
@@ -235,15 +235,15 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                     if (i >= L) u[nt][hh] = make_float2(0.0f, 0.0f);
                     else if (PF) {
                         const uint32_t w = *(const uint32_t *)(sU + i * LB + j);
-                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                        u[nt][hh] = make_float2(op2f((uint16_t)w), op2f((uint16_t)(w >> 16)));
                     } else if (KPlain::U) {
                         const uint32_t w = *(const uint32_t *)((const uint16_t *)b.U + off);
-                        u[nt][hh] = make_float2(bf2f((uint16_t)w), bf2f((uint16_t)(w >> 16)));
+                        u[nt][hh] = make_float2(op2f((uint16_t)w), op2f((uint16_t)(w >> 16)));
                     } else u[nt][hh] = *(const float2 *)(b.U + off);
                 }
             float acc[1][TV::NT][4];
-            fast::acc_zero(acc);
-            fast::mma_p<1, TV::NT, false, true, !KPlain::W, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
+            mm::acc_zero(acc);
+            mm::mma_p<1, TV::NT, false, true, !KPlain::W, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
@@ -252,22 +252,22 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                     float y0 = 0.0f, y1 = 0.0f;
                     if (i < L) {
                         y0 = u[nt][hh].x - acc[0][nt][2 * hh], y1 = u[nt][hh].y - acc[0][nt][2 * hh + 1];
-                        fast::put_pair_global<!KPlain::Vn>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
+                        mm::put_pair_global<!KPlain::Vn>(b.Vnh, b.Vnl, (ot + (int64_t)i * HV) * V + v0 + j, y0, y1);
                     }
-                    fast::put_sp2<!KPlain::Vn>(sVn, LB, i, j, y0, y1);
+                    mm::put_sp2<!KPlain::Vn>(sVn, LB, i, j, y0, y1);
                 }
         }
         bsync();
         const Sp sKd = PF ? Sp{set + 64 * LK, 0} : sX; /* PF: prefetched with W */
-        if (!PF && KPlain::Kd) fast::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
-        else if (!PF) fast::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        if (!PF && KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
+        else if (!PF) mm::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
         /* S <- diag(e^{Gl}) S + Kd^T V' */
-        fast::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
+        mm::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
-        fast::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sKd, LK, sm0, sVn, LB, sn0, 64);
+        mm::mma_p<1, TS::NT, true, true, !KPlain::Kd, !KPlain::Vn>(S, sKd, LK, sm0, sVn, LB, sn0, 64);
         bsync();
     }
-    if (hT) fast::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
+    if (hT) mm::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
 template <int K, int V> struct OutL {
@@ -304,50 +304,50 @@ __global__ void __launch_bounds__(NTH)
     const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
 
     gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
-    fast::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    fast::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    const int narrow = gate_scan<K>(sG, sR);
+    const int narrow = gate_scan<K>(sG, sR, TRI_SPAN); /* (only gated_tri reads the gate) */
     const Gate gt{sG, sR, !bsync_or(narrow)};
     gated_tri<K, false, NTH>(sQ, sK, gt, sA, scr);
     bsync();
     /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
      * are split */
     const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    fast::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
-    fast::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    mm::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
+    mm::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
     /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
      * recomputes (the same values, bit for bit) */
     for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
-        fast::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
+        mm::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
         if (keep && i < L)
             b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j],
                                                b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
     }
     for (int e = tid; e < 64 * K; e += NTH) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
         const int i = e / K, cc = e % K;
-        const float qv = bf2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
+        const float qv = op2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
         if (keep && i < L) {
             uint16_t hh, ll;
-            fast::split2(scale * qv * eg, hh, ll);
+            mm::split2(scale * qv * eg, hh, ll);
             b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
             if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
-        fast::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
+        mm::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
     }
     cp_async_wait_all(); /* S, V' */
     bsync();
     using T = WT<64, V, NTH / 32>;
     float acc[1][T::NT][4];
-    fast::acc_zero(acc);
+    mm::acc_zero(acc);
     const int m0 = T::m0(warp), n0 = T::n0(warp);
-    fast::mma_p<1, T::NT, false, true, true, !KPlain::OutS>(acc, sQg, LK, m0, sS, LV, n0, K);
-    fast::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
-    fast::mma_p<1, T::NT, false, true, true, !KPlain::Vn>(acc, sP, 72, m0, sVn, LV, n0, 64);
-    fast::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-        if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = pack_bf2(x0, x1);
+    mm::mma_p<1, T::NT, false, true, true, !KPlain::OutS>(acc, sQg, LK, m0, sS, LV, n0, K);
+    mm::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
+    mm::mma_p<1, T::NT, false, true, true, !KPlain::Vn>(acc, sP, 72, m0, sVn, LV, n0, 64);
+    mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+        if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);
     });
 }
 
@@ -358,7 +358,7 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
     const Geom &G = p.G;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
                         (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta, b, extras);
-    if (!rc && fast::state_bv(G) == 32)
+    if (!rc && mm::state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT,
                         (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G, b, io.h0, io.hT);
     else if (!rc)
@@ -382,13 +382,6 @@ int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras)
                      : (G.V == 64 ? prep_state_t<128, 64>(p, io, b, extras) : prep_state_t<128, 128>(p, io, b, extras));
 }
 
-} // namespace kda
-
-bool kda_ok(const Geom &G) {
-    return G.C == 64 && G.gate == DG_GATE_CHANNEL && (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
-}
-
-namespace kda {
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
     const int64_t n64 = G.rows * G.HV * 64;
@@ -411,28 +404,35 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
         b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
     }
 }
-} // namespace kda
+
+/* keep: the backward's working set is made (prep with its extras) into keep and left there */
+int fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
+    const Geom &G = p.G;
+    const bool bwd = keep != nullptr;
+    Bufs b;
+    bool ok;
+    char *own = carve_into(
+        keep, [&](Carve &cv) { carve(G, cv, b, bwd); }, &ok);
+    if (!ok) return -1;
+    int rc = prep_state(p, io, b, bwd ? 1 : 0);
+    if (!rc)
+        rc = G.K == 64 ? (G.V == 64 ? out_t<64, 64>(p, io, b, bwd) : out_t<64, 128>(p, io, b, bwd))
+                       : (G.V == 64 ? out_t<128, 64>(p, io, b, bwd) : out_t<128, 128>(p, io, b, bwd));
+    release(own);
+    return rc;
+}
+
+} // namespace DRC_KDA
+
+#if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
+bool kda_ok(const Geom &G) {
+    return G.C == 64 && G.gate == DG_GATE_CHANNEL && (G.K == 64 || G.K == 128) && (G.V == 64 || G.V == 128);
+}
 
 size_t kda_kept_bytes(const Geom &G) {
     kda::Bufs b;
     return carve_bytes([&](Carve &cv) { kda::carve(G, cv, b, true); });
 }
-
-/* keep: the backward's working set is made (prep with its extras) into keep and left there */
-int kda_fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
-    const Geom &G = p.G;
-    const bool bwd = keep != nullptr;
-    kda::Bufs b;
-    bool ok;
-    char *own = carve_into(
-        keep, [&](Carve &cv) { kda::carve(G, cv, b, bwd); }, &ok);
-    if (!ok) return -1;
-    int rc = kda::prep_state(p, io, b, bwd ? 1 : 0);
-    if (!rc)
-        rc = G.K == 64 ? (G.V == 64 ? kda::out_t<64, 64>(p, io, b, bwd) : kda::out_t<64, 128>(p, io, b, bwd))
-                       : (G.V == 64 ? kda::out_t<128, 64>(p, io, b, bwd) : kda::out_t<128, 128>(p, io, b, bwd));
-    release(own);
-    return rc;
-}
+#endif
 
 } // namespace drc

@@ -126,8 +126,10 @@ __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + P
 /* ---- warp tile products ----
  * acc[MT][NT] += A (16 MT x kdim) * B (kdim x 8 NT) for this warp's tile at (m0, n0).
  * A(m, k) = A[m*lda + k] (A_KM false) or A[k*lda + m] (A_KM true: A stored transposed);
- * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true). */
-template <int MT, int NT, bool A_KM, bool B_KN>
+ * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true).
+ * BF: the words are bf16, whatever the build's operand format (KDA's fp16 build multiplies the
+ * gated operands of its one-reference form as bf16 words: dr_chunk_kda.cuh) */
+template <int MT, int NT, bool A_KM, bool B_KN, bool BF = !DRC_OPERAND_F16>
 __device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0, const uint16_t *B,
                                         int ldb, int n0, int kdim) {
     static_assert(NT % 2 == 0, "n tiles in pairs");
@@ -149,7 +151,10 @@ __device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t 
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mma_op(acc[mt][nt], a[mt], b[nt]);
+            for (int nt = 0; nt < NT; nt++) {
+                if constexpr (BF) mma16816(acc[mt][nt], a[mt], b[nt]);
+                else mma_op(acc[mt][nt], a[mt], b[nt]);
+            }
     }
 }
 
@@ -161,12 +166,12 @@ struct Sp {
 };
 
 /* split x split: three passes; split x raw, raw x split: two */
-template <int MT, int NT, bool A_KM, bool B_KN>
+template <int MT, int NT, bool A_KM, bool B_KN, bool BF = !DRC_OPERAND_F16>
 __device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb, int n0,
                                        int kdim) {
-    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
-    mma_run<MT, NT, A_KM, B_KN>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
-    mma_run<MT, NT, A_KM, B_KN>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
+    mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
 }
 template <int MT, int NT, bool A_KM, bool B_KN>
 __device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0, const uint16_t *B, int ldb,
@@ -224,9 +229,10 @@ template <int NT, class F> __device__ __forceinline__ void frag_each(float (&acc
 }
 
 /* ---- splitting, stores ---- */
-__device__ __forceinline__ void split2(float x, uint16_t &h, uint16_t &l) {
-    h = f2op(x);
-    l = f2op(x - op2f(h));
+/* x = h + l in the build's operand format, or (BF) in bf16 words */
+template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split2(float x, uint16_t &h, uint16_t &l) {
+    h = BF ? f2bf(x) : f2op(x);
+    l = BF ? f2bf(x - bf2f(h)) : f2op(x - op2f(h));
 }
 /* the pair (row, col), (row, col+1) of an accumulator into a split tile */
 __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float x0, float x1) {
