@@ -713,7 +713,7 @@ static void test_backend_table(void **state) {
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 256, 64, al, false, "cuda_chunk_mma"}, /* split heads */
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_kda_mma"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 64, 192, 64, al, false, "cuda_chunk_kda_mma"},
-        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_generic"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, al, false, "cuda_chunk_kda_mma"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_tf32"},
         {DG_F16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_tf32"},
         {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 192, 40, 32, odd, false, "cuda_chunk_tf32"},
