@@ -10,7 +10,7 @@
  * namespace kda takes bf16 words (dr_chunk_kda_mma_fwd.cu, _bwd.cu), kda_h fp16 words
  * (dr_chunk_kda_mma_fwd_f16.cu, _bwd_f16.cu); inside them mm:: is the tile and product machinery
  * of the same operand format (fast or fast_h).  fp16's range (largest 65504 = e^{11.1}) is why the
- * wide form below takes bf16 words or a narrower span in the fp16 build (WIDE_SPAN, TRI_SPAN).
+ * wide form below multiplies its gated operands as bf16 words in both builds (WIDE_SPAN).
  *
  * The gate.  g [rows, HV, K] is the per-token, per-channel log decay; G is its cumulative sum
  * inside the chunk (G_i = g_0 + ... + g_i, rows past the chunk's length L hold G_{L-1}).  The
@@ -30,7 +30,7 @@
  * the sub-chunk references above only keep the two factors from overflowing.  When every channel's
  * G spans at most WIDE_SPAN over the chunk (max_i G_ic - min_i G_ic <= 80), R_c = the middle of
  * that range bounds both factors by e^{40} (and below by e^{-40}, far from bf16's and f32's
- * e^{-87}; as fp16 words: a span of 12, see WIDE_SPAN), so the whole chunk is ONE tensor-core
+ * e^{-87}; bf16 words in both builds, see WIDE_SPAN), so the whole chunk is ONE tensor-core
  * product of two gated 64-row operands, the diagonal blocks included, with no f32 element loop
  * (the f32 loops of the sub-chunk form cost one exponential a term); even the products above the
  * diagonal, thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands' ~16 bits,
@@ -142,20 +142,14 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
  * times in a row: at one block per multiprocessor that was most of prep's, out's and qkwy's time);
  * after a barrier, gate_scan sums each channel down the rows in place (thread c < K takes channel c;
  * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
- * returns 1 on a thread whose channel spans more than span (WIDE_SPAN, or TRI_SPAN where only
- * gated_tri reads the gate; or is not finite), else 0: the caller's next barrier
+ * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the caller's next barrier
  * is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
  * NTH: the threads of the block (FNT, or ONE_SM_NTH). */
-/* The spans the wide form takes.  Gated operands as bf16 words: factors within e^{+-40}.  As fp16
- * words: within e^{+-6} (x e^{6} stays below fp16's 65504 for |x| up to 160, where q and k are about
- * 1; the small factor e^{-6} = 2.5e-3 keeps its hi word normal and its lo word about 20 steps of
- * fp16's smallest subnormal, 6e-8).  gated_tri, whose two operands are both made from raw tiles,
- * takes bf16 words in both builds (TRI_SPAN: its split product keeps about 16 bits, far below an
- * fp16 result's rounding), so that the forward keeps the wide form where the gate spans up to 80;
- * gated_R and gated_C (the backward) multiply a gated operand with one of the build's own format
- * (WIDE_SPAN). */
-constexpr float TRI_SPAN = 80.0f;
-constexpr float WIDE_SPAN = DRC_OPERAND_F16 ? 12.0f : TRI_SPAN;
+/* The span the wide form takes: factors within e^{+-40}, as bf16 words in both builds (fp16 words
+ * would overflow past e^{11.1}).  In the fp16 build the other operand of the backward's wide
+ * products (dM', dMkk, split fp16 words) is split again into bf16 words in registers (mma_ss_bf):
+ * each product keeps about 16 bits, as in the bf16 build, far below an fp16 result's rounding. */
+constexpr float WIDE_SPAN = 80.0f;
 template <int K, int NTH = FNT>
 __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, float *sG) {
     constexpr int GS = gstride(K);
@@ -165,7 +159,7 @@ __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, flo
         sG[i * GS + c] = i < L ? g[i * ld + c] : 0.0f;
     }
 }
-template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR, float span = WIDE_SPAN) {
+template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) {
     constexpr int GS = gstride(K);
     const int c = threadIdx.x;
     if (c >= K) return 0;
@@ -177,7 +171,7 @@ template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR, 
         lo = i ? fminf(lo, a) : a, hi = i ? fmaxf(hi, a) : a;
     }
     sR[c] = 0.5f * (lo + hi);
-    return !(hi - lo <= span);
+    return !(hi - lo <= WIDE_SPAN);
 }
 
 /* The chunk's gate as the gated products take it: G [64][gstride(K)], the references R [K], and
@@ -187,22 +181,22 @@ struct Gate {
     bool wide;
 };
 
-/* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as
- * words of the build's format, or (BF) bf16 words; s = +1 (query side) or -1 (key side), by the
- * block's NTH threads.  No barrier. */
-template <int K, int NTH = FNT, bool BF = !DRC_OPERAND_F16>
+/* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as bf16
+ * words (in both builds, WIDE_SPAN); s = +1 (query side) or -1 (key side), by the block's NTH
+ * threads.  No barrier. */
+template <int K, int NTH = FNT>
 __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &gt, float s) {
     constexpr int LD = K + PAD, GS = gstride(K);
     for (int e = threadIdx.x; e < 64 * K; e += NTH) {
         const int i = e / K, c = e % K;
-        mm::split2<BF>(op2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
-                       T.lo()[i * LD + c]);
+        mm::split2<true>(op2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
+                         T.lo()[i * LD + c]);
     }
 }
 
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
  * diagonal; i, j < 64.  X, Kt: raw 16-bit tiles [64][K + PAD]; gt: the chunk's gate (wide: its span
- * within TRI_SPAN); scr: scratch of
+ * within WIDE_SPAN); scr: scratch of
  * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with
  * a barrier-free state: the caller puts a barrier before (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
@@ -217,10 +211,10 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     const Sp Kb{(uint16_t *)(scr + 2 * mm::tile_bytes(64, K)), 96 * LD};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (gt.wide) { /* one product X e^{G - R} (Kt e^{R - G})^T, masked; warp tiles above the diagonal skip it;
-                    * bf16 words in both builds (TRI_SPAN) */
+                    * bf16 words in both builds */
         using T = mm::WT<64, 64, NTH / 32>;
-        gated_rows<K, NTH, true>(Xa, X, gt, 1.0f);
-        gated_rows<K, NTH, true>(Kb, Kt, gt, -1.0f);
+        gated_rows<K, NTH>(Xa, X, gt, 1.0f);
+        gated_rows<K, NTH>(Kb, Kt, gt, -1.0f);
         bsync();
         float acc[1][T::NT][4];
         const int m0 = T::m0(warp), n0 = T::n0(warp);

@@ -74,7 +74,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         gated_rows<K, NTH>(Yb, Y, gt, -1.0f);
         bsync();
         mm::acc_zero(r);
-        mm::mma_ss<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
+        mm::mma_ss_bf<1, NT, false, true>(r, D, 72, m0, Yb, LK, n0, m0 + 16);
         mm::frag_each(r, m0, n0, [&](int i, int c, float &x) { x *= kexp(sG[i * GS + c] - gt.R[c]); });
         bsync();
         return;
@@ -128,7 +128,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         mm::acc_zero(r);
         const Sp A{D.hi + m0 * 72, D.lo_off};
         const Sp B{Xb.hi + m0 * LK, Xb.lo_off};
-        mm::mma_ss<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
+        mm::mma_ss_bf<1, NT, true, true>(r, A, 72, m0, B, LK, n0, 64 - m0);
         mm::frag_each(r, m0, n0, [&](int l, int c, float &x) { x *= kexp(gt.R[c] - sG[l * GS + c]); });
         bsync();
         return;

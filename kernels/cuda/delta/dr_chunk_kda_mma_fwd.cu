@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
     mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     if (extras == 2) mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    const int narrow = gate_scan<K>(sG, sR, TRI_SPAN); /* (only gated_tri reads the gate) */
+    const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
     if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(NTH)
     mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
-    const int narrow = gate_scan<K>(sG, sR, TRI_SPAN); /* (only gated_tri reads the gate) */
+    const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     gated_tri<K, false, NTH>(sQ, sK, gt, sA, scr);
     bsync();

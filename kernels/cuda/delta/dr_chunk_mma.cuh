@@ -129,25 +129,36 @@ __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + P
  * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true).
  * BF: the words are bf16, whatever the build's operand format (KDA's fp16 build multiplies the
  * gated operands of its one-reference form as bf16 words: dr_chunk_kda.cuh) */
+/* the A fragments (16 MT rows x 16 k) and B fragments (16 k x 8 NT columns) of k step k0, by ldmatrix */
+template <int MT, bool A_KM>
+__device__ __forceinline__ void frag_a(uint32_t (&a)[MT][4], const uint16_t *A, int lda, int m0, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (!A_KM) ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+        else ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 + ((lane >> 3) & 1) * 8);
+    }
+}
+template <int NT, bool B_KN>
+__device__ __forceinline__ void frag_b(uint32_t (&b)[NT][2], const uint16_t *B, int ldb, int n0, int k0) {
+    static_assert(NT % 2 == 0, "n tiles in pairs");
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t r[4];
+        if (!B_KN) ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
+        else ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 + (lane >> 4) * 8);
+        b[nt][0] = r[0], b[nt][1] = r[1], b[nt + 1][0] = r[2], b[nt + 1][1] = r[3];
+    }
+}
+
 template <int MT, int NT, bool A_KM, bool B_KN, bool BF = !DRC_OPERAND_F16>
 __device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0, const uint16_t *B,
                                         int ldb, int n0, int kdim) {
-    static_assert(NT % 2 == 0, "n tiles in pairs");
-    const int lane = threadIdx.x & 31;
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         uint32_t a[MT][4], b[NT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            if (!A_KM) ldsm_x4(a[mt], A + (m0 + mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
-            else ldsm_x4_t(a[mt], A + (k0 + (lane & 7) + (lane >> 4) * 8) * lda + m0 + mt * 16 + ((lane >> 3) & 1) * 8);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-            uint32_t r[4];
-            if (!B_KN) ldsm_x4(r, B + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 8);
-            else ldsm_x4_t(r, B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + nt * 8 + (lane >> 4) * 8);
-            b[nt][0] = r[0], b[nt][1] = r[1], b[nt + 1][0] = r[2], b[nt + 1][1] = r[3];
-        }
+        frag_a<MT, A_KM>(a, A, lda, m0, k0);
+        frag_b<NT, B_KN>(b, B, ldb, n0, k0);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -172,6 +183,43 @@ __device__ __forceinline__ void mma_ss(float (&acc)[MT][NT][4], Sp A, int lda, i
     mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.hi, lda, m0, B.hi, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.lo(), lda, m0, B.hi, ldb, n0, kdim);
     mma_run<MT, NT, A_KM, B_KN, BF>(acc, A.hi, lda, m0, B.lo(), ldb, n0, kdim);
+}
+/* split x split, A in words of the build's format and B in bf16 words: mma_ss in the bf16 build; in
+ * the fp16 build each of A's fragments hi + lo (fp16, about 22 bits) is split again into bf16 words
+ * in registers, and the three passes run on bf16 tensor cores (KDA's one-reference gated products,
+ * whose gated operand B would leave fp16's range: dr_chunk_kda.cuh) */
+template <int MT, int NT, bool A_KM, bool B_KN>
+__device__ __forceinline__ void mma_ss_bf(float (&acc)[MT][NT][4], Sp A, int lda, int m0, Sp B, int ldb, int n0,
+                                          int kdim) {
+#if !DRC_OPERAND_F16
+    mma_ss<MT, NT, A_KM, B_KN>(acc, A, lda, m0, B, ldb, n0, kdim);
+#else
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        uint32_t ah[MT][4], al[MT][4], bh[NT][2], bl[NT][2];
+        frag_a<MT, A_KM>(ah, A.hi, lda, m0, k0);
+        frag_a<MT, A_KM>(al, A.lo(), lda, m0, k0);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float x0 = h2f((uint16_t)ah[mt][r]) + h2f((uint16_t)al[mt][r]);
+                const float x1 = h2f((uint16_t)(ah[mt][r] >> 16)) + h2f((uint16_t)(al[mt][r] >> 16));
+                const uint16_t h0 = f2bf(x0), h1 = f2bf(x1);
+                ah[mt][r] = (uint32_t)h0 | ((uint32_t)h1 << 16);
+                al[mt][r] = (uint32_t)f2bf(x0 - bf2f(h0)) | ((uint32_t)f2bf(x1 - bf2f(h1)) << 16);
+            }
+        frag_b<NT, B_KN>(bh, B.hi, ldb, n0, k0);
+        frag_b<NT, B_KN>(bl, B.lo(), ldb, n0, k0);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mma16816(acc[mt][nt], ah[mt], bh[nt]);
+                mma16816(acc[mt][nt], al[mt], bh[nt]);
+                mma16816(acc[mt][nt], ah[mt], bl[nt]);
+            }
+    }
+#endif
 }
 template <int MT, int NT, bool A_KM, bool B_KN>
 __device__ __forceinline__ void mma_sr(float (&acc)[MT][NT][4], Sp A, int lda, int m0, const uint16_t *B, int ldb,
