@@ -269,8 +269,8 @@ static const kcase cases[] = {
     {"K=128, V=64, no h0", 1, 129, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 0, 1, 0},
     {"K=V=64, strong decays", 1, 192, 1, 1, 64, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},
     {"K=V=128, GVA, dq and dv NULL", 1, 100, 1, 2, 128, 128, 0, {0}, -1.5, -0.02, 1, 0, 1},
-    /* chunks on both sides of the wide form's bound (bf16: a span of 80 over 64 rows): about -71
-     * on average over a chunk, so some chunks take the wide form and some the sub-chunk one */
+    /* chunks on both sides of the wide form's bound (a span of 80 over 64 rows): about -71 on
+     * average over a chunk, so some chunks take the wide form and some the sub-chunk one */
     {"K=V=64, gates near the wide form's bound", 1, 1280, 1, 1, 64, 64, 0, {0}, -2.2, -0.02, 1, 1, 0},
     /* enough (sequence, head) pairs that the state passes take 64-column tiles (fast::state_bv:
      * 32 below one block per multiprocessor, as every other case here) */

@@ -168,8 +168,8 @@ void plan_free(Plan *p) {
 
 /* ---- the kernel families ---- */
 
-/* Whether a 16-bit shape (f16: fp16 words) takes family fam's tensor-core kernels as it is */
-static bool family_shape(dg_drc_family fam, const Geom &G, bool f16) {
+/* Whether a 16-bit shape (bf16 or fp16 words alike) takes family fam's tensor-core kernels as it is */
+static bool family_shape(dg_drc_family fam, const Geom &G) {
     if (fam == DG_DRC_KDA_MMA) return kda_ok(G);
     if (fam == DG_DRC_MMA) return fast_ok(G);
     if (fam == DG_DRC_TF32) return G.K > 128 && G.K <= 256;
@@ -187,12 +187,11 @@ static Geom vsplit_geom(Geom G, int R) {
 /* R > 1 where a head of V columns runs on the tensor-core kernels of fam as R heads of Vs = 128
  * (else 64) columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the
  * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one) */
-static int vsplit_ways(dg_drc_family fam, const Geom &G, bool f16) {
-    if (fam == DG_DRC_GENERIC || fam == DG_DRC_TF32 || family_shape(fam, G, f16)) return 1;
+static int vsplit_ways(dg_drc_family fam, const Geom &G) {
+    if (fam == DG_DRC_GENERIC || fam == DG_DRC_TF32 || family_shape(fam, G)) return 1;
     for (int Vs = 128; Vs >= 64; Vs -= 64) {
         const int R = G.V / Vs;
-        if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && family_shape(fam, vsplit_geom(G, R), f16))
-            return R;
+        if (G.V % Vs == 0 && R > 1 && (int64_t)G.HV * R <= (1 << 20) && family_shape(fam, vsplit_geom(G, R))) return R;
     }
     return 1;
 }
@@ -357,7 +356,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         return -1;
     }
     if (plan_init(r.who, r.s, io_in.q, io_in.k, io_in.v, io_in.g, io_in.beta, &p)) return -1;
-    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G, !is_bf16<T>::value) : 1; R > 1) {
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G) : 1; R > 1) {
         const int rc = fwd_vsplit<T>(r, p.G, R, io_in, keep, kept, l2);
         plan_free(&p);
         return rc;
@@ -398,7 +397,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         return -1;
     }
     if (plan_init(r.who, r.s, io.q, io.k, io.v, io.g, io.beta, &p)) return -1;
-    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G, !is_bf16<T>::value) : 1; R > 1) {
+    if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G) : 1; R > 1) {
         const int rc = bwd_vsplit<T>(r, p.G, R, var, io, kept);
         plan_free(&p);
         return rc;
@@ -451,11 +450,10 @@ static bool accepts(dg_drc_family fam, const dg_delta_call *c) {
     if (c->device != DG_CUDA || c->algorithm != DG_DELTA_CHUNKED) return false;
     if (c->dtype != DG_F32 && c->dtype != DG_BF16 && c->dtype != DG_F16) return false;
     if (fam == DG_DRC_GENERIC) return true;
-    const bool f16 = c->dtype == DG_F16;
     if (c->dtype == DG_F32 || c->force_generic || c->s.K > 256 || c->s.V > (1 << 20) || c->s.H < 1) return false;
     const Geom G = loose_geom(c->s);
-    if (fam == DG_DRC_TF32) return family_shape(fam, G, f16); /* (element loads: any alignment) */
-    return (family_shape(fam, G, f16) || vsplit_ways(fam, G, f16) > 1) && call_aligned(c);
+    if (fam == DG_DRC_TF32) return family_shape(fam, G); /* (element loads: any alignment) */
+    return (family_shape(fam, G) || vsplit_ways(fam, G) > 1) && call_aligned(c);
 }
 
 /* names of the entry points by dtype, for messages */
@@ -565,8 +563,7 @@ int64_t dg_cuda_dr_chunk_kept_bytes(dg_drc_family fam, const dg_delta_call *c) {
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
     if (drc::plan_init("cuda dr_chunk_kept_bytes", &c->s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
         return -1;
-    const bool f16 = c->dtype == DG_F16;
-    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(fam, p.G, f16)); /* (the shape the kernels run) */
+    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(fam, p.G)); /* (the shape the kernels run) */
     const size_t n = fam == DG_DRC_KDA_MMA ? drc::kda_kept_bytes(G)
                      : fam == DG_DRC_TF32  ? drc::k256_kept_bytes(G)
                                            : drc::fast_kept_bytes(G);

@@ -33,8 +33,8 @@
  * e^{-87}; bf16 words in both builds, see WIDE_SPAN), so the whole chunk is ONE tensor-core
  * product of two gated 64-row operands, the diagonal blocks included, with no f32 element loop
  * (the f32 loops of the sub-chunk form cost one exponential a term); even the products above the
- * diagonal, thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands' ~16 bits,
- * as in the sub-chunk form, and the f32 sums are of terms whose true values are bounded by
+ * diagonal, thrown away, stay below e^{80} |x| |k| (no inf).  Each term keeps the split operands'
+ * ~16 bits, as in the sub-chunk form, and the f32 sums are of terms whose true values are bounded by
  * |x_ic k_jc| for i >= j.  The test of the span is per chunk and value head (one block), so a
  * chunk with a steeper gate takes the sub-chunk form.  Typical gates are far inside: per-token log
  * decays of about -0.8 (the benchmark's logsigmoid draws) span about 50 over 64 rows. */
@@ -142,8 +142,8 @@ template <int K> __host__ __device__ constexpr int tri_scratch_bytes() {
  * times in a row: at one block per multiprocessor that was most of prep's, out's and qkwy's time);
  * after a barrier, gate_scan sums each channel down the rows in place (thread c < K takes channel c;
  * rows >= L end up holding G_{L-1}) and writes sR[c] = the middle of channel c's range of G. It
- * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the caller's next barrier
- * is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
+ * returns 1 on a thread whose channel spans more than WIDE_SPAN (or is not finite), else 0: the
+ * caller's next barrier is bsync_or of it, which tells whether the chunk takes the sub-chunk form.
  * NTH: the threads of the block (FNT, or ONE_SM_NTH). */
 /* The span the wide form takes: factors within e^{+-40}, as bf16 words in both builds (fp16 words
  * would overflow past e^{11.1}).  In the fp16 build the other operand of the backward's wide
@@ -196,9 +196,9 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
 
 /* out[i*LDF + j] = sum_c X_ic Kt_jc exp(G_ic - G_jc) for j < i (STRICT) or j <= i, 0 above the
  * diagonal; i, j < 64.  X, Kt: raw 16-bit tiles [64][K + PAD]; gt: the chunk's gate (wide: its span
- * within WIDE_SPAN); scr: scratch of
- * tri_scratch_bytes<K>() bytes; NTH: the block's threads (at least 6 warps).  Starts and ends with
- * a barrier-free state: the caller puts a barrier before (inputs written) and after (out read).
+ * within WIDE_SPAN); scr: scratch of tri_scratch_bytes<K>() bytes; NTH: the block's threads (at
+ * least 6 warps).  Starts and ends with a barrier-free state: the caller puts a barrier before
+ * (inputs written) and after (out read).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
 template <int K, bool STRICT, int NTH = FNT>

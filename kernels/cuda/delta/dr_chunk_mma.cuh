@@ -126,9 +126,7 @@ __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + P
 /* ---- warp tile products ----
  * acc[MT][NT] += A (16 MT x kdim) * B (kdim x 8 NT) for this warp's tile at (m0, n0).
  * A(m, k) = A[m*lda + k] (A_KM false) or A[k*lda + m] (A_KM true: A stored transposed);
- * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true).
- * BF: the words are bf16, whatever the build's operand format (KDA's fp16 build multiplies the
- * gated operands of its one-reference form as bf16 words: dr_chunk_kda.cuh) */
+ * B(k, n) = B[n*ldb + k] (B_KN false) or B[k*ldb + n] (B_KN true). */
 /* the A fragments (16 MT rows x 16 k) and B fragments (16 k x 8 NT columns) of k step k0, by ldmatrix */
 template <int MT, bool A_KM>
 __device__ __forceinline__ void frag_a(uint32_t (&a)[MT][4], const uint16_t *A, int lda, int m0, int k0) {
@@ -152,6 +150,8 @@ __device__ __forceinline__ void frag_b(uint32_t (&b)[NT][2], const uint16_t *B, 
     }
 }
 
+/* BF: the words are bf16, whatever the build's operand format (KDA's fp16 build multiplies the
+ * gated operands of its one-reference form as bf16 words: dr_chunk_kda.cuh) */
 template <int MT, int NT, bool A_KM, bool B_KN, bool BF = !DRC_OPERAND_F16>
 __device__ __forceinline__ void mma_run(float (&acc)[MT][NT][4], const uint16_t *A, int lda, int m0, const uint16_t *B,
                                         int ldb, int n0, int kdim) {
