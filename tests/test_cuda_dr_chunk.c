@@ -164,7 +164,8 @@ static void test_dr_chunk_bf16_paths_agree(void **state) {
 /* Value heads wider than the tensor-core kernels take (V = R Vs, Vs in {64, 128}: R heads of Vs
  * columns on those kernels, kernels/cuda/delta/dr_chunk_vsplit.cu): against the f64 recurrence, the
  * first two against the generic kernels forced too, and the launches show that the split and the
- * tensor-core kernels ran (not the generic ones). */
+ * tensor-core kernels ran (not the generic ones).  The first in every backward variant: the fused
+ * qkwy runs once for the R heads of a head (Geom::vsh), the unfused pair per split head. */
 static const cfg vsplit_cases[] = {
     {"head, GVA, K=64, V=256 (2 x 128)", 2, 130, 1, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"none, varlen, K=64, V=192 (3 x 64)", 1, 150, 1, 1, 64, 192, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
@@ -188,9 +189,9 @@ static void test_dr_chunk_vsplit(void **state) {
             dg_cuda_ktime kt[32];
             int dropped = -1;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
-            run_case(c, st, 0);
+            run_case(c, st, i == 0);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
-            assert_int_equal(dropped, 0);
+            if (i) assert_int_equal(dropped, 0); /* (the first case's variants pass the timer's 256 launches) */
             const char *prep = c->gate == DG_GATE_CHANNEL ? "dr_chunk kda prep" : "dr_chunk mma prep";
             if (launches_of(kt, m, "dr_chunk vsplit") == 0 || launches_of(kt, m, prep) == 0)
                 fail_msg("%s %s: the split (%d launches) or %s (%d) did not run", c->name, st_names[st],

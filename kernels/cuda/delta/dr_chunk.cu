@@ -96,6 +96,7 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     G.gs = s->gate == DG_GATE_NONE ? 0 : s->gate == DG_GATE_HEAD ? 1 : G.K;
     G.scale = (float)s->scale;
     G.cps = (int)((s->T + C - 1) / C);
+    G.vsh = 1;
     G.tab = nullptr;
     if (!s->cu_seqlens) {
         G.nchunks = N * G.cps;
@@ -211,6 +212,7 @@ struct Run {
     const dg_dr_shape *s;
     dg_drc_family fam;
     bool l2_fuse;
+    int vsh = 1; /* Geom::vsh */
 };
 
 /* The forward's L2 norm of q, k: io.q, io.k raw; the normalised rows to q (may be NULL) and k, their
@@ -257,7 +259,7 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
     float *hT2 = io.hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
     int rc = io.hT && !hT2 ? -1 : in.make(G, R, io.beta, io.g, io.h0);
     Run r2 = r;
-    r2.s = &s2;
+    r2.s = &s2, r2.vsh = r.fam == DG_DRC_MMA ? R : 1;
     Io<T> io2 = io; /* (q, k: key heads, as they are) */
     io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.hT = hT2;
     if (!rc) rc = fwd<T>(r2, io2, keep, kept, l2);
@@ -266,33 +268,40 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
     return rc;
 }
 
-/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta (taken in f32 from the kernels,
- * Io::dbeta32) and dg summed over them, dh0 back (dq, dk: the split shape's kernels sum over the
- * value heads of a key head; dv is in its layout).  dbeta summed from the heads' 16-bit words,
- * rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws (test_dr_chunk_bf16_draws). */
+/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta and dg summed over them, dh0 back
+ * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout).
+ * Where the fused qkwy of the head-gate family runs (Geom::vsh = R), it sums dbeta and dg over the
+ * R heads itself and writes them in the call's layout, and does the WY part once for them; else the
+ * kernels give each head's dbeta in f32 (Io::dbeta32) and dg, summed here (dbeta summed from the
+ * heads' 16-bit words, rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws,
+ * test_dr_chunk_bf16_draws). */
 template <typename T>
 static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV, nst = NH * G.K * G.V;
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
+    Run r2 = r;
+    r2.s = &s2, r2.vsh = r.fam == DG_DRC_MMA ? R : 1;
+    Geom G2 = G;
+    G2.vsh = r2.vsh;
+    const bool shared = fast_qkwy_heads(G2, var) > 1; /* (the fused qkwy sums dbeta, dg) */
     VsplitIn<T> in;
-    float *dbeta2 = io.dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
-    float *dg2 = io.dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *dbeta2 =
+        io.dbeta && !shared ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
+    float *dg2 = io.dg && !shared ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr,
           *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
-    int rc = (io.dbeta && !dbeta2) || (io.dg && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
+    int rc = (io.dbeta && !shared && !dbeta2) || (io.dg && !shared && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
                  ? -1
                  : in.make(G, R, io.beta, io.g, io.h0);
     if (!rc && io.dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, io.dhT, dhT2);
-    Run r2 = r;
-    r2.s = &s2;
     Io<T> io2 = io;
-    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.dhT = dhT2;
-    io2.dg = dg2, io2.dbeta = nullptr, io2.dbeta32 = dbeta2, io2.dh0 = dh02;
+    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.dhT = dhT2, io2.dh0 = dh02;
+    if (!shared) io2.dg = dg2, io2.dbeta = nullptr, io2.dbeta32 = dbeta2;
     if (!rc) rc = bwd<T>(r2, var, io2, kept);
-    if (!rc && io.dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);
-    if (!rc && io.dg) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, io.dg);
+    if (!rc && io.dbeta && !shared) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);
+    if (!rc && io.dg && !shared) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, io.dg);
     if (!rc && io.dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, io.dh0);
     release(dbeta2), release(dg2), release(dhT2), release(dh02);
     return rc;
@@ -361,6 +370,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         plan_free(&p);
         return rc;
     }
+    p.G.vsh = r.vsh;
     Io<T> io = io_in;
     int rc;
     if constexpr (sizeof(T) == 2) {
@@ -402,6 +412,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         plan_free(&p);
         return rc;
     }
+    p.G.vsh = r.vsh;
     int rc;
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value;
@@ -442,7 +453,7 @@ static Geom loose_geom(const dg_dr_shape &s) {
     Geom G;
     memset(&G, 0, sizeof G);
     G.H = (int)s.H, G.HV = (int)s.HV, G.grp = s.H > 0 ? (int)(s.HV / s.H) : 0;
-    G.K = (int)s.K, G.V = (int)s.V, G.C = s.chunk, G.gate = (int)s.gate;
+    G.K = (int)s.K, G.V = (int)s.V, G.C = s.chunk, G.gate = (int)s.gate, G.vsh = 1;
     return G;
 }
 

@@ -48,6 +48,10 @@ struct Geom {
     int H, HV, grp, K, V, C, gs; /* grp = HV/H; gs = gate values per token and head: 0, 1, K */
     int gate;                    /* dg_gate_kind */
     int cps;                     /* chunks per sequence (batched) */
+    /* value heads in a row that share beta and the gate (the R heads of one head split by
+     * dr_chunk_vsplit.cu, on the head-gate family), whose prep and fused qkwy blocks take all of
+     * them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu); else 1 */
+    int vsh;
     float scale;
     const int64_t *tab; /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk */
 };
@@ -439,6 +443,9 @@ bool fast_ok(const Geom &G);
  * forward given `keep` (that many bytes) fills it, the backward given it as `kept` skips the
  * recompute (prep and the state pass).  keep / kept NULL: each call makes its own. */
 size_t fast_kept_bytes(const Geom &G);
+/* The heads a block of the head-gate family's backward qkwy sums (dq, dk, dbeta, dg; the WY part
+ * once for them): the fused kernel G.vsh, the unfused pair one */
+inline int fast_qkwy_heads(const Geom &G, const dg_dr_variant &var) { return var.dw_on_chip ? G.vsh : 1; }
 namespace fast {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);

@@ -271,8 +271,8 @@ struct QkArgs {
     const uint16_t *q, *k, *v, *beta, *dout;
     FastBufs b;
     const uint16_t *dSh, *dSl, *dVh, *dVl;
-    float *dqv, *dkv;    /* [rows, HV, K] per value head */
-    uint16_t *dq, *dk;   /* HV == H: the outputs, written directly (else NULL) */
+    float *dqv, *dkv;    /* [rows, HB, K] per head of the fused kernel's blocks (HB = HV / G.vsh) */
+    uint16_t *dq, *dk;   /* HB == H: the outputs, written directly (else NULL) */
     uint16_t *dWh, *dWl; /* unfused: [rows, HV, K] */
     float *dGg;          /* unfused: [rows, HV] */
     uint16_t *dv, *dbeta;
@@ -303,15 +303,21 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
     });
 }
 
-/* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them) */
-template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+/* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them).  SH (fused only): the
+ * block takes the G.vsh heads of one beta and gate; else one head (its own instance: a loop over a
+ * run-time count of heads made the one-head kernel 11 % slower at S1, H200) */
+template <int K, int V, int GATE, int MODE, bool SH, int NTH>
+__global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     constexpr int NW = NTH / 32;
     static_assert(NW <= 16, "block_sum's scratch");
     using S_ = QkSmem<K, V, NW>;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    /* the block's RR value heads hv0 .. hv0 + RR - 1 share beta and the gate (Geom::vsh; fused only) */
+    static_assert(MODE == 0 || !SH, "heads shared in the fused kernel only");
+    const int RR = SH ? G.vsh : 1, HB = HV / RR;
+    const int64_t c = blockIdx.x / HB;
+    const int hb = (int)(blockIdx.x % HB), hv0 = hb * RR, h = hv0 / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
@@ -339,108 +345,118 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
     using TP = WT<64, 64, NW>;
     const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
-    const int64_t ot = r0 * HV + hv; /* row r0 of [rows, HV, .] */
-    const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
+    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (beta, gate, Ai) */
+    const int64_t ob = r0 * HB + hb;   /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     constexpr bool HEAD = GATE == DG_GATE_HEAD;
     constexpr bool PV = Plain<GATE>::Vn, PS = Plain<GATE>::S; /* plain bf16 (dS1, which replaces S, is split) */
     const int partial = HEAD && !a.final_dg;
 
     for (int e = tid; e < 2 * NW * 64; e += NTH) redg[e] = 0.0f;
-    if (MODE != 2) { /* what phase A reads, then k, q, V' by cp.async, in flight during phase A */
-        load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        load_sp<K, V, !PS, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
-        load_split<64, V, NTH>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-        load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_sp_async<64, V, !PV, NTH>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
-        cp_async_commit();
-    } else {
+    if (MODE == 2) {
         load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        load_split<64, V, NTH>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+        load_split<64, V, NTH>(sdV, a.dVh + ot0 * V, a.dVl + ot0 * V, (int64_t)HV * V, L);
     }
-    load_gate_beta<GATE>(G, r0, L, hv, a.b.Gc, a.beta, sG, sb);
+    load_gate_beta<GATE>(G, r0, L, hv0, a.b.Gc, a.beta, sG, sb);
     if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
     float dk[1][TK::NT][4];
     acc_zero(dk);
 
     if (MODE != 2) {
-        bsync();
-        /* A: dQg = dO S0^T;  dW' = dV' S0^T  (dW = -dW') */
-        float dq[1][TK::NT][4], dw[1][TK::NT][4];
-        acc_zero(dq), acc_zero(dw);
-        mma_p<1, TK::NT, false, false, false, !PS>(dq, Sp{sO, 0}, V + PAD, km0, sS, V + PAD, kn0, V);
-        mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
-        cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
-        bsync();
-        /* S0 -> dS1 in place.  The head gate's trace(S0^T dS1) needs both, so it loads dS1 into
-         * registers, adds the trace and stores it over S0, then B; without a gate (no trace)
-         * dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
-         * (ncu, H100, delta_rule S1: 5 % of qkwy's stall samples were those loads' wait) */
-        float tr = 0.0f;
-        const auto phase_b = [&] { /* B: dKd = V' dS1^T */
-                                   mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD, kn0,
-                                                                             V);
-        };
-        if (!HEAD) {
-            load_raw_async<K, V, NTH>(sS.hi, a.dSh + sbase, V, K);
-            load_raw_async<K, V, NTH>(sS.lo(), a.dSl + sbase, V, K);
-            cp_async_commit();
-        } else { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
-            constexpr int V8 = V / 8, IT = K * V8 / NTH, BT = IT < DSB ? IT : DSB;
-            static_assert(K * V8 % NTH == 0 && IT % BT == 0, "tile");
+        /* phases A to C of each head, summed over the RR heads (each product is linear in the
+         * head's dO, S0, dS1, V', dV'; the gate factors, the same for all, follow the sums) */
+        float dq[1][TK::NT][4], dw[1][TK::NT][4], dp[1][TP::NT][4];
+        acc_zero(dq), acc_zero(dw), acc_zero(dp);
+        float tr = 0.0f; /* HEAD: trace(S0^T dS1) */
 #pragma unroll 1
-            for (int b0 = 0; b0 < IT; b0 += BT) {
-                uint4 dh[BT], dl[BT];
-#pragma unroll
-                for (int u = 0; u < BT; u++) {
-                    const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
-                    dh[u] = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
-                    dl[u] = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
-                }
-#pragma unroll
-                for (int u = 0; u < BT; u++) {
-                    const int e = tid + (b0 + u) * NTH, r = e / V8, c8 = (e % V8) * 8;
-                    uint16_t *ph = sS.hi + r * (V + PAD) + c8, *pl = sS.lo() + r * (V + PAD) + c8;
-                    uint16_t xh[8], xl[8]; /* (memcpy: no type punning through pointers) */
-                    memcpy(xh, &dh[u], 16), memcpy(xl, &dl[u], 16);
-#pragma unroll
-                    for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
-                        tr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
-                    *(uint4 *)ph = dh[u];
-                    *(uint4 *)pl = dl[u];
-                }
+        for (int r = 0; r < RR; r++) {
+            const int64_t ot = ot0 + r, sbase = (c * HV + hv0 + r) * (int64_t)K * V;
+            if (r) bsync(); /* every warp is past its reads of the last head's tiles */
+            /* what phase A reads, then (k, q once) V' by cp.async, in flight during phase A */
+            load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+            load_sp<K, V, !PS, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+            load_split<64, V, NTH>(sdV, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            if (!r) {
+                load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+                load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
             }
-            tr = block_sum<NW>(tr, scr); /* (its barriers show dS1 to the block) */
-            phase_b();
-        }
-        /* C: dP = lower(dO V'^T), P = scale Q K^T o Gamma */
-        {
-            float dp[1][TP::NT][4], pp[1][TP::NT][4];
-            acc_zero(dp), acc_zero(pp);
-            mma_p<1, TP::NT, false, false, false, !PV>(dp, Sp{sO, 0}, V + PAD, pm0, sVn, V + PAD, pn0, V);
-            if (partial) mma_run<1, TP::NT, false, false>(pp, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
-            float rs[2] = {0.0f, 0.0f}, cs[TP::NT][2];
-#pragma unroll
-            for (int nt = 0; nt < TP::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
-            store_split<TP::NT>(sDP, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
-                if (l > i) return 0.0f;
-                const float gam = HEAD ? expf(sG[i] - sG[l]) : 1.0f;
-                if (partial) { /* rowcol(dP, P): +dP_il P_il to row i, - to column l */
-                    const float tt = dp[0][nt][qq] * scale * gam * pp[0][nt][qq];
-                    rs[qq >> 1] += tt;
-                    cs[nt][qq & 1] -= tt;
-                }
-                return scale * gam * dp[0][nt][qq];
-            });
-            if (partial) {
-                red_rows_put(redg, pm0, rs);
-                red_cols_put<TP::NT>(redg, pn0, cs);
-            }
-        }
-        if (!HEAD) {
-            cp_async_wait_all(); /* dS1 (the barrier shows it to the block) */
+            load_sp_async<64, V, !PV, NTH>(sVn, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+            cp_async_commit();
             bsync();
-            phase_b();
+            /* A: dQg = dO S0^T;  dW' = dV' S0^T  (dW = -dW') */
+            mma_p<1, TK::NT, false, false, false, !PS>(dq, Sp{sO, 0}, V + PAD, km0, sS, V + PAD, kn0, V);
+            mma_p<1, TK::NT, false, false, true, !PS>(dw, sdV, V + PAD, km0, sS, V + PAD, kn0, V);
+            cp_async_wait_all(); /* k, q, V' (the barrier shows them to the block) */
+            bsync();
+            /* S0 -> dS1 in place.  The head gate's trace(S0^T dS1) needs both, so it loads dS1 into
+             * registers, adds the trace and stores it over S0, then B; without a gate (no trace)
+             * dS1 comes by cp.async, in flight during C, which does not read it, and B follows C
+             * (ncu, H100, delta_rule S1: 5 % of qkwy's stall samples were those loads' wait) */
+            const auto phase_b = [&] { /* B: dKd = V' dS1^T */
+                                       mma_p<1, TK::NT, false, false, !PV, true>(dk, sVn, V + PAD, km0, sS, V + PAD,
+                                                                                 kn0, V);
+            };
+            if (!HEAD) {
+                load_raw_async<K, V, NTH>(sS.hi, a.dSh + sbase, V, K);
+                load_raw_async<K, V, NTH>(sS.lo(), a.dSl + sbase, V, K);
+                cp_async_commit();
+            } else { /* (fixed trip count, loads in batches of 4 vector pairs: their latencies overlap) */
+                constexpr int V8 = V / 8, IT = K * V8 / NTH, BT = IT < DSB ? IT : DSB;
+                static_assert(K * V8 % NTH == 0 && IT % BT == 0, "tile");
+                float trr = 0.0f;
+#pragma unroll 1
+                for (int b0 = 0; b0 < IT; b0 += BT) {
+                    uint4 dh[BT], dl[BT];
+#pragma unroll
+                    for (int u = 0; u < BT; u++) {
+                        const int e = tid + (b0 + u) * NTH, rr = e / V8, c8 = (e % V8) * 8;
+                        dh[u] = *(const uint4 *)(a.dSh + sbase + (int64_t)rr * V + c8);
+                        dl[u] = *(const uint4 *)(a.dSl + sbase + (int64_t)rr * V + c8);
+                    }
+#pragma unroll
+                    for (int u = 0; u < BT; u++) {
+                        const int e = tid + (b0 + u) * NTH, rr = e / V8, c8 = (e % V8) * 8;
+                        uint16_t *ph = sS.hi + rr * (V + PAD) + c8, *pl = sS.lo() + rr * (V + PAD) + c8;
+                        uint16_t xh[8], xl[8]; /* (memcpy: no type punning through pointers) */
+                        memcpy(xh, &dh[u], 16), memcpy(xl, &dl[u], 16);
+#pragma unroll
+                        for (int w = 0; w < 8; w++) /* (plain S0: no lo word was loaded) */
+                            trr += (op2f(ph[w]) + (PS ? 0.0f : op2f(pl[w]))) * (op2f(xh[w]) + op2f(xl[w]));
+                        *(uint4 *)ph = dh[u];
+                        *(uint4 *)pl = dl[u];
+                    }
+                }
+                tr += block_sum<NW>(trr, scr); /* (its barriers show dS1 to the block) */
+                phase_b();
+            }
+            /* C: dP = lower(dO V'^T), summed over the heads, P = scale Q K^T o Gamma */
+            mma_p<1, TP::NT, false, false, false, !PV>(dp, Sp{sO, 0}, V + PAD, pm0, sVn, V + PAD, pn0, V);
+            if (r == RR - 1) { /* the sum made: dPs = scale dP o Gamma (split), partial rowcol(dP, P) */
+                float pp[1][TP::NT][4];
+                acc_zero(pp);
+                if (partial) mma_run<1, TP::NT, false, false>(pp, sQ, K + PAD, pm0, sK, K + PAD, pn0, K);
+                float rs[2] = {0.0f, 0.0f}, cs[TP::NT][2];
+#pragma unroll
+                for (int nt = 0; nt < TP::NT; nt++) cs[nt][0] = cs[nt][1] = 0.0f;
+                store_split<TP::NT>(sDP, 72, pm0, pn0, [&](int i, int l, int nt, int qq) {
+                    if (l > i) return 0.0f;
+                    const float gam = HEAD ? expf(sG[i] - sG[l]) : 1.0f;
+                    if (partial) { /* rowcol(dP, P): +dP_il P_il to row i, - to column l */
+                        const float tt = dp[0][nt][qq] * scale * gam * pp[0][nt][qq];
+                        rs[qq >> 1] += tt;
+                        cs[nt][qq & 1] -= tt;
+                    }
+                    return scale * gam * dp[0][nt][qq];
+                });
+                if (partial) {
+                    red_rows_put(redg, pm0, rs);
+                    red_cols_put<TP::NT>(redg, pn0, cs);
+                }
+            }
+            if (!HEAD) {
+                cp_async_wait_all(); /* dS1 (the barrier shows it to the block) */
+                bsync();
+                phase_b();
+            }
         }
         /* dq = scale e^G o dQg (+ partial dG term);  dk = e^{G_last - G} o dKd (f3) */
         float skf3 = 0.0f;
@@ -468,11 +484,12 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
             if (partial) red_rows_put(redg, km0, rs);
         }
         bsync();
-        if (MODE == 0) { /* every warp is past its reads of dO and of S0 / dS1: v for the WY part into
-                          * dO's place, Ai (f32 rows of 64, as rows of 128 16-bit words) into S's behind
-                          * sAi, in flight while dq, dk are made (waited for where the WY part starts) */
-            load_raw_async<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
-            load_raw_async<64, 128, NTH>(sAiF, (const uint16_t *)(a.b.Ai + ot * 64), (int64_t)HV * 128, L);
+        if (MODE == 0) { /* every warp is past its reads of dO and of S0 / dS1: v (of the last head, whose
+                          * dV' is in sdV) for the WY part into dO's place, Ai (f32 rows of 64, as rows of
+                          * 128 16-bit words) into S's behind sAi, in flight while dq, dk are made (waited
+                          * for where the WY part starts) */
+            load_raw_async<64, V, NTH>(sV, a.v + (ot0 + RR - 1) * V, (int64_t)HV * V, L);
+            load_raw_async<64, 128, NTH>(sAiF, (const uint16_t *)(a.b.Ai + ot0 * 64), (int64_t)HV * 128, L);
             cp_async_commit();
         }
         mma_sr<1, TK::NT, false, true>(dq, sDP, 72, km0, sK, K + PAD, kn0, 64);
@@ -493,10 +510,10 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
             if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
         }
         /* dq is final (redg is zero again here: collected above, or never used) */
-        if (a.rq && a.dq) l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ot, HV, L);
+        if (a.rq && a.dq) l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ob, HB, L);
         frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
-            const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+            const int64_t off = (ob + (int64_t)i * HB) * K + cc;
             if (a.dq) *(uint32_t *)(a.dq + off) = pack_op2(x0, x1);
             else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
         });
@@ -506,20 +523,20 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
                        [&](int i, int cc, float x0, float x1) { put_split2(sdW, K + PAD, i, cc, -x0, -x1); });
         } else {
             frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+                if (i < L) put_pair_global<true>(a.dWh, a.dWl, (ot0 + (int64_t)i * HV) * K + cc, -x0, -x1);
             });
             frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) *(float2 *)(a.dkv + (ot + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
+                if (i < L) *(float2 *)(a.dkv + (ot0 + (int64_t)i * HV) * K + cc) = make_float2(x0, x1);
             });
             bsync();
-            if (HEAD && tid < L) a.dGg[ot + (int64_t)tid * HV] = sdG[tid];
+            if (HEAD && tid < L) a.dGg[ot0 + (int64_t)tid * HV] = sdG[tid];
             return;
         }
     } else {
-        load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, (int64_t)HV * K, L);
+        load_split<64, K, NTH>(sdW, a.dWh + ot0 * K, a.dWl + ot0 * K, (int64_t)HV * K, L);
         frag_each(dk, km0, kn0,
-                  [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot + (int64_t)i * HV) * K + cc] : 0.0f; });
-        if (HEAD && tid < L) sdG[tid] = a.dGg[ot + (int64_t)tid * HV];
+                  [&](int i, int cc, float &x) { x = i < L ? a.dkv[(ot0 + (int64_t)i * HV) * K + cc] : 0.0f; });
+        if (HEAD && tid < L) sdG[tid] = a.dGg[ot0 + (int64_t)tid * HV];
     }
 
     /* ---- WY backward ---- */
@@ -531,7 +548,7 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
             const int e = tid + u * NTH, i = e / 64, j = e % 64;
             split2(((const float *)sAiF)[i * AIF_LD + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
         }
-    } else load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+    } else load_raw<64, V, NTH>(sV, a.v + ot0 * V, (int64_t)HV * V, L);
 #pragma unroll 1
     for (int u0 = 0; MODE != 0 && u0 < 64 * 64 / NTH;
          u0 += AIB) { /* (loads in batches of AIB; MODE 0 split Ai above) */
@@ -539,7 +556,7 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
 #pragma unroll
         for (int u = 0; u < AIB; u++) {
             const int e = tid + (u0 + u) * NTH, i = e / 64, j = e % 64;
-            x[u] = i < L ? a.b.Ai[(ot + (int64_t)i * HV) * 64 + j] : 0.0f;
+            x[u] = i < L ? a.b.Ai[(ot0 + (int64_t)i * HV) * 64 + j] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < AIB; u++) {
@@ -548,12 +565,35 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
         }
     }
     bsync();
-    { /* dAi = lower((dW K^T) diag(e^G) + dU V^T) diag(beta) */
+    /* dVb = Ai^T dU of the head whose dU, v are in sdV, sV (row ot): dv = beta o dVb;
+     * dbeta += rowsum(v o dVb) */
+    const auto dvb = [&](int64_t ot) {
+        float acc[1][TV::NT][4];
+        acc_zero(acc);
+        mma_ss<1, TV::NT, true, true>(acc, sAi, 72, vm0, sdV, V + PAD, vn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        frag_pairs(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+            rb[(j - vm0) >> 3] += op2f(sV[j * (V + PAD) + vv]) * x0 + op2f(sV[j * (V + PAD) + vv + 1]) * x1;
+            if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_op2(sb[j] * x0, sb[j] * x1);
+        });
+        red_rows_put(redb, vm0, rb);
+    };
+    { /* dAi = lower((dW K^T) diag(e^G) + sum of the heads' dU V^T) diag(beta): the last head's dU, v
+       * are in sdV, sV; each other head's come in turn, once the one before has made its dVb */
         float acc[1][TP::NT][4];
         acc_zero(acc);
         mma_sr<1, TP::NT, false, false>(acc, sdW, K + PAD, pm0, sK, K + PAD, pn0, K);
         if (HEAD) frag_each(acc, pm0, pn0, [&](int, int j, float &x) { x *= expf(sG[j]); });
         mma_sr<1, TP::NT, false, false>(acc, sdV, V + PAD, pm0, sV, V + PAD, pn0, V);
+#pragma unroll 1
+        for (int r = RR - 2; r >= 0; r--) {
+            dvb(ot0 + r + 1);
+            bsync();
+            load_split<64, V, NTH>(sdV, a.dVh + (ot0 + r) * V, a.dVl + (ot0 + r) * V, (int64_t)HV * V, L);
+            load_raw<64, V, NTH>(sV, a.v + (ot0 + r) * V, (int64_t)HV * V, L);
+            bsync();
+            mma_sr<1, TP::NT, false, false>(acc, sdV, V + PAD, pm0, sV, V + PAD, pn0, V);
+        }
         store_split<TP::NT>(sdAi, 72, pm0, pn0,
                             [&](int i, int j, int nt, int qq) { return j <= i ? acc[0][nt][qq] * sb[j] : 0.0f; });
     }
@@ -576,17 +616,7 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
         red_rows_put(redb, km0, rb);
         if (HEAD) red_rows_put(redg, km0, rg);
     }
-    { /* dVb = Ai^T dU: dv = beta o dVb; dbeta += rowsum(v o dVb) */
-        float acc[1][TV::NT][4];
-        acc_zero(acc);
-        mma_ss<1, TV::NT, true, true>(acc, sAi, 72, vm0, sdV, V + PAD, vn0, 64);
-        float rb[2] = {0.0f, 0.0f};
-        frag_pairs(acc, vm0, vn0, [&](int j, int vv, float x0, float x1) {
-            rb[(j - vm0) >> 3] += op2f(sV[j * (V + PAD) + vv]) * x0 + op2f(sV[j * (V + PAD) + vv + 1]) * x1;
-            if (j < L && a.dv) *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = pack_op2(sb[j] * x0, sb[j] * x1);
-        });
-        red_rows_put(redb, vm0, rb);
-    }
+    dvb(ot0); /* (the first head's, the last in sdV, sV) */
     bsync();
     { /* T = Ai^T dAi */
         float acc[1][TP::NT][4];
@@ -628,32 +658,37 @@ template <int K, int V, int GATE, int MODE, int NTH> __global__ void __launch_bo
     red_collect<NW>(redb, sdB, true);
     if (HEAD) red_collect<NW>(redg, sdG, true);
     bsync();
-    if (a.rk && a.dk) l2norm_bwd_rows<NW>(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ot, HV, L);
+    if (a.rk && a.dk) l2norm_bwd_rows<NW>(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ob, HB, L);
     frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
-        const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+        const int64_t off = (ob + (int64_t)i * HB) * K + cc;
         if (a.dk) *(uint32_t *)(a.dk + off) = pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
-    if (tid < L && a.dbetaf) a.dbetaf[ot + (int64_t)tid * HV] = sdB[tid];
-    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
+    if (tid < L && a.dbetaf) a.dbetaf[ob + (int64_t)tid * HB] = sdB[tid];
+    else if (tid < L && a.dbeta) a.dbeta[ob + (int64_t)tid * HB] = f2op(sdB[tid]);
     if (HEAD && tid == 0 && a.dg) {
         float acc = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
             acc += sdG[i];
-            a.dg[ot + (int64_t)i * HV] = acc;
+            a.dg[ob + (int64_t)i * HB] = acc;
         }
     }
 }
 
 /* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of ONE_SM_NTH threads (16 warps) per
- * (chunk, head).  Against 8 warps (H100, S1, ncu): the fused head-gate qkwy takes 6 % less time,
- * GDN's fwd+bwd 3 % less at S1 and S2; delta_rule's qkwy 2 % less, its fwd+bwd under 2 %. */
+ * chunk and head (fused, G.vsh > 1: per chunk and G.vsh heads of one beta and gate).  Against 8
+ * warps (H100, S1, ncu): the fused head-gate qkwy takes 6 % less time, GDN's fwd+bwd 3 % less at S1
+ * and S2; delta_rule's qkwy 2 % less, its fwd+bwd under 2 %. */
 template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkSmem<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
-    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G,
-                      a);
+    if constexpr (MODE == 0)
+        if (G.vsh > 1)
+            return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, 0, true, ONE_SM_NTH>), G.nchunks * G.HV / G.vsh, ONE_SM_NTH,
+                              (size_t)Lay::bytes, G, a);
+    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, false, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
+                      (size_t)Lay::bytes, G, a);
 }
 
 template <int K, int V, int GATE>
@@ -694,6 +729,8 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
+    /* dq, dk, dbeta, dg of HB heads: the fused qkwy sums the G.vsh heads of one beta and gate */
+    const int64_t HB = HV / fast_qkwy_heads(G, var), nkb = rows * HB * G.K;
     if (!var.solve_tril_blocked) kept = nullptr;
     FastBufs b;
     QkArgs a;
@@ -705,10 +742,10 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         const_cast<void *>(kept), [&](Carve &cv) { fast_carve(G, cv, b, true); }, &have_b);
     dS = scratch<uint16_t>((size_t)(2 * nst));
     dV = scratch<uint16_t>((size_t)(2 * nv));
-    const bool direct = G.grp == 1; /* dq, dk straight to the outputs */
+    const bool direct = HB == G.H; /* dq, dk straight to the outputs */
     const bool want_dq = io.dq && !direct, want_dkv = !direct || !var.dw_on_chip;
-    if (want_dq) dqv = scratch<float>((size_t)nk);
-    if (want_dkv) dkv = scratch<float>((size_t)nk);
+    if (want_dq) dqv = scratch<float>((size_t)nkb);
+    if (want_dkv) dkv = scratch<float>((size_t)nkb);
     if (!var.dw_on_chip) {
         dW = scratch<uint16_t>((size_t)(2 * nk));
         dGg = G.gate ? scratch<float>((size_t)(rows * HV)) : nullptr;
@@ -725,9 +762,9 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
         if (!rc) rc = DRC_FAST_DISPATCH_B(bwd_t, p, var, io, b, a, dS, dS + nst);
         const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16; /* (the norm's backward with the sums) */
         if (!rc && io.dq && !direct)
-            rc = heads_sum("dr_chunk mma gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
+            rc = heads_sum("dr_chunk mma gva", rows, G.H, (int)(HB / G.H), G.K, dqv, io.q, io.rq, fmt, io.dq);
         if (!rc && io.dk && !direct)
-            rc = heads_sum("dr_chunk mma gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
+            rc = heads_sum("dr_chunk mma gva", rows, G.H, (int)(HB / G.H), G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGg);

@@ -16,6 +16,8 @@
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT).
  * With the L2 norm in the forward (Io::l2k), prep normalises the raw k as it loads it and out the
  * raw q (dr_chunk_l2norm.cuh); the state pass and out read the normalised k that prep wrote. */
+#include <type_traits>
+
 #include "kernels/cuda/delta/dr_chunk_l2norm.cuh"
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
@@ -57,15 +59,20 @@ template <int K, int V> struct PrepSmem {
     static constexpr int bytes = f32s * 4 + tile_bytes(64, K) + tile_bytes(64, V) + 2 * tile_bytes(64, 64);
 };
 
-template <int K, int V, int GATE>
+/* SH: the block takes the G.vsh heads of one beta and gate; else one head (its own instance: a
+ * loop over a run-time count of heads made the one-head prep 7 % slower at S1, H200) */
+template <int K, int V, int GATE, bool SH>
 __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory allows two at K = V = 128) */
     f_prep(Geom G, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, FastBufs b, int blocked,
            int store_ai, L2Rows l2) {
     constexpr bool PW = Plain<GATE>::W, PU = Plain<GATE>::U; /* plain bf16 */
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    /* the block's RR = G.vsh value heads hv .. hv + RR - 1 share beta and the gate, so A, Ai and W:
+     * made once, stored for each head; U for each */
+    const int RR = SH ? G.vsh : 1;
+    const int64_t c = blockIdx.x / (HV / RR);
+    const int hv = (int)(blockIdx.x % (HV / RR)) * RR, h = hv / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
@@ -87,8 +94,10 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
                                               * holding G_{L-1}, as load_gate_beta) to sG */
         const float s0 = warp_scan(x0, lane), s1 = warp_scan(x1, lane) + shfl_idx(s0, 31);
         const float last = L <= 32 ? shfl_idx(s0, L - 1) : shfl_idx(s1, L - 33);
-        if (lane < L) b.Gc[(r0 + lane) * HV + hv] = s0;
-        if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv] = s1;
+        for (int r = 0; r < RR; r++) {
+            if (lane < L) b.Gc[(r0 + lane) * HV + hv + r] = s0;
+            if (32 + lane < L) b.Gc[(r0 + 32 + lane) * HV + hv + r] = s1;
+        }
         sG[lane] = lane < L ? s0 : last, sG[32 + lane] = 32 + lane < L ? s1 : last;
     } else if (GATE != DG_GATE_HEAD && tid < FC) {
         sG[tid] = 0.0f;
@@ -117,7 +126,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     if (store_ai)
         for (int e = tid; e < L * 64; e += FNT) {
             int i = e / 64, j = e % 64;
-            b.Ai[((r0 + i) * HV + hv) * 64 + j] = sY[i * LDF + j];
+            for (int r = 0; r < RR; r++) b.Ai[((r0 + i) * HV + hv + r) * 64 + j] = sY[i * LDF + j];
         }
     /* W = (Ai diag(beta e^G)) K  (this thread's elements all lie in column tid % 64) */
     const int jc = tid & 63;
@@ -154,9 +163,12 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     bsync();
     for (int e = tid; e < L * (K / 8); e += FNT) {
         const int r = e / (K / 8), c8 = e % (K / 8), o = r * K + ((c8 ^ (r & 7)) << 3);
-        const int64_t go = ((r0 + r) * HV + hv) * K + c8 * 8;
-        *(uint4 *)(b.Wh + go) = *(const uint4 *)((const uint16_t *)sA + o);
-        if (!PW) *(uint4 *)(b.Wl + go) = *(const uint4 *)((const uint16_t *)sT + o);
+        const uint4 wh = *(const uint4 *)((const uint16_t *)sA + o), wl = *(const uint4 *)((const uint16_t *)sT + o);
+        for (int rr = 0; rr < RR; rr++) {
+            const int64_t go = ((r0 + r) * HV + hv + rr) * K + c8 * 8;
+            *(uint4 *)(b.Wh + go) = wh;
+            if (!PW) *(uint4 *)(b.Wl + go) = wl;
+        }
     }
     /* U = (Ai diag(beta)) V */
 #pragma unroll 4
@@ -164,32 +176,42 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
         split2(sY[i * LDF + jc] * bj, sAs.hi[i * 72 + jc], sAs.lo()[i * 72 + jc]);
     cp_async_wait_all(); /* v */
     bsync();
-    {
-        using T = WT<64, V>;
-        float acc[1][T::NT][4];
-        acc_zero(acc);
-        const int m0 = T::m0(warp), n0 = T::n0(warp);
-        mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sV, V + PAD, n0, 64);
-        /* staged in sA, sY, sT (dead now; W's copy above read sA, sT before the last barrier),
-         * rows of V floats (plain: V bf16, swizzled as W) with the 16-byte chunks swizzled, then
-         * stored as 16-byte vectors */
-        frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (PU) *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_op2(x0, x1);
-            else *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
-        });
-    }
-    bsync();
-    if (PU) { /* U bf16 [rows, HV, V] in the first half of the f32 buffer b.U */
-        uint16_t *Ub = (uint16_t *)b.U;
-        for (int e = tid; e < L * (V / 8); e += FNT) {
-            const int r = e / (V / 8), c8 = e % (V / 8);
-            *(uint4 *)(Ub + ((r0 + r) * HV + hv) * V + c8 * 8) =
-                *(const uint4 *)((const uint16_t *)sA + r * V + ((c8 ^ (r & 7)) << 3));
+#pragma unroll 1
+    for (int ru = 0; ru < RR; ru++) {
+        if (ru) { /* the next head's v, once every warp is past the last U's staging */
+            bsync();
+            load_raw<64, V>(sV, v + (r0 * HV + hv + ru) * V, (int64_t)HV * V, L);
+            bsync();
         }
-    } else {
-        for (int e = tid; e < L * (V / 4); e += FNT) {
-            const int r = e / (V / 4), c4 = e % (V / 4);
-            *(uint4 *)(b.U + ((r0 + r) * HV + hv) * V + c4 * 4) = *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
+        {
+            using T = WT<64, V>;
+            float acc[1][T::NT][4];
+            acc_zero(acc);
+            const int m0 = T::m0(warp), n0 = T::n0(warp);
+            mma_sr<1, T::NT, false, true>(acc, sAs, 72, m0, sV, V + PAD, n0, 64);
+            /* staged in sA, sY, sT (dead now; W's copy above read sA, sT before the last barrier),
+             * rows of V floats (plain: V bf16, swizzled as W) with the 16-byte chunks swizzled, then
+             * stored as 16-byte vectors */
+            frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
+                if (PU)
+                    *(uint32_t *)((uint16_t *)sA + i * V + (((j >> 3) ^ (i & 7)) << 3) + (j & 7)) = pack_op2(x0, x1);
+                else *(float2 *)(sA + i * V + (((j >> 2) ^ (i & 7)) << 2) + (j & 3)) = make_float2(x0, x1);
+            });
+        }
+        bsync();
+        if (PU) { /* U bf16 [rows, HV, V] in the first half of the f32 buffer b.U */
+            uint16_t *Ub = (uint16_t *)b.U;
+            for (int e = tid; e < L * (V / 8); e += FNT) {
+                const int r = e / (V / 8), c8 = e % (V / 8);
+                *(uint4 *)(Ub + ((r0 + r) * HV + hv + ru) * V + c8 * 8) =
+                    *(const uint4 *)((const uint16_t *)sA + r * V + ((c8 ^ (r & 7)) << 3));
+            }
+        } else {
+            for (int e = tid; e < L * (V / 4); e += FNT) {
+                const int r = e / (V / 4), c4 = e % (V / 4);
+                *(uint4 *)(b.U + ((r0 + r) * HV + hv + ru) * V + c4 * 4) =
+                    *(const uint4 *)(sA + r * V + ((c4 ^ (r & 7)) << 2));
+            }
         }
     }
 }
@@ -438,9 +460,13 @@ int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int b
                       OutSmem<K, out_cols<V>()>::bytes + 1024 <= SMEM_MAX / 2,
                   "shared memory (the state pass and out: two blocks per SM)");
     const Geom &G = p.G;
-    int rc = DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE>), G.nchunks * G.HV, FNT,
-                        (size_t)(PrepSmem<K, V>::bytes), G, io.k, io.v, io.g, io.beta, b, blocked, b.Ai ? 1 : 0,
-                        L2Rows{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr});
+    const L2Rows l2{io.l2k, io.l2rk, io.l2eps, io.l2k != nullptr};
+    const auto prep = [&](auto sh) { /* sh: std::bool_constant, f_prep's SH */
+                                     return DRC_LAUNCH("dr_chunk mma prep", (f_prep<K, V, GATE, decltype(sh)::value>),
+                                                       G.nchunks * G.HV / G.vsh, FNT, (size_t)(PrepSmem<K, V>::bytes),
+                                                       G, io.k, io.v, io.g, io.beta, b, blocked, b.Ai ? 1 : 0, l2);
+    };
+    int rc = G.vsh > 1 ? prep(std::true_type{}) : prep(std::false_type{});
     const uint16_t *kn = io.l2k ? io.l2k : io.k; /* what the later kernels read */
     if (!rc && state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk mma state", (f_state<K, V, GATE, 32>), G.N * G.HV * (V / 32), FNT,
