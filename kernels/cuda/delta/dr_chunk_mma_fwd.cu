@@ -14,6 +14,9 @@
  * W, U and V' are plain bf16 (Plain<GATE>, dr_chunk_mma.cuh: for both gates; U
  * instead of f32): one word stored, one mma pass less for each of them in every product.
  * Also the recompute of the backward (prep with Ai stored, the state pass without hT).
+ * Heads of one beta and gate (Geom::vsh > 1, a head split by V, dr_chunk_vsplit.cu): a prep block
+ * makes A, Ai and W once for the G.vsh heads (U for each; W, Ai and the gate stored for each), an out
+ * block P once (O for each).
  * With the L2 norm in the forward (Io::l2k), prep normalises the raw k as it loads it and out the
  * raw q (dr_chunk_l2norm.cuh); the state pass and out read the normalised k that prep wrote. */
 #include <type_traits>
@@ -394,14 +397,16 @@ template <int K, int OB> struct OutSmem { /* OB: the value columns of a block */
  * backward): Q S takes one mma pass, P V' two (P split). */
 template <int V> constexpr int out_cols() { return V; }
 
-template <int K, int V, int GATE>
+template <int K, int V, int GATE, bool SH>
 __global__ void __launch_bounds__(FNT, 2)
     f_out(Geom G, const uint16_t *q, const uint16_t *k, FastBufs b, uint16_t *o, L2Rows l2) {
     DRC_SMEM(float, sm);
     constexpr int OB = out_cols<V>(), NVT = V / OB;
     const int HV = G.HV, warp = threadIdx.x >> 5;
-    const int64_t c = blockIdx.x / (HV * NVT);
-    const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * OB;
+    /* SH: the block's RR = G.vsh heads share the gate, so P: made once, then each head's O */
+    const int RR = SH ? G.vsh : 1, HB = HV / RR;
+    const int64_t c = blockIdx.x / (HB * NVT);
+    const int hv0 = (int)(blockIdx.x / NVT % HB) * RR, h = hv0 / G.grp, v0 = (int)(blockIdx.x % NVT) * OB;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
@@ -409,20 +414,23 @@ __global__ void __launch_bounds__(FNT, 2)
     uint16_t *sQ = (uint16_t *)(sG + 64), *sK = sQ + 64 * (K + PAD);
     uint16_t *sS = sK + 64 * (K + PAD), *sVn = sS + K * (OB + PAD);
     const Sp sP{sVn + 64 * (OB + PAD), 64 * 72};
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
+    /* head hv's S and V' by cp.async */
+    const auto load_sv = [&](int hv) {
+        load_raw_async<K, OB>(sS, b.Sh + (c * HV + hv) * (int64_t)K * V + v0, V, K);
+        load_raw_async<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
+        cp_async_commit();
+    };
     /* by cp.async, all in flight at once: Q, K (waited for before P), then S and V' (in flight
      * while P is made, waited for after it).  Q and K loaded through registers were two round
      * trips to memory, one after the other */
     load_raw_async<64, K>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     load_raw_async<64, K>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     cp_async_commit();
-    load_raw_async<K, OB>(sS, b.Sh + sb, V, K);
-    load_raw_async<64, OB>(sVn, b.Vnh + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L);
-    cp_async_commit();
-    load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
+    load_sv(hv0);
+    load_gate_beta<GATE>(G, r0, L, hv0, b.Gc, nullptr, sG, nullptr);
     cp_async_wait_1(); /* Q, K */
     bsync();
-    l2norm_tile_on<K>(v0 == 0 ? l2 : L2Rows{nullptr, nullptr, l2.eps, l2.on}, G, sQ, r0, L, hv); /* (one writes) */
+    l2norm_tile_on<K>(v0 == 0 ? l2 : L2Rows{nullptr, nullptr, l2.eps, l2.on}, G, sQ, r0, L, hv0); /* (one writes) */
     const float scale = G.scale;
     { /* P = scale lower_incl(Q K^T o Gamma) */
         using T = WT<64, 64>;
@@ -437,9 +445,15 @@ __global__ void __launch_bounds__(FNT, 2)
             return x;
         });
     }
-    cp_async_wait_all(); /* S, V' */
-    bsync();
-    {
+#pragma unroll 1
+    for (int r = 0; r < RR; r++) {
+        const int hv = hv0 + r;
+        if (r) { /* every warp is past its reads of the last head's S, V' */
+            bsync();
+            load_sv(hv);
+        }
+        cp_async_wait_all(); /* S, V' */
+        bsync();
         using T = WT<64, OB>;
         float acc[1][T::NT][4];
         acc_zero(acc);
@@ -479,9 +493,14 @@ int prep_state_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b, int b
 
 template <int K, int V, int GATE> int out_t(const Plan &p, const Io<uint16_t> &io, const FastBufs &b) {
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE>), G.nchunks * G.HV * (V / out_cols<V>()), FNT,
-                      (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q, io.l2k ? io.l2k : io.k, b, io.o,
-                      L2Rows{io.l2q, io.l2rq, io.l2eps, io.l2k != nullptr});
+    const L2Rows l2{io.l2q, io.l2rq, io.l2eps, io.l2k != nullptr};
+    const auto out = [&](auto sh) { /* sh: std::bool_constant, f_out's SH */
+                                    return DRC_LAUNCH("dr_chunk mma out", (f_out<K, V, GATE, decltype(sh)::value>),
+                                                      G.nchunks * G.HV / G.vsh * (V / out_cols<V>()), FNT,
+                                                      (size_t)(OutSmem<K, out_cols<V>()>::bytes), G, io.q,
+                                                      io.l2k ? io.l2k : io.k, b, io.o, l2);
+    };
+    return G.vsh > 1 ? out(std::true_type{}) : out(std::false_type{});
 }
 
 } // namespace
