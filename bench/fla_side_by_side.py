@@ -33,13 +33,13 @@ inputs): for each case it also runs the op's token-by-token recurrence in float6
 same 16-bit inputs, upcast, and records err_f64_ours[n] and err_f64_fla[n] = ||x - ref|| / ||ref|| for
 n in o, dq, dk, dv, dbeta, dg (and hT, dh0 at AS, AS2); the table gets a column with the largest of each
 side.  The reference's autograd keeps one f64 state a step (T*B*HV*K*V*8 bytes): cases above
---f64-max-gb (default 24) are skipped, which the timing shapes S1..S3, L1, Q1 are; the accuracy shapes
-A1, A3, AL (B1 T1024, the heads, K, V and dtype of S1, S3, L1) and AS, AS2 (B3, K 256, V 64, bf16,
+--f64-max-gb (default 24) are skipped, which the timing shapes S1..S4, L1, Q1 are; the accuracy shapes
+A1, A3, A4, AL (B1 T1024, the heads, K, V and dtype of S1, S3, S4, L1) and AS, AS2 (B3, K 256, V 64, bf16,
 with h0 and dht: T1, one token, and T130, three chunks of 64, the last partial) are what it is for.
 
 Usage (on the GPU machine; bench/gpu_side_by_side.sh runs it):
   python3 bench/fla_side_by_side.py --deltagrad PATH/deltagrad --fla third_party_fla --out DIR
-  python3 bench/fla_side_by_side.py ... --shapes A1,A3,AL --f64       (ours and FLA against f64)
+  python3 bench/fla_side_by_side.py ... --shapes A1,A3,A4,AL --f64    (ours and FLA against f64)
   python3 bench/fla_side_by_side.py ... --shapes AS,AS2 --ops gated_delta_rule,delta_rule --f64
                                                                        (the same, with h0 and dht)
 Set TRITON_CACHE_DIR to keep Triton's compiled kernels and autotuning results between runs.
@@ -59,29 +59,30 @@ import time
 # delta_rule and kda at its heads (K = 256: ours runs delta_rule on the K = 256 kernels, kda on the TF32 family);
 # Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
 # B4 T4096 (FLA's layer repeats q and k over each group of value heads before its kernels: so does
-# the FLA side here, inside the timed call).  A1, A3, AL (with --shapes A1,A3,AL --f64): accuracy
+# the FLA side here, inside the timed call).  A1, A3, A4, AL (with --shapes A1,A3,A4,AL --f64): accuracy
 # shapes, B1 T1024, small enough for the f64 reference (--f64-max-gb), each with the heads, K, V and
-# dtype of a timing shape (A1 as S1: GDN, DeltaNet, KDA; A3 as S3: K = V = 256, fp16; AL as L1: K 256,
-# V 512), so that the timed kernels run: FLA autotunes by H, HV, K, V (not B or T), so the timing shapes'
-# choices serve; ours pick kernels by K, V, the gate and the dtype, except that at A1 (N * HV * V / 64
+# dtype of a timing shape (A1 as S1: GDN, DeltaNet, KDA; A3 as S3: K = V = 256, fp16; A4 as S4: V = 2K,
+# the split heads; AL as L1: K 256, V 512), so that the timed kernels run: FLA autotunes by H, HV, K, V (not B or T), so the timing shapes'
+# choices serve; ours pick kernels by K, V, the gate and the dtype, except that at A1 and A4 (N * HV * V / 64
 # below the SM count) the K = 128 state and dhu passes take 32-wide V tiles where S1 takes 64-wide ones.
 # AS, AS2 (with --shapes AS,AS2 --f64; gated_delta_rule and delta_rule): accuracy shapes with an
 # initial state h0 and a final state's gradient dht (H0_SHAPES), B3 H4 K 256 V 64 bf16, at T1 (one
 # token) and T130 (three chunks of 64, the last partial); their times mean nothing
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128),
-          "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "AL": (1, 1024, 6, 256, 512),
+          "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "A4": (1, 1024, 16, 128, 256),
+          "AL": (1, 1024, 6, 256, 512),
           "AS": (3, 1, 4, 256, 64), "AS2": (3, 130, 4, 256, 64)}
 VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
 DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16",
-          "A1": "bf16", "A3": "f16", "AL": "bf16", "AS": "bf16", "AS2": "bf16"}
+          "A1": "bf16", "A3": "f16", "A4": "bf16", "AL": "bf16", "AS": "bf16", "AS2": "bf16"}
 H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
          ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
          ("delta_rule", "L1"), ("kda", "L1"), ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
-         ("gated_delta_rule", "A3"), ("gated_delta_rule", "AL"),
+         ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"),
          ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2")]
 # the outputs and gradients compared, each where a side has it: dg with a gate, hT and dh0 at H0_SHAPES
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg", "hT", "dh0"]
