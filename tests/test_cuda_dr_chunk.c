@@ -450,21 +450,9 @@ static void test_dr_chunk_l2_fold(void **state) {
         {"l2 fold: none, GVA, K=V=64 (mma, after the sums)", 1, 100, 1, 2, 64, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
         {"l2 fold: head, C32 (generic)", 1, 70, 1, 1, 32, 48, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},
         {"l2 fold: channel, K=V=64 (kda)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
-        /* value heads split (dr_chunk_vsplit.cu): the sums over the split heads come first */
-        {"l2 fold: head, K=64, V=256 (split, after the sums)",
-         1,
-         100,
-         2,
-         2,
-         64,
-         256,
-         DG_GATE_HEAD,
-         64,
-         0,
-         {0},
-         1,
-         1,
-         0},
+        /* value heads split (dr_chunk_vsplit.cu): the fused qkwy sums the split heads in its
+         * accumulators and folds the norm into its stores */
+        {"l2 fold: head, K=64, V=256 (split, direct)", 1, 100, 2, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
         {"l2 fold: channel, K=64, V=192 (kda split)", 1, 100, 1, 1, 64, 192, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
         /* K = 256 (dr_chunk_k256_bwd.cu): dqkwg and wy store dq, dk themselves where a key head has
          * one value head, else heads_sum makes them */
