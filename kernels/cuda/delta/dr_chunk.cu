@@ -197,6 +197,10 @@ static int vsplit_ways(dg_drc_family fam, const Geom &G) {
     return 1;
 }
 
+/* Geom::vsh of the R heads of a split: the head-gate family shares their key-side work; KDA's
+ * kernels run each in full */
+static int vsplit_vsh(dg_drc_family fam, int R) { return fam == DG_DRC_MMA ? R : 1; }
+
 static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
     dg_dr_shape s2 = *s;
     s2.HV *= R, s2.V /= R;
@@ -259,7 +263,7 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
     float *hT2 = io.hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
     int rc = io.hT && !hT2 ? -1 : in.make(G, R, io.beta, io.g, io.h0);
     Run r2 = r;
-    r2.s = &s2, r2.vsh = r.fam == DG_DRC_MMA ? R : 1;
+    r2.s = &s2, r2.vsh = vsplit_vsh(r.fam, R);
     Io<T> io2 = io; /* (q, k: key heads, as they are) */
     io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.hT = hT2;
     if (!rc) rc = fwd<T>(r2, io2, keep, kept, l2);
@@ -282,17 +286,15 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
     Run r2 = r;
-    r2.s = &s2, r2.vsh = r.fam == DG_DRC_MMA ? R : 1;
-    Geom G2 = G;
-    G2.vsh = r2.vsh;
-    const bool shared = fast_qkwy_heads(G2, var) > 1; /* (the fused qkwy sums dbeta, dg) */
+    r2.s = &s2, r2.vsh = vsplit_vsh(r.fam, R);
+    const bool shared = fast_qkwy_heads(r2.vsh, var) > 1; /* (the fused qkwy sums dbeta, dg) */
+    const bool sum_dbeta = io.dbeta && !shared, sum_dg = io.dg && !shared;
     VsplitIn<T> in;
-    float *dbeta2 =
-        io.dbeta && !shared ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
-    float *dg2 = io.dg && !shared ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
+    float *dbeta2 = sum_dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
+    float *dg2 = sum_dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr,
           *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
-    int rc = (io.dbeta && !shared && !dbeta2) || (io.dg && !shared && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
+    int rc = (sum_dbeta && !dbeta2) || (sum_dg && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
                  ? -1
                  : in.make(G, R, io.beta, io.g, io.h0);
     if (!rc && io.dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, io.dhT, dhT2);
@@ -300,8 +302,8 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.dhT = dhT2, io2.dh0 = dh02;
     if (!shared) io2.dg = dg2, io2.dbeta = nullptr, io2.dbeta32 = dbeta2;
     if (!rc) rc = bwd<T>(r2, var, io2, kept);
-    if (!rc && io.dbeta && !shared) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);
-    if (!rc && io.dg && !shared) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, io.dg);
+    if (!rc && sum_dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);
+    if (!rc && sum_dg) rc = heads_sum(VS_WHO, per_head, 1, R, G.gs, dg2, nullptr, nullptr, VS_F32, io.dg);
     if (!rc && io.dh0) rc = vsplit_states(VS_WHO, false, NH, G.K, R, Vs, dh02, io.dh0);
     release(dbeta2), release(dg2), release(dhT2), release(dh02);
     return rc;
