@@ -82,7 +82,7 @@ CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
          ("delta_rule", "L1"), ("kda", "L1"), ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
-         ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"),
+         ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"), ("kda", "AL"),
          ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2")]
 # the outputs and gradients compared, each where a side has it: dg with a gate, hT and dh0 at H0_SHAPES
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg", "hT", "dh0"]

@@ -349,12 +349,40 @@ static void test_kda_kernel_times(void **state) {
     outs_free(&o), prob_free(&p);
 }
 
+/* K = 256: the TF32 family (dr_chunk_generic.cuh), whose gated products take the wide form where a
+ * chunk's span allows it, the f32 element loops elsewhere: the same checks as the cases above
+ * (fused and unfused against the reference and each other; bf16 against the generic kernels),
+ * bf16 and fp16, with the TF32 prep among the launches.
+ * The gates: inside the bound everywhere; near it (a span of about 67 over 64 rows, so that over
+ * 256 channels some chunks pass and some do not); strong decays (the element loops only). */
+static void test_kda_k256(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    static const kcase k256[] = {
+        {"K=256, V=64, h0, dhT (TF32 family)", 1, 130, 1, 1, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        {"K=256, V=32, gates near the wide form's bound", 1, 384, 1, 1, 256, 32, 0, {0}, -2.1, -0.02, 1, 1, 0},
+        {"K=256, V=32, strong decays", 1, 128, 1, 1, 256, 32, 0, {0}, -8.0, -0.5, 1, 1, 0},
+    };
+    for (int f16 = 0; f16 <= 1; f16++) {
+        g_f16 = f16;
+        for (size_t i = 0; i < sizeof k256 / sizeof k256[0]; i++) {
+            dg_cuda_ktime kt[32];
+            int dropped = -1;
+            assert_int_equal(dg_cuda_ktime_begin(), 0);
+            run_kcase(&k256[i], !f16);
+            const int m = dg_cuda_ktime_end(kt, 32, &dropped);
+            assert_int_equal(dropped, 0);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 prep"), 1);
+        }
+    }
+    g_f16 = false;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kda_mma),
-        cmocka_unit_test(test_kda_mma_f16),
-        cmocka_unit_test(test_kda_mma_sanitize),
-        cmocka_unit_test(test_kda_kernel_times),
+        cmocka_unit_test(test_kda_mma),          cmocka_unit_test(test_kda_mma_f16),
+        cmocka_unit_test(test_kda_mma_sanitize), cmocka_unit_test(test_kda_kernel_times),
+        cmocka_unit_test(test_kda_k256),
     };
     return dg_test_run_filtered(tests);
 }

@@ -10,7 +10,7 @@
  *                               GatedDeltaNet layer as it comes: head_dim 256, expand_v 2)
  *   Q1  B4  T4096 H16 HV32 K=V=128 bf16, gated_delta_rule, with --shapes Q1 only (Qwen3-Next's
  *                               grouped value heads: 16 key heads, 32 value heads)
- * (delta_rule also at S3 and L1 where it is named: the K = 256 kernels with no gate)
+ * (delta_rule and kda also at S3 and L1 where named: the K = 256 kernels with no gate; kda's TF32 family)
  * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
  * that FLA and these kernels run on the same numbers; where a file has an initial state h0 or a
@@ -411,11 +411,11 @@ static int run_case(bcase *c, const run_opts *o) {
 }
 
 /* whether op oi runs at shape d: the shape's ops when no OP is named; the named one where it is one of
- * them, and delta_rule at K = 256 (the K = 256 kernels with no gate: timed when asked, out of the
- * default run's time) */
+ * them, and any named op at K = 256 (delta_rule: the K = 256 kernels with no gate; kda: the TF32
+ * family; timed when asked, out of the default run's time) */
 static bool op_runs(const shape_def *d, int oi, const char *only) {
     if (only && strcmp(only, BENCH_OPS[oi])) return false;
-    return (d->ops >> oi & 1u) || (only && !strcmp(BENCH_OPS[oi], "delta_rule") && d->K == 256);
+    return (d->ops >> oi & 1u) || (only && d->K == 256);
 }
 
 static int usage(void) {
@@ -424,7 +424,7 @@ static int usage(void) {
         "FILE]...\n"
         "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
         "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4, L1, Q1 run gated_delta_rule, and\n"
-        "delta_rule at S3 and L1 where OP names it).\n"
+        "delta_rule and kda at S3 and L1 where OP names it).\n"
         "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
         "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K); L1 B4 T4096 H6\n"
         "K=256 V=512 bf16 (FLA's GatedDeltaNet layer as it comes); Q1 B4 T4096 H16, 32 value heads, K=V=128 bf16\n"

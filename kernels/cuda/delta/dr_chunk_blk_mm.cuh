@@ -36,9 +36,25 @@ __device__ __forceinline__ float mat_at(const Mat &m, int i, int r, int ni, int 
     return i < ni && r < nr ? m.p[i * m.s0 + r * m.s1] : 0.0f;
 }
 
+/* x - tf32(x) (h: tf32(x)'s bits) rounded to TF32 again: the lo word of the 3xTF32 split */
+__device__ __forceinline__ uint32_t tf32_lo(float x, uint32_t h) {
+    float hf;
+    memcpy(&hf, &h, 4);
+    return tf32(x - hf);
+}
+/* c += a b, or (X3) the 3xTF32 product of the split words: a b + a_lo b + a b_lo (about 21 bits of
+ * each operand; the lo words of a, b in al, bl) */
+template <bool X3>
+__device__ __forceinline__ void mma_tf32_x(float c[4], const uint32_t a[4], const uint32_t al[4], const uint32_t b[2],
+                                           const uint32_t bl[2]) {
+    mma1688_tf32(c, a, b);
+    if (X3) mma1688_tf32(c, al, b), mma1688_tf32(c, a, bl);
+}
+
 /* the TC form of one term into a warp's accumulator of 16 rows and nn n tiles of 8 columns at (m0,
  * n0): k steps inside the tile without the bounds tests, the partial ones (the tile's edges) with
- * them */
+ * them; X3: every product as three (mma_tf32_x) */
+template <bool X3>
 __device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, int M, int N, int m0, int n0, int nn) {
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int k0 = 0;
@@ -46,37 +62,46 @@ __device__ __forceinline__ void warp_mm_tf32(float (&acc)[4][4], const Term &t, 
         const float *A = t.A.p + (m0 + g) * t.A.s0 + q * t.A.s1, *B = t.B.p + q * t.B.s0 + (n0 + g) * t.B.s1;
         const int a8 = 8 * t.A.s0, a4 = 4 * t.A.s1, b4 = 4 * t.B.s0, b8 = 8 * t.B.s1;
         for (; k0 + 8 <= t.kd; k0 += 8, A += 2 * a4, B += 2 * b4) {
-            const uint32_t a[4] = {tf32(A[0]), tf32(A[a8]), tf32(A[a4]), tf32(A[a8 + a4])};
+            const float af[4] = {A[0], A[a8], A[a4], A[a8 + a4]};
+            uint32_t a[4], al[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) a[u] = tf32(af[u]), al[u] = X3 ? tf32_lo(af[u], a[u]) : 0u;
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 if (nt >= nn) break;
-                const uint32_t b[2] = {tf32(B[nt * b8]), tf32(B[nt * b8 + b4])};
-                mma1688_tf32(acc[nt], a, b);
+                const float bf[2] = {B[nt * b8], B[nt * b8 + b4]};
+                uint32_t b[2], bl[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) b[u] = tf32(bf[u]), bl[u] = X3 ? tf32_lo(bf[u], b[u]) : 0u;
+                mma_tf32_x<X3>(acc[nt], a, al, b, bl);
             }
         }
     }
     for (; k0 < t.kd; k0 += 8) {
-        uint32_t a[4];
-        a[0] = tf32(mat_at(t.A, m0 + g, k0 + q, M, t.kd));
-        a[1] = tf32(mat_at(t.A, m0 + g + 8, k0 + q, M, t.kd));
-        a[2] = tf32(mat_at(t.A, m0 + g, k0 + q + 4, M, t.kd));
-        a[3] = tf32(mat_at(t.A, m0 + g + 8, k0 + q + 4, M, t.kd));
+        const float af[4] = {mat_at(t.A, m0 + g, k0 + q, M, t.kd), mat_at(t.A, m0 + g + 8, k0 + q, M, t.kd),
+                             mat_at(t.A, m0 + g, k0 + q + 4, M, t.kd), mat_at(t.A, m0 + g + 8, k0 + q + 4, M, t.kd)};
+        uint32_t a[4], al[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) a[u] = tf32(af[u]), al[u] = X3 ? tf32_lo(af[u], a[u]) : 0u;
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int j = n0 + nt * 8 + g;
             if (nt >= nn || n0 + nt * 8 >= N) break; /* (the same for the whole warp) */
-            uint32_t b[2];
-            b[0] = tf32(j < N ? mat_at(t.B, k0 + q, j, t.kd, N) : 0.0f);
-            b[1] = tf32(j < N ? mat_at(t.B, k0 + q + 4, j, t.kd, N) : 0.0f);
-            mma1688_tf32(acc[nt], a, b);
+            const float bf[2] = {j < N ? mat_at(t.B, k0 + q, j, t.kd, N) : 0.0f,
+                                 j < N ? mat_at(t.B, k0 + q + 4, j, t.kd, N) : 0.0f};
+            uint32_t b[2], bl[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) b[u] = tf32(bf[u]), bl[u] = X3 ? tf32_lo(bf[u], b[u]) : 0u;
+            mma_tf32_x<X3>(acc[nt], a, al, b, bl);
         }
     }
 }
 
 /* Out = t1 + t2 (t2.kd = 0: t1 alone) by the block's NTH threads; no barrier inside (the caller
  * puts one between writing an operand and the product that reads it, and after the epilogue's
- * stores where another thread reads them) */
-template <bool TC, int NTH, class Epi>
+ * stores where another thread reads them).  X3 (TC): each product as three TF32 ones of split
+ * words (3xTF32, about f32's accuracy at three times the mma) */
+template <bool TC, int NTH, class Epi, bool X3 = false>
 __device__ __forceinline__ void blk_mm2(int M, int N, const Term &t1, const Term &t2, Epi epi) {
     if constexpr (!TC) {
         for (int e = threadIdx.x; e < M * N; e += NTH) {
@@ -94,8 +119,8 @@ __device__ __forceinline__ void blk_mm2(int M, int N, const Term &t1, const Term
         for (int w = warp; w < ntile; w += NTH / 32) {
             const int m0 = w / tn * 16, n0 = w % tn * 8 * nn;
             float acc[4][4] = {};
-            warp_mm_tf32(acc, t1, M, N, m0, n0, nn);
-            if (t2.kd) warp_mm_tf32(acc, t2, M, N, m0, n0, nn);
+            warp_mm_tf32<X3>(acc, t1, M, N, m0, n0, nn);
+            if (t2.kd) warp_mm_tf32<X3>(acc, t2, M, N, m0, n0, nn);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -109,6 +134,10 @@ __device__ __forceinline__ void blk_mm2(int M, int N, const Term &t1, const Term
 
 template <bool TC, int NTH, class Epi> __device__ __forceinline__ void blk_mm(int M, int N, const Term &t, Epi epi) {
     blk_mm2<TC, NTH>(M, N, t, Term{t.A, t.B, 0}, epi);
+}
+/* blk_mm with the 3xTF32 products (TC) */
+template <bool TC, int NTH, class Epi> __device__ __forceinline__ void blk_mm_x3(int M, int N, const Term &t, Epi epi) {
+    blk_mm2<TC, NTH, Epi, true>(M, N, t, Term{t.A, t.B, 0}, epi);
 }
 
 /* The operands' way into shared memory: rows x cols of a row-major matrix of S (float, or 16-bit

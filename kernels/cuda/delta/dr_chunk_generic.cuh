@@ -53,6 +53,29 @@ template <int GATE> __device__ __forceinline__ float gexp(const float *Gi, int c
     return expf(Gi[c]);
 }
 
+/* The per-channel gate's wide form (the kda kernels' one, dr_chunk_kda.cuh), for the TF32 family
+ * (TC): where every channel's G spans at most CHAN_WIDE_SPAN over the chunk, R_c = the
+ * middle of channel c's range gives
+ *   sum_c x_ic k_jc e^{G_ic - G_jc} = sum_c (x_ic e^{G_ic - R_c}) (k_jc e^{R_c - G_jc}),
+ * both factors within e^{+-40} of x, k, so the gated product is one product of two staged tiles
+ * (blk_mm_x3: 3xTF32, as close to f32 as the element loops it replaces; plain TF32 took dg from
+ * 3e-4 to 1.4e-3 of f64 in fp16, over its bound) instead of an exponential and two loads a term.
+ * The products above the diagonal, thrown away, stay below e^{80} |x| |k| a term.  A steeper chunk
+ * keeps the f32 element loops, exact for any gate, as does the generic family (f32 FMAs: the
+ * reference).  chan_wide writes R [K] and tells every thread of the block whether the chunk (L rows
+ * of G, stride ldg) takes the wide form (its barrier shows R to the block). */
+constexpr float CHAN_WIDE_SPAN = 80.0f;
+__device__ __forceinline__ bool chan_wide(const float *Gcc, int64_t ldg, int L, int K, float *R) {
+    int steep = 0;
+    for (int c = threadIdx.x; c < K; c += NT) {
+        float lo = Gcc[c], hi = lo;
+        for (int i = 1; i < L; i++) lo = fminf(lo, Gcc[i * ldg + c]), hi = fmaxf(hi, Gcc[i * ldg + c]);
+        R[c] = 0.5f * (lo + hi);
+        if (!(hi - lo <= CHAN_WIDE_SPAN)) steep = 1;
+    }
+    return !bsync_or(steep);
+}
+
 /* Per (chunk, value head) pointers. */
 template <typename T> struct CP {
     int64_t r0;
@@ -135,6 +158,31 @@ __global__ void __launch_bounds__(NT)
             if (GATE == DG_GATE_HEAD) m *= expf(sh[i] - sh[j]);
             P[p.oc + i * p.ldc + j] = G.scale * m;
         });
+    } else if (TC && chan_wide(Gcc, p.ldg, L, K, sT)) { /* R in sT (free until the inverse) */
+        /* X = Q e^{G - R}, K' = K e^{R - G} (in place): P = scale lower_incl(X K'^T); then X = K e^{G - R}:
+         * Mkk = strictly_lower(X K'^T); K again for W */
+        const float *R = sT;
+        for (int e = tid; e < L * K; e += NT) {
+            const int i = e / K, c = e % K;
+            const float d = Gcc[i * p.ldg + c] - R[c];
+            sX[i * LX + c] *= expf(d);
+            sK[i * LK + c] *= expf(-d);
+        }
+        bsync();
+        const Mat Kt{sK, 1, LK};
+        blk_mm_x3<TC, NT>(L, L, Term{Mat{sX, LX, 1}, Kt, K}, [&](int i, int j, float m) {
+            if (j <= i) P[p.oc + i * p.ldc + j] = G.scale * m;
+        });
+        bsync();
+        stage<NT>(sX, LX, kc, p.ldq, L, K, [&](int i, int c, float x) { return x * expf(Gcc[i * p.ldg + c] - R[c]); });
+        bsync();
+        blk_mm_x3<TC, NT>(L, L, Term{Mat{sX, LX, 1}, Kt, K}, [&](int i, int j, float m) {
+            if (j >= i) return;
+            if (Mkk_out) Mkk_out[p.oc + i * p.ldc + j] = m;
+            sA[i * LC + j] = sb[i] * m;
+        });
+        bsync();
+        stage<NT>(sK, LK, kc, p.ldq, L, K, AsIs{});
     } else { /* the gate inside the sum over c: f32 FMAs */
         for (int e = tid; e < L * L; e += NT) {
             const int i = e / L, j = e % L;

@@ -114,11 +114,13 @@ template <typename T> struct BwdArgs {
 /* the tiles of dqkwg: KT columns of K (its outputs), VT columns of V (the sums over V) at a time */
 __host__ __device__ __forceinline__ int dq_kt(const Geom &G) { return G.K < 64 ? G.K : 64; }
 __host__ __device__ __forceinline__ int dq_vt(const Geom &G) { return G.V < 64 ? G.V : 64; }
+/* the per-channel gate's references R [K] of the wide form (chan_wide), in dqkwg's and wy's shared memory */
+__host__ __device__ inline int64_t chan_ref_floats(const Geom &G) { return G.gate == DG_GATE_CHANNEL ? G.K : 0; }
 /* shared-memory floats of dqkwg_body: dP [C x ld_c]; f2, dkd, dw, Q, K [C x (KT + 4)]; dO, V', dV'
- * [C x (VT + 8)]; S0, dS1 [KT x (VT + 8)]; row sums [C], column sums [KT], reduction [2 NW] */
+ * [C x (VT + 8)]; S0, dS1 [KT x (VT + 8)]; row sums [C], column sums [KT], reduction [2 NW]; R */
 __host__ __device__ inline int64_t dqkwg_smem(const Geom &G) {
     const int64_t C = G.C, LT = dq_kt(G) + 4, LV = dq_vt(G) + 8;
-    return C * ld_c(G) + 5 * C * LT + 3 * C * LV + 2 * dq_kt(G) * LV + C + dq_kt(G) + 2 * NW;
+    return C * ld_c(G) + 5 * C * LT + 3 * C * LV + 2 * dq_kt(G) * LV + C + dq_kt(G) + 2 * NW + chan_ref_floats(G);
 }
 
 /* ---------------------------------------------------------------- dqkwg for one chunk (block).
@@ -140,13 +142,16 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
     const float scale = G.scale;
     float *sDP = sm, *sF2 = sDP + C * LC, *sDKD = sF2 + C * LT, *sDW = sDKD + C * LT, *sQt = sDW + C * LT;
     float *sKt = sQt + C * LT, *sO = sKt + C * LT, *sVn = sO + C * LV, *sdVn = sVn + C * LV, *sS0 = sdVn + C * LV;
-    float *sdS1 = sS0 + KT * LV, *sRow = sdS1 + KT * LV, *sCol = sRow + C, *sred = sCol + KT;
+    float *sdS1 = sS0 + KT * LV, *sRow = sdS1 + KT * LV, *sCol = sRow + C, *sred = sCol + KT, *sRef = sred + 2 * NW;
     const float *S0 = a.Hst + (c * G.HV + hv) * (int64_t)K * V, *dS1 = a.dSo + (c * G.HV + hv) * (int64_t)K * V;
     const T *qc = a.q + p.oq, *kc = a.k + p.oq, *dO = a.dout + p.ov;
     const float *Vn = a.Vn + p.ov, *dVn = a.dVn + p.ov;
     const float *Gcc = GATE != DG_GATE_NONE ? a.Gc + p.og : nullptr;
     const float *Gl = GATE != DG_GATE_NONE ? Gcc + (L - 1) * p.ldg : nullptr;
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
+    /* the TF32 family's wide form of the gated dq, dk products (R in sRef) */
+    [[maybe_unused]] bool wide = false;
+    if constexpr (TC && GATE == DG_GATE_CHANNEL) wide = chan_wide(Gcc, p.ldg, L, K, sRef);
     /* dP_il = sum_j dO_ij V'_lj */
     for (int v0 = 0; v0 < V; v0 += VT) {
         const int nv = V - v0 < VT ? V - v0 : VT;
@@ -232,6 +237,18 @@ __device__ void dqkwg_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv
             blk_mm<TC, NT>(L, nk, Term{Mat{sDP, LC, 1}, Mat{sKt, LT, 1}, L}, fin_q);
             bsync();
             blk_mm<TC, NT>(L, nk, Term{Mat{sDP, 1, LC}, Mat{sQt, LT, 1}, L}, fin_k);
+        } else if (wide) { /* e_ic = e^{G_ic - R_c}:  rp = e o (dP (K / e)),  dkp = (dP^T (Q o e)) / e */
+            const auto ge = [&](int i, int cc) { return Gcc[i * p.ldg + cc0 + cc] - sRef[cc0 + cc]; };
+            for (int e = tid; e < L * nk; e += NT) sKt[(e / nk) * LT + e % nk] *= expf(-ge(e / nk, e % nk));
+            bsync();
+            blk_mm_x3<TC, NT>(L, nk, Term{Mat{sDP, LC, 1}, Mat{sKt, LT, 1}, L},
+                              [&](int i, int cc, float x) { fin_q(i, cc, scale * expf(ge(i, cc)) * x); });
+            bsync();
+            stage<NT>(sKt, LT, kc + cc0, p.ldq, L, nk, AsIs{}); /* k again: fin_k reads it */
+            for (int e = tid; e < L * nk; e += NT) sQt[(e / nk) * LT + e % nk] *= expf(ge(e / nk, e % nk));
+            bsync();
+            blk_mm_x3<TC, NT>(L, nk, Term{Mat{sDP, 1, LC}, Mat{sQt, LT, 1}, L},
+                              [&](int i, int cc, float x) { fin_k(i, cc, scale * expf(-ge(i, cc)) * x); });
         } else { /* the gate inside the sums over l: f32 FMAs */
             for (int e = tid; e < L * nk; e += NT) {
                 const int i = e / nk, cc = e % nk;
@@ -289,9 +306,10 @@ __host__ __device__ __forceinline__ int wy_xt(const Geom &G) {
     const int m = G.K > G.V ? G.K : G.V;
     return m < 64 ? m : 64;
 }
-/* shared-memory floats of wy_body: Ai, dAi, T, dA [C x ld_c]; X, Y, R [C x (XT + 8)]; db [C] */
+/* shared-memory floats of wy_body: Ai, dAi, T, dA [C x ld_c]; X, Y, R [C x (XT + 8)]; db [C]; the
+ * channel references */
 __host__ __device__ inline int64_t wy_smem(const Geom &G) {
-    return 4 * (int64_t)G.C * ld_c(G) + 3 * (int64_t)G.C * (wy_xt(G) + 8) + G.C;
+    return 4 * (int64_t)G.C * ld_c(G) + 3 * (int64_t)G.C * (wy_xt(G) + 8) + G.C + chan_ref_floats(G);
 }
 
 /* ---------------------------------------------------------------- WY backward for one chunk
@@ -310,7 +328,7 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
     const CP<T> p = cp_at<T>(G, c, hv);
     const int L = p.L, LC = ld_c(G), XT = wy_xt(G), LX = XT + 8;
     float *sAi = sm, *sdAi = sAi + C * LC, *sT = sdAi + C * LC, *sdA = sT + C * LC, *sX = sdA + C * LC;
-    float *sY = sX + C * LX, *sR = sY + C * LX, *sdb = sR + C * LX;
+    float *sY = sX + C * LX, *sR = sY + C * LX, *sdb = sR + C * LX, *sRef = sdb + C;
     const T *kc = a.k + p.oq, *vc = a.v + p.ov;
     const float *dU = a.dVn + p.ov;
     const float *Gcc = GATE != DG_GATE_NONE ? a.Gc + p.og : nullptr;
@@ -402,6 +420,25 @@ __device__ void wy_body(const Geom &G, const BwdArgs<T> &a, int64_t c, int hv, c
             bsync();
             blk_mm2<TC, NT>(L, nx, Term{Mat{sdA, LC, 1}, Mat{sY, LX, 1}, L}, Term{Mat{sdA, 1, LC}, Mat{sY, LX, 1}, L},
                             [&](int i, int x, float s) { a.dkv[p.ok + i * p.ldk + x0 + x] += s; });
+            bsync();
+        }
+    } else if (TC && chan_wide(Gcc, p.ldg, L, K, sRef)) {
+        /* e_jc = e^{G_jc - R_c}:  rp = e o (dMkk (K / e)),  cp = (dMkk^T (K o e)) / e, by tiles of K
+         * columns (X = K / e, Y = K o e; rp through R);  dk += rp + cp, dG += k o (rp - cp) */
+        for (int x0 = 0; x0 < K; x0 += XT) {
+            const int nx = K - x0 < XT ? K - x0 : XT;
+            const auto ge = [&](int i, int x) { return Gcc[i * p.ldg + x0 + x] - sRef[x0 + x]; };
+            stage<NT>(sX, LX, kc + x0, p.ldq, L, nx, [&](int i, int x, float kv) { return kv * expf(-ge(i, x)); });
+            stage<NT>(sY, LX, kc + x0, p.ldq, L, nx, [&](int i, int x, float kv) { return kv * expf(ge(i, x)); });
+            bsync();
+            blk_mm_x3<TC, NT>(L, nx, Term{Mat{sdA, LC, 1}, Mat{sX, LX, 1}, L},
+                              [&](int i, int x, float s) { sR[i * LX + x] = s; });
+            bsync();
+            blk_mm_x3<TC, NT>(L, nx, Term{Mat{sdA, 1, LC}, Mat{sY, LX, 1}, L}, [&](int i, int x, float s) {
+                const float d = ge(i, x), rp = expf(d) * sR[i * LX + x], cp = expf(-d) * s;
+                a.dkv[p.ok + i * p.ldk + x0 + x] += rp + cp;
+                dG[i * ldG + x0 + x] += ldx(kc + i * p.ldq + x0 + x) * (rp - cp);
+            });
             bsync();
         }
     } else { /* the gate inside the sums: f32 FMAs, and dG from both sides */
