@@ -216,7 +216,8 @@ static const cfg tf32_cases[] = {
     {"tf32: none, varlen, K=256, V=128", 1, 150, 1, 1, 256, 128, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
 };
 
-/* whether the TF32 family runs c's prep, state pass, dqkwg and wy on 16-bit tensor cores (k256_ok) */
+/* whether the TF32 family runs c's prep, state pass, dqkwg and wy on 16-bit tensor cores (k256_ok; with
+ * the per-channel gate only prep and the state passes: test_cuda_dr_chunk_kda.c) */
 static int k256_case(const cfg *c) {
     return c->K == 256 && c->gate != DG_GATE_CHANNEL && c->chunk == 64 && c->V % 64 == 0;
 }
@@ -749,6 +750,10 @@ static void test_dr_chunk_k256_sanitize(void **state) {
      * write U, V' and the states in f32 for it */
     const cfg odd = {"k256 head, K=256, V=64, o unaligned", 1, 70, 1, 1, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
     fwd_offset_views(&odd, 0, 1, DG_DRC_TF32, "dr_chunk tf32 out");
+    /* and with the per-channel gate (its 16-bit prep writes Gc, which the TF32 output pass reads) */
+    const cfg odd_ch = {
+        "k256 channel, K=256, V=64, o unaligned", 1, 70, 1, 1, 256, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0};
+    fwd_offset_views(&odd_ch, 0, 1, DG_DRC_TF32, "dr_chunk tf32 out");
 }
 
 /* argument checks come before any device work: these run without a GPU too */

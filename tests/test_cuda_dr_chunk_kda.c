@@ -256,7 +256,12 @@ static void run_kcase(const kcase *c, int against_generic) {
         g_force_generic = true;
         run_dev(&p, &v_fused, &gen);
         g_force_generic = false;
-        compare("  ... against the generic kernels", &p, &fu, &gen, g_f16 ? F16_MMA_TOL + F16_TOL : 5e-3);
+        /* each side rounds its results to 16-bit words on its own: where an exact value lies near the
+         * midpoint of two bf16 words, one side may take either (2^-8 = 3.9e-3 apart, relative), and
+         * where that element dominates an output (dbeta of a sequence's last row, which dhT's
+         * gradient makes about 14x the others at K = 256) the two differ by about that in norm while
+         * both are within 5e-3 of f64: hence bf16's bound, 5e-3 + 2^-8 */
+        compare("  ... against the generic kernels", &p, &fu, &gen, g_f16 ? F16_MMA_TOL + F16_TOL : 5e-3 + 0x1p-8);
         outs_free(&gen);
     }
     outs_free(&ref), outs_free(&fu), outs_free(&un), prob_free(&p);
@@ -358,21 +363,34 @@ static void test_kda_kernel_times(void **state) {
 static void test_kda_k256(void **state) {
     (void)state;
     dg_test_require_cuda();
+    /* V a multiple of 64: prep, the state passes and the output pass on 16-bit tensor cores
+     * (dr_chunk_k256_chan.cu, dr_chunk_k256.cu), dqkwg and wy on TF32; V = 32: the TF32 kernels
+     * throughout.  Near the bound, some chunks take the wide form and some the element loops; the
+     * strong decays take the element loops only */
     static const kcase k256[] = {
-        {"K=256, V=64, h0, dhT (TF32 family)", 1, 130, 1, 1, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
-        {"K=256, V=32, gates near the wide form's bound", 1, 384, 1, 1, 256, 32, 0, {0}, -2.1, -0.02, 1, 1, 0},
-        {"K=256, V=32, strong decays", 1, 128, 1, 1, 256, 32, 0, {0}, -8.0, -0.5, 1, 1, 0},
+        {"K=256, V=64, GVA, h0, dhT", 1, 130, 1, 2, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        {"K=256, V=64, gates near the wide form's bound", 1, 384, 1, 1, 256, 64, 0, {0}, -2.1, -0.02, 1, 1, 0},
+        {"K=256, V=128, varlen, steep, some", 1, 150, 1, 1, 256, 128, 4, {0, 70, 70, 150}, -8.0, -0.5, 0, 1, 1},
+        {"K=256, V=32, gates near the bound (TF32)", 1, 384, 1, 1, 256, 32, 0, {0}, -2.1, -0.02, 1, 1, 0},
+        {"K=256, V=32, strong decays (TF32)", 1, 128, 1, 1, 256, 32, 0, {0}, -8.0, -0.5, 1, 1, 0},
     };
     for (int f16 = 0; f16 <= 1; f16++) {
         g_f16 = f16;
         for (size_t i = 0; i < sizeof k256 / sizeof k256[0]; i++) {
             dg_cuda_ktime kt[32];
             int dropped = -1;
+            const int k16 = k256[i].V % 64 == 0;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
             run_kcase(&k256[i], !f16);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
             assert_int_equal(dropped, 0);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 prep"), 1);
+            /* (the generic kernels' comparison runs the f32 prep, named "dr_chunk prep") */
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 prep"), k16 ? -1 : 1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dhu"), k16 ? -1 : 1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 prep"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dhu"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 out"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dqkwg"), 1);
         }
     }
     g_f16 = false;

@@ -333,10 +333,11 @@ __global__ void __launch_bounds__(NT) k_state(Geom G, int BV, const T *k, const 
 int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
 
 /* whether the TF32 family runs this call's kernels on 16-bit tensor cores (dr_chunk_k256.cu,
- * dr_chunk_k256_bwd.cu: K = 256, gate NONE or HEAD, chunk 64; k256_ok), as far as q, k, v decide:
- * the kernels that also read dO or write o ask for those to be aligned too */
+ * dr_chunk_k256_chan.cu, dr_chunk_k256_bwd.cu: K = 256, chunk 64; k256_ok), as far as q, k, v decide:
+ * the kernels that also read dO or write o ask for those to be aligned too.  With the per-channel
+ * gate that is prep, the state passes and the output pass; its dqkwg and wy are the TF32 kernels */
 template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io<T> &io) {
-    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) return k256_ok(G, io.q, io.k, io.v);
+    if constexpr (TC && sizeof(T) == 2) return k256_ok(G, io.q, io.k, io.v);
     else return false;
 }
 
@@ -344,14 +345,16 @@ template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io
  * hT NULL): on 16-bit tensor cores where k256 (k256_takes, and what the call's other 16-bit passes
  * ask for: W is then 16-bit words, which only the 16-bit dhu reads), into the TF32 kernels' buffers;
  * U (V' over it) and the states as Words says: 16-bit words (and the states' lo plane) where only
- * 16-bit kernels read them, f32 for the TF32 kernels (whose state pass writes f32 alone) */
+ * 16-bit kernels read them, f32 for the TF32 kernels (whose state pass writes f32 alone); with the
+ * per-channel gate the 16-bit prep also writes Kd and Qg [rows, HV, K] (16-bit words, K256Bufs),
+ * which the 16-bit passes read */
 template <typename T, int GATE, bool TC>
 int prep_state(const Plan &pl, const Io<T> &io, bool k256, float *Gc, float *W, Words U, float *P, float *Ai,
-               float *Mkk, Words Hst, float *hT, int blocked) {
+               float *Mkk, Words Hst, float *hT, int blocked, uint16_t *Kd = nullptr, uint16_t *Qg = nullptr) {
     const Geom &G = pl.G;
-    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+    if constexpr (TC && sizeof(T) == 2) {
         if (k256) {
-            const K256Out o{Gc, (uint16_t *)W, U, P, Ai, Mkk, Hst, io.h0, hT};
+            const K256Out o{Gc, (uint16_t *)W, U, P, Ai, Mkk, Hst, io.h0, hT, Kd, Qg};
             return is_bf16<T>::value ? fast::k256_prep_state(pl, io_bits(io), o, blocked)
                                      : fast_h::k256_prep_state(pl, io_bits(io), o, blocked);
         }

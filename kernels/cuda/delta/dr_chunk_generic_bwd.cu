@@ -79,15 +79,16 @@ __global__ void __launch_bounds__(NT)
         }
 }
 
-/* the state pass of the backward: on 16-bit tensor cores where k256 (bwd_gate says when; dS then
- * in 16-bit words to dS16), else k_dhu (dS in f32 to dSo) */
+/* the state pass of the backward: on 16-bit tensor cores where k16 (bwd_gate says when; dS then in
+ * 16-bit words to dS16 where given, else in f32 to dSo; the per-channel gate's reads prep's Kd and
+ * Qg), else k_dhu (dS in f32 to dSo) */
 template <typename T, int GATE, bool TC>
-int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float *W, const float *P, float *dVn,
-        float *dSo, uint16_t *dS16) {
+int dhu(const Plan &pl, const Io<T> &io, bool k16, const float *Gc, const float *W, const float *P, float *dVn,
+        float *dSo, uint16_t *dS16, const uint16_t *Kd, const uint16_t *Qg) {
     const Geom &G = pl.G;
-    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
-        if (k256) {
-            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16, io.dh0};
+    if constexpr (TC && sizeof(T) == 2) {
+        if (k16) {
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16, io.dh0, Kd, Qg, dS16 ? nullptr : dSo};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }
@@ -529,17 +530,21 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
      * with a head gate, K <= 64 with the per-channel one, whose dG is C x K): else the pair of
      * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
-    /* K = 256, gate none or head, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in
-     * pairs): prep, the state pass, dhu, dqkwg and wy on 16-bit tensor cores (dr_chunk_k256.cu,
-     * dr_chunk_k256_bwd.cu), on their working set (K256Bufs): the forward's where it kept it, else
-     * recomputed into scratch */
-    const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
+    /* K = 256, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in pairs): prep, the
+     * state pass and dhu on 16-bit tensor cores (k16: dr_chunk_k256.cu, dr_chunk_k256_chan.cu); with
+     * gate none or head also dqkwg and wy (k256: dr_chunk_k256_bwd.cu), on their working set
+     * (K256Bufs): the forward's where it kept it, else recomputed into scratch.  The per-channel
+     * gate's 16-bit passes write the TF32 kernels' f32 buffers (V', the states, dS) for its TF32
+     * dqkwg and wy, and Kd, Qg for themselves (kq) */
+    const bool k16 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
+    const bool k256 = k16 && GATE != DG_GATE_CHANNEL, kq = k16 && !k256;
     const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     const bool reuse = k256 && kept && var.solve_tril_blocked; /* (the kept inverse is the blocked one) */
     K256Bufs kb{};
     char *own = nullptr;
     float *Gc = nullptr, *W = nullptr, *U = nullptr, *P = nullptr, *Ai = nullptr, *Mkk = nullptr, *Hst = nullptr;
     float *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
+    uint16_t *Kd = nullptr, *Qg = nullptr;
     int rc = -1;
     bool ok;
     if (k256) {
@@ -554,7 +559,8 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         Mkk = scratch<float>((size_t)(rows * HV * G.C));
         Hst = scratch<float>((size_t)nst);
         if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
-        ok = W && U && P && Ai && Mkk && Hst && (!G.gs || Gc);
+        if (kq) Kd = scratch<uint16_t>((size_t)(rows * HV * G.K)), Qg = scratch<uint16_t>((size_t)(rows * HV * G.K));
+        ok = W && U && P && Ai && Mkk && Hst && (!G.gs || Gc) && (!kq || (Kd && Qg));
     }
     dSo = scratch<float>((size_t)nst);
     dVn = scratch<float>((size_t)(rows * HV * G.V));
@@ -577,9 +583,10 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         rc = 0;
         if (!reuse) {
             const Words Uw{U, k256}, Hw = k256 ? Words{(float *)kb.Sh, true} : Words{Hst, false};
-            rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked);
+            rc = prep_state<T, GATE, TC>(pl, io, k16, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked, Kd,
+                                         Qg);
         }
-        if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo, a.dS16);
+        if (!rc) rc = dhu<T, GATE, TC>(pl, io, k16, Gc, W, P, dVn, dSo, a.dS16, Kd, Qg);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
@@ -602,7 +609,9 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
             rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     if (k256) release(own);
-    else release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);
+    else
+        release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst), release(Kd),
+            release(Qg);
     release(dSo), release(dVn), release(dqv), release(dkv), release(dWg), release(dGg);
     return rc;
 }

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(NT)
 /* K = 256 on 16-bit tensor cores throughout (prep, the state pass and the output pass of
  * dr_chunk_k256.cu): their working set (K256Bufs) in keep, left there for the backward, or in
  * scratch when keep is NULL (then without what only the backward reads: Ai, Mkk, the states' lo
- * plane) */
+ * plane).  (The per-channel gate's backward does not read it: k256_kept_bytes is 0 there, and
+ * fwd_gate passes no keep.) */
 template <typename T, int GATE> int fwd_k256(const Plan &pl, const Io<T> &io, void *keep) {
     K256Bufs b;
     bool ok;
@@ -51,10 +52,10 @@ template <typename T, int GATE> int fwd_k256(const Plan &pl, const Io<T> &io, vo
         keep, [&](Carve &cv) { k256_carve(pl.G, cv, b, keep != nullptr); }, &ok);
     if (!ok) return -1;
     int rc = prep_state<T, GATE, true>(pl, io, true, b.Gc, (float *)b.W, Words{(float *)b.Vn, true}, b.P, b.Ai, b.Mkk,
-                                       Words{(float *)b.Sh, true}, io.hT, 1);
+                                       Words{(float *)b.Sh, true}, io.hT, 1, b.Kd, b.Qg);
     if (!rc)
-        rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh)
-                               : fast_h::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh);
+        rc = is_bf16<T>::value ? fast::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh, b.Qg)
+                               : fast_h::k256_out(pl, io_bits(io), b.Gc, b.P, b.Vn, b.Sh, b.Qg);
     release(own);
     return rc;
 }
@@ -66,8 +67,9 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     /* 16-bit kernels throughout where k256_takes the call and o is 4-byte aligned (the output pass
      * stores it in pairs) */
     const bool k256 = k256_takes<T, GATE, TC>(G, io);
-    if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL) {
+    if constexpr (TC && sizeof(T) == 2) {
         if (k256 && ((uintptr_t)io.o & 3) == 0) {
+            if (GATE == DG_GATE_CHANNEL) keep = nullptr;
             const int rc = fwd_k256<T, GATE>(pl, io, keep);
             *kept = !rc && keep;
             return rc;
@@ -80,18 +82,22 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     P = scratch<float>((size_t)(rows * HV * G.C));
     Hst = scratch<float>((size_t)(G.nchunks * HV * G.K * G.V));
     if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
-    if (W && U && P && Hst && (!G.gs || Gc)) {
+    /* the per-channel gate's Kd and Qg, which the 16-bit prep writes */
+    const bool kq = k256 && GATE == DG_GATE_CHANNEL;
+    uint16_t *Kd = kq ? scratch<uint16_t>((size_t)(rows * HV * G.K)) : nullptr;
+    uint16_t *Qg = kq ? scratch<uint16_t>((size_t)(rows * HV * G.K)) : nullptr;
+    if (W && U && P && Hst && (!G.gs || Gc) && (!kq || (Kd && Qg))) {
         /* the generic (or TF32) kernels, f32 buffers; at K = 256 with an o that takes the TF32 output
          * pass, the 16-bit prep and state pass before it (W 16-bit words; U and the states f32: o and
          * hT then differ at the rounding level from an aligned call's, whose U is 16-bit words) */
         rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Words{U, false}, P, nullptr, nullptr, Words{Hst, false},
-                                     io.hT, 1);
+                                     io.hT, 1, Kd, Qg);
         if (!rc)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 out" : "dr_chunk out", (k_out<T, GATE, TC>), G.nchunks * HV * NVT, NT,
                             out_smem(G, BV), G, BV, io.q, (const float *)Gc, (const float *)P, (const float *)U,
                             (const float *)Hst, io.o);
     }
-    release(Gc), release(W), release(U), release(P), release(Hst);
+    release(Gc), release(W), release(U), release(P), release(Hst), release(Kd), release(Qg);
     return rc;
 }
 

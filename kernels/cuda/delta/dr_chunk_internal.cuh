@@ -454,8 +454,9 @@ namespace fast_h {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);
 } // namespace fast_h
-/* The TF32 family's prep and state pass at K = 256 on 16-bit tensor cores (dr_chunk_k256.cu): gate
- * NONE or HEAD, chunk 64, V a multiple of 64, q, k, v 16-byte aligned (k256_ok; the environment
+/* The TF32 family's prep and state pass at K = 256 on 16-bit tensor cores (dr_chunk_k256.cu; the
+ * per-channel gate's prep in dr_chunk_k256_chan.cu): gate NONE, HEAD or CHANNEL, chunk 64, V a
+ * multiple of 64, q, k, v 16-byte aligned (k256_ok; the environment
  * variable DG_DRC_K256_OFF set to anything but 0 turns them off, for comparisons with the TF32
  * kernels).  They write the TF32 kernels' buffers (dr_chunk_generic.cuh), in f32 but for W: the
  * gate's cumsum Gc, W as 16-bit words (a plain operand wherever it is read, Plain<GATE>; in the
@@ -494,15 +495,18 @@ struct K256Plain {
     static constexpr bool dhu_p(int gate) { return gate == DG_GATE_HEAD; }
 };
 /* The 16-bit kernels' working set at K = 256 (a call whose forward and output pass are all 16-bit,
- * and the backward that reads it): Gc (HEAD) [rows, HV], W [rows, HV, K] and V' [rows, HV, V] as
+ * and the backward that reads it): Gc [rows, HV, gs] (HEAD, CHANNEL), W [rows, HV, K] and V' [rows, HV, V] as
  * 16-bit words, P, Ai, Mkk [rows, HV, 64] in f32, the states entering each chunk [nchunks, HV, K, V]
- * in 16-bit words (Sh, K256Plain).  for_bwd false (a forward that keeps nothing): no Ai, Mkk.
- * k256_kept_bytes: its size with for_bwd, where the shape is one the 16-bit kernels take (0
- * otherwise): what a forward keeps for its backward, which then skips the recompute of prep and
- * the state pass. */
+ * in 16-bit words (Sh, K256Plain); with the per-channel gate also Kd = K o e^{G_last - G} and Qg =
+ * scale Q o e^G [rows, HV, K] in 16-bit words (plain, as KPlain has them at K <= 128), which the
+ * state passes and the output pass read instead of k and q.  for_bwd false (a forward that keeps
+ * nothing): no Ai, Mkk.  k256_kept_bytes: its size with for_bwd, where the shape is one the 16-bit
+ * kernels take throughout (0 otherwise, and with the per-channel gate, whose dqkwg and wy are the
+ * TF32 kernels, reading f32 states): what a forward keeps for its backward, which then skips the
+ * recompute of prep and the state pass. */
 struct K256Bufs {
     float *Gc, *P, *Ai, *Mkk;
-    uint16_t *W, *Vn, *Sh;
+    uint16_t *W, *Vn, *Sh, *Kd, *Qg;
 };
 void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd);
 size_t k256_kept_bytes(const Geom &G);
@@ -514,11 +518,13 @@ struct K256Out {
     Words Hst;
     const float *h0;
     float *hT;
+    uint16_t *Kd, *Qg; /* CHANNEL: prep writes them, the state pass reads Kd */
 };
 /* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
- * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout, it writes dVn (dV' [rows, HV, V]),
- * dS leaving each chunk (the states' layout) in 16-bit words (dSh, K256Plain) and, where non-NULL,
- * dh0, from dhT */
+ * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout (CHANNEL: prep's Qg, Kd for q, k),
+ * it writes dVn (dV' [rows, HV, V]), dS leaving each chunk (the states' layout) in 16-bit words
+ * (dSh, K256Plain; where the 16-bit dqkwg reads it) or f32 (dSf, for the TF32 dqkwg) and, where
+ * non-NULL, dh0, from dhT */
 struct K256Dhu {
     const float *Gc;
     const uint16_t *W;
@@ -526,6 +532,8 @@ struct K256Dhu {
     float *dVn;
     uint16_t *dSh;
     float *dh0;
+    const uint16_t *Kd, *Qg;
+    float *dSf;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
 /* whether the K = 256 backward stores the gradient d (dq or dk, given) itself (K256Bwd::dq, dk) */
@@ -533,16 +541,22 @@ inline bool k256_direct(const Geom &G, const void *d) { return d && G.grp == 1 &
 namespace fast {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
-/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states (16-bit) */
+/* and the output pass (o 4-byte aligned): o from q (CHANNEL: prep's Qg), prep's Gc and P, V' (over U)
+ * and the states (16-bit) */
 int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
-             const uint16_t *Hst16);
+             const uint16_t *Hst16, const uint16_t *Qg);
+/* the per-channel gate's prep (dr_chunk_k256_chan.cu), which k256_prep_state runs */
+int k256_chan_prep(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 } // namespace fast
 namespace fast_h {
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d);
-/* and the output pass (o 4-byte aligned): o from q, prep's Gc and P, V' (over U) and the states (16-bit) */
+/* and the output pass (o 4-byte aligned): o from q (CHANNEL: prep's Qg), prep's Gc and P, V' (over U)
+ * and the states (16-bit) */
 int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
-             const uint16_t *Hst16);
+             const uint16_t *Hst16, const uint16_t *Qg);
+/* the per-channel gate's prep (dr_chunk_k256_chan.cu), which k256_prep_state runs */
+int k256_chan_prep(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked);
 } // namespace fast_h
 /* The TF32 family's backward dqkwg and wy on 16-bit tensor cores where k256_ok takes the call
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' and the states in 16-bit words; Gc

@@ -1,5 +1,6 @@
 /* Prep, the state passes and the output pass of the TF32 family at K = 256 on 16-bit tensor cores
- * (gate NONE or HEAD, chunk 64, V a multiple of 64; k256_ok): mma.sync m16n8k16 with bf16 operands
+ * (gate NONE, HEAD or CHANNEL, chunk 64, V a multiple of 64; k256_ok; the per-channel gate's prep is
+ * dr_chunk_k256_chan.cu's): mma.sync m16n8k16 with bf16 operands
  * (fp16 in the DRC_OPERAND_F16 build, dr_chunk_k256_f16.cu) and f32 accumulation, the building
  * blocks of the head-gate kernels (dr_chunk_mma.cuh, dr_chunk_tri_inv.cuh).  They write Gc, P, Ai,
  * Mkk in f32, W in 16-bit words (read only by these kernels), U / V' and the states in f32 where a
@@ -26,6 +27,14 @@
  *          reverse, dS [256 x 64] in registers as S above):
  *          dV' = (e^{G_last - G} o K) dS + P^T dO            [mma, dS plain, P split (HEAD: plain)]
  *          dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'       [mma, every factor plain]
+ * With the per-channel gate (G [rows, K], Gl = G_{L-1}) the gate sits in prep's Kd = K o e^{Gl - G}
+ * and Qg = scale Q o e^G (16-bit words, plain) and in a decay per row of the state:
+ *   state  S <- diag(e^{Gl}) S + Kd^T V'                (V' = U - W S as above)
+ *   out    O = Qg S + P V'
+ *   dhu    dV' = Kd dS + P^T dO (P and dS split),  dS <- diag(e^{Gl}) dS + Qg^T dO - W^T dV'
+ *          (dS's lo words go through Y after its hi words, a second pass of Kd dS: plain dS put
+ *          dbeta at 3.9e-3 of f64 where dhT's gradient dominates it (test_kda_k256, steep gates),
+ *          1.4e-3 split; the head gate keeps plain dS, below FLA's error without it)
  * Precision: the computed operands Ai' and P (but P in dhu with the head gate) enter their
  * products split into hi + lo 16-bit words (about 16 significant bits with bf16, 22 with fp16;
  * dr_chunk_mma.cuh), the inputs k, q, v, dO as they are (exact).  W, U and V' are plain 16-bit
@@ -43,6 +52,7 @@
  * once V' is made, its K once the S update is done, its U into L2 during the S update. */
 #include "kernels/cuda/delta/dr_chunk_mma.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
+#include <type_traits>
 
 namespace drc {
 namespace DRC_FAST {
@@ -54,13 +64,19 @@ constexpr int LDF = TRI_LD;   /* row stride (floats) of the f32 64 x 64 matrices
 constexpr int SBV = 64;       /* value columns a block of the state passes */
 
 constexpr int PREP_BYTES = 4 * (2 * 64 * LDF + 2 * 64) + 2 * tile_bytes(64, KK);
-constexpr int STATE_BYTES = 4 * 2 * 64 + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
+/* floats of the state passes' gate: two slots of 64 (HEAD: this chunk's, the next one's), or with the
+ * per-channel gate one row Gl [K] (the chunk's last, read only by the S update) */
+__host__ __device__ constexpr int gate_floats(int gate) { return gate == DG_GATE_CHANNEL ? KK : 2 * 64; }
+__host__ __device__ constexpr int state_bytes(int gate) {
+    return 4 * gate_floats(gate) + 2 * tile_bytes(64, KK) + tile_bytes(KK, SBV) + tile_bytes(64, SBV);
+}
 /* dhu: the gate, X, Y, P split, dO (and its lo words while dS's update reads a split right factor) */
 constexpr int DHU_BYTES =
-    4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + (K256Plain::DhuRight ? 3 : 4) * tile_bytes(64, SBV);
+    4 * KK + tile_bytes(64, KK) + tile_bytes(KK, SBV) + (K256Plain::DhuRight ? 3 : 4) * tile_bytes(64, SBV);
 constexpr int OUT_BYTES = 4 * 64 + tile_bytes(64, KK) + tile_bytes(KK, SBV) + 3 * tile_bytes(64, SBV);
 static_assert(PREP_BYTES + 1024 <= SMEM_MAX / 2 && OUT_BYTES + 1024 <= SMEM_MAX / 2 &&
-                  STATE_BYTES + 1024 <= SMEM_MAX / 2 && DHU_BYTES + 1024 <= SMEM_MAX / 2 &&
+                  state_bytes(DG_GATE_HEAD) + 1024 <= SMEM_MAX / 2 &&
+                  state_bytes(DG_GATE_CHANNEL) + 1024 <= SMEM_MAX / 2 && DHU_BYTES + 1024 <= SMEM_MAX / 2 &&
                   tile_bytes(64, KK) <= tile_bytes(KK, SBV),
               "shared memory");
 
@@ -104,17 +120,25 @@ struct StateBlock {
     __device__ void store(float (&S)[MT][NT][4], float *dst, int V) const {
         if (dst) each(S, [&](int r, int j, float &x) { dst[hb + (int64_t)r * V + j] = x; });
     }
+    /* row r of the state times e^{Gl_r} (the per-channel gate's decay; Gl [K] in shared memory) */
+    __device__ __forceinline__ void decay_rows(float (&S)[MT][NT][4], const float *Gl) const {
+        const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const float d = expf(Gl[sm0 + 16 * mt + g + 8 * hh]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) S[mt][nt][2 * hh] *= d, S[mt][nt][2 * hh + 1] *= d;
+            }
+    }
 };
 
-/* the pair (x0, x1) to element off of b (f32, or 16-bit words), and back */
-__device__ __forceinline__ void put_pair(Words b, int64_t off, float x0, float x1) {
-    if (b.w16) *(uint32_t *)((uint16_t *)b.f + off) = pack_op2(x0, x1);
-    else *(float2 *)(b.f + off) = make_float2(x0, x1);
-}
-__device__ __forceinline__ float2 get_pair(Words b, int64_t off) {
-    if (!b.w16) return *(const float2 *)(b.f + off);
-    const uint32_t w = *(const uint32_t *)((const uint16_t *)b.f + off);
-    return make_float2(op2f((uint16_t)(w & 0xffffu)), op2f((uint16_t)(w >> 16)));
+/* the per-channel gate's Gl = G_{L-1} of the chunk at rows r0 .. r0 + L - 1 (Gc's row [K]) into sGl by
+ * cp.async, by the thread tid of the FNT that load it; the caller commits and waits */
+__device__ __forceinline__ void load_gl_async(const Geom &G, const float *Gc, int64_t r0, int L, int hv, float *sGl,
+                                              int tid) {
+    if (tid < KK / 4) cp_async16(sGl + 4 * tid, Gc + ((r0 + L - 1) * G.HV + hv) * KK + 4 * tid, true);
 }
 
 /* acc (+)= As B for this warp's part (WT<64, 64>) of a 64 x 64 block, As the split 64 x 64 Ai' (row
@@ -246,6 +270,7 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
  * each a commit group of its own, so that a step waits for W before W S and for K only before the
  * S update; its U is asked into L2 during the S update and read into V''s accumulator. */
 template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G, const uint16_t *k, K256Out o) {
+    constexpr bool CH = GATE == DG_GATE_CHANNEL;
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     using SB = StateBlock;
@@ -255,8 +280,9 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, vm0 = b.vm0, vn0 = b.vn0;
     constexpr int LV = SBV + PAD; /* row stride of S's and V''s tiles */
-    /* sG [2][64] (this chunk's, the next one's); K; W; S; e^{G_last - G} o V' */
-    uint16_t *sK = (uint16_t *)(sm + 2 * 64), *sW = sK + 64 * LDK, *sS = sW + 64 * LDK, *sVn = sS + KK * LV;
+    /* sG [2][64] (this chunk's, the next one's; CHANNEL: Gl [K]); K (CHANNEL: Kd); W; S; e^{G_last - G}
+     * o V' (CHANNEL: V') */
+    uint16_t *sK = (uint16_t *)(sm + gate_floats(GATE)), *sW = sK + 64 * LDK, *sS = sW + 64 * LDK, *sVn = sS + KK * LV;
     float S[SB::MT][SB::NT][4];
     b.load(S, o.h0, V);
     int64_t c0, c1;
@@ -278,17 +304,24 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
         load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid_fresh());
         cp_async_commit();
     };
-    auto issue_k = [&](int64_t cc) {
-        const Chunk x = seq_chunk(G, n, c0, cc);
-        load_raw_async<64, KK, FNT>(sK, k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, tid_fresh());
-        cp_async_commit();
+    auto issue_k = [&](int64_t cc) { /* (CHANNEL: Kd, and Gl for the S update) */
+                                     const Chunk x = seq_chunk(G, n, c0, cc);
+                                     if (CH) {
+                                         load_raw_async<64, KK, FNT>(sK, o.Kd + (x.r0 * HV + hv) * KK, (int64_t)HV * KK,
+                                                                     x.L, tid_fresh());
+                                         load_gl_async(G, o.Gc, x.r0, x.L, hv, sm, tid_fresh());
+                                     } else {
+                                         load_raw_async<64, KK, FNT>(sK, k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK,
+                                                                     x.L, tid_fresh());
+                                     }
+                                     cp_async_commit();
     };
     if (c0 < c1) issue_w(c0, 0), issue_k(c0);
     for (int64_t c = c0; c < c1; c++) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L, pair = (int)((c - c0) & 1);
         const int64_t r0 = ch.r0;
-        const float *sG = sm + 64 * pair;
+        const float *sG = sm + (CH ? 0 : 64 * pair);
         /* the state entering the chunk into shared memory as 16-bit words (and out in f32 for the
          * TF32 output pass; its 16-bit words go out from shared memory below) */
         const int64_t sb = (c * HV + hv) * (int64_t)KK * V + v0;
@@ -328,11 +361,12 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
         cp_async_wait_all(); /* this chunk's K */
         bsync();
         if (c + 1 < c1) issue_w(c + 1, pair ^ 1), prefetch_u(c + 1); /* W read, the other gate slot free */
-        /* S <- e^{G_last} S + K^T (e^{G_last - G} o V') */
+        /* S <- e^{G_last} S + K^T (e^{G_last - G} o V')  (CHANNEL: diag(e^{Gl}) S + Kd^T V') */
         if (GATE == DG_GATE_HEAD) {
             const float d = expf(sG[63]);
             b.each(S, [&](int, int, float &x) { x *= d; });
         }
+        if (CH) b.decay_rows(S, sG);
         mma_run<SB::MT, SB::NT, true, true>(S, sK, LDK, sm0, sVn, LV, 0, 64);
         bsync();
         if (c + 1 < c1) issue_k(c + 1); /* K read (S and V' are written only after the next step's first barrier) */
@@ -356,6 +390,7 @@ template <int GATE>
 __global__ void __launch_bounds__(FNT, 2)
     k256_dhu(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *dout, K256Dhu d) {
     DRC_SMEM(float, sm);
+    constexpr bool CH = GATE == DG_GATE_CHANNEL;
     const int HV = G.HV, V = G.V, tid = threadIdx.x;
     constexpr int LV = SBV + PAD; /* row stride of the 64-column tiles */
     using SB = StateBlock;
@@ -364,8 +399,11 @@ __global__ void __launch_bounds__(FNT, 2)
     const int64_t n = b.n;
     const int hv = b.hv, h = b.h, v0 = b.v0, sm0 = b.sm0, vm0 = b.vm0, vn0 = b.vn0;
     static_assert(Plain<GATE>::W && K256Plain::Chain, "W and dS enter as 16-bit words");
-    float *sG = sm;
-    uint16_t *sX = (uint16_t *)(sm + 64), *sY = sX + 64 * LDK;
+    float *sG = sm; /* the gate (CHANNEL: Gl [K]) */
+    uint16_t *sX = (uint16_t *)(sm + KK), *sY = sX + 64 * LDK;
+    /* q and k, or (CHANNEL) Qg and Kd, as the chunk's K-column tiles: base, row offset of r0 and stride */
+    const uint16_t *tq = CH ? d.Qg : q, *tk = CH ? d.Kd : k;
+    const int64_t ldx = CH ? (int64_t)HV * KK : (int64_t)G.H * KK, hx = CH ? hv : h, nhx = CH ? HV : G.H;
     const Sp sP{sY + KK * LV, 64 * LV};        /* P, then -dV' */
     const Sp sB{sP.hi + 2 * 64 * LV, 64 * LV}; /* dO, then scale e^G o dO (lo words: !DhuRight) */
     float dS[SB::MT][SB::NT][4];
@@ -376,8 +414,8 @@ __global__ void __launch_bounds__(FNT, 2)
     const auto prefetch = [&](int64_t cc) {
         const Chunk x = seq_chunk(G, n, c0, cc);
         const int t = tid_fresh();
-        prefetch_tile<64, KK>(k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, t);
-        prefetch_tile<64, KK>(q + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, t);
+        prefetch_tile<64, KK>(tk + (x.r0 * nhx + hx) * KK, ldx, x.L, t);
+        prefetch_tile<64, KK>(tq + (x.r0 * nhx + hx) * KK, ldx, x.L, t);
         prefetch_tile<64, KK>(d.W + (x.r0 * HV + hv) * KK, (int64_t)HV * KK, x.L, t);
         prefetch_tile<64, SBV>(dout + (x.r0 * HV + hv) * V + v0, (int64_t)HV * V, x.L, t);
         prefetch_tile<64, 64>(d.P + (x.r0 * HV + hv) * 64, (int64_t)HV * 64, x.L, t - 64);
@@ -387,9 +425,10 @@ __global__ void __launch_bounds__(FNT, 2)
         const int L = ch.L;
         const int64_t r0 = ch.r0;
         bsync(); /* the last chunk's reads of X (Q), Y (W), P (-dV'), dO (scale e^G o dO) and the gate */
-        load_raw_async<64, KK, FNT>(sX, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid_fresh());
+        load_raw_async<64, KK, FNT>(sX, tk + (r0 * nhx + hx) * KK, ldx, L, tid_fresh());
         load_raw_async<64, SBV, FNT>(sB.hi, dout + (r0 * HV + hv) * V + v0, (int64_t)HV * V, L, tid_fresh());
         load_gate_async<GATE>(G, r0, L, hv, d.Gc, sG, tid_fresh());
+        if (CH) load_gl_async(G, d.Gc, r0, L, hv, sG, tid_fresh());
         cp_async_commit();
         { /* P, split but with the head gate (prep wrote its rows i < L, zero above the diagonal) */
             F32Tile<64, 64, FNT> pp;
@@ -402,17 +441,31 @@ __global__ void __launch_bounds__(FNT, 2)
             dS,
             [&](int r, int j, float x0, float x1) {
                 put_sp2<false>(Sp{sY, 0}, LV, r, j, x0, x1);
+                if (d.dSf) *(float2 *)(d.dSf + sb + (int64_t)r * V + j) = make_float2(x0, x1);
             },
             tid_fresh());
         cp_async_wait_all(); /* K, dO, the gate */
         bsync();
-        store_raw<KK, SBV, FNT, 1>(d.dSh + sb, V, sY, tid); /* whole 128-byte lines a warp */
-        /* dV' = (e^{G_last - G} o K) dS + P^T dO */
+        if (d.dSh) store_raw<KK, SBV, FNT, 1>(d.dSh + sb, V, sY, tid); /* whole 128-byte lines a warp */
+        /* dV' = (e^{G_last - G} o K) dS + P^T dO  (CHANNEL: Kd dS + P^T dO) */
         float acc[1][TV::NT][4];
         acc_zero(acc);
 #pragma unroll 1
         for (int kq = 0; kq < KK; kq += 16)
             mma_run<1, TV::NT, false, true>(acc, sX + kq, LDK, vm0, sY + kq * LV, LV, vn0, 16);
+        if (CH) { /* and dS's lo words in Y, the same product again */
+            bsync();
+            b.pairs(
+                dS,
+                [&](int r, int j, float x0, float x1) {
+                    put_sp2<false>(Sp{sY, 0}, LV, r, j, x0 - op2f(f2op(x0)), x1 - op2f(f2op(x1)));
+                },
+                tid_fresh());
+            bsync();
+#pragma unroll 1
+            for (int kq = 0; kq < KK; kq += 16)
+                mma_run<1, TV::NT, false, true>(acc, sX + kq, LDK, vm0, sY + kq * LV, LV, vn0, 16);
+        }
         if (GATE == DG_GATE_HEAD) {
             float eg[2];
             row_decay2<GATE>(sG, vm0, eg);
@@ -423,15 +476,15 @@ __global__ void __launch_bounds__(FNT, 2)
             mma_p<1, TV::NT, true, true, !K256Plain::dhu_p(GATE), false>(acc, Sp{sP.hi + kc * LV, sP.lo_off}, LV, vm0,
                                                                          Sp{sB.hi + kc * LV, 0}, LV, vn0, 16);
         bsync(); /* X (K), Y (dS), P and dO read */
-        load_raw_async<64, KK, FNT>(sX, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L, tid_fresh());
+        load_raw_async<64, KK, FNT>(sX, tq + (r0 * nhx + hx) * KK, ldx, L, tid_fresh());
         load_raw_async<64, KK, FNT>(sY, d.W + (r0 * HV + hv) * KK, (int64_t)HV * KK, L, tid_fresh());
         cp_async_commit();
         frag_pairs(acc, vm0, vn0, [&](int i, int j, float y0, float y1) {
             if (i < L) *(float2 *)(d.dVn + ((r0 + i) * HV + hv) * V + v0 + j) = make_float2(y0, y1);
             put_sp2<!K256Plain::DhuRight>(sP, LV, i, j, -y0, -y1);
         });
-        /* scale e^G o dO in dO's place (rows >= L: dO is zero there) */
-        for (int e = tid; e < 64 * SBV / 2; e += FNT) {
+        /* scale e^G o dO in dO's place (rows >= L: dO is zero there; CHANNEL: in Qg, dO as it is) */
+        for (int e = tid; !CH && e < 64 * SBV / 2; e += FNT) {
             const int i = e / (SBV / 2), j = 2 * (e % (SBV / 2));
             const float f = GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale;
             put_sp2<!K256Plain::DhuRight>(sB, LV, i, j, f * op2f(sB.hi[i * LV + j]), f * op2f(sB.hi[i * LV + j + 1]));
@@ -439,12 +492,13 @@ __global__ void __launch_bounds__(FNT, 2)
         cp_async_wait_all(); /* Q, W */
         bsync();
         if (c > c0) prefetch(c - 1);
-        /* dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV' */
+        /* dS <- e^{G_last} dS + Q^T (scale e^G o dO) - W^T dV'  (CHANNEL: diag(e^{Gl}) dS + Qg^T dO - W^T dV') */
         if (GATE == DG_GATE_HEAD) {
             const float f = expf(sG[63]);
             b.each(dS, [&](int, int, float &x) { x *= f; });
         }
-        /* by 16 rows of the chunk, two at a time (all four at once, or one at a time, spill more) */
+        if (CH) b.decay_rows(dS, sG);
+            /* by 16 rows of the chunk, two at a time (all four at once, or one at a time, spill more) */
 #pragma unroll 2
         for (int kc = 0; kc < 64; kc += 16) {
             mma_p<SB::MT, SB::NT, true, true, false, !K256Plain::DhuRight>(dS, Sp{sX + kc * LDK, 0}, LDK, sm0,
@@ -467,8 +521,10 @@ __global__ void __launch_bounds__(FNT, 2)
  * against four's 0.248); the next tile's S comes once Q S is made, its V' once P V' is. */
 constexpr int OVT = 8;
 template <int GATE>
-__global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P,
-                                                   const uint16_t *Vn16, const uint16_t *Hst16, uint16_t *out) {
+__global__ void __launch_bounds__(FNT, 2)
+    k256_out(Geom G, const uint16_t *q, const float *Gc, const float *P, const uint16_t *Vn16, const uint16_t *Hst16,
+             const uint16_t *Qg, uint16_t *out) {
+    constexpr bool CH = GATE == DG_GATE_CHANNEL; /* (Q is then prep's Qg = scale Q o e^G) */
     DRC_SMEM(float, sm);
     constexpr int LV = SBV + PAD;
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, NVT = V / SBV, NB = (NVT + OVT - 1) / OVT;
@@ -484,7 +540,8 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
     using T = WT<64, SBV>;
     const int m0 = T::m0(warp), n0 = T::n0(warp);
     const uint16_t *gS = Hst16 + (c * HV + hv) * (int64_t)KK * V, *gV = Vn16 + (r0 * HV + hv) * V;
-    load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    if (CH) load_raw_async<64, KK>(sQ, Qg + (r0 * HV + hv) * KK, (int64_t)HV * KK, L);
+    else load_raw_async<64, KK>(sQ, q + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
     load_raw_async<KK, SBV>(sS, gS + t0 * SBV, V, KK);
     load_raw_async<64, SBV>(sV, gV + t0 * SBV, (int64_t)HV * V, L);
     cp_async_commit();
@@ -508,8 +565,9 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
             cp_async_commit();
         }
         /* scale e^G o (Q S), then + P V' */
-        frag_each(acc, m0, n0,
-                  [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
+        if (!CH)
+            frag_each(acc, m0, n0,
+                      [&](int i, int, float &x) { x *= GATE == DG_GATE_HEAD ? G.scale * expf(sG[i]) : G.scale; });
         if (t) cp_async_wait_all(), bsync(); /* this tile's V' */
         mma_p<1, T::NT, false, true, true, false>(acc, sP, LV, m0, Sp{sV, 0}, LV, n0, 64);
         frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
@@ -525,38 +583,49 @@ __global__ void __launch_bounds__(FNT, 2) k256_out(Geom G, const uint16_t *q, co
 
 } // namespace
 
+/* f(gate) with the call's gate as a constant (std::integral_constant) */
+template <class F> int by_gate(int gate, F f) {
+    switch (gate) {
+    case DG_GATE_HEAD: return f(std::integral_constant<int, DG_GATE_HEAD>{});
+    case DG_GATE_CHANNEL: return f(std::integral_constant<int, DG_GATE_CHANNEL>{});
+    default: return f(std::integral_constant<int, DG_GATE_NONE>{});
+    }
+}
+
 int k256_prep_state(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int blocked) {
     const Geom &G = p.G;
-    const bool head = G.gate == DG_GATE_HEAD;
-    int rc = head ? DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_HEAD>), G.nchunks * G.HV, FNT,
-                               (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked)
-                  : DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_NONE>), G.nchunks * G.HV, FNT,
-                               (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked);
+    int rc = G.gate == DG_GATE_CHANNEL ? k256_chan_prep(p, io, o, blocked)
+             : G.gate == DG_GATE_HEAD
+                 ? DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_HEAD>), G.nchunks * G.HV, FNT,
+                              (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked)
+                 : DRC_LAUNCH("dr_chunk k256 prep", (k256_prep<DG_GATE_NONE>), G.nchunks * G.HV, FNT,
+                              (size_t)PREP_BYTES, G, io.q, io.k, io.v, io.g, io.beta, o, blocked);
     if (rc) return rc;
     const int64_t grid = G.N * G.HV * (G.V / SBV);
-    return head ? DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_HEAD>), grid, FNT, (size_t)STATE_BYTES, G, io.k,
-                             o)
-                : DRC_LAUNCH("dr_chunk k256 state", (k256_state<DG_GATE_NONE>), grid, FNT, (size_t)STATE_BYTES, G, io.k,
-                             o);
+    return by_gate(G.gate, [&](auto gc) {
+        constexpr int GT = decltype(gc)::value;
+        return DRC_LAUNCH("dr_chunk k256 state", (k256_state<GT>), grid, FNT, (size_t)state_bytes(GT), G, io.k, o);
+    });
 }
 
 int k256_dhu(const Plan &p, const Io<uint16_t> &io, const K256Dhu &d) {
     const Geom &G = p.G;
     const int64_t grid = G.N * G.HV * (G.V / SBV);
-    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_HEAD>), grid, FNT,
-                                               (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d)
-                                  : DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<DG_GATE_NONE>), grid, FNT,
-                                               (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
+    return by_gate(G.gate, [&](auto gc) {
+        constexpr int GT = decltype(gc)::value;
+        return DRC_LAUNCH("dr_chunk k256 dhu", (k256_dhu<GT>), grid, FNT, (size_t)DHU_BYTES, G, io.q, io.k, io.dout, d);
+    });
 }
 
 int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float *P, const uint16_t *Vn16,
-             const uint16_t *Hst16) {
+             const uint16_t *Hst16, const uint16_t *Qg) {
     const Geom &G = p.G;
     const int64_t grid = G.nchunks * G.HV * ((G.V / SBV + OVT - 1) / OVT);
-    return G.gate == DG_GATE_HEAD ? DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_HEAD>), grid, FNT,
-                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn16, Hst16, io.o)
-                                  : DRC_LAUNCH("dr_chunk k256 out", (k256_out<DG_GATE_NONE>), grid, FNT,
-                                               (size_t)OUT_BYTES, G, io.q, Gc, P, Vn16, Hst16, io.o);
+    return by_gate(G.gate, [&](auto gc) {
+        constexpr int GT = decltype(gc)::value;
+        return DRC_LAUNCH("dr_chunk k256 out", (k256_out<GT>), grid, FNT, (size_t)OUT_BYTES, G, io.q, Gc, P, Vn16,
+                          Hst16, Qg, io.o);
+    });
 }
 
 } // namespace DRC_FAST
@@ -564,8 +633,11 @@ int k256_out(const Plan &p, const Io<uint16_t> &io, const float *Gc, const float
 #if !DRC_OPERAND_F16 /* the same for both operand formats: defined once, in the bf16 build */
 void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
-    b.Gc = G.gate == DG_GATE_HEAD ? cv.take<float>(rows * HV) : nullptr;
+    const bool ch = G.gate == DG_GATE_CHANNEL;
+    b.Gc = G.gs ? cv.take<float>(rows * HV * G.gs) : nullptr;
     b.W = cv.take<uint16_t>(rows * HV * G.K);
+    b.Kd = ch ? cv.take<uint16_t>(rows * HV * G.K) : nullptr;
+    b.Qg = ch ? cv.take<uint16_t>(rows * HV * G.K) : nullptr;
     b.Vn = cv.take<uint16_t>(rows * HV * G.V);
     b.P = cv.take<float>(rows * HV * 64);
     b.Ai = for_bwd ? cv.take<float>(rows * HV * 64) : nullptr;
@@ -574,7 +646,7 @@ void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
 }
 
 size_t k256_kept_bytes(const Geom &G) {
-    if (!k256_ok(G, nullptr, nullptr, nullptr)) return 0;
+    if (!k256_ok(G, nullptr, nullptr, nullptr) || G.gate == DG_GATE_CHANNEL) return 0;
     K256Bufs b;
     return carve_bytes([&](Carve &cv) { k256_carve(G, cv, b, true); });
 }
@@ -582,8 +654,7 @@ size_t k256_kept_bytes(const Geom &G) {
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v) {
     static const char *off = getenv("DG_DRC_K256_OFF");
     if (off && *off && strcmp(off, "0")) return false;
-    return G.C == 64 && (G.gate == DG_GATE_NONE || G.gate == DG_GATE_HEAD) && G.K == 256 && G.V % 64 == 0 &&
-           (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0;
+    return G.C == 64 && G.K == 256 && G.V % 64 == 0 && (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0;
 }
 #endif
 

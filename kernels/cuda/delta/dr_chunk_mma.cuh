@@ -560,6 +560,17 @@ __device__ __forceinline__ void load_gate_async(const Geom &G, int64_t r0, int L
     if (GATE == DG_GATE_HEAD && tid < FC) cp_async4(sG + tid, Gc + (r0 + (tid < L ? tid : L - 1)) * G.HV + hv);
 }
 
+/* the pair (x0, x1) to element off of b (f32, or 16-bit words), and back */
+__device__ __forceinline__ void put_pair(Words b, int64_t off, float x0, float x1) {
+    if (b.w16) *(uint32_t *)((uint16_t *)b.f + off) = pack_op2(x0, x1);
+    else *(float2 *)(b.f + off) = make_float2(x0, x1);
+}
+__device__ __forceinline__ float2 get_pair(Words b, int64_t off) {
+    if (!b.w16) return *(const float2 *)(b.f + off);
+    const uint32_t w = *(const uint32_t *)((const uint16_t *)b.f + off);
+    return make_float2(op2f((uint16_t)(w & 0xffffu)), op2f((uint16_t)(w >> 16)));
+}
+
 /* Buffers of the fast path, per call.  Layouts: [rows, HV, .] per token and value head; states
  * [nchunks, HV, K, V]; hi/lo pairs of bf16 for the split operands. */
 struct FastBufs {
