@@ -363,9 +363,9 @@ static void test_kda_kernel_times(void **state) {
 static void test_kda_k256(void **state) {
     (void)state;
     dg_test_require_cuda();
-    /* V a multiple of 64: prep, the state passes and the output pass on 16-bit tensor cores
-     * (dr_chunk_k256_chan.cu, dr_chunk_k256.cu), dqkwg and wy on TF32; V = 32: the TF32 kernels
-     * throughout.  Near the bound, some chunks take the wide form and some the element loops; the
+    /* V a multiple of 64: prep, the state passes, the output pass and dqkwg on 16-bit tensor cores
+     * (dr_chunk_k256_chan.cu, dr_chunk_k256.cu, dr_chunk_k256_bwd.cu), wy on TF32; V = 32: the TF32
+     * kernels throughout.  Near the bound, some chunks take the wide form and some the element loops; the
      * strong decays take the element loops only */
     static const kcase k256[] = {
         {"K=256, V=64, GVA, h0, dhT", 1, 130, 1, 2, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
@@ -390,7 +390,9 @@ static void test_kda_k256(void **state) {
             assert_int_equal(ktime_find(kt, m, "dr_chunk k256 prep"), k16 ? 1 : -1);
             assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dhu"), k16 ? 1 : -1);
             assert_int_equal(ktime_find(kt, m, "dr_chunk k256 out"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dqkwg"), 1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dqkwg"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dqkwg"), k16 ? -1 : 1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 wy"), 1);
         }
     }
     g_f16 = false;

@@ -509,16 +509,18 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 
 /* ---------------------------------------------------------------- host side */
 
-/* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call */
+/* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call; with the
+ * per-channel gate dqkwg alone (dW and dG in f32 for the TF32 wy after it) */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a, const Io<T> &io) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
     K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.dS16,
               a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
-    b.dWh = a.dW16.hi, b.dWl = a.dW16.lo;
+    b.dWh = a.dW16.hi, b.dWl = a.dW16.lo, b.dWf = a.dW16.hi ? nullptr : a.dWg;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
-    b.dq = k256_direct(pl.G, io.dq) ? (uint16_t *)io.dq : nullptr, b.rq = b.dq ? io.rq : nullptr;
-    b.dk = k256_direct(pl.G, io.dk) ? (uint16_t *)io.dk : nullptr, b.rk = b.dk ? io.rk : nullptr;
+    const bool ch = pl.G.gate == DG_GATE_CHANNEL; /* (heads_sum makes its dq, dk after the TF32 wy) */
+    b.dq = !ch && k256_direct(pl.G, io.dq) ? (uint16_t *)io.dq : nullptr, b.rq = b.dq ? io.rq : nullptr;
+    b.dk = !ch && k256_direct(pl.G, io.dk) ? (uint16_t *)io.dk : nullptr, b.rk = b.dk ? io.rk : nullptr;
     return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
 }
 
@@ -531,20 +533,20 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
      * kernels, the same arithmetic.  (dqkwg's tiles of 64 columns of V against 32, which would let
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
     /* K = 256, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in pairs): prep, the
-     * state pass and dhu on 16-bit tensor cores (k16: dr_chunk_k256.cu, dr_chunk_k256_chan.cu); with
-     * gate none or head also dqkwg and wy (k256: dr_chunk_k256_bwd.cu), on their working set
-     * (K256Bufs): the forward's where it kept it, else recomputed into scratch.  The per-channel
-     * gate's 16-bit passes write the TF32 kernels' f32 buffers (V', the states, dS) for its TF32
-     * dqkwg and wy, and Kd, Qg for themselves (kq) */
-    const bool k16 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
-    const bool k256 = k16 && GATE != DG_GATE_CHANNEL, kq = k16 && !k256;
+     * state pass, dhu, dqkwg and wy on 16-bit tensor cores (dr_chunk_k256.cu, dr_chunk_k256_chan.cu,
+     * dr_chunk_k256_bwd.cu; with the per-channel gate wy is the TF32 kernel, on dqkwg's f32 dW and
+     * dG), on their working set (K256Bufs): the forward's where it kept it, else recomputed into
+     * scratch.  dq and dk stored by the 16-bit kernels themselves (k256_direct) where their wy is
+     * 16-bit too */
+    const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
+    const bool ch = GATE == DG_GATE_CHANNEL;
+    const bool direct_q = k256 && !ch && k256_direct(G, io.dq), direct_k = k256 && !ch && k256_direct(G, io.dk);
     const bool fused = !k256 && var.dw_on_chip != 0 && sizeof(float) * fused_smem(G) <= (size_t)SMEM_MAX;
     const bool reuse = k256 && kept && var.solve_tril_blocked; /* (the kept inverse is the blocked one) */
     K256Bufs kb{};
     char *own = nullptr;
     float *Gc = nullptr, *W = nullptr, *U = nullptr, *P = nullptr, *Ai = nullptr, *Mkk = nullptr, *Hst = nullptr;
     float *dSo, *dVn, *dqv, *dkv, *dWg = nullptr, *dGg = nullptr;
-    uint16_t *Kd = nullptr, *Qg = nullptr;
     int rc = -1;
     bool ok;
     if (k256) {
@@ -559,8 +561,7 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         Mkk = scratch<float>((size_t)(rows * HV * G.C));
         Hst = scratch<float>((size_t)nst);
         if (G.gs) Gc = scratch<float>((size_t)(rows * HV * G.gs));
-        if (kq) Kd = scratch<uint16_t>((size_t)(rows * HV * G.K)), Qg = scratch<uint16_t>((size_t)(rows * HV * G.K));
-        ok = W && U && P && Ai && Mkk && Hst && (!G.gs || Gc) && (!kq || (Kd && Qg));
+        ok = W && U && P && Ai && Mkk && Hst && (!G.gs || Gc);
     }
     dSo = scratch<float>((size_t)nst);
     dVn = scratch<float>((size_t)(rows * HV * G.V));
@@ -576,26 +577,27 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
         a.Sh = kb.Sh;
-        a.dS16 = k256 ? (uint16_t *)dSo : nullptr, a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K) : Planes{};
+        a.dS16 = k256 ? (uint16_t *)dSo : nullptr, a.dW16 = k256 && !ch ? planes_in(dWg, rows * HV * G.K) : Planes{};
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
         rc = 0;
         if (!reuse) {
             const Words Uw{U, k256}, Hw = k256 ? Words{(float *)kb.Sh, true} : Words{Hst, false};
-            rc = prep_state<T, GATE, TC>(pl, io, k16, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked, Kd,
-                                         Qg);
+            rc = prep_state<T, GATE, TC>(pl, io, k256, Gc, W, Uw, P, Ai, Mkk, Hw, nullptr, var.solve_tril_blocked,
+                                         kb.Kd, kb.Qg);
         }
-        if (!rc) rc = dhu<T, GATE, TC>(pl, io, k16, Gc, W, P, dVn, dSo, a.dS16, Kd, Qg);
+        if (!rc) rc = dhu<T, GATE, TC>(pl, io, k256, Gc, W, P, dVn, dSo, a.dS16, kb.Kd, kb.Qg);
         if (!rc && fused)
             rc = DRC_LAUNCH(TC ? "dr_chunk tf32 bwd fused" : "dr_chunk bwd fused", (k_bwd_fused<T, GATE, TC>),
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
-        if constexpr (TC && sizeof(T) == 2 && GATE != DG_GATE_CHANNEL)
+        if constexpr (TC && sizeof(T) == 2)
             if (!rc && k256) rc = k256_bwd<T>(pl, a, io);
-        if (!rc && !fused && !k256) {
+        if (!rc && !fused && (!k256 || ch)) { /* (the per-channel gate's 16-bit dqkwg: wy alone) */
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
-            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>), G.nchunks * HV,
-                            NT, sd, G, a);
+            if (!k256)
+                rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>),
+                                G.nchunks * HV, NT, sd, G, a);
             if (!rc)
                 rc = DRC_LAUNCH(TC ? "dr_chunk tf32 wy" : "dr_chunk wy", (k_bwd_wy<T, GATE, TC>), G.nchunks * HV, NT,
                                 sw, G, a);
@@ -603,15 +605,13 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         /* summed over value heads, the L2 norm's backward with it (16-bit storage, io.rq / io.rk),
          * unless the K = 256 kernels stored them */
         const int fmt = sizeof(T) == 4 ? VS_F32 : is_bf16<T>::value ? VS_BF16 : VS_F16;
-        if (!rc && io.dq && !(k256 && k256_direct(G, io.dq)))
+        if (!rc && io.dq && !direct_q)
             rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
-        if (!rc && io.dk && !(k256 && k256_direct(G, io.dk)))
+        if (!rc && io.dk && !direct_k)
             rc = heads_sum("dr_chunk gva", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     if (k256) release(own);
-    else
-        release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst), release(Kd),
-            release(Qg);
+    else release(Gc), release(W), release(U), release(P), release(Ai), release(Mkk), release(Hst);
     release(dSo), release(dVn), release(dqv), release(dkv), release(dWg), release(dGg);
     return rc;
 }

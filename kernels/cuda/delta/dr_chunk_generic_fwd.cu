@@ -43,8 +43,7 @@ __global__ void __launch_bounds__(NT)
 /* K = 256 on 16-bit tensor cores throughout (prep, the state pass and the output pass of
  * dr_chunk_k256.cu): their working set (K256Bufs) in keep, left there for the backward, or in
  * scratch when keep is NULL (then without what only the backward reads: Ai, Mkk, the states' lo
- * plane).  (The per-channel gate's backward does not read it: k256_kept_bytes is 0 there, and
- * fwd_gate passes no keep.) */
+ * plane) */
 template <typename T, int GATE> int fwd_k256(const Plan &pl, const Io<T> &io, void *keep) {
     K256Bufs b;
     bool ok;
@@ -69,7 +68,6 @@ template <typename T, int GATE, bool TC> int fwd_gate(const Plan &pl, const Io<T
     const bool k256 = k256_takes<T, GATE, TC>(G, io);
     if constexpr (TC && sizeof(T) == 2) {
         if (k256 && ((uintptr_t)io.o & 3) == 0) {
-            if (GATE == DG_GATE_CHANNEL) keep = nullptr;
             const int rc = fwd_k256<T, GATE>(pl, io, keep);
             *kept = !rc && keep;
             return rc;

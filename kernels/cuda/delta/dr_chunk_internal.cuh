@@ -97,6 +97,20 @@ __host__ __device__ __forceinline__ Chunk seq_chunk(const Geom &G, int64_t n, in
     return G.tab ? chunk_at(G, c) : chunk_in_row(G, n, c - c0);
 }
 
+/* the block of a grid over (chunk, value head), blockIdx.x = c HV + hv: its chunk c (rows r0 ..
+ * r0 + L - 1), value head hv and key head h */
+struct ChunkHead {
+    int64_t c, r0;
+    int hv, h, L;
+};
+__device__ __forceinline__ ChunkHead chunk_head(const Geom &G) {
+    ChunkHead b;
+    b.c = blockIdx.x / G.HV, b.hv = (int)(blockIdx.x % G.HV), b.h = b.hv / G.grp;
+    const Chunk ch = chunk_at(G, b.c);
+    b.r0 = ch.r0, b.L = ch.L;
+    return b;
+}
+
 /* ---- scalars ---- */
 __host__ __device__ __forceinline__ float bf2f(uint16_t h) {
 #if defined(__CUDA_ARCH__)
@@ -501,8 +515,7 @@ struct K256Plain {
  * scale Q o e^G [rows, HV, K] in 16-bit words (plain, as KPlain has them at K <= 128), which the
  * state passes and the output pass read instead of k and q.  for_bwd false (a forward that keeps
  * nothing): no Ai, Mkk.  k256_kept_bytes: its size with for_bwd, where the shape is one the 16-bit
- * kernels take throughout (0 otherwise, and with the per-channel gate, whose dqkwg and wy are the
- * TF32 kernels, reading f32 states): what a forward keeps for its backward, which then skips the
+ * kernels take (0 otherwise): what a forward keeps for its backward, which then skips the
  * recompute of prep and the state pass. */
 struct K256Bufs {
     float *Gc, *P, *Ai, *Mkk;
@@ -562,13 +575,15 @@ int k256_chan_prep(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int 
  * (dr_chunk_k256_bwd.cu): from the working set (K256Bufs: V' and the states in 16-bit words; Gc
  * NULL without a gate) and dhu's dV' (f32) and dS (16-bit words) to dq, dk per value head
  * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit
- * words) and dG [rows, HV] (HEAD) are the scratch between the two kernels.  16-bit words bf16 in
- * fast::, fp16 in fast_h::. */
+ * words) and dG [rows, HV] (HEAD) are the scratch between the two kernels.  With the per-channel
+ * gate only dqkwg runs, writing dW (dWf) and dG [rows, HV, K] in f32 for the TF32 wy.  16-bit words
+ * bf16 in fast::, fp16 in fast_h::. */
 struct K256Bwd {
     const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *dSh;
     const float *Gc, *P, *Ai, *Mkk, *dVn;
     float *dqv, *dkv, *dG;
     uint16_t *dWh, *dWl, *dv, *dbeta;
+    float *dWf; /* dW in f32 instead of planes, for the TF32 wy (the per-channel gate's) */
     float *dbetaf, *dg;
     int final_dg;
     /* HV == H (and the output 16-byte aligned): dq, dk stored by the kernels themselves in 16-bit

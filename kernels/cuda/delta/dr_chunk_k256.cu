@@ -181,11 +181,9 @@ __global__ void __launch_bounds__(FNT, 2) k256_prep(Geom G, const uint16_t *q, c
                                                     const float *g, const uint16_t *beta, K256Out o, int blocked) {
     DRC_SMEM(float, sm);
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
-    const Chunk ch = chunk_at(G, c);
-    const int L = ch.L;
-    const int64_t r0 = ch.r0;
+    const ChunkHead b = chunk_head(G);
+    const int hv = b.hv, h = b.h, L = b.L;
+    const int64_t r0 = b.r0;
     float *sA = sm, *sY = sA + 64 * LDF, *sG = sY + 64 * LDF, *sb = sG + 64;
     uint16_t *sK = (uint16_t *)(sb + 64), *sX = sK + 64 * LDK;
     /* the gate (warp 0: rows lane, 32 + lane), its loads in flight beside those of q and k */
@@ -646,7 +644,7 @@ void k256_carve(const Geom &G, Carve &cv, K256Bufs &b, bool for_bwd) {
 }
 
 size_t k256_kept_bytes(const Geom &G) {
-    if (!k256_ok(G, nullptr, nullptr, nullptr) || G.gate == DG_GATE_CHANNEL) return 0;
+    if (!k256_ok(G, nullptr, nullptr, nullptr)) return 0;
     K256Bufs b;
     return carve_bytes([&](Carve &cv) { k256_carve(G, cv, b, true); });
 }

@@ -1,5 +1,5 @@
-/* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: gate NONE or HEAD,
- * chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
+/* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: gate NONE or HEAD;
+ * with the per-channel gate dqkwg alone, chan_dq_dk below; chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
  * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
  * They read the working set of prep and the state pass (K256Bufs, the forward's where it kept it:
  * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk in 16-bit words) and
@@ -41,7 +41,7 @@
  * tile and the next, dMkk in f32 over its X, for the row sums).  Loads through registers are issued
  * together ahead of their use (Ai; Mkk by rows during dA's product; dk's tile before the products
  * that add to it): one at a time, each would wait on device memory in turn. */
-#include "kernels/cuda/delta/dr_chunk_mma.cuh"
+#include "kernels/cuda/delta/dr_chunk_kda.cuh"
 
 namespace drc {
 namespace DRC_FAST {
@@ -66,12 +66,15 @@ constexpr int ST = KH * LT;       /* of a 128 x 64 tile of S0 or dS1 (16-bit wor
 constexpr int RED = 4 * BNW * 64; /* bytes of the row reductions */
 /* elements of a tile set of dqkwg (DqSet; dV' plain: K256Plain::DwDvn) */
 constexpr int DQ_SET = 2 * ST + 2 * 64 * LT + (K256Plain::DwDvn ? 64 * LT : SPT);
-constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64;
+/* (and the per-channel gate's references R and last row Gl, K floats each) */
+constexpr int DQ_BYTES = 2 * (2 * 64 * LH + SPT + 2 * DQ_SET) + 4 * 64 * 64 + RED + 4 * 3 * 64 + 64 + 4 * 2 * KK;
 constexpr int WY_BYTES = 2 * (4 * SPT + 3 * 64 * LT) + 4 * WNW * 64 + 4 * 4 * 64 + 64;
 static_assert(DQ_BYTES <= SMEM_MAX && 2 * (WY_BYTES + 1024) <= SMEM_MAX, "shared memory");
 static_assert(4 * 64 * LF <= 2 * 2 * 64 * LT && 4 * 64 * LF <= 2 * SPT, "wy's f32 matrices in V, K and X");
 static_assert(4 * 64 * 64 <= 2 * SPT, "wy's dV' staging in dMkk's place");
 static_assert(4 * 64 * LF <= 2 * 2 * ST, "dP's f32 copy in S0's and dS1's place");
+static_assert(2 * 64 * LH <= DQ_SET && RED >= 4 * (4 * KH + KH), "CHANNEL: a split 64 x 128 tile in a tile set; "
+                                                                 "the column sums in red");
 
 /* One of dqkwg's two sets of tiles for a step of its loop over K halves and V tiles (one set is
  * worked on while the next step's loads fill the other): S0 and dS1 (128 x 64), V' and dO
@@ -177,8 +180,101 @@ __device__ __noinline__ void rows_out(const float *y, int64_t ldy, const uint16_
     }
 }
 
+namespace kd = DRC_KDA;
+
+/* The per-channel gate (CHANNEL): R_c = the middle of channel c's range of G over the chunk's rows
+ * and Gl_c = G_{L-1,c} into sR, sGl [K], from G at Gh (row i at Gh[i ldk]); whether every channel
+ * spans at most WIDE_SPAN (the wide form, dr_chunk_kda.cuh), block-wide.  scr: 4 K floats. */
+__device__ __forceinline__ bool chan_refs(const float *Gh, int64_t ldk, int L, float *scr, float *sR, float *sGl) {
+    constexpr int RS = BNT / KK; /* threads a channel */
+    const int c = threadIdx.x % KK, h = threadIdx.x / KK;
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll 8
+    for (int i = h; i < L; i += RS) {
+        const float x = Gh[i * ldk + c];
+        lo = fminf(lo, x), hi = fmaxf(hi, x);
+    }
+    scr[2 * h * KK + c] = lo, scr[(2 * h + 1) * KK + c] = hi;
+    bsync();
+    int narrow = 0;
+    if (threadIdx.x < KK) {
+        float l = scr[c], u = scr[KK + c];
+        for (int j = 1; j < RS; j++) l = fminf(l, scr[2 * j * KK + c]), u = fmaxf(u, scr[(2 * j + 1) * KK + c]);
+        sR[c] = 0.5f * (l + u), sGl[c] = Gh[(L - 1) * ldk + c];
+        narrow = !(u - l <= kd::WIDE_SPAN);
+    }
+    return !bsync_or(narrow);
+}
+
+/* CHANNEL, for one half of K (G at Gh, its references R and last row Gl; Gamma_ilc = e^{G_ic - G_lc}):
+ *   dq = scale e^G o f2 + sum_l dPs_il K_l o Gamma_il,   dk = f3 + sum_m dPs_mj Q_m o Gamma_mj,
+ *   f3 = e^{Gl - G} o dkd
+ * in place of f2 (dO S0^T) and dkd (V' dS1^T), dPs = scale lower_incl(dP) (split, sDP); colk gets
+ * the column sums of k o f3 [4][KH] (one row a row of warps).  Wide form (every channel's span
+ * within WIDE_SPAN): dq = e^{G - R} o (scale e^R o f2 + dPs Kt), Kt = K o e^{R - G}, and dk =
+ * e^{R - G} o (e^{Gl - R} o dkd + dPs^T Qt), Qt = Q o e^{G - R}: Kt, then Qt, split into bf16 words
+ * in scr (64 x KH); else the sums over rows element by element in f32 (steeper gates, rare). */
+template <int NT>
+__device__ __forceinline__ void chan_dq_dk(const Geom &G, float (&f2)[1][NT][4], float (&dkd)[1][NT][4],
+                                           const uint16_t *sQ, const uint16_t *sK, Sp sDP, Sp scr, const float *Gh,
+                                           int64_t ldk, const float *R, const float *Gl, float *colk, int L, int m0,
+                                           int n0, bool wide) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const auto gat = [&](int i, int cc) { return Gh[(i < L ? i : L - 1) * ldk + cc]; };
+    float cs[NT][2] = {};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int i = m0 + g + 8 * (q >> 1), cc = n0 + nt * 8 + 2 * t + (q & 1);
+            const float gi = gat(i, cc), f3 = dkd[0][nt][q] * kd::kexp(Gl[cc] - gi);
+            cs[nt][q & 1] += op2f(sK[i * LH + cc]) * f3;
+            dkd[0][nt][q] = wide ? dkd[0][nt][q] * kd::kexp(Gl[cc] - R[cc]) : f3;
+            f2[0][nt][q] *= G.scale * kd::kexp(wide ? R[cc] : gi);
+        }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float x = cs[nt][j];
+            x += shfl_xor(x, 4), x += shfl_xor(x, 8), x += shfl_xor(x, 16);
+            if (g == 0) colk[(warp % 4) * KH + n0 + nt * 8 + 2 * t + j] = x;
+        }
+    if (wide) {
+        bsync(); /* scr's tile set read (the loop's last step; the first half's make_dps has a barrier) */
+        for (int e = tid; e < 64 * KH; e += BNT) {
+            const int i = e / KH, cc = e % KH;
+            split2<true>(op2f(sK[i * LH + cc]) * kd::kexp(R[cc] - gat(i, cc)), scr.hi[i * LH + cc],
+                         scr.lo()[i * LH + cc]);
+        }
+        bsync();
+        mma_ss_bf<1, NT, false, true>(f2, sDP, LT, m0, scr, LH, n0, 64);
+        bsync();
+        for (int e = tid; e < 64 * KH; e += BNT) {
+            const int i = e / KH, cc = e % KH;
+            split2<true>(op2f(sQ[i * LH + cc]) * kd::kexp(gat(i, cc) - R[cc]), scr.hi[i * LH + cc],
+                         scr.lo()[i * LH + cc]);
+        }
+        bsync();
+        mma_ss_bf<1, NT, true, true>(dkd, sDP, LT, m0, scr, LH, n0, 64);
+        frag_each(f2, m0, n0, [&](int i, int cc, float &x) { x *= kd::kexp(gat(i, cc) - R[cc]); });
+        frag_each(dkd, m0, n0, [&](int i, int cc, float &x) { x *= kd::kexp(R[cc] - gat(i, cc)); });
+        return;
+    }
+    const auto dps = [&](int i, int l) { return op2f(sDP.hi[i * LT + l]) + op2f(sDP.lo()[i * LT + l]); };
+    frag_each(f2, m0, n0, [&](int i, int cc, float &x) {
+        const float gi = gat(i, cc);
+        for (int l = 0; l <= i && l < L; l++) x += dps(i, l) * op2f(sK[l * LH + cc]) * kd::kexp(gi - gat(l, cc));
+    });
+    frag_each(dkd, m0, n0, [&](int i, int cc, float &x) {
+        const float gi = gat(i, cc);
+        for (int m = i; m < L; m++) x += dps(m, i) * op2f(sQ[m * LH + cc]) * kd::kexp(gat(m, cc) - gi);
+    });
+}
+
 template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
+    constexpr bool CH = GATE == DG_GATE_CHANNEL;
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const At at(G);
     const int64_t c = at.c, r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc, ldv = at.ldv, ldk = at.ldk;
@@ -190,6 +286,10 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     const auto set = [&](int i) { return DqSet(sets + i * DQ_SET); };
     float *sdVf = (float *)(sets + 2 * DQ_SET); /* the next step's dV' in f32, by cp.async */
     float *red = sdVf + 64 * 64, *sG = red + BNW * 64, *sRow = sG + 64, *sb = sRow + 64;
+    /* CHANNEL: R, Gl [K]; red holds the column sums of k o f3 [4][KH] (a row of warps each) and of
+     * S0 o dS1 [KH] */
+    float *sR = sb + 64 + 16, *sGl = sR + KK, *colk = red, *colS = red + 4 * KH;
+    const float *Gh = CH ? a.Gc + ok : nullptr; /* the chunk's G, row i at Gh[i ldk] */
     const bool head_partial = GATE == DG_GATE_HEAD && !a.final_dg;
     static_assert(Plain<GATE>::Vn, "V' is stored as 16-bit words");
     const int64_t os = (c * HV + hv) * (int64_t)KK * V; /* the chunk's state */
@@ -210,6 +310,8 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     prefetch_rows<BNT>(a.dVn + ov, ldv, L, V), prefetch_rows<BNT>(a.q + oq + KH, ldq, L, KH);
     prefetch_rows<BNT>(a.k + oq + KH, ldq, L, KH);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
+    bool wide = false;
+    if (CH) wide = chan_refs(Gh, ldk, L, red, sR, sGl);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* the first K half's Q and K and the loop's first tiles */
     load_raw_async<64, KH, BNT>(sQ, a.q + oq, ldq, L), load_raw_async<64, KH, BNT>(sK, a.k + oq, ldq, L);
@@ -237,14 +339,16 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
         }
         for (int e = tid; e < 64 * 64; e += BNT) {
             const int i = e / 64, l = e % 64;
-            float x = l <= i && i < L ? G.scale * sDPf[i * LF + l] : 0.0f;
+            float x = l <= i && i < L ? G.scale * sDPf[i * LF + l] : 0.0f; /* (CHANNEL: the gate goes
+                                                                              * into the operands) */
             if (GATE == DG_GATE_HEAD) x *= expf(sG[i] - sG[l]);
             split2(x, sDP.hi[i * LT + l], sDP.lo()[i * LT + l]);
         }
         bsync();
     };
     const int m0 = T128::m0(warp), n0 = T128::n0(warp), gq = lane >> 2;
-    float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 */
+    float hk = 0.0f, hs = 0.0f; /* HEAD: this thread's sums of k o f3 and of S0 o dS1 (CHANNEL: hs of
+                                 * channel tid / 4 of the half, its part of the 64 columns of a tile) */
     int it = 0;                 /* the step: set 1 at even steps, set 0 at odd */
     for (int cc0 = 0; cc0 < KK; cc0 += KH) {
         if (cc0) load_raw<64, KH, BNT>(sQ, a.q + oq + cc0, ldq, L), load_raw<64, KH, BNT>(sK, a.k + oq + cc0, ldq, L);
@@ -268,37 +372,52 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
                     const int o = e / 64 * LT + e % 64;
                     hs += op2f(x.S0[o]) * op2f(x.dS1[o]);
                 }
+            if (CH) /* channel tid / 4's sum of S0 o dS1, 16 columns a thread */
+#pragma unroll 4
+                for (int u = 0; u < 16; u++) {
+                    const int o = (tid >> 2) * LT + (tid & 3) * 16 + u;
+                    hs += op2f(x.S0[o]) * op2f(x.dS1[o]);
+                }
         }
         if (!cc0) make_dps((float *)set(it & 1).S0); /* (the set the last step read) */
-        /* this thread's rows m0 + gq, m0 + gq + 8: e^G, e^{G_last - G} */
-        float eg[2], ed[2];
-        for (int hh = 0; hh < 2; hh++) {
-            const float gi = sG[m0 + gq + 8 * hh];
-            eg[hh] = GATE == DG_GATE_HEAD ? expf(gi) : 1.0f;
-            ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
-        }
-        float rs[2] = {0.0f, 0.0f};
-        /* dq = scale e^G o f2 + dPs K */
-        frag_each(f2, m0, n0, [&](int i, int cc, float &x) {
-            x *= G.scale * eg[(i - m0) >> 3];
-            if (head_partial) rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x;
-        });
-        mma_p<1, T128::NT, false, true, true, false>(f2, sDP, LT, m0, Sp{sK, 0}, LH, n0, 64);
-        /* dk = e^{G_last - G} o dkd + dPs^T Q */
-        frag_each(dkd, m0, n0, [&](int i, int cc, float &x) {
-            x *= ed[(i - m0) >> 3];
-            if (GATE == DG_GATE_HEAD) {
-                const float kx = op2f(sK[i * LH + cc]) * x;
-                hk += kx;
-                if (head_partial) rs[(i - m0) >> 3] -= kx;
+        if (CH) {
+            chan_dq_dk(G, f2, dkd, sQ, sK, sDP, Sp{set(it & 1).S0, 64 * LH}, Gh + cc0, ldk, sR + cc0, sGl + cc0, colk,
+                       L, m0, n0, wide);
+            hs += shfl_xor(hs, 1), hs += shfl_xor(hs, 2);
+            if ((tid & 3) == 0) colS[tid >> 2] = hs;
+            hs = 0.0f;
+        } else {
+            /* this thread's rows m0 + gq, m0 + gq + 8: e^G, e^{G_last - G} */
+            float eg[2], ed[2];
+            for (int hh = 0; hh < 2; hh++) {
+                const float gi = sG[m0 + gq + 8 * hh];
+                eg[hh] = GATE == DG_GATE_HEAD ? expf(gi) : 1.0f;
+                ed[hh] = GATE == DG_GATE_HEAD ? expf(sG[63] - gi) : 1.0f;
             }
-        });
-        mma_p<1, T128::NT, true, true, true, false>(dkd, sDP, LT, m0, Sp{sQ, 0}, LH, n0, 64);
-        if (GATE == DG_GATE_HEAD && !head_partial) {
-            frag_each(f2, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x; });
-            frag_each(dkd, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] -= op2f(sK[i * LH + cc]) * x; });
+            float rs[2] = {0.0f, 0.0f};
+            /* dq = scale e^G o f2 + dPs K */
+            frag_each(f2, m0, n0, [&](int i, int cc, float &x) {
+                x *= G.scale * eg[(i - m0) >> 3];
+                if (head_partial) rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x;
+            });
+            mma_p<1, T128::NT, false, true, true, false>(f2, sDP, LT, m0, Sp{sK, 0}, LH, n0, 64);
+            /* dk = e^{G_last - G} o dkd + dPs^T Q */
+            frag_each(dkd, m0, n0, [&](int i, int cc, float &x) {
+                x *= ed[(i - m0) >> 3];
+                if (GATE == DG_GATE_HEAD) {
+                    const float kx = op2f(sK[i * LH + cc]) * x;
+                    hk += kx;
+                    if (head_partial) rs[(i - m0) >> 3] -= kx;
+                }
+            });
+            mma_p<1, T128::NT, true, true, true, false>(dkd, sDP, LT, m0, Sp{sQ, 0}, LH, n0, 64);
+            if (GATE == DG_GATE_HEAD && !head_partial) {
+                frag_each(f2, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sQ[i * LH + cc]) * x; });
+                frag_each(dkd, m0, n0,
+                          [&](int i, int cc, float &x) { rs[(i - m0) >> 3] -= op2f(sK[i * LH + cc]) * x; });
+            }
+            if (GATE == DG_GATE_HEAD) red_rows_put(red, m0, rs);
         }
-        if (GATE == DG_GATE_HEAD) red_rows_put(red, m0, rs);
         frag_pairs(f2, m0, n0, [&](int i, int cc, float x0, float x1) {
             if (i < L) *(float2 *)(a.dqv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
         });
@@ -306,8 +425,30 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             if (i < L) *(float2 *)(a.dkv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
         });
         frag_pairs(dw, m0, n0, [&](int i, int cc, float x0, float x1) {
-            if (i < L) put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
+            if (i >= L) return;
+            if (a.dWf) *(float2 *)(a.dWf + ok + i * ldk + cc0 + cc) = make_float2(-x0, -x1);
+            else put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
         });
+        if (CH) { /* dG_ic = q o dq - k o dk; its last row + sum_i k o f3 + e^{Gl} o sum_j S0 o dS1 */
+            frag_pairs(f2, m0, n0, [&](int i, int cc, float x0, float x1) {
+                if (i < L)
+                    *(float2 *)(a.dG + ok + i * ldk + cc0 + cc) =
+                        make_float2(op2f(sQ[i * LH + cc]) * x0, op2f(sQ[i * LH + cc + 1]) * x1);
+            });
+            frag_pairs(dkd, m0, n0, [&](int i, int cc, float x0, float x1) {
+                if (i >= L) return;
+                float2 *d = (float2 *)(a.dG + ok + i * ldk + cc0 + cc);
+                const float2 y = *d;
+                *d = make_float2(y.x - op2f(sK[i * LH + cc]) * x0, y.y - op2f(sK[i * LH + cc + 1]) * x1);
+            });
+            bsync();
+            if (tid < KH) {
+                float s = colS[tid] * kd::kexp(sGl[cc0 + tid]);
+#pragma unroll
+                for (int w = 0; w < 4; w++) s += colk[w * KH + tid];
+                a.dG[ok + (L - 1) * ldk + cc0 + tid] += s;
+            }
+        }
         bsync(); /* Q and K read */
     }
     if (GATE == DG_GATE_HEAD) { /* dG rows; the last row + sum k o f3 + e^{G_last} sum S0 o dS1 */
@@ -555,6 +696,8 @@ int k256_dqkwg_wy(const Plan &p, const K256Bwd &a) {
     const Geom &G = p.G;
     const bool head = G.gate == DG_GATE_HEAD;
     const int64_t grid = G.nchunks * G.HV;
+    if (G.gate == DG_GATE_CHANNEL) /* (its wy is the TF32 kernel's) */
+        return DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_CHANNEL>), grid, BNT, (size_t)DQ_BYTES, G, a);
     int rc = head ? DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_HEAD>), grid, BNT, (size_t)DQ_BYTES, G, a)
                   : DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_NONE>), grid, BNT, (size_t)DQ_BYTES, G, a);
     if (rc) return rc;

@@ -45,13 +45,10 @@ static_assert(2 * 64 * LDF * 4 <= 2 * 2 * SPT, "M and M' (f32) in the first two 
 __global__ void __launch_bounds__(CNT, 1) k256c_prep(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                                      const float *g, const uint16_t *beta, K256Out o, int blocked) {
     DRC_SMEM(float, sm);
-    const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
-    const Chunk ch = chunk_at(G, c);
-    const int L = ch.L;
-    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    const int64_t oc = ot * 64, ldc = (int64_t)HV * 64;
+    const ChunkHead b = chunk_head(G);
+    const int HV = G.HV, V = G.V, L = b.L, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* row r0's offsets: in the [rows, HV, .] buffers (times their last extent), in q and k */
+    const int64_t r0 = b.r0, ot = r0 * HV + b.hv, oc = ot * 64, ldc = (int64_t)HV * 64, oqk = (r0 * G.H + b.h) * KK;
     float *sG = sm, *sR = sG + 64 * GS, *sb = sR + KK, *sA = sb + 64, *sY = sA + 64 * LDF;
     uint16_t *sQ = (uint16_t *)sA; /* Q raw [64][K], until M' is made */
     uint16_t *sK = (uint16_t *)(sY + 64 * LDF), *scr = sK + 64 * LDK;
@@ -64,11 +61,11 @@ __global__ void __launch_bounds__(CNT, 1) k256c_prep(Geom G, const uint16_t *q, 
     if (tid < 64) sb[tid] = tid < L ? op2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
     for (int e = tid; e < 64 * KK / 8; e += CNT) {
         const int r = e / (KK / 8), c8 = e % (KK / 8);
-        const uint16_t *src = q + ((r0 + r) * G.H + h) * KK + 8 * c8;
+        const uint16_t *src = q + oqk + (int64_t)r * G.H * KK + 8 * c8;
         cp_async16(sQ + r * KK + 8 * c8, r < L ? src : q, r < L);
     }
     cp_async_commit();
-    load_raw<64, KK, CNT>(sK, k + (r0 * G.H + h) * KK, (int64_t)G.H * KK, L);
+    load_raw<64, KK, CNT>(sK, k + oqk, (int64_t)G.H * KK, L);
     cp_async_wait_all();
     bsync();
     const int narrow = kd::gate_scan<KK>(sG, sR);
