@@ -313,6 +313,9 @@ static void test_kda_mma_sanitize(void **state) {
         {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
         /* K = V = 128: the fused qkwy's dU goes by cp.async during part A (QkL::PFU) */
         {"sanitize: K=V=128", 1, 70, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        /* K = 256 (dr_chunk_k256*.cu): the wide form, and the f32 sums of steeper gates */
+        {"sanitize: K=256, V=64, varlen", 1, 80, 1, 1, 256, 64, 3, {0, 50, 80}, -1.5, -0.02, 1, 1, 0},
+        {"sanitize: K=256, V=64, strong decays", 1, 40, 1, 1, 256, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},
     };
     for (int f16 = 0; f16 <= 1; f16++) {
         g_f16 = f16;
@@ -363,9 +366,8 @@ static void test_kda_kernel_times(void **state) {
 static void test_kda_k256(void **state) {
     (void)state;
     dg_test_require_cuda();
-    /* V a multiple of 64: prep, the state passes, the output pass and dqkwg on 16-bit tensor cores
-     * (dr_chunk_k256_chan.cu, dr_chunk_k256.cu, dr_chunk_k256_bwd.cu), wy on TF32; V = 32: the TF32
-     * kernels throughout.  Near the bound, some chunks take the wide form and some the element loops; the
+    /* V a multiple of 64: every kernel on 16-bit tensor cores (dr_chunk_k256_chan.cu, dr_chunk_k256.cu,
+     * dr_chunk_k256_bwd.cu, dr_chunk_k256_chan_bwd.cu); V = 32: the TF32 kernels.  Near the bound, some chunks take the wide form and some the element loops; the
      * strong decays take the element loops only */
     static const kcase k256[] = {
         {"K=256, V=64, GVA, h0, dhT", 1, 130, 1, 2, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
@@ -392,7 +394,9 @@ static void test_kda_k256(void **state) {
             assert_int_equal(ktime_find(kt, m, "dr_chunk k256 out"), k16 ? 1 : -1);
             assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dqkwg"), k16 ? 1 : -1);
             assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dqkwg"), k16 ? -1 : 1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 wy"), 1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 wy"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 gamma"), k16 ? 1 : -1);
+            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 wy"), k16 ? -1 : 1);
         }
     }
     g_f16 = false;

@@ -19,12 +19,12 @@
  * Four kernel families (dg_drc_family):
  *  - DG_DRC_GENERIC: f32 arithmetic, every dtype, gate kind and chunk size;
  *  - DG_DRC_TF32: the generic kernels with their products on TF32 tensor cores (mma.sync m16n8k8:
- *    every product operand rounded to 10 mantissa bits, f32 accumulation; the triangular inverse and
- *    the per-channel gate's gated products stay f32): 16-bit calls with 128 < K <= 256, every
- *    gate, chunk and V (dr_chunk_blk_mm.cuh); at K = 256 with gate NONE or HEAD, chunk 64, V a
- *    multiple of 64, its prep, state passes, output pass and the backward's dqkwg and wy run on
- *    mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but the states
- *    plain (dr_chunk_k256*.cu);
+ *    every product operand rounded to 10 mantissa bits, f32 accumulation; the triangular inverse
+ *    stays f32, the per-channel gate's gated products are 3xTF32 or f32): 16-bit calls with
+ *    128 < K <= 256, every gate, chunk and V (dr_chunk_blk_mm.cuh); at K = 256 with chunk 64 and
+ *    V a multiple of 64 (every gate), its prep, state passes, output pass and the backward's dqkwg
+ *    and wy run on mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but
+ *    the states plain (dr_chunk_k256*.cu);
  *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 and fp16 calls; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
  *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a
  *    call qualifies; a head of V other than 64 or 128 runs as V / 128 heads of 128 columns, or

@@ -509,19 +509,22 @@ template <typename T, int GATE, bool TC> __global__ void __launch_bounds__(NT) k
 
 /* ---------------------------------------------------------------- host side */
 
-/* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu), where k256_ok takes the call; with the
- * per-channel gate dqkwg alone (dW and dG in f32 for the TF32 wy after it) */
+/* dqkwg and wy on 16-bit tensor cores (dr_chunk_k256_bwd.cu; with the per-channel gate then
+ * dr_chunk_k256_chan_bwd.cu's gamma, on dMkk, scratch here), where k256_ok takes the call */
 template <typename T> int k256_bwd(const Plan &pl, const BwdArgs<T> &a, const Io<T> &io) {
     const auto u = [](const T *x) { return (const uint16_t *)x; };
     K256Bwd b{u(a.q), u(a.k), u(a.v), u(a.beta), u(a.dout), (const uint16_t *)a.Vn, a.Sh, a.dS16,
               a.Gc,   a.P,    a.Ai,   a.Mkk,     a.dVn};
     b.dqv = a.dqv, b.dkv = a.dkv, b.dG = a.dGg, b.dv = (uint16_t *)a.dv, b.dbeta = (uint16_t *)a.dbeta;
-    b.dWh = a.dW16.hi, b.dWl = a.dW16.lo, b.dWf = a.dW16.hi ? nullptr : a.dWg;
+    b.dWh = a.dW16.hi, b.dWl = a.dW16.lo;
     b.dbetaf = a.dbetaf, b.dg = a.dg, b.final_dg = a.final_dg;
-    const bool ch = pl.G.gate == DG_GATE_CHANNEL; /* (heads_sum makes its dq, dk after the TF32 wy) */
+    const bool ch = pl.G.gate == DG_GATE_CHANNEL; /* (heads_sum makes its dq, dk after gamma) */
     b.dq = !ch && k256_direct(pl.G, io.dq) ? (uint16_t *)io.dq : nullptr, b.rq = b.dq ? io.rq : nullptr;
     b.dk = !ch && k256_direct(pl.G, io.dk) ? (uint16_t *)io.dk : nullptr, b.rk = b.dk ? io.rk : nullptr;
-    return is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b);
+    b.dMkk = ch ? scratch<float>((size_t)(pl.G.rows * pl.G.HV * 64)) : nullptr;
+    const int rc = !ch || b.dMkk ? is_bf16<T>::value ? fast::k256_dqkwg_wy(pl, b) : fast_h::k256_dqkwg_wy(pl, b) : -1;
+    release(b.dMkk);
+    return rc;
 }
 
 template <typename T, int GATE, bool TC>
@@ -534,10 +537,9 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
      * dW stay on chip at K = 256: H100, S3, the pair 25.0 ms against the fused kernel's 29.1) */
     /* K = 256, q, k, v and dO 16-byte aligned, dv 4-byte aligned (wy stores it in pairs): prep, the
      * state pass, dhu, dqkwg and wy on 16-bit tensor cores (dr_chunk_k256.cu, dr_chunk_k256_chan.cu,
-     * dr_chunk_k256_bwd.cu; with the per-channel gate wy is the TF32 kernel, on dqkwg's f32 dW and
-     * dG), on their working set (K256Bufs): the forward's where it kept it, else recomputed into
-     * scratch.  dq and dk stored by the 16-bit kernels themselves (k256_direct) where their wy is
-     * 16-bit too */
+     * dr_chunk_k256_bwd.cu, dr_chunk_k256_chan_bwd.cu), on their working set (K256Bufs): the
+     * forward's where it kept it, else recomputed into scratch.  dq and dk stored by the 16-bit
+     * kernels themselves (k256_direct), but with the per-channel gate (heads_sum after them) */
     const bool k256 = k256_takes<T, GATE, TC>(G, io) && ((uintptr_t)io.dout & 15) == 0 && ((uintptr_t)io.dv & 3) == 0;
     const bool ch = GATE == DG_GATE_CHANNEL;
     const bool direct_q = k256 && !ch && k256_direct(G, io.dq), direct_k = k256 && !ch && k256_direct(G, io.dk);
@@ -577,7 +579,7 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
         a.q = io.q, a.k = io.k, a.v = io.v, a.beta = io.beta, a.dout = io.dout;
         a.Gc = Gc, a.P = P, a.Ai = Ai, a.Mkk = Mkk, a.Vn = U, a.dVn = dVn, a.Hst = Hst, a.dSo = dSo;
         a.Sh = kb.Sh;
-        a.dS16 = k256 ? (uint16_t *)dSo : nullptr, a.dW16 = k256 && !ch ? planes_in(dWg, rows * HV * G.K) : Planes{};
+        a.dS16 = k256 ? (uint16_t *)dSo : nullptr, a.dW16 = k256 ? planes_in(dWg, rows * HV * G.K) : Planes{};
         a.dqv = dqv, a.dkv = dkv, a.dWg = dWg, a.dGg = dGg;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
         a.final_dg = var.gdn_dg_from_final;
@@ -593,11 +595,10 @@ int bwd_gate(const Plan &pl, const dg_dr_variant &var, const Io<T> &io, const vo
                             G.nchunks * HV, NT, sizeof(float) * (size_t)fused_smem(G), G, a);
         if constexpr (TC && sizeof(T) == 2)
             if (!rc && k256) rc = k256_bwd<T>(pl, a, io);
-        if (!rc && !fused && (!k256 || ch)) { /* (the per-channel gate's 16-bit dqkwg: wy alone) */
+        if (!rc && !fused && !k256) {
             size_t sd = sizeof(float) * (size_t)dqkwg_smem(G), sw = sizeof(float) * (size_t)wy_smem(G);
-            if (!k256)
-                rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>),
-                                G.nchunks * HV, NT, sd, G, a);
+            rc = DRC_LAUNCH(TC ? "dr_chunk tf32 dqkwg" : "dr_chunk dqkwg", (k_bwd_dqkwg<T, GATE, TC>), G.nchunks * HV,
+                            NT, sd, G, a);
             if (!rc)
                 rc = DRC_LAUNCH(TC ? "dr_chunk tf32 wy" : "dr_chunk wy", (k_bwd_wy<T, GATE, TC>), G.nchunks * HV, NT,
                                 sw, G, a);

@@ -576,14 +576,15 @@ int k256_chan_prep(const Plan &p, const Io<uint16_t> &io, const K256Out &o, int 
  * NULL without a gate) and dhu's dV' (f32) and dS (16-bit words) to dq, dk per value head
  * (f32 [rows, HV, K]), dv, dbeta (or dbetaf), dg; dW [rows, HV, K] (hi and lo planes of 16-bit
  * words) and dG [rows, HV] (HEAD) are the scratch between the two kernels.  With the per-channel
- * gate only dqkwg runs, writing dW (dWf) and dG [rows, HV, K] in f32 for the TF32 wy.  16-bit words
- * bf16 in fast::, fp16 in fast_h::. */
+ * gate dG is [rows, HV, K], and a third kernel (k256_chan_gamma, dr_chunk_k256_chan_bwd.cu) adds
+ * wy's products with the gate inside them, from wy's dMkk, and makes dg.  16-bit words bf16 in
+ * fast::, fp16 in fast_h::. */
 struct K256Bwd {
     const uint16_t *q, *k, *v, *beta, *dout, *Vn16, *Sh, *dSh;
     const float *Gc, *P, *Ai, *Mkk, *dVn;
     float *dqv, *dkv, *dG;
     uint16_t *dWh, *dWl, *dv, *dbeta;
-    float *dWf; /* dW in f32 instead of planes, for the TF32 wy (the per-channel gate's) */
+    float *dMkk; /* CHANNEL: [rows, HV, 64] f32, from wy to k256_chan_gamma */
     float *dbetaf, *dg;
     int final_dg;
     /* HV == H (and the output 16-byte aligned): dq, dk stored by the kernels themselves in 16-bit
@@ -594,9 +595,11 @@ struct K256Bwd {
 };
 namespace fast {
 int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
+int k256_chan_gamma(const Plan &p, const K256Bwd &a);
 } // namespace fast
 namespace fast_h {
 int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
+int k256_chan_gamma(const Plan &p, const K256Bwd &a);
 } // namespace fast_h
 /* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
  * path with one value head a key head, which stores dq, dk itself (the others fold it into their

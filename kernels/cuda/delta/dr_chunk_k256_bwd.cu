@@ -182,30 +182,6 @@ __device__ __noinline__ void rows_out(const float *y, int64_t ldy, const uint16_
 
 namespace kd = DRC_KDA;
 
-/* The per-channel gate (CHANNEL): R_c = the middle of channel c's range of G over the chunk's rows
- * and Gl_c = G_{L-1,c} into sR, sGl [K], from G at Gh (row i at Gh[i ldk]); whether every channel
- * spans at most WIDE_SPAN (the wide form, dr_chunk_kda.cuh), block-wide.  scr: 4 K floats. */
-__device__ __forceinline__ bool chan_refs(const float *Gh, int64_t ldk, int L, float *scr, float *sR, float *sGl) {
-    constexpr int RS = BNT / KK; /* threads a channel */
-    const int c = threadIdx.x % KK, h = threadIdx.x / KK;
-    float lo = INFINITY, hi = -INFINITY;
-#pragma unroll 8
-    for (int i = h; i < L; i += RS) {
-        const float x = Gh[i * ldk + c];
-        lo = fminf(lo, x), hi = fmaxf(hi, x);
-    }
-    scr[2 * h * KK + c] = lo, scr[(2 * h + 1) * KK + c] = hi;
-    bsync();
-    int narrow = 0;
-    if (threadIdx.x < KK) {
-        float l = scr[c], u = scr[KK + c];
-        for (int j = 1; j < RS; j++) l = fminf(l, scr[2 * j * KK + c]), u = fmaxf(u, scr[(2 * j + 1) * KK + c]);
-        sR[c] = 0.5f * (l + u), sGl[c] = Gh[(L - 1) * ldk + c];
-        narrow = !(u - l <= kd::WIDE_SPAN);
-    }
-    return !bsync_or(narrow);
-}
-
 /* CHANNEL, for one half of K (G at Gh, its references R and last row Gl; Gamma_ilc = e^{G_ic - G_lc}):
  *   dq = scale e^G o f2 + sum_l dPs_il K_l o Gamma_il,   dk = f3 + sum_m dPs_mj Q_m o Gamma_mj,
  *   f3 = e^{Gl - G} o dkd
@@ -311,7 +287,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
     prefetch_rows<BNT>(a.k + oq + KH, ldq, L, KH);
     gate_beta<GATE>(G, a, r0, L, hv, sG, sb);
     bool wide = false;
-    if (CH) wide = chan_refs(Gh, ldk, L, red, sR, sGl);
+    if (CH) wide = kd::chan_refs<KK, BNT>(Gh, ldk, L, red, sR, sGl);
     for (int e = tid; e < BNW * 64; e += BNT) red[e] = 0.0f;
     /* the first K half's Q and K and the loop's first tiles */
     load_raw_async<64, KH, BNT>(sQ, a.q + oq, ldq, L), load_raw_async<64, KH, BNT>(sK, a.k + oq, ldq, L);
@@ -425,9 +401,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
             if (i < L) *(float2 *)(a.dkv + ok + i * ldk + cc0 + cc) = make_float2(x0, x1);
         });
         frag_pairs(dw, m0, n0, [&](int i, int cc, float x0, float x1) {
-            if (i >= L) return;
-            if (a.dWf) *(float2 *)(a.dWf + ok + i * ldk + cc0 + cc) = make_float2(-x0, -x1);
-            else put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
+            if (i < L) put_pair_global<true>(a.dWh, a.dWl, ok + i * ldk + cc0 + cc, -x0, -x1);
         });
         if (CH) { /* dG_ic = q o dq - k o dk; its last row + sum_i k o f3 + e^{Gl} o sum_j S0 o dS1 */
             frag_pairs(f2, m0, n0, [&](int i, int cc, float x0, float x1) {
@@ -462,6 +436,7 @@ template <int GATE> __global__ void __launch_bounds__(BNT, 1) k256_dqkwg(Geom G,
 
 template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K256Bwd a) {
     DRC_SMEM(float, sm);
+    constexpr bool CH = GATE == DG_GATE_CHANNEL;
     const int HV = G.HV, V = G.V, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const At at(G);
     const int64_t r0 = at.r0, oq = at.oq, ov = at.ov, ok = at.ok, oc = at.oc;
@@ -547,13 +522,23 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         }
         red_rows_put(red, pm0, rs);
     }
-    /* dWK = dW K^T */
+    /* CHANNEL: G_jc of the chunk (rows >= L: G_{L-1}) */
+    const auto gch = [&](int j, int c) { return a.Gc[ok + (j < L ? j : L - 1) * ldk + c]; };
+    /* dWK = dW K^T  (CHANNEL: dW (K o e^G)^T, K o e^G made in place in 16-bit words) */
     float dwk[1][W64::NT][4];
     acc_zero(dwk);
     for (int x0 = 0; x0 < KK; x0 += 64, st++) {
         step_begin(false);
         if (x0 + 64 < KK) issue_k(~st & 1, x0 + 64);
         if (x0 + 128 < KK) prefetch_dw(x0 + 128);
+        if (CH) {
+            uint16_t *y = setY(st & 1);
+            for (int e = tid; e < 64 * 64; e += WNT) {
+                const int j = e / 64, c = e % 64;
+                y[j * LT + c] = f2op(op2f(y[j * LT + c]) * kd::kexp(gch(j, x0 + c)));
+            }
+            bsync();
+        }
         mma_p<1, W64::NT, false, false, true, false>(dwk, setX(st & 1), LT, pm0, Sp{setY(st & 1), 0}, LT, pn0, 64);
     }
     /* dAi = lower_incl(dUV + dWK diag(e^G)) diag(beta), split (in dMkk's place, free until dMkk) */
@@ -608,6 +593,8 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         if (lane == 0) sdb[i] += s;
     }
     bsync();
+    if (CH) /* dMkk out, for k256c_gamma's (dMkk o Gamma) products */
+        for (int e = tid; e < L * 64; e += WNT) a.dMkk[oc + (e / 64) * ldc + e % 64] = sT[(e / 64) * LF + e % 64];
     for (int i = warp; i < 64; i += WNW) {
         float s = 0.0f;
         if (GATE == DG_GATE_HEAD && i < L) {
@@ -617,7 +604,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         if (lane == 0) sdG[i] = s;
     }
     /* dMkk o Gamma (split, or its hi words: K256Plain::WyDmkk) */
-    for (int e = tid; e < 64 * 64; e += WNT) {
+    for (int e = tid; !CH && e < 64 * 64; e += WNT) {
         const int i = e / 64, j = e % 64;
         float x = sT[i * LF + j];
         if (GATE == DG_GATE_HEAD && j < i) x *= expf(sG[i] - sG[j]);
@@ -651,11 +638,22 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         mma_p<1, W64::NT, true, true, true, true>(d, sAi, LT, pm0, xw, LT, pn0, 64);
         frag_each(d, pm0, pn0, [&](int j, int c, float &s) {
             const int hh = (j - pm0) >> 3;
+            if (CH) { /* e^G per element; dG += k o e^G beta o D */
+                const float e = kd::kexp(gch(j, x0 + c)), kv = op2f(yk[j * LT + c]);
+                rs[hh] += e * kv * s;
+                s *= e * sb[j];
+                if (j < L) a.dG[ok + j * ldk + x0 + c] += kv * s;
+                return;
+            }
             rs[hh] += eg[hh] * op2f(yk[j * LT + c]) * s;
             s *= eg[hh] * sb[j];
         });
-        mma_p<1, W64::NT, false, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
-        mma_p<1, W64::NT, true, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0, 64);
+        if (!CH) { /* (CHANNEL: k256c_gamma) */
+            mma_p<1, W64::NT, false, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0,
+                                                                      64);
+            mma_p<1, W64::NT, true, true, !K256Plain::WyDmkk, false>(d, sdM, LT, pm0, Sp{(uint16_t *)yk, 0}, LT, pn0,
+                                                                     64);
+        }
 #pragma unroll
         for (int nt = 0; nt < W64::NT; nt++)
 #pragma unroll
@@ -696,8 +694,11 @@ int k256_dqkwg_wy(const Plan &p, const K256Bwd &a) {
     const Geom &G = p.G;
     const bool head = G.gate == DG_GATE_HEAD;
     const int64_t grid = G.nchunks * G.HV;
-    if (G.gate == DG_GATE_CHANNEL) /* (its wy is the TF32 kernel's) */
-        return DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_CHANNEL>), grid, BNT, (size_t)DQ_BYTES, G, a);
+    if (G.gate == DG_GATE_CHANNEL) { /* then the (dMkk o Gamma) products and dg in k256c_gamma */
+        int rc = DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_CHANNEL>), grid, BNT, (size_t)DQ_BYTES, G, a);
+        if (!rc) rc = DRC_LAUNCH("dr_chunk k256 wy", (k256_wy<DG_GATE_CHANNEL>), grid, WNT, (size_t)WY_BYTES, G, a);
+        return rc ? rc : k256_chan_gamma(p, a);
+    }
     int rc = head ? DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_HEAD>), grid, BNT, (size_t)DQ_BYTES, G, a)
                   : DRC_LAUNCH("dr_chunk k256 dqkwg", (k256_dqkwg<DG_GATE_NONE>), grid, BNT, (size_t)DQ_BYTES, G, a);
     if (rc) return rc;

@@ -174,6 +174,33 @@ template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) 
     return !(hi - lo <= WIDE_SPAN);
 }
 
+/* The chunk's references from G in device memory (row i at Gh[i ldk], rows < L), as gate_scan makes
+ * them in shared memory: R_c = the middle of channel c's range of G and Gl_c = G_{L-1,c} into sR,
+ * sGl [K]; whether every channel spans at most WIDE_SPAN (the wide form), block-wide.  NTH threads
+ * (a multiple of K); scr: 2 NTH floats. */
+template <int K, int NTH>
+__device__ __forceinline__ bool chan_refs(const float *Gh, int64_t ldk, int L, float *scr, float *sR, float *sGl) {
+    constexpr int RS = NTH / K; /* threads a channel */
+    static_assert(NTH % K == 0, "threads a channel");
+    const int c = threadIdx.x % K, h = threadIdx.x / K;
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll 8
+    for (int i = h; i < L; i += RS) {
+        const float x = Gh[i * ldk + c];
+        lo = fminf(lo, x), hi = fmaxf(hi, x);
+    }
+    scr[2 * h * K + c] = lo, scr[(2 * h + 1) * K + c] = hi;
+    bsync();
+    int narrow = 0;
+    if (threadIdx.x < K) {
+        float l = scr[c], u = scr[K + c];
+        for (int j = 1; j < RS; j++) l = fminf(l, scr[2 * j * K + c]), u = fmaxf(u, scr[(2 * j + 1) * K + c]);
+        sR[c] = 0.5f * (l + u), sGl[c] = Gh[(L - 1) * ldk + c];
+        narrow = !(u - l <= WIDE_SPAN);
+    }
+    return !bsync_or(narrow);
+}
+
 /* The chunk's gate as the gated products take it: G [64][gstride(K)], the references R [K], and
  * whether the wide form applies (see the top of this file) */
 struct Gate {
