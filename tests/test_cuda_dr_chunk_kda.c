@@ -13,6 +13,8 @@
  *    call, and T = 2048;
  *  - the same cases in fp16 (the kernels' fp16 build, kda_h), and a value head of V = 256 there
  *    (two heads of 128; bf16's are in test_cuda_dr_chunk.c).
+ *  - K = 256 (test_kda_k256, the TF32 family: its 16-bit kernels where V is a multiple of 64, its
+ *    TF32 kernels otherwise), bf16 and fp16, gates on both sides of the wide form's bound.
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
  * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
  * tests by name. */
