@@ -295,24 +295,23 @@ template <int GATE> __global__ void __launch_bounds__(FNT, 2) k256_state(Geom G,
         if (o.U.w16) prefetch_tile<64, SBV>((const uint16_t *)o.U.f + off, (int64_t)HV * V, x.L, tid_fresh());
         else prefetch_tile<64, SBV>(o.U.f + off, (int64_t)HV * V, x.L, tid_fresh());
     };
-    /* chunk cc's W tile and gate (into slot pair), then its K tile, each a commit group */
+    /* chunk cc's W tile and gate (into slot pair), a commit group */
     auto issue_w = [&](int64_t cc, int pair) {
         const Chunk x = seq_chunk(G, n, c0, cc);
         load_raw_async<64, KK, FNT>(sW, o.W + (x.r0 * HV + hv) * KK, (int64_t)HV * KK, x.L, tid_fresh());
         load_gate_async<GATE>(G, x.r0, x.L, hv, o.Gc, sm + 64 * pair, tid_fresh());
         cp_async_commit();
     };
-    auto issue_k = [&](int64_t cc) { /* (CHANNEL: Kd, and Gl for the S update) */
-                                     const Chunk x = seq_chunk(G, n, c0, cc);
-                                     if (CH) {
-                                         load_raw_async<64, KK, FNT>(sK, o.Kd + (x.r0 * HV + hv) * KK, (int64_t)HV * KK,
-                                                                     x.L, tid_fresh());
-                                         load_gl_async(G, o.Gc, x.r0, x.L, hv, sm, tid_fresh());
-                                     } else {
-                                         load_raw_async<64, KK, FNT>(sK, k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK,
-                                                                     x.L, tid_fresh());
-                                     }
-                                     cp_async_commit();
+    /* chunk cc's K tile (CHANNEL: Kd, and Gl for the S update), a commit group */
+    auto issue_k = [&](int64_t cc) {
+        const Chunk x = seq_chunk(G, n, c0, cc);
+        if (CH) {
+            load_raw_async<64, KK, FNT>(sK, o.Kd + (x.r0 * HV + hv) * KK, (int64_t)HV * KK, x.L, tid_fresh());
+            load_gl_async(G, o.Gc, x.r0, x.L, hv, sm, tid_fresh());
+        } else {
+            load_raw_async<64, KK, FNT>(sK, k + (x.r0 * G.H + h) * KK, (int64_t)G.H * KK, x.L, tid_fresh());
+        }
+        cp_async_commit();
     };
     if (c0 < c1) issue_w(c0, 0), issue_k(c0);
     for (int64_t c = c0; c < c1; c++) {

@@ -1,6 +1,8 @@
-/* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: gate NONE or HEAD;
- * with the per-channel gate dqkwg alone, chan_dq_dk below; chunk 64, V a multiple of 64): mma.sync m16n8k16, bf16 operands (fp16 in the DRC_OPERAND_F16
- * build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of dr_chunk_mma.cuh.
+/* The TF32 family's dqkwg and wy at K = 256 on 16-bit tensor cores (k256_ok: chunk 64, V a multiple
+ * of 64; with the per-channel gate dqkwg's gated products in chan_dq_dk below, and wy's in
+ * k256c_gamma after wy, dr_chunk_k256_chan_bwd.cu): mma.sync m16n8k16, bf16 operands (fp16 in the
+ * DRC_OPERAND_F16 build, dr_chunk_k256_bwd_f16.cu), f32 accumulation; the building blocks of
+ * dr_chunk_mma.cuh.
  * They read the working set of prep and the state pass (K256Bufs, the forward's where it kept it:
  * Gc, P, Ai, Mkk in f32, V' in 16-bit words, the states S0 entering each chunk in 16-bit words) and
  * dhu's dV' (f32) and dS1 (the gradient of the state leaving each chunk, 16-bit words) and
