@@ -334,8 +334,7 @@ int tile_bv(const Geom &G) { return G.V < 64 ? G.V : 64; }
 
 /* whether the TF32 family runs this call's kernels on 16-bit tensor cores (dr_chunk_k256.cu,
  * dr_chunk_k256_chan.cu, dr_chunk_k256_bwd.cu: K = 256, chunk 64; k256_ok), as far as q, k, v decide:
- * the kernels that also read dO or write o ask for those to be aligned too.  With the per-channel
- * gate that is prep, the state passes and the output pass; its dqkwg and wy are the TF32 kernels */
+ * the kernels that also read dO or write o ask for those to be aligned too */
 template <typename T, int GATE, bool TC> bool k256_takes(const Geom &G, const Io<T> &io) {
     if constexpr (TC && sizeof(T) == 2) return k256_ok(G, io.q, io.k, io.v);
     else return false;

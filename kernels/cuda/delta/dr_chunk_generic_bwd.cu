@@ -79,16 +79,16 @@ __global__ void __launch_bounds__(NT)
         }
 }
 
-/* the state pass of the backward: on 16-bit tensor cores where k16 (bwd_gate says when; dS then in
- * 16-bit words to dS16 where given, else in f32 to dSo; the per-channel gate's reads prep's Kd and
- * Qg), else k_dhu (dS in f32 to dSo) */
+/* the state pass of the backward: on 16-bit tensor cores where k256 (bwd_gate says when; dS then
+ * in 16-bit words to dS16; the per-channel gate's reads prep's Kd and Qg), else k_dhu (dS in f32 to
+ * dSo) */
 template <typename T, int GATE, bool TC>
-int dhu(const Plan &pl, const Io<T> &io, bool k16, const float *Gc, const float *W, const float *P, float *dVn,
+int dhu(const Plan &pl, const Io<T> &io, bool k256, const float *Gc, const float *W, const float *P, float *dVn,
         float *dSo, uint16_t *dS16, const uint16_t *Kd, const uint16_t *Qg) {
     const Geom &G = pl.G;
     if constexpr (TC && sizeof(T) == 2) {
-        if (k16) {
-            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16, io.dh0, Kd, Qg, dS16 ? nullptr : dSo};
+        if (k256) {
+            const K256Dhu d{Gc, (const uint16_t *)W, P, io.dhT, dVn, dS16, io.dh0, Kd, Qg};
             return is_bf16<T>::value ? fast::k256_dhu(pl, io_bits(io), d) : fast_h::k256_dhu(pl, io_bits(io), d);
         }
     }

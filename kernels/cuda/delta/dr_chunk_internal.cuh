@@ -536,8 +536,7 @@ struct K256Out {
 /* and the backward state pass (the TF32 family's dhu) where k256_ok takes the call and dO is 16-byte
  * aligned: from prep's Gc, W (16-bit), P and io.q, io.k, io.dout (CHANNEL: prep's Qg, Kd for q, k),
  * it writes dVn (dV' [rows, HV, V]), dS leaving each chunk (the states' layout) in 16-bit words
- * (dSh, K256Plain; where the 16-bit dqkwg reads it) or f32 (dSf, for the TF32 dqkwg) and, where
- * non-NULL, dh0, from dhT */
+ * (dSh, K256Plain) and, where non-NULL, dh0, from dhT */
 struct K256Dhu {
     const float *Gc;
     const uint16_t *W;
@@ -546,7 +545,6 @@ struct K256Dhu {
     uint16_t *dSh;
     float *dh0;
     const uint16_t *Kd, *Qg;
-    float *dSf;
 };
 bool k256_ok(const Geom &G, const void *q, const void *k, const void *v);
 /* whether the K = 256 backward stores the gradient d (dq or dk, given) itself (K256Bwd::dq, dk) */

@@ -438,12 +438,11 @@ __global__ void __launch_bounds__(FNT, 2)
             dS,
             [&](int r, int j, float x0, float x1) {
                 put_sp2<false>(Sp{sY, 0}, LV, r, j, x0, x1);
-                if (d.dSf) *(float2 *)(d.dSf + sb + (int64_t)r * V + j) = make_float2(x0, x1);
             },
             tid_fresh());
         cp_async_wait_all(); /* K, dO, the gate */
         bsync();
-        if (d.dSh) store_raw<KK, SBV, FNT, 1>(d.dSh + sb, V, sY, tid); /* whole 128-byte lines a warp */
+        store_raw<KK, SBV, FNT, 1>(d.dSh + sb, V, sY, tid); /* whole 128-byte lines a warp */
         /* dV' = (e^{G_last - G} o K) dS + P^T dO  (CHANNEL: Kd dS + P^T dO) */
         float acc[1][TV::NT][4];
         acc_zero(acc);
