@@ -56,7 +56,7 @@ import time
 # B, T, H, K, V.  S1-S3: the reference shapes (the default); S4 (with --shapes S4): FLA's layer default
 # V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu); L1 (with
 # --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096, and
-# delta_rule and kda at its heads (K = 256: ours runs delta_rule on the K = 256 kernels, kda on the TF32 family);
+# delta_rule and kda at its heads (K = 256: ours runs both on the K = 256 kernels);
 # Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
 # B4 T4096 (FLA's layer repeats q and k over each group of value heads before its kernels: so does
 # the FLA side here, inside the timed call).  A1, A3, A4, AL (with --shapes A1,A3,A4,AL --f64): accuracy
@@ -67,15 +67,19 @@ import time
 # below the SM count) the K = 128 state and dhu passes take 32-wide V tiles where S1 takes 64-wide ones.
 # AS, AS2 (with --shapes AS,AS2 --f64; gated_delta_rule and delta_rule): accuracy shapes with an
 # initial state h0 and a final state's gradient dht (H0_SHAPES), B3 H4 K 256 V 64 bf16, at T1 (one
-# token) and T130 (three chunks of 64, the last partial); their times mean nothing
+# token) and T130 (three chunks of 64, the last partial); their times mean nothing.  O1 (with --shapes O1):
+# a head size neither side's kernels take as it is, K = V = 96, every op (FLA masks its tiles of 128; ours pads
+# K, V to 128 with zeros around its kernels, kernels/cuda/delta/dr_chunk_pad.cu), and AO its accuracy shape
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128),
           "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "A4": (1, 1024, 16, 128, 256),
           "AL": (1, 1024, 6, 256, 512),
-          "AS": (3, 1, 4, 256, 64), "AS2": (3, 130, 4, 256, 64)}
+          "AS": (3, 1, 4, 256, 64), "AS2": (3, 130, 4, 256, 64), "O1": (8, 2048, 16, 96, 96),
+          "AO": (1, 1024, 16, 96, 96)}
 VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
 DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16",
-          "A1": "bf16", "A3": "f16", "A4": "bf16", "AL": "bf16", "AS": "bf16", "AS2": "bf16"}
+          "A1": "bf16", "A3": "f16", "A4": "bf16", "AL": "bf16", "AS": "bf16", "AS2": "bf16", "O1": "bf16",
+          "AO": "bf16"}
 H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
@@ -83,7 +87,9 @@ CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("delta_rule", "L1"), ("kda", "L1"), ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
          ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"), ("kda", "AL"),
-         ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2")]
+         ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2"),
+         ("gated_delta_rule", "O1"), ("delta_rule", "O1"), ("kda", "O1"),
+         ("gated_delta_rule", "AO"), ("delta_rule", "AO"), ("kda", "AO")]
 # the outputs and gradients compared, each where a side has it: dg with a gate, hT and dh0 at H0_SHAPES
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg", "hT", "dh0"]
 

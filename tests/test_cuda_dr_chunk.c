@@ -13,6 +13,8 @@
  *    columns (kernels/cuda/delta/dr_chunk_vsplit.cu), bf16 and fp16, KDA too;
  *  - 128 < K <= 256 on the TF32 family (every gate, V up to 512), bf16 and fp16, against the
  *    reference with the tensor-core bounds and against the generic kernels;
+ *  - K and V the tensor-core kernels do not take, zero-padded to theirs (K = 32, 96, 100, 160, 200;
+ *    V = 40, 48, 80, 96, 200), and views not aligned for their vector loads (aligned copies);
  *  - every gate kind, grouped value heads, cu_seqlens with an empty sequence, h0/hT present or
  *    absent, partial last chunks, T = 1, chunk 16/32/64, V tiles with a partial tile, NULL
  *    gradient pointers;
@@ -45,13 +47,11 @@ static const dg_dr_variant var_default = {1, 1, 1};
 static const dg_dr_variant var_all[8] = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1},
                                          {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
 
-/* whether fp16 calls of this case take tensor cores (dr_chunk_cuda.h): the mma or KDA kernels
- * (V = 192, 256 ... as heads of 64 or 128 columns), or the TF32 family at 128 < K <= 256, whose
+/* whether fp16 calls of this case take tensor cores (dr_chunk_cuda.h): every chunk-64 call (the mma
+ * or KDA kernels, K and V padded to their shapes, V = 192, 256 ... as heads of 64 or 128 columns;
+ * at 128 < K <= 256 the 16-bit K = 256 kernels), or the TF32 family at 128 < K <= 256, whose
  * intermediates round to 2^-11 as the fp16 mma kernels' do (F16_MMA_TOL's derivation holds for all) */
-static int f16_mma(const cfg *c) {
-    if (c->K > 128 && c->K <= 256) return 1;
-    return c->chunk == 64 && (c->K == 64 || c->K == 128) && c->V % 64 == 0;
-}
+static int f16_mma(const cfg *c) { return c->chunk == 64 || (c->K > 128 && c->K <= 256); }
 
 /* one case: GPU against the f64 recurrence; f32 runs print the CPU f32 chunked error too.
  * all_variants: every variant against the reference and against {1,1,1}. */
@@ -206,8 +206,9 @@ static void test_dr_chunk_vsplit(void **state) {
  * tensor-core bounds), every backward variant in bf16 (the fused one runs the pair of kernels where
  * dW and dG do not fit in shared memory: K > 128), against the generic
  * kernels forced; the launches show the TF32 kernels ran, with prep and the state passes (forward
- * and backward; dr_chunk_k256.cu) and the backward's dqkwg and wy (dr_chunk_k256_bwd.cu) on 16-bit
- * tensor cores where the call is K = 256, gate none or head, chunk 64 and V a multiple of 64. */
+ * and backward; dr_chunk_k256.cu), the output pass and the backward's dqkwg and wy
+ * (dr_chunk_k256_bwd.cu) on 16-bit tensor cores where the call's chunk is 64 (K = 192, V = 72 padded
+ * to 256 and 128: dr_chunk_pad.cu). */
 static const cfg tf32_cases[] = {
     {"tf32: head, GVA, K=256, V=64", 1, 130, 1, 2, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"tf32: none, varlen, K=192, V=72", 1, 100, 1, 1, 192, 72, DG_GATE_NONE, 64, 4, {0, 33, 33, 100}, 1, 1, 0},
@@ -216,11 +217,9 @@ static const cfg tf32_cases[] = {
     {"tf32: none, varlen, K=256, V=128", 1, 150, 1, 1, 256, 128, DG_GATE_NONE, 64, 4, {0, 70, 70, 150}, 1, 1, 0},
 };
 
-/* whether the TF32 family runs c's prep, state pass, dqkwg and wy on 16-bit tensor cores (k256_ok; with
- * the per-channel gate only prep and the state passes: test_cuda_dr_chunk_kda.c) */
-static int k256_case(const cfg *c) {
-    return c->K == 256 && c->gate != DG_GATE_CHANNEL && c->chunk == 64 && c->V % 64 == 0;
-}
+/* whether the TF32 family runs c's prep, state pass, dqkwg and wy on 16-bit tensor cores (k256_ok):
+ * chunk 64, K and V padded to K = 256 and a multiple of 64 where they are not (dr_chunk_pad.cu) */
+static int k256_case(const cfg *c) { return c->K > 128 && c->chunk == 64; }
 
 /* the backward's dqkwg and wy of the launches kt[0, m): the 16-bit ones (dr_chunk_k256_bwd.cu) in a
  * k256 case and no TF32 ones, else the reverse (the TF32 pair or the fused kernel) */
@@ -244,9 +243,11 @@ static void test_dr_chunk_tf32(void **state) {
             dg_cuda_ktime kt[32];
             int dropped = -1;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
-            run_case(c, st, st == S_BF16 && i < 3);
+            const int variants = st == S_BF16 && i < 3;
+            run_case(c, st, variants);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
-            assert_int_equal(dropped, 0);
+            if (!variants)
+                assert_int_equal(dropped, 0); /* (the padded case's variants pass the timer's 256 launches) */
             /* the state passes, forward and backward, and the output pass: the 16-bit kernel or the TF32 one */
             static const char *const passes[][2] = {{"dr_chunk k256 state", "dr_chunk tf32 state"},
                                                     {"dr_chunk k256 dhu", "dr_chunk tf32 dhu"},
@@ -263,6 +264,8 @@ static void test_dr_chunk_tf32(void **state) {
                          launches_of(kt, m, "dr_chunk state"), launches_of(kt, m, "dr_chunk dhu"),
                          launches_of(kt, m, "dr_chunk out"));
             k256_bwd_ran(c, st, kt, m);
+            if ((launches_of(kt, m, "dr_chunk pad") != 0) != (k256_case(c) && (c->K != 256 || c->V % 64 != 0)))
+                fail_msg("%s %s: the padding ran %d times", c->name, st_names[st], launches_of(kt, m, "dr_chunk pad"));
         }
         paths_compare(c, S_BF16, "tf32 vs generic", 5e-3);
     }
@@ -318,13 +321,139 @@ static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const ch
     res_free(&ref), res_free(&got), data_free(&d);
 }
 
-/* views that start one element into their buffer (not 16-byte aligned) take the generic kernels
- * instead of the vectorised ones, with the same results */
+/* views that start one element into their buffer (not 16-byte aligned) take the tensor-core kernels
+ * on aligned copies (dr_chunk_pad.cu), within the same bound */
 static void test_dr_chunk_bf16_unaligned(void **state) {
     (void)state;
     dg_test_require_cuda();
     const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
-    fwd_offset_views(&c, 1, 1, DG_DRC_GENERIC, "dr_chunk out");
+    fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk pad");
+    fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk mma out");
+}
+
+/* y [A, Bd, Cd] from x [A, Bs, Cs]: x's entries where they exist, zeros elsewhere (padding when Bd >=
+ * Bs and Cd >= Cs, the leading block when smaller); NULL for NULL */
+static double *box(const double *x, int64_t A, int64_t Bs, int64_t Cs, int64_t Bd, int64_t Cd) {
+    if (!x) return NULL;
+    const int64_t n = A * Bd * Cd;
+    double *y = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    for (int64_t a = 0; a < A; a++)
+        for (int64_t b = 0; b < Bs && b < Bd; b++)
+            for (int64_t c = 0; c < Cs && c < Cd; c++) y[(a * Bd + b) * Cd + c] = x[(a * Bs + b) * Cs + c];
+    return y;
+}
+
+/* the dimensions [A, B, C] of each input and result of case c with K, V as given (B = 1 but for the
+ * states): q, k and the per-channel gate's rows of K, v and dout rows of V, the states K x V */
+typedef struct dims3 {
+    int64_t A, B, C;
+} dims3;
+enum { I_Q, I_K, I_V, I_G, I_DOUT, I_H0, I_DHT, I_N };
+static dims3 in_dims(const cfg *c, const data *d, int i, int64_t K, int64_t V) {
+    const int64_t BT = c->B * c->T, NH = d->s.N * c->HV;
+    const int64_t gs = c->gate == DG_GATE_CHANNEL ? K : 1;
+    const dims3 t[I_N] = {{BT * c->H, 1, K},  {BT * c->H, 1, K}, {BT * c->HV, 1, V}, {BT * c->HV, 1, gs},
+                          {BT * c->HV, 1, V}, {NH, K, V},        {NH, K, V}};
+    return t[i];
+}
+static dims3 res_dims(const cfg *c, const data *d, int a, int64_t K, int64_t V) {
+    static const int of[R_N] = {I_V, I_H0, I_Q, I_K, I_V, I_G, -1, I_H0};
+    if (of[a] < 0) return (dims3){c->B * c->T * c->HV, 1, 1}; /* dbeta */
+    return in_dims(c, d, of[a], K, V);
+}
+
+/* K and V the tensor-core kernels do not take as they are, padded with zeros to theirs
+ * (kernels/cuda/delta/dr_chunk_pad.cu), every gate and family, bf16 and fp16: the results are the
+ * same bits as the unpadded entries of the padded shape's call on the inputs padded by hand (the
+ * padding is exact); where the padded shape is K <= 128, against the f64 recurrence too, every
+ * backward variant for the first, and the first two against the generic kernels forced.  (At K >
+ * 128 the padded shape is K = 256, whose kernels test_dr_chunk_tf32 and test_kda_k256 bound against
+ * f64 on their draws; the margin of their dg over other draws: docs/PERF.md, "What is not met".)
+ * The launches show the padding and the family's prep (the padded V = 200 of the
+ * second as two heads of 128). */
+static const cfg pad_cases[] = {
+    {"pad: head, GVA, K=96, V=80 (to 128, 128)", 1, 130, 1, 2, 96, 80, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"pad: none, varlen, K=32, V=200 (to 64, 256)",
+     1,
+     150,
+     1,
+     1,
+     32,
+     200,
+     DG_GATE_NONE,
+     64,
+     4,
+     {0, 70, 70, 150},
+     1,
+     1,
+     0},
+    {"pad: channel, K=100, V=48, some grads (to 128, 64)", 1, 100, 1, 1, 100, 48, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 1},
+    {"pad: head, K=160, V=96 (to 256, 128)", 1, 100, 1, 1, 160, 96, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"pad: channel, GVA, K=200, V=40 (to 256, 64)", 1, 130, 1, 2, 200, 40, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+};
+
+/* case c in storage st through the padding, and its inputs padded by hand to Kp, Vp through the
+ * padded shape's own call: the same bits on the unpadded entries */
+static void pad_same_bits(const cfg *c, int st, int64_t Kp, int64_t Vp) {
+    data d, dp;
+    make(c, st, &d);
+    cfg cp = *c;
+    cp.K = Kp, cp.V = Vp;
+    dp = d;
+    dp.s.K = Kp, dp.s.V = Vp;
+    double *const *src[I_N] = {&d.q, &d.k, &d.v, &d.g, &d.dout, &d.h0, &d.dhT};
+    double **dst[I_N] = {&dp.q, &dp.k, &dp.v, &dp.g, &dp.dout, &dp.h0, &dp.dhT};
+    for (int i = 0; i < I_N; i++) {
+        const dims3 a = in_dims(c, &d, i, c->K, c->V), b = in_dims(c, &d, i, Kp, Vp);
+        *dst[i] = box(*src[i], a.A, a.B, a.C, b.B, b.C);
+    }
+    dp.beta = box(d.beta, d.nb, 1, 1, 1, 1);
+    dp.rq = dp.rk = NULL;
+    dp.nq = in_dims(c, &d, I_Q, Kp, Vp).A * Kp, dp.nv = in_dims(c, &d, I_V, Kp, Vp).A * Vp;
+    dp.ng = c->gate == DG_GATE_CHANNEL ? in_dims(c, &d, I_G, Kp, Vp).A * Kp : d.ng;
+    dp.nh = in_dims(c, &d, I_H0, Kp, Vp).A * Kp * Vp;
+    res got, want;
+    res_alloc(c, &d, &got), res_alloc(&cp, &dp, &want);
+    run_gpu(&d, st, &var_default, &got);
+    run_gpu(&dp, st, &var_default, &want);
+    for (int a = 0; a < R_N; a++) {
+        if (!got.x[a]) continue;
+        const dims3 u = res_dims(c, &d, a, c->K, c->V), p = res_dims(c, &d, a, Kp, Vp);
+        double *w = box(want.x[a], p.A, p.B, p.C, u.B, u.C);
+        for (int64_t i = 0; i < got.n[a]; i++)
+            if (!(got.x[a][i] == w[i]) && !(isnan(got.x[a][i]) && isnan(w[i])))
+                fail_msg("%s %s: %s[%lld] is %.9g padded, %.9g by the padded shape's call", c->name, st_names[st],
+                         r_names[a], (long long)i, got.x[a][i], w[i]);
+        free(w);
+    }
+    res_free(&got), res_free(&want), data_free(&d), data_free(&dp);
+}
+
+static void test_dr_chunk_pad(void **state) {
+    (void)state;
+    dg_test_require_cuda();
+    for (size_t i = 0; i < sizeof pad_cases / sizeof pad_cases[0]; i++) {
+        const cfg *c = &pad_cases[i];
+        const int64_t Kp = c->K <= 64 ? 64 : c->K <= 128 ? 128 : 256, Vp = (c->V + 63) / 64 * 64;
+        for (int st = S_BF16; st <= S_F16; st++) {
+            dg_cuda_ktime kt[64];
+            int dropped = -1;
+            assert_int_equal(dg_cuda_ktime_begin(), 0);
+            pad_same_bits(c, st, Kp, Vp);
+            const int m = dg_cuda_ktime_end(kt, 64, &dropped);
+            assert_int_equal(dropped, 0);
+            const char *prep = c->K > 128                   ? "dr_chunk k256 prep"
+                               : c->gate == DG_GATE_CHANNEL ? "dr_chunk kda prep"
+                                                            : "dr_chunk mma prep";
+            if (launches_of(kt, m, "dr_chunk pad") == 0 || launches_of(kt, m, prep) == 0 ||
+                (i == 1 && launches_of(kt, m, "dr_chunk vsplit") == 0))
+                fail_msg("%s %s: the padding (%d launches), %s (%d) or the split (%d) did not run", c->name,
+                         st_names[st], launches_of(kt, m, "dr_chunk pad"), prep, launches_of(kt, m, prep),
+                         launches_of(kt, m, "dr_chunk vsplit"));
+            if (c->K <= 128) run_case(c, st, i == 0 && st == S_BF16);
+        }
+        if (i < 2) paths_compare(c, S_BF16, "padded mma vs generic", 5e-3);
+    }
 }
 
 /* the tensor-core path over long sequences (the benchmark's S2 has T = 8192): the bf16 error of
@@ -395,8 +524,9 @@ static void test_dr_chunk_bf16_draws(void **state) {
 }
 
 /* fp16: every gate kind, chunk 16/32/64, GVA, cu_seqlens with an empty sequence, T = 1, K = 200,
- * a partial V tile, some gradients only.  The first two take the head-gate tensor-core kernels
- * (their fp16 build), the fourth KDA's. */
+ * a partial V tile, some gradients only.  The first two and the last (K = 8, V = 300 padded to 64
+ * and 320, five heads of 64) take the head-gate tensor-core kernels (their fp16 build), the fourth
+ * KDA's. */
 static const cfg f16_cases[] = {
     {"head, GVA, K=V=128 (bf16 mma shape)", 2, 150, 2, 4, 128, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"none, varlen, K=V=64 (bf16 mma shape)",
@@ -677,9 +807,13 @@ static void test_dr_chunk_sanitize(void **state) {
                               1,
                               1,
                               0};
-    /* the TF32 family: partial tiles of V (40 of 64), a partial chunk, both backward kernels' forms */
+    /* K and V padded to the tensor-core kernels' (dr_chunk_pad.cu: its copies around the kernels) */
+    static const cfg pad = {
+        "sanitize: head, GVA, K=96, V=40 (to 128, 64)", 1, 70, 1, 2, 96, 40, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0};
+    /* the TF32 family (chunks other than 64): partial tiles of V (40 of 64), a partial chunk, both
+     * backward kernels' forms */
     static const cfg tf32[] = {
-        {"sanitize: tf32 head, GVA, K=256, V=40", 1, 70, 1, 2, 256, 40, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        {"sanitize: tf32 head, GVA, K=256, V=40, C32", 1, 70, 1, 2, 256, 40, DG_GATE_HEAD, 32, 0, {0}, 1, 1, 0},
         {"sanitize: tf32 channel, varlen, C32", 1, 50, 1, 1, 160, 24, DG_GATE_CHANNEL, 32, 3, {0, 20, 50}, 1, 1, 0},
     };
     static const dg_dr_variant v000 = {0, 0, 0};
@@ -688,6 +822,7 @@ static void test_dr_chunk_sanitize(void **state) {
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
     run_case(&split, S_BF16, 0);
+    run_case(&pad, S_BF16, 0);
     for (int i = 0; i < 4; i++) {
         for (int bf = 0; bf < 2; bf++) {
             if (!bf && i >= 2) continue;
@@ -866,6 +1001,7 @@ int main(void) {
         cmocka_unit_test(test_dr_chunk_vsplit),
         cmocka_unit_test(test_dr_chunk_tf32),
         cmocka_unit_test(test_dr_chunk_bf16_unaligned),
+        cmocka_unit_test(test_dr_chunk_pad),
         cmocka_unit_test(test_dr_chunk_bf16_long),
         cmocka_unit_test(test_dr_chunk_bf16_draws),
         cmocka_unit_test(test_dr_chunk_f16),

@@ -13,8 +13,8 @@
  *    call, and T = 2048;
  *  - the same cases in fp16 (the kernels' fp16 build, kda_h), and a value head of V = 256 there
  *    (two heads of 128; bf16's are in test_cuda_dr_chunk.c).
- *  - K = 256 (test_kda_k256, the TF32 family: its 16-bit kernels where V is a multiple of 64, its
- *    TF32 kernels otherwise), bf16 and fp16, gates on both sides of the wide form's bound.
+ *  - K = 256 (test_kda_k256, the TF32 family's 16-bit kernels; V = 32 padded to 64), bf16 and fp16,
+ *    gates on both sides of the wide form's bound.
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
  * backward runs twice and must give the same bits.  Skips without a GPU.  DG_TEST_FILTER selects
  * tests by name. */
@@ -360,47 +360,51 @@ static void test_kda_kernel_times(void **state) {
     outs_free(&o), prob_free(&p);
 }
 
-/* K = 256: the TF32 family (dr_chunk_generic.cuh), whose gated products take the wide form where a
- * chunk's span allows it, the f32 element loops elsewhere: the same checks as the cases above
- * (fused and unfused against the reference and each other; bf16 against the generic kernels),
- * bf16 and fp16, with the TF32 prep among the launches.
+/* K = 256: the TF32 family's 16-bit kernels (dr_chunk_k256*.cu), whose gated products take the wide
+ * form where a chunk's span allows it, f32 element sums elsewhere: the same checks as the cases
+ * above (fused and unfused against the reference and each other; bf16 against the generic
+ * kernels), bf16 and fp16, with the 16-bit kernels among the launches and no TF32 ones (V = 32:
+ * padded to 64 first, dr_chunk_pad.cu; the TF32 kernels' per-channel gate at chunk 32:
+ * test_cuda_dr_chunk.c's test_dr_chunk_tf32).
  * The gates: inside the bound everywhere; near it (a span of about 67 over 64 rows, so that over
- * 256 channels some chunks pass and some do not); strong decays (the element loops only). */
+ * 256 channels some chunks pass and some do not); strong decays (the element sums only). */
 static void test_kda_k256(void **state) {
     (void)state;
     dg_test_require_cuda();
     seed = SEED0; /* its own draws, whichever tests ran before (DG_TEST_FILTER) */
-    /* V a multiple of 64: every kernel on 16-bit tensor cores (dr_chunk_k256_chan.cu, dr_chunk_k256.cu,
-     * dr_chunk_k256_bwd.cu, dr_chunk_k256_chan_bwd.cu); V = 32: the TF32 kernels.  Near the bound, some chunks take the wide form and some the element loops; the
-     * strong decays take the element loops only */
+    /* every kernel on 16-bit tensor cores (dr_chunk_k256_chan.cu, dr_chunk_k256.cu, dr_chunk_k256_bwd.cu,
+     * dr_chunk_k256_chan_bwd.cu); V = 32 padded to 64.  Near the bound, some chunks take the wide form
+     * and some the element sums; the strong decays take the element sums only */
     static const kcase k256[] = {
         {"K=256, V=64, GVA, h0, dhT", 1, 130, 1, 2, 256, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
         {"K=256, V=64, gates near the wide form's bound", 1, 384, 1, 1, 256, 64, 0, {0}, -2.1, -0.02, 1, 1, 0},
         {"K=256, V=128, varlen, steep, some", 1, 150, 1, 1, 256, 128, 4, {0, 70, 70, 150}, -8.0, -0.5, 0, 1, 1},
-        {"K=256, V=32, gates near the bound (TF32)", 1, 384, 1, 1, 256, 32, 0, {0}, -2.1, -0.02, 1, 1, 0},
-        {"K=256, V=32, strong decays (TF32)", 1, 128, 1, 1, 256, 32, 0, {0}, -8.0, -0.5, 1, 1, 0},
+        {"K=256, V=32, gates near the bound (padded)", 1, 384, 1, 1, 256, 32, 0, {0}, -2.1, -0.02, 1, 1, 0},
+        {"K=256, V=32, strong decays (padded)", 1, 128, 1, 1, 256, 32, 0, {0}, -8.0, -0.5, 1, 1, 0},
     };
     for (int f16 = 0; f16 <= 1; f16++) {
         g_f16 = f16;
         for (size_t i = 0; i < sizeof k256 / sizeof k256[0]; i++) {
             dg_cuda_ktime kt[32];
             int dropped = -1;
-            const int k16 = k256[i].V % 64 == 0;
+            const int padded = k256[i].V % 64 != 0;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
             run_kcase(&k256[i], !f16);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
             assert_int_equal(dropped, 0);
             /* (the generic kernels' comparison runs the f32 prep, named "dr_chunk prep") */
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 prep"), k16 ? -1 : 1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dhu"), k16 ? -1 : 1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 prep"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dhu"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 out"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 dqkwg"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 dqkwg"), k16 ? -1 : 1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 wy"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk k256 gamma"), k16 ? 1 : -1);
-            assert_int_equal(ktime_find(kt, m, "dr_chunk tf32 wy"), k16 ? -1 : 1);
+            static const char *const k16[] = {"prep", "dhu", "out", "dqkwg", "wy", "gamma"};
+            static const char *const tf32[] = {"prep", "dhu", "dqkwg", "wy"};
+            char name[64];
+            for (size_t n = 0; n < sizeof k16 / sizeof k16[0]; n++) {
+                snprintf(name, sizeof name, "dr_chunk k256 %s", k16[n]);
+                if (ktime_find(kt, m, name) != 1) fail_msg("%s: %s did not run", k256[i].name, name);
+            }
+            for (size_t n = 0; n < sizeof tf32 / sizeof tf32[0]; n++) {
+                snprintf(name, sizeof name, "dr_chunk tf32 %s", tf32[n]);
+                if (ktime_find(kt, m, name) != -1) fail_msg("%s: %s ran", k256[i].name, name);
+            }
+            assert_int_equal(ktime_find(kt, m, "dr_chunk pad"), padded ? 1 : -1);
         }
     }
     g_f16 = false;

@@ -685,9 +685,9 @@ static const char *picked(dg_device dev, dg_dtype dt, int algorithm, dg_gate_kin
     return b ? b->name : "";
 }
 
-/* Which row takes which call: the choice the kernels made before there was a table (tensor cores
- * for 16-bit chunk-64 calls of K, V in {64, 128} or V a multiple of 64, aligned; KDA's in bf16 only;
- * the generic kernels otherwise), and a misspelled or mismatched row is an error. */
+/* Which row takes which call (tensor cores for 16-bit chunk-64 calls of any K <= 256 and V, of any
+ * alignment: K, V padded to the kernels' shapes, wide value heads split; TF32 for 128 < K <= 256 at
+ * other chunks; the generic kernels otherwise), and a misspelled or mismatched row is an error. */
 static void test_backend_table(void **state) {
     (void)state;
     const uintptr_t al = 256;
@@ -719,9 +719,14 @@ static void test_backend_table(void **state) {
         {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 192, 40, 32, odd, false, "cuda_chunk_tf32"},
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, true, "cuda_chunk_generic"},
         {DG_F32, DG_DELTA_CHUNKED, DG_GATE_HEAD, 256, 256, 64, al, false, "cuda_chunk_generic"},
-        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false, "cuda_chunk_mma"}, /* V padded */
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 96, 80, 64, al, false, "cuda_chunk_mma"},  /* K, V padded */
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_NONE, 32, 200, 64, al, false, "cuda_chunk_mma"}, /* padded, split */
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 100, 40, 64, al, false, "cuda_chunk_kda_mma"},
+        {DG_F16, DG_DELTA_CHUNKED, DG_GATE_CHANNEL, 128, 128, 64, odd, false, "cuda_chunk_kda_mma"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_NONE, 200, 72, 64, al, false, "cuda_chunk_tf32"}, /* to K = 256 */
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 32, al, false, "cuda_chunk_generic"},
-        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, odd, false, "cuda_chunk_generic"},
+        {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, odd, false, "cuda_chunk_mma"}, /* aligned copies */
         {DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, true, "cuda_chunk_generic"},
         {DG_F32, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_chunk_generic"},
         {DG_BF16, DG_DELTA_RECURRENT, DG_GATE_HEAD, 128, 128, 64, al, false, "cuda_recurrent"},
@@ -739,8 +744,8 @@ static void test_backend_table(void **state) {
         if (slow != (picked_note[0] != 0))
             fail_msg("case %zu: note '%s', expected %s", i, picked_note, slow ? "one" : "none");
     }
-    picked(DG_CUDA, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 64, al, false);
-    assert_non_null(strstr(picked_note, "test in bf16 with K = 128, V = 96, chunk 64 runs on the generic"));
+    picked(DG_CUDA, DG_BF16, DG_DELTA_CHUNKED, DG_GATE_HEAD, 128, 96, 32, al, false);
+    assert_non_null(strstr(picked_note, "test in bf16 with K = 128, V = 96, chunk 32 runs on the generic"));
 #endif
     /* a misspelled row is an error that lists the rows */
     dg_clear_error();

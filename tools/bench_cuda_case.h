@@ -36,7 +36,7 @@ typedef struct shape_def {
     bool by_default; /* run without --shapes */
     unsigned ops;    /* the BENCH_OPS it runs (bit i: BENCH_OPS[i]) without OP; named, also delta_rule at K = 256 */
 } shape_def;
-enum { BENCH_NSHAPES = 6 };
+enum { BENCH_NSHAPES = 7 };
 extern const shape_def BENCH_SHAPES[BENCH_NSHAPES];
 extern const char *const BENCH_OPS[3]; /* gated_delta_rule, kda, delta_rule */
 

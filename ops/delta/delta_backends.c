@@ -3,10 +3,14 @@
  *   cpu_recurrent        CPU f32 / f64, token by token           kernels/cpu/delta/dr_recurrent*.c
  *   cpu_chunk            CPU f32 / f64, chunked (WY form)        kernels/cpu/delta/dr_chunk*.c
  *   cuda_recurrent       CUDA f32 / bf16 / f16, token by token   kernels/cuda/delta/dr_recurrent.cu
- *   cuda_chunk_kda_mma   CUDA bf16 / f16, per-channel gate, tensor cores, chunk 64, K, V in {64, 128}
- *                        (V a multiple of 64: split heads)   kernels/cuda/delta/dr_chunk_kda_mma_*.cu
+ *   cuda_chunk_kda_mma   CUDA bf16 / f16, per-channel gate, tensor cores, chunk 64, K <= 128, any V
+ *                        (K, V in {64, 128}; others padded with zeros, V a multiple of 64 split
+ *                        in heads)                           kernels/cuda/delta/dr_chunk_kda_mma_*.cu
  *   cuda_chunk_mma       CUDA bf16 / f16, gate none or head, tensor cores, the same shapes
  *                                                            kernels/cuda/delta/dr_chunk_mma_*.cu
+ *   cuda_chunk_tf32      CUDA bf16 / f16, every gate, 128 < K <= 256 (chunk 64: padded to K = 256 and
+ *                        V a multiple of 64 on 16-bit tensor cores; other chunks TF32)
+ *                                                            kernels/cuda/delta/dr_chunk_k256*.cu
  *   cuda_chunk_generic   CUDA f32 / bf16 / f16, every gate and chunk, K <= 256
  *                                                            kernels/cuda/delta/dr_chunk_generic.cu
  * The L2 norm of q, k (c->l2): the 16-bit CUDA chunked rows take it in their own kernels
@@ -186,8 +190,8 @@ bool dg_delta_slow_note(const dg_delta_backend *b, const dg_delta_call *c, char 
     if (!b || strcmp(b->name, "cuda_chunk_generic") || !dg_delta_call_storage16(c) || c->force_generic) return false;
     snprintf(buf, n,
              "%s in %s with K = %lld, V = %lld, chunk %d runs on the generic chunked CUDA kernels (f32 arithmetic, "
-             "many times slower): the tensor-core kernels take chunks of 64, K of 64 or 128 and V a multiple of 64 "
-             "with rows aligned to 16 bytes, or K from 129 to 256 (TF32)",
+             "many times slower): the tensor-core kernels take chunks of 64 (any K <= 256 and V), or K from 129 to "
+             "256 (TF32)",
              c->op, dg_dtype_name(c->dtype), (long long)c->s.K, (long long)c->s.V, c->s.chunk);
     return true;
 }

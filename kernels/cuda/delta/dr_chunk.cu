@@ -2,6 +2,9 @@
  * family accepts, argument checks, the chunk plan, the value-head split and the fused L2 norm around
  * the families' kernels: the generic ones (dr_chunk_generic_fwd.cu, dr_chunk_generic_bwd.cu), the tensor-core ones of gate none or
  * head (dr_chunk_mma_fwd.cu / _bwd.cu) and of the per-channel gate (dr_chunk_kda_mma_fwd.cu / _bwd.cu).
+ * Around the tensor-core kernels, two moves give them shapes they do not take as they are: K and V
+ * padded with zeros (dr_chunk_pad.cu), then a wide value head split into heads of 64 or 128 columns
+ * (dr_chunk_vsplit.cu).
  * The choice between the families is not made here: the backend table (ops/delta/delta_backends.c)
  * runs the first row whose accepts() takes the call. */
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
@@ -165,8 +168,6 @@ void plan_free(Plan *p) {
     p->tab_dev = nullptr;
 }
 
-/* ---- value heads wider than the tensor-core kernels take (dr_chunk_vsplit.cu) ---- */
-
 /* ---- the kernel families ---- */
 
 /* Whether a 16-bit shape (bf16 or fp16 words alike) takes family fam's tensor-core kernels as it is */
@@ -196,6 +197,9 @@ static int vsplit_ways(dg_drc_family fam, const Geom &G) {
     }
     return 1;
 }
+
+/* whether family fam's 16-bit kernels take the shape G as it is or split in value heads */
+static bool family_takes(dg_drc_family fam, const Geom &G) { return family_shape(fam, G) || vsplit_ways(fam, G) > 1; }
 
 /* Geom::vsh of the R heads of a split: the head-gate family shares their key-side work; KDA's
  * kernels run each in full */
@@ -309,6 +313,146 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     return rc;
 }
 
+/* ---- K and V the tensor-core kernels do not take: zero padding (dr_chunk_pad.cu) ---- */
+
+/* The K and V a family's 16-bit kernels run a call of geometry G on, padded: K up to the next of 64
+ * and 128 (the head-gate and KDA families) or to 256 (the TF32 family, where its 16-bit kernels take
+ * the padded shape: k256_ok), V up to a multiple of 64.  K = 0 where padding gives the family none of
+ * its kernels' shapes (chunk not 64, K outside the family's range, a gate the family does not take). */
+struct PadDims {
+    int K = 0, V = 0;
+};
+static Geom pad_geom(Geom G, PadDims d) {
+    G.K = d.K, G.V = d.V;
+    if (G.gate == DG_GATE_CHANNEL) G.gs = d.K;
+    return G;
+}
+static PadDims pad_dims(dg_drc_family fam, const Geom &G) {
+    PadDims d;
+    const bool chan = G.gate == DG_GATE_CHANNEL;
+    if (G.C != 64) return d;
+    if (fam == DG_DRC_TF32) d.K = G.K > 128 && G.K <= 256 ? 256 : 0;
+    else if ((fam == DG_DRC_MMA && !chan) || (fam == DG_DRC_KDA_MMA && chan))
+        d.K = G.K <= 64 ? 64 : G.K <= 128 ? 128 : 0;
+    if (d.K) d.V = (G.V + 63) / 64 * 64;
+    if (fam == DG_DRC_TF32 && d.K && !k256_ok(pad_geom(G, d), nullptr, nullptr, nullptr)) d = PadDims();
+    return d;
+}
+
+/* whether the pointers the head-gate and KDA kernels load and store as vectors are aligned for them:
+ * q, k, v, dout and the L2 norm's normalised rows to 16 bytes, o and dv to 4 (NULL: not used) */
+template <typename T> static bool io_aligned(const Io<T> &io, const L2Req<T> *l2 = nullptr) {
+    const void *a16[] = {io.q, io.k, io.v, io.dout, l2 ? l2->q : nullptr, l2 ? l2->k : nullptr};
+    for (const void *p : a16)
+        if (!aligned(p, 16)) return false;
+    return aligned(io.o, 4) && aligned(io.dv, 4);
+}
+
+/* Whether a 16-bit call of geometry G runs padded to d = pad_dims: where d differs from its K or V,
+ * or (head-gate and KDA families) where its rows are not aligned for the kernels' vector loads (the
+ * padded copies are).  The TF32 family takes any alignment at K = 256 itself. */
+static bool pad_wanted(dg_drc_family fam, const Geom &G, PadDims d, bool aligned_io) {
+    if (!d.K) return false;
+    return d.K != G.K || d.V != G.V || (fam != DG_DRC_TF32 && !aligned_io);
+}
+
+static const char *const PAD_WHO = "dr_chunk pad";
+
+/* The padded copies of a call: scratch they own, and the copies in and out (dr_chunk_pad.cu) */
+struct Padded {
+    void *own[16] = {};
+    int n = 0, rc = 0;
+    /* new scratch of count elements (NULL, rc set, when it cannot be had); NULL where want is NULL */
+    template <typename E> E *take(const void *want, int64_t count) {
+        if (!want || rc) return nullptr;
+        E *x = scratch<E>((size_t)count);
+        if (!x) rc = -1;
+        else own[n++] = x;
+        return x;
+    }
+    /* src [A, Bs, Cs] padded into new scratch [A, Bd, Cd]; NULL where src is NULL */
+    template <typename E> E *in(const E *src, int64_t A, int Bs, int Cs, int Bd, int Cd) {
+        E *dst = take<E>(src, A * Bd * Cd);
+        if (dst) rc = pad_copy(PAD_WHO, A, Bs, Cs, Bd, Cd, sizeof(E), src, dst);
+        return dst;
+    }
+    /* dst [A, Bd, Cd] cropped from src [A, Bs, Cs] (both given, or nothing) */
+    template <typename E> void out(const E *src, int64_t A, int Bs, int Cs, int Bd, int Cd, E *dst) {
+        if (src && dst && !rc) rc = pad_copy(PAD_WHO, A, Bs, Cs, Bd, Cd, sizeof(E), src, dst);
+    }
+    ~Padded() {
+        for (int i = 0; i < n; i++) release(own[i]);
+    }
+};
+
+/* The forward of a call padded to d (pad_wanted; G its geometry): q, k, v, the per-channel gate and
+ * h0 padded, the forward of the padded shape, o, hT and the L2 norm's normalised rows cropped back */
+template <typename T>
+static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void *keep, bool *kept,
+                   const L2Req<T> *l2) {
+    dg_dr_shape s2 = *r.s;
+    s2.K = d.K, s2.V = d.V;
+    Run r2 = r;
+    r2.s = &s2;
+    const int64_t nq = G.rows * G.H, nv = G.rows * G.HV, NH = G.N * G.HV;
+    Padded pb;
+    Io<T> io2 = io;
+    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K);
+    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V);
+    if (G.gate == DG_GATE_CHANNEL) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
+    io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
+    io2.o = pb.take<T>(io.o, nv * d.V);
+    io2.hT = pb.take<float>(io.hT, NH * d.K * d.V);
+    L2Req<T> l22;
+    if (l2) {
+        l22 = *l2;
+        l22.q = pb.take<T>(l2->q, nq * d.K);
+        l22.k = pb.take<T>(l2->k, nq * d.K);
+    }
+    if (pb.rc) return -1;
+    if (fwd<T>(r2, io2, keep, kept, l2 ? &l22 : nullptr)) return -1;
+    pb.out<T>(io2.o, nv, 1, d.V, 1, G.V, io.o);
+    pb.out<float>(io2.hT, NH, d.K, d.V, G.K, G.V, io.hT);
+    if (l2) pb.out<T>(l22.q, nq, 1, d.K, 1, G.K, l2->q), pb.out<T>(l22.k, nq, 1, d.K, 1, G.K, l2->k);
+    return pb.rc;
+}
+
+/* The backward likewise: the forward's inputs, dout and dhT padded; dq, dk, dv, the per-channel
+ * gate's dg and dh0 cropped back (dbeta and the head gate's dg have no padded dimension) */
+template <typename T>
+static int bwd_pad(const Run &r, const Geom &G, PadDims d, const dg_dr_variant &var, const Io<T> &io,
+                   const void *kept) {
+    dg_dr_shape s2 = *r.s;
+    s2.K = d.K, s2.V = d.V;
+    Run r2 = r;
+    r2.s = &s2;
+    const int64_t nq = G.rows * G.H, nv = G.rows * G.HV, NH = G.N * G.HV;
+    const bool chan = G.gate == DG_GATE_CHANNEL;
+    Padded pb;
+    Io<T> io2 = io;
+    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K);
+    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V);
+    io2.dout = pb.in<T>(io.dout, nv, 1, G.V, 1, d.V);
+    if (chan) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
+    io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
+    io2.dhT = pb.in<float>(io.dhT, NH, G.K, G.V, d.K, d.V);
+    io2.dq = pb.take<T>(io.dq, nq * d.K);
+    io2.dk = pb.take<T>(io.dk, nq * d.K);
+    io2.dv = pb.take<T>(io.dv, nv * d.V);
+    if (chan) io2.dg = pb.take<float>(io.dg, nv * d.K);
+    io2.dh0 = pb.take<float>(io.dh0, NH * d.K * d.V);
+    if (pb.rc) return -1;
+    if (bwd<T>(r2, var, io2, kept)) return -1;
+    pb.out<T>(io2.dq, nq, 1, d.K, 1, G.K, io.dq);
+    pb.out<T>(io2.dk, nq, 1, d.K, 1, G.K, io.dk);
+    pb.out<T>(io2.dv, nv, 1, d.V, 1, G.V, io.dv);
+    if (chan) pb.out<float>(io2.dg, nv, 1, d.K, 1, G.K, io.dg);
+    pb.out<float>(io2.dh0, NH, d.K, d.V, G.K, G.V, io.dh0);
+    return pb.rc;
+}
+
 #ifdef DRC_EMU
 /* The host emulation has no dr_pieces.cu: the norm's rows there go through l2norm_row, which makes
  * the bits of the norm's kernel (dr_l2norm_row.cuh) */
@@ -367,6 +511,11 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         return -1;
     }
     if (plan_init(r.who, r.s, io_in.q, io_in.k, io_in.v, io_in.g, io_in.beta, &p)) return -1;
+    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io_aligned(io_in, l2))) {
+        const int rc = fwd_pad<T>(r, p.G, d, io_in, keep, kept, l2);
+        plan_free(&p);
+        return rc;
+    }
     if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G) : 1; R > 1) {
         const int rc = fwd_vsplit<T>(r, p.G, R, io_in, keep, kept, l2);
         plan_free(&p);
@@ -409,6 +558,11 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         return -1;
     }
     if (plan_init(r.who, r.s, io.q, io.k, io.v, io.g, io.beta, &p)) return -1;
+    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io_aligned(io))) {
+        const int rc = bwd_pad<T>(r, p.G, d, var, io, kept);
+        plan_free(&p);
+        return rc;
+    }
     if (const int R = sizeof(T) == 2 ? vsplit_ways(r.fam, p.G) : 1; R > 1) {
         const int rc = bwd_vsplit<T>(r, p.G, R, var, io, kept);
         plan_free(&p);
@@ -440,15 +594,6 @@ static const char *family_name(dg_drc_family fam) {
                                    : "generic";
 }
 
-/* the tensor-core kernels load q, k, v, dout (and the norm's raw and normalised rows) as 16-byte
- * vectors and store o, dv in pairs: every such pointer of the call that is given */
-static bool call_aligned(const dg_delta_call *c) {
-    const void *a16[] = {c->q, c->k, c->v, c->dout, c->l2.on ? c->l2.qraw : nullptr, c->l2.on ? c->l2.kraw : nullptr};
-    for (const void *p : a16)
-        if (!aligned(p, 16)) return false;
-    return aligned(c->o, 4) && aligned(c->dv, 4);
-}
-
 /* The geometry the families' shape tests read, from the shape alone (unchecked: a shape the kernels
  * refuse is refused with its message by the call itself) */
 static Geom loose_geom(const dg_dr_shape &s) {
@@ -466,7 +611,9 @@ static bool accepts(dg_drc_family fam, const dg_delta_call *c) {
     if (c->dtype == DG_F32 || c->force_generic || c->s.K > 256 || c->s.V > (1 << 20) || c->s.H < 1) return false;
     const Geom G = loose_geom(c->s);
     if (fam == DG_DRC_TF32) return family_shape(fam, G); /* (element loads: any alignment) */
-    return (family_shape(fam, G) || vsplit_ways(fam, G) > 1) && call_aligned(c);
+    /* (any alignment and any K, V the padding takes to the family's shapes: pad_wanted) */
+    const PadDims d = pad_dims(fam, G);
+    return d.K && family_takes(fam, pad_geom(G, d));
 }
 
 /* names of the entry points by dtype, for messages */
@@ -488,10 +635,9 @@ static bool check_family(dg_drc_family fam, const dg_delta_call *c, const char *
         return false;
     }
     if (!accepts(fam, c)) {
-        dg_error("%s: the %s kernels do not take this call (%s, gate %d, chunk %d, K = %lld, V = %lld%s%s)", who,
+        dg_error("%s: the %s kernels do not take this call (%s, gate %d, chunk %d, K = %lld, V = %lld%s)", who,
                  family_name(fam), dg_dtype_name(c->dtype), (int)c->s.gate, c->s.chunk, (long long)c->s.K,
-                 (long long)c->s.V, call_aligned(c) ? "" : ", pointers not 16-byte aligned",
-                 c->force_generic ? ", force_generic set" : "");
+                 (long long)c->s.V, c->force_generic ? ", force_generic set" : "");
         return false;
     }
     return true;
@@ -576,7 +722,9 @@ int64_t dg_cuda_dr_chunk_kept_bytes(dg_drc_family fam, const dg_delta_call *c) {
     drc::Plan p; /* the shape alone decides (the pointers are checked by the calls themselves) */
     if (drc::plan_init("cuda dr_chunk_kept_bytes", &c->s, nullptr, nullptr, nullptr, nullptr, nullptr, &p, true))
         return -1;
-    const drc::Geom G = drc::vsplit_geom(p.G, drc::vsplit_ways(fam, p.G)); /* (the shape the kernels run) */
+    /* the shape the kernels run: padded (where it is), then split */
+    const drc::PadDims d = drc::pad_dims(fam, p.G);
+    const drc::Geom Gp = d.K ? drc::pad_geom(p.G, d) : p.G, G = drc::vsplit_geom(Gp, drc::vsplit_ways(fam, Gp));
     const size_t n = fam == DG_DRC_KDA_MMA ? drc::kda_kept_bytes(G)
                      : fam == DG_DRC_TF32  ? drc::k256_kept_bytes(G)
                                            : drc::fast_kept_bytes(G);

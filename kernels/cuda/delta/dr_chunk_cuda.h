@@ -24,11 +24,15 @@
  *    128 < K <= 256, every gate, chunk and V (dr_chunk_blk_mm.cuh); at K = 256 with chunk 64 and
  *    V a multiple of 64 (every gate), its prep, state passes, output pass and the backward's dqkwg
  *    and wy run on mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but
- *    the states plain (dr_chunk_k256*.cu);
- *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 and fp16 calls; chunk 64, K in {64, 128}, V a multiple of 64, q, k, v, dout and the norm's raw rows
- *    16-byte aligned and o, dv 4-byte aligned; force_generic not set: accepts() says whether a
- *    call qualifies; a head of V other than 64 or 128 runs as V / 128 heads of 128 columns, or
- *    V / 64 of 64, that share its key head: dr_chunk_vsplit.cu): the in-chunk products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
+ *    the states plain (dr_chunk_k256*.cu); a chunk-64 call of 128 < K < 256 or of another V runs
+ *    on those, zero-padded to K = 256 and V a multiple of 64 (dr_chunk_pad.cu: exact);
+ *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 and fp16 calls; chunk 64, K <= 128, any V;
+ *    force_generic not set: accepts() says whether a call qualifies.  The kernels take K in {64,
+ *    128} and V a multiple of 64 with q, k, v, dout and the norm's rows 16-byte aligned and o, dv
+ *    4-byte aligned; other K and V, and unaligned rows, run zero-padded to such a shape in aligned
+ *    copies (dr_chunk_pad.cu: exact); a head of V other than 64 or 128 runs as V / 128 heads of
+ *    128 columns, or V / 64 of 64, that share its key head: dr_chunk_vsplit.cu): the in-chunk
+ *    products on mma.sync m16n8k16 with 16-bit operands (bf16, or fp16 for
  *    fp16 calls) and f32 accumulation; operands that are not inputs (W, U, states, the triangular
  *    inverse) are split into two 16-bit terms (hi + lo) so that the products keep about 16 bits
  *    (fp16: about 22), except W and U (and V' with the head gate), which are plain 16-bit words as
@@ -60,13 +64,13 @@ extern "C" {
 typedef enum {
     DG_DRC_GENERIC = 0, /* dr_chunk_generic.cu: f32 arithmetic, every call */
     DG_DRC_MMA = 1,     /* dr_chunk_mma_*.cu: tensor cores, gate none or head, bf16 and fp16 */
-    DG_DRC_KDA_MMA = 2, /* dr_chunk_kda_mma_*.cu: tensor cores, per-channel gate, bf16 */
+    DG_DRC_KDA_MMA = 2, /* dr_chunk_kda_mma_*.cu: tensor cores, per-channel gate, bf16 and fp16 */
     DG_DRC_TF32 = 3,    /* dr_chunk_generic_*.cu on TF32 tensor cores: 16-bit, 128 < K <= 256 */
 } dg_drc_family;
 
-/* Whether family fam takes call c: a CUDA chunked call of its dtypes, gates and shapes, with the
- * pointers aligned as its kernels load them (no error set either way; a shape that no kernel takes
- * is accepted by the generic family and refused with its message by the call). */
+/* Whether family fam takes call c: a CUDA chunked call of its dtypes, gates and shapes, padded
+ * where its kernels need (no error set either way; a shape that no kernel takes is accepted by the
+ * generic family and refused with its message by the call). */
 bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c);
 
 /* The forward's working set, kept for the backward (16-bit calls on the tensor-core families, and

@@ -611,6 +611,10 @@ int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 enum { VS_BF16, VS_F16, VS_F32 }; /* words of an output: bf16, fp16, f32 */
 int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
+/* Zero padding of K and V (dr_chunk_pad.cu, which says why it is exact; dr_chunk.cu decides): dst
+ * [A, Bd, Cd] from src [A, Bs, Cs], src's entry where b < Bs and c < Cs, else 0 (padding when Bd >=
+ * Bs and Cd >= Cs, cropping when Bd <= Bs and Cd <= Cs); elt 2 or 4 bytes; who names the launches. */
+int pad_copy(const char *who, int64_t A, int Bs, int Cs, int Bd, int Cd, size_t elt, const void *src, void *dst);
 /* out [rows, H, K] (words of fmt) from f32 per-head values in [rows, H grp, K], summed over each
  * group of grp heads (dq, dk over the value heads of a key head; dbeta, dg over the split heads of a
  * value head, dr_chunk_vsplit.cu), then, where r (1/|x| [rows, H]) is given, the L2 norm's backward

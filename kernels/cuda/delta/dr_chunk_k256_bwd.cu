@@ -198,7 +198,7 @@ __device__ __forceinline__ void chan_dq_dk(const Geom &G, float (&f2)[1][NT][4],
                                            int64_t ldk, const float *R, const float *Gl, float *colk, int L, int m0,
                                            int n0, bool wide) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const auto gat = [&](int i, int cc) { return Gh[(i < L ? i : L - 1) * ldk + cc]; };
+    const kd::ChunkGate gat{Gh, ldk, L};
     float cs[NT][2] = {};
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -525,7 +525,7 @@ template <int GATE> __global__ void __launch_bounds__(WNT, 2) k256_wy(Geom G, K2
         red_rows_put(red, pm0, rs);
     }
     /* CHANNEL: G_jc of the chunk (rows >= L: G_{L-1}) */
-    const auto gch = [&](int j, int c) { return a.Gc[ok + (j < L ? j : L - 1) * ldk + c]; };
+    const kd::ChunkGate gch{GATE == DG_GATE_CHANNEL ? a.Gc + ok : nullptr, ldk, L};
     /* dWK = dW K^T  (CHANNEL: dW (K o e^G)^T, K o e^G made in place in 16-bit words) */
     float dwk[1][W64::NT][4];
     acc_zero(dwk);

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(FNT) k256c_gamma(Geom G, K256Bwd a) {
     const Sp Kr{sM + 64 * LT, 64 * LT}, Kl{Kr.hi + SPT, 64 * LT};
     float *sR = (float *)(Kl.hi + SPT), *sGl = sR + KK;
     const float *Gh = a.Gc + ok;
-    const auto gat = [&](int i, int c) { return Gh[(i < L ? i : L - 1) * ldk + c]; };
+    const kd::ChunkGate gat{Gh, ldk, L};
     const bool wide = kd::chan_refs<KK, FNT>(Gh, ldk, L, (float *)Kr.hi, sR, sGl);
     for (int e = tid; e < 64 * 64; e += FNT) {
         const int i = e / 64, j = e % 64;

@@ -201,6 +201,16 @@ __device__ __forceinline__ bool chan_refs(const float *Gh, int64_t ldk, int L, f
     return !bsync_or(narrow);
 }
 
+/* A chunk's cumulative gate in device memory, G [rows, ld apart], read at row i and channel c with
+ * the rows past the chunk's L (the padding rows of a partial chunk) read at row L - 1, so that their
+ * factors stay finite (their operands are zero) */
+struct ChunkGate {
+    const float *G;
+    int64_t ld;
+    int L;
+    __device__ __forceinline__ float operator()(int i, int c) const { return G[(i < L ? i : L - 1) * ld + c]; }
+};
+
 /* The chunk's gate as the gated products take it: G [64][gstride(K)], the references R [K], and
  * whether the wide form applies (see the top of this file) */
 struct Gate {
