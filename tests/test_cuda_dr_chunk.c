@@ -480,6 +480,7 @@ static void test_dr_chunk_bf16_long(void **state) {
 static void test_dr_chunk_bf16_draws(void **state) {
     (void)state;
     dg_test_require_cuda();
+    rs = RS0; /* its own draws, whichever tests ran before (DG_TEST_FILTER); other draws: docs/PERF.md */
     static const struct {
         cfg c;
         int draws;
