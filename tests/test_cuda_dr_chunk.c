@@ -589,6 +589,8 @@ static void test_dr_chunk_l2_fold(void **state) {
         /* K = 256 (dr_chunk_k256_bwd.cu): dqkwg and wy store dq, dk themselves where a key head has
          * one value head, else heads_sum makes them */
         {"l2 fold: head, K=256, V=128 (k256, direct)", 1, 100, 2, 2, 256, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+        /* K, V padded (dr_chunk_pad.cu) */
+        {"l2 fold: none, GVA, K=32, V=48 (padded)", 1, 130, 2, 4, 32, 48, DG_GATE_NONE, 64, 0, {0}, 0, 0, 0},
         {"l2 fold: none, GVA, K=256, V=64 (k256, after the sums)",
          1,
          70,
@@ -673,6 +675,7 @@ static void test_dr_chunk_l2_fused(void **state) {
          0},
         {"l2 fused: head, B2, K=128, V=64 (mma)", 2, 90, 1, 1, 128, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0},
         {"l2 fused: head, K=64, V=256 (split)", 1, 100, 2, 2, 64, 256, DG_GATE_HEAD, 64, 0, {0}, 0, 0, 0},
+        {"l2 fused: none, GVA, K=32, V=48 (padded)", 1, 130, 2, 4, 32, 48, DG_GATE_NONE, 64, 0, {0}, 0, 0, 0},
         {"l2 fused: channel, K=V=64 (kda: norm first)", 1, 100, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0},
         {"l2 fused: head, C32, K=64 (generic: norm first)", 1, 70, 1, 1, 64, 48, DG_GATE_HEAD, 32, 0, {0}, 0, 0, 0},
     };

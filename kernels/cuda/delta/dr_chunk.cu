@@ -385,8 +385,14 @@ struct Padded {
     }
 };
 
-/* The forward of a call padded to d (pad_wanted; G its geometry): q, k, v, the per-channel gate and
- * h0 padded, the forward of the padded shape, o, hT and the L2 norm's normalised rows cropped back */
+template <typename T> static int l2norm_rows(const Geom &G, const T *x, float eps, T *y, float *r);
+
+/* The forward of a call padded to d (pad_wanted; G its geometry): the L2 norm (l2 given) by the
+ * norm's kernel at the call's own K into l2's rows, then q, k, v, the per-channel gate and h0
+ * padded, the forward of the padded shape, o and hT cropped back.  (The norm is taken before the
+ * padding, not in the padded kernels' loads: a backward whose forward kept nothing normalises the
+ * raw rows again with the norm's kernel at K, and the padded rows' sums of squares would be added
+ * in another order: other bits.) */
 template <typename T>
 static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void *keep, bool *kept,
                    const L2Req<T> *l2) {
@@ -396,25 +402,24 @@ static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void
     r2.s = &s2;
     const int64_t nq = G.rows * G.H, nv = G.rows * G.HV, NH = G.N * G.HV;
     Padded pb;
+    const T *q = io.q, *k = io.k;
+    if (l2) {
+        T *qn = l2->q ? l2->q : pb.take<T>(io.q, nq * G.K);
+        if (pb.rc || l2norm_rows<T>(G, io.q, l2->eps, qn, l2->rq) || l2norm_rows<T>(G, io.k, l2->eps, l2->k, l2->rk))
+            return -1;
+        q = qn, k = l2->k;
+    }
     Io<T> io2 = io;
-    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K);
-    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K);
+    io2.q = pb.in<T>(q, nq, 1, G.K, 1, d.K);
+    io2.k = pb.in<T>(k, nq, 1, G.K, 1, d.K);
     io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V);
     if (G.gate == DG_GATE_CHANNEL) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
     io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
     io2.o = pb.take<T>(io.o, nv * d.V);
     io2.hT = pb.take<float>(io.hT, NH * d.K * d.V);
-    L2Req<T> l22;
-    if (l2) {
-        l22 = *l2;
-        l22.q = pb.take<T>(l2->q, nq * d.K);
-        l22.k = pb.take<T>(l2->k, nq * d.K);
-    }
-    if (pb.rc) return -1;
-    if (fwd<T>(r2, io2, keep, kept, l2 ? &l22 : nullptr)) return -1;
+    if (pb.rc || fwd<T>(r2, io2, keep, kept)) return -1;
     pb.out<T>(io2.o, nv, 1, d.V, 1, G.V, io.o);
     pb.out<float>(io2.hT, NH, d.K, d.V, G.K, G.V, io.hT);
-    if (l2) pb.out<T>(l22.q, nq, 1, d.K, 1, G.K, l2->q), pb.out<T>(l22.k, nq, 1, d.K, 1, G.K, l2->k);
     return pb.rc;
 }
 
@@ -461,6 +466,27 @@ __global__ void l2norm_rows_emu(int64_t n, const uint16_t *x, float eps, uint16_
     const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row < n) l2norm_row<K, F16>(x + row * K, nullptr, y + row * K, r ? r + row : nullptr, eps);
 }
+/* and rows of any other length D as the norm's kernel for them (dr_pieces.cu: lane l adds the
+ * squares of l, l + 32, ..., then the lanes' sums by xor shuffles) */
+template <bool F16>
+__global__ void l2norm_rows_any_emu(int64_t n, int D, const uint16_t *x, float eps, uint16_t *y, float *r) {
+    const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = (int)threadIdx.x & 31;
+    if (row >= n) return;
+    const uint16_t *xr = x + row * D;
+    float ss = 0.0f;
+    for (int c = lane; c < D; c += 32) {
+        const float v = F16 ? h2f(xr[c]) : bf2f(xr[c]);
+        ss += v * v;
+    }
+    for (int off = 16; off > 0; off >>= 1) ss += shfl_xor(ss, off);
+    const float rr = rsqrtf(ss + eps);
+    if (r && lane == 0) r[row] = rr;
+    for (int c = lane; c < D; c += 32) {
+        const float v = (F16 ? h2f(xr[c]) : bf2f(xr[c])) * rr;
+        y[row * D + c] = F16 ? f2h(v) : f2bf(v);
+    }
+}
 #endif
 
 /* y = the rows of x normalised, r their 1/|x| (may be NULL): the norm's own kernel */
@@ -470,11 +496,9 @@ template <typename T> static int l2norm_rows(const Geom &G, const T *x, float ep
     const uint16_t *xb = (const uint16_t *)x;
     uint16_t *yb = (uint16_t *)y;
 #ifdef DRC_EMU
-    if (G.K != 64 && G.K != 128) {
-        dg_error("dr_chunk l2norm (emulation): K = %d (64 or 128 only)", G.K);
-        return -1;
-    }
     const int64_t nb = (n + 7) / 8;
+    if (G.K != 64 && G.K != 128)
+        return DRC_LAUNCH("dr_chunk l2norm", (l2norm_rows_any_emu<f16>), nb, 256, 0, n, G.K, xb, eps, yb, r);
     return G.K == 64 ? DRC_LAUNCH("dr_chunk l2norm", (l2norm_rows_emu<64, f16>), nb, 256, 0, n, xb, eps, yb, r)
                      : DRC_LAUNCH("dr_chunk l2norm", (l2norm_rows_emu<128, f16>), nb, 256, 0, n, xb, eps, yb, r);
 #else
