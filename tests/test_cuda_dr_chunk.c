@@ -377,6 +377,9 @@ static const cfg pad_cases[] = {
     {"pad: channel, K=100, V=48, some grads (to 128, 64)", 1, 100, 1, 1, 100, 48, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 1},
     {"pad: head, K=160, V=96 (to 256, 128)", 1, 100, 1, 1, 160, 96, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
     {"pad: channel, GVA, K=200, V=40 (to 256, 64)", 1, 130, 1, 2, 200, 40, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
+    /* one of the two padded: the arrays without it are used as they are */
+    {"pad: head, K=128, V=96 (V to 128)", 1, 100, 1, 1, 128, 96, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},
+    {"pad: channel, GVA, K=48, V=128 (K to 64)", 1, 100, 1, 2, 48, 128, DG_GATE_CHANNEL, 64, 0, {0}, 1, 1, 0},
 };
 
 /* case c in storage st through the padding, and its inputs padded by hand to Kp, Vp through the

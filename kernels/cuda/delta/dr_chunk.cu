@@ -358,7 +358,9 @@ static bool pad_wanted(dg_drc_family fam, const Geom &G, PadDims d, bool aligned
 
 static const char *const PAD_WHO = "dr_chunk pad";
 
-/* The padded copies of a call: scratch they own, and the copies in and out (dr_chunk_pad.cu) */
+/* The padded copies of a call: scratch they own, and the copies in and out (dr_chunk_pad.cu).  An
+ * array whose padded shape is its own and which is aligned as the kernels load or store it (al
+ * bytes: io_aligned) is used as it is, not copied. */
 struct Padded {
     void *own[16] = {};
     int n = 0, rc = 0;
@@ -370,15 +372,20 @@ struct Padded {
         else own[n++] = x;
         return x;
     }
-    /* src [A, Bs, Cs] padded into new scratch [A, Bd, Cd]; NULL where src is NULL */
-    template <typename E> E *in(const E *src, int64_t A, int Bs, int Cs, int Bd, int Cd) {
+    /* src [A, Bs, Cs] padded to [A, Bd, Cd]: into new scratch, or src itself; NULL where src is NULL */
+    template <typename E> const E *in(const E *src, int64_t A, int Bs, int Cs, int Bd, int Cd, uintptr_t al = 1) {
+        if (Bs == Bd && Cs == Cd && aligned(src, al)) return src;
         E *dst = take<E>(src, A * Bd * Cd);
         if (dst) rc = pad_copy(PAD_WHO, A, Bs, Cs, Bd, Cd, sizeof(E), src, dst);
         return dst;
     }
-    /* dst [A, Bd, Cd] cropped from src [A, Bs, Cs] (both given, or nothing) */
+    /* where the kernels write the padded [A, Bd, Cd] of dst [A, Bs, Cs]: new scratch, or dst itself */
+    template <typename E> E *place(E *dst, int64_t A, int Bs, int Cs, int Bd, int Cd, uintptr_t al = 1) {
+        return Bs == Bd && Cs == Cd && aligned(dst, al) ? dst : take<E>(dst, A * Bd * Cd);
+    }
+    /* dst [A, Bd, Cd] cropped from src [A, Bs, Cs] (both given, or nothing; nothing where src is dst) */
     template <typename E> void out(const E *src, int64_t A, int Bs, int Cs, int Bd, int Cd, E *dst) {
-        if (src && dst && !rc) rc = pad_copy(PAD_WHO, A, Bs, Cs, Bd, Cd, sizeof(E), src, dst);
+        if (src && dst && src != dst && !rc) rc = pad_copy(PAD_WHO, A, Bs, Cs, Bd, Cd, sizeof(E), src, dst);
     }
     ~Padded() {
         for (int i = 0; i < n; i++) release(own[i]);
@@ -410,13 +417,13 @@ static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void
         q = qn, k = l2->k;
     }
     Io<T> io2 = io;
-    io2.q = pb.in<T>(q, nq, 1, G.K, 1, d.K);
-    io2.k = pb.in<T>(k, nq, 1, G.K, 1, d.K);
-    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V);
+    io2.q = pb.in<T>(q, nq, 1, G.K, 1, d.K, 16);
+    io2.k = pb.in<T>(k, nq, 1, G.K, 1, d.K, 16);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, 16);
     if (G.gate == DG_GATE_CHANNEL) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
     io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
-    io2.o = pb.take<T>(io.o, nv * d.V);
-    io2.hT = pb.take<float>(io.hT, NH * d.K * d.V);
+    io2.o = pb.place<T>(io.o, nv, 1, G.V, 1, d.V, 4);
+    io2.hT = pb.place<float>(io.hT, NH, G.K, G.V, d.K, d.V);
     if (pb.rc || fwd<T>(r2, io2, keep, kept)) return -1;
     pb.out<T>(io2.o, nv, 1, d.V, 1, G.V, io.o);
     pb.out<float>(io2.hT, NH, d.K, d.V, G.K, G.V, io.hT);
@@ -436,18 +443,18 @@ static int bwd_pad(const Run &r, const Geom &G, PadDims d, const dg_dr_variant &
     const bool chan = G.gate == DG_GATE_CHANNEL;
     Padded pb;
     Io<T> io2 = io;
-    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K);
-    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K);
-    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V);
-    io2.dout = pb.in<T>(io.dout, nv, 1, G.V, 1, d.V);
+    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K, 16);
+    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K, 16);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, 16);
+    io2.dout = pb.in<T>(io.dout, nv, 1, G.V, 1, d.V, 16);
     if (chan) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
     io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
     io2.dhT = pb.in<float>(io.dhT, NH, G.K, G.V, d.K, d.V);
-    io2.dq = pb.take<T>(io.dq, nq * d.K);
-    io2.dk = pb.take<T>(io.dk, nq * d.K);
-    io2.dv = pb.take<T>(io.dv, nv * d.V);
-    if (chan) io2.dg = pb.take<float>(io.dg, nv * d.K);
-    io2.dh0 = pb.take<float>(io.dh0, NH * d.K * d.V);
+    io2.dq = pb.place<T>(io.dq, nq, 1, G.K, 1, d.K);
+    io2.dk = pb.place<T>(io.dk, nq, 1, G.K, 1, d.K);
+    io2.dv = pb.place<T>(io.dv, nv, 1, G.V, 1, d.V, 4);
+    if (chan) io2.dg = pb.place<float>(io.dg, nv, 1, G.K, 1, d.K);
+    io2.dh0 = pb.place<float>(io.dh0, NH, G.K, G.V, d.K, d.V);
     if (pb.rc) return -1;
     if (bwd<T>(r2, var, io2, kept)) return -1;
     pb.out<T>(io2.dq, nq, 1, d.K, 1, G.K, io.dq);
