@@ -16,9 +16,8 @@
 static bool g_force_generic; /* run_gpu's calls take the generic kernels */
 
 /* ---- host helpers ---- */
-#define RS0 \
-    0x2545F4914F6CDD1Dull /* the stream's start (a test that restarts it: its draws do not depend on the
-                                   * tests run before it) */
+/* the stream's start (each test of test_cuda_dr_chunk.c restarts it) */
+#define RS0 0x2545F4914F6CDD1Dull
 static uint64_t rs = RS0;
 static double urand(void) { return dg_test_xorshift(&rs); }
 static double *rnd(int64_t n, double lo, double hi) {
