@@ -191,7 +191,7 @@ static void test_dr_chunk_vsplit(void **state) {
             assert_int_equal(dg_cuda_ktime_begin(), 0);
             run_case(c, st, i == 0);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
-            if (i) assert_int_equal(dropped, 0); /* (the first case's variants pass the timer's 256 launches) */
+            assert_int_equal(dropped, 0);
             const char *prep = c->gate == DG_GATE_CHANNEL ? "dr_chunk kda prep" : "dr_chunk mma prep";
             if (launches_of(kt, m, "dr_chunk vsplit") == 0 || launches_of(kt, m, prep) == 0)
                 fail_msg("%s %s: the split (%d launches) or %s (%d) did not run", c->name, st_names[st],
@@ -243,11 +243,9 @@ static void test_dr_chunk_tf32(void **state) {
             dg_cuda_ktime kt[32];
             int dropped = -1;
             assert_int_equal(dg_cuda_ktime_begin(), 0);
-            const int variants = st == S_BF16 && i < 3;
-            run_case(c, st, variants);
+            run_case(c, st, st == S_BF16 && i < 3);
             const int m = dg_cuda_ktime_end(kt, 32, &dropped);
-            if (!variants)
-                assert_int_equal(dropped, 0); /* (the padded case's variants pass the timer's 256 launches) */
+            assert_int_equal(dropped, 0);
             /* the state passes, forward and backward, and the output pass: the 16-bit kernel or the TF32 one */
             static const char *const passes[][2] = {{"dr_chunk k256 state", "dr_chunk tf32 state"},
                                                     {"dr_chunk k256 dhu", "dr_chunk tf32 dhu"},

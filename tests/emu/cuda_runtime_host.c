@@ -36,7 +36,7 @@ int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) { /* host memory: 
 }
 
 /* the per-kernel timer (kernel_timer.cu on the GPU): wall-clock time of each emulated launch */
-enum { EMU_KT_MAX = 256 };
+enum { EMU_KT_MAX = 512 }; /* as kernels/cuda/kernel_timer.cu's KT_MAX */
 static struct {
     bool on;
     int n, dropped;
