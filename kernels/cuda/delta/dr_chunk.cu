@@ -339,13 +339,16 @@ static PadDims pad_dims(dg_drc_family fam, const Geom &G) {
     return d;
 }
 
-/* whether the pointers the head-gate and KDA kernels load and store as vectors are aligned for them:
- * q, k, v, dout and the L2 norm's normalised rows to 16 bytes, o and dv to 4 (NULL: not used) */
+/* The alignments the head-gate and KDA kernels need: q, k, v, dout (and the L2 norm's normalised
+ * rows) are loaded as 16-byte vectors, o and dv stored in pairs */
+constexpr uintptr_t LOAD_AL = 16, STORE_AL = 4;
+
+/* whether the pointers of io (and l2) are aligned for them (NULL: not used) */
 template <typename T> static bool io_aligned(const Io<T> &io, const L2Req<T> *l2 = nullptr) {
-    const void *a16[] = {io.q, io.k, io.v, io.dout, l2 ? l2->q : nullptr, l2 ? l2->k : nullptr};
-    for (const void *p : a16)
-        if (!aligned(p, 16)) return false;
-    return aligned(io.o, 4) && aligned(io.dv, 4);
+    const void *loaded[] = {io.q, io.k, io.v, io.dout, l2 ? l2->q : nullptr, l2 ? l2->k : nullptr};
+    for (const void *p : loaded)
+        if (!aligned(p, LOAD_AL)) return false;
+    return aligned(io.o, STORE_AL) && aligned(io.dv, STORE_AL);
 }
 
 /* Whether a 16-bit call of geometry G runs padded to d = pad_dims: where d differs from its K or V,
@@ -394,6 +397,12 @@ struct Padded {
 
 template <typename T> static int l2norm_rows(const Geom &G, const T *x, float eps, T *y, float *r);
 
+static dg_dr_shape pad_shape(const dg_dr_shape *s, PadDims d) {
+    dg_dr_shape s2 = *s;
+    s2.K = d.K, s2.V = d.V;
+    return s2;
+}
+
 /* The forward of a call padded to d (pad_wanted; G its geometry): the L2 norm (l2 given) by the
  * norm's kernel at the call's own K into l2's rows, then q, k, v, the per-channel gate and h0
  * padded, the forward of the padded shape, o and hT cropped back.  (The norm is taken before the
@@ -403,8 +412,7 @@ template <typename T> static int l2norm_rows(const Geom &G, const T *x, float ep
 template <typename T>
 static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void *keep, bool *kept,
                    const L2Req<T> *l2) {
-    dg_dr_shape s2 = *r.s;
-    s2.K = d.K, s2.V = d.V;
+    const dg_dr_shape s2 = pad_shape(r.s, d);
     Run r2 = r;
     r2.s = &s2;
     const int64_t nq = G.rows * G.H, nv = G.rows * G.HV, NH = G.N * G.HV;
@@ -417,12 +425,12 @@ static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void
         q = qn, k = l2->k;
     }
     Io<T> io2 = io;
-    io2.q = pb.in<T>(q, nq, 1, G.K, 1, d.K, 16);
-    io2.k = pb.in<T>(k, nq, 1, G.K, 1, d.K, 16);
-    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, 16);
+    io2.q = pb.in<T>(q, nq, 1, G.K, 1, d.K, LOAD_AL);
+    io2.k = pb.in<T>(k, nq, 1, G.K, 1, d.K, LOAD_AL);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, LOAD_AL);
     if (G.gate == DG_GATE_CHANNEL) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
     io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
-    io2.o = pb.place<T>(io.o, nv, 1, G.V, 1, d.V, 4);
+    io2.o = pb.place<T>(io.o, nv, 1, G.V, 1, d.V, STORE_AL);
     io2.hT = pb.place<float>(io.hT, NH, G.K, G.V, d.K, d.V);
     if (pb.rc || fwd<T>(r2, io2, keep, kept)) return -1;
     pb.out<T>(io2.o, nv, 1, d.V, 1, G.V, io.o);
@@ -435,24 +443,23 @@ static int fwd_pad(const Run &r, const Geom &G, PadDims d, const Io<T> &io, void
 template <typename T>
 static int bwd_pad(const Run &r, const Geom &G, PadDims d, const dg_dr_variant &var, const Io<T> &io,
                    const void *kept) {
-    dg_dr_shape s2 = *r.s;
-    s2.K = d.K, s2.V = d.V;
+    const dg_dr_shape s2 = pad_shape(r.s, d);
     Run r2 = r;
     r2.s = &s2;
     const int64_t nq = G.rows * G.H, nv = G.rows * G.HV, NH = G.N * G.HV;
     const bool chan = G.gate == DG_GATE_CHANNEL;
     Padded pb;
     Io<T> io2 = io;
-    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K, 16);
-    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K, 16);
-    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, 16);
-    io2.dout = pb.in<T>(io.dout, nv, 1, G.V, 1, d.V, 16);
+    io2.q = pb.in<T>(io.q, nq, 1, G.K, 1, d.K, LOAD_AL);
+    io2.k = pb.in<T>(io.k, nq, 1, G.K, 1, d.K, LOAD_AL);
+    io2.v = pb.in<T>(io.v, nv, 1, G.V, 1, d.V, LOAD_AL);
+    io2.dout = pb.in<T>(io.dout, nv, 1, G.V, 1, d.V, LOAD_AL);
     if (chan) io2.g = pb.in<float>(io.g, nv, 1, G.K, 1, d.K);
     io2.h0 = pb.in<float>(io.h0, NH, G.K, G.V, d.K, d.V);
     io2.dhT = pb.in<float>(io.dhT, NH, G.K, G.V, d.K, d.V);
     io2.dq = pb.place<T>(io.dq, nq, 1, G.K, 1, d.K);
     io2.dk = pb.place<T>(io.dk, nq, 1, G.K, 1, d.K);
-    io2.dv = pb.place<T>(io.dv, nv, 1, G.V, 1, d.V, 4);
+    io2.dv = pb.place<T>(io.dv, nv, 1, G.V, 1, d.V, STORE_AL);
     if (chan) io2.dg = pb.place<float>(io.dg, nv, 1, G.K, 1, d.K);
     io2.dh0 = pb.place<float>(io.dh0, NH, G.K, G.V, d.K, d.V);
     if (pb.rc) return -1;
