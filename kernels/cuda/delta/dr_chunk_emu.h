@@ -44,6 +44,9 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct alignas(8) float2 {
     float x, y;
 };

@@ -24,38 +24,55 @@ namespace drc {
 namespace {
 
 constexpr int PAD_NT = 256;
+constexpr int64_t PAD_MAX_GRID = 8192; /* 2M threads: a few rows each at the benchmarks' sizes */
 
-constexpr int PAD_ROWS = PAD_NT / 32; /* a warp a row of Cd elements */
-
-inline int64_t pad_grid(int64_t rows) {
-    const int64_t g = (rows + PAD_ROWS - 1) / PAD_ROWS;
-    return g < 1 ? 1 : g < 8192 ? g : 8192;
+/* dst [A, Bd, Cd] from src [A, Bs, Cs], counted in units U (16, 8, 4 or 2 bytes: the largest that
+ * divides both rows and both pointers, pad_copy): dst[a, b, c] = src[a, b, c] where b < Bs and
+ * c < Cs, else 0.  A row of dst takes TPR = 2^tpr_log2 consecutive threads (the power of two at or
+ * above Cd, at most 32), each its columns c = sub, sub + TPR, ...; the rows go round the grid, and
+ * a thread's (a, b) advance by the grid's stride without a division a row. */
+template <typename U>
+__global__ void __launch_bounds__(PAD_NT)
+    pad_box(int64_t A, int Bs, int Cs, int Bd, int Cd, int tpr_log2, const U *__restrict__ src, U *__restrict__ dst) {
+    const int tpr = 1 << tpr_log2, sub = threadIdx.x & (tpr - 1);
+    const int64_t rows = A * Bd, step = ((int64_t)gridDim.x * PAD_NT) >> tpr_log2;
+    int64_t r = ((int64_t)blockIdx.x * PAD_NT + threadIdx.x) >> tpr_log2;
+    int64_t a = r / Bd;
+    int b = (int)(r - a * Bd);
+    const int64_t sa = step / Bd;
+    const int sb = (int)(step - sa * Bd);
+    for (; r < rows; r += step) {
+        const U *s = src + (a * Bs + b) * Cs;
+        U *d = dst + r * Cd;
+        for (int c = sub; c < Cd; c += tpr) d[c] = b < Bs && c < Cs ? s[c] : U{};
+        a += sa, b += sb;
+        if (b >= Bd) b -= Bd, a++;
+    }
 }
 
-/* dst [A, Bd, Cd] from src [A, Bs, Cs]: dst[a, b, c] = src[a, b, c] where b < Bs and c < Cs, else 0.
- * Warp w of the grid takes the rows (a, b) = w, w + the grid's warps, ... and its lanes the columns. */
-template <typename E>
-__global__ void __launch_bounds__(PAD_NT)
-    pad_box(int64_t A, int Bs, int Cs, int Bd, int Cd, const E *__restrict__ src, E *__restrict__ dst) {
-    const int lane = threadIdx.x & 31;
-    const int64_t rows = A * Bd, step = (int64_t)gridDim.x * PAD_ROWS;
-    for (int64_t r = blockIdx.x * (int64_t)PAD_ROWS + (threadIdx.x >> 5); r < rows; r += step) {
-        const int64_t a = r / Bd;
-        const int b = (int)(r - a * Bd);
-        const E *s = b < Bs ? src + (a * Bs + b) * Cs : nullptr;
-        E *d = dst + r * Cd;
-        for (int c = lane; c < Cd; c += 32) d[c] = s && c < Cs ? s[c] : E(0);
-    }
+template <typename U>
+int pad_units(const char *who, int64_t A, int Bs, int Cs, int Bd, int Cd, const void *src, void *dst) {
+    int lg = 0;
+    while ((1 << lg) < Cd && lg < 5) lg++;
+    const int64_t threads = (A * Bd) << lg, grid = (threads + PAD_NT - 1) / PAD_NT;
+    return DRC_LAUNCH(who, pad_box<U>,
+                      grid < 1              ? 1
+                      : grid < PAD_MAX_GRID ? grid
+                                            : PAD_MAX_GRID,
+                      PAD_NT, 0, A, Bs, Cs, Bd, Cd, lg, (const U *)src, (U *)dst);
 }
 
 } // namespace
 
 int pad_copy(const char *who, int64_t A, int Bs, int Cs, int Bd, int Cd, size_t elt, const void *src, void *dst) {
-    const int64_t grid = pad_grid(A * Bd);
-    if (elt == 2)
-        return DRC_LAUNCH(who, pad_box<uint16_t>, grid, PAD_NT, 0, A, Bs, Cs, Bd, Cd, (const uint16_t *)src,
-                          (uint16_t *)dst);
-    return DRC_LAUNCH(who, pad_box<float>, grid, PAD_NT, 0, A, Bs, Cs, Bd, Cd, (const float *)src, (float *)dst);
+    /* the widest unit of 16, 8, 4 or 2 bytes that both rows' bytes and both pointers are multiples of */
+    const uintptr_t bits = (uintptr_t)src | (uintptr_t)dst | (uintptr_t)(Cs * elt) | (uintptr_t)(Cd * elt);
+    const size_t u = bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : bits % 4 == 0 ? 4 : 2;
+    const int cs = (int)(Cs * elt / u), cd = (int)(Cd * elt / u);
+    if (u == 16) return pad_units<uint4>(who, A, Bs, cs, Bd, cd, src, dst);
+    if (u == 8) return pad_units<uint2>(who, A, Bs, cs, Bd, cd, src, dst);
+    if (u == 4) return pad_units<uint32_t>(who, A, Bs, cs, Bd, cd, src, dst);
+    return pad_units<uint16_t>(who, A, Bs, cs, Bd, cd, src, dst);
 }
 
 } // namespace drc
