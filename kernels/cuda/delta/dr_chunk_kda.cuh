@@ -103,7 +103,7 @@ __host__ __device__ constexpr int gstride(int K) { return K + 8; }
 
 /* Which of the KDA intermediates are plain bf16 (one word; the others are split hi + lo, see
  * dr_chunk_mma.cuh), as Plain<GATE> is for the head gate: W, U, Kd = K o e^{Gl - G}, V', Qg =
- * scale Q o e^G (the backward's state pass); OutS: the output pass reads only the hi words of S.  Errors (relative error norm against the f64
+ * scale Q o e^G in the backward's state pass (the output pass multiplies it split); OutS: the output pass reads only the hi words of S.  Errors (relative error norm against the f64
  * reference, CPU emulator, tests/test_cuda_dr_chunk_kda.c's cases; bound 5e-3): see
  * docs/PERF_KERNELS.md, "KDA plain operands". */
 struct KPlain {
@@ -111,24 +111,25 @@ struct KPlain {
 };
 
 /* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16, plain ones
- * (KPlain) as the hi words alone (their lo pointers are NULL).  Forward: W, Kd [rows, HV, K];
- * U [rows, HV, V] (bf16 when plain, else f32); Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S
- * [nchunks, HV, K, V].  The backward's recompute also keeps Ai, Mkk f32 [rows, HV, 64],
- * P = scale lower_incl(M') and Qg = scale Q o e^G split. */
+ * (KPlain) as the hi words alone (their lo pointers are NULL).  Forward: W, Kd, Qg = scale Q o e^G
+ * (split; the backward reads its hi words, KPlain::Qg) [rows, HV, K]; U [rows, HV, V] (bf16 when
+ * plain, else f32); Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S [nchunks, HV, K, V]; P = scale
+ * lower_incl(M') split [rows, HV, 64].  For the backward also S's lo words and Ai, Mkk f32
+ * [rows, HV, 64]. */
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;
     float *U, *Gl;                 /* U: f32, or bf16 in its first half (KPlain::U) */
     uint16_t *Vnh, *Vnl, *Sh, *Sl; /* Sl: backward only */
     float *Ai, *Mkk;               /* backward only */
-    uint16_t *Ph, *Pl, *Qgh, *Qgl; /* backward only */
+    uint16_t *Ph, *Pl, *Qgh, *Qgl;
 };
 /* b's buffers carved from cv (dr_chunk_internal.cuh); bwd: with the backward's extras (S's lo
- * words, Ai, Mkk, P, Qg), which a forward that keeps its working set for the backward makes too;
+ * words, Ai, Mkk), which a forward that keeps its working set for the backward makes too;
  * without them (a forward alone) the state pass stores S's hi words only, as the output pass reads */
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd);
 /* launches prep and the state pass into b (allocated by the caller); hT written when io.hT is set.
- * extras: 0 the forward's buffers only; 1 also Ai and Mkk (a forward that keeps its working set:
- * its output pass stores P and Qg); 2 also P and Qg (the backward's recompute) */
+ * extras: 0 the forward's buffers only; 1 also Ai and Mkk (for the backward: a forward that keeps
+ * its working set, or the backward's recompute) */
 int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras);
 
 /* scratch of gated_tri: two split tiles, 64 and 96 rows of K (+PAD) columns */
@@ -235,10 +236,11 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
  * diagonal; i, j < 64.  X, Kt: raw 16-bit tiles [64][K + PAD]; gt: the chunk's gate (wide: its span
  * within WIDE_SPAN); scr: scratch of tri_scratch_bytes<K>() bytes; NTH: the block's threads (at
  * least 6 warps).  Starts and ends with a barrier-free state: the caller puts a barrier before
- * (inputs written) and after (out read).
+ * (inputs written) and after (out read).  KB false: Kb is taken as it is in scr, made by the
+ * previous call with the same Kt and gate (the key-side factors do not depend on X).
  * Layout of the scratch: Xa (split, 64 rows): row i >= 16 holds X_i e^{G_i - G_{16(i/16)}};
  * Kb (split, 96 rows): for I = 1, 2, 3 the rows 8I(I-1) + j, j < 16I, hold Kt_j e^{G_{16I} - G_j}. */
-template <int K, bool STRICT, int NTH = FNT>
+template <int K, bool STRICT, int NTH = FNT, bool KB = true>
 __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt, const Gate &gt, float *out,
                                           unsigned char *scr) {
     constexpr int LD = K + PAD;
@@ -251,7 +253,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
                     * bf16 words in both builds */
         using T = mm::WT<64, 64, NTH / 32>;
         gated_rows<K, NTH>(Xa, X, gt, 1.0f);
-        gated_rows<K, NTH>(Kb, Kt, gt, -1.0f);
+        if (KB) gated_rows<K, NTH>(Kb, Kt, gt, -1.0f);
         bsync();
         float acc[1][T::NT][4];
         const int m0 = T::m0(warp), n0 = T::n0(warp);
@@ -265,7 +267,7 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
         const int i = 16 + e / K, c = e % K, r = i & ~15;
         mm::split2(op2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c], Xa.lo()[i * LD + c]);
     }
-    for (int e = tid; e < 96 * K; e += NTH) {
+    for (int e = tid; KB && e < 96 * K; e += NTH) {
         const int R = e / K, c = e % K;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
         mm::split2(op2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],

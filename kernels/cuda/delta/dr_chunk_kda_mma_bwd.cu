@@ -681,7 +681,7 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
-        rc = kept ? 0 : prep_state(p, io, b, 2);
+        rc = kept ? 0 : prep_state(p, io, b, 1);
         if (!rc)
             rc = G.K == 64 ? (G.V == 64 ? bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
                                         : bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))

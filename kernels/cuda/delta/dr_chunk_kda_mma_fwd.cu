@@ -8,24 +8,23 @@
  *         Ai = (I + A)^-1                  [f32, blocks of 16: dr_chunk_tri_inv.cuh]
  *         W  = (Ai diag(beta)) (K o e^G),  U = (Ai diag(beta)) V    [mma, Ai' split]
  *         Kd = K o e^{Gl - G} (split, for the state pass), Gl
- *         for the backward (extras >= 1) also: Ai, Mkk = strictly_lower(M) (f32); and when the
- *         backward recomputes (extras = 2) P = scale lower_incl(M') and Qg = scale Q o e^G
- *         (split), for dr_chunk_kda_mma_bwd.cu, which a kept forward has the output pass store
- *         instead (it makes both anyway)
+ *         P  = scale lower_incl(M'),  M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}   [gated_tri, the
+ *              key-side factors of M's product reused]
+ *         Qg = scale Q o e^G        (P and Qg split: the output pass's operands, and the backward's)
+ *         for the backward (extras = 1) also: Ai, Mkk = strictly_lower(M) (f32)
  *   state (block per sequence, head, tile of 64 value columns; chunks in order; S in registers):
  *         V' = U - W S                                     [mma, W and S split]
  *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
  *         stores S entering each chunk and V', split
- *   out   (block per chunk, head):
- *         O = scale (Q o e^G) S + P V',  P = scale lower_incl(M'),
- *         M'_ij = sum_c q_ic k_jc e^{G_ic - G_jc}           [gated_tri; mma with split operands]
- *         a forward that keeps its working set also stores P and Qg here (prep's extras = 1)
+ *   out   (block per chunk, head; 8 warps, two blocks per SM):
+ *         O = Qg S + P V'                                  [mma; Qg, P split]
+ *         (the gated products are prep's, which has k and the gate loaded and scanned already:
+ *         the in-chunk attention P made beside A, as FLA's intra kernel makes Aqk beside Akk)
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Scratch between the kernels: Bufs (dr_chunk_kda.cuh).
- * prep and out run one block per multiprocessor (about 220 KB and 200 KB of shared memory) and are
- * latency-bound, so their blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that
- * gains); prep takes the most time of the three (ncu, H100, S1 = B8 T2048 H16 K=V=128: about 3x
- * the state pass, 1.6x out). */
+ * prep runs one block per multiprocessor (about 220 KB of shared memory) and is latency-bound, so
+ * its blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that gains); it takes the most
+ * time of the three. */
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 
@@ -70,12 +69,12 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
     mm::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
     mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    if (extras == 2) mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
-    if (extras == 2) { /* P = scale lower_incl(M') (split) and Qg = scale Q o e^G (split), for dhu */
+    { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands */
         gated_tri<K, false, NTH>(sQ, sK, gt, sY, scr);
         bsync();
         for (int e = tid; e < L * 64; e += NTH) {
@@ -88,12 +87,11 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
             const int i = e / K, cc = e % K;
             uint16_t hh, ll;
             mm::split2(G.scale * op2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
-            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
-            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
         }
         bsync();
     }
-    gated_tri<K, true, NTH>(sK, sK, gt, sA, scr);
+    gated_tri<K, true, NTH, false>(sK, sK, gt, sA, scr); /* the key-side factors of P's product */
     bsync();
     if (extras)
         for (int e = tid; e < L * 64; e += NTH)
@@ -270,81 +268,39 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     if (hT) mm::frag_each(S, sm0, sn0, [&](int r, int j, float &x) { hT[hb + (int64_t)r * V + j] = x; });
 }
 
+/* Qg split, P split, S, V' (one word each where plain) */
 template <int K, int V> struct OutL {
-    static constexpr int F32 = (64 * gstride(K) + 64 * LDF + K) * 4;
-    static constexpr int QK = 2 * tile_bytes(64, K); /* q, k raw; later Q o e^G split */
-    static constexpr int P = 2 * tile_bytes(64, 64);
-    static constexpr int S1 = tri_scratch_bytes<K>();
-    static constexpr int S2 = 2 * tile_bytes(K, V) + 2 * tile_bytes(64, V);
-    static constexpr int bytes = F32 + QK + P + (S1 > S2 ? S1 : S2);
+    static constexpr int S = (KPlain::OutS ? 1 : 2) * tile_bytes(K, V);
+    static constexpr int bytes =
+        2 * tile_bytes(64, K) + 2 * tile_bytes(64, 64) + S + (KPlain::Vn ? 1 : 2) * tile_bytes(64, V);
 };
 
-/* block per (chunk, value head) */
-template <int K, int V, int NTH>
-__global__ void __launch_bounds__(NTH)
-    ko(Geom G, const uint16_t *q, const uint16_t *k, const float *g, Bufs b, uint16_t *o, int keep) {
-    using Lay = OutL<K, V>;
+/* block per (chunk, value head): every operand made by prep and the state pass, loaded at once */
+template <int K, int V> __global__ void __launch_bounds__(FNT, 2) ko(Geom G, Bufs b, uint16_t *o) {
     constexpr int LK = K + PAD, LV = V + PAD;
-    constexpr int GS = gstride(K);
-    DRC_SMEM(float, sm);
-    const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    DRC_SMEM(uint16_t, sm);
+    const int HV = G.HV, warp = threadIdx.x >> 5;
     const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    const int hv = (int)(blockIdx.x % HV);
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
-    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    const float scale = G.scale;
-    float *sG = sm, *sA = sG + 64 * GS, *sR = sA + 64 * LDF;
-    unsigned char *B8 = (unsigned char *)sm;
-    uint16_t *sQ = (uint16_t *)(B8 + Lay::F32), *sK = sQ + 64 * LK;
-    const Sp sQg{sQ, 64 * LK};
-    const Sp sP{(uint16_t *)(B8 + Lay::F32 + Lay::QK), 64 * 72};
-    unsigned char *scr = B8 + Lay::F32 + Lay::QK + Lay::P;
-    const Sp sS{(uint16_t *)scr, K * LV};
-    const Sp sVn{sS.hi + 2 * K * LV, 64 * LV};
-
-    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
-    mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    bsync();
-    const int narrow = gate_scan<K>(sG, sR);
-    const Gate gt{sG, sR, !bsync_or(narrow)};
-    gated_tri<K, false, NTH>(sQ, sK, gt, sA, scr);
-    bsync();
-    /* S and V' by cp.async into the scratch gated_tri is done with, in flight while P and Q o e^G
-     * are split */
-    const int64_t sb = (c * HV + hv) * (int64_t)K * V;
-    mm::load_sp_async<K, V, !KPlain::OutS, NTH>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
-    mm::load_sp_async<64, V, !KPlain::Vn, NTH>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
+    const int64_t ot = ch.r0 * HV + hv, sb = (c * HV + hv) * (int64_t)K * V;
+    const Sp sQg{sm, 64 * LK};
+    const Sp sP{sm + 2 * 64 * LK, 64 * 72};
+    const Sp sS{sP.hi + 2 * 64 * 72, K * LV};
+    const Sp sVn{(uint16_t *)((unsigned char *)sS.hi + OutL<K, V>::S), 64 * LV};
+    mm::load_sp_async<64, K, true>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+    mm::load_sp_async<64, 64, true>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
+    mm::load_sp_async<K, V, !KPlain::OutS>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
+    mm::load_sp_async<64, V, !KPlain::Vn>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    /* P = scale M' (split); keep: also into the working set, as prep makes it for a backward that
-     * recomputes (the same values, bit for bit) */
-    for (int e = tid; e < 64 * 64; e += NTH) {
-        const int i = e >> 6, j = e & 63;
-        mm::split2(scale * sA[i * LDF + j], sP.hi[i * 72 + j], sP.lo()[i * 72 + j]);
-        if (keep && i < L)
-            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = sP.hi[i * 72 + j],
-                                               b.Pl[(ot + (int64_t)i * HV) * 64 + j] = sP.lo()[i * 72 + j];
-    }
-    for (int e = tid; e < 64 * K; e += NTH) { /* Q o e^G, in place over q (hi) and k (lo); keep: Qg = scale Q o e^G */
-        const int i = e / K, cc = e % K;
-        const float qv = op2f(sQ[i * LK + cc]), eg = kexp(sG[i * GS + cc]);
-        if (keep && i < L) {
-            uint16_t hh, ll;
-            mm::split2(scale * qv * eg, hh, ll);
-            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh;
-            if (!KPlain::Qg) b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
-        }
-        mm::split2(qv * eg, sQg.hi[i * LK + cc], sQg.lo()[i * LK + cc]);
-    }
-    cp_async_wait_all(); /* S, V' */
+    cp_async_wait_all();
     bsync();
-    using T = WT<64, V, NTH / 32>;
+    using T = WT<64, V>;
     float acc[1][T::NT][4];
     mm::acc_zero(acc);
     const int m0 = T::m0(warp), n0 = T::n0(warp);
     mm::mma_p<1, T::NT, false, true, true, !KPlain::OutS>(acc, sQg, LK, m0, sS, LV, n0, K);
-    mm::frag_each(acc, m0, n0, [&](int, int, float &x) { x *= scale; });
     mm::mma_p<1, T::NT, false, true, true, !KPlain::Vn>(acc, sP, 72, m0, sVn, LV, n0, 64);
     mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
         if (i < L) *(uint32_t *)(o + (ot + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);
@@ -367,11 +323,10 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
     return rc;
 }
 
-template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b, bool keep) {
-    static_assert(OutL<K, V>::bytes <= SMEM_MAX, "shared memory");
+template <int K, int V> int out_t(const Plan &p, const Io<uint16_t> &io, const Bufs &b) {
+    static_assert(OutL<K, V>::bytes <= SMEM_MAX / 2, "shared memory: two blocks a multiprocessor");
     const Geom &G = p.G;
-    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
-                      (size_t)(OutL<K, V>::bytes), G, io.q, io.k, io.g, b, io.o, keep ? 1 : 0);
+    return DRC_LAUNCH("dr_chunk kda out", (ko<K, V>), G.nchunks * G.HV, FNT, (size_t)(OutL<K, V>::bytes), G, b, io.o);
 }
 
 } // namespace
@@ -395,13 +350,12 @@ void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     b.Vnh = cv.take<uint16_t>(nv);
     if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
     b.Sh = cv.take<uint16_t>(nst);
+    b.Qgh = cv.take<uint16_t>(nk), b.Qgl = cv.take<uint16_t>(nk);
+    b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
     static_assert(KPlain::OutS, "a forward alone makes no lo words of S for the output pass to read");
     if (bwd) { /* what only the backward reads: the output pass reads S's hi words (KPlain::OutS) */
         b.Sl = cv.take<uint16_t>(nst);
-        b.Qgh = cv.take<uint16_t>(nk);
-        if (!KPlain::Qg) b.Qgl = cv.take<uint16_t>(nk);
         b.Ai = cv.take<float>(n64), b.Mkk = cv.take<float>(n64);
-        b.Ph = cv.take<uint16_t>(n64), b.Pl = cv.take<uint16_t>(n64);
     }
 }
 
@@ -416,8 +370,8 @@ int fwd(const Plan &p, const Io<uint16_t> &io, void *keep) {
     if (!ok) return -1;
     int rc = prep_state(p, io, b, bwd ? 1 : 0);
     if (!rc)
-        rc = G.K == 64 ? (G.V == 64 ? out_t<64, 64>(p, io, b, bwd) : out_t<64, 128>(p, io, b, bwd))
-                       : (G.V == 64 ? out_t<128, 64>(p, io, b, bwd) : out_t<128, 128>(p, io, b, bwd));
+        rc = G.K == 64 ? (G.V == 64 ? out_t<64, 64>(p, io, b) : out_t<64, 128>(p, io, b))
+                       : (G.V == 64 ? out_t<128, 64>(p, io, b) : out_t<128, 128>(p, io, b));
     release(own);
     return rc;
 }
