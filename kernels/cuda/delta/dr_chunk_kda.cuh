@@ -89,11 +89,11 @@ using mm::PAD;
 using mm::Sp;
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
-/* The KDA kernels that run one block per SM (prep kp, output ko, the qkwy kernels) have
- * ONE_SM_NTH threads (dr_chunk_mma.cuh): against 8 warps (ncu, S1) kp, ko, dqkwg and wy take 12-19 %
- * less time, the fused qkwy 40 % less (its 206 KB of code at 8 warps did not stay in the instruction
- * cache, and its warps stalled on instruction fetch; 135 KB at 16).  The state passes (ks, b_dhu)
- * keep FNT. */
+/* The KDA kernels that run one block per SM (prep kp, the qkwy kernels) have ONE_SM_NTH threads
+ * (dr_chunk_mma.cuh): against 8 warps (ncu, S1) kp, dqkwg and wy take 12-19 % less time, the fused
+ * qkwy 40 % less (its 206 KB of code at 8 warps did not stay in the instruction cache, and its warps
+ * stalled on instruction fetch; 135 KB at 16).  The state passes (ks, b_dhu) and the output pass
+ * (ko, two blocks per SM) keep FNT. */
 /* Row stride (floats) of the cumulative gate tile sG [64][gstride(K)] in shared memory: K + 8,
  * not K.  The kernels read it in the mma accumulator layout, where the lanes of one access sit
  * on eight rows (g = lane / 4) and four column pairs: with a stride of K (a multiple of the 32
