@@ -109,7 +109,13 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     int64_t nch = 0;
     for (int64_t n = 0; n < N; n++) nch += (cu[n + 1] - cu[n] + C - 1) / C;
     G.nchunks = nch;
-    if (shape_only) return 0;
+    return 0;
+}
+
+int plan_table(const char *who, const dg_dr_shape *s, Plan *p) {
+    Geom &G = p->G;
+    if (!s->cu_seqlens || G.tab) return 0;
+    const int64_t *cu = s->cu_seqlens, C = G.C, N = G.N, nch = G.nchunks;
     int64_t ntab = 2 * nch + N + 1;
     int64_t *tab = (int64_t *)malloc(sizeof(int64_t) * (size_t)ntab);
     if (!tab) {
@@ -571,15 +577,18 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
             return rc;
         }
         if (l2) io.l2q = l2->q, io.l2k = l2->k, io.l2rq = l2->rq, io.l2rk = l2->rk, io.l2eps = l2->eps;
-        bool filled = false; /* (the TF32 family: where its 16-bit kernels ran throughout) */
-        rc = kda    ? (f16 ? kda_h::fwd(p, io_bits(io), keep) : kda::fwd(p, io_bits(io), keep))
-             : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
-             : tf32 ? generic_fwd<T, true>(p, io, keep, &filled)
-                    : generic_fwd<T>(p, io, nullptr, &filled);
+        bool filled = false;             /* (the TF32 family: where its 16-bit kernels ran throughout) */
+        rc = plan_table(r.who, r.s, &p); /* (only a call that launches the kernels makes it) */
+        if (!rc)
+            rc = kda    ? (f16 ? kda_h::fwd(p, io_bits(io), keep) : kda::fwd(p, io_bits(io), keep))
+                 : fast ? (f16 ? fast_h::fwd(p, io_bits(io), keep) : fast::fwd(p, io_bits(io), keep))
+                 : tf32 ? generic_fwd<T, true>(p, io, keep, &filled)
+                        : generic_fwd<T>(p, io, nullptr, &filled);
         if (!rc) *kept = keep && (kda || fast || filled);
     } else {
         bool filled;
-        rc = generic_fwd<T>(p, io, nullptr, &filled);
+        rc = plan_table(r.who, r.s, &p);
+        if (!rc) rc = generic_fwd<T>(p, io, nullptr, &filled);
     }
     plan_free(&p);
     return rc;
@@ -606,6 +615,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         plan_free(&p);
         return rc;
     }
+    if (plan_table(r.who, r.s, &p)) return -1;
     p.G.vsh = r.vsh;
     int rc;
     if constexpr (sizeof(T) == 2) {

@@ -382,11 +382,14 @@ struct Plan {
     Geom G;
     int64_t *tab_dev; /* owned scratch or NULL */
 };
-/* Checks the shape and pointers (names `who` in messages) and builds the plan; 0 or -1.
- * shape_only: the shape's checks and geometry alone (G.nchunks included) -- no pointers checked,
- * no chunk table made on the device (G.tab NULL): for sizes, not for launches. */
+/* Checks the shape and pointers (names `who` in messages) and makes the geometry (G.nchunks
+ * included; G.tab NULL); 0 or -1.  shape_only: the pointers are not checked (for sizes). */
 int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *k, const void *v, const void *g,
               const void *beta, Plan *p, bool shape_only = false);
+/* the chunk table of a cu_seqlens call on the device (G.tab), which the kernels' launches read;
+ * nothing without cu_seqlens.  Made only by the call that launches them: a padded or value-split
+ * call's outer plan does not, its inner call does. */
+int plan_table(const char *who, const dg_dr_shape *s, Plan *p);
 void plan_free(Plan *p);
 
 /* Pointers of one call; T = float, uint16_t (bf16 bits) or f16bits (fp16 bits) for q, k, v, beta, o
