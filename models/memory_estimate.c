@@ -17,6 +17,11 @@ static double param_estimate(const dg_model_config *mc) {
 
 double dg_train_state_bytes(const dg_model_config *mc, bool mixed) { return (mixed ? 18 : 16) * param_estimate(mc); }
 
+double dg_train_activation_floor(const dg_model_config *mc, const dg_train_config *tc, bool mixed) {
+    const double T = (double)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
+    return (double)tc->batch * T * (double)mc->num_hidden_layers * (double)mc->hidden_size * (mixed ? 2 : 4);
+}
+
 double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config *tc) {
     const double d = (double)mc->hidden_size, L = (double)mc->num_hidden_layers, V = (double)mc->vocab_size;
     const double H = (double)mc->num_heads, K = (double)mc->head_dim, HV = (double)dg_model_num_v_heads(mc);

@@ -20,6 +20,12 @@ double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config
  * run whose state does not fit in the GPU's free memory is refused before the first step. */
 double dg_train_state_bytes(const dg_model_config *mc, bool mixed);
 
+/* Bytes of activations a step surely keeps for its backward pass: every layer's input, one value a
+ * token and channel (2 bytes with mixed precision, else 4).  A lower bound, not an estimate (the
+ * projections, the MLP and the delta rule's working sets come on top), so a GPU run refused for it
+ * could never have fit; computed in double. */
+double dg_train_activation_floor(const dg_model_config *mc, const dg_train_config *tc, bool mixed);
+
 /* Bytes this process may still allocate: MemAvailable of /proc/meminfo, lowered to what the cgroup's
  * limit leaves (containers); -1 when unknown. */
 double dg_memory_available(void);

@@ -123,18 +123,33 @@ static int check_device(dg_device dev, const char *who) {
 /* A run on the host that cannot fit in the memory left is refused before it allocates anything
  * (the machine would otherwise swap or be out of memory, with no message).  On a GPU, a model whose
  * training state alone (parameters, gradients, AdamW's moments) does not fit in the free memory is
- * refused the same way; activations past the rest are the device allocator's out-of-memory error at
+ * refused the same way, and so is a step whose activations' floor (every layer's input) does not
+ * fit beside it: a batch of a billion sequences is refused at once instead of making its data on
+ * the host first.  Activations past that floor are the device allocator's out-of-memory error at
  * the first step, before anything is written. */
 static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
     if (tc->device == DG_CUDA) {
         const bool mixed = dg_train_precision(tc) == DG_BF16;
         double need = dg_train_state_bytes(mc, mixed), avail = dg_cuda_free_bytes();
-        if (avail < 0 || need <= avail) return 0;
-        char n_s[32], a_s[32];
-        dg_error("train: the model's %.4g M parameters need about %s of GPU memory for themselves, their gradients "
-                 "and AdamW's two moments (%d bytes each), and the GPU has %s free: train a smaller model (on "
-                 "several GPUs each holds all of it)",
-                 need / (mixed ? 18 : 16) / 1e6, dg_format_bytes(need, n_s, sizeof n_s), mixed ? 18 : 16,
+        if (avail < 0) return 0;
+        char n_s[32], a_s[32], f_s[32];
+        if (need > avail) {
+            dg_error("train: the model's %.4g M parameters need about %s of GPU memory for themselves, their "
+                     "gradients and AdamW's two moments (%d bytes each), and the GPU has %s free: train a smaller "
+                     "model (on several GPUs each holds all of it)",
+                     need / (mixed ? 18 : 16) / 1e6, dg_format_bytes(need, n_s, sizeof n_s), mixed ? 18 : 16,
+                     dg_format_bytes(avail, a_s, sizeof a_s));
+            return -1;
+        }
+        /* data-parallel: a GPU runs its slice of the global batch */
+        const double floor = dg_train_activation_floor(mc, tc, mixed) / dg_dp_world();
+        if (need + floor <= avail) return 0;
+        dg_error("train: a step of %lld sequences of %lld tokens keeps at least %s of activations on the GPU (the "
+                 "input of each of %lld layers of width %lld) beside the training state's %s, and the GPU has %s "
+                 "free; lower --batch or --seq-len",
+                 (long long)(tc->batch / dg_dp_world()), (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
+                 dg_format_bytes(floor, f_s, sizeof f_s), (long long)mc->num_hidden_layers,
+                 (long long)mc->hidden_size, dg_format_bytes(need, n_s, sizeof n_s),
                  dg_format_bytes(avail, a_s, sizeof a_s));
         return -1;
     }

@@ -85,7 +85,6 @@ eval_of_a_fifo_does_not_hang() {
     [ $rc -eq 1 ] && grep -q "FIFO" out || fail "exit status $rc, no message naming the FIFO"
 }
 
-# (on the host: a GPU run checks only the training state against the free memory, models/trainer.c)
 run_too_big_is_refused() {
     local rc=0
     timeout 60 "$DG_BIN" train --device cpu --batch 1000000000 --out run >out 2>&1 || rc=$?
@@ -94,6 +93,18 @@ run_too_big_is_refused() {
     rc=0
     timeout 60 "$DG_BIN" train --device cpu --seq-len 1000000000 --out run >out 2>&1 || rc=$?
     [ $rc -eq 1 ] && grep -q "this run needs about" out || fail "--seq-len: exit status $rc, $(cat out)"
+}
+
+# on a GPU the floor of a step's activations (every layer's input) is checked against the free
+# memory beside the training state (models/trainer.c); skipped without a GPU or a CUDA build
+gpu_run_too_big_is_refused() {
+    local rc=0
+    timeout 60 "$DG_BIN" train --device cuda --batch 1000000000 --out run >out 2>&1 || rc=$?
+    cat out
+    grep -q -e "no CUDA backend" -e "no CUDA device was found" out && skip_case "needs a GPU and a CUDA build"
+    [ $rc -eq 1 ] && grep -q "keeps at least .* of activations on the GPU" out &&
+        grep -q "lower --batch or --seq-len" out || fail "exit status $rc"
+    [ ! -e run/model.safetensors ] || fail "a refused run wrote a checkpoint"
 }
 
 # DG_PROFILE=ops: a table of the ops' time from the third step on, printed even when quiet
@@ -123,6 +134,7 @@ no_graph_same_losses() {
 
 run_case eval_unknown_option
 run_case run_too_big_is_refused
+run_case gpu_run_too_big_is_refused
 run_case diverging_run_fails
 run_case nan_weights_refused
 run_case quiet_keeps_the_result_line
