@@ -147,10 +147,10 @@ static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
         dg_error("train: a step of %lld sequences of %lld tokens keeps at least %s of activations on the GPU (the "
                  "input of each of %lld layers of width %lld) beside the training state's %s, and the GPU has %s "
                  "free; lower --batch or --seq-len",
-                 (long long)(tc->batch / dg_dp_world()), (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
-                 dg_format_bytes(floor, f_s, sizeof f_s), (long long)mc->num_hidden_layers,
-                 (long long)mc->hidden_size, dg_format_bytes(need, n_s, sizeof n_s),
-                 dg_format_bytes(avail, a_s, sizeof a_s));
+                 (long long)(tc->batch / dg_dp_world()),
+                 (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
+                 dg_format_bytes(floor, f_s, sizeof f_s), (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
+                 dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s));
         return -1;
     }
     if (tc->device != DG_CPU) return 0;
