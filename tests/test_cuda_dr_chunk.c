@@ -559,8 +559,8 @@ static void test_dr_chunk_f16_paths(void **state) {
  * the f64 reference's dq, dk put through the same formula, dx = r (dy - xn (dy . xn)) with xn the
  * stored q, k and r drawn in [0.5, 2]; bf16 and fp16, on the head-gate tensor-core kernels (folded
  * into their dq, dk stores), with grouped value heads (after the sums over value heads), on the
- * generic kernels, on KDA's (after them) and at K = 256 (into the kernels' own stores, or after
- * the sums); the same bounds as without it. */
+ * generic kernels, on KDA's (folded into qkwy's stores, fused and unfused the same bits) and at
+ * K = 256 (into the kernels' own stores, or after the sums); the same bounds as without it. */
 static void test_dr_chunk_l2_fold(void **state) {
     (void)state;
     dg_test_require_cuda();
@@ -629,6 +629,20 @@ static void test_dr_chunk_l2_fold(void **state) {
             char what[160];
             snprintf(what, sizeof what, "%s: %s", c->name, st_names[st]);
             check(what, &got, &ref, st == S_BF16 ? 5e-3 : f16_mma(c) ? F16_MMA_TOL : F16_TOL);
+            /* KDA with one value head a key head folds the norm's backward into qkwy's dq and dk
+             * stores: the unfused pair of kernels (dqkwg, wy) gives the fused kernel's bits */
+            if (c->gate == DG_GATE_CHANNEL && c->H == c->HV && c->V <= 128) {
+                static const dg_dr_variant unfused = {1, 0, 1};
+                res un;
+                res_alloc(c, &d, &un);
+                run_gpu(&d, st, &unfused, &un);
+                for (int a = 0; a < R_N; a++)
+                    for (int64_t i = 0; un.x[a] && i < un.n[a]; i++)
+                        if (!(un.x[a][i] == got.x[a][i]))
+                            fail_msg("%s: %s[%lld] is %.9g unfused, %.9g fused", what, r_names[a], (long long)i,
+                                     un.x[a][i], got.x[a][i]);
+                res_free(&un);
+            }
             res_free(&ref), res_free(&got), data_free(&d);
         }
 }

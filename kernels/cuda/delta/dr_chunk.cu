@@ -143,32 +143,6 @@ int plan_table(const char *who, const dg_dr_shape *s, Plan *p) {
     return 0;
 }
 
-int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io) {
-    const int64_t n = G.rows * G.H, D = G.K;
-    for (int w = 0; w < 2; w++) {
-        const float *r = w ? io.rk : io.rq;
-        const uint16_t *xn = w ? io.k : io.q;
-        uint16_t *d = w ? io.dk : io.dq;
-        if (!r || !d) continue;
-#ifdef DRC_EMU
-        auto ld = [f16](uint16_t h) { return f16 ? h2f(h) : bf2f(h); };
-        for (int64_t i = 0; i < n; i++) {
-            const uint16_t *x = xn + i * D;
-            uint16_t *y = d + i * D;
-            float dot = 0.0f;
-            for (int64_t c = 0; c < D; c++) dot += ld(y[c]) * ld(x[c]);
-            for (int64_t c = 0; c < D; c++) {
-                const float v = r[i] * (ld(y[c]) - ld(x[c]) * dot);
-                y[c] = f16 ? f2h(v) : f2bf(v);
-            }
-        }
-#else
-        if (dg_cuda_dr_l2norm16_bwd_xn(f16, n, D, xn, r, d, d)) return -1;
-#endif
-    }
-    return 0;
-}
-
 void plan_free(Plan *p) {
     release(p->tab_dev);
     p->tab_dev = nullptr;

@@ -602,11 +602,6 @@ namespace fast_h {
 int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
 int k256_chan_gamma(const Plan &p, const K256Bwd &a);
 } // namespace fast_h
-/* The L2 norm's backward on the finished dq, dk (in place) when io.rq / io.rk ask for it, for KDA's
- * path with one value head a key head, which stores dq, dk itself (the others fold it into their
- * stores or into heads_sum; dr_chunk.cu; the emulation runs it on the host):
- * dx = r (dy - xn (dy . xn)) per row of K, xn = io.q / io.k, rows = G.rows * G.H */
-int l2norm_bwd_after(const Geom &G, bool f16, const Io<uint16_t> &io);
 /* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
  * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
  * R, inner] from src [outer, inner] (elt 2 or 4 bytes); states: [NH, K, R, Vs] -> [NH, R, K, Vs]

@@ -26,7 +26,9 @@
  * 16J + 15) C = e^{G_{16J+15} - G} o (D_{>J,J}^T (X e^{G - G_{16J+15}})) plus the diagonal block.
  * dw_on_chip: parts A and B in one kernel, dW kept in shared memory; otherwise
  * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
- * then summed over the value heads of each key head.
+ * then summed over the value heads of each key head (heads_sum, with the L2 norm's backward where
+ * the call has the norm); with one value head a key head qkwy applies the norm's backward to dq and
+ * dk in its accumulators before their one rounding (mm::l2norm_bwd_rows, as the head gate's qkwy).
  * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
  * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel is the slower of the two: its
  * 206 KB of straight-line code, each instruction run about once per block, does not stay in the
@@ -293,8 +295,8 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
 template <int K, int V, int NW> struct QkL {
     static constexpr int tK = tile_bytes(64, K), tV = tile_bytes(64, V), t64 = tile_bytes(64, 64);
     /* persistent: G [64][K], beta, dbeta, red [NW][64], last-row terms [K], column partials [NW][K],
-     * references [K] */
-    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + NW * 64 + K + NW * K + K) * 4;
+     * references [K], the rows' 1/|q| and 1/|k| [2][64] */
+    static constexpr int F32 = (64 * gstride(K) + 64 + 64 + NW * 64 + K + NW * K + K + 128) * 4;
     static constexpr int oK = F32, oQ = oK + tK, oDM = oQ + tK, oZ = oDM + 2 * t64;
     /* Z, part A: S0 / dS1 split, dO raw, dV' then V' split */
     static constexpr int zS = 0, zO = 2 * tile_bytes(K, V), zX = zO + tV, ZA = zX + 2 * tV;
@@ -322,6 +324,7 @@ struct QkArgs {
     uint16_t *dv, *dbeta;
     float *dbetaf; /* f32 dbeta instead of dbeta (Io::dbeta32), or NULL */
     float *dg;
+    const float *rq, *rk; /* with dq, dk: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
 };
 
 /* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only */
@@ -341,7 +344,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;
-    float *sR = colp + NW * K;
+    float *sR = colp + NW * K, *sr = sR + K;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::oK), *sQ = (uint16_t *)(B8 + Lay::oQ);
     const Sp sDM{(uint16_t *)(B8 + Lay::oDM), 64 * 72}; /* dM', later Ai, later dMkk */
@@ -356,6 +359,8 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     gate_load<K, NTH>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
     Gate gt{sG, sR, false};
     if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
+    if (tid < 128 && (tid < 64 ? a.rq : a.rk)) /* for the norm's backward */
+        sr[tid] = (tid & 63) < L ? (tid < 64 ? a.rq : a.rk)[ot + (int64_t)(tid & 63) * HV] : 0.0f;
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
     if (MODE == 2) mm::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
@@ -465,6 +470,8 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
             gated_R<K, false, NTH>(t, sDM, sK, gt, Z + Lay::wKG);
             each2(dq, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
             each2(dG, dq, km0, kn0, [&](int i, int cc, float &x, float &y) { x = op2f(sQ[i * LK + cc]) * y; });
+            /* the norm's backward (scratch: colp, dead after the last-row sums) */
+            if (a.rq && a.dq) mm::l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, LK, colp, sr);
             mm::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i >= L) return;
                 const int64_t off = (ot + (int64_t)i * HV) * K + cc;
@@ -604,6 +611,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         each2(dk, t, km0, kn0, [&](int, int, float &x, float &y) { x += y; });
         each2(dG, t, km0, kn0, [&](int i, int cc, float &x, float &y) { x -= op2f(sK[i * LK + cc]) * y; });
     }
+    if (a.rk && a.dk) mm::l2norm_bwd_rows<NW>(dk, km0, kn0, sK, LK, colp, sr + 64);
     mm::frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ot + (int64_t)i * HV) * K + cc;
@@ -681,17 +689,17 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
         a.dqv = dqv, a.dkv = dkv, a.dq = direct ? io.dq : nullptr, a.dk = direct ? io.dk : nullptr;
         a.dWh = dW, a.dWl = dW ? dW + nk : nullptr, a.dGg = dGk, a.dkp = dGk ? dGk + nk : nullptr;
         a.dv = io.dv, a.dbeta = io.dbeta, a.dbetaf = io.dbeta32, a.dg = io.dg;
+        a.rq = direct ? io.rq : nullptr, a.rk = direct ? io.rk : nullptr;
         rc = kept ? 0 : prep_state(p, io, b, 1);
         if (!rc)
             rc = G.K == 64 ? (G.V == 64 ? bwd_t<64, 64>(p, var, io, b, a, dS, dS + nst)
                                         : bwd_t<64, 128>(p, var, io, b, a, dS, dS + nst))
                            : (G.V == 64 ? bwd_t<128, 64>(p, var, io, b, a, dS, dS + nst)
                                         : bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
-        /* the L2 norm's backward: with the sums over value heads, else on the stored dq, dk */
+        /* the L2 norm's backward: with the sums over value heads, else in qkwy's stores */
         const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16;
         if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
         if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
-        if (!rc && direct) rc = l2norm_bwd_after(G, DRC_OPERAND_F16, io);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);

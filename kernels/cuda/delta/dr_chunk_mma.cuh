@@ -515,6 +515,41 @@ template <int NW = FNT / 32> __device__ __forceinline__ void red_collect(float *
     }
 }
 
+/* The L2 norm's backward folded into the store of dq or dk (acc: this thread's accumulator tile of
+ * WT<64, ., NW> holding the gradient dy of the normalised rows xn, which sX holds with row stride
+ * ld): dy becomes dx = r (dy - xn (dy . xn)), r = sr[i] (shared: the rows' 1/|x|, staged by
+ * the caller with the block's first loads, zero past the chunk's rows: loaded from device memory
+ * here, its latency stood bare in a block alone on its SM), before the one rounding of the store
+ * (a separate pass over stored dq, dk would round them twice).  One barrier: each warp stores its
+ * partial row sums into its own slots of scr ([NW][64] floats, any contents on entry, left holding
+ * them), then each thread adds the slots of the warps that share its rows (warps w = its own mod
+ * 4, in order: the bits do not depend on the kernel that calls it).  The caller makes sure no
+ * thread still reads scr when this starts and puts a barrier before scr is written again. */
+template <int NW, int NT>
+__device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, int n0, const uint16_t *sX, int ld,
+                                                float *scr, const float *sr) {
+    constexpr int MW = 4; /* warps down the 64 rows (WT<64, ., NW>::MW) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int i0 = m0 + g, i1 = i0 + 8; /* this thread's two rows */
+    float rs[2] = {0.0f, 0.0f};
+    frag_each(acc, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sX[i * ld + cc]) * x; });
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        rs[h] += shfl_xor(rs[h], 1);
+        rs[h] += shfl_xor(rs[h], 2);
+        if (t == 0) scr[warp * 64 + i0 + 8 * h] = rs[h];
+    }
+    bsync();
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int w = warp % MW; w < NW; w += MW) s[0] += scr[w * 64 + i0], s[1] += scr[w * 64 + i1];
+    const float r[2] = {sr[i0], sr[i1]};
+    frag_each(acc, m0, n0, [&](int i, int cc, float &x) {
+        const int h = (i - m0) >> 3;
+        x = r[h] * (x - op2f(sX[i * ld + cc]) * s[h]);
+    });
+}
+
 /* sum over the block of NW warps of one value per thread (after which every thread has it);
  * scratch: NW floats */
 template <int NW = FNT / 32> __device__ __forceinline__ float block_sum(float x, float *scr) {

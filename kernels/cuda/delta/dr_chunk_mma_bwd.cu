@@ -256,8 +256,8 @@ __global__ void __launch_bounds__(2 * FNT, 1)
 constexpr int AIB = DRC_AIB, DSB = DRC_DSB; /* load batches (registers: the accumulators are live) */
 template <int K, int V, int NW> struct QkSmem {
     static constexpr int T64 = 2 * tile_bytes(64, 64);
-    /* G, beta, dG, dbeta [64]; redg, redb [NW][64]; block_sum's scratch [16]; srow [64] */
-    static constexpr int F32 = (4 * 64 + 2 * NW * 64 + 16 + 64) * 4;
+    /* G, beta, dG, dbeta [64]; redg, redb [NW][64]; block_sum's scratch [16]; the rows' 1/|q|, 1/|k| [2][64] */
+    static constexpr int F32 = (4 * 64 + 2 * NW * 64 + 16 + 128) * 4;
     static constexpr int X1 = 2 * tile_bytes(K, V) > 3 * T64 ? 2 * tile_bytes(K, V) : 3 * T64;
     static constexpr int X2 = 2 * (tile_bytes(64, V) > tile_bytes(64, K) ? tile_bytes(64, V) : tile_bytes(64, K));
     static constexpr int X3 = 2 * tile_bytes(64, V);
@@ -282,27 +282,6 @@ struct QkArgs {
     const float *rq, *rk; /* with dq, dk direct: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
 };
 
-/* The L2 norm's backward folded into the store of dq or dk (acc: this thread's accumulator tile of
- * the gradient dy of the normalised rows xn, held in sX with row stride ld): dy becomes
- * dx = r (dy - xn (dy . xn)), r = rr[i * rstride] for rows i < L.  Every thread calls it; it
- * starts and ends with a barrier; red (zero on entry, zero again after) and srow (64 floats) are
- * shared scratch. */
-template <int NW, int NT>
-__device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, int n0, const uint16_t *sX, int ld,
-                                                float *red, float *srow, const float *rr, int64_t rstride, int L) {
-    float rs[2] = {0.0f, 0.0f};
-    frag_each(acc, m0, n0, [&](int i, int cc, float &x) { rs[(i - m0) >> 3] += op2f(sX[i * ld + cc]) * x; });
-    bsync();
-    red_rows_put(red, m0, rs);
-    bsync();
-    red_collect<NW>(red, srow, false);
-    bsync();
-    frag_each(acc, m0, n0, [&](int i, int cc, float &x) {
-        const float r = i < L ? rr[i * rstride] : 0.0f;
-        x = r * (x - op2f(sX[i * ld + cc]) * srow[i]);
-    });
-}
-
 /* MODE 0: fused; 1: dqkwg only (dW, dk, dG to global); 2: WY only (from them).  SH (fused only): the
  * block takes the G.vsh heads of one beta and gate; else one head (its own instance: a loop over a
  * run-time count of heads made the one-head kernel 11 % slower at S1, H200) */
@@ -323,7 +302,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     const int64_t r0 = ch.r0;
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64, *sdG = sb + 64, *sdB = sdG + 64, *redg = sdB + 64, *redb = redg + NW * 64,
-          *scr = redb + NW * 64, *srow = scr + 16;
+          *scr = redb + NW * 64, *sr = scr + 16;
     unsigned char *B8 = (unsigned char *)sm;
     const Sp sS{(uint16_t *)(B8 + S_::o1), K * (V + PAD)};
     const Sp sAi{(uint16_t *)(B8 + S_::o1), 64 * 72};
@@ -358,6 +337,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     }
     load_gate_beta<GATE>(G, r0, L, hv0, a.b.Gc, a.beta, sG, sb);
     if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
+    if (tid < 128 && (tid < 64 ? a.rq : a.rk)) /* for the norm's backward */
+        sr[tid] = (tid & 63) < L ? (tid < 64 ? a.rq : a.rk)[ob + (int64_t)(tid & 63) * HB] : 0.0f;
     float dk[1][TK::NT][4];
     acc_zero(dk);
 
@@ -509,8 +490,9 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
             bsync();
             if (tid == 0) sdG[L - 1] += skf3 + expf(sG[63]) * tr;
         }
-        /* dq is final (redg is zero again here: collected above, or never used) */
-        if (a.rq && a.dq) l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, K + PAD, redg, srow, a.rq + ob, HB, L);
+        /* dq is final; redg (collected above, or never used) is the norm's scratch, zeroed again in
+         * part B before its next use */
+        if (a.rq && a.dq) l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, K + PAD, redg, sr);
         frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
             if (i >= L) return;
             const int64_t off = (ob + (int64_t)i * HB) * K + cc;
@@ -543,6 +525,8 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     if (MODE == 0) { /* v and Ai (issued after phase C) */
         cp_async_wait_all();
         bsync();
+        if (a.rq && a.dq)
+            for (int e = tid; e < NW * 64; e += NTH) redg[e] = 0.0f; /* (the barrier below before its next use) */
 #pragma unroll 4
         for (int u = 0; u < 64 * 64 / NTH; u++) {
             const int e = tid + u * NTH, i = e / 64, j = e % 64;
@@ -658,7 +642,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     red_collect<NW>(redb, sdB, true);
     if (HEAD) red_collect<NW>(redg, sdG, true);
     bsync();
-    if (a.rk && a.dk) l2norm_bwd_rows<NW>(dk, km0, kn0, sK, K + PAD, redb, srow, a.rk + ob, HB, L);
+    if (a.rk && a.dk) l2norm_bwd_rows<NW>(dk, km0, kn0, sK, K + PAD, redb, sr + 64);
     frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
         const int64_t off = (ob + (int64_t)i * HB) * K + cc;

@@ -117,16 +117,15 @@ __global__ void l2norm16_fwd_kernel(int64_t N, int64_t D, const H *x, float eps,
     }
 }
 
-/* XN: x holds the normalised rows xn = x r instead of x; then dx = r (dy - xn (dy . xn)).  dx may
- * be dy (each thread reads its values of a row before it writes them) */
-template <typename H, bool XN = false>
+/* dx = r (dy - x r^2 (dy . x)), a warp a row */
+template <typename H>
 __global__ void l2norm16_bwd_kernel(int64_t N, int64_t D, const H *x, const float *rstd, const H *dy, H *dx) {
     const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
     for (int64_t row = blockIdx.x * (int64_t)wpb + threadIdx.x / 32; row < N; row += (int64_t)gridDim.x * wpb) {
         const H *xr = x + row * D, *dyr = dy + row * D;
         float dot = 0;
         for (int64_t d = lane; d < D; d += 32) dot += ld16(dyr + d) * ld16(xr + d);
-        float r = rstd[row], c = warp_sum(dot) * (XN ? 1.0f : r * r);
+        float r = rstd[row], c = warp_sum(dot) * r * r;
         for (int64_t d = lane; d < D; d += 32) st16(dx + row * D + d, r * (ld16(dyr + d) - ld16(xr + d) * c));
     }
 }
@@ -173,7 +172,7 @@ __global__ void l2norm16_fwd_vec_kernel(int64_t N, const H *x, float eps, H *y, 
     }
 }
 
-template <typename H, int NV, bool XN = false>
+template <typename H, int NV>
 __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd, const H *dy, H *dx) {
     constexpr int D = 128 * NV;
     const int lane = threadIdx.x % 32, wpb = blockDim.x / 32;
@@ -187,7 +186,7 @@ __global__ void l2norm16_bwd_vec_kernel(int64_t N, const H *x, const float *rstd
 #pragma unroll
             for (int i = 0; i < 4; i++) dot += gv[j][i] * xv[j][i];
         }
-        const float r = rstd[row], c = warp_sum(dot) * (XN ? 1.0f : r * r);
+        const float r = rstd[row], c = warp_sum(dot) * r * r;
 #pragma unroll
         for (int j = 0; j < NV; j++) {
 #pragma unroll
@@ -228,7 +227,7 @@ int l2norm16_fwd(const char *who, int64_t N, int64_t D, const uint16_t *x, doubl
     return DG_LAUNCHED(who);
 }
 
-template <typename H, bool XN = false>
+template <typename H>
 int l2norm16_bwd(const char *who, int64_t N, int64_t D, const uint16_t *x, const float *rstd, const uint16_t *dy,
                  uint16_t *dx) {
     if (N <= 0 || D <= 0) return 0;
@@ -241,10 +240,10 @@ int l2norm16_bwd(const char *who, int64_t N, int64_t D, const uint16_t *x, const
     cudaStream_t st = dg_cuda_stream();
     const H *xh = (const H *)x, *gh = (const H *)dy;
     H *oh = (H *)dx;
-    if (nv == 1) l2norm16_bwd_vec_kernel<H, 1, XN><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
-    else if (nv == 2) l2norm16_bwd_vec_kernel<H, 2, XN><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
-    else if (nv == 4) l2norm16_bwd_vec_kernel<H, 4, XN><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
-    else l2norm16_bwd_kernel<H, XN><<<grid, kNnThreads, 0, st>>>(N, D, xh, rstd, gh, oh);
+    if (nv == 1) l2norm16_bwd_vec_kernel<H, 1><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else if (nv == 2) l2norm16_bwd_vec_kernel<H, 2><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else if (nv == 4) l2norm16_bwd_vec_kernel<H, 4><<<grid, kNnThreads, 0, st>>>(N, xh, rstd, gh, oh);
+    else l2norm16_bwd_kernel<H><<<grid, kNnThreads, 0, st>>>(N, D, xh, rstd, gh, oh);
     return DG_LAUNCHED(who);
 }
 
@@ -327,12 +326,6 @@ extern "C" int dg_cuda_dr_l2norm_f16_fwd(int64_t N, int64_t D, const uint16_t *x
 extern "C" int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd, const uint16_t *dy,
                                          uint16_t *dx) {
     return l2norm16_bwd<__half>("cuda dr l2norm f16 bwd", N, D, x, rstd, dy, dx);
-}
-
-extern "C" int dg_cuda_dr_l2norm16_bwd_xn(int f16, int64_t N, int64_t D, const uint16_t *xn, const float *rstd,
-                                          const uint16_t *dy, uint16_t *dx) {
-    return f16 ? l2norm16_bwd<__half, true>("cuda dr l2norm f16 bwd (normalised rows)", N, D, xn, rstd, dy, dx)
-               : l2norm16_bwd<__nv_bfloat16, true>("cuda dr l2norm bf16 bwd (normalised rows)", N, D, xn, rstd, dy, dx);
 }
 
 extern "C" int dg_cuda_chunk_local_cumsum(dg_dtype dt, int64_t B, int64_t T, int64_t H, int64_t S,

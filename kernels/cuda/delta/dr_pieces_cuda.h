@@ -46,10 +46,6 @@ int dg_cuda_dr_l2norm_bf16_bwd(int64_t N, int64_t D, const uint16_t *x, const fl
 int dg_cuda_dr_l2norm_f16_fwd(int64_t N, int64_t D, const uint16_t *x, double eps, uint16_t *y, float *rstd);
 int dg_cuda_dr_l2norm_f16_bwd(int64_t N, int64_t D, const uint16_t *x, const float *rstd, const uint16_t *dy,
                               uint16_t *dx);
-/* the backward from the normalised rows xn = x r (what the chunk kernels hold) instead of x:
- * dx = r (dy - xn (dy . xn)); dx may be dy (in place).  f16: IEEE half bits, else bf16 */
-int dg_cuda_dr_l2norm16_bwd_xn(int f16, int64_t N, int64_t D, const uint16_t *xn, const float *rstd, const uint16_t *dy,
-                               uint16_t *dx);
 
 /* ---- chunk_local_cumsum (dr_pieces.cu): x, out [B,T,H,S]; out may alias x ---------------------
  * forward (reverse 0) or reverse cumulative sum inside each chunk; the backward of one direction
