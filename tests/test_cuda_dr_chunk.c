@@ -320,13 +320,17 @@ static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const ch
 }
 
 /* views that start one element into their buffer (not 16-byte aligned) take the tensor-core kernels
- * on aligned copies (dr_chunk_pad.cu), within the same bound */
+ * on aligned copies (dr_chunk_pad.cu), within the same bound; at K = 256 the 16-bit kernels of the
+ * TF32 family (an unaligned q would leave the call to its TF32 kernels) */
 static void test_dr_chunk_bf16_unaligned(void **state) {
     (void)state;
     dg_test_require_cuda();
     const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
     fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk pad");
     fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk mma out");
+    const cfg w = {"head, K=256, V=64, unaligned views", 1, 70, 1, 1, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
+    fwd_offset_views(&w, 1, 1, DG_DRC_TF32, "dr_chunk pad");
+    fwd_offset_views(&w, 1, 1, DG_DRC_TF32, "dr_chunk k256 out");
 }
 
 /* y [A, Bd, Cd] from x [A, Bs, Cs]: x's entries where they exist, zeros elsewhere (padding when Bd >=

@@ -332,11 +332,19 @@ template <typename T> static bool io_aligned(const Io<T> &io, const L2Req<T> *l2
 }
 
 /* Whether a 16-bit call of geometry G runs padded to d = pad_dims: where d differs from its K or V,
- * or (head-gate and KDA families) where its rows are not aligned for the kernels' vector loads (the
- * padded copies are).  The TF32 family takes any alignment at K = 256 itself. */
-static bool pad_wanted(dg_drc_family fam, const Geom &G, PadDims d, bool aligned_io) {
+ * or where rows its kernels load as 16-byte vectors are not aligned for them (the padded copies
+ * are): io_aligned's for the head-gate and KDA families; q, k and v for the TF32 family's 16-bit
+ * kernels at K = 256 (k256_ok), which would otherwise leave the call to its TF32 kernels, about
+ * four times slower (an o alone unaligned takes the TF32 output pass over the 16-bit prep and state
+ * pass, without copies) */
+template <typename T>
+static bool pad_wanted(dg_drc_family fam, const Geom &G, PadDims d, const Io<T> &io, const L2Req<T> *l2 = nullptr) {
     if (!d.K) return false;
-    return d.K != G.K || d.V != G.V || (fam != DG_DRC_TF32 && !aligned_io);
+    if (d.K != G.K || d.V != G.V) return true;
+    if (fam == DG_DRC_TF32) /* (the normalised rows too, which the kernels then load) */
+        return !(aligned(io.q, LOAD_AL) && aligned(io.k, LOAD_AL) && aligned(io.v, LOAD_AL) &&
+                 (!l2 || (aligned(l2->q, LOAD_AL) && aligned(l2->k, LOAD_AL))));
+    return !io_aligned(io, l2);
 }
 
 static const char *const PAD_WHO = "dr_chunk pad";
@@ -529,7 +537,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
         return -1;
     }
     if (plan_init(r.who, r.s, io_in.q, io_in.k, io_in.v, io_in.g, io_in.beta, &p)) return -1;
-    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io_aligned(io_in, l2))) {
+    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io_in, l2)) {
         const int rc = fwd_pad<T>(r, p.G, d, io_in, keep, kept, l2);
         plan_free(&p);
         return rc;
@@ -579,7 +587,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
         return -1;
     }
     if (plan_init(r.who, r.s, io.q, io.k, io.v, io.g, io.beta, &p)) return -1;
-    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io_aligned(io))) {
+    if (const PadDims d = pad_dims(r.fam, p.G); sizeof(T) == 2 && pad_wanted(r.fam, p.G, d, io)) {
         const int rc = bwd_pad<T>(r, p.G, d, var, io, kept);
         plan_free(&p);
         return rc;
