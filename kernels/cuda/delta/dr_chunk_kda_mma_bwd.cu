@@ -29,7 +29,7 @@
  * then summed over the value heads of each key head (heads_sum, with the L2 norm's backward where
  * the call has the norm); with one value head a key head qkwy applies the norm's backward to dq and
  * dk in its accumulators before their one rounding (mm::l2norm_bwd_rows, as the head gate's qkwy).
- * The qkwy kernels run one block of 16 warps per multiprocessor (218.5 KiB of shared memory, 128
+ * The qkwy kernels run one block of 16 warps per multiprocessor (219 KiB of shared memory, 128
  * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel is the slower of the two: its
  * 206 KB of straight-line code, each instruction run about once per block, does not stay in the
  * instruction cache, and its warps wait for instructions (ncu: 43k cycles a warp, against
