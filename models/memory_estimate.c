@@ -18,7 +18,7 @@ static double param_estimate(const dg_model_config *mc) {
 double dg_train_state_bytes(const dg_model_config *mc, bool mixed) { return (mixed ? 18 : 16) * param_estimate(mc); }
 
 double dg_train_activation_floor(const dg_model_config *mc, const dg_train_config *tc, bool mixed) {
-    const double T = (double)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
+    const double T = (double)dg_train_seq_len(tc);
     return (double)tc->batch * T * (double)mc->num_hidden_layers * (double)mc->hidden_size * (mixed ? 2 : 4);
 }
 
@@ -28,7 +28,7 @@ double dg_train_memory_estimate(const dg_model_config *mc, const dg_train_config
     const double Vd = (double)dg_model_head_v_dim(mc), mlp = (double)dg_model_intermediate_size(mc);
     /* the recurrent path measures the same as the chunked one (it saves no per-token state) */
     const double C = (double)(tc->chunk_size > 0 ? tc->chunk_size : 64);
-    const double T = (double)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
+    const double T = (double)dg_train_seq_len(tc);
     const double tokens = (double)tc->batch * T;
     const double params = param_estimate(mc);
     /* floats saved per token and layer (fitted to the measured peak of the chunked CPU path):

@@ -52,6 +52,10 @@ dg_dtype dg_train_precision(const dg_train_config *tc) {
     return tc->device == DG_CUDA ? DG_BF16 : DG_F32;
 }
 
+int64_t dg_train_seq_len(const dg_train_config *tc) {
+    return tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len;
+}
+
 int dg_train_config_validate(const dg_train_config *tc) {
 #define NEED(cond, ...)                             \
     do {                                            \

@@ -40,6 +40,8 @@ typedef struct dg_train_config {
 /* The precision a run uses on its device: auto resolved (bf16 on cuda, f32 on the CPU). */
 dg_dtype dg_train_precision(const dg_train_config *tc);
 const char *dg_precision_name(dg_precision p); /* "auto", "f32", "bf16" */
+/* The tokens of one training sequence: the MQAR sequence length for MQAR, else seq_len. */
+int64_t dg_train_seq_len(const dg_train_config *tc);
 
 dg_train_config dg_train_default_config(void);
 const char *dg_task_name(dg_task_kind k); /* "mqar", "text" */

@@ -147,8 +147,7 @@ static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
         dg_error("train: a step of %lld sequences of %lld tokens keeps at least %s of activations on the GPU (the "
                  "input of each of %lld layers of width %lld) beside the training state's %s, and the GPU has %s "
                  "free; lower --batch or --seq-len",
-                 (long long)(tc->batch / dg_dp_world()),
-                 (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len),
+                 (long long)(tc->batch / dg_dp_world()), (long long)dg_train_seq_len(tc),
                  dg_format_bytes(floor, f_s, sizeof f_s), (long long)mc->num_hidden_layers, (long long)mc->hidden_size,
                  dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s));
         return -1;
@@ -160,8 +159,7 @@ static int check_memory(const dg_model_config *mc, const dg_train_config *tc) {
     dg_error("train: this run needs about %s of memory and %s is available: %lld sequences of %lld tokens a step "
              "through %lld layers of width %lld; lower --batch or --seq-len",
              dg_format_bytes(need, n_s, sizeof n_s), dg_format_bytes(avail, a_s, sizeof a_s), (long long)tc->batch,
-             (long long)(tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len), (long long)mc->num_hidden_layers,
-             (long long)mc->hidden_size);
+             (long long)dg_train_seq_len(tc), (long long)mc->num_hidden_layers, (long long)mc->hidden_size);
     return -1;
 }
 
@@ -659,7 +657,7 @@ int dg_trainer_run(dg_trainer *t) {
              dg_task_name(tc->task), (long long)t->lm->cfg.num_hidden_layers, (long long)t->lm->cfg.hidden_size);
     dg_progress pr;
     dg_progress_init(&pr, stderr, t->quiet ? DG_PROGRESS_PLAIN : DG_PROGRESS_AUTO, t->step, tc->steps, tc->log_every);
-    int64_t tokens_per_step = tc->batch * (tc->task == DG_TASK_MQAR ? tc->mqar.seq_len : tc->seq_len);
+    int64_t tokens_per_step = tc->batch * dg_train_seq_len(tc);
     double t_start = dg_progress_now(), last_acc = NAN, rate = NAN, t_prev = t_start;
     int rc = 0;
     bool reached = false, stop = false;
