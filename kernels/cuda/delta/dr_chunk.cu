@@ -332,19 +332,18 @@ template <typename T> static bool io_aligned(const Io<T> &io, const L2Req<T> *l2
 }
 
 /* Whether a 16-bit call of geometry G runs padded to d = pad_dims: where d differs from its K or V,
- * or where rows its kernels load as 16-byte vectors are not aligned for them (the padded copies
- * are): io_aligned's for the head-gate and KDA families; q, k and v for the TF32 family's 16-bit
- * kernels at K = 256 (k256_ok), which would otherwise leave the call to its TF32 kernels, about
- * four times slower (an o alone unaligned takes the TF32 output pass over the 16-bit prep and state
- * pass, without copies) */
+ * or where its pointers are not aligned as the kernels load and store them (io_aligned; the padded
+ * copies are).  The TF32 family's 16-bit kernels at K = 256 need the same (k256_ok, and dout, dv in
+ * the backward), else the call would fall to its TF32 kernels, about four times slower; only an o
+ * alone unaligned is theirs without copies (the TF32 output pass over the 16-bit prep and state
+ * pass). */
 template <typename T>
 static bool pad_wanted(dg_drc_family fam, const Geom &G, PadDims d, const Io<T> &io, const L2Req<T> *l2 = nullptr) {
     if (!d.K) return false;
     if (d.K != G.K || d.V != G.V) return true;
-    if (fam == DG_DRC_TF32) /* (the normalised rows too, which the kernels then load) */
-        return !(aligned(io.q, LOAD_AL) && aligned(io.k, LOAD_AL) && aligned(io.v, LOAD_AL) &&
-                 (!l2 || (aligned(l2->q, LOAD_AL) && aligned(l2->k, LOAD_AL))));
-    return !io_aligned(io, l2);
+    Io<T> x = io;
+    if (fam == DG_DRC_TF32) x.o = nullptr;
+    return !io_aligned(x, l2);
 }
 
 static const char *const PAD_WHO = "dr_chunk pad";
