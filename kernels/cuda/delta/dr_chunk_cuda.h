@@ -26,7 +26,7 @@
  *    and wy run on mma.sync m16n8k16 instead, with split 16-bit operands as the kernels below but
  *    the states plain (dr_chunk_k256*.cu); a chunk-64 call of 128 < K < 256 or of another V runs
  *    on those, zero-padded to K = 256 and V a multiple of 64 (dr_chunk_pad.cu: exact), and so
- *    does one whose q, k or v are not 16-byte aligned (aligned copies);
+ *    does one whose q, k, v, dout (16 bytes) or dv (4) are not aligned (aligned copies);
  *  - DG_DRC_MMA and DG_DRC_KDA_MMA, tensor cores (bf16 and fp16 calls; chunk 64, K <= 128, any V;
  *    force_generic not set: accepts() says whether a call qualifies.  The kernels take K in {64,
  *    128} and V a multiple of 64 with q, k, v, dout and the norm's rows 16-byte aligned and o, dv
