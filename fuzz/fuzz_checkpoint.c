@@ -15,12 +15,18 @@
 #include <string.h>
 #include <unistd.h>
 
-static char path[256];
+static char dir[] = "/tmp/dg_fuzz_ckpt_XXXXXX", path[256];
+
+/* the input's file and its folder go when the fuzzer exits (libFuzzer ends a run by exit()) */
+static void remove_input(void) {
+    unlink(path);
+    rmdir(dir);
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    char dir[] = "/tmp/dg_fuzz_ckpt_XXXXXX";
     if (!mkdtemp(dir)) abort();
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    atexit(remove_input);
     return 0;
 }
 
