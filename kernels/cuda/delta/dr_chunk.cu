@@ -507,9 +507,9 @@ template <typename T> static int l2norm_rows(const Geom &G, const T *x, float ep
 #endif
 }
 
-/* The forward with the L2 norm where the tensor-core kernels (gate NONE / HEAD) take it in their
- * loads; elsewhere (KDA, the generic kernels, l2_norm_first) the norm's kernel first, then the
- * forward of the normalised rows.  Both give the same bits (dr_chunk_l2norm.cuh). */
+/* The forward with the L2 norm where the tensor-core kernels (head-gate and KDA families) take it
+ * in their loads; elsewhere (the TF32 and generic kernels, l2_norm_first) the norm's kernel first,
+ * then the forward of the normalised rows.  Both give the same bits (dr_chunk_l2norm.cuh). */
 template <typename T>
 static int fwd_l2_first(const Run &r, const Plan &p, const Io<T> &io, void *keep, bool *kept, const L2Req<T> &l2) {
     T *qn = l2.q ? l2.q : scratch<T>((size_t)(p.G.rows * p.G.H * p.G.K));
@@ -552,7 +552,7 @@ template <typename T> static int fwd(const Run &r, const Io<T> &io_in, void *kee
     if constexpr (sizeof(T) == 2) {
         constexpr bool f16 = !is_bf16<T>::value; /* fp16: the kernels' fp16 builds (fast_h, kda_h) */
         const bool fast = r.fam == DG_DRC_MMA, kda = r.fam == DG_DRC_KDA_MMA, tf32 = r.fam == DG_DRC_TF32;
-        if (l2 && !(fast && r.l2_fuse)) {
+        if (l2 && !((fast || kda) && r.l2_fuse)) {
             rc = fwd_l2_first<T>(r, p, io, keep, kept, *l2);
             plan_free(&p);
             return rc;

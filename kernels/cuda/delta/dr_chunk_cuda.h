@@ -92,7 +92,7 @@ bool dg_cuda_dr_chunk_accepts(dg_drc_family fam, const dg_delta_call *c);
  *     (same shape, inputs and h0 as the forward that kept it).  The GDN/delta_rule substitution
  *     variant recomputes anyway (the kept inverse is the blocked one).  The results equal the
  *     recomputing backward's bit for bit (the same kernels make the same values).
- * The L2 norm (c->l2, 16-bit calls): in the forward, the tensor-core kernels of gate NONE and HEAD
+ * The L2 norm (c->l2, 16-bit calls): in the forward, the head-gate and KDA tensor-core kernels
  * normalise k and q as they load them (no pass of its own over q, k), unless c->l2_norm_first; the
  * other paths run the norm's kernel (dg_cuda_dr_l2norm_bf16_fwd / f16) first.  The bits are the
  * same either way.  In the backward (c->l2.rq, rk given) dq and dk come back as the gradients of

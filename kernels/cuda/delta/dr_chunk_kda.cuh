@@ -103,11 +103,11 @@ __host__ __device__ constexpr int gstride(int K) { return K + 8; }
 
 /* Which of the KDA intermediates are plain bf16 (one word; the others are split hi + lo, see
  * dr_chunk_mma.cuh), as Plain<GATE> is for the head gate: W, U, Kd = K o e^{Gl - G}, V', Qg =
- * scale Q o e^G in the backward's state pass (the output pass multiplies it split); OutS: the output pass reads only the hi words of S.  Errors (relative error norm against the f64
+ * scale Q o e^G in the backward's state pass (the output pass multiplies it split); OutS: the output pass reads only the hi words of S; SChain: so does the state pass's V' = U - W S (as Plain<GATE>::SChain).  Errors (relative error norm against the f64
  * reference, CPU emulator, tests/test_cuda_dr_chunk_kda.c's cases; bound 5e-3): see
  * docs/PERF_KERNELS.md, "KDA plain operands". */
 struct KPlain {
-    static constexpr bool W = true, U = true, Kd = true, Vn = true, OutS = true, Qg = true;
+    static constexpr bool W = true, U = true, Kd = true, Vn = true, OutS = true, Qg = true, SChain = true;
 };
 
 /* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16, plain ones

@@ -13,19 +13,22 @@
  *         Qg = scale Q o e^G        (P and Qg split: the output pass's operands, and the backward's)
  *         for the backward (extras = 1) also: Ai, Mkk = strictly_lower(M) (f32)
  *   state (block per sequence, head, tile of 64 value columns; chunks in order; S in registers):
- *         V' = U - W S                                     [mma, W and S split]
- *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma, Kd and V' split]
- *         stores S entering each chunk and V', split
+ *         V' = U - W S                                     [mma, S's hi words]
+ *         S <- diag(e^{Gl}) S + Kd^T V'                    [mma; Kd, V' plain]
+ *         stores S entering each chunk (split) and V' (plain)
  *   out   (block per chunk, head; 8 warps, two blocks per SM):
  *         O = Qg S + P V'                                  [mma; Qg, P split]
  *         (the gated products are prep's, which has k and the gate loaded and scanned already:
  *         the in-chunk attention P made beside A, as FLA's intra kernel makes Aqk beside Akk)
+ * With the L2 norm in the forward (Io::l2k), prep normalises the raw q and k as it loads them and
+ * writes them out for the backward (dr_chunk_l2norm.cuh); the later kernels read neither.
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Scratch between the kernels: Bufs (dr_chunk_kda.cuh).
  * prep runs one block per multiprocessor (about 220 KB of shared memory) and is latency-bound, so
  * its blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that gains); it takes the most
  * time of the three. */
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
+#include "kernels/cuda/delta/dr_chunk_l2norm.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
 
 namespace drc {
@@ -44,8 +47,9 @@ template <int K, int V> struct PrepL {
 };
 
 template <int K, int V, int NTH>
-__global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                          const float *g, const uint16_t *beta, Bufs b, int extras) {
+__global__ void __launch_bounds__(NTH)
+    kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b,
+       int extras, L2Rows lq, L2Rows lk) {
     using Lay = PrepL<K, V>;
     constexpr int LK = K + PAD, LV = V + PAD;
     constexpr int GS = gstride(K);
@@ -71,6 +75,8 @@ __global__ void __launch_bounds__(NTH) kp(Geom G, const uint16_t *q, const uint1
     mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     bsync();
+    l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lk, G, sK, LK, r0, L, hv);
+    l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lq, G, sQ, LK, r0, L, hv);
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
                 }
             float acc[1][TV::NT][4];
             mm::acc_zero(acc);
-            mm::mma_p<1, TV::NT, false, true, !KPlain::W, true>(acc, sX, LK, vm0, sS, LB, vn0, K);
+            mm::mma_p<1, TV::NT, false, true, !KPlain::W, !KPlain::SChain>(acc, sX, LK, vm0, sS, LB, vn0, K);
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
 #pragma unroll
@@ -312,8 +318,10 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
                       StateL<K, 32, ks_prefetch<32>()>::bytes <= SMEM_MAX / 2,
                   "shared memory");
     const Geom &G = p.G;
+    const int l2 = io.l2k != nullptr;
     int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
-                        (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta, b, extras);
+                        (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta, b, extras,
+                        L2Rows{io.l2q, io.l2rq, io.l2eps, l2}, L2Rows{io.l2k, io.l2rk, io.l2eps, l2});
     if (!rc && mm::state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT,
                         (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G, b, io.h0, io.hT);

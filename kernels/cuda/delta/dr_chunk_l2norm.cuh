@@ -1,6 +1,6 @@
 /* The L2 norm of q and k inside the chunked forward (use_qk_l2norm_in_kernel; dr_chunk_cuda.h, the
- * call's l2): the tensor-core forward normalises the rows as it loads them,
- * k in f_prep, q in f_out, instead of a pass of its own over q and k before it (which read q, k
+ * call's l2): the tensor-core forward normalises the rows as it loads them, k in f_prep and q in
+ * f_out (head gate), both in KDA's prep, instead of a pass of its own over q and k before it (which read q, k
  * and wrote them again: about 4 % of GDN's fwd+bwd at S1 on an H100).  Each writes the
  * normalised rows and their 1/|x| out for the later kernels and the backward.
  *
@@ -59,6 +59,30 @@ __device__ __forceinline__ void l2norm_tile(uint16_t *s, int ld, int L, float ep
         const bool out = yg && i < L;
         l2norm_row<K, F16>(row, row, out ? yg + i * ldg : nullptr, out && rg ? rg + i * ldr : nullptr, eps);
     }
+}
+
+/* A kernel's part of the L2 norm in the forward: on, the rows it loads are raw and it normalises
+ * them; the normalised rows [rows, H, K] and their 1/|x| [rows, H] go to y and r where non-NULL,
+ * from the first value head of each key head only (the others load the same rows) */
+struct L2Rows {
+    uint16_t *y;
+    float *r;
+    float eps;
+    int on;
+};
+
+/* rows r0 .. r0 + L - 1 of the tile at s (row stride ld), key head hv / G.grp, normalised in
+ * place by the block's NTH threads where l2.on (between barriers: the caller's before, this one's
+ * after) */
+template <int K, bool F16, int NTH>
+__device__ __forceinline__ void l2norm_tile_rows(const L2Rows &l2, const Geom &G, uint16_t *s, int ld, int64_t r0,
+                                                 int L, int hv) {
+    if (!l2.on) return;
+    const int h = hv / G.grp;
+    const bool w = hv % G.grp == 0;
+    l2norm_tile<K, F16, NTH>(s, ld, L, l2.eps, w && l2.y ? l2.y + (r0 * G.H + h) * K : nullptr, (int64_t)G.H * K,
+                             w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
+    bsync();
 }
 
 } // namespace drc

@@ -244,9 +244,11 @@ __device__ __forceinline__ void mma_p(float (&acc)[MT][NT][4], Sp A, int lda, in
 }
 
 /* Which computed operands are plain bf16 (one word, see the top of this file), wherever they are
- * stored, loaded or multiplied */
+ * stored, loaded or multiplied.  SChain: S is stored split for the backward, but the state pass's
+ * own V' = U - W S reads its hi word only, as FLA's fwd_h multiplies its bf16 h (the errors:
+ * docs/PERF_KERNELS.md, "Plain operands") */
 template <int GATE> struct Plain { /* (the same for both gates) */
-    static constexpr bool W = true, U = true, Vn = true, S = false;
+    static constexpr bool W = true, U = true, Vn = true, S = false, SChain = true;
 };
 
 /* warp tiling of an M x N output (M in {64, 128}) over NW warps (8: a block of FNT threads; 16:

@@ -6,7 +6,7 @@
  *          W = (Ai diag(beta e^G)) K,  U = (Ai diag(beta)) V   [mma, Ai' split]
  *   state  (block per sequence, head, tile of BV = 64 value columns; chunks in order; S in
  *          registers):
- *          V' = U - W S                                        [mma, S split]
+ *          V' = U - W S                                        [mma, S's hi words]
  *          S <- e^{G_last} S + K^T (e^{G_last - G} o V')       [mma]
  *          stores S (entering each chunk, split) and V'
  *   out    (block per chunk, head, all V value columns):  O = scale e^G o (Q S) + P V',
@@ -31,27 +31,12 @@ namespace {
 
 constexpr int LDF = 65; /* row stride of the f32 64 x 64 matrices */
 
-/* A kernel's part of the L2 norm in the forward: on, the rows it loads (k in prep, q in out) are
- * raw and it normalises them; the normalised rows [rows, H, K] and their 1/|x| [rows, H] go to y
- * and r where non-NULL, from the first value head of each key head only */
-struct L2Rows {
-    uint16_t *y;
-    float *r;
-    float eps;
-    int on;
-};
-
-/* rows r0 .. r0 + L - 1 of the tile at s (row stride K + PAD), key head h, normalised in place
- * (between barriers: the caller's before, this one's after) where l2.on */
+/* rows r0 .. r0 + L - 1 of the tile at s, key head h, normalised in place where l2.on (the
+ * block's FNT threads; dr_chunk_l2norm.cuh) */
 template <int K>
 __device__ __forceinline__ void l2norm_tile_on(const L2Rows &l2, const Geom &G, uint16_t *s, int64_t r0, int L,
                                                int hv) {
-    if (!l2.on) return;
-    const int h = hv / G.grp;
-    const bool w = hv % G.grp == 0;
-    l2norm_tile<K, DRC_OPERAND_F16 != 0, FNT>(s, K + PAD, L, l2.eps, w && l2.y ? l2.y + (r0 * G.H + h) * K : nullptr,
-                                              (int64_t)G.H * K, w && l2.r ? l2.r + r0 * G.H + h : nullptr, G.H);
-    bsync();
+    l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, FNT>(l2, G, s, K + PAD, r0, L, hv);
 }
 
 static_assert(LDF == TRI_LD, "the layout of tri_inv (dr_chunk_tri_inv.cuh)");
@@ -354,7 +339,7 @@ __global__ void __launch_bounds__(FNT, 2) f_state(Geom G, const uint16_t *k, Fas
             row_decay2<GATE>(sG, vm0, eg);
             float acc[1][TV::NT][4];
             acc_zero(acc);
-            mma_p<1, TV::NT, false, true, !PW, !PS>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
+            mma_p<1, TV::NT, false, true, !PW, !Plain<GATE>::SChain>(acc, sW, K + PAD, vm0, sS, BV + PAD, vn0, K);
             if (VNS) bsync(); /* every warp is past its reads of S: V' takes its place */
 #pragma unroll
             for (int nt = 0; nt < TV::NT; nt++)
