@@ -269,10 +269,10 @@ static void test_dr_chunk_tf32(void **state) {
     }
 }
 
-/* The forward of c (bf16) with q and o as views that start qoff, ooff elements into their buffers:
- * family fam runs it, the kernel want among its launches, and o, hT stay within the bf16 bound of
- * the f64 recurrence. */
-static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const char *want) {
+/* The forward of c (bf16) with q, o and the gate g as views that start qoff, ooff, goff elements
+ * into their buffers: family fam runs it, the kernel want among its launches, and o, hT stay within
+ * the bf16 bound of the f64 recurrence. */
+static void fwd_offset_views(const cfg *c, int qoff, int ooff, int goff, int fam, const char *want) {
     data d;
     make(c, S_BF16, &d);
     res ref, got;
@@ -283,7 +283,9 @@ static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const ch
     for (int64_t i = 0; i < d.nq; i++) hq[i + qoff] = dg_bf16_from_f32((float)d.q[i]);
     uint16_t *q1 = dput(hq, d.nq + qoff, 2), *o1 = dput(NULL, d.nv + ooff, 2);
     void *k = dput_as(d.k, d.nq, S_BF16), *v = dput_as(d.v, d.nv, S_BF16), *beta = dput_as(d.beta, d.nb, S_BF16);
-    float *g = dput_as(d.g, d.ng, S_F32), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
+    float *hg = malloc(sizeof(float) * (size_t)(d.ng + goff));
+    for (int64_t i = 0; i < d.ng; i++) hg[i + goff] = (float)d.g[i];
+    float *g1 = dput(hg, d.ng + goff, 4), *h0 = dput_as(d.h0, d.nh, S_F32), *hT = dput(NULL, d.nh, 4);
     dg_delta_call call = {.op = "test",
                           .s = d.s,
                           .dtype = DG_BF16,
@@ -291,7 +293,7 @@ static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const ch
                           .q = q1 + qoff,
                           .k = k,
                           .v = v,
-                          .g = g,
+                          .g = g1 + goff,
                           .beta = beta,
                           .h0 = h0,
                           .o = o1 + ooff,
@@ -313,24 +315,28 @@ static void fwd_offset_views(const cfg *c, int qoff, int ooff, int fam, const ch
            eh = dg_test_rel_err_norm(got.x[R_HT], ref.x[R_HT], d.nh);
     printf("  %-44s o %.1e hT %.1e\n", c->name, eo, eh);
     if (!(eo <= 5e-3) || !(eh <= 5e-3)) fail_msg("%s: o %.3e, hT %.3e", c->name, eo, eh);
-    free(hq), free(ho), free(hh);
+    free(hq), free(ho), free(hh), free(hg);
     dg_cuda_free(q1), dg_cuda_free(o1), dg_cuda_free(k), dg_cuda_free(v), dg_cuda_free(beta);
-    dg_cuda_free(g), dg_cuda_free(h0), dg_cuda_free(hT);
+    dg_cuda_free(g1), dg_cuda_free(h0), dg_cuda_free(hT);
     res_free(&ref), res_free(&got), data_free(&d);
 }
 
 /* views that start one element into their buffer (not 16-byte aligned) take the tensor-core kernels
  * on aligned copies (dr_chunk_pad.cu), within the same bound; at K = 256 the 16-bit kernels of the
- * TF32 family (an unaligned q would leave the call to its TF32 kernels) */
+ * TF32 family (an unaligned q would leave the call to its TF32 kernels).  KDA's per-channel gate
+ * (f32) is read where it lies: 16-byte copies where aligned, else 4-byte loads (gate_load_async). */
 static void test_dr_chunk_bf16_unaligned(void **state) {
     (void)state;
     dg_test_require_cuda();
     const cfg c = {"head, K=V=64, unaligned views", 1, 70, 1, 1, 64, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
-    fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk pad");
-    fwd_offset_views(&c, 1, 1, DG_DRC_MMA, "dr_chunk mma out");
+    fwd_offset_views(&c, 1, 1, 0, DG_DRC_MMA, "dr_chunk pad");
+    fwd_offset_views(&c, 1, 1, 0, DG_DRC_MMA, "dr_chunk mma out");
     const cfg w = {"head, K=256, V=64, unaligned views", 1, 70, 1, 1, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
-    fwd_offset_views(&w, 1, 1, DG_DRC_TF32, "dr_chunk pad");
-    fwd_offset_views(&w, 1, 1, DG_DRC_TF32, "dr_chunk k256 out");
+    fwd_offset_views(&w, 1, 1, 0, DG_DRC_TF32, "dr_chunk pad");
+    fwd_offset_views(&w, 1, 1, 0, DG_DRC_TF32, "dr_chunk k256 out");
+    const cfg kg = {"channel, K=V=64, gate view 4 bytes in", 1, 70, 1, 1, 64, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0};
+    fwd_offset_views(&kg, 0, 0, 1, DG_DRC_KDA_MMA, "dr_chunk kda prep");
+    fwd_offset_views(&kg, 0, 0, 0, DG_DRC_KDA_MMA, "dr_chunk kda prep");
 }
 
 /* y [A, Bd, Cd] from x [A, Bs, Cs]: x's entries where they exist, zeros elsewhere (padding when Bd >=
@@ -903,11 +909,11 @@ static void test_dr_chunk_k256_sanitize(void **state) {
     /* an o not 4-byte aligned: the TF32 output pass, over the 16-bit prep and state pass, which then
      * write U, V' and the states in f32 for it */
     const cfg odd = {"k256 head, K=256, V=64, o unaligned", 1, 70, 1, 1, 256, 64, DG_GATE_HEAD, 64, 0, {0}, 1, 0, 0};
-    fwd_offset_views(&odd, 0, 1, DG_DRC_TF32, "dr_chunk tf32 out");
+    fwd_offset_views(&odd, 0, 1, 0, DG_DRC_TF32, "dr_chunk tf32 out");
     /* and with the per-channel gate (its 16-bit prep writes Gc, which the TF32 output pass reads) */
     const cfg odd_ch = {
         "k256 channel, K=256, V=64, o unaligned", 1, 70, 1, 1, 256, 64, DG_GATE_CHANNEL, 64, 0, {0}, 1, 0, 0};
-    fwd_offset_views(&odd_ch, 0, 1, DG_DRC_TF32, "dr_chunk tf32 out");
+    fwd_offset_views(&odd_ch, 0, 1, 0, DG_DRC_TF32, "dr_chunk tf32 out");
 }
 
 /* argument checks come before any device work: these run without a GPU too */

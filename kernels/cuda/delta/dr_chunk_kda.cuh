@@ -160,6 +160,18 @@ __device__ __forceinline__ void gate_load(const float *g, int64_t ld, int L, flo
         sG[i * GS + c] = i < L ? g[i * ld + c] : 0.0f;
     }
 }
+/* gate_load by cp.async, 16 bytes a copy (rows >= L zero-filled), where g is 16-byte aligned (the
+ * caller commits and waits); else gate_load's own loads.  K is a multiple of 4, so every row is. */
+template <int K, int NTH = FNT>
+__device__ __forceinline__ void gate_load_async(const float *g, int64_t ld, int L, float *sG) {
+    constexpr int GS = gstride(K), K4 = K / 4;
+    static_assert(K % 4 == 0 && GS % 4 == 0, "16-byte rows");
+    if ((uintptr_t)g & 15) return gate_load<K, NTH>(g, ld, L, sG);
+    for (int e = threadIdx.x; e < 64 * K4; e += NTH) {
+        const int i = e / K4, c = 4 * (e % K4);
+        cp_async16(sG + i * GS + c, g + (i < L ? i * ld + c : 0), i < L);
+    }
+}
 template <int K> __device__ __forceinline__ int gate_scan(float *sG, float *sR) {
     constexpr int GS = gstride(K);
     const int c = threadIdx.x;

@@ -67,13 +67,17 @@ __global__ void __launch_bounds__(NTH)
     const Sp sAi{(uint16_t *)scr, 64 * 72};
     const Sp sKg{(uint16_t *)(scr + 2 * tile_bytes(64, 64)), 64 * LK};
 
-    gate_load<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
-    if (tid < 64) sb[tid] = tid < L ? op2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
-    /* v by cp.async, in flight through the gated products and the inverse (waited for before U) */
+    /* the gate, k and q by cp.async in one group, all in flight at once (the block is alone on its
+     * multiprocessor: loads waited for one after another left it idle); v in a second group, in
+     * flight through the gated products and the inverse (waited for before U) */
+    gate_load_async<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
+    mm::load_raw_async<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    mm::load_raw_async<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    cp_async_commit();
     mm::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    mm::load_raw<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-    mm::load_raw<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+    if (tid < 64) sb[tid] = tid < L ? op2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    cp_async_wait_1(); /* the gate, k, q */
     bsync();
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lk, G, sK, LK, r0, L, hv);
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lq, G, sQ, LK, r0, L, hv);
@@ -223,7 +227,12 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        mm::frag_pairs(S, sm0, sn0, [&](int r, int j, float x0, float x1) { mm::put_split2(sS, LB, r, j, x0, x1); });
+        if (b.Sl || !KPlain::SChain) /* (lo words where read: by the backward, not by SChain's W S) */
+            mm::frag_pairs(S, sm0, sn0,
+                           [&](int r, int j, float x0, float x1) { mm::put_split2(sS, LB, r, j, x0, x1); });
+        else
+            mm::frag_pairs(S, sm0, sn0,
+                           [&](int r, int j, float x0, float x1) { mm::put_sp2<false>(sS, LB, r, j, x0, x1); });
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
         mm::store_raw<K, BV>(b.Sh + sb, V, sS.hi);
