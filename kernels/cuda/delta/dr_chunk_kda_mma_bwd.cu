@@ -359,8 +359,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     gate_load<K, NTH>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
     Gate gt{sG, sR, false};
     if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
-    if (tid < 128 && (tid < 64 ? a.rq : a.rk)) /* for the norm's backward */
-        sr[tid] = (tid & 63) < L ? (tid < 64 ? a.rq : a.rk)[ot + (int64_t)(tid & 63) * HV] : 0.0f;
+    mm::l2norm_stage_r(sr, a.rq, a.rk, ot, HV, L); /* for the norm's backward */
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
     if (MODE == 2) mm::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);

@@ -520,7 +520,7 @@ template <int NW = FNT / 32> __device__ __forceinline__ void red_collect(float *
 /* The L2 norm's backward folded into the store of dq or dk (acc: this thread's accumulator tile of
  * WT<64, ., NW> holding the gradient dy of the normalised rows xn, which sX holds with row stride
  * ld): dy becomes dx = r (dy - xn (dy . xn)), r = sr[i] (shared: the rows' 1/|x|, staged by
- * the caller with the block's first loads, zero past the chunk's rows: loaded from device memory
+ * l2norm_stage_r with the block's first loads, zero past the chunk's rows: loaded from device memory
  * here, its latency stood bare in a block alone on its SM), before the one rounding of the store
  * (a separate pass over stored dq, dk would round them twice).  One barrier: each warp stores its
  * partial row sums into its own slots of scr ([NW][64] floats, any contents on entry, left holding
@@ -550,6 +550,16 @@ __device__ __forceinline__ void l2norm_bwd_rows(float (&acc)[1][NT][4], int m0, 
         const int h = (i - m0) >> 3;
         x = r[h] * (x - op2f(sX[i * ld + cc]) * s[h]);
     });
+}
+
+/* l2norm_bwd_rows's sr, staged with the block's first loads: sr[0 .. 63] the rows' 1/|q| from rq,
+ * sr[64 .. 127] their 1/|k| from rk (row i at base + i stride), zero past the chunk's L rows; a
+ * NULL source leaves its half unwritten (its fold does not run).  Blocks of 128 threads or more. */
+__device__ __forceinline__ void l2norm_stage_r(float *sr, const float *rq, const float *rk, int64_t base,
+                                               int64_t stride, int L) {
+    const int tid = (int)threadIdx.x, i = tid & 63;
+    const float *r = tid < 64 ? rq : rk;
+    if (tid < 128 && r) sr[tid] = i < L ? r[base + (int64_t)i * stride] : 0.0f;
 }
 
 /* sum over the block of NW warps of one value per thread (after which every thread has it);

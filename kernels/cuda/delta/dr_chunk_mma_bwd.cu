@@ -337,8 +337,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     }
     load_gate_beta<GATE>(G, r0, L, hv0, a.b.Gc, a.beta, sG, sb);
     if (tid < 64) sdG[tid] = 0.0f, sdB[tid] = 0.0f;
-    if (tid < 128 && (tid < 64 ? a.rq : a.rk)) /* for the norm's backward */
-        sr[tid] = (tid & 63) < L ? (tid < 64 ? a.rq : a.rk)[ob + (int64_t)(tid & 63) * HB] : 0.0f;
+    l2norm_stage_r(sr, a.rq, a.rk, ob, HB, L); /* for the norm's backward */
     float dk[1][TK::NT][4];
     acc_zero(dk);
 
