@@ -50,8 +50,12 @@ struct alignas(8) uint2 {
 struct alignas(8) float2 {
     float x, y;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 /* CUDA's reciprocal square root (the device's is within 2 ulp; here correctly rounded 1/sqrt) */
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 

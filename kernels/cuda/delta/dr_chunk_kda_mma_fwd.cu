@@ -46,6 +46,16 @@ template <int K, int V> struct PrepL {
     static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
 };
 
+/* rows < L of a 64 x 64 f32 matrix of shared memory (row stride LDF) to device rows at stride ld
+ * (floats), 16-byte vectors */
+template <int NTH> __device__ __forceinline__ void f32_rows_out(float *g, int64_t ld, const float *s, int L, int tid) {
+    for (int e = tid; e < L * 16; e += NTH) {
+        const int i = e >> 4, j = (e & 15) * 4;
+        const float *r = s + i * LDF + j;
+        *(float4 *)(g + i * ld + j) = make_float4(r[0], r[1], r[2], r[3]);
+    }
+}
+
 template <int K, int V, int NTH>
 __global__ void __launch_bounds__(NTH)
     kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b,
@@ -84,52 +94,63 @@ __global__ void __launch_bounds__(NTH)
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
-    { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands */
+    { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands, out
+       * as 16-byte vectors of eight columns (stored a word at a time, these and Kd below were a
+       * store instruction and its 64-bit address arithmetic an element) */
         gated_tri<K, false, NTH>(sQ, sK, gt, sY, scr);
         bsync();
-        for (int e = tid; e < L * 64; e += NTH) {
-            const int i = e >> 6, j = e & 63;
-            uint16_t hh, ll;
-            mm::split2(G.scale * sY[i * LDF + j], hh, ll);
-            b.Ph[(ot + (int64_t)i * HV) * 64 + j] = hh, b.Pl[(ot + (int64_t)i * HV) * 64 + j] = ll;
+        for (int e = tid; e < L * 8; e += NTH) {
+            const int i = e >> 3, j = (e & 7) * 8;
+            const int64_t o = (ot + (int64_t)i * HV) * 64 + j;
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
+            mm::split8(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
         }
-        for (int e = tid; e < L * K; e += NTH) {
-            const int i = e / K, cc = e % K;
-            uint16_t hh, ll;
-            mm::split2(G.scale * op2f(sQ[i * LK + cc]) * kexp(sG[i * GS + cc]), hh, ll);
-            b.Qgh[(ot + (int64_t)i * HV) * K + cc] = hh, b.Qgl[(ot + (int64_t)i * HV) * K + cc] = ll;
+        for (int e = tid; e < L * (K / 8); e += NTH) {
+            const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
+            const int64_t o = (ot + (int64_t)i * HV) * K + cc;
+            float x[8];
+            mm::op8(sQ + i * LK + cc, x);
+#pragma unroll
+            for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(sG[i * GS + cc + u]);
+            mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
         }
         bsync();
     }
     gated_tri<K, true, NTH, false>(sK, sK, gt, sA, scr); /* the key-side factors of P's product */
     bsync();
-    if (extras)
-        for (int e = tid; e < L * 64; e += NTH)
-            b.Mkk[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sA[(e >> 6) * LDF + (e & 63)];
-    for (int e = tid; e < 64 * 64; e += NTH) {
-        sA[(e >> 6) * LDF + (e & 63)] *= sb[e >> 6];
-        sY[(e >> 6) * LDF + (e & 63)] = 0.0f; /* tri_inv's output starts at zero */
+    for (int e = tid; e < 64 * 16; e += NTH) { /* four columns a thread: Mkk out (16-byte vectors), then */
+        const int i = e >> 4, j = (e & 15) * 4; /* A = diag(beta) M; tri_inv's output starts at zero */
+        float *r = sA + i * LDF + j, *y = sY + i * LDF + j;
+        if (extras && i < L) *(float4 *)(b.Mkk + (ot + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) r[u] *= sb[i], y[u] = 0.0f;
     }
     bsync();
     static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
     mm::tri_inv<NTH>(sA, sY, L, 1);
-    if (extras)
-        for (int e = tid; e < L * 64; e += NTH)
-            b.Ai[(ot + (int64_t)(e >> 6) * HV) * 64 + (e & 63)] = sY[(e >> 6) * LDF + (e & 63)];
+    if (extras) f32_rows_out<NTH>(b.Ai + ot * 64, (int64_t)HV * 64, sY, L, tid);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
         mm::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
     }
-    for (int e = tid; e < 64 * K; e += NTH) {
-        const int i = e / K, cc = e % K;
-        const float kv = op2f(sK[i * LK + cc]);
-        mm::split2(kv * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+    for (int e = tid; e < 64 * (K / 8); e += NTH) {
+        const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
+        float kv[8], x[8];
+        mm::op8(sK + i * LK + cc, kv);
+#pragma unroll
+        for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(sG[i * GS + cc + u]);
+        mm::split8(x, *(uint4 *)(sKg.hi + i * LK + cc), *(uint4 *)(sKg.lo() + i * LK + cc));
         if (i < L) { /* Kd = K o e^{Gl - G} */
-            uint16_t hh, ll;
-            mm::split2(kv * kexp(sG[63 * GS + cc] - sG[i * GS + cc]), hh, ll);
-            b.Kdh[(ot + (int64_t)i * HV) * K + cc] = hh;
-            if (!KPlain::Kd) b.Kdl[(ot + (int64_t)i * HV) * K + cc] = ll;
+            const int64_t o = (ot + (int64_t)i * HV) * K + cc;
+#pragma unroll
+            for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(sG[63 * GS + cc + u] - sG[i * GS + cc + u]);
+            uint4 hh, ll;
+            mm::split8(x, hh, ll);
+            *(uint4 *)(b.Kdh + o) = hh;
+            if (!KPlain::Kd) *(uint4 *)(b.Kdl + o) = ll;
         }
     }
     cp_async_wait_all(); /* v */

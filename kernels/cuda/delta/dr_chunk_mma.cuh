@@ -284,6 +284,23 @@ template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split2(flo
     h = BF ? f2bf(x) : f2op(x);
     l = BF ? f2bf(x - bf2f(h)) : f2op(x - op2f(h));
 }
+/* eight consecutive 16-bit words (16-byte aligned) as floats; eight floats as their split words
+ * (split2), one 16-byte vector each for hi and lo: the row copies that go out as vectors */
+__device__ __forceinline__ void op8(const uint16_t *p, float (&x)[8]) {
+    uint16_t w[8];
+    const uint4 v = *(const uint4 *)p;
+    memcpy(w, &v, 16);
+#pragma unroll
+    for (int u = 0; u < 8; u++) x[u] = op2f(w[u]);
+}
+__device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
+    uint16_t h[8], l[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) split2(x[u], h[u], l[u]);
+    uint4 vh, vl;
+    memcpy(&vh, h, 16), memcpy(&vl, l, 16);
+    hi = vh, lo = vl;
+}
 /* the pair (row, col), (row, col+1) of an accumulator into a split tile */
 __device__ __forceinline__ void put_split2(Sp t, int ld, int row, int col, float x0, float x1) {
     uint16_t h0, l0, h1, l1;
