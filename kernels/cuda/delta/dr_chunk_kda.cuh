@@ -231,16 +231,31 @@ struct Gate {
     bool wide;
 };
 
+/* Eight columns of a gated row: x o e^{s (a - b)} (HB false: e^{s a}), split (BF: bf16 words in
+ * both builds) into T at offset t; x, a, b, T + t: eight 16-bit words, floats, floats, words, each
+ * 16-byte aligned (op8, f8, split8); xv: x's values, for the caller's further use */
+template <bool BF = !DRC_OPERAND_F16, bool HB = true>
+__device__ __forceinline__ void gated8(Sp T, int t, const uint16_t *x, const float *a, const float *b, float s,
+                                       float (&xv)[8]) {
+    float av[8], bv[8], y[8];
+    mm::op8(x, xv);
+    mm::f8(a, av);
+    if (HB) mm::f8(b, bv);
+#pragma unroll
+    for (int u = 0; u < 8; u++) y[u] = xv[u] * kexp(HB ? s * (av[u] - bv[u]) : s * av[u]);
+    mm::split8<BF>(y, *(uint4 *)(T.hi + t), *(uint4 *)(T.lo() + t));
+}
+
 /* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as bf16
  * words (in both builds, WIDE_SPAN); s = +1 (query side) or -1 (key side), by the block's NTH
  * threads.  No barrier. */
 template <int K, int NTH = FNT>
 __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &gt, float s) {
     constexpr int LD = K + PAD, GS = gstride(K);
-    for (int e = threadIdx.x; e < 64 * K; e += NTH) {
-        const int i = e / K, c = e % K;
-        mm::split2<true>(op2f(X[i * LD + c]) * kexp(s * (gt.G[i * GS + c] - gt.R[c])), T.hi[i * LD + c],
-                         T.lo()[i * LD + c]);
+    for (int e = threadIdx.x; e < 64 * (K / 8); e += NTH) {
+        const int i = e / (K / 8), c = (e % (K / 8)) * 8;
+        float xv[8];
+        gated8<true>(T, i * LD + c, X + i * LD + c, gt.G + i * GS + c, gt.R + c, s, xv);
     }
 }
 
@@ -275,15 +290,16 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
                       [&](int i, int j, float &x) { out[i * LDF + j] = (STRICT ? j < i : j <= i) ? x : 0.0f; });
         return;
     }
-    for (int e = tid; e < 48 * K; e += NTH) {
-        const int i = 16 + e / K, c = e % K, r = i & ~15;
-        mm::split2(op2f(X[i * LD + c]) * kexp(sG[i * GS + c] - sG[r * GS + c]), Xa.hi[i * LD + c], Xa.lo()[i * LD + c]);
+    for (int e = tid; e < 48 * (K / 8); e += NTH) {
+        const int i = 16 + e / (K / 8), c = (e % (K / 8)) * 8, r = i & ~15;
+        float xv[8];
+        gated8(Xa, i * LD + c, X + i * LD + c, sG + i * GS + c, sG + r * GS + c, 1.0f, xv);
     }
-    for (int e = tid; KB && e < 96 * K; e += NTH) {
-        const int R = e / K, c = e % K;
+    for (int e = tid; KB && e < 96 * (K / 8); e += NTH) {
+        const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
-        mm::split2(op2f(Kt[j * LD + c]) * kexp(sG[16 * I * GS + c] - sG[j * GS + c]), Kb.hi[R * LD + c],
-                   Kb.lo()[R * LD + c]);
+        float xv[8];
+        gated8(Kb, R * LD + c, Kt + j * LD + c, sG + 16 * I * GS + c, sG + j * GS + c, 1.0f, xv);
     }
     /* blocks above the diagonal: zero */
     for (int e = tid; e < 64 * 64; e += NTH) {

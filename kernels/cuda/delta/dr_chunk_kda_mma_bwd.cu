@@ -82,11 +82,11 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         return;
     }
     const Sp Yb{(uint16_t *)scr, 96 * LK};
-    for (int e = tid; e < 96 * K; e += NTH) {
-        const int R = e / K, c = e % K;
+    for (int e = tid; e < 96 * (K / 8); e += NTH) {
+        const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
-        mm::split2(op2f(Y[l * LK + c]) * kexp(sG[16 * I * GS + c] - sG[l * GS + c]), Yb.hi[R * LK + c],
-                   Yb.lo()[R * LK + c]);
+        float xv[8];
+        gated8(Yb, R * LK + c, Y + l * LK + c, sG + 16 * I * GS + c, sG + l * GS + c, 1.0f, xv);
     }
     bsync();
     mm::acc_zero(r);
@@ -136,11 +136,11 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
         return;
     }
     const Sp Xb{(uint16_t *)scr, 96 * LK};
-    for (int e = tid; e < 96 * K; e += NTH) {
-        const int R = e / K, c = e % K;
+    for (int e = tid; e < 96 * (K / 8); e += NTH) {
+        const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
-        mm::split2(op2f(X[i * LK + c]) * kexp(sG[i * GS + c] - sG[(16 * J + 15) * GS + c]), Xb.hi[R * LK + c],
-                   Xb.lo()[R * LK + c]);
+        float xv[8];
+        gated8(Xb, R * LK + c, X + i * LK + c, sG + i * GS + c, sG + (16 * J + 15) * GS + c, 1.0f, xv);
     }
     bsync();
     mm::acc_zero(r);
@@ -511,9 +511,10 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     uint16_t *sV = (uint16_t *)(Z + (PFU ? Lay::wVf : Lay::wV));
     const Sp sAi = sDM;
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
-    for (int e = tid; e < 64 * K; e += NTH) {
-        const int i = e / K, cc = e % K;
-        mm::split2(op2f(sK[i * LK + cc]) * kexp(sG[i * GS + cc]), sKg.hi[i * LK + cc], sKg.lo()[i * LK + cc]);
+    for (int e = tid; e < 64 * (K / 8); e += NTH) { /* Kg = K o e^G */
+        const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
+        float kv[8];
+        gated8<!DRC_OPERAND_F16, false>(sKg, i * LK + cc, sK + i * LK + cc, sG + i * GS + cc, nullptr, 1.0f, kv);
     }
     { /* Ai in two halves of NA values a thread, each loaded into registers before one of the tile
        * loads (dU unless it is in flight already, V) and split after it: the latencies overlap

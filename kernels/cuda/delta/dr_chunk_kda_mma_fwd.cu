@@ -46,16 +46,6 @@ template <int K, int V> struct PrepL {
     static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
 };
 
-/* rows < L of a 64 x 64 f32 matrix of shared memory (row stride LDF) to device rows at stride ld
- * (floats), 16-byte vectors */
-template <int NTH> __device__ __forceinline__ void f32_rows_out(float *g, int64_t ld, const float *s, int L, int tid) {
-    for (int e = tid; e < L * 16; e += NTH) {
-        const int i = e >> 4, j = (e & 15) * 4;
-        const float *r = s + i * LDF + j;
-        *(float4 *)(g + i * ld + j) = make_float4(r[0], r[1], r[2], r[3]);
-    }
-}
-
 template <int K, int V, int NTH>
 __global__ void __launch_bounds__(NTH)
     kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b,
@@ -110,10 +100,10 @@ __global__ void __launch_bounds__(NTH)
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
             const int64_t o = (ot + (int64_t)i * HV) * K + cc;
-            float x[8];
-            mm::op8(sQ + i * LK + cc, x);
+            float x[8], gi[8];
+            mm::op8(sQ + i * LK + cc, x), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
-            for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(sG[i * GS + cc + u]);
+            for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
             mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
         }
         bsync();
@@ -130,7 +120,7 @@ __global__ void __launch_bounds__(NTH)
     bsync();
     static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
     mm::tri_inv<NTH>(sA, sY, L, 1);
-    if (extras) f32_rows_out<NTH>(b.Ai + ot * 64, (int64_t)HV * 64, sY, L, tid);
+    if (extras) mm::tri_rows_out<NTH>(b.Ai + ot * 64, (int64_t)HV * 64, sY, L);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 64; e += NTH) {
         const int i = e >> 6, j = e & 63;
@@ -138,15 +128,13 @@ __global__ void __launch_bounds__(NTH)
     }
     for (int e = tid; e < 64 * (K / 8); e += NTH) {
         const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
-        float kv[8], x[8];
-        mm::op8(sK + i * LK + cc, kv);
-#pragma unroll
-        for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(sG[i * GS + cc + u]);
-        mm::split8(x, *(uint4 *)(sKg.hi + i * LK + cc), *(uint4 *)(sKg.lo() + i * LK + cc));
+        float kv[8], x[8], gl[8], gi[8];
+        gated8<!DRC_OPERAND_F16, false>(sKg, i * LK + cc, sK + i * LK + cc, sG + i * GS + cc, nullptr, 1.0f, kv);
         if (i < L) { /* Kd = K o e^{Gl - G} */
             const int64_t o = (ot + (int64_t)i * HV) * K + cc;
+            mm::f8(sG + 63 * GS + cc, gl), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
-            for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(sG[63 * GS + cc + u] - sG[i * GS + cc + u]);
+            for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
             mm::split8(x, hh, ll);
             *(uint4 *)(b.Kdh + o) = hh;

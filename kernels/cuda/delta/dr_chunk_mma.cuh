@@ -284,19 +284,38 @@ template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split2(flo
     h = BF ? f2bf(x) : f2op(x);
     l = BF ? f2bf(x - bf2f(h)) : f2op(x - op2f(h));
 }
-/* eight consecutive 16-bit words (16-byte aligned) as floats; eight floats as their split words
- * (split2), one 16-byte vector each for hi and lo: the row copies that go out as vectors */
+/* Eight columns a thread, as 16-byte vectors (p 16-byte aligned; the emulation checks it): eight
+ * 16-bit words as floats (op8), eight floats (f8), eight floats as their split words (split8,
+ * split2), one vector each for hi and lo.  For the element-wise row passes (gating, splitting,
+ * copies out): a vector load or store in place of eight word-sized ones, and one index a thread */
+__device__ __forceinline__ void check16(const void *p) {
+#ifdef DRC_EMU
+    if ((uintptr_t)p & 15) {
+        fprintf(stderr, "dr_chunk emulation: a 16-byte vector access at %p is not 16-byte aligned\n", p);
+        abort();
+    }
+#else
+    (void)p;
+#endif
+}
 __device__ __forceinline__ void op8(const uint16_t *p, float (&x)[8]) {
+    check16(p);
     uint16_t w[8];
     const uint4 v = *(const uint4 *)p;
     memcpy(w, &v, 16);
 #pragma unroll
     for (int u = 0; u < 8; u++) x[u] = op2f(w[u]);
 }
-__device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
+__device__ __forceinline__ void f8(const float *p, float (&x)[8]) {
+    check16(p);
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
+    check16(&hi), check16(&lo);
     uint16_t h[8], l[8];
 #pragma unroll
-    for (int u = 0; u < 8; u++) split2(x[u], h[u], l[u]);
+    for (int u = 0; u < 8; u++) split2<BF>(x[u], h[u], l[u]);
     uint4 vh, vl;
     memcpy(&vh, h, 16), memcpy(&vl, l, 16);
     hi = vh, lo = vl;
