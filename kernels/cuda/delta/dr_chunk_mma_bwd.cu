@@ -27,15 +27,20 @@ namespace drc {
 namespace DRC_FAST {
 namespace {
 
-/* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them); sEg:
- * e^{G_i} of the rows */
+/* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them), eight
+ * columns a thread as 16-byte vectors (op8, split8); sEg: e^{G_i} of the rows */
 template <int GATE, int BV>
 __device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const float *sEg, float scale, int tid) {
-    for (int e = tid; e < 64 * BV; e += FNT) {
-        const int i = e / BV, j = e % BV;
-        float x = scale * op2f(sO[i * (BV + PAD) + j]);
-        if (GATE == DG_GATE_HEAD) x *= sEg[i];
-        split2(x, sX.hi[i * (BV + PAD) + j], sX.lo()[i * (BV + PAD) + j]);
+    for (int e = tid; e < 64 * (BV / 8); e += FNT) {
+        const int i = e / (BV / 8), j = (e % (BV / 8)) * 8;
+        float x[8];
+        op8(sO + i * (BV + PAD) + j, x);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            x[u] = scale * x[u];
+            if (GATE == DG_GATE_HEAD) x[u] *= sEg[i];
+        }
+        split8(x, *(uint4 *)(sX.hi + i * (BV + PAD) + j), *(uint4 *)(sX.lo() + i * (BV + PAD) + j));
     }
 }
 
@@ -526,10 +531,11 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         bsync();
         if (a.rq && a.dq)
             for (int e = tid; e < NW * 64; e += NTH) redg[e] = 0.0f; /* (the barrier below before its next use) */
-#pragma unroll 4
-        for (int u = 0; u < 64 * 64 / NTH; u++) {
-            const int e = tid + u * NTH, i = e / 64, j = e % 64;
-            split2(((const float *)sAiF)[i * AIF_LD + j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+        for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread, 16-byte vectors */
+            const int i = e >> 3, j = (e & 7) * 8;
+            float x[8];
+            f8((const float *)sAiF + i * AIF_LD + j, x);
+            split8(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
         }
     } else load_raw<64, V, NTH>(sV, a.v + ot0 * V, (int64_t)HV * V, L);
 #pragma unroll 1
