@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(NTH)
     }
     gated_tri<K, true, NTH, false>(sK, sK, gt, sA, scr); /* the key-side factors of P's product */
     bsync();
-    for (int e = tid; e < 64 * 16; e += NTH) { /* four columns a thread: Mkk out (16-byte vectors), then */
+    for (int e = tid; e < 64 * 16; e += NTH) {  /* four columns a thread: Mkk out (16-byte vectors), then */
         const int i = e >> 4, j = (e & 15) * 4; /* A = diag(beta) M; tri_inv's output starts at zero */
         float *r = sA + i * LDF + j, *y = sY + i * LDF + j;
         if (extras && i < L) *(float4 *)(b.Mkk + (ot + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);

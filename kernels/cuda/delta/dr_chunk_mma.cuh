@@ -311,7 +311,8 @@ __device__ __forceinline__ void f8(const float *p, float (&x)[8]) {
     const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
-template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
+template <bool BF = !DRC_OPERAND_F16>
+__device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
     check16(&hi), check16(&lo);
     uint16_t h[8], l[8];
 #pragma unroll

@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
         bsync();
         if (a.rq && a.dq)
             for (int e = tid; e < NW * 64; e += NTH) redg[e] = 0.0f; /* (the barrier below before its next use) */
-        for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread, 16-byte vectors */
+        for (int e = tid; e < 64 * 8; e += NTH) {                    /* eight columns a thread, 16-byte vectors */
             const int i = e >> 3, j = (e & 7) * 8;
             float x[8];
             f8((const float *)sAiF + i * AIF_LD + j, x);
