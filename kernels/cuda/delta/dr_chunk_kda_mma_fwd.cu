@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(NTH)
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
-            mm::split8(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
+            mm::split_vec(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
         }
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(NTH)
             mm::op8(sQ + i * LK + cc, x), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
-            mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
+            mm::split_vec(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
         }
         bsync();
     }
@@ -122,9 +122,13 @@ __global__ void __launch_bounds__(NTH)
     mm::tri_inv<NTH>(sA, sY, L, 1);
     if (extras) mm::tri_rows_out<NTH>(b.Ai + ot * 64, (int64_t)HV * 64, sY, L);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
-    for (int e = tid; e < 64 * 64; e += NTH) {
-        const int i = e >> 6, j = e & 63;
-        mm::split2(sY[i * LDF + j] * sb[j], sAi.hi[i * 72 + j], sAi.lo()[i * 72 + j]);
+    for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread (sY's rows are not 16-byte aligned) */
+        const int i = e >> 3, j = (e & 7) * 8;
+        float x[8], bj[8];
+        mm::f8(sb + j, bj);
+#pragma unroll
+        for (int u = 0; u < 8; u++) x[u] = sY[i * LDF + j + u] * bj[u];
+        mm::split_vec(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
     }
     for (int e = tid; e < 64 * (K / 8); e += NTH) {
         const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -136,7 +140,7 @@ __global__ void __launch_bounds__(NTH)
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
-            mm::split8(x, hh, ll);
+            mm::split_vec(x, hh, ll);
             *(uint4 *)(b.Kdh + o) = hh;
             if (!KPlain::Kd) *(uint4 *)(b.Kdl + o) = ll;
         }
