@@ -233,7 +233,7 @@ struct Gate {
 
 /* Eight columns of a gated row: x o e^{s (a - b)} (HB false: e^{s a}), split (BF: bf16 words in
  * both builds) into T at offset t; x, a, b, T + t: eight 16-bit words, floats, floats, words, each
- * 16-byte aligned (op8, f8, split_vec); xv: x's values, for the caller's further use */
+ * 16-byte aligned (op8, f8, split8); xv: x's values, for the caller's further use */
 template <bool BF = !DRC_OPERAND_F16, bool HB = true>
 __device__ __forceinline__ void gated8(Sp T, int t, const uint16_t *x, const float *a, const float *b, float s,
                                        float (&xv)[8]) {
@@ -243,7 +243,7 @@ __device__ __forceinline__ void gated8(Sp T, int t, const uint16_t *x, const flo
     if (HB) mm::f8(b, bv);
 #pragma unroll
     for (int u = 0; u < 8; u++) y[u] = xv[u] * kexp(HB ? s * (av[u] - bv[u]) : s * av[u]);
-    mm::split_vec<BF>(y, *(uint4 *)(T.hi + t), *(uint4 *)(T.lo() + t));
+    mm::split8<BF>(y, *(uint4 *)(T.hi + t), *(uint4 *)(T.lo() + t));
 }
 
 /* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as bf16

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(NTH)
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
-            mm::split_vec(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
+            mm::split8(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
         }
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(NTH)
             mm::op8(sQ + i * LK + cc, x), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
-            mm::split_vec(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
+            mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
         }
         bsync();
     }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(NTH)
         mm::f8(sb + j, bj);
 #pragma unroll
         for (int u = 0; u < 8; u++) x[u] = sY[i * LDF + j + u] * bj[u];
-        mm::split_vec(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
+        mm::split8(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
     }
     for (int e = tid; e < 64 * (K / 8); e += NTH) {
         const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(NTH)
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
-            mm::split_vec(x, hh, ll);
+            mm::split8(x, hh, ll);
             *(uint4 *)(b.Kdh + o) = hh;
             if (!KPlain::Kd) *(uint4 *)(b.Kdl + o) = ll;
         }
@@ -240,12 +240,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        if (b.Sl || !KPlain::SChain) /* (lo words where read: by the backward, not by SChain's W S) */
-            mm::frag_pairs(S, sm0, sn0,
-                           [&](int r, int j, float x0, float x1) { mm::put_split2(sS, LB, r, j, x0, x1); });
-        else
-            mm::frag_pairs(S, sm0, sn0,
-                           [&](int r, int j, float x0, float x1) { mm::put_sp2<false>(sS, LB, r, j, x0, x1); });
+        /* (lo words where read: by the backward, not by SChain's W S) */
+        mm::frag_put_sp(S, sm0, sn0, sS, LB, b.Sl || !KPlain::SChain);
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, st ^ 1); /* the other set was last read before the previous step's end */
         mm::store_raw<K, BV>(b.Sh + sb, V, sS.hi);

@@ -285,14 +285,13 @@ template <bool BF = !DRC_OPERAND_F16> __device__ __forceinline__ void split2(flo
     l = BF ? f2bf(x - bf2f(h)) : f2op(x - op2f(h));
 }
 /* Eight columns a thread, as 16-byte vectors (p 16-byte aligned; the emulation checks it): eight
- * 16-bit words as floats (op8), eight floats (f8), N floats as their split words (split_vec,
- * split2), one vector W of N words each for hi and lo.  For the element-wise
- * row passes (gating, splitting, copies out): a vector load or store in place of eight word-sized
- * ones, and one index a thread */
-template <int A = 16> __device__ __forceinline__ void check16(const void *p) {
+ * 16-bit words as floats (op8), eight floats (f8), eight floats as their split words (split8,
+ * split2), one vector each for hi and lo.  For the element-wise row passes (gating, splitting,
+ * copies out): a vector load or store in place of eight word-sized ones, and one index a thread */
+__device__ __forceinline__ void check16(const void *p) {
 #ifdef DRC_EMU
-    if ((uintptr_t)p & (A - 1)) {
-        fprintf(stderr, "dr_chunk emulation: a %d-byte vector access at %p is not %d-byte aligned\n", A, p, A);
+    if ((uintptr_t)p & 15) {
+        fprintf(stderr, "dr_chunk emulation: a 16-byte vector access at %p is not 16-byte aligned\n", p);
         abort();
     }
 #else
@@ -312,15 +311,14 @@ __device__ __forceinline__ void f8(const float *p, float (&x)[8]) {
     const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
-template <bool BF = !DRC_OPERAND_F16, int N, class W>
-__device__ __forceinline__ void split_vec(const float (&x)[N], W &hi, W &lo) {
-    static_assert(sizeof(W) == 2 * N, "a vector of N 16-bit words");
-    check16<sizeof(W)>(&hi), check16<sizeof(W)>(&lo);
-    uint16_t h[N], l[N];
+template <bool BF = !DRC_OPERAND_F16>
+__device__ __forceinline__ void split8(const float (&x)[8], uint4 &hi, uint4 &lo) {
+    check16(&hi), check16(&lo);
+    uint16_t h[8], l[8];
 #pragma unroll
-    for (int u = 0; u < N; u++) split2<BF>(x[u], h[u], l[u]);
-    W vh, vl;
-    memcpy(&vh, h, sizeof(W)), memcpy(&vl, l, sizeof(W));
+    for (int u = 0; u < 8; u++) split2<BF>(x[u], h[u], l[u]);
+    uint4 vh, vl;
+    memcpy(&vh, h, 16), memcpy(&vl, l, 16);
     hi = vh, lo = vl;
 }
 /* the pair (row, col), (row, col+1) of an accumulator into a split tile */
@@ -344,6 +342,13 @@ template <int NT, class F> __device__ __forceinline__ void frag_pairs(float (&ac
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) f(m0 + g + 8 * h, n0 + nt * 8 + 2 * t, acc[0][nt][2 * h], acc[0][nt][2 * h + 1]);
+}
+/* this thread's accumulator tile into the tile t (row stride ld): split (hi and lo words), or, split
+ * false, its hi words only (a run-time choice, each branch put_sp2's own loop) */
+template <int NT>
+__device__ __forceinline__ void frag_put_sp(float (&acc)[1][NT][4], int m0, int n0, Sp t, int ld, bool split) {
+    if (split) frag_pairs(acc, m0, n0, [&](int r, int j, float x0, float x1) { put_sp2<true>(t, ld, r, j, x0, x1); });
+    else frag_pairs(acc, m0, n0, [&](int r, int j, float x0, float x1) { put_sp2<false>(t, ld, r, j, x0, x1); });
 }
 
 /* the pair x0, x1 to global memory at off: split into hi (gh) and lo (gl) bf16 words, or, SPLIT

@@ -28,7 +28,7 @@ namespace DRC_FAST {
 namespace {
 
 /* X = scale e^G o dO (split), by the FNT threads of a group (tid: the index among them), eight
- * columns a thread as 16-byte vectors (op8, split_vec); sEg: e^{G_i} of the rows */
+ * columns a thread as 16-byte vectors (op8, split8); sEg: e^{G_i} of the rows */
 template <int GATE, int BV>
 __device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const float *sEg, float scale, int tid) {
     for (int e = tid; e < 64 * (BV / 8); e += FNT) {
@@ -40,7 +40,7 @@ __device__ __forceinline__ void dhu_make_x(Sp sX, const uint16_t *sO, const floa
             x[u] = scale * x[u];
             if (GATE == DG_GATE_HEAD) x[u] *= sEg[i];
         }
-        split_vec(x, *(uint4 *)(sX.hi + i * (BV + PAD) + j), *(uint4 *)(sX.lo() + i * (BV + PAD) + j));
+        split8(x, *(uint4 *)(sX.hi + i * (BV + PAD) + j), *(uint4 *)(sX.lo() + i * (BV + PAD) + j));
     }
 }
 
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
             const int i = e >> 3, j = (e & 7) * 8;
             float x[8];
             f8((const float *)sAiF + i * AIF_LD + j, x);
-            split_vec(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
+            split8(x, *(uint4 *)(sAi.hi + i * 72 + j), *(uint4 *)(sAi.lo() + i * 72 + j));
         }
     } else load_raw<64, V, NTH>(sV, a.v + ot0 * V, (int64_t)HV * V, L);
 #pragma unroll 1

@@ -312,12 +312,8 @@ __global__ void __launch_bounds__(FNT, 2) f_state(Geom G, const uint16_t *k, Fas
         if (!PF) load_gate_beta<GATE>(G, r0, L, hv, b.Gc, nullptr, sG, nullptr);
         /* the state entering the chunk: split (or plain), into shared memory and out */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
-        if (!PS && (b.Sl || !Plain<GATE>::SChain)) /* (lo words where read: by the backward, not by SChain's W S) */
-            frag_pairs(S, sm0, sn0,
-                       [&](int r, int j, float x0, float x1) { put_sp2<true>(sS, BV + PAD, r, j, x0, x1); });
-        else
-            frag_pairs(S, sm0, sn0,
-                       [&](int r, int j, float x0, float x1) { put_sp2<false>(sS, BV + PAD, r, j, x0, x1); });
+        /* (lo words where read: by the backward, not by SChain's W S) */
+        frag_put_sp(S, sm0, sn0, sS, BV + PAD, !PS && (b.Sl || !Plain<GATE>::SChain));
         bsync();
         if (PF && c + 1 < c1) issue(c + 1, pair ^ 1); /* the other pair was last read before the previous step's end */
         {
