@@ -69,17 +69,25 @@ import time
 # initial state h0 and a final state's gradient dht (H0_SHAPES), B3 H4 K 256 V 64 bf16, at T1 (one
 # token) and T130 (three chunks of 64, the last partial); their times mean nothing.  O1 (with --shapes O1):
 # a head size neither side's kernels take as it is, K = V = 96, every op (FLA masks its tiles of 128; ours pads
-# K, V to 128 with zeros around its kernels, kernels/cuda/delta/dr_chunk_pad.cu), and AO its accuracy shape
+# K, V to 128 with zeros around its kernels, kernels/cuda/delta/dr_chunk_pad.cu), and AO its accuracy shape.
+# R1 (with --shapes R1): S1's 16384 tokens packed as 12 sequences of mixed lengths (SEQLENS: cu_seqlens,
+# B = 1; the lengths of tools/bench_cuda_case.c), every op; AR its accuracy shape (1024 tokens as 7
+# sequences from 1 to 501 tokens).  K1 (with --shapes K1): small heads, K = V = 64, every op; AK its
+# accuracy shape.
 SHAPES = {"S1": (8, 2048, 16, 128, 128), "S2": (2, 8192, 16, 128, 128), "S3": (16, 4096, 8, 256, 256),
           "S4": (8, 2048, 16, 128, 256), "L1": (4, 4096, 6, 256, 512), "Q1": (4, 4096, 16, 128, 128),
           "A1": (1, 1024, 16, 128, 128), "A3": (1, 1024, 8, 256, 256), "A4": (1, 1024, 16, 128, 256),
           "AL": (1, 1024, 6, 256, 512),
           "AS": (3, 1, 4, 256, 64), "AS2": (3, 130, 4, 256, 64), "O1": (8, 2048, 16, 96, 96),
-          "AO": (1, 1024, 16, 96, 96)}
+          "AO": (1, 1024, 16, 96, 96), "R1": (1, 16384, 16, 128, 128), "AR": (1, 1024, 16, 128, 128),
+          "K1": (8, 2048, 16, 64, 64), "AK": (1, 1024, 16, 64, 64)}
+# packed sequences (cu_seqlens, B = 1): their lengths, summing to T
+SEQLENS = {"R1": [1000, 37, 2500, 129, 3000, 64, 1, 777, 2048, 1500, 1232, 4096],
+           "AR": [1, 63, 64, 65, 130, 200, 501]}
 VALUE_HEADS = {"Q1": 32}  # value heads where they are not the key heads' H
 DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "Q1": "bf16",
           "A1": "bf16", "A3": "f16", "A4": "bf16", "AL": "bf16", "AS": "bf16", "AS2": "bf16", "O1": "bf16",
-          "AO": "bf16"}
+          "AO": "bf16", "R1": "bf16", "AR": "bf16", "K1": "bf16", "AK": "bf16"}
 H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
@@ -89,7 +97,11 @@ CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"), ("kda", "AL"),
          ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2"),
          ("gated_delta_rule", "O1"), ("delta_rule", "O1"), ("kda", "O1"),
-         ("gated_delta_rule", "AO"), ("delta_rule", "AO"), ("kda", "AO")]
+         ("gated_delta_rule", "AO"), ("delta_rule", "AO"), ("kda", "AO"),
+         ("gated_delta_rule", "R1"), ("delta_rule", "R1"), ("kda", "R1"),
+         ("gated_delta_rule", "AR"), ("delta_rule", "AR"), ("kda", "AR"),
+         ("gated_delta_rule", "K1"), ("delta_rule", "K1"), ("kda", "K1"),
+         ("gated_delta_rule", "AK"), ("delta_rule", "AK"), ("kda", "AK")]
 # the outputs and gradients compared, each where a side has it: dg with a gate, hT and dh0 at H0_SHAPES
 GRAD_NAMES = ["o", "dq", "dk", "dv", "dbeta", "dg", "hT", "dh0"]
 
@@ -193,11 +205,12 @@ def f64_reference_bytes(B, T, HV, K, V):
     return T * B * HV * K * V * 8
 
 
-def f64_reference(op, q, k, v, beta, g, do, device, h0=None, dht=None):
+def f64_reference(op, q, k, v, beta, g, do, device, h0=None, dht=None, cu=None):
     """o, dq, dk, dv, dbeta (and dg unless delta_rule) of op in float64 on device (the inputs upcast from
     whatever they are; the gradients of sum(o * do) + sum(hT * dht), with respect to the un-normalised
     q, k), as CPU float64 tensors keyed by GRAD_NAMES; from the initial state h0 where given (then also
-    dh0), and the final state hT where h0 or dht is given"""
+    dh0), and the final state hT where h0 or dht is given; cu (a list of offsets, B = 1): packed
+    sequences, each run by itself"""
     import torch
 
     def up(t):
@@ -207,7 +220,13 @@ def f64_reference(op, q, k, v, beta, g, do, device, h0=None, dht=None):
     lq, lk, lv, lb = leaves[:4]
     lg = leaves[4] if g is not None else None
     lh0 = up(h0).requires_grad_(True) if h0 is not None else None
-    o, hT = delta_recurrence(op, lq, lk, lv, lb, lg, h0=lh0)
+    if cu is None:
+        o, hT = delta_recurrence(op, lq, lk, lv, lb, lg, h0=lh0)
+    else:  # packed sequences: each from a zero state (B = 1; h0, dht are not taken with cu_seqlens here)
+        o = torch.cat([delta_recurrence(op, lq[:, a:b], lk[:, a:b], lv[:, a:b], lb[:, a:b],
+                                        lg[:, a:b] if lg is not None else None)[0]
+                       for a, b in zip(cu[:-1], cu[1:])], dim=1)
+        hT = None
     outs, grads = [o], [up(do)]
     if dht is not None:
         outs.append(hT)
@@ -277,12 +296,13 @@ def main():
            "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "(default)")}
     log("environment:", json.dumps(env))
 
-    def fla_call(op, q, k, v, g, beta, safe=False, h0=None):
-        """FLA's (o, hT): hT the final state when h0 (the initial state) is given, else None"""
+    def fla_call(op, q, k, v, g, beta, safe=False, h0=None, cu=None):
+        """FLA's (o, hT): hT the final state when h0 (the initial state) is given, else None; cu: the
+        packed sequences' offsets (FLA's cu_seqlens, a LongTensor on the GPU) or None"""
         if v.shape[2] != q.shape[2]:  # grouped value heads: q, k repeated over each group, as FLA's layer
             grp = v.shape[2] // q.shape[2]
             q, k = q.repeat_interleave(grp, dim=2), k.repeat_interleave(grp, dim=2)
-        st = {"initial_state": h0, "output_final_state": h0 is not None}
+        st = {"initial_state": h0, "output_final_state": h0 is not None, "cu_seqlens": cu}
         if op == "gated_delta_rule":
             return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **st)
         if op == "kda":
@@ -371,8 +391,17 @@ def main():
         if shape in H0_SHAPES:  # the initial state and the final state's gradient, N(0,1) f32
             h0 = torch.randn(B, HV, K, V, device=dev, dtype=torch.float32, generator=gen)
             dht = torch.randn(B, HV, K, V, device=dev, dtype=torch.float32, generator=gen)
+        cu_list = cu = None
+        if shape in SEQLENS:
+            cu_list = [0]
+            for n in SEQLENS[shape]:
+                cu_list.append(cu_list[-1] + n)
+            assert B == 1 and cu_list[-1] == T, f"{shape}: its sequences hold {cu_list[-1]} tokens, T = {T}"
+            cu = torch.tensor(cu_list, dtype=torch.int64, device=dev)
         path = os.path.join(args.work, f"{shape}_{op}.safetensors")
         tensors = {"q": q, "k": k, "v": v, "do": do, "beta": beta}
+        if cu is not None:
+            tensors["cu_seqlens"] = cu
         if g is not None:
             tensors["g"] = g
         if h0 is not None:
@@ -387,11 +416,11 @@ def main():
 
         def fwd(safe=False):
             with torch.no_grad():
-                fla_call(op, q, k, v, g, beta, safe, h0)
+                fla_call(op, q, k, v, g, beta, safe, h0, cu)
 
         def fwdbwd(safe=False):
             """FLA's forward and backward; returns (o, hT)"""
-            o, ht = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb, safe, lh0)
+            o, ht = fla_call(op, leaves[0], leaves[1], leaves[2], lg, lb, safe, lh0, cu)
             if ht is None:
                 o.backward(do)
             else:
@@ -436,7 +465,7 @@ def main():
             else:
                 try:
                     tr = time.time()
-                    f64_ref = f64_reference(op, q, k, v, beta, g, do, dev, h0, dht)
+                    f64_ref = f64_reference(op, q, k, v, beta, g, do, dev, h0, dht, cu_list)
                     row["f64_s"] = time.time() - tr
                     if fla_ref is not None:
                         row["err_f64_fla"] = {n: rel(fla_ref[n], f64_ref[n]) for n in GRAD_NAMES
@@ -445,7 +474,7 @@ def main():
                     row["f64_error"] = f"{type(e).__name__}: {e}"[:300]
                     log(f"{op} {shape}: f64 reference failed: {row['f64_error']}")
         o = ht = None
-        del q, k, v, do, beta, g, h0, dht, leaves, lb, lg, lh0, grads, tensors, o, ht
+        del q, k, v, do, beta, g, h0, dht, leaves, lb, lg, lh0, grads, tensors, o, ht, cu
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         t1 = time.time()

@@ -12,6 +12,9 @@
  *                               grouped value heads: 16 key heads, 32 value heads)
  *   O1  B8  T2048 H16 K=V=96    bf16, every op, with --shapes O1 only (a head size the kernels do
  *                               not take as it is: K, V padded to 128, dr_chunk_pad.cu)
+ *   R1  T16384 H16 K=V=128      bf16, every op, with --shapes R1 only: S1's tokens as 12 packed
+ *                               sequences of mixed lengths (cu_seqlens; bench_cuda_case.c)
+ *   K1  B8  T2048 H16 K=V=64    bf16, every op, with --shapes K1 only (small heads)
  * (delta_rule and kda also at S3 and L1 where named: the K = 256 kernels with no gate; kda's TF32 family)
  * (--dtype bf16|f16 puts every shape in one dtype)
  * or at the shapes of safetensors files (--inputs FILE, written by bench/fla_side_by_side.py, so
@@ -422,7 +425,7 @@ static bool op_runs(const shape_def *d, int oi, const char *only) {
 
 static int usage(void) {
     printf(
-        "usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4,L1,Q1,O1] [--dtype bf16|f16] [--inputs "
+        "usage: deltagrad bench --device cuda [OP] [--shapes S1,S2,S3,S4,L1,Q1,O1,R1,K1] [--dtype bf16|f16] [--inputs "
         "FILE]...\n"
         "                       [--dump] [--json PATH|-] [--reps N] [--no-variants] [--no-recurrent] [--no-ceilings]\n"
         "OP: gated_delta_rule | kda | delta_rule (default: all; S3, S4, L1, Q1 run gated_delta_rule, and\n"
@@ -430,10 +433,13 @@ static int usage(void) {
         "Shapes: S1 B8 T2048 H16 K=V=128 bf16, S2 B2 T8192 H16 K=V=128 bf16, S3 B16 T4096 H8 K=V=256 fp16\n"
         "(default: those three); S4 B8 T2048 H16 K=128 V=256 bf16 (FLA's layer default V = 2K); L1 B4 T4096 H6\n"
         "K=256 V=512 bf16 (FLA's GatedDeltaNet layer as it comes); Q1 B4 T4096 H16, 32 value heads, K=V=128 bf16\n"
-        "(Qwen3-Next's grouped heads); O1 B8 T2048 H16 K=V=96 bf16, every op (padded to K=V=128)\n"
+        "(Qwen3-Next's grouped heads); O1 B8 T2048 H16 K=V=96 bf16, every op (padded to K=V=128); R1 T16384\n"
+        "H16 K=V=128 bf16 as 12 packed sequences of mixed lengths (cu_seqlens), every op; K1 B8 T2048 H16 K=V=64\n"
+        "bf16, every op\n"
         "(--dtype: every shape in that dtype).  Times include the L2 norm of q, k (forward and backward) as the\n"
         "ops apply it.  --inputs FILE: time the op and shape of a safetensors file (q, k, v, do, beta bf16 or f16;\n"
-        "g f32; optional h0, dht f32 [B,HV,K,V]: the initial state and the final state's gradient; as written by\n"
+        "g f32; optional h0, dht f32 [N,HV,K,V]: the initial state and the final state's gradient; optional\n"
+        "cu_seqlens i64 [N+1] with B = 1: packed sequences; as written by\n"
         "bench/fla_side_by_side.py) instead; --dump writes the default variant's o, dq, dk, dv, dbeta, dg\n"
         "(and hT with h0 or dht, dh0 with h0) to FILE.ours.safetensors.  The recurrent kernels run at S1\n"
         "(reference).\n");

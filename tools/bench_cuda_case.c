@@ -16,11 +16,20 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "models/safetensors.h"
 
+/* R1: S1's 16384 tokens packed as documents of mixed lengths (cu_seqlens), most not a multiple of the
+ * chunk, one of a single token; bench/fla_side_by_side.py has the same list */
+static const int64_t R1_LENS[12] = {1000, 37, 2500, 129, 3000, 64, 1, 777, 2048, 1500, 1232, 4096};
+
 const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {
-    {"S1", 8, 2048, 16, 16, 128, 128, DG_BF16, true, 7u}, {"S2", 2, 8192, 16, 16, 128, 128, DG_BF16, true, 7u},
-    {"S3", 16, 4096, 8, 8, 256, 256, DG_F16, true, 1u},   {"S4", 8, 2048, 16, 16, 128, 256, DG_BF16, false, 1u},
-    {"L1", 4, 4096, 6, 6, 256, 512, DG_BF16, false, 1u},  {"Q1", 4, 4096, 16, 32, 128, 128, DG_BF16, false, 1u},
-    {"O1", 8, 2048, 16, 16, 96, 96, DG_BF16, false, 7u},
+    {"S1", 8, 2048, 16, 16, 128, 128, NULL, 0, DG_BF16, true, 7u},
+    {"S2", 2, 8192, 16, 16, 128, 128, NULL, 0, DG_BF16, true, 7u},
+    {"S3", 16, 4096, 8, 8, 256, 256, NULL, 0, DG_F16, true, 1u},
+    {"S4", 8, 2048, 16, 16, 128, 256, NULL, 0, DG_BF16, false, 1u},
+    {"L1", 4, 4096, 6, 6, 256, 512, NULL, 0, DG_BF16, false, 1u},
+    {"Q1", 4, 4096, 16, 32, 128, 128, NULL, 0, DG_BF16, false, 1u},
+    {"O1", 8, 2048, 16, 16, 96, 96, NULL, 0, DG_BF16, false, 7u},
+    {"R1", 1, 16384, 16, 16, 128, 128, R1_LENS, 12, DG_BF16, false, 7u},
+    {"K1", 8, 2048, 16, 16, 64, 64, NULL, 0, DG_BF16, false, 7u},
 };
 const char *const BENCH_OPS[3] = {"gated_delta_rule", "kda", "delta_rule"};
 
@@ -84,6 +93,8 @@ void bench_case_free(bcase *c) {
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) dg_cuda_free(p[i]);
     c->q = c->k = c->v = c->beta = c->dout = NULL;
     c->g = c->h0 = c->dht = NULL;
+    free(c->cu);
+    c->cu = NULL;
 }
 
 int64_t bench_nqk(const bcase *c) { return c->s.B * c->s.T * c->s.H * c->s.K; }
@@ -192,7 +203,12 @@ int bench_body(bcase *c, bench_what w, const dg_delta_bwd_flags *var, bool recur
 
 
 /* ---- counting (see the file comment) ---------------------------------------------------------------- */
-static double n_chunks(const dg_dr_shape *s) { return (double)s->B * s->HV * ceil((double)s->T / s->chunk); }
+static double n_chunks(const dg_dr_shape *s) {
+    if (!s->cu_seqlens) return (double)s->B * s->HV * ceil((double)s->T / s->chunk);
+    double n = 0;
+    for (int64_t i = 0; i < s->N; i++) n += ceil((double)(s->cu_seqlens[i + 1] - s->cu_seqlens[i]) / s->chunk);
+    return n * s->HV;
+}
 double bench_flops_fwd(const dg_dr_shape *s) {
     double C = s->chunk, K = s->K, V = s->V;
     return n_chunks(s) * (5 * C * C * K + 4 * C * C * V + 6 * C * K * V);
@@ -223,16 +239,33 @@ static void set_shape(bcase *c, const char *op, int64_t B, int64_t T, int64_t H,
                          .HV = HV,
                          .K = K,
                          .V = V,
-                         .cu_seqlens = NULL,
-                         .N = B,
+                         .cu_seqlens = c->cu,
+                         .N = c->cu ? c->ncu - 1 : B,
                          .gate = gt->kind,
                          .scale = 1.0 / sqrt((double)K),
                          .chunk = 64};
     c->G = dg_delta_gate_width(gt, K);
 }
+/* c->cu = the offsets of n sequences of lengths len[] (host) */
+static int case_set_seqlens(bcase *c, int n, const int64_t *len) {
+    if (!(c->cu = malloc(sizeof(int64_t) * (size_t)(n + 1)))) {
+        dg_error("bench: out of host memory (cu_seqlens of %d sequences)", n);
+        return -1;
+    }
+    c->ncu = n + 1;
+    c->cu[0] = 0;
+    for (int i = 0; i < n; i++) c->cu[i + 1] = c->cu[i] + len[i];
+    return 0;
+}
 int bench_case_random(bcase *c, const shape_def *d, dg_dtype dt) {
     memset(c, 0, sizeof *c);
     snprintf(c->label, sizeof c->label, "%s", d->name);
+    if (d->nseq && case_set_seqlens(c, d->nseq, d->seqlens)) return -1;
+    if (d->nseq && (d->B != 1 || c->cu[d->nseq] != d->T)) {
+        dg_error("bench: shape %s: its sequences hold %lld tokens in B = %lld, expected T = %lld in B = 1", d->name,
+                 (long long)c->cu[d->nseq], (long long)d->B, (long long)d->T);
+        return -1;
+    }
     set_shape(c, "delta_rule", d->B, d->T, d->H, d->HV, d->K, d->V);
     c->dt = dt;
     c->q = bench_dev_random(bench_nqk(c), dt, R_NORMAL), c->k = bench_dev_random(bench_nqk(c), dt, R_NORMAL);
@@ -285,6 +318,7 @@ int bench_case_from_file(bcase *c, const char *path) {
     const dg_tensor *v = st_need(f, "v", dt, 4, false), *dout = st_need(f, "do", dt, 4, false);
     const dg_tensor *beta = st_need(f, "beta", dt, 3, false), *g = st_need(f, "g", DG_F32, 0, true);
     const dg_tensor *h0 = st_need(f, "h0", DG_F32, 4, true), *dht = st_need(f, "dht", DG_F32, 4, true);
+    const dg_tensor *cu = st_need(f, "cu_seqlens", DG_I64, 1, true);
     if (!q || !k || !v || !dout || !beta || dg_has_error()) goto out;
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3], HV = v->shape[2], V = v->shape[3];
     const char *op = NULL; /* the op whose gate has g's dims (none: delta_rule) */
@@ -302,11 +336,25 @@ int bench_case_from_file(bcase *c, const char *path) {
                  path, dg_shp(q), dg_shp(k), dg_shp(v), dg_shp(dout), dg_shp(beta), g ? dg_shp(g) : "absent");
         goto out;
     }
-    const int64_t sh[4] = {B, HV, K, V}; /* h0, dht: one state a sequence */
+    if (cu && (B != 1 || cu->shape[0] < 2)) {
+        dg_error("bench: --inputs '%s': cu_seqlens %s needs B = 1 (q %s) and at least one sequence", path,
+                 dg_shp(cu), dg_shp(q));
+        goto out;
+    }
+    if (cu) { /* the op checks the offsets themselves (from 0 to T, not decreasing) */
+        if (!(c->cu = malloc(sizeof(int64_t) * (size_t)cu->shape[0]))) {
+            dg_error("bench: out of host memory (cu_seqlens %s)", dg_shp(cu));
+            goto out;
+        }
+        c->ncu = cu->shape[0];
+        memcpy(c->cu, dg_data_ptr(cu), sizeof(int64_t) * (size_t)c->ncu);
+    }
+    const int64_t N = cu ? cu->shape[0] - 1 : B;
+    const int64_t sh[4] = {N, HV, K, V}; /* h0, dht: one state a sequence */
     const dg_tensor *st[2] = {h0, dht};
     for (int i = 0; i < 2; i++)
         if (st[i] && memcmp(st[i]->shape, sh, sizeof sh)) {
-            dg_error("bench: --inputs '%s': tensor '%s' is %s, expected [B,HV,K,V] %s (q %s, v %s)", path,
+            dg_error("bench: --inputs '%s': tensor '%s' is %s, expected [N,HV,K,V] %s (q %s, v %s)", path,
                      i ? "dht" : "h0", dg_shp(st[i]), dg_shape_text(4, sh), dg_shp(q), dg_shp(v));
             goto out;
         }

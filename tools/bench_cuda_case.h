@@ -27,16 +27,20 @@ typedef struct bcase {
     void *keep;      /* the forward's working set kept for the backward (NULL: none for this shape) */
     bool keep_off;   /* time the recomputing backward instead */
     bool norm_first; /* the L2 norm's kernel first, not in the tensor-core forward's loads */
+    int64_t *cu;     /* host, [ncu = N+1]: the sequences' offsets into T (s.cu_seqlens, B = 1), or NULL */
+    int64_t ncu;
 } bcase;
 
 typedef struct shape_def {
     const char *name;
     int64_t B, T, H, HV, K, V; /* H key heads, HV value heads */
+    const int64_t *seqlens;    /* nseq > 0: B = 1 and T tokens packed as sequences of these lengths */
+    int nseq;
     dg_dtype dt;
     bool by_default; /* run without --shapes */
     unsigned ops;    /* the BENCH_OPS it runs (bit i: BENCH_OPS[i]) without OP; named, also delta_rule at K = 256 */
 } shape_def;
-enum { BENCH_NSHAPES = 7 };
+enum { BENCH_NSHAPES = 9 };
 extern const shape_def BENCH_SHAPES[BENCH_NSHAPES];
 extern const char *const BENCH_OPS[3]; /* gated_delta_rule, kda, delta_rule */
 
