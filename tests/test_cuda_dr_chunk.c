@@ -809,7 +809,7 @@ static void test_dr_chunk_sanitize(void **state) {
     };
     static const cfg fast[] = {
         /* sequences of four chunks: the backward state pass's two slots are each filled twice */
-        {"sanitize: head, varlen, K=V=64 (mma)", 1, 230, 1, 2, 64, 64, DG_GATE_HEAD, 64, 3, {0, 200, 230}, 1, 1, 0},
+        {"sanitize: head, varlen, K=V=64 (mma)", 1, 230, 1, 2, 64, 64, DG_GATE_HEAD, 64, 3, {0, 30, 230}, 1, 1, 0},
         {"sanitize: none, K=128, V=64 (mma)", 1, 200, 1, 1, 128, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
         /* V = 128: two value tiles per block of the state and output passes */
         {"sanitize: head, B2, K=64, V=128 (mma)", 2, 80, 1, 1, 64, 128, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0},

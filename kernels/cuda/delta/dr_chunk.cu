@@ -7,6 +7,8 @@
  * (dr_chunk_vsplit.cu).
  * The choice between the families is not made here: the backend table (ops/delta/delta_backends.c)
  * runs the first row whose accepts() takes the call. */
+#include <algorithm>
+
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 #include "kernels/cuda/delta/dr_chunk_l2norm.cuh"
@@ -103,12 +105,16 @@ int plan_init(const char *who, const dg_dr_shape *s, const void *q, const void *
     G.tab = nullptr;
     if (!s->cu_seqlens) {
         G.nchunks = N * G.cps;
+        G.maxc = G.cps;
         return 0;
     }
     const int64_t *cu = s->cu_seqlens;
-    int64_t nch = 0;
-    for (int64_t n = 0; n < N; n++) nch += (cu[n + 1] - cu[n] + C - 1) / C;
-    G.nchunks = nch;
+    int64_t nch = 0, maxc = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t c = (cu[n + 1] - cu[n] + C - 1) / C;
+        nch += c, maxc = c > maxc ? c : maxc;
+    }
+    G.nchunks = nch, G.maxc = maxc;
     return 0;
 }
 
@@ -116,7 +122,7 @@ int plan_table(const char *who, const dg_dr_shape *s, Plan *p) {
     Geom &G = p->G;
     if (!s->cu_seqlens || G.tab) return 0;
     const int64_t *cu = s->cu_seqlens, C = G.C, N = G.N, nch = G.nchunks;
-    int64_t ntab = 2 * nch + N + 1;
+    int64_t ntab = 2 * nch + 2 * N + 1;
     int64_t *tab = (int64_t *)malloc(sizeof(int64_t) * (size_t)ntab);
     if (!tab) {
         dg_error("%s: out of host memory for the chunk table", who);
@@ -131,6 +137,12 @@ int plan_table(const char *who, const dg_dr_shape *s, Plan *p) {
         }
     }
     tab[2 * nch + N] = c;
+    /* the state passes' chains longest first (chain_seq); equal lengths in sequence order */
+    int64_t *order = tab + 2 * nch + N + 1;
+    for (int64_t n = 0; n < N; n++) order[n] = n;
+    const int64_t *first = tab + 2 * nch;
+    std::stable_sort(order, order + N,
+                     [first](int64_t a, int64_t b) { return first[a + 1] - first[a] > first[b + 1] - first[b]; });
     p->tab_dev = scratch<int64_t>((size_t)ntab);
     int rc = p->tab_dev ? upload(p->tab_dev, tab, sizeof(int64_t) * (size_t)ntab) : -1;
     free(tab);

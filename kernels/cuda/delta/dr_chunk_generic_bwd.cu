@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(NT)
     const int LC = ld_c(G), LK = ld_k(G), LS = ld_bv(BV);
     const int NVT = (V + BV - 1) / BV;
     const int vt = (int)(blockIdx.x % NVT), hv = (int)(blockIdx.x / NVT % HV);
-    const int64_t n = blockIdx.x / NVT / HV;
+    const int64_t n = chain_seq(G, blockIdx.x / NVT / HV);
     const int j0 = vt * BV, nbv = V - j0 < BV ? V - j0 : BV;
     float *sS = sm, *sX = sS + K * LS, *sV = sX + C * LK, *sO = sV + C * LS, *sP = sO + C * LS, *sdec = sP + C * LC;
     const int64_t hb = (n * HV + hv) * (int64_t)K * V + j0;

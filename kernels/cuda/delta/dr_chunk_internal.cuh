@@ -12,7 +12,8 @@
  * Chunks (as in kernels/cpu/delta/chunk_pieces.h): each sequence is cut into chunks of C rows (16, 32,
  * 64) from its start; the last may be partial (L < C rows).  Without cu_seqlens sequence n is batch
  * row n and has cps = ceil(T / C) chunks; with cu_seqlens a table (row0, len per chunk; first chunk
- * per sequence) is built on the host and copied to the device once per call.  A "row" is the
+ * per sequence; the sequences longest first) is built on the host and copied to the device once per
+ * call.  A "row" is the
  * flattened token index b*T + t of the [B,T,...] arrays. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
@@ -48,12 +49,15 @@ struct Geom {
     int H, HV, grp, K, V, C, gs; /* grp = HV/H; gs = gate values per token and head: 0, 1, K */
     int gate;                    /* dg_gate_kind */
     int cps;                     /* chunks per sequence (batched) */
+    int64_t maxc;                /* chunks of the longest sequence (cps when batched) */
     /* value heads in a row that share beta and the gate (the R heads of one head split by
      * dr_chunk_vsplit.cu, on the head-gate family), whose prep and fused qkwy blocks take all of
      * them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu); else 1 */
     int vsh;
     float scale;
-    const int64_t *tab; /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk */
+    /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk, [N] the sequences
+     * by chunks, most first (chain_seq) */
+    const int64_t *tab;
 };
 
 struct Chunk {
@@ -87,6 +91,14 @@ __host__ __device__ __forceinline__ void seq_chunks(const Geom &G, int64_t n, in
         c0 = n * G.cps;
         c1 = c0 + G.cps;
     }
+}
+
+/* the sequence of the state passes' b-th chain (their blocks b * HV * tiles ...): with cu_seqlens the
+ * longest first, so that the blocks of the longest chains, which set the pass's time, are started
+ * first (blocks start in index order as earlier ones end) rather than behind the short ones;
+ * batched, b */
+__host__ __device__ __forceinline__ int64_t chain_seq(const Geom &G, int64_t b) {
+    return G.tab ? G.tab[2 * G.nchunks + G.N + 1 + b] : b;
 }
 
 /* chunk c of sequence n, whose first chunk is c0 (seq_chunks): chunk_at without its 64-bit

@@ -91,7 +91,7 @@ struct StateBlock {
     int hv, h, v0, sm0, vm0, vn0;
     __device__ StateBlock(const Geom &G) {
         const int NVT = G.V / SBV, warp = threadIdx.x >> 5;
-        n = blockIdx.x / (G.HV * NVT);
+        n = chain_seq(G, blockIdx.x / (G.HV * NVT));
         hv = (int)(blockIdx.x / NVT % G.HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * SBV;
         sm0 = 16 * MT * warp, vm0 = TV::m0(warp), vn0 = TV::n0(warp);
         hb = (n * G.HV + hv) * (int64_t)KK * G.V + v0;

@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
-    const int64_t n = blockIdx.x / (HV * NVT);
+    const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* PF: two sets [Gl | Kd | Qg | W | dO | P split], then dS, -dV' split; else Gl, one tile for Kd
      * then Qg then W, dO, P, dS, -dV' */

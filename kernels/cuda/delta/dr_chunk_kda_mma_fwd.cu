@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     using Lay = StateL<K, BV, PF>;
     DRC_SMEM(float, sm);
     const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int64_t n = blockIdx.x / (HV * NVT);
+    const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* Gl [K] (PF: two), then W / Kd split (PF: two sets of plain W, Kd, U), S split, V' split */
     unsigned char *base = (unsigned char *)(sm + (PF ? 2 * K : K));

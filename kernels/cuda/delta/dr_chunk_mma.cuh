@@ -107,18 +107,29 @@ inline int64_t sm_count() {
 #endif
 }
 
+/* Block-steps of a state pass with BV value columns a block: a block runs one (sequence, head,
+ * tile) chain, a step per chunk, so the pass is nchunks * HV * V / BV steps of blocks, the longest
+ * chain maxc of them in a row.  With equal sequences (batched) steps / maxc = N * HV * V / BV, the
+ * number of blocks. */
+inline int64_t state_steps(const Geom &G, int BV) { return G.nchunks * G.HV * (G.V / BV); }
+
 /* Value columns per block of the state passes (their BV template argument): 64, or 32 when the
- * blocks of 64 columns would leave multiprocessors idle.  The passes are chains of dependent
- * chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks of 64
- * columns for 132 SMs) 32 columns give twice the chains, each half the work a step (H100, S2:
- * GDN fwd+bwd 14 % faster, delta_rule 20 %).  At S1 (256 blocks of 64) 32 columns are 7 % slower:
- * the W, K loads of a step are repeated by four blocks instead of two. */
-inline int state_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 64) < sm_count() ? 32 : 64; }
+ * blocks of 64 columns would leave multiprocessors idle: when the longest chain is longer than the
+ * steps each multiprocessor would run (batched: fewer blocks than SMs).  The passes are chains of
+ * dependent chunk steps, one chain per block; with few (sequence, head) pairs (S2: B2 H16, 64 blocks
+ * of 64 columns for 132 SMs) 32 columns give twice the chains, each half the work a step (H100,
+ * S2: GDN fwd+bwd 14 % faster, delta_rule 20 %).  At S1 (256 blocks of 64) 32 columns are 7 %
+ * slower: the W, K loads of a step are repeated by four blocks instead of two.  Packed sequences
+ * of mixed lengths (cu_seqlens) count by their longest: the blocks of the short ones are done long
+ * before it. */
+inline int state_bv(const Geom &G) { return G.V % 64 == 0 && state_steps(G, 64) < G.maxc * sm_count() ? 32 : 64; }
 
 /* Value columns of a block of the backward state passes (b_dhu_ws, KDA's b_dhu): 32 when the
- * blocks of 32 columns all fit on the GPU at once (S2), else 64.  b_dhu_ws runs one block of 512
- * threads per SM at either; KDA's b_dhu prefetches at 32 (one block per SM), else two per SM. */
-inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && G.N * G.HV * (G.V / 32) <= sm_count() ? 32 : 64; }
+ * blocks of 32 columns all fit on the GPU at once (S2; packed sequences: when the steps of the
+ * blocks of 32 columns are no more than the longest chain's on every SM), else 64.  b_dhu_ws runs
+ * one block of 512 threads per SM at either; KDA's b_dhu prefetches at 32 (one block per SM), else
+ * two per SM. */
+inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && state_steps(G, 32) <= G.maxc * sm_count() ? 32 : 64; }
 
 /* bytes of a tile of R rows and Cc columns (bf16) */
 __host__ __device__ constexpr int tile_bytes(int R, int Cc) { return R * (Cc + PAD) * 2; }

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(2 * FNT, 1)
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV;
     const int HV = G.HV, tid = threadIdx.x & (FNT - 1), warp = tid >> 5, lane = tid & 31;
-    const int64_t n = blockIdx.x / (HV * NVT);
+    const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
     /* slot s at sm + s SLOT: gate G [64] f32, e^{G_i} [64], e^{G_last - G_i} [64], q, k [64][K + PAD],
      * dO [64][BV + PAD], dVl */

@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(FNT, 2) f_state(Geom G, const uint16_t *k, Fas
     DRC_SMEM(float, sm);
     constexpr int NVT = V / BV, T = 64 * (K + PAD);
     const int HV = G.HV, warp = threadIdx.x >> 5;
-    const int64_t n = blockIdx.x / (HV * NVT);
+    const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), h = hv / G.grp, v0 = (int)(blockIdx.x % NVT) * BV;
     /* the gate [64] (two with the prefetch); W (split: two tiles), K; with the prefetch two sets
      * (plain W, K, and U after V'), chunk c in set c - c0 mod 2 */
