@@ -316,6 +316,10 @@ static void test_kda_mma_sanitize(void **state) {
         {"sanitize: K=128, V=64", 1, 70, 1, 1, 128, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
         /* K = V = 128: the fused qkwy's dU goes by cp.async during part A (QkL::PFU) */
         {"sanitize: K=V=128", 1, 70, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        /* enough heads that the backward state pass takes 64-column tiles: with its prefetch (V = 64:
+         * no more block-steps than the longest chain's on every SM), and without (V = 128) */
+        {"sanitize: K=V=64, 68 value heads", 1, 70, 1, 68, 64, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        {"sanitize: K=64, V=128, 68 value heads", 1, 70, 1, 68, 64, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
         /* K = 256 (dr_chunk_k256*.cu): the wide form, and the f32 sums of steeper gates */
         {"sanitize: K=256, V=64, varlen", 1, 80, 1, 1, 256, 64, 3, {0, 50, 80}, -1.5, -0.02, 1, 1, 0},
         {"sanitize: K=256, V=64, strong decays", 1, 40, 1, 1, 256, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},

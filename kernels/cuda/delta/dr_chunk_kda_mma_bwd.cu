@@ -38,6 +38,8 @@
  * about 20 % less time than dqkwg + wy (ncu, H100 and H200, S1 = B8 T2048 H16 K=V=128: the dW,
  * dk, dG round trip and the second gate load and scan are gone; dU is in flight during part A,
  * QkL::PFU); fwd+bwd about 10 % less. */
+#include <type_traits>
+
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 
 namespace drc {
@@ -168,10 +170,18 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
 /* ---- dhu ---- */
 /* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
  * 32): the columns of dS and dV' are independent, as in the state pass */
-/* Whether b_dhu prefetches (cp.async) the next chunk's Kd, Qg, W, dO, P and Gl into a second set
- * while it works on this one (mm::dhu_bv = 32: all blocks on the GPU at once, one per SM; as the
- * head-gate b_dhu); Kd, Qg, W plain */
-template <int BV> constexpr bool dhu_prefetch() { return BV == 32 && KPlain::Kd && KPlain::Qg && KPlain::W; }
+/* b_dhu either loads each chunk's tiles as it reaches them, two blocks per SM, or prefetches
+ * (cp.async) the next chunk's Kd, Qg, W, dO, P and Gl into a second set while it works on this one
+ * (Kd, Qg, W plain), one block per SM (two sets do not fit beside a second block at 64 columns).
+ * The prefetch makes a step shorter; two blocks make twice the steps at once.  So it prefetches
+ * where the longest chain, not the steps each SM runs, sets the pass's time: at 32 columns (all
+ * blocks on the GPU at once, S2), and at 64 where the block-steps are no more than the longest
+ * chain's on every SM (H200, ms: K1 0.232 -> 0.190, R1 0.767 -> 0.618; at S1, where they are twice
+ * that, 0.500 without it against 0.567 with it). */
+constexpr bool DHU_PF_OK = KPlain::Kd && KPlain::Qg && KPlain::W;
+inline bool dhu_prefetch(const Geom &G, int bv) {
+    return DHU_PF_OK && (bv == 32 || mm::state_steps(G, 64) <= G.maxc * mm::sm_count());
+}
 
 template <int K, int BV, bool PF = false> struct DhuL {
     /* X: Kd, then Qg, then W, one tile when all three are plain */
@@ -183,10 +193,10 @@ template <int K, int BV, bool PF = false> struct DhuL {
     static constexpr int bytes = PF ? 2 * SET + S + N : K * 4 + X + O + P + S + N;
 };
 
-template <int K, int V, int BV>
+template <int K, int V, int BV, bool PF>
 __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, const float *dhT, float *dh0, Bufs b,
                                                 uint16_t *dSh, uint16_t *dSl, uint16_t *dVh, uint16_t *dVl) {
-    constexpr bool PF = dhu_prefetch<BV>();
+    static_assert(DHU_PF_OK || !PF, "the prefetch's sets hold Kd, Qg, W plain");
     using Lay = DhuL<K, BV, PF>;
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
@@ -643,16 +653,23 @@ template <int K, int V, int MODE> int qkwy_launch(const char *name, const Geom &
 template <int K, int V>
 int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const Bufs &b, const QkArgs &a,
           uint16_t *dSh, uint16_t *dSl) {
-    static_assert(DhuL<K, 64>::bytes <= SMEM_MAX / 2 && DhuL<K, 32, dhu_prefetch<32>()>::bytes <= SMEM_MAX,
+    static_assert(DhuL<K, 64, DHU_PF_OK>::bytes <= SMEM_MAX && DhuL<K, 64>::bytes <= SMEM_MAX / 2 &&
+                      DhuL<K, 32, DHU_PF_OK>::bytes <= SMEM_MAX,
                   "shared memory");
     const Geom &G = p.G;
-    const bool bv32 = mm::dhu_bv(G) == 32;
-    int rc = bv32 ? DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 32>), G.N * G.HV * (V / 32), FNT,
-                               (size_t)(DhuL<K, 32, dhu_prefetch<32>()>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh,
-                               dSl, (uint16_t *)a.dVh, (uint16_t *)a.dVl)
-                  : DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, 64>), G.N * G.HV * (V / 64), FNT,
-                               (size_t)(DhuL<K, 64>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh,
-                               (uint16_t *)a.dVl);
+    const auto dhu = [&](auto bv, auto pf) { /* std::integral_constants: the columns, the prefetch */
+        constexpr int BV = decltype(bv)::value;
+        constexpr bool PF = decltype(pf)::value;
+        return DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, BV, PF>), G.N * G.HV * (V / BV), FNT,
+                          (size_t)(DhuL<K, BV, PF>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl,
+                          (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+    };
+    using I32 = std::integral_constant<int, 32>;
+    using I64 = std::integral_constant<int, 64>;
+    using PF1 = std::integral_constant<bool, DHU_PF_OK>;
+    using PF0 = std::integral_constant<bool, false>;
+    const int bv = mm::dhu_bv(G);
+    int rc = bv == 32 ? dhu(I32{}, PF1{}) : dhu_prefetch(G, bv) ? dhu(I64{}, PF1{}) : dhu(I64{}, PF0{});
     if (!rc && var.dw_on_chip) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
     if (!rc && !var.dw_on_chip) {
         rc = qkwy_launch<K, V, 1>("dr_chunk kda dqkwg", G, a);
