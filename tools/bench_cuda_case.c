@@ -17,7 +17,7 @@
 #include "models/safetensors.h"
 
 /* R1: S1's 16384 tokens packed as documents of mixed lengths (cu_seqlens), most not a multiple of the
- * chunk, one of a single token; bench/fla_side_by_side.py has the same list */
+ * chunk, one of a single token, the longest last; bench/fla_side_by_side.py has the same list */
 static const int64_t R1_LENS[12] = {1000, 37, 2500, 129, 3000, 64, 1, 777, 2048, 1500, 1232, 4096};
 
 const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {
@@ -337,8 +337,8 @@ int bench_case_from_file(bcase *c, const char *path) {
         goto out;
     }
     if (cu && (B != 1 || cu->shape[0] < 2)) {
-        dg_error("bench: --inputs '%s': cu_seqlens %s needs B = 1 (q %s) and at least one sequence", path,
-                 dg_shp(cu), dg_shp(q));
+        dg_error("bench: --inputs '%s': cu_seqlens %s needs B = 1 (q %s) and at least one sequence", path, dg_shp(cu),
+                 dg_shp(q));
         goto out;
     }
     if (cu) { /* the op checks the offsets themselves (from 0 to T, not decreasing) */

@@ -13,8 +13,7 @@
  * 64) from its start; the last may be partial (L < C rows).  Without cu_seqlens sequence n is batch
  * row n and has cps = ceil(T / C) chunks; with cu_seqlens a table (row0, len per chunk; first chunk
  * per sequence; the sequences longest first) is built on the host and copied to the device once per
- * call.  A "row" is the
- * flattened token index b*T + t of the [B,T,...] arrays. */
+ * call.  A "row" is the flattened token index b*T + t of the [B,T,...] arrays. */
 #ifndef DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
 #define DG_KERNELS_CUDA_DR_CHUNK_INTERNAL_CUH
 

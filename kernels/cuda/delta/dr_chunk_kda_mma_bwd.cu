@@ -168,7 +168,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
 }
 
 /* ---- dhu ---- */
-/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = state_bv, 64 or
+/* block per (sequence, value head, tile of BV value columns v0 .. v0 + BV - 1; BV = dhu_bv, 64 or
  * 32): the columns of dS and dV' are independent, as in the state pass */
 /* b_dhu either loads each chunk's tiles as it reaches them, two blocks per SM, or prefetches
  * (cp.async) the next chunk's Kd, Qg, W, dO, P and Gl into a second set while it works on this one
@@ -657,12 +657,13 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
                       DhuL<K, 32, DHU_PF_OK>::bytes <= SMEM_MAX,
                   "shared memory");
     const Geom &G = p.G;
-    const auto dhu = [&](auto bv, auto pf) { /* std::integral_constants: the columns, the prefetch */
+    /* bv, pf: std::integral_constants, the columns and the prefetch */
+    const auto dhu = [&](auto bv, auto pf) {
         constexpr int BV = decltype(bv)::value;
         constexpr bool PF = decltype(pf)::value;
         return DRC_LAUNCH("dr_chunk kda dhu", (b_dhu<K, V, BV, PF>), G.N * G.HV * (V / BV), FNT,
-                          (size_t)(DhuL<K, BV, PF>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl,
-                          (uint16_t *)a.dVh, (uint16_t *)a.dVl);
+                          (size_t)(DhuL<K, BV, PF>::bytes), G, io.dout, io.dhT, io.dh0, b, dSh, dSl, (uint16_t *)a.dVh,
+                          (uint16_t *)a.dVl);
     };
     using I32 = std::integral_constant<int, 32>;
     using I64 = std::integral_constant<int, 64>;
