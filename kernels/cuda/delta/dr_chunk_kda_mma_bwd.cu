@@ -176,8 +176,8 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
  * The prefetch makes a step shorter; two blocks make twice the steps at once.  So it prefetches
  * where the longest chain, not the steps each SM runs, sets the pass's time: at 32 columns (all
  * blocks on the GPU at once, S2), and at 64 where the block-steps are no more than the longest
- * chain's on every SM (H200, ms: K1 0.232 -> 0.190, R1 0.767 -> 0.618; at S1, where they are twice
- * that, 0.500 without it against 0.567 with it). */
+ * chain's on every SM (K1, R1); at S1, with twice that, two blocks are the faster (PERF_KERNELS.md,
+ * "The KDA kernels", has the times). */
 constexpr bool DHU_PF_OK = KPlain::Kd && KPlain::Qg && KPlain::W;
 inline bool dhu_prefetch(const Geom &G, int bv) {
     return DHU_PF_OK && (bv == 32 || mm::state_steps(G, 64) <= G.maxc * mm::sm_count());
