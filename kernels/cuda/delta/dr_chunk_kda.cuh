@@ -245,6 +245,12 @@ __device__ __forceinline__ void gated8(Sp T, int t, const uint16_t *x, const flo
     for (int u = 0; u < 8; u++) y[u] = xv[u] * kexp(HB ? s * (av[u] - bv[u]) : s * av[u]);
     mm::split8<BF>(y, *(uint4 *)(T.hi + t), *(uint4 *)(T.lo() + t));
 }
+/* the same, x's values not wanted */
+template <bool BF = !DRC_OPERAND_F16, bool HB = true>
+__device__ __forceinline__ void gated8(Sp T, int t, const uint16_t *x, const float *a, const float *b, float s) {
+    float xv[8];
+    gated8<BF, HB>(T, t, x, a, b, s, xv);
+}
 
 /* Wide form: T[i] = X[i] o e^{s (G_i - R)} for rows i < 64, split into T (K + PAD columns) as bf16
  * words (in both builds, WIDE_SPAN); s = +1 (query side) or -1 (key side), by the block's NTH
@@ -254,8 +260,7 @@ __device__ __forceinline__ void gated_rows(Sp T, const uint16_t *X, const Gate &
     constexpr int LD = K + PAD, GS = gstride(K);
     for (int e = threadIdx.x; e < 64 * (K / 8); e += NTH) {
         const int i = e / (K / 8), c = (e % (K / 8)) * 8;
-        float xv[8];
-        gated8<true>(T, i * LD + c, X + i * LD + c, gt.G + i * GS + c, gt.R + c, s, xv);
+        gated8<true>(T, i * LD + c, X + i * LD + c, gt.G + i * GS + c, gt.R + c, s);
     }
 }
 
@@ -292,14 +297,12 @@ __device__ __forceinline__ void gated_tri(const uint16_t *X, const uint16_t *Kt,
     }
     for (int e = tid; e < 48 * (K / 8); e += NTH) {
         const int i = 16 + e / (K / 8), c = (e % (K / 8)) * 8, r = i & ~15;
-        float xv[8];
-        gated8(Xa, i * LD + c, X + i * LD + c, sG + i * GS + c, sG + r * GS + c, 1.0f, xv);
+        gated8(Xa, i * LD + c, X + i * LD + c, sG + i * GS + c, sG + r * GS + c, 1.0f);
     }
     for (int e = tid; KB && e < 96 * (K / 8); e += NTH) {
         const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, j = R - 8 * I * (I - 1);
-        float xv[8];
-        gated8(Kb, R * LD + c, Kt + j * LD + c, sG + 16 * I * GS + c, sG + j * GS + c, 1.0f, xv);
+        gated8(Kb, R * LD + c, Kt + j * LD + c, sG + 16 * I * GS + c, sG + j * GS + c, 1.0f);
     }
     /* blocks above the diagonal: zero */
     for (int e = tid; e < 64 * 64; e += NTH) {

@@ -87,8 +87,7 @@ __device__ __forceinline__ void gated_R(float (&r)[1][WT<64, K, NTH / 32>::NT][4
     for (int e = tid; e < 96 * (K / 8); e += NTH) {
         const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int I = R < 16 ? 1 : R < 48 ? 2 : 3, l = R - 8 * I * (I - 1);
-        float xv[8];
-        gated8(Yb, R * LK + c, Y + l * LK + c, sG + 16 * I * GS + c, sG + l * GS + c, 1.0f, xv);
+        gated8(Yb, R * LK + c, Y + l * LK + c, sG + 16 * I * GS + c, sG + l * GS + c, 1.0f);
     }
     bsync();
     mm::acc_zero(r);
@@ -141,8 +140,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
     for (int e = tid; e < 96 * (K / 8); e += NTH) {
         const int R = e / (K / 8), c = (e % (K / 8)) * 8;
         const int J = R < 48 ? 0 : R < 80 ? 1 : 2, i = 16 * (J + 1) + R - (J == 0 ? 0 : J == 1 ? 48 : 80);
-        float xv[8];
-        gated8(Xb, R * LK + c, X + i * LK + c, sG + i * GS + c, sG + (16 * J + 15) * GS + c, 1.0f, xv);
+        gated8(Xb, R * LK + c, X + i * LK + c, sG + i * GS + c, sG + (16 * J + 15) * GS + c, 1.0f);
     }
     bsync();
     mm::acc_zero(r);
@@ -179,9 +177,7 @@ __device__ __forceinline__ void gated_C(float (&r)[1][WT<64, K, NTH / 32>::NT][4
  * chain's on every SM (K1, R1); at S1, with twice that, two blocks are the faster (PERF_KERNELS.md,
  * "The KDA kernels", has the times). */
 constexpr bool DHU_PF_OK = KPlain::Kd && KPlain::Qg && KPlain::W;
-inline bool dhu_prefetch(const Geom &G, int bv) {
-    return DHU_PF_OK && (bv == 32 || mm::state_steps(G, 64) <= G.maxc * mm::sm_count());
-}
+inline bool dhu_prefetch64(const Geom &G) { return DHU_PF_OK && mm::state_steps(G, 64) <= G.maxc * mm::sm_count(); }
 
 template <int K, int BV, bool PF = false> struct DhuL {
     /* X: Kd, then Qg, then W, one tile when all three are plain */
@@ -523,8 +519,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     const Sp sdAi{(uint16_t *)(Z + Lay::wKG), 64 * 72}, sT{(uint16_t *)(Z + Lay::wDW), 64 * 72};
     for (int e = tid; e < 64 * (K / 8); e += NTH) { /* Kg = K o e^G */
         const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
-        float kv[8];
-        gated8<!DRC_OPERAND_F16, false>(sKg, i * LK + cc, sK + i * LK + cc, sG + i * GS + cc, nullptr, 1.0f, kv);
+        gated8<!DRC_OPERAND_F16, false>(sKg, i * LK + cc, sK + i * LK + cc, sG + i * GS + cc, nullptr, 1.0f);
     }
     { /* Ai in two halves of NA values a thread, each loaded into registers before one of the tile
        * loads (dU unless it is in flight already, V) and split after it: the latencies overlap
@@ -669,8 +664,7 @@ int bwd_t(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const
     using I64 = std::integral_constant<int, 64>;
     using PF1 = std::integral_constant<bool, DHU_PF_OK>;
     using PF0 = std::integral_constant<bool, false>;
-    const int bv = mm::dhu_bv(G);
-    int rc = bv == 32 ? dhu(I32{}, PF1{}) : dhu_prefetch(G, bv) ? dhu(I64{}, PF1{}) : dhu(I64{}, PF0{});
+    int rc = mm::dhu_bv(G) == 32 ? dhu(I32{}, PF1{}) : dhu_prefetch64(G) ? dhu(I64{}, PF1{}) : dhu(I64{}, PF0{});
     if (!rc && var.dw_on_chip) rc = qkwy_launch<K, V, 0>("dr_chunk kda qkwy", G, a);
     if (!rc && !var.dw_on_chip) {
         rc = qkwy_launch<K, V, 1>("dr_chunk kda dqkwg", G, a);

@@ -127,7 +127,7 @@ inline int state_bv(const Geom &G) { return G.V % 64 == 0 && state_steps(G, 64) 
 /* Value columns of a block of the backward state passes (b_dhu_ws, KDA's b_dhu): 32 when the
  * blocks of 32 columns all fit on the GPU at once (S2; packed sequences: when the steps of the
  * blocks of 32 columns are no more than the longest chain's on every SM), else 64.  b_dhu_ws runs
- * one block of 512 threads per SM at either; KDA's b_dhu one or two (its dhu_prefetch). */
+ * one block of 512 threads per SM at either; KDA's b_dhu one or two (dhu_prefetch64). */
 inline int dhu_bv(const Geom &G) { return G.V % 64 == 0 && state_steps(G, 32) <= G.maxc * sm_count() ? 32 : 64; }
 
 /* bytes of a tile of R rows and Cc columns (bf16) */

@@ -182,7 +182,7 @@ template <int NTH = FNT> __device__ __forceinline__ void tri_inv(const float *sA
 
 /* rows < L of a 64 x 64 matrix of shared memory (TRI_LD) to device rows of 64 floats at stride ld
  * (floats), 16-byte vectors of four columns, by the block's NTH threads (KDA's prep; the head-gate
- * prep keeps its copy of a float a thread: with this one it took 6 % more time, H200, S1) */
+ * prep keeps its copy of a float a thread, measured the faster there: PERF_KERNELS.md) */
 template <int NTH> __device__ __forceinline__ void tri_rows_out(float *g, int64_t ld, const float *s, int L) {
     for (int e = threadIdx.x; e < L * 16; e += NTH) {
         const int i = e >> 4, j = (e & 15) * 4;
