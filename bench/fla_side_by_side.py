@@ -54,7 +54,8 @@ import tempfile
 import time
 
 # B, T, H, K, V.  S1-S3: the reference shapes (the default); S4 (with --shapes S4): FLA's layer default
-# V = 2K, which our kernels run as two heads of V = 128 (kernels/cuda/delta/dr_chunk_vsplit.cu); L1 (with
+# V = 2K, gated_delta_rule and kda, which our kernels run as two heads of V = 128 sharing the work that
+# does not depend on V (kernels/cuda/delta/dr_chunk_vsplit.cu); L1 (with
 # --shapes L1): FLA's GatedDeltaNet layer as it comes (head_dim 256, expand_v 2, 6 heads) at B4 T4096, and
 # delta_rule and kda at its heads (K = 256: ours runs both on the K = 256 kernels);
 # Q1 (with --shapes Q1): Qwen3-Next's grouped value heads, 16 key heads and 32 value heads of 128, at
@@ -91,10 +92,11 @@ DTYPES = {"S1": "bf16", "S2": "bf16", "S3": "f16", "S4": "bf16", "L1": "bf16", "
 H0_SHAPES = {"AS", "AS2"}  # shapes whose inputs have h0 and dht, f32 [B,HV,K,V]
 CASES = [("gated_delta_rule", "S1"), ("delta_rule", "S1"), ("kda", "S1"),
          ("gated_delta_rule", "S2"), ("delta_rule", "S2"), ("kda", "S2"),
-         ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("gated_delta_rule", "L1"),
+         ("gated_delta_rule", "S3"), ("gated_delta_rule", "S4"), ("kda", "S4"), ("gated_delta_rule", "L1"),
          ("delta_rule", "L1"), ("kda", "L1"), ("gated_delta_rule", "Q1"),
          ("gated_delta_rule", "A1"), ("delta_rule", "A1"), ("kda", "A1"),
-         ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("gated_delta_rule", "AL"), ("kda", "AL"),
+         ("gated_delta_rule", "A3"), ("gated_delta_rule", "A4"), ("kda", "A4"),
+         ("gated_delta_rule", "AL"), ("kda", "AL"),
          ("gated_delta_rule", "AS"), ("delta_rule", "AS"), ("gated_delta_rule", "AS2"), ("delta_rule", "AS2"),
          ("gated_delta_rule", "O1"), ("delta_rule", "O1"), ("kda", "O1"),
          ("gated_delta_rule", "AO"), ("delta_rule", "AO"), ("kda", "AO"),

@@ -11,8 +11,10 @@
  *    overflow; the sub-chunk references must not), gates near the bound of the wide form (one
  *    reference for the whole chunk, dr_chunk_kda.cuh: a span of 80) so that both forms run in one
  *    call, and T = 2048;
+ *  - value heads wider than 128 (split in heads of 64 or 128 that share the work that does not
+ *    depend on V: dr_chunk_vsplit.cu);
  *  - the same cases in fp16 (the kernels' fp16 build, kda_h), and a value head of V = 256 there
- *    (two heads of 128; bf16's are in test_cuda_dr_chunk.c).
+ *    (two heads of 128).
  *  - K = 256 (test_kda_k256, the TF32 family's 16-bit kernels; V = 32 padded to 64), bf16 and fp16,
  *    gates on both sides of the wide form's bound.
  * Outputs are poisoned with NaN before each run (an element left unwritten fails), and every
@@ -285,6 +287,9 @@ static const kcase cases[] = {
     {"K=V=128, 68 value heads (64-column state tiles)", 1, 70, 2, 68, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
     /* the benchmark's sequence length (errors of plain intermediates grow with T) */
     {"K=V=128, T=2048", 1, 2048, 1, 1, 128, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
+    /* value heads split (dr_chunk_vsplit.cu): the fused qkwy and prep take the three heads of 64 of
+     * a head together (Geom::vsh), dq and dk summed over two such heads a key head after them */
+    {"K=64, V=192, GVA, varlen (three heads of 64 each)", 1, 150, 1, 2, 64, 192, 3, {0, 70, 150}, -1.5, -0.02, 1, 1, 0},
 };
 
 /* fp16 (dr_chunk_kda_mma_*_f16.cu): the cases above, and a value head of V = 256 (two heads of 128
@@ -320,6 +325,9 @@ static void test_kda_mma_sanitize(void **state) {
          * no more block-steps than the longest chain's on every SM), and without (V = 128) */
         {"sanitize: K=V=64, 68 value heads", 1, 70, 1, 68, 64, 64, 0, {0}, -1.5, -0.02, 1, 1, 0},
         {"sanitize: K=64, V=128, 68 value heads", 1, 70, 1, 68, 64, 128, 0, {0}, -1.5, -0.02, 1, 1, 0},
+        /* two heads of 128 a head, taken together by prep and the fused qkwy (Geom::vsh), whose
+         * dU goes by cp.async (QkL::PFU) */
+        {"sanitize: K=128, V=256, GVA (two heads of 128 each)", 1, 70, 1, 2, 128, 256, 0, {0}, -1.5, -0.02, 1, 1, 0},
         /* K = 256 (dr_chunk_k256*.cu): the wide form, and the f32 sums of steeper gates */
         {"sanitize: K=256, V=64, varlen", 1, 80, 1, 1, 256, 64, 3, {0, 50, 80}, -1.5, -0.02, 1, 1, 0},
         {"sanitize: K=256, V=64, strong decays", 1, 40, 1, 1, 256, 64, 0, {0}, -8.0, -0.5, 1, 1, 0},

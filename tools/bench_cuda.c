@@ -4,8 +4,9 @@
  *   S2  B2  T8192 H16 K=V=128   bf16
  *   S3  B16 T4096 H8  K=V=256   fp16, gated_delta_rule (the K = 256 kernels on 16-bit tensor
  *                               cores: docs/PERF_KERNELS.md, "K = 256")
- *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule, with --shapes S4 only (FLA's layer
- *                               default V = 2K: the tensor-core kernels as two heads of V = 128)
+ *   S4  B8  T2048 H16 K=128 V=256 bf16, gated_delta_rule and kda, with --shapes S4 only (FLA's
+ *                               layer default V = 2K: the tensor-core kernels as two heads of V =
+ *                               128 that share the work that does not depend on V)
  *   L1  B4  T4096 H6  K=256 V=512 bf16, gated_delta_rule, with --shapes L1 only (FLA's
  *                               GatedDeltaNet layer as it comes: head_dim 256, expand_v 2)
  *   Q1  B4  T4096 H16 HV32 K=V=128 bf16, gated_delta_rule, with --shapes Q1 only (Qwen3-Next's

@@ -24,7 +24,7 @@ const shape_def BENCH_SHAPES[BENCH_NSHAPES] = {
     {"S1", 8, 2048, 16, 16, 128, 128, NULL, 0, DG_BF16, true, 7u},
     {"S2", 2, 8192, 16, 16, 128, 128, NULL, 0, DG_BF16, true, 7u},
     {"S3", 16, 4096, 8, 8, 256, 256, NULL, 0, DG_F16, true, 1u},
-    {"S4", 8, 2048, 16, 16, 128, 256, NULL, 0, DG_BF16, false, 1u},
+    {"S4", 8, 2048, 16, 16, 128, 256, NULL, 0, DG_BF16, false, 3u},
     {"L1", 4, 4096, 6, 6, 256, 512, NULL, 0, DG_BF16, false, 1u},
     {"Q1", 4, 4096, 16, 32, 128, 128, NULL, 0, DG_BF16, false, 1u},
     {"O1", 8, 2048, 16, 16, 96, 96, NULL, 0, DG_BF16, false, 7u},

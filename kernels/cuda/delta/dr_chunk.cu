@@ -193,9 +193,8 @@ static int vsplit_ways(dg_drc_family fam, const Geom &G) {
 /* whether family fam's 16-bit kernels take the shape G as it is or split in value heads */
 static bool family_takes(dg_drc_family fam, const Geom &G) { return family_shape(fam, G) || vsplit_ways(fam, G) > 1; }
 
-/* Geom::vsh of the R heads of a split: the head-gate family shares their key-side work; KDA's
- * kernels run each in full */
-static int vsplit_vsh(dg_drc_family fam, int R) { return fam == DG_DRC_MMA ? R : 1; }
+/* Geom::vsh of the R heads of a split: the head-gate and KDA families share their key-side work */
+static int vsplit_vsh(dg_drc_family fam, int R) { return fam == DG_DRC_MMA || fam == DG_DRC_KDA_MMA ? R : 1; }
 
 static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
     dg_dr_shape s2 = *s;
@@ -270,7 +269,7 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
 
 /* The backward likewise: beta, g, h0, dhT to the R heads; dbeta and dg summed over them, dh0 back
  * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout).
- * Where the fused qkwy of the head-gate family runs (Geom::vsh = R), it sums dbeta and dg over the
+ * Where the fused qkwy runs (Geom::vsh = R), it sums dbeta and dg over the
  * R heads itself and writes them in the call's layout, and does the WY part once for them; else the
  * kernels give each head's dbeta in f32 (Io::dbeta32) and dg, summed here (dbeta summed from the
  * heads' 16-bit words, rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws,

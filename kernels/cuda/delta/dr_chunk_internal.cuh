@@ -471,8 +471,8 @@ bool fast_ok(const Geom &G);
  * forward given `keep` (that many bytes) fills it, the backward given it as `kept` skips the
  * recompute (prep and the state pass).  keep / kept NULL: each call makes its own. */
 size_t fast_kept_bytes(const Geom &G);
-/* The heads a block of the head-gate family's backward qkwy sums (dq, dk, dbeta, dg; the WY part
- * once for them), vsh the call's Geom::vsh: the fused kernel vsh, the unfused pair one */
+/* The heads a block of the head-gate or KDA family's backward qkwy sums (dq, dk, dbeta, dg; the WY
+ * part once for them), vsh the call's Geom::vsh: the fused kernel vsh, the unfused pair one */
 inline int fast_qkwy_heads(int vsh, const dg_dr_variant &var) { return var.dw_on_chip ? vsh : 1; }
 namespace fast {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);

@@ -24,11 +24,16 @@
  * dr_chunk_kda.cuh: for the rows of block I (reference row 16I) R = e^{G - G_16I} o (D_{I,<I}
  * (Y e^{G_16I - G})) plus the diagonal block in f32; for the columns of block J (reference row
  * 16J + 15) C = e^{G_{16J+15} - G} o (D_{>J,J}^T (X e^{G - G_{16J+15}})) plus the diagonal block.
- * dw_on_chip: parts A and B in one kernel, dW kept in shared memory; otherwise
- * two kernels with dW (split), dk and dG through global memory.  GVA: dq, dk per value head in f32,
- * then summed over the value heads of each key head (heads_sum, with the L2 norm's backward where
- * the call has the norm); with one value head a key head qkwy applies the norm's backward to dq and
- * dk in its accumulators before their one rounding (mm::l2norm_bwd_rows, as the head gate's qkwy).
+ * dw_on_chip: parts A and B in one kernel, dW kept in shared memory; otherwise two kernels with
+ * dW (split), dk and dG through global memory.  Heads of one beta and gate (Geom::vsh > 1, a head
+ * split by V, dr_chunk_vsplit.cu): a block of the fused kernel runs part A of each of the G.vsh
+ * heads into the same accumulators (dq, dk, dW, dM' and the last-row terms are linear in each
+ * head's dO, S0, dS1, V', dV'; the gate factors follow the sums), then part B once, with the heads'
+ * dU V^T summed into dAi and each head's dv; it writes dq, dk, dbeta and dg summed over the heads.
+ * GVA: dq, dk per block's heads in f32, then summed over the blocks of each key head (heads_sum,
+ * with the L2 norm's backward where the call has the norm); with one block's heads a key head qkwy
+ * applies the norm's backward to dq and dk in its accumulators before their one rounding
+ * (mm::l2norm_bwd_rows, as the head gate's qkwy).
  * The qkwy kernels run one block of 16 warps per multiprocessor (219 KiB of shared memory, 128
  * registers; ONE_SM_NTH).  At 8 warps (255 registers) the fused kernel is the slower of the two: its
  * 206 KB of straight-line code, each instruction run about once per block, does not stay in the
@@ -333,8 +338,11 @@ struct QkArgs {
     const float *rq, *rk; /* with dq, dk: the L2 norm's 1/|x| [rows, H] (q, k normalised), else NULL */
 };
 
-/* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only */
-template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+/* MODE 0: fused (parts A and B); 1: part A only (dW, dk, dG to global); 2: part B only.  SH (fused
+ * only): the block takes the G.vsh value heads of one beta and gate; else one head (its own
+ * instance, as the head-gate qkwy) */
+template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
+    static_assert(MODE == 0 || !SH, "heads shared in the fused kernel only");
     constexpr int NW = NTH / 32;
     using Lay = QkL<K, V, NW>;
     constexpr bool PFU = MODE == 0 && Lay::PFU; /* dU in flight from part A to part B (QkL) */
@@ -342,12 +350,15 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    /* the block's RR value heads hv0 .. hv0 + RR - 1 share k, q, beta and the gate (Geom::vsh) */
+    const int RR = SH ? G.vsh : 1, HB = HV / RR;
+    const int64_t c = blockIdx.x / HB;
+    const int hb = (int)(blockIdx.x % HB), hv0 = hb * RR, h = hv0 / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
-    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
-    const int64_t sbase = (c * HV + hv) * (int64_t)K * V;
+    const int64_t r0 = ch.r0;
+    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (beta, the gate, Ai, Mkk) */
+    const int64_t ob = r0 * HB + hb;   /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;
     float *sR = colp + NW * K, *sr = sR + K;
@@ -362,10 +373,10 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const int64_t ldk = (int64_t)HV * K;
 
-    gate_load<K, NTH>(a.g + ot * K, ldk, L, sG); /* scanned after the first barrier */
+    gate_load<K, NTH>(a.g + ot0 * K, ldk, L, sG); /* scanned after the first barrier */
     Gate gt{sG, sR, false};
-    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
-    mm::l2norm_stage_r(sr, a.rq, a.rk, ot, HV, L); /* for the norm's backward */
+    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot0 + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
+    mm::l2norm_stage_r(sr, a.rq, a.rk, ob, HB, L); /* for the norm's backward */
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
     if (MODE == 2) mm::load_raw<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
@@ -374,52 +385,59 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         const Sp sS{(uint16_t *)(Z + Lay::zS), K * LV};
         uint16_t *sO = (uint16_t *)(Z + Lay::zO);
         const Sp sXv{(uint16_t *)(Z + Lay::zX), 64 * LV};
-        mm::load_split<K, V, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
-        mm::load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
-        mm::load_split<64, V, NTH>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-        /* k, q by cp.async, in flight during the first products (waited for with V' below) */
-        mm::load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        mm::load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
-        cp_async_commit();
-        bsync();
-        float dq[1][TK::NT][4], dw[1][TK::NT][4];
-        mm::acc_zero(dq), mm::acc_zero(dw), mm::acc_zero(dk);
-        const int narrow = gate_scan<K>(sG, sR);
-        mm::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
-        mm::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
-        gt.wide = !bsync_or(narrow);
-        { /* S0 -> dS1 in place, sLast[r] = e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv (by cp.async,
-           * in flight during the pass; plain: the hi words only, the lo words of dV' left there are
-           * not read again) */
-            mm::load_sp_async<64, V, !KPlain::Vn, NTH>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
-            cp_async_commit();
-            constexpr int V8 = V / 8;
-            for (int e = tid; e < K * V8; e += NTH) {
-                const int r = e / V8, c8 = (e % V8) * 8;
-                uint16_t *ph = sS.hi + r * LV + c8, *pl = sS.lo() + r * LV + c8;
-                const uint4 xh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
-                const uint4 xl = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
-                const uint16_t *uh = (const uint16_t *)&xh, *ul = (const uint16_t *)&xl;
-                float t = 0.0f;
-#pragma unroll
-                for (int u = 0; u < 8; u++) t += (op2f(ph[u]) + op2f(pl[u])) * (op2f(uh[u]) + op2f(ul[u]));
-#pragma unroll
-                for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
-                if ((lane & (V8 - 1)) == 0) sLast[r] = kexp(sG[63 * GS + r]) * t;
-                *(uint4 *)ph = xh;
-                *(uint4 *)pl = xl;
+        /* the products of each head, summed over the RR heads (each is linear in the head's dO, S0,
+         * dS1, V', dV'; the gate factors, the same for all, follow the sums) */
+        float dq[1][TK::NT][4], dw[1][TK::NT][4], dp[1][TP::NT][4];
+        mm::acc_zero(dq), mm::acc_zero(dw), mm::acc_zero(dk), mm::acc_zero(dp);
+#pragma unroll 1
+        for (int hr = 0; hr < RR; hr++) {
+            const int64_t ot = ot0 + hr, sbase = (c * HV + hv0 + hr) * (int64_t)K * V;
+            if (hr) bsync(); /* every warp is past its reads of the last head's tiles */
+            mm::load_split<K, V, NTH>(sS, a.b.Sh + sbase, a.b.Sl + sbase, V, K);
+            mm::load_raw<64, V, NTH>(sO, a.dout + ot * V, (int64_t)HV * V, L);
+            mm::load_split<64, V, NTH>(sXv, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            if (!hr) { /* k, q by cp.async, in flight during the first products (waited for with V' below) */
+                mm::load_raw_async<64, K, NTH>(sK, a.k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+                mm::load_raw_async<64, K, NTH>(sQ, a.q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
+                cp_async_commit();
             }
-            cp_async_wait_all(); /* k, q, V' */
+            bsync();
+            const int narrow = hr ? 0 : gate_scan<K>(sG, sR);
+            mm::mma_rs<1, TK::NT, false, false>(dq, sO, LV, km0, sS, LV, kn0, V);  /* dO S0^T */
+            mm::mma_ss<1, TK::NT, false, false>(dw, sXv, LV, km0, sS, LV, kn0, V); /* dV' S0^T */
+            if (!hr) gt.wide = !bsync_or(narrow);
+            else bsync();
+            { /* S0 -> dS1 in place, sLast[r] += e^{Gl_r} sum_j S0_rj dS1_rj; V' into sXv (by cp.async,
+               * in flight during the pass; plain: the hi words only, the lo words of dV' left there
+               * are not read again) */
+                mm::load_sp_async<64, V, !KPlain::Vn, NTH>(sXv, a.b.Vnh + ot * V, a.b.Vnl + ot * V, (int64_t)HV * V, L);
+                cp_async_commit();
+                constexpr int V8 = V / 8;
+                for (int e = tid; e < K * V8; e += NTH) {
+                    const int r = e / V8, c8 = (e % V8) * 8;
+                    uint16_t *ph = sS.hi + r * LV + c8, *pl = sS.lo() + r * LV + c8;
+                    const uint4 xh = *(const uint4 *)(a.dSh + sbase + (int64_t)r * V + c8);
+                    const uint4 xl = *(const uint4 *)(a.dSl + sbase + (int64_t)r * V + c8);
+                    const uint16_t *uh = (const uint16_t *)&xh, *ul = (const uint16_t *)&xl;
+                    float t = 0.0f;
+#pragma unroll
+                    for (int u = 0; u < 8; u++) t += (op2f(ph[u]) + op2f(pl[u])) * (op2f(uh[u]) + op2f(ul[u]));
+#pragma unroll
+                    for (int off = 1; off < V8; off <<= 1) t += shfl_xor(t, off); /* the row's V8 lanes */
+                    if ((lane & (V8 - 1)) == 0) sLast[r] += kexp(sG[63 * GS + r]) * t;
+                    *(uint4 *)ph = xh;
+                    *(uint4 *)pl = xl;
+                }
+                cp_async_wait_all(); /* (k, q,) V' */
+            }
+            bsync();
+            mm::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
+            mm::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0,
+                                                                   V); /* dO V'^T */
         }
-        bsync();
-        mm::mma_p<1, TK::NT, false, false, !KPlain::Vn, true>(dk, sXv, LV, km0, sS, LV, kn0, V); /* V' dS1^T */
-        { /* dM' = scale lower_incl(dO V'^T) */
-            float dp[1][TP::NT][4];
-            mm::acc_zero(dp);
-            mm::mma_p<1, TP::NT, false, false, false, !KPlain::Vn>(dp, Sp{sO, 0}, LV, pm0, sXv, LV, pn0, V);
-            mm::store_split<TP::NT>(
-                sDM, 72, pm0, pn0, [&](int i, int l, int nt, int qq) { return l <= i ? scale * dp[0][nt][qq] : 0.0f; });
-        }
+        /* dM' = scale lower_incl(the heads' dO V'^T) */
+        mm::store_split<TP::NT>(sDM, 72, pm0, pn0,
+                                [&](int i, int l, int nt, int qq) { return l <= i ? scale * dp[0][nt][qq] : 0.0f; });
         /* dq = scale e^G o dQg;  dk = e^{Gl - G} o dKd, its k-weighted column sums for the last row */
         {
             float cs[TK::NT][2];
@@ -449,7 +467,8 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         bsync();
         if (PFU) { /* dU = dV' for part B */
             const Sp sdU{(uint16_t *)(Z + Lay::wDUf), 64 * LV};
-            mm::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
+            const int64_t ol = ot0 + RR - 1; /* (the last head's: part B takes the heads from the last) */
+            mm::load_sp_async<64, V, true, NTH>(sdU, a.dVh + ol * V, a.dVl + ol * V, (int64_t)HV * V, L);
             cp_async_commit();
         }
         /* dW (split) into its part-B place, over the dead S0 / dS1 */
@@ -459,7 +478,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
                            [&](int i, int cc, float x0, float x1) { mm::put_split2(sdW, LK, i, cc, -x0, -x1); });
         } else {
             mm::frag_pairs(dw, km0, kn0, [&](int i, int cc, float x0, float x1) {
-                if (i < L) mm::put_pair_global<true>(a.dWh, a.dWl, (ot + (int64_t)i * HV) * K + cc, -x0, -x1);
+                if (i < L) mm::put_pair_global<true>(a.dWh, a.dWl, (ot0 + (int64_t)i * HV) * K + cc, -x0, -x1);
             });
         }
         if (tid < K) {
@@ -479,7 +498,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
             if (a.rq && a.dq) mm::l2norm_bwd_rows<NW>(dq, km0, kn0, sQ, LK, colp, sr);
             mm::frag_pairs(dq, km0, kn0, [&](int i, int cc, float x0, float x1) {
                 if (i >= L) return;
-                const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+                const int64_t off = (ob + (int64_t)i * HB) * K + cc;
                 if (a.dq) *(uint32_t *)(a.dq + off) = mm::pack_op2(x0, x1);
                 else if (a.dqv) *(float2 *)(a.dqv + off) = make_float2(x0, x1);
             });
@@ -493,18 +512,18 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         if (MODE == 1) {
             each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
                 if (i < L) {
-                    a.dkp[(ot + (int64_t)i * HV) * K + cc] = x;
-                    a.dGg[(ot + (int64_t)i * HV) * K + cc] = y;
+                    a.dkp[(ot0 + (int64_t)i * HV) * K + cc] = x;
+                    a.dGg[(ot0 + (int64_t)i * HV) * K + cc] = y;
                 }
             });
             return;
         }
     } else {
         const Sp sdW{(uint16_t *)(Z + Lay::wDW), 64 * LK};
-        mm::load_split<64, K, NTH>(sdW, a.dWh + ot * K, a.dWl + ot * K, ldk, L);
+        mm::load_split<64, K, NTH>(sdW, a.dWh + ot0 * K, a.dWl + ot0 * K, ldk, L);
         each2(dk, dG, km0, kn0, [&](int i, int cc, float &x, float &y) {
-            x = i < L ? a.dkp[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
-            y = i < L ? a.dGg[(ot + (int64_t)i * HV) * K + cc] : 0.0f;
+            x = i < L ? a.dkp[(ot0 + (int64_t)i * HV) * K + cc] : 0.0f;
+            y = i < L ? a.dGg[(ot0 + (int64_t)i * HV) * K + cc] : 0.0f;
         });
         bsync(); /* g, beta, k in shared memory */
         const int narrow = gate_scan<K>(sG, sR);
@@ -528,7 +547,8 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         constexpr int NA = 64 * 64 / NTH / 2, RS = NTH / 64; /* values a half; rows apart */
         float x[NA];
         const int j = tid & 63, i0 = tid >> 6;
-        const float *Ai = a.b.Ai + ot * 64 + j;
+        const float *Ai = a.b.Ai + ot0 * 64 + j;
+        const int64_t ol = ot0 + RR - 1; /* the last head's dU, V (part B takes the heads from the last) */
 #pragma unroll
         for (int half = 0; half < 2; half++) {
 #pragma unroll
@@ -536,8 +556,8 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
                 const int i = i0 + RS * (u + NA * half);
                 x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
             }
-            if (half == 0 && !PFU) mm::load_split<64, V, NTH>(sdU, a.dVh + ot * V, a.dVl + ot * V, (int64_t)HV * V, L);
-            if (half == 1) mm::load_raw<64, V, NTH>(sV, a.v + ot * V, (int64_t)HV * V, L);
+            if (half == 0 && !PFU) mm::load_split<64, V, NTH>(sdU, a.dVh + ol * V, a.dVl + ol * V, (int64_t)HV * V, L);
+            if (half == 1) mm::load_raw<64, V, NTH>(sV, a.v + ol * V, (int64_t)HV * V, L);
 #pragma unroll
             for (int u = 0; u < NA; u++) {
                 const int i = i0 + RS * (u + NA * half);
@@ -547,10 +567,33 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     }
     if (PFU) cp_async_wait_all(); /* dU */
     bsync();
+    /* dVb = Ai^T dU of the head whose dU, v are in sdU, sV (row ot): dv = beta o dVb, dbeta +=
+     * rowsum(V o dVb) */
+    const auto dvb = [&](int64_t ot) {
+        float t[1][TV::NT][4];
+        mm::acc_zero(t);
+        mm::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
+        float rb[2] = {0.0f, 0.0f};
+        mm::frag_pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
+            rb[(j - vm0) >> 3] += op2f(sV[j * LV + vv]) * x0 + op2f(sV[j * LV + vv + 1]) * x1;
+            if (j < L && a.dv)
+                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = mm::pack_op2(sb[j] * x0, sb[j] * x1);
+        });
+        mm::red_rows_put(red, vm0, rb);
+    };
     float dai[1][TP::NT][4];
-    mm::acc_zero(dai); /* dAi (before the mask and beta) */
+    mm::acc_zero(dai); /* dAi (before the mask and beta): dW Kg^T + the sum of the heads' dU V^T */
     mm::mma_ss<1, TP::NT, false, false>(dai, sdW, LK, pm0, sKg, LK, pn0, K);
     mm::mma_sr<1, TP::NT, false, false>(dai, sdU, LV, pm0, sV, LV, pn0, V);
+#pragma unroll 1
+    for (int hr = RR - 2; hr >= 0; hr--) { /* each other head's dU, v in turn, once the one after has made its dVb */
+        dvb(ot0 + hr + 1);
+        bsync();
+        mm::load_split<64, V, NTH>(sdU, a.dVh + (ot0 + hr) * V, a.dVl + (ot0 + hr) * V, (int64_t)HV * V, L);
+        mm::load_raw<64, V, NTH>(sV, a.v + (ot0 + hr) * V, (int64_t)HV * V, L);
+        bsync();
+        mm::mma_sr<1, TP::NT, false, false>(dai, sdU, LV, pm0, sV, LV, pn0, V);
+    }
     { /* dKbg = Ai^T dW */
         float t[1][TK::NT][4];
         mm::acc_zero(t);
@@ -569,18 +612,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
             }
         mm::red_rows_put(red, km0, rb);
     }
-    { /* dVb = Ai^T dU: dv = beta o dVb, dbeta += rowsum(V o dVb) */
-        float t[1][TV::NT][4];
-        mm::acc_zero(t);
-        mm::mma_ss<1, TV::NT, true, true>(t, sAi, 72, vm0, sdU, LV, vn0, 64);
-        float rb[2] = {0.0f, 0.0f};
-        mm::frag_pairs(t, vm0, vn0, [&](int j, int vv, float x0, float x1) {
-            rb[(j - vm0) >> 3] += op2f(sV[j * LV + vv]) * x0 + op2f(sV[j * LV + vv + 1]) * x1;
-            if (j < L && a.dv)
-                *(uint32_t *)(a.dv + (ot + (int64_t)j * HV) * V + vv) = mm::pack_op2(sb[j] * x0, sb[j] * x1);
-        });
-        mm::red_rows_put(red, vm0, rb);
-    }
+    dvb(ot0); /* (the first head's, the last in sdU, sV) */
     bsync();
     mm::store_split<TP::NT>(sdAi, 72, pm0, pn0,
                             [&](int i, int j, int nt, int qq) { return j <= i ? dai[0][nt][qq] * sb[j] : 0.0f; });
@@ -599,7 +631,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
         float rb[2] = {0.0f, 0.0f};
         mm::frag_each(t, pm0, pn0, [&](int i, int j, float &x) {
             x = j < i && i < L ? -x : 0.0f;
-            if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(ot + (int64_t)i * HV) * 64 + j];
+            if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(ot0 + (int64_t)i * HV) * 64 + j];
             x *= sb[i];
         });
         mm::red_rows_put(red, pm0, rb);
@@ -619,7 +651,7 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     if (a.rk && a.dk) mm::l2norm_bwd_rows<NW>(dk, km0, kn0, sK, LK, colp, sr + 64);
     mm::frag_pairs(dk, km0, kn0, [&](int i, int cc, float x0, float x1) {
         if (i >= L) return;
-        const int64_t off = (ot + (int64_t)i * HV) * K + cc;
+        const int64_t off = (ob + (int64_t)i * HB) * K + cc;
         if (a.dk) *(uint32_t *)(a.dk + off) = mm::pack_op2(x0, x1);
         else if (a.dkv) *(float2 *)(a.dkv + off) = make_float2(x0, x1);
     });
@@ -628,21 +660,28 @@ template <int K, int V, int MODE, int NTH> __global__ void __launch_bounds__(NTH
     mm::frag_each(dG, km0, kn0, [&](int i, int cc, float &x) { sdG[i * K + cc] = x; });
     mm::red_collect<NW>(red, sdB, true);
     bsync();
-    if (tid < L && a.dbetaf) a.dbetaf[ot + (int64_t)tid * HV] = sdB[tid];
-    else if (tid < L && a.dbeta) a.dbeta[ot + (int64_t)tid * HV] = f2op(sdB[tid]);
+    if (tid < L && a.dbetaf) a.dbetaf[ob + (int64_t)tid * HB] = sdB[tid];
+    else if (tid < L && a.dbeta) a.dbeta[ob + (int64_t)tid * HB] = f2op(sdB[tid]);
     if (tid < K && a.dg) {
         float s = 0.0f;
         for (int i = L - 1; i >= 0; i--) {
             s += sdG[i * K + tid];
-            a.dg[(ot + (int64_t)i * HV) * K + tid] = s;
+            a.dg[(ob + (int64_t)i * HB) * K + tid] = s;
         }
     }
 }
 
+/* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block per chunk and head (fused, G.vsh > 1: per
+ * chunk and G.vsh heads of one beta and gate) */
 template <int K, int V, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
     using Lay = QkL<K, V, ONE_SM_NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
-    return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes, G, a);
+    if constexpr (MODE == 0)
+        if (G.vsh > 1)
+            return DRC_LAUNCH(name, (b_qkwy<K, V, 0, true, ONE_SM_NTH>), G.nchunks * G.HV / G.vsh, ONE_SM_NTH,
+                              (size_t)Lay::bytes, G, a);
+    return DRC_LAUNCH(name, (b_qkwy<K, V, MODE, false, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH, (size_t)Lay::bytes,
+                      G, a);
 }
 
 template <int K, int V>
@@ -681,6 +720,8 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
     const Geom &G = p.G;
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
+    /* dq, dk, dbeta, dg of HB heads: the fused qkwy sums the G.vsh heads of one beta and gate */
+    const int64_t HB = HV / fast_qkwy_heads(G.vsh, var), nkb = rows * HB * G.K;
     Bufs b;
     QkArgs a;
     memset(&a, 0, sizeof a);
@@ -688,9 +729,9 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
     char *own = carve_into(
         const_cast<void *>(kept), [&](Carve &cv) { carve(G, cv, b, true); }, &have_b);
     uint16_t *dS = scratch<uint16_t>((size_t)(2 * nst)), *dV = scratch<uint16_t>((size_t)(2 * nv));
-    const bool direct = G.grp == 1;
-    float *dqv = io.dq && !direct ? scratch<float>((size_t)nk) : nullptr;
-    float *dkv = io.dk && !direct ? scratch<float>((size_t)nk) : nullptr;
+    const bool direct = HB == G.H; /* dq, dk straight to the outputs */
+    float *dqv = io.dq && !direct ? scratch<float>((size_t)nkb) : nullptr;
+    float *dkv = io.dk && !direct ? scratch<float>((size_t)nkb) : nullptr;
     uint16_t *dW = var.dw_on_chip ? nullptr : scratch<uint16_t>((size_t)(2 * nk));
     float *dGk = var.dw_on_chip ? nullptr : scratch<float>((size_t)(2 * nk)); /* dG, partial dk */
     int rc = -1;
@@ -710,8 +751,9 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
                                         : bwd_t<128, 128>(p, var, io, b, a, dS, dS + nst));
         /* the L2 norm's backward: with the sums over value heads, else in qkwy's stores */
         const int fmt = DRC_OPERAND_F16 ? VS_F16 : VS_BF16;
-        if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
-        if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, G.grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
+        const int grp = (int)(HB / G.H);
+        if (!rc && dqv) rc = heads_sum("dr_chunk kda heads", rows, G.H, grp, G.K, dqv, io.q, io.rq, fmt, io.dq);
+        if (!rc && dkv) rc = heads_sum("dr_chunk kda heads", rows, G.H, grp, G.K, dkv, io.k, io.rk, fmt, io.dk);
     }
     release(own);
     release(dS), release(dV), release(dqv), release(dkv), release(dW), release(dGk);

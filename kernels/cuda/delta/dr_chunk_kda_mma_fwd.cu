@@ -23,10 +23,15 @@
  * With the L2 norm in the forward (Io::l2k), prep normalises the raw q and k as it loads them and
  * writes them out for the backward (dr_chunk_l2norm.cuh); the later kernels read neither.
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
+ * Heads of one beta and gate (Geom::vsh > 1, a head split by V, dr_chunk_vsplit.cu): a prep block
+ * makes everything but U once for the G.vsh heads and stores it for each (U for each, from its v);
+ * the state and out passes run per head as for any heads.
  * Scratch between the kernels: Bufs (dr_chunk_kda.cuh).
  * prep runs one block per multiprocessor (about 220 KB of shared memory) and is latency-bound, so
  * its blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that gains); it takes the most
  * time of the three. */
+#include <type_traits>
+
 #include "kernels/cuda/delta/dr_chunk_kda.cuh"
 #include "kernels/cuda/delta/dr_chunk_l2norm.cuh"
 #include "kernels/cuda/delta/dr_chunk_tri_inv.cuh"
@@ -46,7 +51,9 @@ template <int K, int V> struct PrepL {
     static constexpr int bytes = F32 + RAW + (S1 > S2 ? S1 : S2);
 };
 
-template <int K, int V, int NTH>
+/* SH: the block takes the G.vsh value heads of one beta and gate (a head split by V,
+ * dr_chunk_vsplit.cu); else one head (its own instance, as the head-gate prep) */
+template <int K, int V, int NTH, bool SH>
 __global__ void __launch_bounds__(NTH)
     kp(Geom G, const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *g, const uint16_t *beta, Bufs b,
        int extras, L2Rows lq, L2Rows lk) {
@@ -55,8 +62,12 @@ __global__ void __launch_bounds__(NTH)
     constexpr int GS = gstride(K);
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
-    const int64_t c = blockIdx.x / HV;
-    const int hv = (int)(blockIdx.x % HV), h = hv / G.grp;
+    /* the block's RR value heads hv .. hv + RR - 1 share k, q, beta and the gate, so everything but
+     * U does not depend on the head: made once, stored for each head (what the later passes read,
+     * laid out as for any heads); U for each head, from its v */
+    const int RR = SH ? G.vsh : 1;
+    const int64_t c = blockIdx.x / (HV / RR);
+    const int hv = (int)(blockIdx.x % (HV / RR)) * RR, h = hv / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0, ot = r0 * HV + hv;
@@ -83,7 +94,8 @@ __global__ void __launch_bounds__(NTH)
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lq, G, sQ, LK, r0, L, hv);
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
-    if (tid < K) b.Gl[(c * HV + hv) * K + tid] = sG[63 * GS + tid];
+    if (tid < K)
+        for (int r = 0; r < RR; r++) b.Gl[(c * HV + hv + r) * K + tid] = sG[63 * GS + tid];
     { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands, out
        * as 16-byte vectors of eight columns (stored a word at a time, these and Kd below were a
        * store instruction and its 64-bit address arithmetic an element) */
@@ -95,7 +107,9 @@ __global__ void __launch_bounds__(NTH)
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
-            mm::split8(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
+            uint4 hh, ll;
+            mm::split8(x, hh, ll);
+            for (int r = 0; r < RR; r++) *(uint4 *)(b.Ph + o + r * 64) = hh, *(uint4 *)(b.Pl + o + r * 64) = ll;
         }
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -104,7 +118,9 @@ __global__ void __launch_bounds__(NTH)
             mm::op8(sQ + i * LK + cc, x), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
-            mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
+            uint4 hh, ll;
+            mm::split8(x, hh, ll);
+            for (int r = 0; r < RR; r++) *(uint4 *)(b.Qgh + o + r * K) = hh, *(uint4 *)(b.Qgl + o + r * K) = ll;
         }
         bsync();
     }
@@ -113,14 +129,17 @@ __global__ void __launch_bounds__(NTH)
     for (int e = tid; e < 64 * 16; e += NTH) {  /* four columns a thread: Mkk out (16-byte vectors), then */
         const int i = e >> 4, j = (e & 15) * 4; /* A = diag(beta) M; tri_inv's output starts at zero */
         float *r = sA + i * LDF + j, *y = sY + i * LDF + j;
-        if (extras && i < L) *(float4 *)(b.Mkk + (ot + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
+        if (extras && i < L)
+            for (int h2 = 0; h2 < RR; h2++)
+                *(float4 *)(b.Mkk + (ot + h2 + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
 #pragma unroll
         for (int u = 0; u < 4; u++) r[u] *= sb[i], y[u] = 0.0f;
     }
     bsync();
     static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
     mm::tri_inv<NTH>(sA, sY, L, 1);
-    if (extras) mm::tri_rows_out<NTH>(b.Ai + ot * 64, (int64_t)HV * 64, sY, L);
+    if (extras)
+        for (int r = 0; r < RR; r++) mm::tri_rows_out<NTH>(b.Ai + (ot + r) * 64, (int64_t)HV * 64, sY, L);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread (sY's rows are not 16-byte aligned) */
         const int i = e >> 3, j = (e & 7) * 8;
@@ -141,8 +160,10 @@ __global__ void __launch_bounds__(NTH)
             for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
             mm::split8(x, hh, ll);
-            *(uint4 *)(b.Kdh + o) = hh;
-            if (!KPlain::Kd) *(uint4 *)(b.Kdl + o) = ll;
+            for (int r = 0; r < RR; r++) {
+                *(uint4 *)(b.Kdh + o + r * K) = hh;
+                if (!KPlain::Kd) *(uint4 *)(b.Kdl + o + r * K) = ll;
+            }
         }
     }
     cp_async_wait_all(); /* v */
@@ -154,19 +175,28 @@ __global__ void __launch_bounds__(NTH)
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mm::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
         mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L) mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + (int64_t)i * HV) * K + j, x0, x1);
+            if (i < L)
+                for (int r = 0; r < RR; r++)
+                    mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + r + (int64_t)i * HV) * K + j, x0, x1);
         });
     }
-    { /* U = Ai' V */
+#pragma unroll 1
+    for (int r = 0; r < RR; r++) { /* U = Ai' V of head hv + r */
+        if (r) {                   /* its v, once every warp is past its reads of the last head's */
+            bsync();
+            mm::load_raw<64, V, NTH>(sV, v + (ot + r) * V, (int64_t)HV * V, L);
+            bsync();
+        }
         using T = WT<64, V, NTH / 32>;
         float acc[1][T::NT][4];
         mm::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mm::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
+        const int64_t ou = ot + r;
         mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i >= L) return;
-            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ot + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);
-            else *(float2 *)(b.U + (ot + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
+            if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ou + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);
+            else *(float2 *)(b.U + (ou + (int64_t)i * HV) * V + j) = make_float2(x0, x1);
         });
     }
 }
@@ -337,9 +367,15 @@ template <int K, int V> int prep_state_t(const Plan &p, const Io<uint16_t> &io, 
                   "shared memory");
     const Geom &G = p.G;
     const int l2 = io.l2k != nullptr;
-    int rc = DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
-                        (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta, b, extras,
-                        L2Rows{io.l2q, io.l2rq, io.l2eps, l2}, L2Rows{io.l2k, io.l2rk, io.l2eps, l2});
+    const auto prep = [&](auto sh) { /* sh: std::bool_constant, kp's SH */
+                                     constexpr bool SH = decltype(sh)::value;
+                                     return DRC_LAUNCH("dr_chunk kda prep", (kp<K, V, ONE_SM_NTH, SH>),
+                                                       G.nchunks * G.HV / (SH ? G.vsh : 1), ONE_SM_NTH,
+                                                       (size_t)(PrepL<K, V>::bytes), G, io.q, io.k, io.v, io.g, io.beta,
+                                                       b, extras, L2Rows{io.l2q, io.l2rq, io.l2eps, l2},
+                                                       L2Rows{io.l2k, io.l2rk, io.l2eps, l2});
+    };
+    int rc = G.vsh > 1 ? prep(std::true_type{}) : prep(std::false_type{});
     if (!rc && mm::state_bv(G) == 32)
         rc = DRC_LAUNCH("dr_chunk kda state", (ks<K, V, 32>), G.N * G.HV * (V / 32), FNT,
                         (size_t)(StateL<K, 32, ks_prefetch<32>()>::bytes), G, b, io.h0, io.hT);

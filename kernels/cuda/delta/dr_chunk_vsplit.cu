@@ -9,9 +9,10 @@
  * exactly the grouped-value (GVA) layout the kernels already take, HV R value heads over H key heads
  * (value head hv R + j belongs to key head (hv R + j) / (grp R) = hv / grp).  The backward is linear
  * in the R heads' output gradients: dq, dk are sums over the value heads of a key head, which the
- * kernels make already; dbeta, dg are summed over the R heads (below, or by the head-gate family's
- * fused qkwy itself); dv is per column.  What does not depend on V (A, its inverse, W; the WY part
- * of the backward) the head-gate family makes once for the R heads (Geom::vsh).
+ * kernels make already; dbeta, dg are summed over the R heads (below, or by the fused qkwy
+ * itself); dv is per column.  What does not depend on V (A, its inverse, W; KDA's gated products;
+ * the WY part of the backward) the head-gate and KDA families make once for the R heads
+ * (Geom::vsh).  The generic and TF32 families take any V as it is.
  *
  * Memory: v, o, dv, dout [rows, HV, V] are [rows, HV R, Vs] as they lie, and q, k, dq, dk and the
  * norm's 1/|x| do not change.  What moves (each a pass over a small array, or over the states):
@@ -19,7 +20,7 @@
  *   dbeta, dg [rows, HV R, .] (f32)        -> [rows, HV, .]: the R heads' gradients summed in f32,
  *                                             dbeta then rounded once to its 16-bit words (heads_sum,
  *                                             dr_chunk_heads.cu: groups of R heads), where the
- *                                             kernels do not sum them (KDA; the unfused qkwy)
+ *                                             kernels do not sum them (the unfused qkwy)
  *   h0, dhT [N, HV, K, V] = [NH, K, R, Vs] -> [NH, R, K, Vs] = [N, HV R, K, Vs], and hT, dh0 back */
 #include "kernels/cuda/delta/dr_chunk_internal.cuh"
 
