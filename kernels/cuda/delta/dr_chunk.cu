@@ -180,7 +180,9 @@ static Geom vsplit_geom(Geom G, int R) {
 
 /* R > 1 where a head of V columns runs on the tensor-core kernels of fam as R heads of Vs = 128
  * (else 64) columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the
- * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one) */
+ * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one).
+ * The families that split (head gate, KDA) take the R heads as Geom::vsh: the work that does not
+ * depend on V once for them, beta and the gate read once for them (gate_at). */
 static int vsplit_ways(dg_drc_family fam, const Geom &G) {
     if (fam == DG_DRC_GENERIC || fam == DG_DRC_TF32 || family_shape(fam, G)) return 1;
     for (int Vs = 128; Vs >= 64; Vs -= 64) {
@@ -192,9 +194,6 @@ static int vsplit_ways(dg_drc_family fam, const Geom &G) {
 
 /* whether family fam's 16-bit kernels take the shape G as it is or split in value heads */
 static bool family_takes(dg_drc_family fam, const Geom &G) { return family_shape(fam, G) || vsplit_ways(fam, G) > 1; }
-
-/* Geom::vsh of the R heads of a split: the head-gate and KDA families share their key-side work */
-static int vsplit_vsh(dg_drc_family fam, int R) { return fam == DG_DRC_MMA || fam == DG_DRC_KDA_MMA ? R : 1; }
 
 static dg_dr_shape vsplit_shape(const dg_dr_shape *s, int R) {
     dg_dr_shape s2 = *s;
@@ -229,45 +228,40 @@ static int fwd(const Run &r, const Io<T> &io, void *keep, bool *kept, const L2Re
  * as Io says); kept: a kept forward's working set, or NULL */
 template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, const Io<T> &io, const void *kept);
 
-/* The inputs both directions take to the R heads: beta and g repeated, h0 to the split layout
- * (each NULL where the call has none); make returns 0, or -1 with dg_error set */
-template <typename T> struct VsplitIn {
-    T *beta = nullptr;
-    float *g = nullptr, *h0 = nullptr;
-    int make(const Geom &G, int R, const T *beta_, const float *g_, const float *h0_) {
-        const int64_t per_head = G.rows * G.HV, NH = G.N * G.HV;
-        beta = scratch<T>((size_t)(per_head * R));
-        g = g_ ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
-        h0 = h0_ ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
-        if (!beta || (g_ && !g) || (h0_ && !h0)) return -1;
-        int rc = vsplit_repeat(VS_WHO, per_head, R, 1, 2, beta_, beta);
-        if (!rc && g_) rc = vsplit_repeat(VS_WHO, per_head, R, G.gs, 4, g_, g);
-        if (!rc && h0_) rc = vsplit_states(VS_WHO, true, NH, G.K, R, G.V / R, h0_, h0);
-        return rc;
+/* h0 in the split layout for both directions (NULL where the call has none); make returns 0, or -1
+ * with dg_error set.  beta and g go to the split shape's kernels as they are: its R heads of a head
+ * read one (Geom::vsh = R, gate_at) */
+struct VsplitH0 {
+    float *h0 = nullptr;
+    int make(const Geom &G, int R, const float *h0_) {
+        const int64_t NH = G.N * G.HV;
+        if (!h0_) return 0;
+        h0 = scratch<float>((size_t)(NH * G.K * G.V));
+        return h0 ? vsplit_states(VS_WHO, true, NH, G.K, R, G.V / R, h0_, h0) : -1;
     }
-    ~VsplitIn() { release(beta), release(g), release(h0); }
+    ~VsplitH0() { release(h0); }
 };
 
-/* The forward of a shape with vsplit_ways R > 1 (G its geometry): beta, g and h0 to the R heads,
- * the forward of the split shape (o is already in its layout), hT back */
+/* The forward of a shape with vsplit_ways R > 1 (G its geometry): h0 to the R heads, the forward of
+ * the split shape (o is already in its layout; beta and g are read as they are), hT back */
 template <typename T>
 static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void *keep, bool *kept, const L2Req<T> *l2) {
     const dg_dr_shape s2 = vsplit_shape(r.s, R);
     const int64_t NH = G.N * G.HV;
-    VsplitIn<T> in;
+    VsplitH0 in;
     float *hT2 = io.hT ? scratch<float>((size_t)(NH * G.K * G.V)) : nullptr;
-    int rc = io.hT && !hT2 ? -1 : in.make(G, R, io.beta, io.g, io.h0);
+    int rc = io.hT && !hT2 ? -1 : in.make(G, R, io.h0);
     Run r2 = r;
-    r2.s = &s2, r2.vsh = vsplit_vsh(r.fam, R);
+    r2.s = &s2, r2.vsh = R;
     Io<T> io2 = io; /* (q, k: key heads, as they are) */
-    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.hT = hT2;
+    io2.h0 = in.h0, io2.hT = hT2;
     if (!rc) rc = fwd<T>(r2, io2, keep, kept, l2);
     if (!rc && io.hT) rc = vsplit_states(VS_WHO, false, NH, G.K, R, G.V / R, hT2, io.hT);
     release(hT2);
     return rc;
 }
 
-/* The backward likewise: beta, g, h0, dhT to the R heads; dbeta and dg summed over them, dh0 back
+/* The backward likewise: h0, dhT to the R heads; dbeta and dg summed over them, dh0 back
  * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout).
  * Where the fused qkwy runs (Geom::vsh = R), it sums dbeta and dg over the
  * R heads itself and writes them in the call's layout, and does the WY part once for them; else the
@@ -281,20 +275,20 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     const int Vs = G.V / R;
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
     Run r2 = r;
-    r2.s = &s2, r2.vsh = vsplit_vsh(r.fam, R);
+    r2.s = &s2, r2.vsh = R;
     const bool shared = fast_qkwy_heads(r2.vsh, var) > 1; /* (the fused qkwy sums dbeta, dg) */
     const bool sum_dbeta = io.dbeta && !shared, sum_dg = io.dg && !shared;
-    VsplitIn<T> in;
+    VsplitH0 in;
     float *dbeta2 = sum_dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */
     float *dg2 = sum_dg ? scratch<float>((size_t)(per_head * R * G.gs)) : nullptr;
     float *dhT2 = io.dhT ? scratch<float>((size_t)nst) : nullptr,
           *dh02 = io.dh0 ? scratch<float>((size_t)nst) : nullptr;
     int rc = (sum_dbeta && !dbeta2) || (sum_dg && !dg2) || (io.dhT && !dhT2) || (io.dh0 && !dh02)
                  ? -1
-                 : in.make(G, R, io.beta, io.g, io.h0);
+                 : in.make(G, R, io.h0);
     if (!rc && io.dhT) rc = vsplit_states(VS_WHO, true, NH, G.K, R, Vs, io.dhT, dhT2);
     Io<T> io2 = io;
-    io2.g = in.g, io2.beta = in.beta, io2.h0 = in.h0, io2.dhT = dhT2, io2.dh0 = dh02;
+    io2.h0 = in.h0, io2.dhT = dhT2, io2.dh0 = dh02;
     if (!shared) io2.dg = dg2, io2.dbeta = nullptr, io2.dbeta32 = dbeta2;
     if (!rc) rc = bwd<T>(r2, var, io2, kept);
     if (!rc && sum_dbeta) rc = heads_sum(VS_WHO, per_head, 1, R, 1, dbeta2, nullptr, nullptr, fmt, io.dbeta);

@@ -50,14 +50,21 @@ struct Geom {
     int cps;                     /* chunks per sequence (batched) */
     int64_t maxc;                /* chunks of the longest sequence (cps when batched) */
     /* value heads in a row that share beta and the gate (the R heads of one head split by
-     * dr_chunk_vsplit.cu, on the head-gate family), whose prep and fused qkwy blocks take all of
-     * them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu); else 1 */
+     * dr_chunk_vsplit.cu, on the head-gate and KDA families), whose prep and fused qkwy blocks take
+     * all of them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu, dr_chunk_kda_mma_*.cu); beta and the
+     * gate are stored once for them: gate_at; else 1 */
     int vsh;
     float scale;
     /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk, [N] the sequences
      * by chunks, most first (chain_seq) */
     const int64_t *tab;
 };
+
+/* the row of beta [rows, HV / vsh] and of the gate g [rows, HV / vsh, gs] that row r and value head
+ * hv read: the G.vsh heads of a split head share one (as the caller's, not repeated) */
+__host__ __device__ __forceinline__ int64_t gate_at(const Geom &G, int64_t r, int hv) {
+    return r * (G.HV / G.vsh) + hv / G.vsh;
+}
 
 struct Chunk {
     int64_t r0;
@@ -614,11 +621,10 @@ int k256_dqkwg_wy(const Plan &p, const K256Bwd &a);
 int k256_chan_gamma(const Plan &p, const K256Bwd &a);
 } // namespace fast_h
 /* A value head of V = R Vs columns as R heads of Vs (dr_chunk_vsplit.cu, which says why that is
- * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  repeat: dst [outer,
- * R, inner] from src [outer, inner] (elt 2 or 4 bytes); states: [NH, K, R, Vs] -> [NH, R, K, Vs]
- * (to_split), else back (the gradients' sums: heads_sum).  who names the launches. */
+ * exact; dr_chunk.cu decides): the moves around the kernels of the split shape.  states: [NH, K, R,
+ * Vs] -> [NH, R, K, Vs] (to_split), else back (the gradients' sums: heads_sum).  who names the
+ * launches. */
 enum { VS_BF16, VS_F16, VS_F32 }; /* words of an output: bf16, fp16, f32 */
-int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst);
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst);
 /* Zero padding of K and V (dr_chunk_pad.cu, which says why it is exact; dr_chunk.cu decides): dst
  * [A, Bd, Cd] from src [A, Bs, Cs], src's entry where b < Bs and c < Cs, else 0 (padding when Bd >=

@@ -373,9 +373,10 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
     const int64_t ldk = (int64_t)HV * K;
 
-    gate_load<K, NTH>(a.g + ot0 * K, ldk, L, sG); /* scanned after the first barrier */
+    /* the gate, scanned after the first barrier */
+    gate_load<K, NTH>(a.g + gate_at(G, r0, hv0) * K, (int64_t)(HV / G.vsh) * K, L, sG);
     Gate gt{sG, sR, false};
-    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[ot0 + (int64_t)tid * HV]) : 0.0f, sdB[tid] = 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[gate_at(G, r0 + tid, hv0)]) : 0.0f, sdB[tid] = 0.0f;
     mm::l2norm_stage_r(sr, a.rq, a.rk, ob, HB, L); /* for the norm's backward */
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */

@@ -81,13 +81,13 @@ __global__ void __launch_bounds__(NTH)
     /* the gate, k and q by cp.async in one group, all in flight at once (the block is alone on its
      * multiprocessor: loads waited for one after another left it idle); v in a second group, in
      * flight through the gated products and the inverse (waited for before U) */
-    gate_load_async<K, NTH>(g + ot * K, (int64_t)HV * K, L, sG);
+    gate_load_async<K, NTH>(g + gate_at(G, r0, hv) * K, (int64_t)(HV / G.vsh) * K, L, sG);
     mm::load_raw_async<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     mm::load_raw_async<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     cp_async_commit();
     mm::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    if (tid < 64) sb[tid] = tid < L ? op2f(beta[ot + (int64_t)tid * HV]) : 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(beta[gate_at(G, r0 + tid, hv)]) : 0.0f;
     cp_async_wait_1(); /* the gate, k, q */
     bsync();
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lk, G, sK, LK, r0, L, hv);

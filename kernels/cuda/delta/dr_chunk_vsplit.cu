@@ -15,8 +15,9 @@
  * (Geom::vsh).  The generic and TF32 families take any V as it is.
  *
  * Memory: v, o, dv, dout [rows, HV, V] are [rows, HV R, Vs] as they lie, and q, k, dq, dk and the
- * norm's 1/|x| do not change.  What moves (each a pass over a small array, or over the states):
- *   beta [rows, HV], g [rows, HV, gs]      -> [rows, HV R, .]: each head's values repeated R times
+ * norm's 1/|x| do not change; beta [rows, HV] and g [rows, HV, gs] neither: the kernels read the
+ * one of a split head's R heads at gate_at (Geom::vsh = R).  What moves (each a pass over a small
+ * array, or over the states):
  *   dbeta, dg [rows, HV R, .] (f32)        -> [rows, HV, .]: the R heads' gradients summed in f32,
  *                                             dbeta then rounded once to its 16-bit words (heads_sum,
  *                                             dr_chunk_heads.cu: groups of R heads), where the
@@ -30,16 +31,6 @@ namespace {
 constexpr int VS_NT = 256;
 
 inline int64_t vs_grid(int64_t n) { return n / VS_NT + 1 < 4096 ? n / VS_NT + 1 : 4096; }
-
-/* dst[(o R + j) inner + i] = src[o inner + i] */
-template <typename E>
-__global__ void __launch_bounds__(VS_NT) vs_repeat(int64_t outer, int R, int64_t inner, const E *src, E *dst) {
-    const int64_t n = outer * R * inner;
-    for (int64_t e = blockIdx.x * (int64_t)VS_NT + threadIdx.x; e < n; e += (int64_t)gridDim.x * VS_NT) {
-        const int64_t i = e % inner, o = e / inner / R;
-        dst[e] = src[o * inner + i];
-    }
-}
 
 /* states: TO_SPLIT  dst [NH, R, K, Vs] from src [NH, K, R, Vs];  else the other way round */
 template <bool TO_SPLIT>
@@ -58,14 +49,6 @@ __global__ void __launch_bounds__(VS_NT) vs_states(int64_t NH, int K, int R, int
 }
 
 } // namespace
-
-int vsplit_repeat(const char *who, int64_t outer, int R, int64_t inner, size_t elt, const void *src, void *dst) {
-    const int64_t grid = vs_grid(outer * R * inner);
-    if (elt == 2)
-        return DRC_LAUNCH(who, vs_repeat<uint16_t>, grid, VS_NT, 0, outer, R, inner, (const uint16_t *)src,
-                          (uint16_t *)dst);
-    return DRC_LAUNCH(who, vs_repeat<float>, grid, VS_NT, 0, outer, R, inner, (const float *)src, (float *)dst);
-}
 
 int vsplit_states(const char *who, bool to_split, int64_t NH, int K, int R, int Vs, const float *src, float *dst) {
     const int64_t grid = vs_grid(NH * K * R * Vs);
