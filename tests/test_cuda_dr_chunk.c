@@ -832,6 +832,12 @@ static void test_dr_chunk_sanitize(void **state) {
                               1,
                               1,
                               0};
+    /* without a gate at K = 64 the qkwy blocks have 8 warps (qkwy_launch): a head each, and a head
+     * of three of 64 columns in one fused block (per head in the unfused pair); every variant */
+    static const cfg none64[] = {
+        {"sanitize: none, GVA, K=V=64 (mma)", 1, 70, 1, 2, 64, 64, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
+        {"sanitize: none, K=64, V=192 (3 x 64)", 1, 70, 1, 1, 64, 192, DG_GATE_NONE, 64, 0, {0}, 1, 1, 0},
+    };
     /* K and V padded to the tensor-core kernels' (dr_chunk_pad.cu: its copies around the kernels) */
     static const cfg pad = {
         "sanitize: head, GVA, K=96, V=40 (to 128, 64)", 1, 70, 1, 2, 96, 40, DG_GATE_HEAD, 64, 0, {0}, 1, 1, 0};
@@ -847,6 +853,8 @@ static void test_dr_chunk_sanitize(void **state) {
     run_case(&cases[0], S_F16, 0); /* fp16: the generic kernels' f16bits loads and stores */
     run_case(&fast[0], S_F16, 0);  /* and the fp16 build of the tensor-core kernels */
     run_case(&split, S_BF16, 0);
+    run_case(&none64[0], S_BF16, 1);
+    run_case(&none64[1], S_BF16, 1);
     run_case(&pad, S_BF16, 0);
     for (int i = 0; i < 4; i++) {
         for (int bf = 0; bf < 2; bf++) {

@@ -328,8 +328,8 @@ struct QkArgs {
     const float *g;
     Bufs b;
     const uint16_t *dSh, *dSl, *dVh, *dVl;
-    float *dqv, *dkv;    /* [rows, HV, K] per value head (GVA), or NULL */
-    uint16_t *dq, *dk;   /* HV == H: the outputs (else NULL) */
+    float *dqv, *dkv;    /* [rows, HB, K] per block's heads (GVA; HB = HV / G.vsh fused), or NULL */
+    uint16_t *dq, *dk;   /* HB == H: the outputs (else NULL) */
     uint16_t *dWh, *dWl; /* unfused: [rows, HV, K] */
     float *dGg, *dkp;    /* unfused: dG and the partial dk [rows, HV, K] */
     uint16_t *dv, *dbeta;
@@ -357,7 +357,7 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
-    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (beta, the gate, Ai, Mkk) */
+    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (Ai, Mkk) */
     const int64_t ob = r0 * HB + hb;   /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(NTH)
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
     if (tid < K)
-        for (int r = 0; r < RR; r++) b.Gl[(c * HV + hv + r) * K + tid] = sG[63 * GS + tid];
+        for (int hr = 0; hr < RR; hr++) b.Gl[(c * HV + hv + hr) * K + tid] = sG[63 * GS + tid];
     { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands, out
        * as 16-byte vectors of eight columns (stored a word at a time, these and Kd below were a
        * store instruction and its 64-bit address arithmetic an element) */
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(NTH)
             for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
             uint4 hh, ll;
             mm::split8(x, hh, ll);
-            for (int r = 0; r < RR; r++) *(uint4 *)(b.Ph + o + r * 64) = hh, *(uint4 *)(b.Pl + o + r * 64) = ll;
+            for (int hr = 0; hr < RR; hr++) *(uint4 *)(b.Ph + o + hr * 64) = hh, *(uint4 *)(b.Pl + o + hr * 64) = ll;
         }
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(NTH)
             for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
             uint4 hh, ll;
             mm::split8(x, hh, ll);
-            for (int r = 0; r < RR; r++) *(uint4 *)(b.Qgh + o + r * K) = hh, *(uint4 *)(b.Qgl + o + r * K) = ll;
+            for (int hr = 0; hr < RR; hr++) *(uint4 *)(b.Qgh + o + hr * K) = hh, *(uint4 *)(b.Qgl + o + hr * K) = ll;
         }
         bsync();
     }
@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(NTH)
         const int i = e >> 4, j = (e & 15) * 4; /* A = diag(beta) M; tri_inv's output starts at zero */
         float *r = sA + i * LDF + j, *y = sY + i * LDF + j;
         if (extras && i < L)
-            for (int h2 = 0; h2 < RR; h2++)
-                *(float4 *)(b.Mkk + (ot + h2 + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
+            for (int hr = 0; hr < RR; hr++)
+                *(float4 *)(b.Mkk + (ot + hr + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
 #pragma unroll
         for (int u = 0; u < 4; u++) r[u] *= sb[i], y[u] = 0.0f;
     }
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(NTH)
     static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
     mm::tri_inv<NTH>(sA, sY, L, 1);
     if (extras)
-        for (int r = 0; r < RR; r++) mm::tri_rows_out<NTH>(b.Ai + (ot + r) * 64, (int64_t)HV * 64, sY, L);
+        for (int hr = 0; hr < RR; hr++) mm::tri_rows_out<NTH>(b.Ai + (ot + hr) * 64, (int64_t)HV * 64, sY, L);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread (sY's rows are not 16-byte aligned) */
         const int i = e >> 3, j = (e & 7) * 8;
@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(NTH)
             for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
             mm::split8(x, hh, ll);
-            for (int r = 0; r < RR; r++) {
-                *(uint4 *)(b.Kdh + o + r * K) = hh;
-                if (!KPlain::Kd) *(uint4 *)(b.Kdl + o + r * K) = ll;
+            for (int hr = 0; hr < RR; hr++) {
+                *(uint4 *)(b.Kdh + o + hr * K) = hh;
+                if (!KPlain::Kd) *(uint4 *)(b.Kdl + o + hr * K) = ll;
             }
         }
     }
@@ -176,15 +176,15 @@ __global__ void __launch_bounds__(NTH)
         mm::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
         mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i < L)
-                for (int r = 0; r < RR; r++)
-                    mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + r + (int64_t)i * HV) * K + j, x0, x1);
+                for (int hr = 0; hr < RR; hr++)
+                    mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + hr + (int64_t)i * HV) * K + j, x0, x1);
         });
     }
 #pragma unroll 1
-    for (int r = 0; r < RR; r++) { /* U = Ai' V of head hv + r */
-        if (r) {                   /* its v, once every warp is past its reads of the last head's */
+    for (int hr = 0; hr < RR; hr++) { /* U = Ai' V of head hv + hr */
+        if (hr) {                     /* its v, once every warp is past its reads of the last head's */
             bsync();
-            mm::load_raw<64, V, NTH>(sV, v + (ot + r) * V, (int64_t)HV * V, L);
+            mm::load_raw<64, V, NTH>(sV, v + (ot + hr) * V, (int64_t)HV * V, L);
             bsync();
         }
         using T = WT<64, V, NTH / 32>;
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(NTH)
         mm::acc_zero(acc);
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mm::mma_sr<1, T::NT, false, true>(acc, sAi, 72, m0, sV, LV, n0, 64);
-        const int64_t ou = ot + r;
+        const int64_t ou = ot + hr;
         mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
             if (i >= L) return;
             if (KPlain::U) *(uint32_t *)((uint16_t *)b.U + (ou + (int64_t)i * HV) * V + j) = mm::pack_op2(x0, x1);

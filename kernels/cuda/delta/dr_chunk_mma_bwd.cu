@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
     using TP = WT<64, 64, NW>;
     const int km0 = TK::m0(warp), kn0 = TK::n0(warp), vm0 = TV::m0(warp), vn0 = TV::n0(warp);
     const int pm0 = TP::m0(warp), pn0 = TP::n0(warp);
-    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (beta, gate, Ai) */
+    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (the gate Gc, Ai) */
     const int64_t ob = r0 * HB + hb;   /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     constexpr bool HEAD = GATE == DG_GATE_HEAD;
     constexpr bool PV = Plain<GATE>::Vn, PS = Plain<GATE>::S; /* plain bf16 (dS1, which replaces S, is split) */
@@ -668,16 +668,18 @@ __global__ void __launch_bounds__(NTH) b_qkwy(Geom G, QkArgs a) {
 /* one qkwy kernel (MODE: 0 fused, 1 dqkwg, 2 wy), a block of ONE_SM_NTH threads (16 warps) per
  * chunk and head (fused, G.vsh > 1: per chunk and G.vsh heads of one beta and gate).  Against 8
  * warps (H100, S1, ncu): the fused head-gate qkwy takes 6 % less time, GDN's fwd+bwd 3 % less at S1
- * and S2; delta_rule's qkwy 2 % less, its fwd+bwd under 2 %. */
+ * and S2; delta_rule's qkwy 2 % less, its fwd+bwd under 2 %.  At K = 64 without a gate the blocks
+ * have 8 warps (FNT): there the faster of the two, with the head gate the slower (PERF_KERNELS.md,
+ * "Blocks and occupancy"). */
 template <int K, int V, int GATE, int MODE> int qkwy_launch(const char *name, const Geom &G, const QkArgs &a) {
-    using Lay = QkSmem<K, V, ONE_SM_NTH / 32>;
+    constexpr int NTH = K == 64 && GATE == DG_GATE_NONE ? FNT : ONE_SM_NTH;
+    using Lay = QkSmem<K, V, NTH / 32>;
     static_assert(Lay::bytes <= SMEM_MAX, "shared memory");
     if constexpr (MODE == 0)
         if (G.vsh > 1)
-            return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, 0, true, ONE_SM_NTH>), G.nchunks * G.HV / G.vsh, ONE_SM_NTH,
+            return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, 0, true, NTH>), G.nchunks * G.HV / G.vsh, NTH,
                               (size_t)Lay::bytes, G, a);
-    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, false, ONE_SM_NTH>), G.nchunks * G.HV, ONE_SM_NTH,
-                      (size_t)Lay::bytes, G, a);
+    return DRC_LAUNCH(name, (b_qkwy<K, V, GATE, MODE, false, NTH>), G.nchunks * G.HV, NTH, (size_t)Lay::bytes, G, a);
 }
 
 template <int K, int V, int GATE>
