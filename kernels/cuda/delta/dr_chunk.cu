@@ -174,7 +174,7 @@ static bool family_shape(dg_drc_family fam, const Geom &G) {
 
 /* The geometry of R heads of V / R columns for each value head */
 static Geom vsplit_geom(Geom G, int R) {
-    G.HV *= R, G.V /= R, G.grp = G.HV / G.H;
+    G.HV *= R, G.V /= R, G.grp = G.HV / G.H, G.vsh = R;
     return G;
 }
 
@@ -182,7 +182,7 @@ static Geom vsplit_geom(Geom G, int R) {
  * (else 64) columns (V = 256, 384, 512, 192 ...: any multiple of 64 but 64 and 128), 1 where the
  * shape runs as it is (a tensor-core shape already, the generic kernels, or no split makes it one).
  * The families that split (head gate, KDA) take the R heads as Geom::vsh: the work that does not
- * depend on V once for them, beta and the gate read once for them (gate_at). */
+ * depend on V once for them, beta and the gate read once for them (shared_row). */
 static int vsplit_ways(dg_drc_family fam, const Geom &G) {
     if (fam == DG_DRC_GENERIC || fam == DG_DRC_TF32 || family_shape(fam, G)) return 1;
     for (int Vs = 128; Vs >= 64; Vs -= 64) {
@@ -230,7 +230,7 @@ template <typename T> static int bwd(const Run &r, const dg_dr_variant &var, con
 
 /* h0 in the split layout for both directions (NULL where the call has none); make returns 0, or -1
  * with dg_error set.  beta and g go to the split shape's kernels as they are: its R heads of a head
- * read one (Geom::vsh = R, gate_at) */
+ * read one (Geom::vsh = R, shared_row) */
 struct VsplitH0 {
     float *h0 = nullptr;
     int make(const Geom &G, int R, const float *h0_) {

@@ -51,8 +51,9 @@ struct Geom {
     int64_t maxc;                /* chunks of the longest sequence (cps when batched) */
     /* value heads in a row that share beta and the gate (the R heads of one head split by
      * dr_chunk_vsplit.cu, on the head-gate and KDA families), whose prep and fused qkwy blocks take
-     * all of them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu, dr_chunk_kda_mma_*.cu); beta and the
-     * gate are stored once for them: gate_at; else 1 */
+     * all of them (dr_chunk_mma_fwd.cu, dr_chunk_mma_bwd.cu, dr_chunk_kda_mma_*.cu); beta, the gate
+     * and what KDA's prep makes that does not depend on V are stored once for them (shared_row);
+     * else 1 */
     int vsh;
     float scale;
     /* device, cu_seqlens only: [nchunks] row0, [nchunks] len, [N+1] first chunk, [N] the sequences
@@ -60,9 +61,10 @@ struct Geom {
     const int64_t *tab;
 };
 
-/* the row of beta [rows, HV / vsh] and of the gate g [rows, HV / vsh, gs] that row r and value head
- * hv read: the G.vsh heads of a split head share one (as the caller's, not repeated) */
-__host__ __device__ __forceinline__ int64_t gate_at(const Geom &G, int64_t r, int hv) {
+/* the row that row r (or chunk r) and value head hv read in an array the G.vsh heads of a split head
+ * share, [rows, HV / vsh, .]: beta, the gate g (the caller's, not repeated), KDA's prep outputs that
+ * do not depend on V (dr_chunk_kda_mma_fwd.cu) */
+__host__ __device__ __forceinline__ int64_t shared_row(const Geom &G, int64_t r, int hv) {
     return r * (G.HV / G.vsh) + hv / G.vsh;
 }
 

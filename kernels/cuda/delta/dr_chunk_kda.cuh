@@ -112,10 +112,11 @@ struct KPlain {
 
 /* Scratch between the kernels of one call; split operands as hi/lo pairs of bf16, plain ones
  * (KPlain) as the hi words alone (their lo pointers are NULL).  Forward: W, Kd, Qg = scale Q o e^G
- * (split; the backward reads its hi words, KPlain::Qg) [rows, HV, K]; U [rows, HV, V] (bf16 when
- * plain, else f32); Gl f32 [nchunks, HV, K]; V' [rows, HV, V]; S [nchunks, HV, K, V]; P = scale
- * lower_incl(M') split [rows, HV, 64].  For the backward also S's lo words and Ai, Mkk f32
- * [rows, HV, 64]. */
+ * (split; the backward reads its hi words, KPlain::Qg) [rows, HW, K]; U [rows, HV, V] (bf16 when
+ * plain, else f32); Gl f32 [nchunks, HW, K]; V' [rows, HV, V]; S [nchunks, HV, K, V]; P = scale
+ * lower_incl(M') split [rows, HW, 64].  For the backward also S's lo words and Ai, Mkk f32
+ * [rows, HW, 64].  HW = HV / G.vsh: what does not depend on V is one for the G.vsh heads of a
+ * split head (shared_row), the rest each head's. */
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;
     float *U, *Gl;                 /* U: f32, or bf16 in its first half (KPlain::U) */

@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
+    const int64_t HW = HV / G.vsh; /* heads a row of Kd, Qg, W, P, Gl (shared_row) */
     const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* PF: two sets [Gl | Kd | Qg | W | dO | P split], then dS, -dV' split; else Gl, one tile for Kd
@@ -236,23 +237,23 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
     auto issue = [&](int64_t cc,
                      int st) { /* PF: chunk cc's set */
                                const Chunk x = seq_chunk(G, n, c0, cc);
-                               const int64_t xo = x.r0 * HV + hv;
-                               mm::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xo * K, (int64_t)HV * K, x.L);
-                               mm::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xo * K, (int64_t)HV * K, x.L);
-                               mm::load_raw_async<64, K>(x_of(st, 2), b.Wh + xo * K, (int64_t)HV * K, x.L);
+                               const int64_t xo = x.r0 * HV + hv, xs = shared_row(G, x.r0, hv);
+                               mm::load_raw_async<64, K>(x_of(st, 0), b.Kdh + xs * K, HW * K, x.L);
+                               mm::load_raw_async<64, K>(x_of(st, 1), b.Qgh + xs * K, HW * K, x.L);
+                               mm::load_raw_async<64, K>(x_of(st, 2), b.Wh + xs * K, HW * K, x.L);
                                mm::load_raw_async<64, BV>(o_of(st), dout + xo * V + v0, (int64_t)HV * V, x.L);
                                const Sp p = p_of(st);
-                               mm::load_raw_async<64, 64>(p.hi, b.Ph + xo * 64, (int64_t)HV * 64, x.L);
-                               mm::load_raw_async<64, 64>(p.lo(), b.Pl + xo * 64, (int64_t)HV * 64, x.L);
+                               mm::load_raw_async<64, 64>(p.hi, b.Ph + xs * 64, HW * 64, x.L);
+                               mm::load_raw_async<64, 64>(p.lo(), b.Pl + xs * 64, HW * 64, x.L);
                                if (tid < K / 4)
-                                   cp_async16(gl_of(st) + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+                                   cp_async16(gl_of(st) + 4 * tid, b.Gl + shared_row(G, cc, hv) * K + 4 * tid, true);
                                cp_async_commit();
     };
     if (PF && c0 < c1) issue(c1 - 1, 0);
     for (int64_t c = c1 - 1; c >= c0; c--) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
-        const int64_t ot = ch.r0 * HV + hv;
+        const int64_t ot = ch.r0 * HV + hv, os = shared_row(G, ch.r0, hv);
         const int st = PF ? (int)((c1 - 1 - c) & 1) : 0;
         const float *sGl = gl_of(st);
         uint16_t *sO = o_of(st);
@@ -260,11 +261,11 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
         const Sp sX{x_of(st, 0), 64 * LK}; /* Kd (without the prefetch: then Qg, then W) */
         if (PF) cp_async_wait_all();       /* this chunk's set; the barrier below shows it to the block */
         else {
-            if (KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L);
-            else mm::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+            if (KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + os * K, HW * K, L);
+            else mm::load_split<64, K>(sX, b.Kdh + os * K, b.Kdl + os * K, HW * K, L);
             mm::load_raw<64, BV>(sO, dout + ot * V + v0, (int64_t)HV * V, L);
-            mm::load_split<64, 64>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
-            if (tid < K) gl_of(0)[tid] = b.Gl[(c * HV + hv) * K + tid];
+            mm::load_split<64, 64>(sP, b.Ph + os * 64, b.Pl + os * 64, HW * 64, L);
+            if (tid < K) gl_of(0)[tid] = b.Gl[shared_row(G, c, hv) * K + tid];
         }
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
         mm::frag_pairs(dS, sm0, sn0, [&](int r, int j, float x0, float x1) {
@@ -285,15 +286,15 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
         }
         bsync();
         const Sp sQg{PF ? x_of(st, 1) : sX.hi, sX.lo_off}, sW{PF ? x_of(st, 2) : sX.hi, sX.lo_off};
-        if (!PF && KPlain::Qg) mm::load_raw<64, K>(sQg.hi, b.Qgh + ot * K, (int64_t)HV * K, L);
-        else if (!PF) mm::load_split<64, K>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
+        if (!PF && KPlain::Qg) mm::load_raw<64, K>(sQg.hi, b.Qgh + os * K, HW * K, L);
+        else if (!PF) mm::load_split<64, K>(sQg, b.Qgh + os * K, b.Qgl + os * K, HW * K, L);
         mm::frag_each(dS, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
         mm::mma_p<1, TS::NT, true, true, !KPlain::Qg, false>(dS, sQg, LK, sm0, Sp{sO, 0}, LB, sn0, 64); /* + Qg^T dO */
         if (!PF) {
             bsync();
-            if (KPlain::W) mm::load_raw<64, K>(sW.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-            else mm::load_split<64, K>(sW, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
+            if (KPlain::W) mm::load_raw<64, K>(sW.hi, b.Wh + os * K, HW * K, L);
+            else mm::load_split<64, K>(sW, b.Wh + os * K, b.Wl + os * K, HW * K, L);
         }
         bsync();
         mm::mma_p<1, TS::NT, true, true, !KPlain::W, true>(dS, sW, LK, sm0, sN, LB, sn0, 64); /* - W^T dV' */
@@ -357,8 +358,10 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t r0 = ch.r0;
-    const int64_t ot0 = r0 * HV + hv0; /* row r0 of [rows, HV, .] at the first head (Ai, Mkk) */
-    const int64_t ob = r0 * HB + hb;   /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
+    const int64_t ot0 = r0 * HV + hv0;         /* row r0 of [rows, HV, .] at the first head */
+    const int64_t os = shared_row(G, r0, hv0); /* and of what the heads share: Ai, Mkk */
+    const int HW = HV / G.vsh;
+    const int64_t ob = r0 * HB + hb; /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;
     float *sR = colp + NW * K, *sr = sR + K;
@@ -374,9 +377,9 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
     const int64_t ldk = (int64_t)HV * K;
 
     /* the gate, scanned after the first barrier */
-    gate_load<K, NTH>(a.g + gate_at(G, r0, hv0) * K, (int64_t)(HV / G.vsh) * K, L, sG);
+    gate_load<K, NTH>(a.g + os * K, (int64_t)HW * K, L, sG);
     Gate gt{sG, sR, false};
-    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[gate_at(G, r0 + tid, hv0)]) : 0.0f, sdB[tid] = 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(a.beta[shared_row(G, r0 + tid, hv0)]) : 0.0f, sdB[tid] = 0.0f;
     mm::l2norm_stage_r(sr, a.rq, a.rk, ob, HB, L); /* for the norm's backward */
     for (int e = tid; e < NW * 64; e += NTH) red[e] = 0.0f;
     for (int e = tid; e < NW * K + K; e += NTH) sLast[e] = 0.0f; /* sLast and colp */
@@ -548,14 +551,14 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
         constexpr int NA = 64 * 64 / NTH / 2, RS = NTH / 64; /* values a half; rows apart */
         float x[NA];
         const int j = tid & 63, i0 = tid >> 6;
-        const float *Ai = a.b.Ai + ot0 * 64 + j;
+        const float *Ai = a.b.Ai + os * 64 + j;
         const int64_t ol = ot0 + RR - 1; /* the last head's dU, V (part B takes the heads from the last) */
 #pragma unroll
         for (int half = 0; half < 2; half++) {
 #pragma unroll
             for (int u = 0; u < NA; u++) {
                 const int i = i0 + RS * (u + NA * half);
-                x[u] = i < L ? Ai[(int64_t)i * HV * 64] : 0.0f;
+                x[u] = i < L ? Ai[(int64_t)i * HW * 64] : 0.0f;
             }
             if (half == 0 && !PFU) mm::load_split<64, V, NTH>(sdU, a.dVh + ol * V, a.dVl + ol * V, (int64_t)HV * V, L);
             if (half == 1) mm::load_raw<64, V, NTH>(sV, a.v + ol * V, (int64_t)HV * V, L);
@@ -632,7 +635,7 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
         float rb[2] = {0.0f, 0.0f};
         mm::frag_each(t, pm0, pn0, [&](int i, int j, float &x) {
             x = j < i && i < L ? -x : 0.0f;
-            if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(ot0 + (int64_t)i * HV) * 64 + j];
+            if (j < i && i < L) rb[(i - pm0) >> 3] += x * a.b.Mkk[(os + (int64_t)i * HW) * 64 + j];
             x *= sb[i];
         });
         mm::red_rows_put(red, pm0, rb);

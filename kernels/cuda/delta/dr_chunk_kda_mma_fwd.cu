@@ -24,8 +24,8 @@
  * writes them out for the backward (dr_chunk_l2norm.cuh); the later kernels read neither.
  * Every exponent is of a difference G_i - G_j with i >= j (or of G, Gl - G), so <= 0 for decays.
  * Heads of one beta and gate (Geom::vsh > 1, a head split by V, dr_chunk_vsplit.cu): a prep block
- * makes everything but U once for the G.vsh heads and stores it for each (U for each, from its v);
- * the state and out passes run per head as for any heads.
+ * makes everything but U once for the G.vsh heads and stores it once for them (Bufs, shared_row;
+ * U for each, from its v); the state and out passes run per head and read the shared rows.
  * Scratch between the kernels: Bufs (dr_chunk_kda.cuh).
  * prep runs one block per multiprocessor (about 220 KB of shared memory) and is latency-bound, so
  * its blocks have 16 warps (ONE_SM_NTH; dr_chunk_kda.cuh says what that gains); it takes the most
@@ -63,14 +63,14 @@ __global__ void __launch_bounds__(NTH)
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
     /* the block's RR value heads hv .. hv + RR - 1 share k, q, beta and the gate, so everything but
-     * U does not depend on the head: made once, stored for each head (what the later passes read,
-     * laid out as for any heads); U for each head, from its v */
-    const int RR = SH ? G.vsh : 1;
+     * U does not depend on the head: made and stored once for them (rows os, HW heads a row:
+     * shared_row); U for each head, from its v */
+    const int RR = SH ? G.vsh : 1, HW = HV / G.vsh;
     const int64_t c = blockIdx.x / (HV / RR);
     const int hv = (int)(blockIdx.x % (HV / RR)) * RR, h = hv / G.grp;
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
-    const int64_t r0 = ch.r0, ot = r0 * HV + hv;
+    const int64_t r0 = ch.r0, ot = r0 * HV + hv, os = shared_row(G, r0, hv);
     float *sG = sm, *sb = sG + 64 * GS, *sA = sb + 64, *sY = sA + 64 * LDF, *sR = sY + 64 * LDF;
     unsigned char *B8 = (unsigned char *)sm;
     uint16_t *sK = (uint16_t *)(B8 + Lay::F32), *sV = sK + 64 * LK, *sQ = sV + 64 * LV;
@@ -81,21 +81,20 @@ __global__ void __launch_bounds__(NTH)
     /* the gate, k and q by cp.async in one group, all in flight at once (the block is alone on its
      * multiprocessor: loads waited for one after another left it idle); v in a second group, in
      * flight through the gated products and the inverse (waited for before U) */
-    gate_load_async<K, NTH>(g + gate_at(G, r0, hv) * K, (int64_t)(HV / G.vsh) * K, L, sG);
+    gate_load_async<K, NTH>(g + os * K, (int64_t)HW * K, L, sG);
     mm::load_raw_async<64, K, NTH>(sK, k + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     mm::load_raw_async<64, K, NTH>(sQ, q + (r0 * G.H + h) * K, (int64_t)G.H * K, L);
     cp_async_commit();
     mm::load_raw_async<64, V, NTH>(sV, v + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
-    if (tid < 64) sb[tid] = tid < L ? op2f(beta[gate_at(G, r0 + tid, hv)]) : 0.0f;
+    if (tid < 64) sb[tid] = tid < L ? op2f(beta[shared_row(G, r0 + tid, hv)]) : 0.0f;
     cp_async_wait_1(); /* the gate, k, q */
     bsync();
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lk, G, sK, LK, r0, L, hv);
     l2norm_tile_rows<K, DRC_OPERAND_F16 != 0, NTH>(lq, G, sQ, LK, r0, L, hv);
     const int narrow = gate_scan<K>(sG, sR);
     const Gate gt{sG, sR, !bsync_or(narrow)};
-    if (tid < K)
-        for (int hr = 0; hr < RR; hr++) b.Gl[(c * HV + hv + hr) * K + tid] = sG[63 * GS + tid];
+    if (tid < K) b.Gl[shared_row(G, c, hv) * K + tid] = sG[63 * GS + tid];
     { /* P = scale lower_incl(M') and Qg = scale Q o e^G (split): the output pass's operands, out
        * as 16-byte vectors of eight columns (stored a word at a time, these and Kd below were a
        * store instruction and its 64-bit address arithmetic an element) */
@@ -103,24 +102,20 @@ __global__ void __launch_bounds__(NTH)
         bsync();
         for (int e = tid; e < L * 8; e += NTH) {
             const int i = e >> 3, j = (e & 7) * 8;
-            const int64_t o = (ot + (int64_t)i * HV) * 64 + j;
+            const int64_t o = (os + (int64_t)i * HW) * 64 + j;
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * sY[i * LDF + j + u];
-            uint4 hh, ll;
-            mm::split8(x, hh, ll);
-            for (int hr = 0; hr < RR; hr++) *(uint4 *)(b.Ph + o + hr * 64) = hh, *(uint4 *)(b.Pl + o + hr * 64) = ll;
+            mm::split8(x, *(uint4 *)(b.Ph + o), *(uint4 *)(b.Pl + o));
         }
         for (int e = tid; e < L * (K / 8); e += NTH) {
             const int i = e / (K / 8), cc = (e % (K / 8)) * 8;
-            const int64_t o = (ot + (int64_t)i * HV) * K + cc;
+            const int64_t o = (os + (int64_t)i * HW) * K + cc;
             float x[8], gi[8];
             mm::op8(sQ + i * LK + cc, x), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = G.scale * x[u] * kexp(gi[u]);
-            uint4 hh, ll;
-            mm::split8(x, hh, ll);
-            for (int hr = 0; hr < RR; hr++) *(uint4 *)(b.Qgh + o + hr * K) = hh, *(uint4 *)(b.Qgl + o + hr * K) = ll;
+            mm::split8(x, *(uint4 *)(b.Qgh + o), *(uint4 *)(b.Qgl + o));
         }
         bsync();
     }
@@ -129,17 +124,14 @@ __global__ void __launch_bounds__(NTH)
     for (int e = tid; e < 64 * 16; e += NTH) {  /* four columns a thread: Mkk out (16-byte vectors), then */
         const int i = e >> 4, j = (e & 15) * 4; /* A = diag(beta) M; tri_inv's output starts at zero */
         float *r = sA + i * LDF + j, *y = sY + i * LDF + j;
-        if (extras && i < L)
-            for (int hr = 0; hr < RR; hr++)
-                *(float4 *)(b.Mkk + (ot + hr + (int64_t)i * HV) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
+        if (extras && i < L) *(float4 *)(b.Mkk + (os + (int64_t)i * HW) * 64 + j) = make_float4(r[0], r[1], r[2], r[3]);
 #pragma unroll
         for (int u = 0; u < 4; u++) r[u] *= sb[i], y[u] = 0.0f;
     }
     bsync();
     static_assert(LDF == mm::TRI_LD, "tri_inv's layout");
     mm::tri_inv<NTH>(sA, sY, L, 1);
-    if (extras)
-        for (int hr = 0; hr < RR; hr++) mm::tri_rows_out<NTH>(b.Ai + (ot + hr) * 64, (int64_t)HV * 64, sY, L);
+    if (extras) mm::tri_rows_out<NTH>(b.Ai + os * 64, (int64_t)HW * 64, sY, L);
     /* Ai' = Ai diag(beta), K o e^G: split tiles (over the scratch of gated_tri) */
     for (int e = tid; e < 64 * 8; e += NTH) { /* eight columns a thread (sY's rows are not 16-byte aligned) */
         const int i = e >> 3, j = (e & 7) * 8;
@@ -154,16 +146,14 @@ __global__ void __launch_bounds__(NTH)
         float kv[8], x[8], gl[8], gi[8];
         gated8<!DRC_OPERAND_F16, false>(sKg, i * LK + cc, sK + i * LK + cc, sG + i * GS + cc, nullptr, 1.0f, kv);
         if (i < L) { /* Kd = K o e^{Gl - G} */
-            const int64_t o = (ot + (int64_t)i * HV) * K + cc;
+            const int64_t o = (os + (int64_t)i * HW) * K + cc;
             mm::f8(sG + 63 * GS + cc, gl), mm::f8(sG + i * GS + cc, gi);
 #pragma unroll
             for (int u = 0; u < 8; u++) x[u] = kv[u] * kexp(gl[u] - gi[u]);
             uint4 hh, ll;
             mm::split8(x, hh, ll);
-            for (int hr = 0; hr < RR; hr++) {
-                *(uint4 *)(b.Kdh + o + hr * K) = hh;
-                if (!KPlain::Kd) *(uint4 *)(b.Kdl + o + hr * K) = ll;
-            }
+            *(uint4 *)(b.Kdh + o) = hh;
+            if (!KPlain::Kd) *(uint4 *)(b.Kdl + o) = ll;
         }
     }
     cp_async_wait_all(); /* v */
@@ -175,9 +165,7 @@ __global__ void __launch_bounds__(NTH)
         const int m0 = T::m0(warp), n0 = T::n0(warp);
         mm::mma_ss<1, T::NT, false, true>(acc, sAi, 72, m0, sKg, LK, n0, 64);
         mm::frag_pairs(acc, m0, n0, [&](int i, int j, float x0, float x1) {
-            if (i < L)
-                for (int hr = 0; hr < RR; hr++)
-                    mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (ot + hr + (int64_t)i * HV) * K + j, x0, x1);
+            if (i < L) mm::put_pair_global<!KPlain::W>(b.Wh, b.Wl, (os + (int64_t)i * HW) * K + j, x0, x1);
         });
     }
 #pragma unroll 1
@@ -224,7 +212,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     constexpr bool PF = ks_prefetch<BV>();
     using Lay = StateL<K, BV, PF>;
     DRC_SMEM(float, sm);
-    const int HV = G.HV, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int HV = G.HV, HW = HV / G.vsh, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2,
+              tq = lane & 3;
     const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* Gl [K] (PF: two), then W / Kd split (PF: two sets of plain W, Kd, U), S split, V' split */
@@ -242,21 +231,21 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     auto issue = [&](int64_t cc,
                      int st) { /* PF: chunk cc's W, Kd, U, Gl into set st */
                                const Chunk x = seq_chunk(G, n, c0, cc);
-                               const int64_t xo = x.r0 * HV + hv;
+                               const int64_t xo = x.r0 * HV + hv, xs = shared_row(G, x.r0, hv);
                                uint16_t *t = (uint16_t *)(base + st * Lay::SET);
-                               mm::load_raw_async<64, K>(t, b.Wh + xo * K, (int64_t)HV * K, x.L);
-                               mm::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xo * K, (int64_t)HV * K, x.L);
+                               mm::load_raw_async<64, K>(t, b.Wh + xs * K, (int64_t)HW * K, x.L);
+                               mm::load_raw_async<64, K>(t + 64 * LK, b.Kdh + xs * K, (int64_t)HW * K, x.L);
                                mm::load_raw_async<64, BV>(t + 2 * 64 * LK, (const uint16_t *)b.U + xo * V + v0,
                                                           (int64_t)HV * V, x.L);
                                if (tid < K / 4)
-                                   cp_async16(sm + st * K + 4 * tid, b.Gl + (cc * HV + hv) * K + 4 * tid, true);
+                                   cp_async16(sm + st * K + 4 * tid, b.Gl + shared_row(G, cc, hv) * K + 4 * tid, true);
                                cp_async_commit();
     };
     if (PF && c0 < c1) issue(c0, 0);
     for (int64_t c = c0; c < c1; c++) {
         const Chunk ch = seq_chunk(G, n, c0, c);
         const int L = ch.L;
-        const int64_t ot = ch.r0 * HV + hv;
+        const int64_t ot = ch.r0 * HV + hv, os = shared_row(G, ch.r0, hv);
         const int st = PF ? (int)((c - c0) & 1) : 0;
         float *sGl = sm + st * K;
         uint16_t *set = (uint16_t *)(base + st * Lay::SET);
@@ -264,9 +253,9 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         const uint16_t *sU = set + 2 * 64 * LK; /* PF */
         if (PF) cp_async_wait_all();            /* this chunk's set; the barrier below shows it to the block */
         else {
-            if (KPlain::W) mm::load_raw<64, K>(sX.hi, b.Wh + ot * K, (int64_t)HV * K, L);
-            else mm::load_split<64, K>(sX, b.Wh + ot * K, b.Wl + ot * K, (int64_t)HV * K, L);
-            if (tid < K) sGl[tid] = b.Gl[(c * HV + hv) * K + tid];
+            if (KPlain::W) mm::load_raw<64, K>(sX.hi, b.Wh + os * K, (int64_t)HW * K, L);
+            else mm::load_split<64, K>(sX, b.Wh + os * K, b.Wl + os * K, (int64_t)HW * K, L);
+            if (tid < K) sGl[tid] = b.Gl[shared_row(G, c, hv) * K + tid];
         }
         /* the state entering the chunk: split into shared memory, then out as 16-byte vectors */
         const int64_t sb = (c * HV + hv) * (int64_t)K * V + v0;
@@ -311,8 +300,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
         }
         bsync();
         const Sp sKd = PF ? Sp{set + 64 * LK, 0} : sX; /* PF: prefetched with W */
-        if (!PF && KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + ot * K, (int64_t)HV * K, L); /* W is dead */
-        else if (!PF) mm::load_split<64, K>(sX, b.Kdh + ot * K, b.Kdl + ot * K, (int64_t)HV * K, L);
+        if (!PF && KPlain::Kd) mm::load_raw<64, K>(sX.hi, b.Kdh + os * K, (int64_t)HW * K, L); /* W is dead */
+        else if (!PF) mm::load_split<64, K>(sX, b.Kdh + os * K, b.Kdl + os * K, (int64_t)HW * K, L);
         /* S <- diag(e^{Gl}) S + Kd^T V' */
         mm::frag_each(S, sm0, sn0, [&](int r, int, float &x) { x *= kexp(sGl[r]); });
         bsync();
@@ -338,13 +327,14 @@ template <int K, int V> __global__ void __launch_bounds__(FNT, 2) ko(Geom G, Buf
     const int hv = (int)(blockIdx.x % HV);
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
-    const int64_t ot = ch.r0 * HV + hv, sb = (c * HV + hv) * (int64_t)K * V;
+    const int64_t ot = ch.r0 * HV + hv, os = shared_row(G, ch.r0, hv), sb = (c * HV + hv) * (int64_t)K * V;
+    const int64_t ldw = (int64_t)(HV / G.vsh); /* heads a row of Qg, P (shared_row) */
     const Sp sQg{sm, 64 * LK};
     const Sp sP{sm + 2 * 64 * LK, 64 * 72};
     const Sp sS{sP.hi + 2 * 64 * 72, K * LV};
     const Sp sVn{(uint16_t *)((unsigned char *)sS.hi + OutL<K, V>::S), 64 * LV};
-    mm::load_sp_async<64, K, true>(sQg, b.Qgh + ot * K, b.Qgl + ot * K, (int64_t)HV * K, L);
-    mm::load_sp_async<64, 64, true>(sP, b.Ph + ot * 64, b.Pl + ot * 64, (int64_t)HV * 64, L);
+    mm::load_sp_async<64, K, true>(sQg, b.Qgh + os * K, b.Qgl + os * K, ldw * K, L);
+    mm::load_sp_async<64, 64, true>(sP, b.Ph + os * 64, b.Pl + os * 64, ldw * 64, L);
     mm::load_sp_async<K, V, !KPlain::OutS>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
     mm::load_sp_async<64, V, !KPlain::Vn>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
@@ -400,15 +390,16 @@ int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras)
 }
 
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
-    const int64_t nk = G.rows * G.HV * G.K, nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
-    const int64_t n64 = G.rows * G.HV * 64;
+    /* what does not depend on V: once for the G.vsh heads that share it (shared_row) */
+    const int64_t HW = G.HV / G.vsh, nk = G.rows * HW * G.K, n64 = G.rows * HW * 64;
+    const int64_t nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
     memset(&b, 0, sizeof b); /* plain operands keep NULL lo pointers */
     b.Wh = cv.take<uint16_t>(nk);
     if (!KPlain::W) b.Wl = cv.take<uint16_t>(nk);
     b.Kdh = cv.take<uint16_t>(nk);
     if (!KPlain::Kd) b.Kdl = cv.take<uint16_t>(nk);
     b.U = cv.take<float>(KPlain::U ? (nv + 1) / 2 : nv);
-    b.Gl = cv.take<float>(G.nchunks * G.HV * G.K);
+    b.Gl = cv.take<float>(G.nchunks * HW * G.K);
     b.Vnh = cv.take<uint16_t>(nv);
     if (!KPlain::Vn) b.Vnl = cv.take<uint16_t>(nv);
     b.Sh = cv.take<uint16_t>(nst);

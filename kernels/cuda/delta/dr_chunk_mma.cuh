@@ -631,7 +631,7 @@ template <int NW = FNT / 32> __device__ __forceinline__ float block_sum(float x,
 }
 
 /* the chunk's gate G (cumulative, prep's Gc [rows, HV]; rows >= L hold G_{L-1} so that G_i - G_j
- * <= 0 for j <= i) and beta (0 past L; gate_at) into shared memory; GATE NONE: G = 0 */
+ * <= 0 for j <= i) and beta (0 past L; shared_row) into shared memory; GATE NONE: G = 0 */
 template <int GATE>
 __device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L, int hv, const float *Gc,
                                                const uint16_t *beta, float *sG, float *sb) {
@@ -639,7 +639,7 @@ __device__ __forceinline__ void load_gate_beta(const Geom &G, int64_t r0, int L,
     if (i < FC) {
         int ii = i < L ? i : L - 1;
         sG[i] = GATE == DG_GATE_HEAD ? Gc[(r0 + ii) * G.HV + hv] : 0.0f;
-        if (sb) sb[i] = i < L ? op2f(beta[gate_at(G, r0 + i, hv)]) : 0.0f;
+        if (sb) sb[i] = i < L ? op2f(beta[shared_row(G, r0 + i, hv)]) : 0.0f;
     }
 }
 /* e^{G_last - G_i} for this thread's two rows of an accumulator tile at row m0 (m0 + g, m0 + g + 8),

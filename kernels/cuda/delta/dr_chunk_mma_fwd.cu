@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     const int lane = tid & 31;
     float x0 = 0.0f, x1 = 0.0f;
     if (GATE == DG_GATE_HEAD && warp == 0) {
-        if (lane < L) x0 = g[gate_at(G, r0 + lane, hv)];
-        if (32 + lane < L) x1 = g[gate_at(G, r0 + 32 + lane, hv)];
+        if (lane < L) x0 = g[shared_row(G, r0 + lane, hv)];
+        if (32 + lane < L) x1 = g[shared_row(G, r0 + 32 + lane, hv)];
     }
     /* v by cp.async, in flight through K K^T and the inverse (waited for before U) */
     load_raw_async<64, V>(sV, v + (r0 * HV + hv) * V, (int64_t)HV * V, L);
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(FNT, 2) /* two blocks per SM (shared memory al
     } else if (GATE != DG_GATE_HEAD && tid < FC) {
         sG[tid] = 0.0f;
     }
-    if (tid < FC) sb[tid] = tid < L ? op2f(beta[gate_at(G, r0 + tid, hv)]) : 0.0f;
+    if (tid < FC) sb[tid] = tid < L ? op2f(beta[shared_row(G, r0 + tid, hv)]) : 0.0f;
     for (int e = tid; e < 64 * LDF; e += FNT) sY[e] = 0.0f;
     bsync();
     l2norm_tile_on<K>(l2, G, sK, r0, L, hv);

@@ -16,7 +16,7 @@
  *
  * Memory: v, o, dv, dout [rows, HV, V] are [rows, HV R, Vs] as they lie, and q, k, dq, dk and the
  * norm's 1/|x| do not change; beta [rows, HV] and g [rows, HV, gs] neither: the kernels read the
- * one of a split head's R heads at gate_at (Geom::vsh = R).  What moves (each a pass over a small
+ * one of a split head's R heads at shared_row (Geom::vsh = R).  What moves (each a pass over a small
  * array, or over the states):
  *   dbeta, dg [rows, HV R, .] (f32)        -> [rows, HV, .]: the R heads' gradients summed in f32,
  *                                             dbeta then rounded once to its 16-bit words (heads_sum,
