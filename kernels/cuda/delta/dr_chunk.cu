@@ -261,13 +261,12 @@ static int fwd_vsplit(const Run &r, const Geom &G, int R, const Io<T> &io, void 
     return rc;
 }
 
-/* The backward likewise: h0, dhT to the R heads; dbeta and dg summed over them, dh0 back
- * (dq, dk: the split shape's kernels sum over the value heads of a key head; dv is in its layout).
- * Where the fused qkwy runs (Geom::vsh = R), it sums dbeta and dg over the
- * R heads itself and writes them in the call's layout, and does the WY part once for them; else the
- * kernels give each head's dbeta in f32 (Io::dbeta32) and dg, summed here (dbeta summed from the
- * heads' 16-bit words, rounded twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws,
- * test_dr_chunk_bf16_draws). */
+/* The backward likewise: h0, dhT to the R heads; dbeta and dg summed over them, dh0 back (dq, dk:
+ * the split shape's kernels sum over the value heads of a key head; dv is in its layout).  Where
+ * the fused qkwy runs (Geom::vsh = R), it sums dbeta and dg over the R heads itself and writes them
+ * in the call's layout, and does the WY part once for them; else the kernels give each head's dbeta
+ * in f32 (Io::dbeta32) and dg, summed here (dbeta summed from the heads' 16-bit words, rounded
+ * twice, was 8.3e-3 from f64 in the worst of 40 T = 1 draws, test_dr_chunk_bf16_draws). */
 template <typename T>
 static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &var, const Io<T> &io, const void *kept) {
     const dg_dr_shape s2 = vsplit_shape(r.s, R);
