@@ -275,7 +275,7 @@ static int bwd_vsplit(const Run &r, const Geom &G, int R, const dg_dr_variant &v
     const int fmt = is_bf16<T>::value ? VS_BF16 : VS_F16;
     Run r2 = r;
     r2.s = &s2, r2.vsh = R;
-    const bool shared = fast_qkwy_heads(r2.vsh, var) > 1; /* (the fused qkwy sums dbeta, dg) */
+    const bool shared = qkwy_heads(r2.vsh, var) > 1; /* (the fused qkwy sums dbeta, dg) */
     const bool sum_dbeta = io.dbeta && !shared, sum_dg = io.dg && !shared;
     VsplitH0 in;
     float *dbeta2 = sum_dbeta ? scratch<float>((size_t)(per_head * R)) : nullptr; /* (f32: summed, then rounded once) */

@@ -61,11 +61,13 @@ struct Geom {
     const int64_t *tab;
 };
 
-/* the row that row r (or chunk r) and value head hv read in an array the G.vsh heads of a split head
- * share, [rows, HV / vsh, .]: beta, the gate g (the caller's, not repeated), KDA's prep outputs that
- * do not depend on V (dr_chunk_kda_mma_fwd.cu) */
+/* the heads a row of an array that the G.vsh heads of a split head share, [rows, HV / vsh, .]:
+ * beta, the gate g (the caller's, not repeated), KDA's prep outputs that do not depend on V
+ * (dr_chunk_kda_mma_fwd.cu) */
+__host__ __device__ __forceinline__ int shared_heads(const Geom &G) { return G.HV / G.vsh; }
+/* the row of such an array that row r (or chunk r) and value head hv read */
 __host__ __device__ __forceinline__ int64_t shared_row(const Geom &G, int64_t r, int hv) {
-    return r * (G.HV / G.vsh) + hv / G.vsh;
+    return r * shared_heads(G) + hv / G.vsh;
 }
 
 struct Chunk {
@@ -482,7 +484,7 @@ bool fast_ok(const Geom &G);
 size_t fast_kept_bytes(const Geom &G);
 /* The heads a block of the head-gate or KDA family's backward qkwy sums (dq, dk, dbeta, dg; the WY
  * part once for them), vsh the call's Geom::vsh: the fused kernel vsh, the unfused pair one */
-inline int fast_qkwy_heads(int vsh, const dg_dr_variant &var) { return var.dw_on_chip ? vsh : 1; }
+inline int qkwy_heads(int vsh, const dg_dr_variant &var) { return var.dw_on_chip ? vsh : 1; }
 namespace fast {
 int fwd(const Plan &p, const Io<uint16_t> &io, void *keep);
 int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const void *kept);

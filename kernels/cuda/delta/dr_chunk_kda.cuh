@@ -115,7 +115,7 @@ struct KPlain {
  * (split; the backward reads its hi words, KPlain::Qg) [rows, HW, K]; U [rows, HV, V] (bf16 when
  * plain, else f32); Gl f32 [nchunks, HW, K]; V' [rows, HV, V]; S [nchunks, HV, K, V]; P = scale
  * lower_incl(M') split [rows, HW, 64].  For the backward also S's lo words and Ai, Mkk f32
- * [rows, HW, 64].  HW = HV / G.vsh: what does not depend on V is one for the G.vsh heads of a
+ * [rows, HW, 64].  HW = shared_heads(G): what does not depend on V is one for the G.vsh heads of a
  * split head (shared_row), the rest each head's. */
 struct Bufs {
     uint16_t *Wh, *Wl, *Kdh, *Kdl;

@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(FNT, 2) b_dhu(Geom G, const uint16_t *dout, co
     constexpr int NVT = V / BV, LK = K + PAD, LB = BV + PAD;
     DRC_SMEM(float, sm);
     const int HV = G.HV, tid = threadIdx.x, warp = tid >> 5;
-    const int64_t HW = HV / G.vsh; /* heads a row of Kd, Qg, W, P, Gl (shared_row) */
+    const int64_t HW = shared_heads(G); /* heads a row of Kd, Qg, W, P, Gl */
     const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* PF: two sets [Gl | Kd | Qg | W | dO | P split], then dS, -dV' split; else Gl, one tile for Kd
@@ -360,7 +360,7 @@ template <int K, int V, int MODE, bool SH, int NTH> __global__ void __launch_bou
     const int64_t r0 = ch.r0;
     const int64_t ot0 = r0 * HV + hv0;         /* row r0 of [rows, HV, .] at the first head */
     const int64_t os = shared_row(G, r0, hv0); /* and of what the heads share: Ai, Mkk */
-    const int HW = HV / G.vsh;
+    const int HW = shared_heads(G);
     const int64_t ob = r0 * HB + hb; /* row r0 of [rows, HB, .]: dq, dk, dbeta, dg (the heads' sums) */
     const float scale = G.scale;
     float *sG = sm, *sb = sG + 64 * GS, *sdB = sb + 64, *red = sdB + 64, *sLast = red + NW * 64, *colp = sLast + K;
@@ -725,7 +725,7 @@ int bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &io, const v
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     /* dq, dk, dbeta, dg of HB heads: the fused qkwy sums the G.vsh heads of one beta and gate */
-    const int64_t HB = HV / fast_qkwy_heads(G.vsh, var), nkb = rows * HB * G.K;
+    const int64_t HB = HV / qkwy_heads(G.vsh, var), nkb = rows * HB * G.K;
     Bufs b;
     QkArgs a;
     memset(&a, 0, sizeof a);

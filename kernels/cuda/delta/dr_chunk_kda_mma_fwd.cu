@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(NTH)
     /* the block's RR value heads hv .. hv + RR - 1 share k, q, beta and the gate, so everything but
      * U does not depend on the head: made and stored once for them (rows os, HW heads a row:
      * shared_row); U for each head, from its v */
-    const int RR = SH ? G.vsh : 1, HW = HV / G.vsh;
+    const int RR = SH ? G.vsh : 1, HW = shared_heads(G);
     const int64_t c = blockIdx.x / (HV / RR);
     const int hv = (int)(blockIdx.x % (HV / RR)) * RR, h = hv / G.grp;
     const Chunk ch = chunk_at(G, c);
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(FNT, 2) ks(Geom G, Bufs b, const float *h0, fl
     constexpr bool PF = ks_prefetch<BV>();
     using Lay = StateL<K, BV, PF>;
     DRC_SMEM(float, sm);
-    const int HV = G.HV, HW = HV / G.vsh, warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31, gq = lane >> 2,
-              tq = lane & 3;
+    const int HV = G.HV, HW = shared_heads(G), warp = threadIdx.x >> 5, tid = threadIdx.x, lane = tid & 31,
+              gq = lane >> 2, tq = lane & 3;
     const int64_t n = chain_seq(G, blockIdx.x / (HV * NVT));
     const int hv = (int)(blockIdx.x / NVT % HV), v0 = (int)(blockIdx.x % NVT) * BV;
     /* Gl [K] (PF: two), then W / Kd split (PF: two sets of plain W, Kd, U), S split, V' split */
@@ -328,13 +328,13 @@ template <int K, int V> __global__ void __launch_bounds__(FNT, 2) ko(Geom G, Buf
     const Chunk ch = chunk_at(G, c);
     const int L = ch.L;
     const int64_t ot = ch.r0 * HV + hv, os = shared_row(G, ch.r0, hv), sb = (c * HV + hv) * (int64_t)K * V;
-    const int64_t ldw = (int64_t)(HV / G.vsh); /* heads a row of Qg, P (shared_row) */
+    const int64_t HW = shared_heads(G); /* heads a row of Qg, P */
     const Sp sQg{sm, 64 * LK};
     const Sp sP{sm + 2 * 64 * LK, 64 * 72};
     const Sp sS{sP.hi + 2 * 64 * 72, K * LV};
     const Sp sVn{(uint16_t *)((unsigned char *)sS.hi + OutL<K, V>::S), 64 * LV};
-    mm::load_sp_async<64, K, true>(sQg, b.Qgh + os * K, b.Qgl + os * K, ldw * K, L);
-    mm::load_sp_async<64, 64, true>(sP, b.Ph + os * 64, b.Pl + os * 64, ldw * 64, L);
+    mm::load_sp_async<64, K, true>(sQg, b.Qgh + os * K, b.Qgl + os * K, HW * K, L);
+    mm::load_sp_async<64, 64, true>(sP, b.Ph + os * 64, b.Pl + os * 64, HW * 64, L);
     mm::load_sp_async<K, V, !KPlain::OutS>(sS, b.Sh + sb, KPlain::OutS ? nullptr : b.Sl + sb, V, K);
     mm::load_sp_async<64, V, !KPlain::Vn>(sVn, b.Vnh + ot * V, b.Vnl + ot * V, (int64_t)HV * V, L);
     cp_async_commit();
@@ -391,7 +391,7 @@ int prep_state(const Plan &p, const Io<uint16_t> &io, const Bufs &b, int extras)
 
 void carve(const Geom &G, Carve &cv, Bufs &b, bool bwd) {
     /* what does not depend on V: once for the G.vsh heads that share it (shared_row) */
-    const int64_t HW = G.HV / G.vsh, nk = G.rows * HW * G.K, n64 = G.rows * HW * 64;
+    const int64_t HW = shared_heads(G), nk = G.rows * HW * G.K, n64 = G.rows * HW * 64;
     const int64_t nv = G.rows * G.HV * G.V, nst = G.nchunks * G.HV * G.K * G.V;
     memset(&b, 0, sizeof b); /* plain operands keep NULL lo pointers */
     b.Wh = cv.take<uint16_t>(nk);

@@ -721,7 +721,7 @@ int DRC_FAST::bwd(const Plan &p, const dg_dr_variant &var, const Io<uint16_t> &i
     const int64_t rows = G.rows, HV = G.HV, nst = G.nchunks * HV * G.K * G.V;
     const int64_t nk = rows * HV * G.K, nv = rows * HV * G.V;
     /* dq, dk, dbeta, dg of HB heads: the fused qkwy sums the G.vsh heads of one beta and gate */
-    const int64_t HB = HV / fast_qkwy_heads(G.vsh, var), nkb = rows * HB * G.K;
+    const int64_t HB = HV / qkwy_heads(G.vsh, var), nkb = rows * HB * G.K;
     if (!var.solve_tril_blocked) kept = nullptr;
     FastBufs b;
     QkArgs a;
